@@ -1,0 +1,568 @@
+"""One backend: its task, its nursery, its replicas and its reconcile loop.
+
+The loop is the only writer of the backend's replica state. Every start, adoption, reconfigure,
+drain and kill runs as a task in the backend's nursery and reports by sending an event on the
+backend's channel; the loop wakes on that channel, applies every queued event, asks the pure
+``decide`` for a plan, checkpoints the plan's intent, publishes the watch snapshot, and acts.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Awaitable, Callable
+from typing import Literal, final
+
+import attrs
+import trio
+
+from . import _events as ev
+from ._checkpoint import ReplicaRecord, ReplicasRecord, SpecRecord, dump, replicas_key, spec_key
+from ._config import BackendConfig, ReplicaConfig
+from ._errors import ReplicaError
+from ._goal import Goal
+from ._json import JSON, digest
+from ._reconcile import Target, decide
+from ._runtime import ReplicaSpec, Runtime
+from ._state import (
+    SERVING_STATES,
+    BackendSnapshot,
+    BackendStatus,
+    ReplicaState,
+    ReplicaStatus,
+    ServingReplica,
+)
+from ._store import Store
+from ._watch import SnapshotHub
+
+logger = logging.getLogger("controller")
+
+#: Consecutive failed starts (with no replica of the target version becoming ready in between)
+#: after which the goal fails and no new replica is started until the next deploy.
+MAX_START_FAILURES = 3
+
+#: How long a kill may take before the controller gives up on it (and logs it). Kills are shielded
+#: from cancellation, so this bound is what keeps a stuck runtime from hanging a shutdown.
+KILL_TIMEOUT_S = 30.0
+
+_rng = random.Random()
+
+
+@attrs.frozen
+class Spec:
+    """A backend's spec in memory: the stored record plus what is derived from it."""
+
+    generation: int
+    backend_config: BackendConfig
+    replica_config: ReplicaConfig
+    deleting: bool
+    force: bool
+    version: str
+    """The code version replicas must have (``gen-N`` when the config names none)."""
+    config_digest: str
+
+    @classmethod
+    def from_record(cls, record: SpecRecord) -> Spec:
+        config = record.backend_config
+        return cls(
+            generation=record.generation,
+            backend_config=config,
+            replica_config=record.replica_config,
+            deleting=record.deleting,
+            force=record.force,
+            version=config.version if config.version is not None else f"gen-{record.generation}",
+            config_digest=digest(config.user_config),
+        )
+
+
+@final
+@attrs.define(eq=False)
+class Replica:
+    """One replica as the loop tracks it. Slotted and small: a controller may hold 10,000s."""
+
+    tag: str
+    version: str
+    config_digest: str
+    state: ReplicaState
+    seq: int
+    address: str | None = None
+    graceful: bool = True
+    """When stopping: drain before the kill (False for forced deletes and dead replicas)."""
+    scope: trio.CancelScope | None = None
+    """The scope of its in-flight start, adoption or reconfigure, so that a stop can cancel it."""
+    view: ServingReplica | None = None
+    """Its entry in watch snapshots, made once when it starts serving."""
+
+
+@final
+class Backend:
+    """A backend's state and its task. Created by the controller; ``run`` is the task."""
+
+    def __init__(
+        self,
+        name: str,
+        spec: Spec,
+        *,
+        runtime: Runtime,
+        store: Store,
+        hub: SnapshotHub,
+        lock: trio.Lock,
+        on_forgotten: Callable[[Backend], None],
+    ):
+        self.name = name
+        self.spec = spec
+        self.lock = lock
+        """Held by deploy and delete while they write the spec, and by the loop while it forgets
+        a deleted backend, so that a deploy racing a finished delete is never lost."""
+        self.replicas: dict[str, Replica] = {}
+        self.goal = Goal(name, spec.generation, "delete" if spec.deleting else "deploy")
+        self.last_error: str | None = None
+        self.forgotten = False
+        self._runtime = runtime
+        self._store = store
+        self._hub = hub
+        self._on_forgotten = on_forgotten
+        # Unbounded, and that is safe: every event answers a task the loop itself started (one
+        # each), a death (at most one per replica) or a spec change (coalesced). Senders must never
+        # block, because some of them run in the runtime's own callbacks.
+        self._send, self._receive = trio.open_memory_channel[ev.Event](math.inf)
+        self._nursery: trio.Nursery | None = None
+        self._seq = 0
+        self._failures = 0
+        self._starts_blocked = False
+        self._record_dirty = False
+        self._snapshot_dirty = True
+
+    # -- called by the controller (same trio thread; never concurrently with the loop's logic) --
+
+    def set_spec(self, spec: Spec, kind: Literal["deploy", "delete"]) -> Goal:
+        """Take a spec that is already durable; supersede the pending goal; wake the loop."""
+        self.goal.supersede()
+        self.spec = spec
+        self.goal = Goal(self.name, spec.generation, kind)
+        self._failures = 0
+        self._starts_blocked = False
+        self._snapshot_dirty = True
+        self._send.send_nowait(ev.SpecChanged())
+        return self.goal
+
+    def matches(self, backend_config: BackendConfig, replica_config: ReplicaConfig) -> bool:
+        """Whether a deploy of these configs would change nothing."""
+        return (
+            not self.spec.deleting
+            and self.goal.error is None
+            and self.spec.backend_config == backend_config
+            and self.spec.replica_config == replica_config
+        )
+
+    def restore(self, record: ReplicasRecord | None, live: set[str]) -> None:
+        """Rebuild replicas from a checkpoint: adopt what is alive, forget what is not."""
+        dropped = False
+        for rec in record.replicas if record is not None else ():
+            if rec.tag not in live:
+                # Never started, or gone while the controller was down: the plan replaces it.
+                dropped = True
+                continue
+            state = ReplicaState.STOPPING if rec.stopping else ReplicaState.RECOVERING
+            self._add(rec.tag, rec.version, rec.config_digest, state).graceful = not self.spec.force
+        # What was read back needs no write; only forgetting the dead does.
+        self._record_dirty = dropped
+
+    def notify_died(self, tag: str, reason: str) -> None:
+        self._send.send_nowait(ev.Died(tag, reason))
+
+    def reserved(self) -> int:
+        """How many replicas' worth of resources this backend holds or is about to."""
+        target = 0 if self.spec.deleting else self.spec.backend_config.num_replicas
+        return max(target, len(self.replicas))
+
+    # -- the task --
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for replica in self.replicas.values():
+                if replica.state is ReplicaState.RECOVERING:
+                    self._spawn_bring_up(replica, adopt=True)
+                elif replica.state is ReplicaState.STOPPING:
+                    nursery.start_soon(self._stop, replica.tag, replica.graceful)
+            task_status.started()
+            if await self._reconcile():
+                return
+            async for event in self._receive:
+                self._apply(event)
+                # Coalesce a burst: one pass for everything already queued.
+                while True:
+                    try:
+                        event = self._receive.receive_nowait()
+                    except trio.WouldBlock:
+                        break
+                    self._apply(event)
+                if await self._reconcile():
+                    return
+
+    def _apply(self, event: ev.Event) -> None:
+        if isinstance(event, ev.SpecChanged):
+            return
+        replica = self.replicas.get(event.tag)
+        if replica is None:
+            return  # a late report about a replica already forgotten
+        if isinstance(event, ev.Started):
+            replica.scope = None
+            if replica.state is ReplicaState.STOPPING:
+                # Ready just as the loop decided to stop it; the start task has returned, so the
+                # stop is ours to start.
+                self._spawn(self._stop, replica.tag, replica.graceful)
+                return
+            replica.state = ReplicaState.RUNNING
+            replica.address = event.address
+            replica.view = ServingReplica(replica.tag, replica.version, event.address)
+            self._snapshot_dirty = True
+            if replica.version == self.spec.version:
+                self._failures = 0
+            logger.info("replica %s RUNNING at %s", replica.tag, event.address)
+        elif isinstance(event, ev.StartFailed):
+            del self.replicas[event.tag]
+            self._record_dirty = True
+            if replica.state is not ReplicaState.STOPPING:
+                self._start_failed(replica, event.error)
+        elif isinstance(event, ev.Stopped):
+            del self.replicas[event.tag]
+            self._record_dirty = True
+            logger.info("replica %s stopped", replica.tag)
+        elif isinstance(event, ev.Died):
+            self._died(replica, event.reason)
+        elif isinstance(event, ev.Reconfigured):
+            replica.scope = None
+            if replica.state is ReplicaState.STOPPING:
+                # Stopped just as the reconfigure returned; that task has ended, so stop it here.
+                self._spawn(self._stop, replica.tag, replica.graceful)
+            elif event.error is None:
+                replica.state = ReplicaState.RUNNING
+                replica.config_digest = event.config_digest
+                self._record_dirty = True
+                logger.info("replica %s reconfigured", replica.tag)
+            else:
+                self._note_error(replica.tag, f"reconfigure failed: {event.error}")
+                self._begin_stop(replica, graceful=True)
+                self._spawn(self._stop, replica.tag, replica.graceful)
+
+    def _died(self, replica: Replica, reason: str) -> None:
+        if replica.state is ReplicaState.STOPPING:
+            return  # being stopped anyway; its stop task reports when it is gone
+        logger.warning("replica %s died: %s", replica.tag, reason)
+        if replica.state is ReplicaState.STARTING:
+            # Its start task is still waiting; cancelling it makes that task kill and report.
+            self._start_failed(replica, reason)
+            self._begin_stop(replica, graceful=False)
+            assert replica.scope is not None
+            replica.scope.cancel()
+            return
+        self._note_error(replica.tag, f"died: {reason}")
+        had_scope = replica.scope
+        self._begin_stop(replica, graceful=False)
+        if had_scope is not None:
+            had_scope.cancel()  # an adoption or reconfigure in flight; its task reports
+        else:
+            self._spawn(self._stop, replica.tag, False)
+
+    def _start_failed(self, replica: Replica, error: str) -> None:
+        self._note_error(replica.tag, error)
+        if replica.version != self.spec.version:
+            return
+        self._failures += 1
+        if self._failures >= MAX_START_FAILURES and not self._starts_blocked:
+            self._starts_blocked = True
+            reason = (
+                f"{self._failures} consecutive replica starts failed; last: {error}. "
+                "No new replica will start until the next deploy."
+            )
+            logger.error("backend %s: deploy failed: %s", self.name, reason)
+            self.goal.fail(reason)
+
+    def _note_error(self, tag: str, error: str) -> None:
+        self.last_error = error
+        logger.warning("replica %s: %s", tag, error)
+
+    # -- one pass --
+
+    async def _reconcile(self) -> bool:
+        """Plan, checkpoint, publish, act. True once a deleted backend is gone for good."""
+        spec = self.spec
+        target = Target(
+            num_replicas=spec.backend_config.num_replicas,
+            version=spec.version,
+            config_digest=spec.config_digest,
+            deleting=spec.deleting,
+            starts_blocked=self._starts_blocked,
+        )
+        plan = decide(target, list(self.replicas.values()))
+
+        stops = [self.replicas[tag] for tag in plan.stop]
+        for replica in stops:
+            graceful = not spec.force and replica.state is not ReplicaState.STARTING
+            self._begin_stop(replica, graceful=graceful)
+        starts = [
+            self._add(self._new_tag(), spec.version, spec.config_digest, ReplicaState.STARTING)
+            for _ in range(plan.start)
+        ]
+        updates = [self.replicas[tag] for tag in plan.reconfigure]
+        for replica in updates:
+            replica.state = ReplicaState.UPDATING
+
+        # Watchers first: a replica leaves the snapshot before it is asked to drain.
+        self._publish()
+        # Then the intent, durably, before the runtime is asked for anything.
+        if self._record_dirty:
+            await self._write_record()
+
+        for replica in stops:
+            if replica.scope is not None:
+                # A start, adoption or reconfigure is in flight: cancelling it makes that task
+                # finish the stop (or, if it already reported, the report's handler does).
+                replica.scope.cancel()
+            else:
+                self._spawn(self._stop, replica.tag, replica.graceful)
+        for replica in starts:
+            self._spawn_bring_up(replica, adopt=False)
+        for replica in updates:
+            self._spawn_reconfigure(replica)
+
+        if plan.converged:
+            if spec.deleting:
+                return await self._forget()
+            if not self.goal.done:
+                logger.info("backend %s: goal of generation %d reached", self.name, spec.generation)
+            self.goal.complete()
+        return False
+
+    def _begin_stop(self, replica: Replica, *, graceful: bool) -> None:
+        if replica.state in SERVING_STATES:
+            self._snapshot_dirty = True
+        replica.state = ReplicaState.STOPPING
+        replica.graceful = graceful
+        self._record_dirty = True
+        logger.info("replica %s STOPPING (%s)", replica.tag, "drain" if graceful else "kill")
+
+    def _add(self, tag: str, version: str, config_digest: str, state: ReplicaState) -> Replica:
+        self._seq += 1
+        replica = Replica(tag, version, config_digest, state, self._seq)
+        self.replicas[tag] = replica
+        self._record_dirty = True
+        return replica
+
+    def _new_tag(self) -> str:
+        while True:
+            tag = f"{self.name}#{_rng.getrandbits(48):012x}"
+            if tag not in self.replicas:
+                return tag
+
+    def _publish(self) -> None:
+        if not self._snapshot_dirty:
+            return
+        self._snapshot_dirty = False
+        serving = tuple(
+            r.view
+            for r in self.replicas.values()
+            if r.view is not None and r.state in SERVING_STATES
+        )
+        spec = self.spec
+        deleted = spec.deleting and self.forgotten
+        self._hub.publish(
+            BackendSnapshot(
+                self.name,
+                self._hub.next_id(),
+                None if deleted else spec.backend_config,
+                None if deleted else spec.replica_config,
+                serving,
+            )
+        )
+
+    async def _write_record(self) -> None:
+        self._record_dirty = False
+        record = ReplicasRecord(
+            self.name,
+            [
+                ReplicaRecord(r.tag, r.version, r.config_digest, r.state is ReplicaState.STOPPING)
+                for r in self.replicas.values()
+            ],
+        )
+        await self._store.write({replicas_key(self.name): dump(record)})
+
+    async def _forget(self) -> bool:
+        async with self.lock:
+            if not self.spec.deleting or self.replicas:
+                return False  # a deploy came in while we waited for the lock
+            await self._store.write({spec_key(self.name): None, replicas_key(self.name): None})
+            self.forgotten = True
+            self._snapshot_dirty = True
+            self._publish()
+            self.goal.complete()
+            self._on_forgotten(self)
+            logger.info("backend %s deleted", self.name)
+            return True
+
+    # -- tasks: each reports with exactly one event --
+
+    def _spawn(self, fn: Callable[[str, bool], Awaitable[None]], tag: str, graceful: bool) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(fn, tag, graceful)
+
+    def _spawn_bring_up(self, replica: Replica, *, adopt: bool) -> None:
+        assert self._nursery is not None
+        replica.scope = trio.CancelScope(
+            deadline=trio.current_time() + self.spec.backend_config.start_timeout_s
+        )
+        if adopt:
+            self._nursery.start_soon(self._bring_up, replica.tag, replica.scope, None)
+        else:
+            spec = ReplicaSpec(
+                tag=replica.tag,
+                backend=self.name,
+                version=replica.version,
+                replica_config=self.spec.replica_config,
+                user_config=self.spec.backend_config.user_config,
+                resources=self.spec.backend_config.resources,
+            )
+            self._nursery.start_soon(self._bring_up, replica.tag, replica.scope, spec)
+
+    async def _bring_up(self, tag: str, scope: trio.CancelScope, spec: ReplicaSpec | None) -> None:
+        """Start (or, without a spec, adopt) a replica within its start timeout.
+
+        On any way but success this task also cleans up: the replica never served, or (adopted)
+        may have, so an adopted one being stopped is drained first.
+        """
+        error: str | None = None
+        with scope:
+            try:
+                if spec is None:
+                    address = await self._runtime.adopt_replica(tag)
+                else:
+                    address = await self._runtime.start_replica(spec)
+            except ReplicaError as exc:
+                error = exc.summary
+            except Exception as exc:
+                # A runtime that fails this way is broken for this replica, not for the others.
+                logger.exception("runtime error starting %s", tag)
+                error = f"{type(exc).__name__}: {exc}"
+            else:
+                self._send.send_nowait(ev.Started(tag, address))
+                return
+        replica = self.replicas.get(tag)
+        stopped_by_loop = replica is not None and replica.state is ReplicaState.STOPPING
+        if error is None and not stopped_by_loop:
+            timeout = self.spec.backend_config.start_timeout_s
+            error = f"ReplicaStartTimeout: not ready within start_timeout_s={timeout:g}"
+        adopted = spec is None
+        if stopped_by_loop and adopted and replica is not None and replica.graceful:
+            await self._drain(tag)  # it may still be serving routers from before the restart
+        await self._kill(tag)
+        if stopped_by_loop or adopted:
+            # A failed adoption is not a failed start: the plan simply replaces the replica.
+            if not stopped_by_loop:
+                logger.warning("replica %s: adoption failed (%s); replacing it", tag, error)
+            self._send.send_nowait(ev.Stopped(tag))
+        else:
+            self._send.send_nowait(ev.StartFailed(tag, error or "start failed"))
+
+    def _spawn_reconfigure(self, replica: Replica) -> None:
+        assert self._nursery is not None
+        replica.scope = trio.CancelScope(
+            deadline=trio.current_time() + self.spec.backend_config.start_timeout_s
+        )
+        config = self.spec.backend_config.user_config
+        self._nursery.start_soon(
+            self._reconfigure, replica.tag, replica.scope, config, self.spec.config_digest
+        )
+
+    async def _reconfigure(
+        self, tag: str, scope: trio.CancelScope, user_config: JSON, config_digest: str
+    ) -> None:
+        error: str | None = None
+        with scope:
+            try:
+                await self._runtime.reconfigure_replica(tag, user_config)
+            except ReplicaError as exc:
+                error = exc.summary
+            except Exception as exc:
+                logger.exception("runtime error reconfiguring %s", tag)
+                error = f"{type(exc).__name__}: {exc}"
+        if scope.cancelled_caught and error is None:
+            error = "ReconfigureTimeout: no answer within start_timeout_s"
+        replica = self.replicas.get(tag)
+        if replica is not None and replica.state is ReplicaState.STOPPING:
+            # Stopped (or found dead) while reconfiguring: the stop is this task's to finish.
+            await self._stop(tag, replica.graceful)
+            return
+        self._send.send_nowait(ev.Reconfigured(tag, config_digest, error))
+
+    async def _stop(self, tag: str, graceful: bool) -> None:
+        if graceful:
+            await self._drain(tag)
+        await self._kill(tag)
+        self._send.send_nowait(ev.Stopped(tag))
+
+    async def _drain(self, tag: str) -> None:
+        grace = self.spec.backend_config.graceful_shutdown_timeout_s
+        if grace <= 0:
+            return
+        with trio.move_on_after(grace) as scope:
+            try:
+                await self._runtime.drain_replica(tag)
+            except Exception as exc:
+                logger.warning("replica %s: drain failed (%s); killing it now", tag, exc)
+        if scope.cancelled_caught:
+            logger.info("replica %s: drain not done within %gs; killing it", tag, grace)
+
+    async def _kill(self, tag: str) -> None:
+        # Shielded: a kill that has begun finishes even when the controller is closing, so that
+        # a replica is never left half-stopped.
+        with trio.move_on_after(KILL_TIMEOUT_S, shield=True) as scope:
+            try:
+                await self._runtime.kill_replica(tag)
+            except Exception:
+                logger.exception("replica %s: kill failed", tag)
+        if scope.cancelled_caught:
+            logger.error("replica %s: kill did not finish within %gs", tag, KILL_TIMEOUT_S)
+
+    # -- views --
+
+    def status(self) -> BackendStatus:
+        spec = self.spec
+        replicas = tuple(
+            ReplicaStatus(r.tag, r.state, r.version, r.address) for r in self.replicas.values()
+        )
+        return BackendStatus(
+            name=self.name,
+            generation=spec.generation,
+            backend_config=spec.backend_config,
+            replica_config=spec.replica_config,
+            deleting=spec.deleting,
+            goal_done=self.goal.done,
+            message=self._message(replicas),
+            last_error=self.last_error,
+            replicas=replicas,
+        )
+
+    def _message(self, replicas: tuple[ReplicaStatus, ...]) -> str:
+        spec = self.spec
+        running = sum(
+            1 for r in replicas if r.state is ReplicaState.RUNNING and r.version == spec.version
+        )
+        others: dict[str, int] = {}
+        for r in replicas:
+            if not (r.state is ReplicaState.RUNNING and r.version == spec.version):
+                key = r.state.value.lower()
+                others[key] = others.get(key, 0) + 1
+        if spec.deleting:
+            head = f"deleting; {len(replicas)} replicas left"
+        else:
+            head = (
+                f"{running}/{spec.backend_config.num_replicas} replicas of version "
+                f"{spec.version} running"
+            )
+        parts = [head] + [f"{n} {state}" for state, n in sorted(others.items())]
+        if self.goal.error is not None:
+            parts.append(f"deploy failed: {self.goal.error}")
+        return "; ".join(parts)

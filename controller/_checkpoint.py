@@ -1,0 +1,164 @@
+"""Checkpoints: the controller's intent as JSON through cattrs, with a schema version. Never pickle.
+
+Two keys per backend, each with one writer, so that writes can never interleave badly:
+
+- ``spec/<name>``: what the user asked for (written by deploy and delete, before they return).
+- ``replicas/<name>``: which replica tags the controller means to run or stop (written only by
+  the backend's task, before it asks the runtime for anything).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+import attrs
+import cattrs
+
+from ._config import BackendConfig, ReplicaConfig
+from ._errors import CheckpointError, ControllerError
+
+#: Bumped when the stored shape changes; a controller refuses data written by a newer one.
+SCHEMA_VERSION = 1
+
+SPEC_PREFIX = "spec/"
+REPLICAS_PREFIX = "replicas/"
+
+
+@attrs.frozen
+class SpecRecord:
+    """A backend's spec as the user last set it."""
+
+    name: str
+    generation: int
+    backend_config: BackendConfig
+    replica_config: ReplicaConfig
+    deleting: bool = False
+    """A delete was asked for; the backend is forgotten once its replicas are gone."""
+    force: bool = False
+    """The delete skips the graceful drain."""
+    schema: int = SCHEMA_VERSION
+
+
+@attrs.frozen
+class ReplicaRecord:
+    """One replica the controller means to run (or to stop, if `stopping`)."""
+
+    tag: str
+    version: str
+    config_digest: str
+    """Digest of the user config the replica was started or last reconfigured with."""
+    stopping: bool = False
+
+
+@attrs.frozen
+class ReplicasRecord:
+    """Every replica tag of one backend, and what the controller means to do with it."""
+
+    name: str
+    replicas: list[ReplicaRecord]
+    schema: int = SCHEMA_VERSION
+
+
+def _make_converter() -> cattrs.Converter:
+    conv = cattrs.Converter(forbid_extra_keys=True)
+    # The configs validate themselves (naming each field), so they go through their own
+    # constructors rather than cattrs' generic structuring of JSON unions.
+    conv.register_structure_hook(BackendConfig, lambda data, _t: BackendConfig.from_dict(data))
+    conv.register_structure_hook(ReplicaConfig, lambda data, _t: ReplicaConfig.from_dict(data))
+    conv.register_unstructure_hook(BackendConfig, lambda c: attrs.asdict(c, recurse=False))
+    conv.register_unstructure_hook(
+        ReplicaConfig,
+        lambda c: {
+            "entrypoint": c.entrypoint,
+            "init_args": list(c.init_args),
+            "init_kwargs": c.init_kwargs,
+        },
+    )
+    return conv
+
+
+_converter = _make_converter()
+
+_R = TypeVar("_R", SpecRecord, ReplicasRecord)
+
+
+def dump(record: SpecRecord | ReplicasRecord) -> str:
+    """The record as compact JSON text."""
+    return json.dumps(_converter.unstructure(record), separators=(",", ":"), allow_nan=False)
+
+
+def load(key: str, text: str, cls: type[_R]) -> _R:
+    """Parse one stored record; anything unreadable raises CheckpointError naming the key."""
+    try:
+        data: Any = json.loads(text)
+    except ValueError as exc:
+        raise CheckpointError(
+            f"store key {key!r} is not valid JSON ({exc}); {_UNTOUCHED}"
+        ) from None
+    if not isinstance(data, dict) or not isinstance(data.get("schema"), int):
+        raise CheckpointError(f"store key {key!r} has no schema version; {_UNTOUCHED}")
+    schema = data["schema"]
+    if schema > SCHEMA_VERSION:
+        raise CheckpointError(
+            f"store key {key!r} was written with checkpoint schema {schema}, newer than this "
+            f"controller reads ({SCHEMA_VERSION}); run a newer controller. {_UNTOUCHED}"
+        )
+    if schema != SCHEMA_VERSION:
+        raise CheckpointError(f"store key {key!r} has unknown schema {schema}; {_UNTOUCHED}")
+    try:
+        return _converter.structure(data, cls)
+    except (cattrs.BaseValidationError, ControllerError, TypeError, ValueError) as exc:
+        raise CheckpointError(
+            f"store key {key!r} is corrupt: {_describe(exc)}; {_UNTOUCHED}"
+        ) from None
+
+
+def _describe(exc: BaseException) -> str:
+    """The innermost causes of a structuring failure; our own errors already name their field."""
+    if isinstance(exc, cattrs.BaseValidationError):
+        return "; ".join(_describe(inner) for inner in exc.exceptions)
+    if isinstance(exc, ControllerError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+_UNTOUCHED = "the stored data was left untouched"
+
+
+@attrs.frozen
+class Checkpoint:
+    """Everything read from a store at start-up, parsed and checked."""
+
+    specs: dict[str, SpecRecord]
+    replicas: dict[str, ReplicasRecord]
+
+
+def parse_all(items: dict[str, str]) -> Checkpoint:
+    """Parse a whole store; raises CheckpointError before the controller acts on any of it."""
+    specs: dict[str, SpecRecord] = {}
+    replicas: dict[str, ReplicasRecord] = {}
+    for key, text in items.items():
+        if key.startswith(SPEC_PREFIX):
+            spec = load(key, text, SpecRecord)
+            _check_name(key, SPEC_PREFIX, spec.name)
+            specs[spec.name] = spec
+        elif key.startswith(REPLICAS_PREFIX):
+            record = load(key, text, ReplicasRecord)
+            _check_name(key, REPLICAS_PREFIX, record.name)
+            replicas[record.name] = record
+        # Other keys belong to other users of a shared store (the daemon's own settings, say).
+    return Checkpoint(specs=specs, replicas=replicas)
+
+
+def _check_name(key: str, prefix: str, name: str) -> None:
+    if key != prefix + name:
+        raise CheckpointError(f"store key {key!r} holds the record of {name!r}; {_UNTOUCHED}")
+
+
+def spec_key(name: str) -> str:
+    return SPEC_PREFIX + name
+
+
+def replicas_key(name: str) -> str:
+    return REPLICAS_PREFIX + name

@@ -1,0 +1,193 @@
+"""What a user asks for: a backend's config and how to build its replicas (validated)."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+import attrs
+
+from ._errors import ConfigError
+from ._json import JSON, check_json
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+_DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
+_ENTRYPOINT = re.compile(rf"{_DOTTED}:{_DOTTED}")
+
+
+def check_backend_name(name: object) -> str:
+    """Backend names become store keys and replica tag prefixes, so they are kept plain."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ConfigError(
+            "name",
+            "a backend name is 1-63 characters of letters, digits, '_', '.' or '-', "
+            "starting with a letter or digit",
+            name,
+        )
+    return name
+
+
+def _non_negative_int(field: str) -> Any:
+    def check(_inst: object, _attr: attrs.Attribute[int], value: object) -> None:
+        # bool is an int subclass, but `num_replicas=True` is a bug, not a count.
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(field, "must be a whole number >= 0", value)
+
+    return check
+
+
+def _seconds(field: str, value: object, *, allow_zero: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(field, "must be a number of seconds", value)
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        rule = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(field, f"must be a finite number of seconds {rule}", value)
+    return float(value)
+
+
+def _graceful_shutdown_timeout(value: object) -> float:
+    return _seconds("BackendConfig.graceful_shutdown_timeout_s", value, allow_zero=True)
+
+
+def _start_timeout(value: object) -> float:
+    return _seconds("BackendConfig.start_timeout_s", value, allow_zero=False)
+
+
+def _version(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > 200 or not value.isprintable():
+        raise ConfigError(
+            "BackendConfig.version", "must be None or 1-200 printable characters", value
+        )
+    return value
+
+
+def _resources(value: object) -> dict[str, float]:
+    field = "BackendConfig.resources"
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            field, 'must be a mapping of resource name to amount, e.g. {"CPU": 1}', value
+        )
+    out: dict[str, float] = {}
+    for key, amount in value.items():
+        if not isinstance(key, str) or not key:
+            raise ConfigError(field, "resource names are non-empty strings", key)
+        if (
+            isinstance(amount, bool)
+            or not isinstance(amount, (int, float))
+            or not math.isfinite(amount)
+            or amount < 0
+        ):
+            raise ConfigError(f"{field}[{key!r}]", "must be a finite number >= 0", amount)
+        out[key] = float(amount)
+    return out
+
+
+def _user_config(value: object) -> JSON:
+    return check_json("BackendConfig.user_config", value)
+
+
+@attrs.frozen(kw_only=True)
+class BackendConfig:
+    """How many replicas of which version a backend runs, and how they are started and stopped.
+
+    Configs compare by value. Later fields (health checks, rollout limits) are added with defaults,
+    so code and stored checkpoints written against this version keep working.
+    """
+
+    num_replicas: int = attrs.field(
+        default=1, validator=_non_negative_int("BackendConfig.num_replicas")
+    )
+    """How many replicas should be RUNNING."""
+
+    version: str | None = attrs.field(default=None, converter=_version)
+    """The code version. Replicas of another version are replaced. None: every deploy that changes
+    the spec replaces every replica (the controller cannot tell whether the code changed)."""
+
+    user_config: JSON = attrs.field(default=None, converter=_user_config)
+    """JSON handed to each replica's ``reconfigure``. A change with the same `version` reconfigures
+    replicas in place instead of replacing them."""
+
+    graceful_shutdown_timeout_s: float = attrs.field(
+        default=20.0,
+        converter=_graceful_shutdown_timeout,
+    )
+    """How long a stopping replica may drain before it is killed."""
+
+    start_timeout_s: float = attrs.field(default=60.0, converter=_start_timeout)
+    """How long a replica may take to become ready before it is stopped and replaced."""
+
+    resources: dict[str, float] = attrs.field(factory=dict, converter=_resources)
+    """What one replica reserves on the runtime, e.g. ``{"CPU": 1}``. Empty: nothing."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> BackendConfig:
+        """Build from a mapping (a config file, a request body); unknown keys are errors."""
+        return _from_dict(cls, data)
+
+
+def _entrypoint(value: object) -> str:
+    if not isinstance(value, str) or not _ENTRYPOINT.fullmatch(value):
+        raise ConfigError(
+            "ReplicaConfig.entrypoint", 'must look like "package.module:Class"', value
+        )
+    return value
+
+
+def _init_args(value: object) -> tuple[JSON, ...]:
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError("ReplicaConfig.init_args", "must be a list of JSON values", value)
+    return tuple(check_json(f"ReplicaConfig.init_args[{i}]", v) for i, v in enumerate(value))
+
+
+def _init_kwargs(value: object) -> dict[str, JSON]:
+    if not isinstance(value, Mapping):
+        raise ConfigError("ReplicaConfig.init_kwargs", "must be a mapping of str to JSON", value)
+    out: dict[str, JSON] = {}
+    for key, item in value.items():
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ConfigError("ReplicaConfig.init_kwargs", "keys must be Python identifiers", key)
+        out[key] = check_json(f"ReplicaConfig.init_kwargs[{key!r}]", item)
+    return out
+
+
+@attrs.frozen
+class ReplicaConfig:
+    """How to build one replica: which class, constructed with which arguments."""
+
+    entrypoint: str = attrs.field(converter=_entrypoint)
+    """The replica class, as ``"package.module:Class"``."""
+
+    init_args: tuple[JSON, ...] = attrs.field(default=(), kw_only=True, converter=_init_args)
+    """Positional arguments for the class (JSON values)."""
+
+    init_kwargs: dict[str, JSON] = attrs.field(factory=dict, kw_only=True, converter=_init_kwargs)
+    """Keyword arguments for the class (JSON values)."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> ReplicaConfig:
+        """Build from a mapping (a config file, a request body); unknown keys are errors."""
+        return _from_dict(cls, data)
+
+
+_C = TypeVar("_C", BackendConfig, ReplicaConfig)
+
+
+def _from_dict(cls: type[_C], data: Mapping[str, object]) -> _C:
+    if not isinstance(data, Mapping):
+        raise ConfigError(cls.__name__, "must be a mapping of field names to values", data)
+    fields = attrs.fields_dict(cls)
+    for key in data:
+        if key not in fields:
+            raise ConfigError(
+                f"{cls.__name__}.{key}",
+                f"unknown field; known fields are {', '.join(sorted(fields))}",
+                show_value=False,
+            )
+    for name, field in fields.items():
+        if field.default is attrs.NOTHING and name not in data:
+            raise ConfigError(f"{cls.__name__}.{name}", "is required", show_value=False)
+    return cls(**data)  # type: ignore[arg-type]  # keys were checked against the fields above

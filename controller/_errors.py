@@ -1,0 +1,92 @@
+"""The controller's errors: one base class, permanent or retryable, messages that say what to do."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class ControllerError(Exception):
+    """Base class of every error the controller raises on purpose."""
+
+    #: Whether doing the same thing again later may succeed without a change of input.
+    retryable: ClassVar[bool] = False
+
+
+class ConfigError(ControllerError, ValueError):
+    """Bad input: names the field and the rule it broke. Raised before anything is written."""
+
+    def __init__(self, field: str, rule: str, value: object = None, *, show_value: bool = True):
+        self.field = field
+        self.rule = rule
+        self.value = value
+        got = f" (got {value!r})" if show_value else ""
+        super().__init__(f"{field}: {rule}{got}")
+
+
+class UnknownBackendError(ControllerError, LookupError):
+    """A call named a backend the controller does not have."""
+
+    def __init__(self, name: str):
+        self.name = name
+        super().__init__(f"backend {name!r} is not deployed; deploy it first or check the name")
+
+    def __str__(self) -> str:
+        # LookupError's str() would quote the whole message as a repr.
+        return str(self.args[0])
+
+
+class InfeasibleError(ControllerError):
+    """The runtime cannot place the replicas a deploy asks for; nothing was written or started."""
+
+
+class GoalFailed(ControllerError):
+    """A goal will not be reached: for a deploy, replicas kept failing to start."""
+
+    retryable = True
+
+    def __init__(self, backend: str, reason: str):
+        self.backend = backend
+        self.reason = reason
+        super().__init__(f"backend {backend!r}: {reason}")
+
+
+class CheckpointError(ControllerError):
+    """The store holds a checkpoint this controller cannot read; the data was left untouched."""
+
+
+class ControllerClosedError(ControllerError):
+    """The controller was closed while the call was waiting."""
+
+
+class ReplicaError(ControllerError):
+    """A runtime's report that one replica failed: its start, or a call into the user's class.
+
+    `error_type` and `message` carry the user's exception (``ValueError`` and its text) so that the
+    goal and the status can show it.
+    """
+
+    retryable = True
+
+    def __init__(self, tag: str, error_type: str, message: str):
+        self.tag = tag
+        self.error_type = error_type
+        self.message = message
+        super().__init__(f"replica {tag}: {error_type}: {message}")
+
+    @property
+    def summary(self) -> str:
+        """The user's error as ``Type: message``, without the replica tag."""
+        return f"{self.error_type}: {self.message}"
+
+
+class ReplicaGoneError(ReplicaError):
+    """The runtime does not have the named replica (it died, or was never started)."""
+
+    def __init__(self, tag: str, message: str = "the runtime has no such replica"):
+        super().__init__(tag, "ReplicaGone", message)
+
+
+class StoreError(ControllerError):
+    """The store failed to read or write; nothing in that write landed."""
+
+    retryable = True

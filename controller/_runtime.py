@@ -1,0 +1,87 @@
+"""The Runtime protocol: where replicas live. The core speaks only this; runtimes never see it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+import attrs
+import trio
+
+from ._config import ReplicaConfig
+from ._json import JSON
+
+#: Called by a runtime, from trio, when a replica it started or adopted dies on its own:
+#: ``on_death(tag, reason)``. It must not block; the controller turns it into an event.
+DeathListener = Callable[[str, str], None]
+
+
+@attrs.frozen
+class ReplicaSpec:
+    """Everything a runtime needs to start one replica."""
+
+    tag: str
+    """The replica's stable name; the runtime must be able to find the replica by it again later
+    (after a controller restart), through ``list_replicas`` and ``adopt_replica``."""
+    backend: str
+    """The backend it belongs to."""
+    version: str
+    """Its code version."""
+    replica_config: ReplicaConfig
+    """Which class, with which arguments."""
+    user_config: JSON
+    """Handed to the replica's ``reconfigure`` before it counts as ready."""
+    resources: Mapping[str, float]
+    """What it reserves."""
+
+
+class Runtime(Protocol):
+    """Where replicas live: worker processes, Ray actors, or ``controller.testing.FakeRuntime``.
+
+    Every method may be cancelled; a cancelled start may leave a half-started replica behind, which
+    the controller then kills by tag. No method has a timeout of its own: the controller wraps calls
+    in cancel scopes. Failures of the user's code are raised as ``ReplicaError``.
+    """
+
+    async def serve(
+        self,
+        on_death: DeathListener,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Run the runtime's background work (watching replicas) until cancelled.
+
+        Started by the controller with ``nursery.start``; report deaths through `on_death`.
+        Cancelling it must leave the replicas running: a controller restart adopts them.
+        """
+        ...
+
+    def capacity(self) -> Sequence[Mapping[str, float]] | None:
+        """What each node can hold in all (one mapping per node), or None for no limit."""
+        ...
+
+    async def list_replicas(self) -> Sequence[str]:
+        """The tags of every replica this runtime has, alive or starting."""
+        ...
+
+    async def start_replica(self, spec: ReplicaSpec) -> str | None:
+        """Start a replica and return once it is ready, with its address (or None)."""
+        ...
+
+    async def adopt_replica(self, tag: str) -> str | None:
+        """Reattach to a live replica found by ``list_replicas``; return once it is ready, with its
+        address. Raises ``ReplicaGoneError`` if it is not there."""
+        ...
+
+    async def reconfigure_replica(self, tag: str, user_config: JSON) -> None:
+        """Hand a running replica a new user config."""
+        ...
+
+    async def drain_replica(self, tag: str) -> None:
+        """Ask a replica to finish its in-flight work; return when it has. Idempotent: a
+        replica already draining (a restarted controller finishing a stop) is waited for."""
+        ...
+
+    async def kill_replica(self, tag: str) -> None:
+        """Stop a replica for sure and return when it is gone. Idempotent: a missing tag is fine."""
+        ...

@@ -1,0 +1,140 @@
+"""The embedded default store: a SQLite file in WAL mode, with concurrent writes grouped."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Mapping
+from typing import Literal, final
+
+import attrs
+import trio
+
+from ._errors import StoreError
+
+
+@attrs.define(eq=False)
+class _Batch:
+    changes: dict[str, str | None] = attrs.field(factory=dict)
+    done: trio.Event = attrs.field(factory=trio.Event)
+    error: Exception | None = None
+
+
+@final
+class SQLiteStore:
+    """Checkpoints in a SQLite file: one table, one transaction per batch of writes.
+
+    Writes that arrive while a transaction is in flight are grouped into the next one, so a burst
+    of checkpoints from many backends costs a few commits rather than one each. The connection is
+    opened on first use; call ``close()`` (or use ``with``) when done.
+
+    `synchronous` is SQLite's setting: ``"FULL"`` (the default) makes each commit survive a power
+    loss; ``"NORMAL"`` survives a crash of the process, which is what the controller's recovery
+    needs, and commits faster.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, synchronous: Literal["FULL", "NORMAL"] = "FULL"
+    ):
+        if synchronous not in ("FULL", "NORMAL"):
+            raise ValueError(f'synchronous: must be "FULL" or "NORMAL" (got {synchronous!r})')
+        self.path = os.fspath(path)
+        self._synchronous = synchronous
+        self._conn: sqlite3.Connection | None = None
+        # SQLite calls block, so they run in a worker thread, one at a time.
+        self._limiter = trio.CapacityLimiter(1)
+        self._pending: _Batch | None = None
+        self._flushing = False
+        self.transactions = 0
+        """How many write transactions were committed (fewer than ``write`` calls under load)."""
+
+    def __enter__(self) -> SQLiteStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection; the next use opens it again."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            # isolation_level=None: transactions are begun and committed explicitly below.
+            # check_same_thread=False: trio's worker threads vary; the limiter serializes use.
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute(f"PRAGMA synchronous={self._synchronous}")
+                conn.execute("PRAGMA busy_timeout=5000")
+                conn.execute(
+                    "CREATE TABLE IF NOT EXISTS checkpoints "
+                    "(key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID"
+                )
+            except BaseException:
+                conn.close()
+                raise
+            self._conn = conn
+        return self._conn
+
+    def _read_all_sync(self) -> dict[str, str]:
+        rows = self._connection().execute("SELECT key, value FROM checkpoints").fetchall()
+        return dict(rows)
+
+    def _commit_sync(self, changes: Mapping[str, str | None]) -> None:
+        conn = self._connection()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            puts = [(k, v) for k, v in changes.items() if v is not None]
+            deletes = [(k,) for k, v in changes.items() if v is None]
+            if puts:
+                conn.executemany(
+                    "INSERT INTO checkpoints (key, value) VALUES (?, ?) "
+                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    puts,
+                )
+            if deletes:
+                conn.executemany("DELETE FROM checkpoints WHERE key = ?", deletes)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    async def read_all(self) -> dict[str, str]:
+        try:
+            return await trio.to_thread.run_sync(self._read_all_sync, limiter=self._limiter)
+        except sqlite3.Error as exc:
+            raise StoreError(f"reading {self.path}: {exc}") from exc
+
+    async def write(self, changes: Mapping[str, str | None]) -> None:
+        batch = self._pending
+        if batch is None:
+            batch = self._pending = _Batch()
+        batch.changes.update(changes)
+        if not self._flushing:
+            await self._flush()
+        await batch.done.wait()
+        if batch.error is not None:
+            raise StoreError(f"writing {self.path}: {batch.error}") from batch.error
+
+    async def _flush(self) -> None:
+        # The first writer commits for everyone who queues up behind it. Shielded: if it were
+        # cancelled half-way, the writers waiting on later batches would never be released. The
+        # caller's cancellation still arrives at its next checkpoint.
+        self._flushing = True
+        try:
+            with trio.CancelScope(shield=True):
+                while self._pending is not None:
+                    batch, self._pending = self._pending, None
+                    try:
+                        await trio.to_thread.run_sync(
+                            self._commit_sync, batch.changes, limiter=self._limiter
+                        )
+                        self.transactions += 1
+                    except sqlite3.Error as exc:
+                        batch.error = exc
+                    batch.done.set()
+        finally:
+            self._flushing = False

@@ -1,0 +1,5 @@
+"""Tools for testing code that uses the controller, like ``trio.testing`` is for trio code."""
+
+from ._fake_runtime import FakeReplica as FakeReplica
+from ._fake_runtime import FakeRuntime as FakeRuntime
+from ._fake_runtime import FakeState as FakeState

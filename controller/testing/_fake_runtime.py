@@ -1,0 +1,255 @@
+"""FakeRuntime: replicas that a test drives by hand, under trio's MockClock or the real clock."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from typing import final
+
+import attrs
+import trio
+
+from .._errors import ReplicaError, ReplicaGoneError
+from .._json import JSON
+from .._runtime import DeathListener, ReplicaSpec
+
+
+class FakeState(enum.Enum):
+    """Where a fake replica is, as the runtime (not the controller) sees it."""
+
+    #: ``start_replica`` was called and waits for ``finish_start`` or ``fail_start``.
+    STARTING = "STARTING"
+    #: Started; ready for requests.
+    READY = "READY"
+    #: Asked to drain; waits for ``finish_drain`` (unless the runtime drains instantly).
+    DRAINING = "DRAINING"
+    #: Killed, crashed, or failed to start. Dead replicas stay listed in ``replicas``.
+    DEAD = "DEAD"
+
+
+@final
+@attrs.define(eq=False)
+class FakeReplica:
+    """One fake replica and what happened to it, with the (trio) time of each step."""
+
+    tag: str
+    """The controller's tag for it."""
+    spec: ReplicaSpec
+    """What the controller asked for."""
+    state: FakeState = FakeState.STARTING
+    """Where it is."""
+    user_config: JSON = None
+    """The user config it holds (from its start, then from each reconfigure)."""
+    started_at: float = 0.0
+    """When ``start_replica`` was called."""
+    ready_at: float | None = None
+    """When it became ready."""
+    drain_requested_at: float | None = None
+    """When the controller asked it to drain."""
+    killed_at: float | None = None
+    """When it was killed (not set for a crash or a failed start)."""
+    reconfigure_calls: int = 0
+    """How many reconfigures it received."""
+    reconfigure_error: tuple[str, str] | None = None
+    """Make its next reconfigures raise ``(error_type, message)``; None: they succeed."""
+    _start_done: trio.Event = attrs.field(factory=trio.Event)
+    _start_error: ReplicaError | None = None
+    _drain_done: trio.Event = attrs.field(factory=trio.Event)
+
+    @property
+    def address(self) -> str:
+        return f"fake://{self.tag}"
+
+
+@final
+class FakeRuntime:
+    """A runtime for tests: every replica is a Python object that the test moves along.
+
+    - ``FakeRuntime()``: each start waits until the test calls ``finish_start(tag)`` or
+      ``fail_start(tag, ...)`` (or forever: a hung start, which the controller times out).
+    - ``FakeRuntime(auto_ready=True)``: every start succeeds at once.
+    - ``auto_drain=False``: drains wait for ``finish_drain(tag)``; never calling it is a replica
+      that ignores its drain and is killed at the graceful-shutdown deadline.
+    - ``crash(tag)``: a running replica dies on its own, and the controller is told.
+    - ``capacity``: one mapping (one node) or a list of them (several nodes) for feasibility.
+
+    The same instance outlives a controller, like real processes do: hand it to a new controller
+    over the same store to test recovery. Times are ``trio.current_time()``, so under
+    ``autojump_clock`` they are exact.
+    """
+
+    def __init__(
+        self,
+        *,
+        auto_ready: bool = False,
+        auto_drain: bool = True,
+        capacity: Mapping[str, float] | Sequence[Mapping[str, float]] | None = None,
+        record_history: bool = True,
+    ):
+        self.auto_ready = auto_ready
+        self.auto_drain = auto_drain
+        if capacity is None or isinstance(capacity, Sequence):
+            self._nodes = None if capacity is None else [dict(node) for node in capacity]
+        else:
+            self._nodes = [dict(capacity)]
+        self.replicas: dict[str, FakeReplica] = {}
+        """Every replica ever started, dead ones included, by tag."""
+        self.history: list[tuple[float, str, str]] = []
+        """``(time, tag, what)`` for each call and transition, in order."""
+        self._record_history = record_history
+        self._listener: DeathListener | None = None
+        self._changed = trio.Event()
+
+    # -- what a test reads --
+
+    def tags(self, state: FakeState | None = None) -> list[str]:
+        """Tags of the replicas in `state` (every non-dead one by default)."""
+        if state is None:
+            return [t for t, r in self.replicas.items() if r.state is not FakeState.DEAD]
+        return [t for t, r in self.replicas.items() if r.state is state]
+
+    async def wait_until(self, predicate: Callable[[FakeRuntime], bool]) -> None:
+        """Wait until `predicate(self)` holds; it is checked after every change of this runtime."""
+        while not predicate(self):
+            await self._changed.wait()
+
+    # -- what a test does --
+
+    def finish_start(self, tag: str) -> None:
+        """Make a pending start succeed."""
+        replica = self._get(tag, FakeState.STARTING)
+        self._ready(replica)
+
+    def fail_start(
+        self, tag: str, error_type: str = "RuntimeError", message: str = "start failed"
+    ) -> None:
+        """Make a pending start raise, as if the user's ``__init__`` raised `error_type`."""
+        replica = self._get(tag, FakeState.STARTING)
+        replica._start_error = ReplicaError(tag, error_type, message)
+        replica.state = FakeState.DEAD
+        replica._start_done.set()
+        self._note(tag, f"start failed: {error_type}: {message}")
+
+    def finish_drain(self, tag: str) -> None:
+        """Make a pending drain return."""
+        replica = self._get(tag, FakeState.DRAINING)
+        replica._drain_done.set()
+        self._note(tag, "drained")
+
+    def crash(self, tag: str, reason: str = "crashed") -> None:
+        """Kill a replica from outside the controller (it dies on its own); tell the controller."""
+        replica = self.replicas[tag]
+        if replica.state is FakeState.DEAD:
+            raise ValueError(f"replica {tag} is already dead")
+        if replica.state is FakeState.STARTING:
+            replica._start_error = ReplicaError(tag, "ReplicaDied", reason)
+            replica._start_done.set()
+        replica.state = FakeState.DEAD
+        self._note(tag, f"crashed: {reason}")
+        if self._listener is not None:
+            self._listener(tag, reason)
+
+    # -- the Runtime protocol --
+
+    async def serve(
+        self,
+        on_death: DeathListener,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        self._listener = on_death
+        try:
+            task_status.started()
+            await trio.sleep_forever()
+        finally:
+            self._listener = None
+
+    def capacity(self) -> Sequence[Mapping[str, float]] | None:
+        return self._nodes
+
+    async def list_replicas(self) -> Sequence[str]:
+        await trio.lowlevel.checkpoint()
+        return self.tags()
+
+    async def start_replica(self, spec: ReplicaSpec) -> str | None:
+        if spec.tag in self.replicas and self.replicas[spec.tag].state is not FakeState.DEAD:
+            raise AssertionError(f"controller bug: started {spec.tag} twice")
+        replica = FakeReplica(
+            spec.tag, spec, user_config=spec.user_config, started_at=trio.current_time()
+        )
+        self.replicas[spec.tag] = replica
+        self._note(spec.tag, "start")
+        if self.auto_ready:
+            self._ready(replica)
+            await trio.lowlevel.checkpoint()
+        else:
+            await replica._start_done.wait()
+        if replica._start_error is not None:
+            raise replica._start_error
+        return replica.address
+
+    async def adopt_replica(self, tag: str) -> str | None:
+        replica = self.replicas.get(tag)
+        if replica is None or replica.state is FakeState.DEAD:
+            raise ReplicaGoneError(tag)
+        self._note(tag, "adopt")
+        await replica._start_done.wait()
+        if replica._start_error is not None:
+            raise replica._start_error
+        return replica.address
+
+    async def reconfigure_replica(self, tag: str, user_config: JSON) -> None:
+        replica = self._get(tag, FakeState.READY)
+        replica.reconfigure_calls += 1
+        await trio.lowlevel.checkpoint()
+        if replica.reconfigure_error is not None:
+            self._note(tag, "reconfigure failed")
+            raise ReplicaError(tag, *replica.reconfigure_error)
+        replica.user_config = user_config
+        self._note(tag, "reconfigured")
+
+    async def drain_replica(self, tag: str) -> None:
+        replica = self.replicas.get(tag)
+        if replica is None or replica.state is not FakeState.DRAINING:
+            # Draining again (a restarted controller finishing a stop) waits for the same drain.
+            replica = self._get(tag, FakeState.READY)
+            replica.state = FakeState.DRAINING
+            replica.drain_requested_at = trio.current_time()
+        self._note(tag, "drain")
+        if self.auto_drain:
+            replica._drain_done.set()
+        await replica._drain_done.wait()
+
+    async def kill_replica(self, tag: str) -> None:
+        await trio.lowlevel.checkpoint()
+        replica = self.replicas.get(tag)
+        if replica is None or replica.state is FakeState.DEAD:
+            return
+        if replica.state is FakeState.STARTING:
+            replica._start_error = ReplicaError(tag, "Killed", "killed while starting")
+            replica._start_done.set()
+        replica.state = FakeState.DEAD
+        replica.killed_at = trio.current_time()
+        self._note(tag, "killed")
+
+    # -- internals --
+
+    def _get(self, tag: str, state: FakeState) -> FakeReplica:
+        replica = self.replicas.get(tag)
+        if replica is None:
+            raise ReplicaGoneError(tag)
+        if replica.state is not state:
+            raise ReplicaError(tag, "WrongState", f"is {replica.state.value}, not {state.value}")
+        return replica
+
+    def _ready(self, replica: FakeReplica) -> None:
+        replica.state = FakeState.READY
+        replica.ready_at = trio.current_time()
+        replica._start_done.set()
+        self._note(replica.tag, "ready")
+
+    def _note(self, tag: str, what: str) -> None:
+        if self._record_history:
+            self.history.append((trio.current_time(), tag, what))
+        self._changed.set()
+        self._changed = trio.Event()

@@ -1,0 +1,46 @@
+"""Tasks: tests, lint, typecheck, bench and quickstart (``nox -s NAME``)."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+nox.options.error_on_missing_interpreters = False
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Run the test suite (pass pytest options after ``--``)."""
+    session.install("-e", ".[test]")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """Ruff (rules and formatting) and the import layering contracts."""
+    session.install("-e", ".[lint]")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("lint-imports")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict over the package, the tests, the examples and the benchmark."""
+    session.install("-e", ".[typecheck]", "nox")
+    session.run("mypy", *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """The benchmark: a table on stdout, JSON in bench/results.json (options after ``--``)."""
+    session.install("-e", ".")
+    session.run("python", "bench/bench.py", *session.posargs)
+
+
+@nox.session
+def quickstart(session: nox.Session) -> None:
+    """The main job: the quickstart example."""
+    session.install("-e", ".")
+    session.run("python", "examples/quickstart.py", *session.posargs)

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+
+import controller
+from controller.testing import FakeRuntime
+
+RC = controller.ReplicaConfig("app.replica:Echo")
+
+
+def config(**kwargs: object) -> controller.BackendConfig:
+    kwargs.setdefault("version", "v1")
+    return controller.BackendConfig(**kwargs)  # type: ignore[arg-type]
+
+
+@asynccontextmanager
+async def opened(
+    runtime: controller.Runtime | None = None, store: controller.Store | None = None
+) -> AsyncIterator[controller.Controller]:
+    async with controller.open_controller(
+        runtime=runtime if runtime is not None else FakeRuntime(auto_ready=True),
+        store=store if store is not None else controller.MemoryStore(),
+    ) as ctl:
+        yield ctl
+
+
+async def settle() -> None:
+    """Let every task run until all are blocked (on the runtime, a timer or an event)."""
+    await trio.testing.wait_all_tasks_blocked()

@@ -1,0 +1,111 @@
+"""The decision step on its own: no runtime, no store, no trio."""
+
+from __future__ import annotations
+
+import attrs
+from hypothesis import given
+from hypothesis import strategies as st
+
+from controller._reconcile import Plan, Target, decide
+from controller._state import ReplicaState
+
+S = ReplicaState
+
+
+@attrs.frozen
+class R:
+    tag: str
+    state: ReplicaState
+    version: str = "v1"
+    config_digest: str = "d1"
+    seq: int = 0
+
+
+def target(n: int, **kwargs: object) -> Target:
+    return Target(num_replicas=n, version="v1", config_digest="d1", **kwargs)  # type: ignore[arg-type]
+
+
+def test_scale_up_starts_every_missing_replica_at_once() -> None:
+    assert decide(target(5), [R("a", S.RUNNING)]) == Plan(start=4)
+
+
+def test_converged() -> None:
+    assert decide(target(2), [R("a", S.RUNNING), R("b", S.RUNNING)]).converged
+
+
+def test_scale_down_stops_starting_before_running_newest_first() -> None:
+    replicas = [
+        R("run-old", S.RUNNING, seq=1),
+        R("run-new", S.RUNNING, seq=2),
+        R("starting", S.STARTING, seq=3),
+        R("recovering", S.RECOVERING, seq=0),
+    ]
+    assert decide(target(2), replicas).stop == ("starting", "recovering")
+    assert decide(target(1), replicas).stop == ("starting", "recovering", "run-new")
+
+
+def test_stopping_replicas_are_not_counted_and_block_convergence() -> None:
+    plan = decide(target(1), [R("a", S.RUNNING), R("b", S.STOPPING)])
+    assert plan == Plan(converged=False)
+
+
+def test_delete_stops_everything_and_converges_when_empty() -> None:
+    plan = decide(target(3, deleting=True), [R("a", S.RUNNING), R("b", S.STARTING)])
+    assert plan.stop == ("b", "a")
+    assert not plan.converged
+    assert decide(target(3, deleting=True), []).converged
+
+
+def test_new_version_keeps_old_serving_until_new_serve() -> None:
+    old = [R("o1", S.RUNNING, version="v0"), R("o2", S.RUNNING, version="v0")]
+    assert decide(target(2), old) == Plan(start=2)
+    one_new = [*old, R("n1", S.RUNNING, seq=5), R("n2", S.STARTING, seq=6)]
+    assert decide(target(2), one_new).stop == ("o1",) or decide(target(2), one_new).stop == ("o2",)
+    both = [*old, R("n1", S.RUNNING), R("n2", S.RUNNING)]
+    assert set(decide(target(2), both).stop) == {"o1", "o2"}
+
+
+def test_blocked_starts_leave_old_version_serving() -> None:
+    old = [R("o1", S.RUNNING, version="v0")]
+    assert decide(target(1, starts_blocked=True), old) == Plan()
+
+
+def test_changed_user_config_reconfigures_running_replicas_in_place() -> None:
+    replicas = [R("a", S.RUNNING, config_digest="d0"), R("b", S.STARTING, config_digest="d0")]
+    plan = decide(target(2), replicas)
+    assert plan.reconfigure == ("a",)
+    assert plan.start == 0
+    assert plan.stop == ()
+
+
+states = st.sampled_from(list(ReplicaState))
+
+
+@given(
+    n=st.integers(0, 6),
+    replicas=st.lists(
+        st.tuples(states, st.sampled_from(["v0", "v1"]), st.sampled_from(["d0", "d1"])), max_size=10
+    ),
+    blocked=st.booleans(),
+)
+def test_plan_invariants(
+    n: int, replicas: list[tuple[ReplicaState, str, str]], blocked: bool
+) -> None:
+    views = [R(f"r{i}", s, v, d, seq=i) for i, (s, v, d) in enumerate(replicas)]
+    plan = decide(target(n, starts_blocked=blocked), views)
+    by_tag = {r.tag: r for r in views}
+    # Never stops a replica twice, never touches one that is already stopping.
+    assert len(set(plan.stop)) == len(plan.stop)
+    assert all(by_tag[t].state is not S.STOPPING for t in plan.stop)
+    # Never more target-version replicas than asked for, after the plan.
+    current = [r for r in views if r.version == "v1" and r.state is not S.STOPPING]
+    kept = [r for r in current if r.tag not in plan.stop]
+    assert len(kept) + plan.start == max(n, 0) or (blocked and len(kept) <= n)
+    # Serving capacity never drops below the target because of the plan.
+    serving = [r for r in views if r.state in (S.RUNNING, S.UPDATING)]
+    serving_after = [r for r in serving if r.tag not in plan.stop]
+    assert len(serving_after) >= min(n, len(serving))
+    assert not (blocked and plan.start)
+    if plan.converged:
+        assert plan == Plan(converged=True)
+        assert len(views) == n

@@ -1,0 +1,212 @@
+"""Durable intent and recovery: a new controller over the same store and runtime."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+import controller
+from controller import GoalOutcome, ReplicaState
+from controller.testing import FakeRuntime, FakeState
+
+from .conftest import RC, config, opened, settle
+
+
+async def test_restart_adopts_live_replicas_without_restarting_them(tmp_path: Path) -> None:
+    rt = FakeRuntime(auto_ready=True)
+    with controller.SQLiteStore(tmp_path / "state.db") as store:
+        async with opened(rt, store) as ctl:
+            await (await ctl.deploy("a", config(num_replicas=3), RC)).wait()
+            tags = sorted(r.tag for r in ctl.status("a").replicas)
+    # A new store object over the same file: nothing carried over in memory.
+    with controller.SQLiteStore(tmp_path / "state.db") as store:
+        async with opened(rt, store) as ctl:
+            status = ctl.status("a")
+            assert sorted(r.tag for r in status.replicas) == tags
+            assert status.generation == 1
+            # Real file I/O runs in a thread, so wait on the watch rather than on blocked tasks.
+            known = ctl.snapshot("a").snapshot_id
+            with trio.fail_after(5):
+                while len(ctl.snapshot("a").replicas) < 3:
+                    known = (await ctl.listen_for_change({"a": known}))["a"].snapshot_id
+            assert {r.state for r in ctl.status("a").replicas} == {ReplicaState.RUNNING}
+            assert len(rt.replicas) == 3  # none restarted, none added
+            assert sorted(r.tag for r in ctl.snapshot("a").replicas) == tags
+            assert [what for _, _, what in rt.history].count("adopt") == 3
+
+
+async def test_adopted_replicas_are_recovering_until_confirmed() -> None:
+    rt = FakeRuntime()
+    store = controller.MemoryStore()
+    async with opened(rt, store) as ctl:
+        await ctl.deploy("a", config(num_replicas=1), RC)
+        await settle()
+    (tag,) = rt.tags(FakeState.STARTING)  # its start was in flight when the controller closed
+    async with opened(rt, store) as ctl:
+        await settle()
+        assert [r.state for r in ctl.status("a").replicas] == [ReplicaState.RECOVERING]
+        assert ctl.snapshot("a").replicas == ()
+        rt.finish_start(tag)
+        await settle()
+        assert [(r.tag, r.state) for r in ctl.status("a").replicas] == [(tag, ReplicaState.RUNNING)]
+        assert len(rt.replicas) == 1  # no duplicate
+
+
+async def test_replicas_no_intent_names_are_killed_and_missing_ones_started() -> None:
+    rt = FakeRuntime(auto_ready=True)
+    store = controller.MemoryStore()
+    async with opened(rt, store) as ctl:
+        await (await ctl.deploy("a", config(num_replicas=2), RC)).wait()
+        kept, lost = rt.tags()
+    # While the controller is down: one replica dies, and a stranger appears.
+    rt.replicas[lost].state = FakeState.DEAD
+    stranger = await rt.start_replica(controller.ReplicaSpec("a#stranger", "a", "v1", RC, None, {}))
+    assert stranger is not None
+    async with opened(rt, store) as ctl:
+        await settle()
+        assert rt.replicas["a#stranger"].state is FakeState.DEAD
+        tags = {r.tag for r in ctl.status("a").replicas}
+        assert kept in tags
+        assert lost not in tags
+        assert len(tags) == 2
+        assert {r.state for r in ctl.status("a").replicas} == {ReplicaState.RUNNING}
+        assert len(rt.tags()) == 2
+        stored = json.loads(store.data["replicas/a"])
+        assert {r["tag"] for r in stored["replicas"]} == tags
+
+
+async def test_a_stop_interrupted_by_a_crash_is_finished_by_the_next_controller(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime(auto_ready=True, auto_drain=False)
+    store = controller.MemoryStore()
+    async with opened(rt, store) as ctl:
+        await (
+            await ctl.deploy("a", config(num_replicas=2, graceful_shutdown_timeout_s=10), RC)
+        ).wait()
+        await ctl.deploy("a", config(num_replicas=1, graceful_shutdown_timeout_s=10), RC)
+        await settle()
+        (draining,) = rt.tags(FakeState.DRAINING)
+    async with opened(rt, store) as ctl:
+        await settle()
+        assert ctl.status("a").counts == {ReplicaState.STOPPING: 1, ReplicaState.RUNNING: 1}
+        assert draining not in {r.tag for r in ctl.snapshot("a").replicas}
+        await trio.sleep(10)
+        await settle()
+        assert rt.replicas[draining].state is FakeState.DEAD
+        assert ctl.status("a").counts == {ReplicaState.RUNNING: 1}
+
+
+async def test_a_delete_interrupted_by_a_crash_completes_after_restart() -> None:
+    rt = FakeRuntime(auto_ready=True, auto_drain=False)
+    store = controller.MemoryStore()
+    async with opened(rt, store) as ctl:
+        await (await ctl.deploy("a", config(num_replicas=2), RC)).wait()
+        await ctl.delete("a")
+        await settle()
+    async with opened(rt, store) as ctl:
+        await settle()
+        assert ctl.status("a").deleting
+        for tag in rt.tags(FakeState.DRAINING):
+            rt.finish_drain(tag)
+        await settle()
+        assert ctl.status().backends == ()
+        assert store.data == {}
+        assert rt.tags() == []
+
+
+async def test_recovered_goals_can_be_superseded() -> None:
+    rt = FakeRuntime(auto_ready=True)
+    store = controller.MemoryStore()
+    async with opened(rt, store) as ctl:
+        await (await ctl.deploy("a", config(num_replicas=1), RC)).wait()
+    async with opened(rt, store) as ctl:
+        goal = await ctl.deploy("a", config(num_replicas=2), RC)
+        assert await goal.wait() is GoalOutcome.COMPLETED
+        assert ctl.status("a").generation == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("not json", "is not valid JSON"),
+        ('{"name": "a"}', "no schema version"),
+        ('{"schema": 99, "name": "a"}', "schema 99, newer than this controller reads"),
+        ('{"schema": 1, "name": "a"}', "is corrupt"),
+        (
+            '{"schema": 1, "name": "a", "generation": 1, "backend_config": {"num_replicas": -2},'
+            ' "replica_config": {"entrypoint": "m:C"}}',
+            r"corrupt: BackendConfig.num_replicas: must be a whole number",
+        ),
+    ],
+)
+async def test_an_unreadable_checkpoint_stops_start_up_and_leaves_data_untouched(
+    text: str, match: str
+) -> None:
+    rt = FakeRuntime(auto_ready=True)
+    await rt.start_replica(controller.ReplicaSpec("a#live", "a", "v1", RC, None, {}))
+    store = controller.MemoryStore({"spec/a": text})
+    with pytest.raises(controller.CheckpointError, match=match) as info:
+        async with opened(rt, store):
+            pytest.fail("must not open")
+    assert "'spec/a'" in str(info.value)
+    assert "left untouched" in str(info.value)
+    assert store.data == {"spec/a": text}
+    assert store.writes == 0
+    assert rt.tags() == ["a#live"]  # nothing was killed
+
+
+async def test_checkpoints_are_json_with_a_schema_version() -> None:
+    store = controller.MemoryStore()
+    async with opened(store=store) as ctl:
+        await (await ctl.deploy("a", config(num_replicas=1, user_config={"x": [1, 2]}), RC)).wait()
+    spec = json.loads(store.data["spec/a"])
+    assert spec["schema"] == controller.SCHEMA_VERSION
+    assert spec["backend_config"]["user_config"] == {"x": [1, 2]}
+    assert spec["replica_config"]["entrypoint"] == RC.entrypoint
+    replicas = json.loads(store.data["replicas/a"])
+    assert replicas["schema"] == controller.SCHEMA_VERSION
+    assert [r["stopping"] for r in replicas["replicas"]] == [False]
+
+
+class Ordered:
+    """A store and a runtime that check, at each runtime call, what the store already holds."""
+
+    def __init__(self) -> None:
+        self.store = controller.MemoryStore()
+        self.runtime = FakeRuntime(auto_ready=True, auto_drain=True)
+        self.checked: list[str] = []
+
+    def stored(self, tag: str) -> dict[str, object] | None:
+        text = self.store.data.get(f"replicas/{tag.partition('#')[0]}")
+        records = json.loads(text)["replicas"] if text else []
+        return next((r for r in records if r["tag"] == tag), None)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.runtime, name)
+
+    async def start_replica(self, spec: controller.ReplicaSpec) -> str | None:
+        record = self.stored(spec.tag)
+        assert record is not None
+        assert record["stopping"] is False
+        self.checked.append("start")
+        return await self.runtime.start_replica(spec)
+
+    async def drain_replica(self, tag: str) -> None:
+        record = self.stored(tag)
+        assert record is not None
+        assert record["stopping"] is True
+        self.checked.append("drain")
+        await self.runtime.drain_replica(tag)
+
+
+async def test_intent_reaches_the_store_before_the_runtime_is_asked() -> None:
+    ordered = Ordered()
+    async with opened(ordered, ordered.store) as ctl:  # type: ignore[arg-type]  # duck-typed runtime
+        await (await ctl.deploy("a", config(num_replicas=2), RC)).wait()
+        await (await ctl.deploy("a", config(num_replicas=1), RC)).wait()
+    assert ordered.checked == ["start", "start", "drain"]

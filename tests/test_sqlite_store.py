@@ -1,0 +1,54 @@
+"""The SQLite store: atomic batches, grouped writes, a real file."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+import trio
+
+import controller
+
+
+async def test_round_trip_and_delete(tmp_path: Path) -> None:
+    with controller.SQLiteStore(tmp_path / "s.db") as store:
+        await store.write({"a": "1", "b": "2"})
+        await store.write({"a": None, "c": "3"})
+        assert await store.read_all() == {"b": "2", "c": "3"}
+    with controller.SQLiteStore(tmp_path / "s.db") as again:
+        assert await again.read_all() == {"b": "2", "c": "3"}
+
+
+async def test_wal_mode(tmp_path: Path) -> None:
+    with controller.SQLiteStore(tmp_path / "s.db") as store:
+        await store.write({"a": "1"})
+    conn = sqlite3.connect(tmp_path / "s.db")
+    try:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    finally:
+        conn.close()
+
+
+async def test_concurrent_writes_are_grouped(tmp_path: Path) -> None:
+    with controller.SQLiteStore(tmp_path / "s.db", synchronous="NORMAL") as store:
+        async with trio.open_nursery() as nursery:
+            for i in range(50):
+                nursery.start_soon(store.write, {f"k{i}": str(i)})
+        assert len(await store.read_all()) == 50
+        assert store.transactions < 50
+        assert store.transactions >= 1
+
+
+async def test_a_failed_batch_lands_nothing(tmp_path: Path) -> None:
+    with controller.SQLiteStore(tmp_path / "s.db") as store:
+        await store.write({"a": "1"})
+        with pytest.raises(controller.StoreError, match="writing"):
+            # SQLite cannot bind a list: the whole batch is rolled back.
+            await store.write({"b": "2", "c": ["x"]})  # type: ignore[dict-item]
+        assert await store.read_all() == {"a": "1"}
+
+
+def test_bad_synchronous_setting(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="synchronous"):
+        controller.SQLiteStore(tmp_path / "s.db", synchronous="OFF")  # type: ignore[arg-type]
