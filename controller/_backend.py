@@ -12,15 +12,24 @@ import logging
 import math
 import random
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Literal, final
 
 import attrs
 import trio
 
 from . import _events as ev
-from ._checkpoint import ReplicaRecord, ReplicasRecord, SpecRecord, dump, replicas_key, spec_key
+from ._checkpoint import (
+    ReplicaRecord,
+    ReplicasRecord,
+    SpecRecord,
+    dump_replica,
+    join_replicas,
+    replicas_key,
+    spec_key,
+)
 from ._config import BackendConfig, ReplicaConfig
-from ._errors import ReplicaError
+from ._errors import ReplicaError, StoreError
 from ._goal import Goal
 from ._json import JSON, digest
 from ._reconcile import Target, decide
@@ -45,6 +54,9 @@ MAX_START_FAILURES = 3
 #: How long a kill may take before the controller gives up on it (and logs it). Kills are shielded
 #: from cancellation, so this bound is what keeps a stuck runtime from hanging a shutdown.
 KILL_TIMEOUT_S = 30.0
+
+#: The longest wait between retries of a failed checkpoint write.
+WRITE_RETRY_MAX_S = 5.0
 
 _rng = random.Random()
 
@@ -93,6 +105,8 @@ class Replica:
     """The scope of its in-flight start, adoption or reconfigure, so that a stop can cancel it."""
     view: ServingReplica | None = None
     """Its entry in watch snapshots, made once when it starts serving."""
+    record_json: str | None = None
+    """Its entry in the checkpoint, cached; reset whenever what is stored of it changes."""
 
 
 @final
@@ -131,8 +145,15 @@ class Backend:
         self._seq = 0
         self._failures = 0
         self._starts_blocked = False
-        self._record_dirty = False
         self._snapshot_dirty = True
+        # Checkpointing runs in its own task, so that the loop never waits on storage (and a
+        # watcher never waits on an fsync). Each change of the stored record bumps
+        # `_record_seq`; the writer reports `Written(seq)` once that state is durable; runtime
+        # actions that depend on a change wait in `_queued` until then.
+        self._record_seq = 0
+        self._durable_seq = 0
+        self._write_wanted = trio.Event()
+        self._queued: list[tuple[int, Callable[[], object]]] = []
 
     # -- called by the controller (same trio thread; never concurrently with the loop's logic) --
 
@@ -167,7 +188,9 @@ class Backend:
             state = ReplicaState.STOPPING if rec.stopping else ReplicaState.RECOVERING
             self._add(rec.tag, rec.version, rec.config_digest, state).graceful = not self.spec.force
         # What was read back needs no write; only forgetting the dead does.
-        self._record_dirty = dropped
+        self._record_seq = self._durable_seq = 0
+        if dropped:
+            self._record_changed()
 
     def notify_died(self, tag: str, reason: str) -> None:
         self._send.send_nowait(ev.Died(tag, reason))
@@ -182,28 +205,73 @@ class Backend:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            nursery.start_soon(self._writer)
+            # What a previous controller left in flight; its intent is already stored.
             for replica in self.replicas.values():
                 if replica.state is ReplicaState.RECOVERING:
                     self._spawn_bring_up(replica, adopt=True)
                 elif replica.state is ReplicaState.STOPPING:
-                    nursery.start_soon(self._stop, replica.tag, replica.graceful)
+                    self._spawn_stop(replica)
             task_status.started()
-            if await self._reconcile():
-                return
-            async for event in self._receive:
-                self._apply(event)
-                # Coalesce a burst: one pass for everything already queued.
-                while True:
-                    try:
-                        event = self._receive.receive_nowait()
-                    except trio.WouldBlock:
-                        break
+            if not await self._reconcile():
+                async for event in self._receive:
                     self._apply(event)
-                if await self._reconcile():
-                    return
+                    # Coalesce a burst: one pass for everything already queued.
+                    while True:
+                        try:
+                            event = self._receive.receive_nowait()
+                        except trio.WouldBlock:
+                            break
+                        self._apply(event)
+                    if await self._reconcile():
+                        break
+            # Forgotten: no replica is left, so the only task still here is the idle writer.
+            nursery.cancel_scope.cancel()
+
+    async def _writer(self) -> None:
+        while True:
+            await self._write_wanted.wait()
+            self._write_wanted = trio.Event()
+            # The text and its sequence number are taken together, with no checkpoint between:
+            # the text holds every change up to `seq`.
+            seq = self._record_seq
+            text = self._record_text()
+            delay = 0.1
+            while True:
+                try:
+                    await self._store.write({replicas_key(self.name): text})
+                    break
+                except StoreError as exc:
+                    # Nothing that depends on this write happens until it lands, so retrying
+                    # is safe; a newer text, if the record changed meanwhile, supersedes it.
+                    logger.error(
+                        "backend %s: checkpoint failed (%s); retry in %gs", self.name, exc, delay
+                    )
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, WRITE_RETRY_MAX_S)
+                    seq, text = self._record_seq, self._record_text()
+            self._send.send_nowait(ev.Written(seq))
+
+    def _record_changed(self) -> None:
+        self._record_seq += 1
+        self._write_wanted.set()
+
+    def _act(self, action: Callable[[], object]) -> None:
+        """Do `action` (ask the runtime for something) once the intent behind it is durable."""
+        if self._durable_seq >= self._record_seq:
+            action()
+        else:
+            self._queued.append((self._record_seq, action))
 
     def _apply(self, event: ev.Event) -> None:
         if isinstance(event, ev.SpecChanged):
+            return
+        if isinstance(event, ev.Written):
+            self._durable_seq = max(self._durable_seq, event.seq)
+            ready = [action for seq, action in self._queued if seq <= self._durable_seq]
+            self._queued = [(seq, a) for seq, a in self._queued if seq > self._durable_seq]
+            for action in ready:
+                action()
             return
         replica = self.replicas.get(event.tag)
         if replica is None:
@@ -213,7 +281,7 @@ class Backend:
             if replica.state is ReplicaState.STOPPING:
                 # Ready just as the loop decided to stop it; the start task has returned, so the
                 # stop is ours to start.
-                self._spawn(self._stop, replica.tag, replica.graceful)
+                self._spawn_stop(replica)
                 return
             replica.state = ReplicaState.RUNNING
             replica.address = event.address
@@ -224,12 +292,12 @@ class Backend:
             logger.info("replica %s RUNNING at %s", replica.tag, event.address)
         elif isinstance(event, ev.StartFailed):
             del self.replicas[event.tag]
-            self._record_dirty = True
+            self._record_changed()
             if replica.state is not ReplicaState.STOPPING:
                 self._start_failed(replica, event.error)
         elif isinstance(event, ev.Stopped):
             del self.replicas[event.tag]
-            self._record_dirty = True
+            self._record_changed()
             logger.info("replica %s stopped", replica.tag)
         elif isinstance(event, ev.Died):
             self._died(replica, event.reason)
@@ -237,35 +305,28 @@ class Backend:
             replica.scope = None
             if replica.state is ReplicaState.STOPPING:
                 # Stopped just as the reconfigure returned; that task has ended, so stop it here.
-                self._spawn(self._stop, replica.tag, replica.graceful)
+                self._spawn_stop(replica)
             elif event.error is None:
                 replica.state = ReplicaState.RUNNING
                 replica.config_digest = event.config_digest
-                self._record_dirty = True
+                replica.record_json = None
+                self._record_changed()
                 logger.info("replica %s reconfigured", replica.tag)
             else:
                 self._note_error(replica.tag, f"reconfigure failed: {event.error}")
                 self._begin_stop(replica, graceful=True)
-                self._spawn(self._stop, replica.tag, replica.graceful)
+                self._spawn_stop(replica)
 
     def _died(self, replica: Replica, reason: str) -> None:
         if replica.state is ReplicaState.STOPPING:
             return  # being stopped anyway; its stop task reports when it is gone
         logger.warning("replica %s died: %s", replica.tag, reason)
         if replica.state is ReplicaState.STARTING:
-            # Its start task is still waiting; cancelling it makes that task kill and report.
             self._start_failed(replica, reason)
-            self._begin_stop(replica, graceful=False)
-            assert replica.scope is not None
-            replica.scope.cancel()
-            return
-        self._note_error(replica.tag, f"died: {reason}")
-        had_scope = replica.scope
-        self._begin_stop(replica, graceful=False)
-        if had_scope is not None:
-            had_scope.cancel()  # an adoption or reconfigure in flight; its task reports
         else:
-            self._spawn(self._stop, replica.tag, False)
+            self._note_error(replica.tag, f"died: {reason}")
+        self._begin_stop(replica, graceful=False)
+        self._spawn_stop(replica)
 
     def _start_failed(self, replica: Replica, error: str) -> None:
         self._note_error(replica.tag, error)
@@ -288,7 +349,11 @@ class Backend:
     # -- one pass --
 
     async def _reconcile(self) -> bool:
-        """Plan, checkpoint, publish, act. True once a deleted backend is gone for good."""
+        """Plan, publish, checkpoint, act. True once a deleted backend is gone for good.
+
+        Never blocks on storage: the checkpoint is the writer task's, and the actions that
+        depend on it wait for its ``Written`` event.
+        """
         spec = self.spec
         target = Target(
             num_replicas=spec.backend_config.num_replicas,
@@ -310,20 +375,13 @@ class Backend:
         updates = [self.replicas[tag] for tag in plan.reconfigure]
         for replica in updates:
             replica.state = ReplicaState.UPDATING
+            replica.scope = trio.CancelScope()
 
         # Watchers first: a replica leaves the snapshot before it is asked to drain.
         self._publish()
-        # Then the intent, durably, before the runtime is asked for anything.
-        if self._record_dirty:
-            await self._write_record()
-
+        # Then act, each action once the intent behind it is durable.
         for replica in stops:
-            if replica.scope is not None:
-                # A start, adoption or reconfigure is in flight: cancelling it makes that task
-                # finish the stop (or, if it already reported, the report's handler does).
-                replica.scope.cancel()
-            else:
-                self._spawn(self._stop, replica.tag, replica.graceful)
+            self._spawn_stop(replica)
         for replica in starts:
             self._spawn_bring_up(replica, adopt=False)
         for replica in updates:
@@ -335,6 +393,9 @@ class Backend:
             if not self.goal.done:
                 logger.info("backend %s: goal of generation %d reached", self.name, spec.generation)
             self.goal.complete()
+        # Let the tasks just started (and watchers just woken) run before the next pass, so a
+        # burst of events is coalesced instead of handled one pass each.
+        await trio.lowlevel.checkpoint()
         return False
 
     def _begin_stop(self, replica: Replica, *, graceful: bool) -> None:
@@ -342,14 +403,19 @@ class Backend:
             self._snapshot_dirty = True
         replica.state = ReplicaState.STOPPING
         replica.graceful = graceful
-        self._record_dirty = True
+        replica.record_json = None
+        self._record_changed()
         logger.info("replica %s STOPPING (%s)", replica.tag, "drain" if graceful else "kill")
 
     def _add(self, tag: str, version: str, config_digest: str, state: ReplicaState) -> Replica:
         self._seq += 1
         replica = Replica(tag, version, config_digest, state, self._seq)
+        if state is ReplicaState.STARTING or state is ReplicaState.RECOVERING:
+            # Made now, not when the task starts, so that a stop decided before the task runs
+            # can already cancel it.
+            replica.scope = trio.CancelScope()
         self.replicas[tag] = replica
-        self._record_dirty = True
+        self._record_changed()
         return replica
 
     def _new_tag(self) -> str:
@@ -362,10 +428,11 @@ class Backend:
         if not self._snapshot_dirty:
             return
         self._snapshot_dirty = False
+        # A replica has a view from its first RUNNING on; of those, only STOPPING ones do not
+        # serve. Identity checks, not `in SERVING_STATES`: this runs over every replica.
+        stopping = ReplicaState.STOPPING
         serving = tuple(
-            r.view
-            for r in self.replicas.values()
-            if r.view is not None and r.state in SERVING_STATES
+            r.view for r in self.replicas.values() if r.view is not None and r.state is not stopping
         )
         spec = self.spec
         deleted = spec.deleting and self.forgotten
@@ -379,18 +446,20 @@ class Backend:
             )
         )
 
-    async def _write_record(self) -> None:
-        self._record_dirty = False
-        record = ReplicasRecord(
-            self.name,
-            [
-                ReplicaRecord(r.tag, r.version, r.config_digest, r.state is ReplicaState.STOPPING)
-                for r in self.replicas.values()
-            ],
-        )
-        await self._store.write({replicas_key(self.name): dump(record)})
+    def _record_text(self) -> str:
+        entries = []
+        for r in self.replicas.values():
+            if r.record_json is None:
+                stopping = r.state is ReplicaState.STOPPING
+                r.record_json = dump_replica(
+                    ReplicaRecord(r.tag, r.version, r.config_digest, stopping)
+                )
+            entries.append(r.record_json)
+        return join_replicas(self.name, entries)
 
     async def _forget(self) -> bool:
+        if self._durable_seq < self._record_seq:
+            return False  # a write is in flight; its Written event brings another pass
         async with self.lock:
             if not self.spec.deleting or self.replicas:
                 return False  # a deploy came in while we waited for the lock
@@ -405,18 +474,25 @@ class Backend:
 
     # -- tasks: each reports with exactly one event --
 
-    def _spawn(self, fn: Callable[[str, bool], Awaitable[None]], tag: str, graceful: bool) -> None:
+    def _spawn_stop(self, replica: Replica) -> None:
+        scope = replica.scope
+        if scope is not None:
+            # A start, adoption or reconfigure is in flight (or about to be): cancelling it makes
+            # that task finish the stop, or, if it already reported, the report's handler does.
+            self._act(scope.cancel)
+        else:
+            self._act(partial(self._start_task, self._stop, replica.tag, replica.graceful))
+
+    def _start_task(self, fn: Callable[..., Awaitable[None]], *args: object) -> None:
         assert self._nursery is not None
-        self._nursery.start_soon(fn, tag, graceful)
+        self._nursery.start_soon(fn, *args)
 
     def _spawn_bring_up(self, replica: Replica, *, adopt: bool) -> None:
-        assert self._nursery is not None
-        replica.scope = trio.CancelScope(
-            deadline=trio.current_time() + self.spec.backend_config.start_timeout_s
-        )
-        if adopt:
-            self._nursery.start_soon(self._bring_up, replica.tag, replica.scope, None)
-        else:
+        scope = replica.scope
+        assert scope is not None
+        timeout = self.spec.backend_config.start_timeout_s
+        spec = None
+        if not adopt:
             spec = ReplicaSpec(
                 tag=replica.tag,
                 backend=self.name,
@@ -425,7 +501,13 @@ class Backend:
                 user_config=self.spec.backend_config.user_config,
                 resources=self.spec.backend_config.resources,
             )
-            self._nursery.start_soon(self._bring_up, replica.tag, replica.scope, spec)
+
+        def go() -> None:
+            # The start timeout counts from when the runtime is asked, not from the decision.
+            scope.deadline = min(scope.deadline, trio.current_time() + timeout)
+            self._start_task(self._bring_up, replica.tag, scope, spec)
+
+        self._act(go)
 
     async def _bring_up(self, tag: str, scope: trio.CancelScope, spec: ReplicaSpec | None) -> None:
         """Start (or, without a spec, adopt) a replica within its start timeout.
@@ -467,14 +549,16 @@ class Backend:
             self._send.send_nowait(ev.StartFailed(tag, error or "start failed"))
 
     def _spawn_reconfigure(self, replica: Replica) -> None:
-        assert self._nursery is not None
-        replica.scope = trio.CancelScope(
-            deadline=trio.current_time() + self.spec.backend_config.start_timeout_s
-        )
-        config = self.spec.backend_config.user_config
-        self._nursery.start_soon(
-            self._reconfigure, replica.tag, replica.scope, config, self.spec.config_digest
-        )
+        scope = replica.scope
+        assert scope is not None
+        timeout = self.spec.backend_config.start_timeout_s
+        config, config_digest = self.spec.backend_config.user_config, self.spec.config_digest
+
+        def go() -> None:
+            scope.deadline = min(scope.deadline, trio.current_time() + timeout)
+            self._start_task(self._reconfigure, replica.tag, scope, config, config_digest)
+
+        self._act(go)
 
     async def _reconfigure(
         self, tag: str, scope: trio.CancelScope, user_config: JSON, config_digest: str

@@ -88,6 +88,22 @@ def dump(record: SpecRecord | ReplicasRecord) -> str:
     return json.dumps(_converter.unstructure(record), separators=(",", ":"), allow_nan=False)
 
 
+def dump_replica(record: ReplicaRecord) -> str:
+    """One replica's entry of a ReplicasRecord, as JSON text.
+
+    The backend caches this per replica and joins the pieces with ``join_replicas``, so that a
+    checkpoint of 1,000 replicas does not re-encode the 999 that did not change.
+    """
+    return json.dumps(_converter.unstructure(record), separators=(",", ":"), allow_nan=False)
+
+
+def join_replicas(name: str, entries: list[str]) -> str:
+    """What ``dump(ReplicasRecord(name, ...))`` makes, from entries made by ``dump_replica``."""
+    return (
+        f'{{"name":{json.dumps(name)},"replicas":[{",".join(entries)}],"schema":{SCHEMA_VERSION}}}'
+    )
+
+
 def load(key: str, text: str, cls: type[_R]) -> _R:
     """Parse one stored record; anything unreadable raises CheckpointError naming the key."""
     try:

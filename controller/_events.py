@@ -48,8 +48,15 @@ class Reconfigured:
 
 
 @attrs.frozen
+class Written:
+    """The backend's replica record, as of change number `seq`, is durable."""
+
+    seq: int
+
+
+@attrs.frozen
 class SpecChanged:
     """A deploy or delete changed the backend's spec."""
 
 
-Event: TypeAlias = Started | StartFailed | Stopped | Died | Reconfigured | SpecChanged
+Event: TypeAlias = Started | StartFailed | Stopped | Died | Reconfigured | Written | SpecChanged

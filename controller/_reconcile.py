@@ -11,7 +11,7 @@ from typing import Protocol
 
 import attrs
 
-from ._state import SERVING_STATES, ReplicaState
+from ._state import ReplicaState
 
 
 class ReplicaView(Protocol):
@@ -73,16 +73,24 @@ def stop_order(replicas: Sequence[ReplicaView]) -> list[ReplicaView]:
 
 def decide(target: Target, replicas: Sequence[ReplicaView]) -> Plan:
     """The plan that moves `replicas` toward `target`."""
-    active = [r for r in replicas if r.state is not ReplicaState.STOPPING]
-    any_stopping = len(active) != len(replicas)
+    # Runs on every event, over every replica of the backend: single passes and identity
+    # checks on the states (an Enum's hash is Python code; `in frozenset` would call it).
+    running, updating, stopping = ReplicaState.RUNNING, ReplicaState.UPDATING, ReplicaState.STOPPING
+    current: list[ReplicaView] = []
+    old: list[ReplicaView] = []
+    any_stopping = False
+    for r in replicas:
+        if r.state is stopping:
+            any_stopping = True
+        elif r.version == target.version:
+            current.append(r)
+        else:
+            old.append(r)
     if target.deleting:
-        return Plan(stop=tuple(r.tag for r in stop_order(active)), converged=not replicas)
+        return Plan(stop=tuple(r.tag for r in stop_order(current + old)), converged=not replicas)
 
-    current = [r for r in active if r.version == target.version]
-    old = [r for r in active if r.version != target.version]
     stop: list[str] = []
     start = 0
-
     excess = len(current) - target.num_replicas
     if excess > 0:
         ordered = stop_order(current)
@@ -91,27 +99,32 @@ def decide(target: Target, replicas: Sequence[ReplicaView]) -> Plan:
     elif excess < 0 and not target.starts_blocked:
         start = -excess
 
+    serving_new = 0
+    reconfigure: list[str] = []
+    all_up_to_date = True
+    for r in current:
+        if r.state is running:
+            serving_new += 1
+            if r.config_digest != target.config_digest:
+                reconfigure.append(r.tag)
+                all_up_to_date = False
+        else:
+            all_up_to_date = False
+            if r.state is updating:
+                serving_new += 1
+
     # Old-version replicas keep serving until enough new ones do: replacement never drops
     # capacity below what the target asks, even when the new version cannot start.
-    serving_new = sum(1 for r in current if r.state in SERVING_STATES)
     keep_old = max(0, target.num_replicas - serving_new)
-    ordered_old = stop_order(old)
-    stop.extend(r.tag for r in ordered_old[: max(0, len(old) - keep_old)])
+    if len(old) > keep_old:
+        stop.extend(r.tag for r in stop_order(old)[: len(old) - keep_old])
 
-    reconfigure = tuple(
-        r.tag
-        for r in current
-        if r.state is ReplicaState.RUNNING and r.config_digest != target.config_digest
-    )
     converged = (
-        not any_stopping
+        all_up_to_date
+        and not any_stopping
         and not old
-        and start == 0
         and not stop
+        and start == 0
         and len(current) == target.num_replicas
-        and all(
-            r.state is ReplicaState.RUNNING and r.config_digest == target.config_digest
-            for r in current
-        )
     )
-    return Plan(start=start, stop=tuple(stop), reconfigure=reconfigure, converged=converged)
+    return Plan(start=start, stop=tuple(stop), reconfigure=tuple(reconfigure), converged=converged)

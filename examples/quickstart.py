@@ -13,6 +13,7 @@ import random
 import tempfile
 from pathlib import Path
 
+import attrs
 import trio
 
 import controller
@@ -89,31 +90,25 @@ async def main(state_dir: Path, delay_s: float) -> None:
                     controller.ReplicaConfig("app.stats:Stats"),
                 ),
             )
-            cfg = controller.BackendConfig(**{**_fields(cfg), "num_replicas": 4})
+            cfg = attrs.evolve(cfg, num_replicas=4)
             await step(ctl, "scale echo to 4", await ctl.deploy("echo", cfg, echo))
-            cfg = controller.BackendConfig(**{**_fields(cfg), "user_config": {"greeting": "hey"}})
+            cfg = attrs.evolve(cfg, user_config={"greeting": "hey"})
             await step(
                 ctl, "new user config for echo (in place)", await ctl.deploy("echo", cfg, echo)
             )
-            cfg = controller.BackendConfig(**{**_fields(cfg), "version": "v2"})
+            cfg = attrs.evolve(cfg, version="v2")
             await step(ctl, "roll echo to version v2", await ctl.deploy("echo", cfg, echo))
             try:
-                too_big = controller.BackendConfig(**{**_fields(cfg), "num_replicas": 20})
+                too_big = attrs.evolve(cfg, num_replicas=20)
                 await ctl.deploy("echo", too_big, echo)
             except controller.InfeasibleError as exc:
                 log.info("---- scale echo to 20 refused: %s", exc)
-            cfg = controller.BackendConfig(**{**_fields(cfg), "num_replicas": 1})
+            cfg = attrs.evolve(cfg, num_replicas=1)
             await step(ctl, "scale echo down to 1", await ctl.deploy("echo", cfg, echo))
             await step(ctl, "delete stats", await ctl.delete("stats"))
             await step(ctl, "delete echo", await ctl.delete("echo"))
             log.info("done: %d replicas were started in all", len(runtime.replicas))
             nursery.cancel_scope.cancel()
-
-
-def _fields(cfg: controller.BackendConfig) -> dict[str, object]:
-    import attrs
-
-    return attrs.asdict(cfg, recurse=False)
 
 
 def run() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -210,3 +211,59 @@ async def test_intent_reaches_the_store_before_the_runtime_is_asked() -> None:
         await (await ctl.deploy("a", config(num_replicas=2), RC)).wait()
         await (await ctl.deploy("a", config(num_replicas=1), RC)).wait()
     assert ordered.checked == ["start", "start", "drain"]
+
+
+def test_cached_replica_entries_make_the_same_checkpoint_as_cattrs() -> None:
+    from controller._checkpoint import (
+        ReplicaRecord,
+        ReplicasRecord,
+        dump,
+        dump_replica,
+        join_replicas,
+        load,
+    )
+
+    records = [ReplicaRecord("a#1", "v1", "d", False), ReplicaRecord("a#2", "gen-3", "e", True)]
+    fast = join_replicas("a", [dump_replica(r) for r in records])
+    assert fast == dump(ReplicasRecord("a", records))
+    assert load("replicas/a", fast, ReplicasRecord) == ReplicasRecord("a", records)
+    assert join_replicas("a", []) == dump(ReplicasRecord("a", []))
+
+
+class FlakyStore:
+    """A MemoryStore whose writes fail while `failing` is set."""
+
+    def __init__(self) -> None:
+        self.inner = controller.MemoryStore()
+        self.failing = False
+
+    async def read_all(self) -> dict[str, str]:
+        return await self.inner.read_all()
+
+    async def write(self, changes: Mapping[str, str | None]) -> None:
+        await trio.lowlevel.checkpoint()
+        if self.failing:
+            raise controller.StoreError("disk full")
+        await self.inner.write(changes)
+
+
+async def test_nothing_starts_until_its_intent_is_durable(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime(auto_ready=True)
+    store = FlakyStore()
+    async with opened(rt, store) as ctl:
+        store.failing = True
+        with pytest.raises(controller.StoreError):
+            await ctl.deploy("a", config(num_replicas=1), RC)  # the spec itself: refused at once
+        store.failing = False
+        goal = await ctl.deploy("a", config(num_replicas=1), RC)
+        store.failing = True
+        await trio.sleep(30)
+        # The replica's tag could not be checkpointed: the runtime was never asked.
+        assert rt.replicas == {}
+        assert ctl.status("a").counts == {ReplicaState.STARTING: 1}
+        store.failing = False
+        assert await goal.wait() is GoalOutcome.COMPLETED
+        assert len(rt.tags()) == 1
+        assert trio.current_time() <= 30 + 5.0  # retried with backoff capped at 5 s

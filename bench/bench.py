@@ -1,0 +1,350 @@
+"""The benchmark: reaction latency, throughput, idle cost, recovery time and memory per replica.
+
+Run with ``nox -s bench`` (or ``python bench/bench.py``); ``--quick`` shortens the idle
+measurement. Prints a table and writes the figures to ``bench/results.json``. Real clock
+throughout; the runtime is ``FakeRuntime`` (or a do-nothing runtime for memory), the store a
+SQLite file, so the figures are the controller's own cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import logging
+import platform
+import random
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+import trio.testing
+
+import controller
+from controller.testing import FakeRuntime, FakeState
+
+RC = controller.ReplicaConfig("bench.replica:Noop")
+
+
+def cfg(n: int) -> controller.BackendConfig:
+    return controller.BackendConfig(num_replicas=n, version="v1", graceful_shutdown_timeout_s=1)
+
+
+def pct(samples: Sequence[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def wait_serving(ctl: controller.Controller, want: Mapping[str, int]) -> None:
+    """Wait, on the watch, until every backend serves exactly the wanted number of replicas."""
+    known = dict.fromkeys(want, 0)
+    while True:
+        for name, snap in (await ctl.listen_for_change(known)).items():
+            known[name] = snap.snapshot_id
+        if all(len(ctl.snapshot(n).replicas) == k for n, k in want.items()):
+            return
+
+
+# -- 1. reaction latency --------------------------------------------------------------------
+
+
+async def trio_latency(replicas: int, samples: int, db: Path) -> dict[str, float]:
+    rt = FakeRuntime(record_history=False)
+    ready: list[float] = []
+    died: list[float] = []
+    with controller.SQLiteStore(db) as store:
+        async with controller.open_controller(runtime=rt, store=store) as ctl:
+            await ctl.deploy("lat", cfg(replicas), RC)
+            await rt.wait_until(lambda r: len(r.tags(FakeState.STARTING)) == replicas)
+            for tag in rt.tags(FakeState.STARTING):
+                rt.finish_start(tag)
+            await wait_serving(ctl, {"lat": replicas})
+            for _ in range(samples):
+                known = ctl.snapshot("lat").snapshot_id
+                victim = random.choice(rt.tags(FakeState.READY))
+                t0 = time.perf_counter()
+                rt.crash(victim)
+                snap = (await ctl.listen_for_change({"lat": known}))["lat"]
+                died.append(time.perf_counter() - t0)
+                assert victim not in {r.tag for r in snap.replicas}
+                await rt.wait_until(lambda r: bool(r.tags(FakeState.STARTING)))
+                (new,) = rt.tags(FakeState.STARTING)
+                known = ctl.snapshot("lat").snapshot_id
+                t0 = time.perf_counter()
+                rt.finish_start(new)
+                snap = (await ctl.listen_for_change({"lat": known}))["lat"]
+                ready.append(time.perf_counter() - t0)
+                assert new in {r.tag for r in snap.replicas}
+    both = ready + died
+    return {
+        "p50_ms": pct(both, 0.5) * 1e3,
+        "p99_ms": pct(both, 0.99) * 1e3,
+        "ready_p50_ms": pct(ready, 0.5) * 1e3,
+        "ready_p99_ms": pct(ready, 0.99) * 1e3,
+        "died_p50_ms": pct(died, 0.5) * 1e3,
+        "died_p99_ms": pct(died, 0.99) * 1e3,
+        "samples": len(both),
+    }
+
+
+class SeedPoller:
+    """The seed's design, for comparison: an asyncio loop that every 0.1 s checks every pending
+    start future with ``asyncio.wait(timeout=0)`` and then notifies long-poll waiters."""
+
+    def __init__(self) -> None:
+        self.starting: dict[asyncio.Future[None], str] = {}
+        self.running: set[str] = set()
+        self.changed = asyncio.Event()
+
+    async def loop(self) -> None:
+        while True:
+            if self.starting:
+                done, _ = await asyncio.wait(list(self.starting), timeout=0)
+                for fut in done:
+                    self.running.add(self.starting.pop(fut))
+                if done:
+                    self.changed.set()
+                    self.changed = asyncio.Event()
+            await asyncio.sleep(0.1)
+
+
+async def poller_latency(replicas: int, samples: int) -> dict[str, float]:
+    poller = SeedPoller()
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(poller.loop())
+    # Keep `replicas` starts pending, as the seed would while replicas come up.
+    for i in range(replicas):
+        poller.starting[loop.create_future()] = f"r{i}"
+    out: list[float] = []
+    for _ in range(samples):
+        await asyncio.sleep(random.uniform(0, 0.1))  # arrive at a random point of the period
+        fut = random.choice(list(poller.starting))
+        changed = poller.changed
+        t0 = time.perf_counter()
+        fut.set_result(None)
+        await changed.wait()
+        out.append(time.perf_counter() - t0)
+        poller.starting[loop.create_future()] = "again"
+    task.cancel()
+    return {"p50_ms": pct(out, 0.5) * 1e3, "p99_ms": pct(out, 0.99) * 1e3, "samples": len(out)}
+
+
+# -- 2. throughput and 4. recovery --------------------------------------------------------------
+
+
+async def throughput_and_recovery(backends: int, per_backend: int, db: Path) -> dict[str, float]:
+    rt = FakeRuntime(auto_ready=True, record_history=False)
+    names = [f"b{i:03d}" for i in range(backends)]
+    with controller.SQLiteStore(db) as store:
+        async with controller.open_controller(runtime=rt, store=store) as ctl:
+            t0 = time.perf_counter()
+            goals: list[controller.Goal] = []
+
+            async def deploy(name: str) -> None:
+                goals.append(await ctl.deploy(name, cfg(per_backend), RC))
+
+            async with trio.open_nursery() as nursery:
+                for name in names:
+                    nursery.start_soon(deploy, name)
+            for goal in goals:
+                await goal.wait()
+            up = time.perf_counter() - t0
+            assert sum(len(ctl.snapshot(n).replicas) for n in names) == backends * per_backend
+            up_transactions = store.transactions
+    # Recovery: a fresh controller, a fresh store object, the same file and runtime.
+    with controller.SQLiteStore(db) as store:
+        t0 = time.perf_counter()
+        async with controller.open_controller(runtime=rt, store=store) as ctl:
+            await wait_serving(ctl, dict.fromkeys(names, per_backend))
+            recovery = time.perf_counter() - t0
+            assert len(rt.replicas) == backends * per_backend  # none restarted
+            t0 = time.perf_counter()
+            goals = []
+
+            async def scale_to_zero(name: str) -> None:
+                goals.append(await ctl.deploy(name, cfg(0), RC))
+
+            async with trio.open_nursery() as nursery:
+                for name in names:
+                    nursery.start_soon(scale_to_zero, name)
+            for goal in goals:
+                await goal.wait()
+            down = time.perf_counter() - t0
+            assert rt.tags() == []
+    return {
+        "up_s": up,
+        "down_s": down,
+        "recovery_s": recovery,
+        "replicas": backends * per_backend,
+        "up_sqlite_transactions": up_transactions,
+    }
+
+
+# -- 3. idle cost ------------------------------------------------------------------------------
+
+
+async def trio_idle(replicas: int, seconds: float, db: Path) -> float:
+    rt = FakeRuntime(auto_ready=True, record_history=False)
+    with controller.SQLiteStore(db) as store:
+        async with controller.open_controller(runtime=rt, store=store) as ctl:
+            per = replicas // 100
+            goals = [await ctl.deploy(f"b{i:03d}", cfg(per), RC) for i in range(100)]
+            for goal in goals:
+                await goal.wait()
+            gc.collect()
+            c0, t0 = time.process_time(), time.perf_counter()
+            await trio.sleep(seconds)
+            return (time.process_time() - c0) / (time.perf_counter() - t0) * 100
+
+
+async def poller_idle(replicas: int, seconds: float) -> float:
+    poller = SeedPoller()
+    loop = asyncio.get_running_loop()
+    # The seed keeps a future per replica it watches; hold them all pending.
+    for i in range(replicas):
+        poller.starting[loop.create_future()] = f"r{i}"
+    task = asyncio.ensure_future(poller.loop())
+    await asyncio.sleep(0.2)
+    c0, t0 = time.process_time(), time.perf_counter()
+    await asyncio.sleep(seconds)
+    cpu = (time.process_time() - c0) / (time.perf_counter() - t0) * 100
+    task.cancel()
+    return cpu
+
+
+# -- 5. memory -----------------------------------------------------------------------------------
+
+
+class NullRuntime:
+    """A runtime that keeps nothing, so that traced memory is the controller's alone."""
+
+    async def serve(
+        self,
+        on_death: controller.DeathListener,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        task_status.started()
+        await trio.sleep_forever()
+
+    def capacity(self) -> None:
+        return None
+
+    async def list_replicas(self) -> list[str]:
+        return []
+
+    async def start_replica(self, spec: controller.ReplicaSpec) -> str | None:
+        await trio.lowlevel.checkpoint()
+        return None
+
+    async def adopt_replica(self, tag: str) -> str | None:
+        raise controller.ReplicaGoneError(tag)
+
+    async def reconfigure_replica(self, tag: str, user_config: controller.JSON) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def drain_replica(self, tag: str) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def kill_replica(self, tag: str) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+async def memory_per_replica(replicas: int) -> float:
+    store = controller.MemoryStore()
+    async with controller.open_controller(runtime=NullRuntime(), store=store) as ctl:
+        per = replicas // 100
+        await (await ctl.deploy("warm", cfg(1), RC)).wait()
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.take_snapshot()
+        goals = [await ctl.deploy(f"b{i:03d}", cfg(per), RC) for i in range(100)]
+        for goal in goals:
+            await goal.wait()
+        await trio.testing.wait_all_tasks_blocked()
+        # The store's copy of the checkpoint is the store's, not the controller's memory.
+        store_bytes = sum(len(v) + len(k) + 100 for k, v in store.data.items())
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+        grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+        return (grown - store_bytes) / replicas
+
+
+# -- main ----------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="controller benchmark")
+    parser.add_argument("--quick", action="store_true", help="2 s idle windows instead of 10 s")
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"))
+    args = parser.parse_args()
+    # The latency runs crash replicas on purpose; their warnings are not news here.
+    logging.getLogger("controller").setLevel(logging.ERROR)
+    idle_s = 2.0 if args.quick else 10.0
+    random.seed(1)
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        print("reaction latency (1,000 replicas) ...", file=sys.stderr)
+        results["latency_trio"] = trio.run(trio_latency, 1000, 250, d / "lat.db")
+        results["latency_poller"] = asyncio.run(poller_latency(1000, 100))
+        print("throughput and recovery (10,000 replicas over 100 backends) ...", file=sys.stderr)
+        results["throughput"] = trio.run(throughput_and_recovery, 100, 100, d / "tp.db")
+        print(f"idle cost ({idle_s:g} s windows) ...", file=sys.stderr)
+        results["idle_cpu_percent"] = {
+            "trio_1000": trio.run(trio_idle, 1000, idle_s, d / "i1.db"),
+            "trio_10000": trio.run(trio_idle, 10000, idle_s, d / "i2.db"),
+            "poller_1000": asyncio.run(poller_idle(1000, idle_s)),
+            "poller_10000": asyncio.run(poller_idle(10000, idle_s)),
+        }
+        print("memory per replica ...", file=sys.stderr)
+        results["memory_bytes_per_replica"] = trio.run(memory_per_replica, 10000)
+    results["machine"] = {
+        "python": platform.python_version(),
+        "trio": trio.__version__,
+        "cpus": __import__("os").cpu_count(),
+        "command": "nox -s bench" + (" -- --quick" if args.quick else ""),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print_table(results)
+
+
+def print_table(r: dict[str, Any]) -> None:
+    lt, lp, tp, idle = (
+        r["latency_trio"],
+        r["latency_poller"],
+        r["throughput"],
+        r["idle_cpu_percent"],
+    )
+    ratio = lp["p50_ms"] / lt["p50_ms"]
+    rows = [
+        ("reaction p50 (trio)", f"{lt['p50_ms']:.3f} ms", ""),
+        ("reaction p99 (trio)", f"{lt['p99_ms']:.3f} ms", "<= 1 ms"),
+        ("  ready p50 / p99", f"{lt['ready_p50_ms']:.3f} / {lt['ready_p99_ms']:.3f} ms", ""),
+        ("  died  p50 / p99", f"{lt['died_p50_ms']:.3f} / {lt['died_p99_ms']:.3f} ms", ""),
+        ("reaction p50 / p99 (poller)", f"{lp['p50_ms']:.1f} / {lp['p99_ms']:.1f} ms", ""),
+        ("poller p50 / trio p50", f"{ratio:.0f}x", ">= 50x"),
+        ("0 -> 10,000 replicas", f"{tp['up_s']:.3f} s", "<= 1.0 s"),
+        ("10,000 -> 0 replicas", f"{tp['down_s']:.3f} s", "<= 1.0 s"),
+        ("recovery, 10,000 live", f"{tp['recovery_s']:.3f} s", "<= 1.0 s"),
+        ("idle CPU, 1,000 (trio)", f"{idle['trio_1000']:.3f} %", "<= 1 %"),
+        ("idle CPU, 10,000 (trio)", f"{idle['trio_10000']:.3f} %", "<= 1 %"),
+        ("idle CPU, 1,000 (poller)", f"{idle['poller_1000']:.3f} %", ""),
+        ("idle CPU, 10,000 (poller)", f"{idle['poller_10000']:.3f} %", ""),
+        ("memory per replica", f"{r['memory_bytes_per_replica']:.0f} B", "<= 2048 B"),
+    ]
+    print(f"{'measure':<30} {'figure':>22}  target")
+    for name, figure, target in rows:
+        print(f"{name:<30} {figure:>22}  {target}")
+
+
+if __name__ == "__main__":
+    main()
