@@ -138,22 +138,27 @@ async def poller_latency(replicas: int, samples: int) -> dict[str, float]:
 # -- 2. throughput and 4. recovery --------------------------------------------------------------
 
 
+async def deploy_all(ctl: controller.Controller, names: Sequence[str], replicas: int) -> None:
+    """Deploy every backend concurrently (as many clients would), then wait for every goal."""
+    goals: list[controller.Goal] = []
+
+    async def deploy(name: str) -> None:
+        goals.append(await ctl.deploy(name, cfg(replicas), RC))
+
+    async with trio.open_nursery() as nursery:
+        for name in names:
+            nursery.start_soon(deploy, name)
+    for goal in goals:
+        await goal.wait()
+
+
 async def throughput_and_recovery(backends: int, per_backend: int, db: Path) -> dict[str, float]:
     rt = FakeRuntime(auto_ready=True, record_history=False)
     names = [f"b{i:03d}" for i in range(backends)]
     with controller.SQLiteStore(db) as store:
         async with controller.open_controller(runtime=rt, store=store) as ctl:
             t0 = time.perf_counter()
-            goals: list[controller.Goal] = []
-
-            async def deploy(name: str) -> None:
-                goals.append(await ctl.deploy(name, cfg(per_backend), RC))
-
-            async with trio.open_nursery() as nursery:
-                for name in names:
-                    nursery.start_soon(deploy, name)
-            for goal in goals:
-                await goal.wait()
+            await deploy_all(ctl, names, per_backend)
             up = time.perf_counter() - t0
             assert sum(len(ctl.snapshot(n).replicas) for n in names) == backends * per_backend
             up_transactions = store.transactions
@@ -165,16 +170,7 @@ async def throughput_and_recovery(backends: int, per_backend: int, db: Path) -> 
             recovery = time.perf_counter() - t0
             assert len(rt.replicas) == backends * per_backend  # none restarted
             t0 = time.perf_counter()
-            goals = []
-
-            async def scale_to_zero(name: str) -> None:
-                goals.append(await ctl.deploy(name, cfg(0), RC))
-
-            async with trio.open_nursery() as nursery:
-                for name in names:
-                    nursery.start_soon(scale_to_zero, name)
-            for goal in goals:
-                await goal.wait()
+            await deploy_all(ctl, names, 0)
             down = time.perf_counter() - t0
             assert rt.tags() == []
     return {
