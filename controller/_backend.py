@@ -3,7 +3,9 @@
 The loop is the only writer of the backend's replica state. Every start, adoption, reconfigure,
 drain and kill runs as a task in the backend's nursery and reports by sending an event on the
 backend's channel; the loop wakes on that channel, applies every queued event, asks the pure
-``decide`` for a plan, checkpoints the plan's intent, publishes the watch snapshot, and acts.
+``decide`` for a plan, publishes the watch snapshot, and acts. A writer task checkpoints the
+backend's replica record; every runtime action waits until the intent behind it is durable, but
+the loop itself never waits on storage.
 """
 
 from __future__ import annotations

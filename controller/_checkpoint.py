@@ -4,7 +4,7 @@ Two keys per backend, each with one writer, so that writes can never interleave 
 
 - ``spec/<name>``: what the user asked for (written by deploy and delete, before they return).
 - ``replicas/<name>``: which replica tags the controller means to run or stop (written only by
-  the backend's task, before it asks the runtime for anything).
+  the backend's writer task; the runtime is asked for nothing until the write has landed).
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ class Started:
 
 @attrs.frozen
 class StartFailed:
-    """A start or adoption failed or timed out; the task already killed what was left."""
+    """A start failed or timed out; the task already killed what was left. (A failed adoption
+    reports ``Stopped``: it is not the new version failing to start.)"""
 
     tag: str
     error: str
