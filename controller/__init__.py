@@ -22,6 +22,7 @@ from ._errors import StoreError as StoreError
 from ._errors import UnknownBackendError as UnknownBackendError
 from ._goal import Goal as Goal
 from ._json import JSON as JSON
+from ._local_runtime import LocalRuntime as LocalRuntime
 from ._memory_store import MemoryStore as MemoryStore
 from ._runtime import DeathListener as DeathListener
 from ._runtime import ReplicaSpec as ReplicaSpec

@@ -1,0 +1,376 @@
+"""LocalRuntime: each replica is a worker process on this machine, reached over a Unix socket.
+
+Layout of the runtime directory, per replica (``<id>`` is a digest of its tag, to keep socket
+paths short): ``<id>.spec.json`` (what the worker runs), ``<id>.sock`` (its socket), ``<id>.log``
+(its stdout and stderr). Workers run in their own session and process group, so they outlive
+the controller and are killed as a group.
+
+How a restarted controller finds its workers: by their command lines in ``/proc``, which name the
+spec file, so even a worker started an instant before a crash is found. How death is noticed: a
+"monitor" connection per worker, which the worker never answers; it ends only when the process
+does. How exits are awaited: pidfds, which work for workers that are not our children too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import signal
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, final
+
+import attrs
+import trio
+
+from ._errors import ConfigError, ReplicaError, ReplicaGoneError
+from ._json import JSON
+from ._runtime import DeathListener, ReplicaSpec
+from ._wire import LineStream, WireError
+
+_WORKER_MODULE = "controller.worker"
+# sockaddr_un.sun_path is 108 bytes on Linux, including the final NUL.
+_MAX_SOCKET_PATH = 107
+
+
+@final
+@attrs.define(eq=False)
+class _Worker:
+    tag: str
+    pid: int
+    pidfd: int
+    """Held from start or adoption on, so that a reused pid can never be mistaken for it."""
+    killing: bool = False
+    """Set when the stop is ours, so that the monitor does not report it as a death."""
+    exit_status: int | None = None
+    """Its wait status, once reaped by us (None if it was not our child)."""
+
+
+@final
+class LocalRuntime:
+    """Replicas as worker processes on this machine (``python -m controller.worker``).
+
+    `runtime_dir` holds the workers' sockets, specs and logs; a controller reopened with the same
+    directory finds and adopts the workers. `capacity` is what this machine may give replicas
+    (default: ``{"CPU": os.cpu_count()}``; add custom resources as you like). `pythonpath`
+    entries are put in front of ``sys.path`` in each worker, so that entrypoints can be found.
+    A worker that does not exit within `term_timeout_s` of SIGTERM gets SIGKILL.
+    """
+
+    def __init__(
+        self,
+        runtime_dir: str | os.PathLike[str],
+        *,
+        capacity: Mapping[str, float] | None = None,
+        pythonpath: Sequence[str | os.PathLike[str]] = (),
+        python: str = sys.executable,
+        env: Mapping[str, str] | None = None,
+        term_timeout_s: float = 2.0,
+    ):
+        self.runtime_dir = Path(runtime_dir).resolve()
+        longest = self.runtime_dir / ("0" * 16 + ".sock")
+        if len(os.fsencode(longest)) > _MAX_SOCKET_PATH:
+            raise ConfigError(
+                "runtime_dir",
+                f"is too long for Unix socket paths ({len(os.fsencode(longest))} > "
+                f"{_MAX_SOCKET_PATH} bytes with a socket name); choose a shorter directory",
+                str(self.runtime_dir),
+            )
+        self._capacity = (
+            dict(capacity) if capacity is not None else {"CPU": float(os.cpu_count() or 1)}
+        )
+        self._pythonpath = [str(Path(p).resolve()) for p in pythonpath]
+        self._python = python
+        self._env = dict(env) if env is not None else None
+        self.term_timeout_s = term_timeout_s
+        self._workers: dict[str, _Worker] = {}
+        self._nursery: trio.Nursery | None = None
+        self._on_death: DeathListener | None = None
+
+    # -- paths --
+
+    def _base(self, tag: str) -> Path:
+        return self.runtime_dir / hashlib.sha256(tag.encode()).hexdigest()[:16]
+
+    def _socket_path(self, tag: str) -> str:
+        return str(self._base(tag)) + ".sock"
+
+    def log_path(self, tag: str) -> Path:
+        """Where the worker of `tag` writes its stdout and stderr."""
+        return Path(str(self._base(tag)) + ".log")
+
+    # -- the Runtime protocol --
+
+    async def serve(
+        self,
+        on_death: DeathListener,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        self.runtime_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery, self._on_death = nursery, on_death
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            # The workers live on; a controller opened later adopts them.
+            self._nursery, self._on_death = None, None
+            for worker in self._workers.values():
+                os.close(worker.pidfd)
+            self._workers.clear()
+
+    def capacity(self) -> Sequence[Mapping[str, float]] | None:
+        return [self._capacity]
+
+    async def list_replicas(self) -> Sequence[str]:
+        found = await trio.to_thread.run_sync(self._scan)
+        return sorted(found)
+
+    def _scan(self) -> dict[str, int]:
+        """Tags and pids of the live workers of this runtime directory, from /proc."""
+        found: dict[str, int] = {}
+        prefix = str(self.runtime_dir) + os.sep
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue  # gone meanwhile, or not ours to read
+            # [python, "-m", "controller.worker", spec] plus the empty string after the last NUL
+            if len(argv) < 4 or argv[1:3] != [b"-m", _WORKER_MODULE.encode()]:
+                continue
+            spec_path = os.fsdecode(argv[3])
+            if not spec_path.startswith(prefix):
+                continue
+            try:
+                with open(spec_path) as f:
+                    found[json.load(f)["tag"]] = int(entry)
+            except (OSError, ValueError, KeyError):
+                continue
+        return found
+
+    async def start_replica(self, spec: ReplicaSpec) -> str | None:
+        assert self._nursery is not None, "LocalRuntime.serve is not running"
+        base = self._base(spec.tag)
+        sock_path = self._socket_path(spec.tag)
+        port = _free_port()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(sock_path)
+            listener.bind(sock_path)
+            listener.listen(64)
+            spec_path = str(base) + ".spec.json"
+            worker_spec: dict[str, Any] = {
+                "tag": spec.tag,
+                "backend": spec.backend,
+                "version": spec.version,
+                "entrypoint": spec.replica_config.entrypoint,
+                "init_args": list(spec.replica_config.init_args),
+                "init_kwargs": spec.replica_config.init_kwargs,
+                "user_config": spec.user_config,
+                "port": port,
+                "listen_fd": listener.fileno(),
+                "pythonpath": self._pythonpath,
+            }
+            await trio.Path(spec_path).write_text(json.dumps(worker_spec))
+            env = dict(os.environ if self._env is None else self._env)
+            pid = self._spawn(spec_path, str(self.log_path(spec.tag)), listener, env)
+        finally:
+            listener.close()  # the worker holds its own copy now
+        worker = _Worker(spec.tag, pid, os.pidfd_open(pid))
+        self._workers[spec.tag] = worker
+        await self._attach(worker)
+        await self._request(spec.tag, {"op": "wait_ready"})
+        return f"127.0.0.1:{port}"
+
+    async def adopt_replica(self, tag: str) -> str | None:
+        assert self._nursery is not None, "LocalRuntime.serve is not running"
+        pid = (await trio.to_thread.run_sync(self._scan)).get(tag)
+        if pid is None:
+            raise ReplicaGoneError(tag, "no worker process has this tag")
+        hello = await self._request(tag, {"op": "hello"})
+        if hello.get("pid") != pid:
+            raise ReplicaGoneError(tag, f"socket answered for pid {hello.get('pid')}, not {pid}")
+        spec = json.loads(await trio.Path(str(self._base(tag)) + ".spec.json").read_text())
+        port = int(spec["port"])
+        try:
+            worker = _Worker(tag, pid, os.pidfd_open(pid))
+        except ProcessLookupError:
+            raise ReplicaGoneError(tag, "its worker exited during adoption") from None
+        self._workers[tag] = worker
+        await self._attach(worker)
+        await self._request(tag, {"op": "wait_ready"})
+        return f"127.0.0.1:{port}"
+
+    async def reconfigure_replica(self, tag: str, user_config: JSON) -> None:
+        await self._request(tag, {"op": "reconfigure", "user_config": user_config})
+
+    async def check_health_replica(self, tag: str) -> None:
+        """Call the replica's ``check_health``; raises ReplicaError if it raises."""
+        await self._request(tag, {"op": "check_health"})
+
+    async def drain_replica(self, tag: str) -> None:
+        await self._request(tag, {"op": "drain"})
+
+    async def kill_replica(self, tag: str) -> None:
+        worker = self._workers.get(tag)
+        if worker is None:
+            pid = (await trio.to_thread.run_sync(self._scan)).get(tag)
+            if pid is None:
+                self._remove_files(tag)
+                return
+            try:
+                worker = _Worker(tag, pid, os.pidfd_open(pid))
+            except ProcessLookupError:
+                self._remove_files(tag)
+                return
+            self._workers[tag] = worker
+        worker.killing = True
+        try:
+            _signal_group(worker.pid, signal.SIGTERM)
+            with trio.move_on_after(self.term_timeout_s):
+                await self._wait_exit(worker)
+                return
+            _signal_group(worker.pid, signal.SIGKILL)
+            await self._wait_exit(worker)
+        finally:
+            self._forget(worker)
+            self._remove_files(tag)
+
+    # -- internals --
+
+    async def _attach(self, worker: _Worker) -> None:
+        """Open the monitor connection, whose end means the process ended."""
+        assert self._nursery is not None
+        lines = await self._connect(worker.tag)
+        await lines.send({"op": "monitor"})
+        self._nursery.start_soon(self._monitor, worker, lines)
+
+    async def _monitor(self, worker: _Worker, lines: LineStream) -> None:
+        try:
+            await lines.receive()
+        except (WireError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            with trio.CancelScope(shield=True):
+                await lines.aclose()
+        if worker.killing or self._workers.get(worker.tag) is not worker:
+            return
+        await self._wait_exit(worker)
+        self._forget(worker)
+        reason = _exit_reason(worker.exit_status)
+        self._remove_files(worker.tag, keep_log=True)
+        if self._on_death is not None:
+            self._on_death(worker.tag, reason)
+
+    def _spawn(
+        self, spec_path: str, log_path: str, listener: socket.socket, env: dict[str, str]
+    ) -> int:
+        # posix_spawn rather than subprocess: a Popen object warns when it is collected while its
+        # child runs, and outliving the controller is exactly what a worker is for.
+        fd = listener.fileno()
+        os.set_inheritable(fd, True)
+        try:
+            return os.posix_spawn(
+                self._python,
+                [self._python, "-m", _WORKER_MODULE, spec_path],
+                env,
+                file_actions=[
+                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                    (
+                        os.POSIX_SPAWN_OPEN,
+                        1,
+                        log_path,
+                        os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                        0o644,
+                    ),
+                    (os.POSIX_SPAWN_DUP2, 1, 2),
+                ],
+                setsid=True,  # own session and process group: outlives us, dies as a group
+            )
+        finally:
+            os.set_inheritable(fd, False)
+
+    async def _wait_exit(self, worker: _Worker) -> None:
+        await trio.lowlevel.wait_readable(worker.pidfd)
+        # Reap it if it is our child (started here, or adopted by a controller reopened in the
+        # same process); init reaps the others.
+        with contextlib.suppress(ChildProcessError):
+            pid, status = os.waitpid(worker.pid, os.WNOHANG)  # noqa: ASYNC222  # never blocks
+            if pid == worker.pid:
+                worker.exit_status = status
+
+    def _forget(self, worker: _Worker) -> None:
+        if self._workers.get(worker.tag) is worker:
+            del self._workers[worker.tag]
+            os.close(worker.pidfd)
+
+    async def _connect(self, tag: str) -> LineStream:
+        try:
+            stream = await trio.open_unix_socket(self._socket_path(tag))
+        except OSError as exc:
+            if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
+                raise ReplicaGoneError(tag, "its worker is not running") from None
+            raise
+        return LineStream(stream)
+
+    async def _request(self, tag: str, request: dict[str, Any]) -> dict[str, Any]:
+        lines = await self._connect(tag)
+        try:
+            await lines.send(request)
+            reply = await lines.receive()
+        except (WireError, trio.BrokenResourceError) as exc:
+            raise ReplicaError(tag, "WorkerDied", f"{exc}{self._log_tail(tag)}") from None
+        finally:
+            with trio.CancelScope(shield=True):
+                await lines.aclose()
+        if not reply.get("ok"):
+            raise ReplicaError(tag, str(reply.get("error_type")), str(reply.get("message")))
+        return reply
+
+    def _log_tail(self, tag: str) -> str:
+        try:
+            lines = self.log_path(tag).read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return f"; its log ends: {lines[-1]}" if lines else ""
+
+    def _remove_files(self, tag: str, *, keep_log: bool = False) -> None:
+        base = str(self._base(tag))
+        for suffix in (".sock", ".spec.json") if keep_log else (".sock", ".spec.json", ".log"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(base + suffix)
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    # start_new_session made the worker a group leader: its group id is its pid, and the group
+    # holds whatever the user's code started too.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def _exit_reason(status: int | None) -> str:
+    if status is None:
+        return "worker process exited"
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:
+        return f"worker process killed by {signal.Signals(-code).name}"
+    return f"worker process exited with code {code}"
+
+
+def _free_port() -> int:
+    # A port the OS just handed out and we released: there is a small window in which another
+    # process could take it, which the worker then reports as a failed start.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port

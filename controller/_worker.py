@@ -1,0 +1,155 @@
+"""The worker process behind LocalRuntime: hosts one replica of a user's class.
+
+Started as ``python -m controller.worker SPEC_FILE``. It binds its Unix socket first, so the
+runtime can reach it while the class is still being built, then imports the entrypoint, builds
+the class and applies the user config. It answers requests (one JSON object per line) until it is
+killed; it never exits on its own, so a restarted controller can find it and adopt it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any, final
+
+import attrs
+import trio
+
+from ._wire import LineStream, WireError
+
+
+@attrs.frozen
+class ReplicaContext:
+    """What a replica may want to know about where it runs (``controller.worker.context()``)."""
+
+    tag: str
+    """The replica's stable name."""
+    backend: str
+    """Its backend."""
+    version: str
+    """Its code version."""
+    port: int
+    """A TCP port on 127.0.0.1 the runtime reserved for it, e.g. to serve HTTP on."""
+
+
+_context: ReplicaContext | None = None
+
+
+def context() -> ReplicaContext:
+    """The running replica's context; only inside a worker started by LocalRuntime."""
+    if _context is None:
+        raise RuntimeError("controller.worker.context() is only available inside a replica worker")
+    return _context
+
+
+def _describe(exc: BaseException) -> dict[str, str]:
+    return {"error_type": type(exc).__name__, "message": str(exc)}
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call a user method, sync or async. Sync code runs in a thread so the worker stays
+    responsive (pings, drains) while it works."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args)
+    result = await trio.to_thread.run_sync(lambda: fn(*args))
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+@final
+class Worker:
+    def __init__(self, spec: dict[str, Any]):
+        self.spec = spec
+        self.instance: Any = None
+        self.ready = trio.Event()
+        self.init_error: dict[str, str] | None = None
+
+    async def build(self) -> None:
+        try:
+            module_name, _, attr_path = self.spec["entrypoint"].partition(":")
+            obj: Any = importlib.import_module(module_name)
+            for part in attr_path.split("."):
+                obj = getattr(obj, part)
+            args = self.spec.get("init_args", [])
+            kwargs = self.spec.get("init_kwargs", {})
+            self.instance = await trio.to_thread.run_sync(lambda: obj(*args, **kwargs))
+            if self.spec.get("user_config") is not None:
+                reconfigure = getattr(self.instance, "reconfigure", None)
+                if reconfigure is not None:
+                    await _call(reconfigure, self.spec["user_config"])
+        except Exception as exc:
+            traceback.print_exc()
+            self.init_error = _describe(exc)
+        self.ready.set()
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        lines = LineStream(stream)
+        try:
+            while True:
+                request = await lines.receive()
+                await lines.send(await self.answer(request))
+        except (WireError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the runtime hung up; a monitor connection ends only this way
+        finally:
+            with trio.CancelScope(shield=True):
+                await lines.aclose()
+
+    async def answer(self, request: dict[str, Any]) -> dict[str, Any]:
+        op = request.get("op")
+        if op == "hello":
+            state = (
+                "starting" if not self.ready.is_set() else "failed" if self.init_error else "ready"
+            )
+            return {"ok": True, "tag": self.spec["tag"], "pid": os.getpid(), "state": state}
+        if op == "wait_ready":
+            await self.ready.wait()
+            if self.init_error is not None:
+                return {"ok": False, **self.init_error}
+            return {"ok": True}
+        if op == "monitor":
+            await trio.sleep_forever()
+        if op not in ("reconfigure", "check_health", "drain"):
+            return {"ok": False, "error_type": "ProtocolError", "message": f"unknown op {op!r}"}
+        await self.ready.wait()
+        if self.init_error is not None:
+            return {"ok": False, **self.init_error}
+        method = getattr(self.instance, op, None)
+        if method is None:
+            return {"ok": True}  # every method of the contract is optional
+        try:
+            args = (request.get("user_config"),) if op == "reconfigure" else ()
+            await _call(method, *args)
+        except Exception as exc:
+            traceback.print_exc()
+            return {"ok": False, **_describe(exc)}
+        return {"ok": True}
+
+
+async def serve(spec: dict[str, Any]) -> None:
+    global _context
+    _context = ReplicaContext(spec["tag"], spec["backend"], spec["version"], spec["port"])
+    worker = Worker(spec)
+    # The runtime bound and listened on the socket before starting us and handed it over, so
+    # it could connect from the first instant; it stays connectable exactly while we live.
+    sock = trio.socket.fromfd(spec["listen_fd"], trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+    os.close(spec["listen_fd"])  # fromfd duplicated it
+    listener = trio.SocketListener(sock)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, worker.handle, [listener])
+        await worker.build()
+
+
+def main() -> None:
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m controller.worker SPEC_FILE")
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
+    for entry in reversed(spec.get("pythonpath", [])):
+        sys.path.insert(0, entry)
+    trio.run(serve, spec)

@@ -1,0 +1,240 @@
+"""LocalRuntime with real worker processes and the real clock; every wait bounded by fail_after."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+import controller
+from controller import GoalOutcome, ReplicaState
+
+from .replicas import events
+
+HERE = Path(__file__).parent
+LIMIT_S = 30  # generous: CI machines are slow at spawning Python
+
+
+def worker_pids(runtime_dir: Path) -> dict[int, str]:
+    """Every worker process of `runtime_dir` in the OS process table, with its state letter."""
+    found: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            status = Path(f"/proc/{entry}/status").read_text()
+        except OSError:
+            continue
+        if b"controller.worker" in cmdline and str(runtime_dir).encode() in cmdline:
+            state = next(
+                line.split()[1] for line in status.splitlines() if line.startswith("State:")
+            )
+            found[int(entry)] = state
+    return found
+
+
+def is_zombie_or_gone(pid: int) -> str:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return "gone"
+    return next(line.split()[1] for line in status.splitlines() if line.startswith("State:"))
+
+
+@pytest.fixture
+def runtime_dir() -> Iterator[Path]:
+    # Short, because Unix socket paths are limited to 107 bytes.
+    path = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
+    yield path
+    leftovers = worker_pids(path)
+    for pid in leftovers:
+        os.killpg(pid, signal.SIGKILL)
+    shutil.rmtree(path, ignore_errors=True)
+    assert leftovers == {}, "a test left worker processes behind"
+
+
+class Harness:
+    def __init__(self, runtime_dir: Path, record: Path):
+        self.runtime_dir = runtime_dir
+        self.record = str(record)
+        self.runtime = controller.LocalRuntime(runtime_dir / "w", pythonpath=[HERE])
+        self.store = controller.SQLiteStore(runtime_dir / "state.db")
+
+    def recorder(self, **kwargs: object) -> controller.ReplicaConfig:
+        return controller.ReplicaConfig(
+            "replicas:Recorder", init_kwargs={"path": self.record, **kwargs}
+        )
+
+
+@pytest.fixture
+async def harness(runtime_dir: Path, tmp_path: Path) -> AsyncIterator[Harness]:
+    h = Harness(runtime_dir, tmp_path / "events.jsonl")
+    yield h
+    h.store.close()
+
+
+async def serving(ctl: controller.Controller, name: str, count: int) -> controller.BackendSnapshot:
+    snapshot = ctl.snapshot(name)
+    while len(snapshot.replicas) != count:
+        snapshot = (await ctl.listen_for_change({name: snapshot.snapshot_id}))[name]
+    return snapshot
+
+
+def cfg(**kwargs: object) -> controller.BackendConfig:
+    kwargs.setdefault("version", "v1")
+    return controller.BackendConfig(**kwargs)  # type: ignore[arg-type]
+
+
+async def test_start_to_ready_in_own_session(harness: Harness) -> None:
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
+            goal = await ctl.deploy(
+                "a", cfg(num_replicas=2, user_config={"n": 1}), harness.recorder()
+            )
+            assert await goal.wait() is GoalOutcome.COMPLETED
+            pids = worker_pids(harness.runtime_dir)
+            assert len(pids) == 2
+            for pid in pids:
+                assert os.getsid(pid) == pid  # own session, own process group
+                assert os.getpgid(pid) == pid
+            replicas = ctl.status("a").replicas
+            assert all(r.address and r.address.startswith("127.0.0.1:") for r in replicas)
+            recorded = events(harness.record)
+            assert sorted(e["pid"] for e in recorded if e["what"] == "init") == sorted(pids)
+            # The user config reached each replica before it counted as ready.
+            assert [e["config"] for e in recorded if e["what"] == "reconfigure"] == [{"n": 1}] * 2
+            await (await ctl.delete("a")).wait()
+        assert worker_pids(harness.runtime_dir) == {}
+
+
+async def test_reconfigure_in_place_keeps_the_process(harness: Harness) -> None:
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
+            await (await ctl.deploy("a", cfg(user_config=1), harness.recorder())).wait()
+            (pid,) = worker_pids(harness.runtime_dir)
+            await (await ctl.deploy("a", cfg(user_config=2), harness.recorder())).wait()
+            assert list(worker_pids(harness.runtime_dir)) == [pid]
+            configs = [e["config"] for e in events(harness.record) if e["what"] == "reconfigure"]
+            assert configs == [1, 2]
+            await (await ctl.delete("a", force=True)).wait()
+
+
+async def test_health_check(harness: Harness) -> None:
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
+            await (await ctl.deploy("ok", cfg(), harness.recorder())).wait()
+            await (await ctl.deploy("sick", cfg(), harness.recorder(healthy=False))).wait()
+            (ok,) = [r.tag for r in ctl.status("ok").replicas]
+            (sick,) = [r.tag for r in ctl.status("sick").replicas]
+            await harness.runtime.check_health_replica(ok)
+            with pytest.raises(controller.ReplicaError, match="RuntimeError: unhealthy on purpose"):
+                await harness.runtime.check_health_replica(sick)
+            await (await ctl.delete("ok", force=True)).wait()
+            await (await ctl.delete("sick", force=True)).wait()
+
+
+async def test_drain_honoured(harness: Harness) -> None:
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
+            config = cfg(graceful_shutdown_timeout_s=20)
+            await (await ctl.deploy("a", config, harness.recorder(drain_s=0.3))).wait()
+            t0 = trio.current_time()
+            await (await ctl.delete("a")).wait()
+            took = trio.current_time() - t0
+            assert [e["what"] for e in events(harness.record)][-2:] == ["drain", "drained"]
+            assert 0.3 <= took < 5  # waited for the drain, not for the 20 s grace
+
+
+async def test_ignored_drain_is_killed_at_the_deadline(harness: Harness) -> None:
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
+            config = cfg(graceful_shutdown_timeout_s=1.0)
+            await (await ctl.deploy("a", config, harness.recorder(drain_s=600))).wait()
+            (pid,) = worker_pids(harness.runtime_dir)
+            t0 = trio.current_time()
+            await (await ctl.delete("a")).wait()
+            took = trio.current_time() - t0
+            # Tolerance: the deadline, plus SIGTERM's effect and the reap (well under 1 s here).
+            assert 1.0 <= took < 2.0
+            assert "drained" not in [e["what"] for e in events(harness.record)]
+            assert is_zombie_or_gone(pid) == "gone"
+
+
+async def test_init_error_reaches_the_goal(harness: Harness) -> None:
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
+            goal = await ctl.deploy("a", cfg(), controller.ReplicaConfig("replicas:FailsInInit"))
+            with pytest.raises(controller.GoalFailed, match="ValueError: bad port"):
+                await goal.wait()
+            assert ctl.status("a").last_error == "ValueError: bad port"
+            await (await ctl.delete("a")).wait()
+
+
+async def test_bad_entrypoint_fails_without_a_retry_storm(harness: Harness) -> None:
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
+            goal = await ctl.deploy("a", cfg(num_replicas=2), controller.ReplicaConfig("nosuch:X"))
+            with pytest.raises(controller.GoalFailed, match="ModuleNotFoundError: No module named"):
+                await goal.wait()
+            await trio.sleep(0.5)  # time a storm would need to show; none may start
+            # Three failed starts, then only the one already in flight when the goal failed.
+            assert len(worker_pids(harness.runtime_dir)) <= 1
+            await (await ctl.delete("a")).wait()
+
+
+async def test_a_worker_killed_with_sigkill_is_replaced(harness: Harness) -> None:
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
+            await (await ctl.deploy("a", cfg(num_replicas=2), harness.recorder())).wait()
+            before = set(worker_pids(harness.runtime_dir))
+            victim = min(before)
+            os.kill(victim, signal.SIGKILL)
+            await serving(ctl, "a", 1)
+            await serving(ctl, "a", 2)
+            after = set(worker_pids(harness.runtime_dir))
+            assert victim not in after
+            assert len(after) == 2
+            assert len(after & before) == 1
+            assert is_zombie_or_gone(victim) == "gone"
+            assert "killed by SIGKILL" in (ctl.status("a").last_error or "")
+            await (await ctl.delete("a", force=True)).wait()
+
+
+async def test_reopened_controller_adopts_live_workers(harness: Harness) -> None:
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
+            await (await ctl.deploy("a", cfg(num_replicas=3), harness.recorder())).wait()
+            pids = worker_pids(harness.runtime_dir)
+        # The controller is gone; its workers are not.
+        assert worker_pids(harness.runtime_dir) == pids
+        runtime = controller.LocalRuntime(harness.runtime_dir / "w", pythonpath=[HERE])
+        async with controller.open_controller(runtime=runtime, store=harness.store) as ctl:
+            await serving(ctl, "a", 3)
+            assert {r.state for r in ctl.status("a").replicas} == {ReplicaState.RUNNING}
+            now = worker_pids(harness.runtime_dir)
+            assert now == pids  # the same processes: none restarted, no duplicate
+            assert set(now.values()) <= {"S", "R"}  # no zombie
+            assert len([e for e in events(harness.record) if e["what"] == "init"]) == 3
+            await (await ctl.delete("a", force=True)).wait()
+        assert worker_pids(harness.runtime_dir) == {}
+        assert all(is_zombie_or_gone(pid) == "gone" for pid in pids)
+
+
+async def test_a_worker_no_intent_names_is_killed_on_reopen(harness: Harness) -> None:
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
+            await (await ctl.deploy("a", cfg(num_replicas=1), harness.recorder())).wait()
+        # Lose the intent: an empty store next to live workers.
+        with controller.SQLiteStore(harness.runtime_dir / "other.db") as empty:
+            runtime = controller.LocalRuntime(harness.runtime_dir / "w", pythonpath=[HERE])
+            # Orphans are killed in shielded tasks, so closing the controller waits for them.
+            async with controller.open_controller(runtime=runtime, store=empty):
+                pass
+        assert worker_pids(harness.runtime_dir) == {}
