@@ -15,6 +15,7 @@ import json
 import logging
 import platform
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -273,6 +274,62 @@ async def memory_per_replica(replicas: int) -> float:
         return (grown - store_bytes) / replicas
 
 
+# -- 6. local processes --------------------------------------------------------------------------
+
+
+async def local_processes(trials: int) -> dict[str, float]:
+    """8 replicas of a trivial class: through the controller, against the same 8 worker processes
+    started directly through LocalRuntime (no controller); then stopping 8 that drain at once."""
+    here = Path(__file__).parent
+    entry = controller.ReplicaConfig("noop_replica:Noop")
+    direct: list[float] = []
+    via_controller: list[float] = []
+    stop: list[float] = []
+
+    async def run_direct(d: Path) -> None:
+        rt = controller.LocalRuntime(d / "d", pythonpath=[here])
+        async with trio.open_nursery() as nursery:
+            await nursery.start(rt.serve, lambda tag, reason: None)
+            specs = [
+                controller.ReplicaSpec(f"direct#{i}", "direct", "v1", entry, None, {})
+                for i in range(8)
+            ]
+            t0 = time.perf_counter()
+            async with trio.open_nursery() as starts:
+                for spec in specs:
+                    starts.start_soon(rt.start_replica, spec)
+            direct.append(time.perf_counter() - t0)
+            async with trio.open_nursery() as kills:
+                for spec in specs:
+                    kills.start_soon(rt.kill_replica, spec.tag)
+            nursery.cancel_scope.cancel()
+
+    async def run_controller(d: Path) -> None:
+        rt = controller.LocalRuntime(d / "c", pythonpath=[here])
+        with controller.SQLiteStore(d / "c.db") as store:
+            async with controller.open_controller(runtime=rt, store=store) as ctl:
+                t0 = time.perf_counter()
+                await (await ctl.deploy("noop", cfg(8), entry)).wait()
+                via_controller.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                await (await ctl.delete("noop")).wait()
+                stop.append(time.perf_counter() - t0)
+
+    for trial in range(trials):
+        with tempfile.TemporaryDirectory(prefix="bench", dir="/tmp") as tmp:
+            # Alternate which goes first, so neither always meets a warmer page cache.
+            order = [run_direct, run_controller] if trial % 2 else [run_controller, run_direct]
+            for fn in order:
+                await fn(Path(tmp))
+    return {
+        "direct_s": statistics.median(direct),
+        "controller_s": statistics.median(via_controller),
+        "ratio": statistics.median(via_controller) / statistics.median(direct),
+        "stop_8_s": statistics.median(stop),
+        "trials": trials,
+    }
+
+
 # -- main ----------------------------------------------------------------------------------------
 
 
@@ -302,6 +359,8 @@ def main() -> None:
         }
         print("memory per replica ...", file=sys.stderr)
         results["memory_bytes_per_replica"] = trio.run(memory_per_replica, 10000)
+        print("local processes: 8 replicas ...", file=sys.stderr)
+        results["local"] = trio.run(local_processes, 3 if args.quick else 7)
     results["machine"] = {
         "python": platform.python_version(),
         "trio": trio.__version__,
@@ -336,6 +395,10 @@ def print_table(r: dict[str, Any]) -> None:
         ("idle CPU, 1,000 (poller)", f"{idle['poller_1000']:.3f} %", ""),
         ("idle CPU, 10,000 (poller)", f"{idle['poller_10000']:.3f} %", ""),
         ("memory per replica", f"{r['memory_bytes_per_replica']:.0f} B", "<= 2048 B"),
+        ("8 workers, direct", f"{r['local']['direct_s']:.3f} s", ""),
+        ("8 replicas via controller", f"{r['local']['controller_s']:.3f} s", ""),
+        ("controller / direct", f"{r['local']['ratio']:.2f}", "<= 1.2"),
+        ("stop 8 draining replicas", f"{r['local']['stop_8_s']:.3f} s", "<= 0.5 s"),
     ]
     print(f"{'measure':<30} {'figure':>22}  target")
     for name, figure, target in rows:
