@@ -246,6 +246,9 @@ class NullRuntime:
     async def reconfigure_replica(self, tag: str, user_config: controller.JSON) -> None:
         await trio.lowlevel.checkpoint()
 
+    async def check_health_replica(self, tag: str) -> None:
+        await trio.lowlevel.checkpoint()
+
     async def drain_replica(self, tag: str) -> None:
         await trio.lowlevel.checkpoint()
 

@@ -24,11 +24,15 @@ from ._goal import Goal as Goal
 from ._json import JSON as JSON
 from ._local_runtime import LocalRuntime as LocalRuntime
 from ._memory_store import MemoryStore as MemoryStore
+from ._policy import RestartPolicy as RestartPolicy
 from ._runtime import DeathListener as DeathListener
 from ._runtime import ReplicaSpec as ReplicaSpec
 from ._runtime import Runtime as Runtime
 from ._sqlite_store import SQLiteStore as SQLiteStore
+from ._state import BackendEvent as BackendEvent
+from ._state import BackendReason as BackendReason
 from ._state import BackendSnapshot as BackendSnapshot
+from ._state import BackendState as BackendState
 from ._state import BackendStatus as BackendStatus
 from ._state import ControllerStatus as ControllerStatus
 from ._state import GoalOutcome as GoalOutcome

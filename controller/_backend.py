@@ -10,6 +10,8 @@ the loop itself never waits on storage.
 
 from __future__ import annotations
 
+import collections
+import heapq
 import logging
 import math
 import random
@@ -34,11 +36,15 @@ from ._config import BackendConfig, ReplicaConfig
 from ._errors import ReplicaError, StoreError
 from ._goal import Goal
 from ._json import JSON, digest
-from ._reconcile import Target, decide
+from ._policy import RestartPolicy
+from ._reconcile import Target, decide, resolve_limits
 from ._runtime import ReplicaSpec, Runtime
 from ._state import (
     SERVING_STATES,
+    BackendEvent,
+    BackendReason,
     BackendSnapshot,
+    BackendState,
     BackendStatus,
     ReplicaState,
     ReplicaStatus,
@@ -49,9 +55,10 @@ from ._watch import SnapshotHub
 
 logger = logging.getLogger("controller")
 
-#: Consecutive failed starts (with no replica of the target version becoming ready in between)
-#: after which the goal fails and no new replica is started until the next deploy.
-MAX_START_FAILURES = 3
+#: How many recent events each backend keeps for its status.
+EVENTS_KEPT = 50
+
+_tag_rng = random.SystemRandom()
 
 #: How long a kill may take before the controller gives up on it (and logs it). Kills are shielded
 #: from cancellation, so this bound is what keeps a stuck runtime from hanging a shutdown.
@@ -59,8 +66,6 @@ KILL_TIMEOUT_S = 30.0
 
 #: The longest wait between retries of a failed checkpoint write.
 WRITE_RETRY_MAX_S = 5.0
-
-_rng = random.Random()
 
 
 @attrs.frozen
@@ -109,6 +114,14 @@ class Replica:
     """Its entry in watch snapshots, made once when it starts serving."""
     record_json: str | None = None
     """Its entry in the checkpoint, cached; reset whenever what is stored of it changes."""
+    healthy: bool = True
+    """False while its latest health check failed."""
+    check_failures: int = 0
+    """Consecutive failed health checks."""
+    next_check_at: float = math.inf
+    """When its next health check is due (inf: none scheduled)."""
+    checking: bool = False
+    """A health check is in flight (never more than one)."""
 
 
 @final
@@ -125,6 +138,8 @@ class Backend:
         hub: SnapshotHub,
         lock: trio.Lock,
         on_forgotten: Callable[[Backend], None],
+        policy: RestartPolicy,
+        rng: random.Random,
     ):
         self.name = name
         self.spec = spec
@@ -145,8 +160,27 @@ class Backend:
         self._send, self._receive = trio.open_memory_channel[ev.Event](math.inf)
         self._nursery: trio.Nursery | None = None
         self._seq = 0
-        self._failures = 0
+        self._policy = policy
+        self._rng = rng
+        self._failures = 0  # failed starts of the target version since one was last ready
+        self._failed_starts = 0  # in this generation, for the status message
         self._starts_blocked = False
+        self._restarts = 0  # consecutive failures, for the backoff
+        self._last_failure_at = -math.inf
+        self._backoff_until = -math.inf
+        # One timer task per backend, armed for the earliest of: the next health check due (a
+        # heap of (due time, seq, tag), checked lazily against the replica) and the backoff end.
+        self._health_due: list[tuple[float, int, str]] = []
+        self._timer_at = math.inf
+        self._timer_scope: trio.CancelScope | None = None
+        self._change: tuple[BackendState, BackendReason] = (
+            (BackendState.DELETING, "Deleting")
+            if spec.deleting
+            else (BackendState.UPSCALING, "ScaleUp")
+        )
+        self._observed_generation = 0
+        self._converged = False
+        self.events: collections.deque[BackendEvent] = collections.deque(maxlen=EVENTS_KEPT)
         self._snapshot_dirty = True
         # Checkpointing runs in its own task, so that the loop never waits on storage (and a
         # watcher never waits on an fsync). Each change of the stored record bumps
@@ -162,10 +196,15 @@ class Backend:
     def set_spec(self, spec: Spec, kind: Literal["deploy", "delete"]) -> Goal:
         """Take a spec that is already durable; supersede the pending goal; wake the loop."""
         self.goal.supersede()
-        self.spec = spec
+        old, self.spec = self.spec, spec
         self.goal = Goal(self.name, spec.generation, kind)
-        self._failures = 0
+        # A new spec is a new attempt: the failure count, the failed state and the backoff of
+        # the one it replaces do not carry over.
+        self._failures = self._failed_starts = self._restarts = 0
         self._starts_blocked = False
+        self._backoff_until = -math.inf
+        self._change = _classify(old, spec)
+        self._event("Delete" if spec.deleting else "Deploy", _describe_change(old, spec))
         self._snapshot_dirty = True
         self._send.send_nowait(ev.SpecChanged())
         return self.goal
@@ -191,6 +230,8 @@ class Backend:
             self._add(rec.tag, rec.version, rec.config_digest, state).graceful = not self.spec.force
         # What was read back needs no write; only forgetting the dead does.
         self._record_seq = self._durable_seq = 0
+        if not self.spec.deleting:
+            self._change = (BackendState.UPDATING, "Recovering")
         if dropped:
             self._record_changed()
 
@@ -268,6 +309,10 @@ class Backend:
     def _apply(self, event: ev.Event) -> None:
         if isinstance(event, ev.SpecChanged):
             return
+        if isinstance(event, ev.Tick):
+            if event.at == self._timer_at:  # not a stale tick of a timer since replaced
+                self._timer_at, self._timer_scope = math.inf, None
+            return
         if isinstance(event, ev.Written):
             self._durable_seq = max(self._durable_seq, event.seq)
             ready = [action for seq, action in self._queued if seq <= self._durable_seq]
@@ -291,6 +336,7 @@ class Backend:
             self._snapshot_dirty = True
             if replica.version == self.spec.version:
                 self._failures = 0
+            self._schedule_check(replica)
             logger.info("replica %s RUNNING at %s", replica.tag, event.address)
         elif isinstance(event, ev.StartFailed):
             del self.replicas[event.tag]
@@ -313,40 +359,129 @@ class Backend:
                 replica.config_digest = event.config_digest
                 replica.record_json = None
                 self._record_changed()
+                self._schedule_check(replica)
                 logger.info("replica %s reconfigured", replica.tag)
             else:
-                self._note_error(replica.tag, f"reconfigure failed: {event.error}")
+                self._failure(
+                    replica.tag, "ReconfigureFailed", f"reconfigure failed: {event.error}"
+                )
                 self._begin_stop(replica, graceful=True)
                 self._spawn_stop(replica)
+        elif isinstance(event, ev.HealthChecked):
+            replica.checking = False
+            if replica.state is not ReplicaState.RUNNING:
+                return  # stopping, or being reconfigured (checked again once RUNNING)
+            if event.error is None:
+                replica.check_failures = 0
+                replica.healthy = True
+            else:
+                replica.check_failures += 1
+                replica.healthy = False
+                threshold = self.spec.backend_config.health_check_failure_threshold
+                self._event(
+                    "Unhealthy",
+                    f"replica {replica.tag}: health check {replica.check_failures}/{threshold} "
+                    f"failed: {event.error}",
+                )
+                if replica.check_failures >= threshold:
+                    # Out of the snapshot first (the pass publishes before the stop can act),
+                    # then drained and replaced.
+                    self._failure(replica.tag, "Unhealthy", f"unhealthy: {event.error}")
+                    self._begin_stop(replica, graceful=True)
+                    self._spawn_stop(replica)
+                    return
+            self._schedule_check(replica)
 
     def _died(self, replica: Replica, reason: str) -> None:
         if replica.state is ReplicaState.STOPPING:
             return  # being stopped anyway; its stop task reports when it is gone
-        logger.warning("replica %s died: %s", replica.tag, reason)
         if replica.state is ReplicaState.STARTING:
             self._start_failed(replica, reason)
         else:
-            self._note_error(replica.tag, f"died: {reason}")
+            self._failure(replica.tag, "Died", f"died: {reason}")
         self._begin_stop(replica, graceful=False)
         self._spawn_stop(replica)
 
     def _start_failed(self, replica: Replica, error: str) -> None:
-        self._note_error(replica.tag, error)
+        self._failure(replica.tag, "StartFailed", error)
         if replica.version != self.spec.version:
             return
         self._failures += 1
-        if self._failures >= MAX_START_FAILURES and not self._starts_blocked:
+        self._failed_starts += 1
+        limit = self._policy.max_failed_starts
+        if self._failures >= limit and not self._starts_blocked:
             self._starts_blocked = True
             reason = (
                 f"{self._failures} consecutive replica starts failed; last: {error}. "
                 "No new replica will start until the next deploy."
             )
             logger.error("backend %s: deploy failed: %s", self.name, reason)
+            self._event("DeployFailed", reason)
             self.goal.fail(reason)
 
-    def _note_error(self, tag: str, error: str) -> None:
+    def _failure(self, tag: str, kind: str, error: str) -> None:
+        """Note a failure (failed start, crash, failed health, failed reconfigure) and back off:
+        the next start waits, longer after each failure in a row, so a crash loop never spins."""
         self.last_error = error
-        logger.warning("replica %s: %s", tag, error)
+        now = trio.current_time()
+        if now - self._last_failure_at >= self._policy.reset_after_s:
+            self._restarts = 0  # it has been well for a while: forgive the earlier failures
+        self._restarts += 1
+        self._last_failure_at = now
+        delay = self._policy.delay(self._restarts, self._rng)
+        self._backoff_until = now + delay
+        logger.warning("replica %s: %s (next start in %.3gs)", tag, error, delay)
+        self._event(kind, f"replica {tag}: {error}; next start in {delay:.3g}s")
+
+    def _event(self, kind: str, message: str) -> None:
+        self.events.append(BackendEvent(trio.current_time(), kind, message))
+
+    def _schedule_check(self, replica: Replica) -> None:
+        period = self.spec.backend_config.health_check_period_s
+        if period <= 0:
+            replica.next_check_at = math.inf
+            return
+        replica.next_check_at = trio.current_time() + period
+        heapq.heappush(self._health_due, (replica.next_check_at, replica.seq, replica.tag))
+
+    def _run_due_checks(self, now: float) -> None:
+        due = self._health_due
+        while due and due[0][0] <= now:
+            at, _, tag = heapq.heappop(due)
+            replica = self.replicas.get(tag)
+            # Entries are checked lazily: one whose replica left, stopped serving or was
+            # rescheduled since is simply dropped.
+            if (
+                replica is None
+                or replica.next_check_at != at
+                or replica.state is not ReplicaState.RUNNING
+                or replica.checking
+            ):
+                continue
+            replica.checking = True
+            replica.next_check_at = math.inf
+            timeout = self.spec.backend_config.health_check_timeout_s
+            self._start_task(self._check, tag, timeout)
+
+    def _arm_timer(self, now: float) -> None:
+        """Make the one timer task wake the loop at the next health check or backoff end."""
+        when = math.inf
+        if self._health_due:
+            when = self._health_due[0][0]
+        if self._backoff_until > now:
+            when = min(when, self._backoff_until)
+        if when >= self._timer_at:
+            return  # the armed timer fires earlier (or on time); its pass re-arms
+        if self._timer_scope is not None:
+            self._timer_scope.cancel()
+        self._timer_at = when
+        self._timer_scope = trio.CancelScope()
+        self._start_task(self._timer, self._timer_scope, when)
+
+    async def _timer(self, scope: trio.CancelScope, when: float) -> None:
+        with scope:
+            await trio.sleep_until(when)
+            self._send.send_nowait(ev.Tick(when))
 
     # -- one pass --
 
@@ -357,14 +492,24 @@ class Backend:
         depend on it wait for its ``Written`` event.
         """
         spec = self.spec
+        config = spec.backend_config
+        now = trio.current_time()
+        surge, unavailable = resolve_limits(
+            config.num_replicas, config.max_surge, config.max_unavailable
+        )
         target = Target(
-            num_replicas=spec.backend_config.num_replicas,
+            num_replicas=config.num_replicas,
             version=spec.version,
             config_digest=spec.config_digest,
+            max_surge=surge,
+            max_unavailable=unavailable,
             deleting=spec.deleting,
             starts_blocked=self._starts_blocked,
+            starts_deferred=now < self._backoff_until,
         )
         plan = decide(target, list(self.replicas.values()))
+        self._observed_generation = spec.generation
+        self._converged = plan.converged
 
         stops = [self.replicas[tag] for tag in plan.stop]
         for replica in stops:
@@ -388,12 +533,27 @@ class Backend:
             self._spawn_bring_up(replica, adopt=False)
         for replica in updates:
             self._spawn_reconfigure(replica)
+        if starts or stops:
+            self._event(
+                "Scale",
+                ", ".join(
+                    part
+                    for part in (
+                        f"starting {len(starts)}" if starts else "",
+                        f"stopping {len(stops)}" if stops else "",
+                    )
+                    if part
+                ),
+            )
+        self._run_due_checks(now)
+        self._arm_timer(now)
 
         if plan.converged:
             if spec.deleting:
                 return await self._forget()
             if not self.goal.done:
                 logger.info("backend %s: goal of generation %d reached", self.name, spec.generation)
+                self._event("Ready", f"generation {spec.generation} reached")
             self.goal.complete()
         # Let the tasks just started (and watchers just woken) run before the next pass, so a
         # burst of events is coalesced instead of handled one pass each.
@@ -422,7 +582,9 @@ class Backend:
 
     def _new_tag(self) -> str:
         while True:
-            tag = f"{self.name}#{_rng.getrandbits(48):012x}"
+            # Fresh OS randomness, never the seeded generator: a tag must stay unique across
+            # controller lifetimes, and a reopened controller with the same seed would replay.
+            tag = f"{self.name}#{_tag_rng.getrandbits(48):012x}"
             if tag not in self.replicas:
                 return tag
 
@@ -583,6 +745,19 @@ class Backend:
             return
         self._send.send_nowait(ev.Reconfigured(tag, config_digest, error))
 
+    async def _check(self, tag: str, limit_s: float) -> None:
+        error: str | None = None
+        with trio.move_on_after(limit_s) as scope:
+            try:
+                await self._runtime.check_health_replica(tag)
+            except ReplicaError as exc:
+                error = exc.summary
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+        if scope.cancelled_caught:
+            error = f"HealthCheckTimeout: no answer within health_check_timeout_s={limit_s:g}"
+        self._send.send_nowait(ev.HealthChecked(tag, error))
+
     async def _stop(self, tag: str, graceful: bool) -> None:
         if graceful:
             await self._drain(tag)
@@ -617,38 +792,87 @@ class Backend:
     def status(self) -> BackendStatus:
         spec = self.spec
         replicas = tuple(
-            ReplicaStatus(r.tag, r.state, r.version, r.address) for r in self.replicas.values()
+            ReplicaStatus(r.tag, r.state, r.version, r.address, r.healthy)
+            for r in self.replicas.values()
         )
+        state, reason = self._state()
         return BackendStatus(
             name=self.name,
+            state=state,
+            reason=reason,
+            message=self._message(replicas),
             generation=spec.generation,
+            observed_generation=self._observed_generation,
             backend_config=spec.backend_config,
             replica_config=spec.replica_config,
             deleting=spec.deleting,
             goal_done=self.goal.done,
-            message=self._message(replicas),
             last_error=self.last_error,
             replicas=replicas,
+            events=tuple(self.events),
         )
+
+    def _state(self) -> tuple[BackendState, BackendReason]:
+        if self.spec.deleting:
+            return BackendState.DELETING, "Deleting"
+        if self._starts_blocked:
+            return BackendState.DEPLOY_FAILED, "StartFailures"
+        if not self.goal.done:
+            return self._change
+        if self._converged and all(r.healthy for r in self.replicas.values()):
+            return BackendState.HEALTHY, "Converged"
+        return BackendState.UNHEALTHY, "ReplicaFailures"
 
     def _message(self, replicas: tuple[ReplicaStatus, ...]) -> str:
         spec = self.spec
-        running = sum(
-            1 for r in replicas if r.state is ReplicaState.RUNNING and r.version == spec.version
-        )
+        if spec.deleting:
+            return f"deleting; {len(replicas)} replicas left"
+        running = older = 0
         others: dict[str, int] = {}
         for r in replicas:
-            if not (r.state is ReplicaState.RUNNING and r.version == spec.version):
+            if r.version != spec.version and r.state is not ReplicaState.STOPPING:
+                older += 1
+            elif r.state is ReplicaState.RUNNING:
+                running += 1
+            else:
                 key = r.state.value.lower()
                 others[key] = others.get(key, 0) + 1
-        if spec.deleting:
-            head = f"deleting; {len(replicas)} replicas left"
-        else:
-            head = (
-                f"{running}/{spec.backend_config.num_replicas} replicas of version "
-                f"{spec.version} running"
-            )
-        parts = [head] + [f"{n} {state}" for state, n in sorted(others.items())]
-        if self.goal.error is not None:
-            parts.append(f"deploy failed: {self.goal.error}")
+        parts = [
+            f"{running}/{spec.backend_config.num_replicas} replicas of version "
+            f"{spec.version} running"
+        ]
+        parts += [f"{n} {state}" for state, n in sorted(others.items())]
+        if older:
+            parts.append(f"{older} of older versions")
+        unhealthy = sum(1 for r in replicas if not r.healthy)
+        if unhealthy:
+            parts.append(f"{unhealthy} unhealthy")
+        if self._failed_starts:
+            parts.append(f"{self._failed_starts} failed to start: {self.last_error}")
+        elif self.last_error is not None and not self._converged:
+            parts.append(f"last failure: {self.last_error}")
+        if self._starts_blocked:
+            parts.append("no new starts until the next deploy")
         return "; ".join(parts)
+
+
+def _classify(old: Spec, new: Spec) -> tuple[BackendState, BackendReason]:
+    """What kind of change a new spec is, for the status while it is under way."""
+    if new.deleting:
+        return BackendState.DELETING, "Deleting"
+    if old.deleting or new.version != old.version:
+        return BackendState.UPDATING, "NewVersion"
+    if new.config_digest != old.config_digest:
+        return BackendState.UPDATING, "NewUserConfig"
+    if new.backend_config.num_replicas < old.backend_config.num_replicas:
+        return BackendState.DOWNSCALING, "ScaleDown"
+    return BackendState.UPSCALING, "ScaleUp"
+
+
+def _describe_change(old: Spec, new: Spec) -> str:
+    if new.deleting:
+        return f"generation {new.generation}: delete{' (forced)' if new.force else ''}"
+    return (
+        f"generation {new.generation}: {new.backend_config.num_replicas} replicas of version "
+        f"{new.version} (was {old.backend_config.num_replicas} of {old.version})"
+    )

@@ -55,6 +55,44 @@ def _start_timeout(value: object) -> float:
     return _seconds("BackendConfig.start_timeout_s", value, allow_zero=False)
 
 
+def _positive_int(field: str) -> Any:
+    def check(_inst: object, _attr: attrs.Attribute[int], value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(field, "must be a whole number >= 1", value)
+
+    return check
+
+
+def _limit(field: str, value: object) -> int | float:
+    # An int is a count of replicas; a float is a fraction of num_replicas (as Kubernetes'
+    # "25%"), so 1 and 1.0 mean different things, and both survive a JSON round trip.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(field, "must be a count (int >= 0) or a fraction (float 0.0-1.0)", value)
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(field, "a count must be >= 0", value)
+        return value
+    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+        raise ConfigError(field, "a fraction must be between 0.0 and 1.0", value)
+    return value
+
+
+def _max_surge(value: object) -> int | float:
+    return _limit("BackendConfig.max_surge", value)
+
+
+def _max_unavailable(value: object) -> int | float:
+    return _limit("BackendConfig.max_unavailable", value)
+
+
+def _health_check_period(value: object) -> float:
+    return _seconds("BackendConfig.health_check_period_s", value, allow_zero=True)
+
+
+def _health_check_timeout(value: object) -> float:
+    return _seconds("BackendConfig.health_check_timeout_s", value, allow_zero=False)
+
+
 def _version(value: object) -> str | None:
     if value is None:
         return None
@@ -122,6 +160,34 @@ class BackendConfig:
 
     resources: dict[str, float] = attrs.field(factory=dict, converter=_resources)
     """What one replica reserves on the runtime, e.g. ``{"CPU": 1}``. Empty: nothing."""
+
+    max_surge: int | float = attrs.field(default=0.25, converter=_max_surge)
+    """During an update, how many replicas may run above `num_replicas`: a count (int) or a
+    fraction of `num_replicas` (float, rounded up). Like Kubernetes' maxSurge."""
+
+    max_unavailable: int | float = attrs.field(default=0.25, converter=_max_unavailable)
+    """During an update, how many of `num_replicas` may be unavailable: a count (int) or a
+    fraction (float, rounded down). Also bounds how many replicas are reconfigured at once."""
+
+    health_check_period_s: float = attrs.field(default=10.0, converter=_health_check_period)
+    """How often each RUNNING replica's ``check_health`` is called. 0 turns health checks off."""
+
+    health_check_timeout_s: float = attrs.field(default=30.0, converter=_health_check_timeout)
+    """How long one health check may take before it counts as failed."""
+
+    health_check_failure_threshold: int = attrs.field(
+        default=3,
+        validator=_positive_int("BackendConfig.health_check_failure_threshold"),
+    )
+    """Consecutive failed checks after which a replica is stopped and replaced."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_surge == 0 and self.max_unavailable == 0:
+            raise ConfigError(
+                "BackendConfig.max_surge",
+                "max_surge and max_unavailable may not both be 0: an update could never proceed",
+                self.max_surge,
+            )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> BackendConfig:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import random
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import final, overload
@@ -16,6 +17,8 @@ from ._config import BackendConfig, ReplicaConfig, check_backend_name
 from ._errors import ConfigError, ControllerClosedError, InfeasibleError, UnknownBackendError
 from ._goal import Goal
 from ._placement import count_fitting, total
+from ._policy import RestartPolicy
+from ._reconcile import resolve_limits
 from ._runtime import Runtime
 from ._state import BackendSnapshot, BackendStatus, ControllerStatus
 from ._store import Store
@@ -25,8 +28,18 @@ logger = logging.getLogger("controller")
 
 
 @asynccontextmanager
-async def open_controller(*, runtime: Runtime, store: Store) -> AsyncIterator[Controller]:
+async def open_controller(
+    *,
+    runtime: Runtime,
+    store: Store,
+    restart_policy: RestartPolicy | None = None,
+    seed: int | None = None,
+) -> AsyncIterator[Controller]:
     """Open a controller over `runtime` and `store`; close it on exit.
+
+    `restart_policy` sets the backoff after failures (``RestartPolicy()`` by default). `seed`
+    fixes the backoff jitter, for reproducible tests (replica tags stay random: they must be
+    unique across controller lifetimes).
 
     Opening recovers: it reads the store, adopts the live replicas its intent names, stops those it
     meant to stop, kills replicas of the runtime that no intent names, and starts what is missing.
@@ -37,7 +50,9 @@ async def open_controller(*, runtime: Runtime, store: Store) -> AsyncIterator[Co
     """
     try:
         async with trio.open_nursery() as nursery:
-            controller = Controller(runtime, store, nursery)
+            controller = Controller(
+                runtime, store, nursery, restart_policy or RestartPolicy(), random.Random(seed)
+            )
             await nursery.start(runtime.serve, controller._on_death)
             await controller._recover()
             try:
@@ -56,7 +71,16 @@ async def open_controller(*, runtime: Runtime, store: Store) -> AsyncIterator[Co
 class Controller:
     """Keeps every backend at its desired replicas. Made by ``open_controller``."""
 
-    def __init__(self, runtime: Runtime, store: Store, nursery: trio.Nursery):
+    def __init__(
+        self,
+        runtime: Runtime,
+        store: Store,
+        nursery: trio.Nursery,
+        restart_policy: RestartPolicy,
+        rng: random.Random,
+    ):
+        self._policy = restart_policy
+        self._rng = rng
         self._runtime = runtime
         self._store = store
         self._nursery = nursery
@@ -149,9 +173,11 @@ class Controller:
         if nodes is None or not config.resources:
             return
         held_now = len(backend.replicas) if backend is not None else 0
-        # During a replacement the old replicas serve until the new ones do: both are held.
+        # A rolling replacement holds up to max_surge replicas above num_replicas at its peak.
         replacing = backend is not None and backend.spec.version != spec.version
-        wanted = config.num_replicas + held_now if replacing else max(config.num_replicas, held_now)
+        surge, _ = resolve_limits(config.num_replicas, config.max_surge, config.max_unavailable)
+        peak = config.num_replicas + surge if replacing else config.num_replicas
+        wanted = max(peak, held_now)
         already = backend.reserved() if backend is not None else 0
         if wanted <= already:
             return  # not a scale-up: never refuse what frees or keeps resources
@@ -182,6 +208,8 @@ class Controller:
             hub=self._hub,
             lock=self._locks[name],
             on_forgotten=self._forgotten,
+            policy=self._policy,
+            rng=self._rng,
         )
         self._backends[name] = backend
         return backend

@@ -49,6 +49,22 @@ class Reconfigured:
 
 
 @attrs.frozen
+class HealthChecked:
+    """A health check returned; `error` is set if it failed or timed out."""
+
+    tag: str
+    error: str | None
+
+
+@attrs.frozen
+class Tick:
+    """The backend's timer fired: a health check or the end of a backoff is due."""
+
+    at: float
+    """The time it was armed for (a tick of a timer since replaced is ignored)."""
+
+
+@attrs.frozen
 class Written:
     """The backend's replica record, as of change number `seq`, is durable."""
 
@@ -60,4 +76,14 @@ class SpecChanged:
     """A deploy or delete changed the backend's spec."""
 
 
-Event: TypeAlias = Started | StartFailed | Stopped | Died | Reconfigured | Written | SpecChanged
+Event: TypeAlias = (
+    Started
+    | StartFailed
+    | Stopped
+    | Died
+    | Reconfigured
+    | HealthChecked
+    | Tick
+    | Written
+    | SpecChanged
+)

@@ -6,6 +6,7 @@ A pure function: no I/O, no clock, no trio. The backend task applies events to i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -26,6 +27,11 @@ class ReplicaView(Protocol):
     @property
     def config_digest(self) -> str: ...
     @property
+    def healthy(self) -> bool:
+        """False while its latest health check failed."""
+        ...
+
+    @property
     def seq(self) -> int:
         """Start order within the backend: larger started later."""
         ...
@@ -38,9 +44,29 @@ class Target:
     num_replicas: int
     version: str
     config_digest: str
+    max_surge: int = 1
+    """Replicas allowed above `num_replicas` during an update (a resolved count)."""
+    max_unavailable: int = 0
+    """Of `num_replicas`, how many may be unavailable during an update (a resolved count)."""
     deleting: bool = False
     starts_blocked: bool = False
-    """The goal failed: start nothing new until the next deploy (the old version keeps serving)."""
+    """The deploy failed: start nothing new, and replace no serving replica, until the next one."""
+    starts_deferred: bool = False
+    """Backing off after a failure: start nothing now (a timer wakes the backend later)."""
+
+
+def resolve_limits(num_replicas: int, max_surge: float, max_unavailable: float) -> tuple[int, int]:
+    """Counts from a config's limits: ints are counts, floats fractions (surge rounds up,
+    unavailable down, as Kubernetes does). Never both 0, or an update could not proceed."""
+    surge = max_surge if isinstance(max_surge, int) else math.ceil(max_surge * num_replicas)
+    unavailable = (
+        max_unavailable
+        if isinstance(max_unavailable, int)
+        else math.floor(max_unavailable * num_replicas)
+    )
+    if surge == 0 and unavailable == 0:
+        unavailable = 1
+    return surge, unavailable
 
 
 @attrs.frozen
@@ -51,24 +77,28 @@ class Plan:
     """How many new replicas of the target version to start."""
     stop: tuple[str, ...] = ()
     reconfigure: tuple[str, ...] = ()
-    """RUNNING replicas of the target version whose user config is out of date."""
+    """RUNNING replicas of the target version to hand the new user config now."""
     converged: bool = False
     """The backend is exactly what the target asks: nothing starting, stopping or outdated."""
 
 
-# Which replicas go first when there are too many: those that serve nobody yet, then those
-# whose readiness is unconfirmed, then serving ones. Ties: the most recently started first.
-_STOP_RANK = {
-    ReplicaState.STARTING: 0,
-    ReplicaState.RECOVERING: 1,
-    ReplicaState.UPDATING: 2,
-    ReplicaState.RUNNING: 3,
-}
+def stop_order(replicas: Sequence[ReplicaView], version: str) -> list[ReplicaView]:
+    """`replicas` sorted so that the first should be stopped first: those not started yet (or
+    unconfirmed after a restart), then unhealthy ones, then older versions, then the rest; within
+    each, the most recently started first."""
 
+    def key(r: ReplicaView) -> tuple[int, int]:
+        if r.state is ReplicaState.STARTING or r.state is ReplicaState.RECOVERING:
+            rank = 0
+        elif not r.healthy:
+            rank = 1
+        elif r.version != version:
+            rank = 2
+        else:
+            rank = 3
+        return rank, -r.seq
 
-def stop_order(replicas: Sequence[ReplicaView]) -> list[ReplicaView]:
-    """`replicas` sorted so that the first should be stopped first."""
-    return sorted(replicas, key=lambda r: (_STOP_RANK[r.state], -r.seq))
+    return sorted(replicas, key=key)
 
 
 def decide(target: Target, replicas: Sequence[ReplicaView]) -> Plan:
@@ -87,44 +117,71 @@ def decide(target: Target, replicas: Sequence[ReplicaView]) -> Plan:
         else:
             old.append(r)
     if target.deleting:
-        return Plan(stop=tuple(r.tag for r in stop_order(current + old)), converged=not replicas)
+        stops = stop_order(current + old, target.version)
+        return Plan(stop=tuple(r.tag for r in stops), converged=not replicas)
 
+    n = target.num_replicas
+    can_start = not (target.starts_blocked or target.starts_deferred)
     stop: list[str] = []
-    start = 0
-    excess = len(current) - target.num_replicas
+    excess = len(current) - n
     if excess > 0:
-        ordered = stop_order(current)
+        ordered = stop_order(current, target.version)
         stop.extend(r.tag for r in ordered[:excess])
         current = ordered[excess:]
-    elif excess < 0 and not target.starts_blocked:
-        start = -excess
 
-    serving_new = 0
-    reconfigure: list[str] = []
-    all_up_to_date = True
+    available_new = 0  # RUNNING and healthy: what capacity can be counted on
+    serving_new = 0  # RUNNING or UPDATING: the new version has shown it can start
+    outdated: list[ReplicaView] = []
+    n_updating = 0
     for r in current:
         if r.state is running:
             serving_new += 1
+            if r.healthy:
+                available_new += 1
             if r.config_digest != target.config_digest:
-                reconfigure.append(r.tag)
-                all_up_to_date = False
-        else:
-            all_up_to_date = False
-            if r.state is updating:
-                serving_new += 1
+                outdated.append(r)
+        elif r.state is updating:
+            serving_new += 1
+            n_updating += 1
 
-    # Old-version replicas keep serving until enough new ones do: replacement never drops
-    # capacity below what the target asks, even when the new version cannot start.
-    keep_old = max(0, target.num_replicas - serving_new)
-    if len(old) > keep_old:
-        stop.extend(r.tag for r in stop_order(old)[: len(old) - keep_old])
+    start = 0
+    if not old:
+        # A new deployment, or plain scaling: every missing replica starts at once.
+        if can_start:
+            start = max(0, n - len(current))
+    else:
+        # A rolling update, throttled: at most max_surge above n in all, and at least
+        # n - max_unavailable available. The unavailability budget is spent only once the new
+        # version has shown it can start (or when surge is 0 and nothing else could proceed),
+        # and never after the deploy failed: a release that cannot start replaces no one.
+        room = n + target.max_surge - (len(current) + len(old))
+        if can_start:
+            start = max(0, min(n - len(current), room))
+        available_old = [
+            r for r in old if (r.state is running or r.state is updating) and r.healthy
+        ]
+        idle_old = [
+            r for r in old if not ((r.state is running or r.state is updating) and r.healthy)
+        ]
+        # Old replicas that serve no one (not started, unconfirmed, unhealthy) go at once.
+        stop.extend(r.tag for r in stop_order(idle_old, target.version))
+        proven = (serving_new > 0 or target.max_surge == 0) and not target.starts_blocked
+        floor = max(0, n - target.max_unavailable) if proven else n
+        removable = max(0, available_new + len(available_old) - floor)
+        stop.extend(r.tag for r in stop_order(available_old, target.version)[:removable])
+
+    # In-place reconfigures count against the same unavailability budget (at least one at a time,
+    # so that they always proceed); oldest replicas first.
+    budget = max(1, target.max_unavailable) - n_updating
+    outdated.sort(key=lambda r: r.seq)
+    reconfigure = tuple(r.tag for r in outdated[: max(0, budget)])
 
     converged = (
-        all_up_to_date
-        and not any_stopping
+        not any_stopping
         and not old
         and not stop
         and start == 0
-        and len(current) == target.num_replicas
+        and len(current) == n
+        and all(r.state is running and r.config_digest == target.config_digest for r in current)
     )
-    return Plan(start=start, stop=tuple(stop), reconfigure=tuple(reconfigure), converged=converged)
+    return Plan(start=start, stop=tuple(stop), reconfigure=reconfigure, converged=converged)

@@ -77,6 +77,10 @@ class Runtime(Protocol):
         """Hand a running replica a new user config."""
         ...
 
+    async def check_health_replica(self, tag: str) -> None:
+        """Call the replica's health check; raise ``ReplicaError`` if it reports a problem."""
+        ...
+
     async def drain_replica(self, tag: str) -> None:
         """Ask a replica to finish its in-flight work; return when it has. Idempotent: a
         replica already draining (a restarted controller finishing a stop) is waited for."""

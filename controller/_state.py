@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from typing import Literal
 
 import attrs
 
@@ -27,6 +28,51 @@ class ReplicaState(enum.Enum):
 
 #: The states in which a replica takes traffic.
 SERVING_STATES = frozenset({ReplicaState.RUNNING, ReplicaState.UPDATING})
+
+
+class BackendState(enum.Enum):
+    """What a backend is doing, as ``status(name).state`` reports it."""
+
+    #: Every replica of the target version runs, as configured.
+    HEALTHY = "HEALTHY"
+    #: Moving to a new version or user config.
+    UPDATING = "UPDATING"
+    #: Starting replicas to reach a larger `num_replicas`.
+    UPSCALING = "UPSCALING"
+    #: Stopping replicas to reach a smaller `num_replicas`.
+    DOWNSCALING = "DOWNSCALING"
+    #: It had reached its goal, and has since lost replicas (crashes, failed health checks).
+    UNHEALTHY = "UNHEALTHY"
+    #: Replicas of the new version keep failing to start; no new start until the next deploy.
+    DEPLOY_FAILED = "DEPLOY_FAILED"
+    #: Being deleted.
+    DELETING = "DELETING"
+
+
+#: Why a backend is in its state, in one word (the message says it in a sentence).
+BackendReason = Literal[
+    "Converged",
+    "NewVersion",
+    "NewUserConfig",
+    "ScaleUp",
+    "ScaleDown",
+    "Recovering",
+    "ReplicaFailures",
+    "StartFailures",
+    "Deleting",
+]
+
+
+@attrs.frozen
+class BackendEvent:
+    """One notable thing that happened to a backend (like an event in ``kubectl describe``)."""
+
+    time: float
+    """When, on the trio clock."""
+    kind: str
+    """What kind of thing: ``Deploy``, ``Scale``, ``StartFailed``, ``Died``, ``Unhealthy``..."""
+    message: str
+    """What happened, in words."""
 
 
 class GoalOutcome(enum.Enum):
@@ -83,6 +129,8 @@ class ReplicaStatus:
     """Its code version (``gen-N`` when the backend's config names none)."""
     address: str | None
     """Where it listens, once the runtime has said."""
+    healthy: bool = True
+    """False while its latest health check failed."""
 
 
 @attrs.frozen
@@ -91,8 +139,16 @@ class BackendStatus:
 
     name: str
     """The backend."""
+    state: BackendState
+    """What it is doing."""
+    reason: BackendReason
+    """Why, in one word."""
+    message: str
+    """What it is doing, in words: ``"2/5 replicas of version b running; 3 starting"``."""
     generation: int
     """How many times its spec was changed (deploy or delete)."""
+    observed_generation: int
+    """The generation the controller has acted on (lags `generation` only for a moment)."""
     backend_config: BackendConfig
     """The config it is moving to."""
     replica_config: ReplicaConfig
@@ -101,12 +157,12 @@ class BackendStatus:
     """True once a delete was asked for."""
     goal_done: bool
     """True when the latest goal is reached (or failed)."""
-    message: str
-    """What it is doing, in words."""
     last_error: str | None
     """The most recent replica failure, as ``Type: message``."""
     replicas: tuple[ReplicaStatus, ...]
     """Every replica the controller holds for it, by tag."""
+    events: tuple[BackendEvent, ...]
+    """Its recent events, oldest first."""
 
     @property
     def counts(self) -> Mapping[ReplicaState, int]:
@@ -114,6 +170,15 @@ class BackendStatus:
         out: dict[ReplicaState, int] = {}
         for replica in self.replicas:
             out[replica.state] = out.get(replica.state, 0) + 1
+        return out
+
+    @property
+    def counts_by_version(self) -> Mapping[tuple[str, ReplicaState], int]:
+        """How many replicas of each version are in each state."""
+        out: dict[tuple[str, ReplicaState], int] = {}
+        for replica in self.replicas:
+            key = (replica.version, replica.state)
+            out[key] = out.get(key, 0) + 1
         return out
 
 

@@ -16,13 +16,21 @@ def config(**kwargs: object) -> controller.BackendConfig:
     return controller.BackendConfig(**kwargs)  # type: ignore[arg-type]
 
 
+#: No jitter, so that backoff waits are exact under MockClock: 1 s, 2 s, 4 s... capped at 60 s.
+EXACT = controller.RestartPolicy(jitter=0.0)
+
+
 @asynccontextmanager
 async def opened(
-    runtime: controller.Runtime | None = None, store: controller.Store | None = None
+    runtime: controller.Runtime | None = None,
+    store: controller.Store | None = None,
+    policy: controller.RestartPolicy = EXACT,
 ) -> AsyncIterator[controller.Controller]:
     async with controller.open_controller(
         runtime=runtime if runtime is not None else FakeRuntime(auto_ready=True),
         store=store if store is not None else controller.MemoryStore(),
+        restart_policy=policy,
+        seed=0,
     ) as ctl:
         yield ctl
 

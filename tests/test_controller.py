@@ -224,9 +224,12 @@ async def test_start_timeout_stops_and_replaces_the_replica(
         await trio.sleep(5)
         await settle()
         assert rt.replicas[first].killed_at == t0 + 5
+        assert rt.tags(FakeState.STARTING) == []  # backing off after the failure
+        await trio.sleep(1)
+        await settle()
         (second,) = rt.tags(FakeState.STARTING)
         assert second != first
-        assert rt.replicas[second].started_at == t0 + 5
+        assert rt.replicas[second].started_at == t0 + 5 + 1
         assert not goal.done
         assert "ReplicaStartTimeout" in (ctl.status("a").last_error or "")
         rt.finish_start(second)
@@ -240,7 +243,8 @@ async def test_repeated_start_failures_fail_the_goal_with_the_replica_error(
     async with opened(rt) as ctl:
         goal = await ctl.deploy("a", config(num_replicas=2), RC)
         for _ in range(3):
-            await settle()
+            # Under autojump_clock this also waits out the backoff before each replacement.
+            await rt.wait_until(lambda r: bool(r.tags(FakeState.STARTING)))
             rt.fail_start(rt.tags(FakeState.STARTING)[0], "ValueError", "bad port")
         with pytest.raises(GoalFailed, match="ValueError: bad port") as info:
             await goal.wait()
@@ -248,7 +252,8 @@ async def test_repeated_start_failures_fail_the_goal_with_the_replica_error(
         await settle()
         status = ctl.status("a")
         assert status.last_error == "ValueError: bad port"
-        assert "deploy failed" in status.message
+        assert status.state is controller.BackendState.DEPLOY_FAILED
+        assert "3 failed to start: ValueError: bad port" in status.message
         # No start after the goal failed: the one still starting is all there is.
         assert len(rt.tags(FakeState.STARTING)) == 1
         assert len(rt.replicas) == 4
@@ -268,13 +273,17 @@ async def test_a_crashed_replica_is_replaced_and_leaves_the_snapshot(
     async with opened(rt) as ctl:
         await (await ctl.deploy("a", config(num_replicas=2), RC)).wait()
         victim = rt.tags()[0]
+        t0 = trio.current_time()
         rt.crash(victim, "segfault")
         await settle()
-        serving = {r.tag for r in ctl.snapshot("a").replicas}
-        assert victim not in serving
-        assert len(serving) == 2
+        assert victim not in {r.tag for r in ctl.snapshot("a").replicas}
         assert ctl.status("a").last_error == "died: segfault"
-        assert len(rt.replicas) == 3
+        assert ctl.status("a").state is controller.BackendState.UNHEALTHY
+        # Replaced after the backoff (1 s after a first failure, with no jitter).
+        await rt.wait_until(lambda r: len(r.replicas) == 3)
+        assert trio.current_time() == t0 + 1
+        await settle()
+        assert len(ctl.snapshot("a").replicas) == 2
 
 
 async def test_infeasible_scale_up_fails_at_deploy_and_writes_nothing() -> None:
@@ -353,7 +362,9 @@ async def test_new_version_replaces_replicas_without_dropping_capacity(
         for tag in old:
             rt.finish_start(tag)
         await settle()
-        goal = await ctl.deploy("a", config(num_replicas=2, version="v2"), RC)
+        # A surge of 100%: every new replica starts at once (the defaults throttle; see
+        # test_rollout.py).
+        goal = await ctl.deploy("a", config(num_replicas=2, version="v2", max_surge=1.0), RC)
         await settle()
         new = rt.tags(FakeState.STARTING)
         assert len(new) == 2

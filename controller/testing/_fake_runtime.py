@@ -52,6 +52,12 @@ class FakeReplica:
     """How many reconfigures it received."""
     reconfigure_error: tuple[str, str] | None = None
     """Make its next reconfigures raise ``(error_type, message)``; None: they succeed."""
+    health_error: tuple[str, str] | None = None
+    """Make its health checks raise ``(error_type, message)``; None: they pass."""
+    health_hangs: bool = False
+    """Make its health checks never answer (the controller times them out)."""
+    health_checks: list[float] = attrs.field(factory=list)
+    """When each health check arrived."""
     _start_done: trio.Event = attrs.field(factory=trio.Event)
     _start_error: ReplicaError | None = None
     _drain_done: trio.Event = attrs.field(factory=trio.Event)
@@ -207,6 +213,15 @@ class FakeRuntime:
             raise ReplicaError(tag, *replica.reconfigure_error)
         replica.user_config = user_config
         self._note(tag, "reconfigured")
+
+    async def check_health_replica(self, tag: str) -> None:
+        replica = self._get(tag, FakeState.READY)
+        replica.health_checks.append(trio.current_time())
+        if replica.health_hangs:
+            await trio.sleep_forever()
+        await trio.lowlevel.checkpoint()
+        if replica.health_error is not None:
+            raise ReplicaError(tag, *replica.health_error)
 
     async def drain_replica(self, tag: str) -> None:
         replica = self.replicas.get(tag)
