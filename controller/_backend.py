@@ -181,6 +181,11 @@ class Backend:
         self._observed_generation = 0
         self._converged = False
         self.events: collections.deque[BackendEvent] = collections.deque(maxlen=EVENTS_KEPT)
+        self._event(
+            "Delete" if spec.deleting else "Deploy",
+            f"generation {spec.generation}: {spec.backend_config.num_replicas} replicas of "
+            f"version {spec.version}",
+        )
         self._snapshot_dirty = True
         # Checkpointing runs in its own task, so that the loop never waits on storage (and a
         # watcher never waits on an fsync). Each change of the stored record bumps
@@ -232,6 +237,11 @@ class Backend:
         self._record_seq = self._durable_seq = 0
         if not self.spec.deleting:
             self._change = (BackendState.UPDATING, "Recovering")
+        self.events.clear()
+        self._event(
+            "Recovered",
+            f"generation {self.spec.generation}: adopting {len(self.replicas)} live replicas",
+        )
         if dropped:
             self._record_changed()
 

@@ -6,7 +6,7 @@ import attrs
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller._reconcile import Plan, Target, decide
+from controller._reconcile import Plan, Target, decide, resolve_limits, stop_order
 from controller._state import ReplicaState
 
 S = ReplicaState
@@ -117,3 +117,28 @@ def test_plan_invariants(
     if plan.converged:
         assert plan == Plan(converged=True)
         assert len(views) == n
+
+
+def test_scale_down_order_not_started_then_unhealthy_then_older_then_newest() -> None:
+    replicas = [
+        R("old-running", S.RUNNING, version="v0", seq=1),
+        R("new-running-first", S.RUNNING, seq=2),
+        R("new-running-last", S.RUNNING, seq=9),
+        R("unhealthy", S.RUNNING, seq=3, healthy=False),
+        R("starting", S.STARTING, seq=8),
+    ]
+    ordered = [r.tag for r in stop_order(replicas, "v1")]
+    assert ordered == [
+        "starting",
+        "unhealthy",
+        "old-running",
+        "new-running-last",
+        "new-running-first",
+    ]
+
+
+def test_rolling_limits_resolve_like_kubernetes() -> None:
+    assert resolve_limits(10, 0.25, 0.25) == (3, 2)  # surge rounds up, unavailable down
+    assert resolve_limits(1, 0.25, 0.25) == (1, 0)
+    assert resolve_limits(4, 0, 0.0) == (0, 1)  # never both 0
+    assert resolve_limits(4, 2, 1) == (2, 1)  # ints are counts
