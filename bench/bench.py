@@ -66,8 +66,13 @@ async def trio_latency(replicas: int, samples: int, db: Path) -> dict[str, float
     rt = FakeRuntime(record_history=False)
     ready: list[float] = []
     died: list[float] = []
+    # Replace at once: this measures reaction, and 250 crashes in a row would otherwise (rightly)
+    # back off to a minute between restarts.
+    no_backoff = controller.RestartPolicy(initial_delay_s=0.0, jitter=0.0)
     with controller.SQLiteStore(db) as store:
-        async with controller.open_controller(runtime=rt, store=store) as ctl:
+        async with controller.open_controller(
+            runtime=rt, store=store, restart_policy=no_backoff
+        ) as ctl:
             await ctl.deploy("lat", cfg(replicas), RC)
             await rt.wait_until(lambda r: len(r.tags(FakeState.STARTING)) == replicas)
             for tag in rt.tags(FakeState.STARTING):
