@@ -6,7 +6,7 @@ from contextlib import asynccontextmanager
 import trio
 
 import controller
-from controller.testing import FakeRuntime
+from controller.testing import FakeRuntime, FakeState
 
 RC = controller.ReplicaConfig("app.replica:Echo")
 
@@ -33,6 +33,18 @@ async def opened(
         seed=0,
     ) as ctl:
         yield ctl
+
+
+async def deploy_ready(
+    ctl: controller.Controller, rt: FakeRuntime, cfg: controller.BackendConfig, name: str = "a"
+) -> controller.Goal:
+    """Deploy, finish every start by hand, and wait for the goal."""
+    goal = await ctl.deploy(name, cfg, RC)
+    await settle()
+    for tag in rt.tags(FakeState.STARTING):
+        rt.finish_start(tag)
+    assert await goal.wait() is controller.GoalOutcome.COMPLETED
+    return goal
 
 
 async def settle() -> None:

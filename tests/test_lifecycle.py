@@ -10,23 +10,13 @@ import controller
 from controller import BackendState, GoalOutcome, ReplicaState
 from controller.testing import FakeRuntime, FakeState
 
-from .conftest import RC, config, opened, settle
+from .conftest import RC, config, deploy_ready, opened, settle
 
 S = FakeState
 
 
 def alive(rt: FakeRuntime) -> int:
     return len(rt.tags())
-
-
-async def deploy_ready(
-    ctl: controller.Controller, rt: FakeRuntime, cfg: controller.BackendConfig
-) -> None:
-    goal = await ctl.deploy("a", cfg, RC)
-    await settle()
-    for tag in rt.tags(S.STARTING):
-        rt.finish_start(tag)
-    assert await goal.wait() is GoalOutcome.COMPLETED
 
 
 # -- rolling updates ----
