@@ -16,6 +16,9 @@ def config(**kwargs: object) -> controller.BackendConfig:
     return controller.BackendConfig(**kwargs)  # type: ignore[arg-type]
 
 
+#: Virtual seconds after which a test counts as deadlocked (a week: no test needs near that).
+DEADLOCK_LIMIT_S = 7 * 24 * 3600
+
 #: No jitter, so that backoff waits are exact under MockClock: 1 s, 2 s, 4 s... capped at 60 s.
 EXACT = controller.RestartPolicy(jitter=0.0)
 
@@ -26,13 +29,17 @@ async def opened(
     store: controller.Store | None = None,
     policy: controller.RestartPolicy = EXACT,
 ) -> AsyncIterator[controller.Controller]:
-    async with controller.open_controller(
-        runtime=runtime if runtime is not None else FakeRuntime(auto_ready=True),
-        store=store if store is not None else controller.MemoryStore(),
-        restart_policy=policy,
-        seed=0,
-    ) as ctl:
-        yield ctl
+    # A deadline far beyond any test's needs: under autojump_clock a test that deadlocks would
+    # otherwise spin forever (with no deadline, there is nothing to jump to); with one, the clock
+    # jumps there and the test fails with TooSlowError. On the real clock it never fires.
+    with trio.fail_after(DEADLOCK_LIMIT_S):
+        async with controller.open_controller(
+            runtime=runtime if runtime is not None else FakeRuntime(auto_ready=True),
+            store=store if store is not None else controller.MemoryStore(),
+            restart_policy=policy,
+            seed=0,
+        ) as ctl:
+            yield ctl
 
 
 async def deploy_ready(
@@ -45,6 +52,13 @@ async def deploy_ready(
         rt.finish_start(tag)
     assert await goal.wait() is controller.GoalOutcome.COMPLETED
     return goal
+
+
+async def serving(ctl: controller.Controller, name: str, count: int) -> None:
+    """Wait until the controller's watch snapshot of `name` lists `count` replicas."""
+    snapshot = ctl.snapshot(name)
+    while len(snapshot.replicas) != count:
+        snapshot = (await ctl.listen_for_change({name: snapshot.snapshot_id}))[name]
 
 
 async def settle() -> None:

@@ -10,7 +10,7 @@ import controller
 from controller import BackendState, GoalOutcome, ReplicaState
 from controller.testing import FakeRuntime, FakeState
 
-from .conftest import RC, config, deploy_ready, opened, settle
+from .conftest import RC, config, deploy_ready, opened, serving, settle
 
 S = FakeState
 
@@ -232,7 +232,11 @@ async def test_a_crash_loop_backs_off_exponentially_to_a_cap_and_resets(
         for _ in range(6):
             (tag,) = rt.tags(S.READY)
             rt.crash(tag)
-            await rt.wait_until(lambda r: len(r.tags(S.READY)) == 1)
+            # Wait until the controller serves the replacement, not merely until the runtime has
+            # it ready: a death before the controller has seen it ready is a failed start, and
+            # three of those in a row would (rightly) fail the deploy.
+            await serving(ctl, "a", 0)
+            await serving(ctl, "a", 1)
             starts.append(trio.current_time())
         gaps = [round(b - a, 6) for a, b in zip([0.0, *starts], starts, strict=False)][1:]
         # 1, 2, 4, 8, then capped at 8 (each crash happens right after the replica started).
@@ -243,7 +247,8 @@ async def test_a_crash_loop_backs_off_exponentially_to_a_cap_and_resets(
         t = trio.current_time()
         (tag,) = rt.tags(S.READY)
         rt.crash(tag)
-        await rt.wait_until(lambda r: len(r.tags(S.READY)) == 1)
+        await serving(ctl, "a", 0)
+        await serving(ctl, "a", 1)
         assert trio.current_time() == t + 1.0
 
 
