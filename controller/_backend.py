@@ -210,6 +210,12 @@ class Backend:
         self._backoff_until = -math.inf
         self._change = _classify(old, spec)
         self._event("Delete" if spec.deleting else "Deploy", _describe_change(old, spec))
+        if spec.backend_config.health_check_period_s != old.backend_config.health_check_period_s:
+            # A new period (or checks turned on or off) applies to the replicas already running.
+            self._health_due.clear()
+            for replica in self.replicas.values():
+                if replica.state is ReplicaState.RUNNING and not replica.checking:
+                    self._schedule_check(replica)
         self._snapshot_dirty = True
         self._send.send_nowait(ev.SpecChanged())
         return self.goal
@@ -456,6 +462,9 @@ class Backend:
 
     def _run_due_checks(self, now: float) -> None:
         due = self._health_due
+        if self.spec.backend_config.health_check_period_s <= 0:
+            due.clear()  # turned off by a redeploy: drop what the old spec scheduled
+            return
         while due and due[0][0] <= now:
             at, _, tag = heapq.heappop(due)
             replica = self.replicas.get(tag)

@@ -339,6 +339,13 @@ async def test_health_checks_can_be_turned_off(autojump_clock: trio.testing.Mock
         await (await ctl.deploy("a", config(health_check_period_s=0), RC)).wait()
         await trio.sleep(1000)
         assert all(r.health_checks == [] for r in rt.replicas.values())
+        # On, then off again by a redeploy: what the old spec scheduled does not run.
+        await (await ctl.deploy("a", config(health_check_period_s=10), RC)).wait()
+        await trio.sleep(25)
+        await (await ctl.deploy("a", config(health_check_period_s=0), RC)).wait()
+        await trio.sleep(1000)
+        (replica,) = rt.replicas.values()
+        assert len(replica.health_checks) == 2
 
 
 # -- status ----
