@@ -142,3 +142,54 @@ def test_rolling_limits_resolve_like_kubernetes() -> None:
     assert resolve_limits(1, 0.25, 0.25) == (1, 0)
     assert resolve_limits(4, 0, 0.0) == (0, 1)  # never both 0
     assert resolve_limits(4, 2, 1) == (2, 1)  # ints are counts
+
+
+@given(
+    n=st.integers(0, 8),
+    surge=st.integers(0, 3),
+    unavailable=st.integers(0, 3),
+    replicas=st.lists(st.tuples(states, st.sampled_from(["v0", "v1"]), st.booleans()), max_size=12),
+    blocked=st.booleans(),
+)
+def test_rolling_update_guarantees(
+    n: int,
+    surge: int,
+    unavailable: int,
+    replicas: list[tuple[ReplicaState, str, bool]],
+    blocked: bool,
+) -> None:
+    if surge == 0 and unavailable == 0:
+        unavailable = 1  # what resolve_limits guarantees
+    views = [R(f"r{i}", s, v, seq=i, healthy=h) for i, (s, v, h) in enumerate(replicas)]
+    target = Target(
+        num_replicas=n,
+        version="v1",
+        config_digest="d1",
+        max_surge=surge,
+        max_unavailable=unavailable,
+        starts_blocked=blocked,
+    )
+    plan = decide(target, views)
+    live = [r for r in views if r.state is not S.STOPPING]
+    old = [r for r in live if r.version != "v1"]
+    stopped = set(plan.stop)
+
+    def available(r: R) -> bool:
+        return r.state in (S.RUNNING, S.UPDATING) and r.healthy
+
+    before = sum(1 for r in live if available(r))
+    after = sum(1 for r in live if available(r) and r.tag not in stopped)
+    if old:
+        # Starts never take the total above num_replicas + max_surge.
+        if plan.start:
+            assert len(live) - len(stopped) + plan.start <= n + surge
+        # Availability never drops below num_replicas - max_unavailable because of the plan,
+        # nor below num_replicas before the new version serves or after the deploy failed.
+        new_serves = any(r.version == "v1" and r.state in (S.RUNNING, S.UPDATING) for r in live)
+        floor = n - unavailable if ((new_serves or surge == 0) and not blocked) else n
+        assert after >= min(before, floor)
+    if blocked:
+        assert plan.start == 0
+    # Reconfigures: target-version RUNNING replicas only, at most max(1, unavailable) at a time.
+    updating = sum(1 for r in live if r.version == "v1" and r.state is S.UPDATING)
+    assert len(plan.reconfigure) <= max(0, max(1, unavailable) - updating)
