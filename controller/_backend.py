@@ -796,15 +796,7 @@ class Backend:
             logger.info("replica %s: drain not done within %gs; killing it", tag, grace)
 
     async def _kill(self, tag: str) -> None:
-        # Shielded: a kill that has begun finishes even when the controller is closing, so that
-        # a replica is never left half-stopped.
-        with trio.move_on_after(KILL_TIMEOUT_S, shield=True) as scope:
-            try:
-                await self._runtime.kill_replica(tag)
-            except Exception:
-                logger.exception("replica %s: kill failed", tag)
-        if scope.cancelled_caught:
-            logger.error("replica %s: kill did not finish within %gs", tag, KILL_TIMEOUT_S)
+        await kill_replica(self._runtime, tag)
 
     # -- views --
 
@@ -873,6 +865,19 @@ class Backend:
         if self._starts_blocked:
             parts.append("no new starts until the next deploy")
         return "; ".join(parts)
+
+
+async def kill_replica(runtime: Runtime, tag: str) -> None:
+    """Kill a replica, shielded and bounded: a kill that has begun finishes even when the
+    controller is closing, so no replica is left half-stopped, and a stuck runtime cannot hang
+    the close for longer than KILL_TIMEOUT_S."""
+    with trio.move_on_after(KILL_TIMEOUT_S, shield=True) as scope:
+        try:
+            await runtime.kill_replica(tag)
+        except Exception:
+            logger.exception("replica %s: kill failed", tag)
+    if scope.cancelled_caught:
+        logger.error("replica %s: kill did not finish within %gs", tag, KILL_TIMEOUT_S)
 
 
 def _classify(old: Spec, new: Spec) -> tuple[BackendState, BackendReason]:

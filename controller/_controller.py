@@ -11,7 +11,7 @@ from typing import final, overload
 
 import trio
 
-from ._backend import Backend, Spec
+from ._backend import Backend, Spec, kill_replica
 from ._checkpoint import SpecRecord, dump, parse_all, replicas_key, spec_key
 from ._config import BackendConfig, ReplicaConfig, check_backend_name
 from ._errors import ConfigError, ControllerClosedError, InfeasibleError, UnknownBackendError
@@ -245,18 +245,11 @@ class Controller:
         if orphans:
             logger.warning("killing %d replicas that no intent names", len(orphans))
         for tag in orphans:
-            self._nursery.start_soon(self._kill_orphan, tag)
+            self._nursery.start_soon(kill_replica, self._runtime, tag)
         if self._backends:
             logger.info(
                 "recovered %d backends; adopting %d replicas", len(self._backends), len(named)
             )
-
-    async def _kill_orphan(self, tag: str) -> None:
-        with trio.CancelScope(shield=True):
-            try:
-                await self._runtime.kill_replica(tag)
-            except Exception:
-                logger.exception("replica %s: kill of orphan failed", tag)
 
     # -- reading --
 

@@ -41,9 +41,8 @@ def _place(free: list[dict[str, float]], need: Mapping[str, float]) -> bool:
 
 def _take_anyway(free: list[dict[str, float]], need: Mapping[str, float]) -> None:
     for key, amount in need.items():
-        for node in sorted(free, key=lambda n: -n.get(key, 0.0)):
-            node[key] = node.get(key, 0.0) - amount
-            break
+        node = max(free, key=lambda n: n.get(key, 0.0))
+        node[key] = node.get(key, 0.0) - amount
 
 
 def total(nodes: Sequence[Mapping[str, float]]) -> dict[str, float]:
