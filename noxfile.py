@@ -12,7 +12,7 @@ nox.options.error_on_missing_interpreters = False
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the test suite (pass pytest options after ``--``)."""
-    session.install("-e", ".[test]")
+    session.install("-e", ".[test,ray]")
     session.run("pytest", *session.posargs)
 
 

@@ -243,7 +243,7 @@ class NullRuntime:
         task_status.started()
         await trio.sleep_forever()
 
-    def capacity(self) -> None:
+    async def capacity(self) -> None:
         return None
 
     async def list_replicas(self) -> list[str]:

@@ -120,7 +120,7 @@ class Controller:
             generation = backend.spec.generation + 1 if backend is not None else 1
             record = SpecRecord(name, generation, backend_config, replica_config)
             spec = Spec.from_record(record)
-            self._check_capacity(name, backend, spec)
+            await self._check_capacity(name, backend, spec)
             await self._store.write({spec_key(name): dump(record)})
             logger.info(
                 "backend %s: deploy generation %d: %d replicas of version %s",
@@ -167,10 +167,9 @@ class Controller:
         if self._closed:
             raise ControllerClosedError("the controller is closed; open a new one")
 
-    def _check_capacity(self, name: str, backend: Backend | None, spec: Spec) -> None:
-        nodes = self._runtime.capacity()
+    async def _check_capacity(self, name: str, backend: Backend | None, spec: Spec) -> None:
         config = spec.backend_config
-        if nodes is None or not config.resources:
+        if not config.resources:
             return
         held_now = len(backend.replicas) if backend is not None else 0
         # A rolling replacement holds up to max_surge replicas above num_replicas at its peak.
@@ -181,6 +180,9 @@ class Controller:
         already = backend.reserved() if backend is not None else 0
         if wanted <= already:
             return  # not a scale-up: never refuse what frees or keeps resources
+        nodes = await self._runtime.capacity()
+        if nodes is None:
+            return
         held = [
             (other.spec.backend_config.resources, other.reserved())
             for other in self._backends.values()
@@ -191,12 +193,15 @@ class Controller:
         extra = wanted - already
         fitting = count_fitting(nodes, held, config.resources, extra)
         if fitting < extra:
-            in_use = total([resources for resources, n in held for _ in range(n)])
+            # Only the resources asked for: a node's full inventory would bury the answer.
+            keys = sorted(config.resources)
+            in_use = _only(total([r for r, n in held for _ in range(n)]), keys)
             raise InfeasibleError(
                 f"backend {name!r}: cannot place {extra} more replicas needing "
-                f"{dict(config.resources)} each; only {fitting} fit. The runtime has "
-                f"{_describe_nodes(nodes)}; this controller's replicas already hold "
-                f"{in_use}. Lower num_replicas or resources, or add capacity."
+                f"{dict(config.resources)} each; only {fitting} fit. The runtime offers "
+                f"{_describe_nodes([_only(node, keys) for node in nodes])}; this controller's "
+                f"replicas already hold {in_use}. Lower num_replicas or resources, or add "
+                "capacity."
             )
 
     def _new_backend(self, name: str, spec: Spec) -> Backend:
@@ -309,6 +314,10 @@ class SnapshotStream:
         snapshot = (await self._hub.listen({self._name: self._known}, everything=False))[self._name]
         self._known = snapshot.snapshot_id
         return snapshot
+
+
+def _only(resources: Mapping[str, float], keys: Sequence[str]) -> dict[str, float]:
+    return {key: resources.get(key, 0.0) for key in keys}
 
 
 def _describe_nodes(nodes: Sequence[Mapping[str, float]]) -> str:

@@ -125,7 +125,7 @@ class LocalRuntime:
                 os.close(worker.pidfd)
             self._workers.clear()
 
-    def capacity(self) -> Sequence[Mapping[str, float]] | None:
+    async def capacity(self) -> Sequence[Mapping[str, float]] | None:
         return [self._capacity]
 
     async def list_replicas(self) -> Sequence[str]:

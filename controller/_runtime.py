@@ -56,8 +56,10 @@ class Runtime(Protocol):
         """
         ...
 
-    def capacity(self) -> Sequence[Mapping[str, float]] | None:
-        """What each node can hold in all (one mapping per node), or None for no limit."""
+    async def capacity(self) -> Sequence[Mapping[str, float]] | None:
+        """What each node can give this controller's replicas in all (one mapping per node), or
+        None for no limit: a node's total, less what others than this runtime's replicas hold
+        there. Asked before every scale-up, so a runtime shared with others answers afresh."""
         ...
 
     async def list_replicas(self) -> Sequence[str]:

@@ -34,17 +34,27 @@ class ReplicaContext:
     version: str
     """Its code version."""
     port: int
-    """A TCP port on 127.0.0.1 the runtime reserved for it, e.g. to serve HTTP on."""
+    """A TCP port the runtime reserved for it on `host`, e.g. to serve HTTP on."""
+    host: str = "127.0.0.1"
+    """The address to serve on, at which routers reach it: loopback for LocalRuntime; for
+    RayRuntime, loopback or the node's IP, as the runtime was told."""
 
 
 _context: ReplicaContext | None = None
 
 
 def context() -> ReplicaContext:
-    """The running replica's context; only inside a worker started by LocalRuntime."""
+    """The running replica's context; only inside a replica started by LocalRuntime or
+    RayRuntime."""
     if _context is None:
-        raise RuntimeError("controller.worker.context() is only available inside a replica worker")
+        raise RuntimeError("controller.worker.context() is only available inside a replica")
     return _context
+
+
+def set_context(value: ReplicaContext) -> None:
+    """For runtimes: what ``context()`` returns in this process from now on."""
+    global _context
+    _context = value
 
 
 def _describe(exc: BaseException) -> dict[str, str]:
@@ -132,8 +142,7 @@ class Worker:
 
 
 async def serve(spec: dict[str, Any]) -> None:
-    global _context
-    _context = ReplicaContext(spec["tag"], spec["backend"], spec["version"], spec["port"])
+    set_context(ReplicaContext(spec["tag"], spec["backend"], spec["version"], spec["port"]))
     worker = Worker(spec)
     # The runtime bound and listened on the socket before starting us and handed it over, so
     # it could connect from the first instant; it stays connectable exactly while we live.

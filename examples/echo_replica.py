@@ -50,7 +50,7 @@ class Echo:
             def log_message(self, format: str, *args: Any) -> None:
                 pass  # one line per request would drown the worker's log
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", context().port), Handler)
+        self.server = ThreadingHTTPServer((context().host, context().port), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 

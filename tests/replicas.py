@@ -56,3 +56,24 @@ def events(path: str) -> list[dict[str, Any]]:
             return [json.loads(line) for line in f]
     except FileNotFoundError:
         return []
+
+
+class BlockingRecorder:
+    """Like Recorder, but with no trio in its methods (Ray actors run user code on asyncio) and a
+    health check that a test fails from outside by creating ``<path>.sick.<pid>``."""
+
+    def __init__(self, path: str, drain_s: float = 0.0):
+        self.recorder = Recorder(path)
+        self.drain_s = drain_s
+
+    def reconfigure(self, user_config: Any) -> None:
+        self.recorder.note("reconfigure", config=user_config)
+
+    def check_health(self) -> None:
+        if os.path.exists(f"{self.recorder.path}.sick.{os.getpid()}"):
+            raise RuntimeError("made sick by the test")
+
+    def drain(self) -> None:
+        self.recorder.note("drain")
+        time.sleep(self.drain_s)
+        self.recorder.note("drained")

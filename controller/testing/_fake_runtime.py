@@ -170,7 +170,7 @@ class FakeRuntime:
         finally:
             self._listener = None
 
-    def capacity(self) -> Sequence[Mapping[str, float]] | None:
+    async def capacity(self) -> Sequence[Mapping[str, float]] | None:
         return self._nodes
 
     async def list_replicas(self) -> Sequence[str]:

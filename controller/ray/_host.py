@@ -1,0 +1,133 @@
+"""The Ray actor that hosts one replica of a user's class (RayRuntime's counterpart of the
+LocalRuntime worker process).
+
+It is an async actor, so that its monitor call, health checks and drains are answered while the
+user's code works: sync user methods run in a thread. Everything crossing the wire is JSON text:
+the spec in, one reply object out (``{"ok": true, ...}`` or ``{"ok": false, "error_type",
+"message"}``), so that user errors arrive as data, never as pickled exceptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import os
+import socket
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any, final
+
+import ray
+
+from .._worker import ReplicaContext, set_context
+
+
+def _describe(exc: BaseException) -> dict[str, Any]:
+    return {"ok": False, "error_type": type(exc).__name__, "message": str(exc)}
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args)
+    result = await asyncio.to_thread(fn, *args)
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+def _free_port(host: str) -> int:
+    # Bind-and-release, as LocalRuntime does: a port taken meanwhile shows as a failed start.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@final
+class ReplicaHost:
+    """Built by RayRuntime as a named, detached actor; not meant to be used directly."""
+
+    def __init__(self, spec_json: str) -> None:
+        self._spec: dict[str, Any] = json.loads(spec_json)
+        self._instance: Any = None
+        # Started by the first ready() call, shared by every later one: a controller that adopts
+        # this actor after a crash waits for the same build rather than starting another.
+        self._build: asyncio.Task[dict[str, Any]] | None = None
+        self._drain: asyncio.Task[dict[str, Any]] | None = None
+
+    async def ready(self) -> str:
+        """Build the replica once; the reply names where it serves."""
+        if self._build is None:
+            self._build = asyncio.ensure_future(self._do_build())
+        return json.dumps(await asyncio.shield(self._build))
+
+    async def _do_build(self) -> dict[str, Any]:
+        spec = self._spec
+        host = spec["host"] or ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        port = _free_port(host)
+        set_context(ReplicaContext(spec["tag"], spec["backend"], spec["version"], port, host))
+        try:
+            for entry in reversed(spec["pythonpath"]):
+                if entry not in sys.path:
+                    sys.path.insert(0, entry)
+            module_name, _, attr_path = spec["entrypoint"].partition(":")
+            obj: Any = importlib.import_module(module_name)
+            for part in attr_path.split("."):
+                obj = getattr(obj, part)
+            args, kwargs = spec["init_args"], spec["init_kwargs"]
+            self._instance = await asyncio.to_thread(lambda: obj(*args, **kwargs))
+            if spec["user_config"] is not None:
+                reconfigure = getattr(self._instance, "reconfigure", None)
+                if reconfigure is not None:
+                    await _call(reconfigure, spec["user_config"])
+        except Exception as exc:
+            traceback.print_exc()
+            return _describe(exc)
+        node_id = ray.get_runtime_context().get_node_id()
+        return {
+            "ok": True,
+            "address": f"{host}:{port}",
+            "node_id": node_id,
+            "pid": os.getpid(),
+            "resources": spec["resources"],
+        }
+
+    async def _user(self, name: str, *args: Any) -> str:
+        if self._build is None:
+            return json.dumps(_describe(RuntimeError("the replica was never started")))
+        built = await asyncio.shield(self._build)
+        if not built["ok"]:
+            return json.dumps(built)
+        method = getattr(self._instance, name, None)
+        if method is None:
+            return json.dumps({"ok": True})  # every method of the contract is optional
+        try:
+            await _call(method, *args)
+        except Exception as exc:
+            traceback.print_exc()
+            return json.dumps(_describe(exc))
+        return json.dumps({"ok": True})
+
+    async def reconfigure(self, user_config_json: str) -> str:
+        return await self._user("reconfigure", json.loads(user_config_json))
+
+    async def check_health(self) -> str:
+        return await self._user("check_health")
+
+    async def drain(self) -> str:
+        # Idempotent: a restarted controller finishing a stop waits for the drain in progress.
+        if self._drain is None:
+            self._drain = asyncio.ensure_future(self._drain_once())
+        return json.dumps(await asyncio.shield(self._drain))
+
+    async def _drain_once(self) -> dict[str, Any]:
+        reply: dict[str, Any] = json.loads(await self._user("drain"))
+        return reply
+
+    async def wait_until_dead(self) -> None:
+        """Never returns: the call fails with RayActorError when the actor dies, which is how
+        the runtime learns of the death without polling."""
+        await asyncio.Event().wait()

@@ -1,0 +1,270 @@
+"""RayRuntime: each replica is a named, detached Ray actor hosting the user's class."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, final
+
+import attrs
+import ray
+import ray.exceptions
+import ray.util
+import trio
+from ray._private import state as ray_state
+
+from .._errors import ConfigError, ReplicaError, ReplicaGoneError
+from .._json import JSON
+from .._runtime import DeathListener, ReplicaSpec
+from ._await import wait_ref
+from ._host import ReplicaHost
+
+logger = logging.getLogger("controller.ray")
+
+_Host = ray.remote(ReplicaHost)
+
+# BackendConfig.resources keys that Ray takes as keyword arguments; any other key is a custom
+# resource. Ray counts memory in bytes.
+_NAMED = {"CPU": "num_cpus", "GPU": "num_gpus", "memory": "memory"}
+# Resources Ray reports per node that replicas cannot ask for.
+_NOT_SCHEDULABLE = ("node:", "accelerator_type:", "object_store_memory")
+# How long to wait before watching again an actor Ray calls unavailable (its node is unreachable
+# for now, which may pass) rather than dead.
+_UNAVAILABLE_RETRY_S = 1.0
+
+
+@final
+@attrs.define(eq=False)
+class _Actor:
+    tag: str
+    handle: Any
+    resources: Mapping[str, float]
+    node_id: str | None = None
+    """Set once ready: where its resources are held."""
+    killing: bool = False
+    """Set when the stop is ours, so that the monitor does not report it as a death."""
+
+
+@final
+class RayRuntime:
+    """Replicas as named, detached actors of a Ray cluster, in `namespace`.
+
+    Connect to the cluster (``ray.init``) before the controller opens. The namespace belongs to
+    the runtime: a controller adopts the actors of it that its intent names and kills the rest, so
+    give each controller its own. ``BackendConfig.resources`` map to the actor's ``num_cpus``
+    (key ``CPU``, 0 if absent), ``num_gpus`` (``GPU``), ``memory`` (bytes) and custom resources
+    (any other key). `pythonpath` entries are put in front of ``sys.path`` in each actor, so that
+    entrypoints can be found. `replica_host` is where replicas serve
+    (``controller.worker.context().host``): loopback by default, or None for each node's IP, which
+    a cluster of several machines needs.
+    """
+
+    def __init__(
+        self,
+        *,
+        namespace: str = "controller",
+        pythonpath: Sequence[str | os.PathLike[str]] = (),
+        replica_host: str | None = "127.0.0.1",
+    ):
+        if not namespace:
+            raise ConfigError("namespace", "must be a non-empty string", namespace)
+        self.namespace = namespace
+        self._pythonpath = [str(Path(p).resolve()) for p in pythonpath]
+        self._replica_host = replica_host
+        self._actors: dict[str, _Actor] = {}
+        self._nursery: trio.Nursery | None = None
+        self._on_death: DeathListener | None = None
+
+    # -- the Runtime protocol --
+
+    async def serve(
+        self,
+        on_death: DeathListener,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        if not ray.is_initialized():
+            raise RuntimeError("RayRuntime needs a Ray connection: call ray.init() first")
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery, self._on_death = nursery, on_death
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            # The actors live on (detached); a controller opened later adopts them. Cancelling
+            # the monitors cancelled their calls in the actors too.
+            self._nursery, self._on_death = None, None
+            self._actors.clear()
+
+    async def capacity(self) -> Sequence[Mapping[str, float]] | None:
+        totals, available = await trio.to_thread.run_sync(_resources_per_node)
+        ours: dict[str, dict[str, float]] = {}
+        for actor in self._actors.values():
+            if actor.node_id is not None:
+                held = ours.setdefault(actor.node_id, {})
+                for key, amount in actor.resources.items():
+                    held[key] = held.get(key, 0.0) + amount
+        nodes = []
+        for node_id, total in sorted(totals.items()):
+            free = available.get(node_id, {})
+            mine = ours.get(node_id, {})
+            # What others hold is total - available - ours; what we may use is the rest.
+            nodes.append(
+                {
+                    key: min(amount, free.get(key, 0.0) + mine.get(key, 0.0))
+                    for key, amount in total.items()
+                    if not key.startswith(_NOT_SCHEDULABLE)
+                }
+            )
+        return nodes
+
+    async def list_replicas(self) -> Sequence[str]:
+        named = await trio.to_thread.run_sync(lambda: ray.util.list_named_actors(True))
+        return sorted(
+            entry["name"]
+            for entry in named
+            if isinstance(entry, dict) and entry["namespace"] == self.namespace
+        )
+
+    async def start_replica(self, spec: ReplicaSpec) -> str | None:
+        assert self._nursery is not None, "RayRuntime.serve is not running"
+        host_spec = {
+            "tag": spec.tag,
+            "backend": spec.backend,
+            "version": spec.version,
+            "entrypoint": spec.replica_config.entrypoint,
+            "init_args": list(spec.replica_config.init_args),
+            "init_kwargs": spec.replica_config.init_kwargs,
+            "user_config": spec.user_config,
+            "pythonpath": self._pythonpath,
+            "host": self._replica_host,
+            "resources": dict(spec.resources),
+        }
+        options: dict[str, Any] = {
+            "name": spec.tag,
+            "namespace": self.namespace,
+            "lifetime": "detached",
+            "get_if_exists": True,  # a retried start of the same tag must not make a second
+            "max_restarts": 0,  # a replica that dies is replaced by the controller, fresh
+            "num_cpus": 0,
+        }
+        custom = {}
+        for key, amount in spec.resources.items():
+            if key in _NAMED:
+                options[_NAMED[key]] = int(amount) if key == "memory" else amount
+            else:
+                custom[key] = amount
+        if custom:
+            options["resources"] = custom
+        payload = json.dumps(host_spec)
+        # Registering a named actor is a blocking round trip to the cluster's control store.
+        handle = await trio.to_thread.run_sync(lambda: _Host.options(**options).remote(payload))
+        actor = _Actor(spec.tag, handle, dict(spec.resources))
+        self._actors[spec.tag] = actor
+        return await self._await_ready(actor)
+
+    async def adopt_replica(self, tag: str) -> str | None:
+        assert self._nursery is not None, "RayRuntime.serve is not running"
+        try:
+            handle = await trio.to_thread.run_sync(
+                lambda: ray.get_actor(tag, namespace=self.namespace)
+            )
+        except ValueError:
+            raise ReplicaGoneError(tag, "no actor has this name") from None
+        actor = _Actor(tag, handle, {})  # its ready reply tells what it holds
+        self._actors[tag] = actor
+        return await self._await_ready(actor)
+
+    async def reconfigure_replica(self, tag: str, user_config: JSON) -> None:
+        await self._call(tag, "reconfigure", json.dumps(user_config))
+
+    async def check_health_replica(self, tag: str) -> None:
+        await self._call(tag, "check_health")
+
+    async def drain_replica(self, tag: str) -> None:
+        await self._call(tag, "drain")
+
+    async def kill_replica(self, tag: str) -> None:
+        actor = self._actors.get(tag)
+        if actor is None:
+            try:
+                handle = await trio.to_thread.run_sync(
+                    lambda: ray.get_actor(tag, namespace=self.namespace)
+                )
+            except ValueError:
+                return  # no such actor: already gone
+            actor = _Actor(tag, handle, {})
+            self._actors[tag] = actor
+        actor.killing = True
+        try:
+            ray.kill(actor.handle, no_restart=True)
+            # A call to a dead actor fails at once; one still dying fails when it is dead. Either
+            # way, its end means the actor and its resources are gone.
+            with contextlib.suppress(ray.exceptions.RayActorError):
+                await wait_ref(actor.handle.wait_until_dead.remote(), cancel_remote=True)
+        finally:
+            if self._actors.get(tag) is actor:
+                del self._actors[tag]
+
+    # -- internals --
+
+    async def _await_ready(self, actor: _Actor) -> str | None:
+        reply = await self._request(actor, "ready")
+        actor.node_id = reply.get("node_id")
+        actor.resources = reply.get("resources") or {}
+        assert self._nursery is not None
+        self._nursery.start_soon(self._monitor, actor)
+        address = reply.get("address")
+        return address if isinstance(address, str) else None
+
+    async def _call(self, tag: str, method: str, *args: str) -> None:
+        actor = self._actors.get(tag)
+        if actor is None:
+            raise ReplicaGoneError(tag, "this runtime has no actor with this tag")
+        await self._request(actor, method, *args)
+
+    async def _request(self, actor: _Actor, method: str, *args: str) -> dict[str, Any]:
+        try:
+            text = await wait_ref(getattr(actor.handle, method).remote(*args))
+        except ray.exceptions.RayActorError as exc:
+            raise ReplicaError(actor.tag, "ActorDied", _first_line(exc)) from None
+        except ray.exceptions.RayError as exc:
+            raise ReplicaError(actor.tag, type(exc).__name__, _first_line(exc)) from None
+        reply: dict[str, Any] = json.loads(text)
+        if not reply.get("ok"):
+            raise ReplicaError(actor.tag, str(reply.get("error_type")), str(reply.get("message")))
+        return reply
+
+    async def _monitor(self, actor: _Actor) -> None:
+        while True:
+            try:
+                await wait_ref(actor.handle.wait_until_dead.remote(), cancel_remote=True)
+            except ray.exceptions.ActorUnavailableError:
+                await trio.sleep(_UNAVAILABLE_RETRY_S)
+                continue
+            except ray.exceptions.RayActorError as exc:
+                reason = _first_line(exc)
+            else:
+                reason = "its monitor call returned"  # cannot happen: it waits forever
+            break
+        if actor.killing or self._actors.get(actor.tag) is not actor:
+            return
+        del self._actors[actor.tag]
+        if self._on_death is not None:
+            self._on_death(actor.tag, f"actor died: {reason}")
+
+
+def _resources_per_node() -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    # Developer APIs of Ray: per-node totals and what is free now (exhausted keys are left out).
+    totals = ray_state.total_resources_per_node()  # type: ignore[no-untyped-call]
+    available = ray_state.available_resources_per_node()  # type: ignore[no-untyped-call]
+    return totals, available
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,310 @@
+"""RayRuntime and RayKVStore against a real local Ray cluster of two nodes, started here.
+
+Real clock (Ray's calls are real I/O), every wait bounded by fail_after.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+import controller
+from controller import GoalOutcome
+
+from .replicas import events
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from controller.ray import RayKVStore, RayRuntime  # noqa: E402
+
+HERE = Path(__file__).parent
+LIMIT_S = 60  # generous: a Ray worker process takes a while to start on a busy machine
+FAST_RESTARTS = controller.RestartPolicy(initial_delay_s=0.1, max_delay_s=0.2, jitter=0)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    """Two nodes on this machine, 2 CPUs and one "slot" each, so that placement is per node."""
+    tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths
+    saved = {key: os.environ.get(key) for key in ("RAY_TMPDIR", "RAY_AUTH_MODE")}
+    os.environ["RAY_TMPDIR"] = tmp
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # no token file in the user's home
+    head = {"num_cpus": 2, "resources": {"slot": 1}, "include_dashboard": False}
+    ray_cluster = Cluster(initialize_head=True, head_node_args=head)
+    try:
+        ray_cluster.add_node(num_cpus=2, resources={"slot": 1})
+        ray_cluster.wait_for_nodes()
+        ray.init(address=ray_cluster.address, logging_level=logging.WARNING)
+        yield ray_cluster
+    finally:
+        ray.shutdown()
+        ray_cluster.shutdown()  # type: ignore[no-untyped-call]
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+_namespaces = iter(range(10**6))
+
+
+class Harness:
+    def __init__(self, record: Path):
+        self.namespace = f"test{os.getpid()}-{next(_namespaces)}"
+        self.record = str(record)
+        self.runtime = RayRuntime(namespace=self.namespace, pythonpath=[HERE])
+        self.store = RayKVStore(self.namespace)
+
+    def recorder(self, **kwargs: object) -> controller.ReplicaConfig:
+        return controller.ReplicaConfig(
+            "replicas:BlockingRecorder", init_kwargs={"path": self.record, **kwargs}
+        )
+
+
+@pytest.fixture
+async def harness(cluster: Cluster, tmp_path: Path) -> AsyncIterator[Harness]:
+    h = Harness(tmp_path / "events.jsonl")
+    yield h
+    leftover = await h.runtime.list_replicas()
+    for tag in leftover:
+        ray.kill(ray.get_actor(tag, namespace=h.namespace), no_restart=True)
+    assert leftover == [], "a test left actors behind"
+
+
+def cfg(**kwargs: object) -> controller.BackendConfig:
+    kwargs.setdefault("version", "v1")
+    return controller.BackendConfig(**kwargs)  # type: ignore[arg-type]
+
+
+async def serving_other_than(
+    ctl: controller.Controller, name: str, count: int, old: set[str]
+) -> controller.BackendSnapshot:
+    """The first snapshot of `name` with `count` replicas, none of them in `old`."""
+    snapshot = ctl.snapshot(name)
+    while len(snapshot.replicas) != count or {r.tag for r in snapshot.replicas} & old:
+        snapshot = (await ctl.listen_for_change({name: snapshot.snapshot_id}))[name]
+    return snapshot
+
+
+def pids(record: str, what: str = "init") -> list[int]:
+    return [e["pid"] for e in events(record) if e["what"] == what]
+
+
+async def test_start_ready_reconfigure_and_delete(harness: Harness) -> None:
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
+            goal = await ctl.deploy(
+                "a", cfg(num_replicas=2, user_config={"n": 1}), harness.recorder()
+            )
+            assert await goal.wait() is GoalOutcome.COMPLETED
+            replicas = ctl.status("a").replicas
+            assert sorted(await harness.runtime.list_replicas()) == sorted(r.tag for r in replicas)
+            assert all(r.address and r.address.startswith("127.0.0.1:") for r in replicas)
+            started = pids(harness.record)
+            assert len(set(started)) == 2  # two actors, two processes
+            recorded = [e["config"] for e in events(harness.record) if e["what"] == "reconfigure"]
+            assert recorded == [{"n": 1}] * 2  # applied before the replicas counted as ready
+
+            goal = await ctl.deploy(
+                "a", cfg(num_replicas=2, user_config={"n": 2}), harness.recorder()
+            )
+            assert await goal.wait() is GoalOutcome.COMPLETED
+            assert {r.tag for r in ctl.status("a").replicas} == {r.tag for r in replicas}
+            reconfigured = [e for e in events(harness.record) if e["what"] == "reconfigure"][2:]
+            assert sorted(e["pid"] for e in reconfigured) == sorted(started)  # in place
+            assert [e["config"] for e in reconfigured] == [{"n": 2}] * 2
+
+            await (await ctl.delete("a")).wait()
+            assert await harness.runtime.list_replicas() == []
+            assert sorted(pids(harness.record, "drained")) == sorted(pids(harness.record, "drain"))
+
+
+async def test_a_failing_health_check_replaces_the_replica(harness: Harness) -> None:
+    config = cfg(health_check_period_s=0.2, health_check_failure_threshold=2)
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
+            await (await ctl.deploy("a", config, harness.recorder())).wait()
+            [old] = ctl.status("a").replicas
+            [pid] = pids(harness.record)
+            await trio.Path(f"{harness.record}.sick.{pid}").touch()
+            snapshot = await serving_other_than(ctl, "a", 1, {old.tag})
+            assert pids(harness.record)[1:] != [pid]  # a new actor process
+            assert await harness.runtime.list_replicas() == [snapshot.replicas[0].tag]
+            await (await ctl.delete("a")).wait()
+
+
+async def test_an_actor_killed_from_outside_is_replaced(harness: Harness) -> None:
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
+            await (await ctl.deploy("a", cfg(num_replicas=2), harness.recorder())).wait()
+            victim = ctl.status("a").replicas[0].tag
+            ray.kill(ray.get_actor(victim, namespace=harness.namespace), no_restart=True)
+            snapshot = await serving_other_than(ctl, "a", 2, {victim})
+            assert sorted(await harness.runtime.list_replicas()) == sorted(
+                r.tag for r in snapshot.replicas
+            )
+            assert len(pids(harness.record)) == 3
+            assert "actor died" in ctl.status("a").events[-1].message or any(
+                "actor died" in e.message for e in ctl.status("a").events
+            )
+            await (await ctl.delete("a")).wait()
+
+
+async def test_drain_honoured(harness: Harness) -> None:
+    config = cfg(graceful_shutdown_timeout_s=10)
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
+            await (await ctl.deploy("a", config, harness.recorder(drain_s=0.5))).wait()
+            await (await ctl.delete("a")).wait()
+            whats = [e["what"] for e in events(harness.record)]
+            assert whats[-2:] == ["drain", "drained"]
+            assert await harness.runtime.list_replicas() == []
+
+
+async def test_drain_ignored_is_killed_at_the_deadline(harness: Harness) -> None:
+    config = cfg(graceful_shutdown_timeout_s=1)
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
+            await (await ctl.deploy("a", config, harness.recorder(drain_s=600))).wait()
+            started = time.monotonic()
+            await (await ctl.delete("a")).wait()
+            took = time.monotonic() - started
+            assert 1.0 <= took < 3.0
+            whats = [e["what"] for e in events(harness.record)]
+            assert "drain" in whats
+            assert "drained" not in whats
+            assert await harness.runtime.list_replicas() == []
+
+
+async def test_an_infeasible_deploy_fails_fast_and_leaves_nothing(harness: Harness) -> None:
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
+            # Two nodes with one slot each: two slots in all, but not on one node.
+            with pytest.raises(controller.InfeasibleError) as caught:
+                await ctl.deploy("a", cfg(resources={"slot": 2}), harness.recorder())
+            message = str(caught.value)
+            assert "needing {'slot': 2.0} each" in message
+            assert "2 nodes ({'slot': 1.0}, {'slot': 1.0}" in message  # what each node has
+            with pytest.raises(controller.InfeasibleError):
+                await ctl.deploy(
+                    "b", cfg(num_replicas=3, resources={"slot": 1}), harness.recorder()
+                )
+            assert ctl.status().backends == ()
+            assert await harness.runtime.list_replicas() == []
+            assert await harness.store.read_all() == {}
+            # One per node fits, and then a third does not.
+            await (
+                await ctl.deploy(
+                    "c", cfg(num_replicas=2, resources={"slot": 1}), harness.recorder()
+                )
+            ).wait()
+            with pytest.raises(controller.InfeasibleError):
+                await ctl.deploy("d", cfg(resources={"slot": 1}), harness.recorder())
+            await (await ctl.delete("c")).wait()
+
+
+async def test_a_replica_pending_past_its_start_timeout_is_killed_and_reported(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime = harness.runtime
+
+    async def unbounded() -> None:
+        """Claims unlimited capacity, so that Ray is asked for what it cannot place."""
+        await trio.lowlevel.checkpoint()
+
+    monkeypatch.setattr(runtime, "capacity", unbounded)
+    config = cfg(resources={"slot": 2}, start_timeout_s=0.5)
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(
+            runtime=runtime, store=harness.store, restart_policy=FAST_RESTARTS
+        ) as ctl:
+            goal = await ctl.deploy("a", config, harness.recorder())
+            with pytest.raises(controller.GoalFailed, match="ReplicaStartTimeout"):
+                await goal.wait()
+            assert ctl.status("a").state is controller.BackendState.DEPLOY_FAILED
+            assert await runtime.list_replicas() == []  # nothing left pending in Ray
+            await (await ctl.delete("a")).wait()
+
+
+async def test_a_second_driver_adopts_the_first_ones_replicas(
+    harness: Harness, cluster: Cluster
+) -> None:
+    with trio.fail_after(LIMIT_S):
+        result = await trio.run_process(
+            [
+                sys.executable,
+                str(HERE / "ray_driver.py"),
+                cluster.address,
+                harness.namespace,
+                harness.record,
+            ],
+            capture_stdout=True,
+            capture_stderr=True,
+        )
+        made = json.loads(result.stdout.decode().strip().splitlines()[-1])
+        assert sorted(await harness.runtime.list_replicas()) == sorted([*made["tags"], "stray#0"])
+        started = pids(harness.record)
+        async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
+            snapshot = ctl.snapshot("a")
+            while len(snapshot.replicas) != 2:
+                snapshot = (await ctl.listen_for_change({"a": snapshot.snapshot_id}))["a"]
+            assert sorted(r.tag for r in snapshot.replicas) == made["tags"]
+            assert pids(harness.record) == started  # none restarted
+            assert sorted(await harness.runtime.list_replicas()) == made["tags"]  # stray killed
+            await (await ctl.delete("a")).wait()
+
+
+async def test_kv_store_round_trip_and_a_journal_left_by_a_crash(harness: Harness) -> None:
+    from ray.experimental import internal_kv
+
+    store = harness.store
+    assert await store.read_all() == {}
+    await store.write({"a": "1", "b": "2"})
+    await store.write({"a": None, "c": "é"})
+    assert await store.read_all() == {"b": "2", "c": "é"}
+    assert await RayKVStore(harness.namespace + "-other").read_all() == {}
+    # A crash after the journal was put but before the batch was applied: the reader finishes it.
+    internal_kv._internal_kv_put(
+        b"journal", json.dumps({"b": None, "d": "4"}), namespace=harness.namespace
+    )
+    assert await RayKVStore(harness.namespace).read_all() == {"c": "é", "d": "4"}
+    assert await store.read_all() == {"c": "é", "d": "4"}
+
+
+async def test_waiting_on_a_ref_takes_no_thread_and_is_cancellable(cluster: Cluster) -> None:
+    import asyncio
+    import threading
+
+    from controller.ray._await import wait_ref
+
+    @ray.remote(num_cpus=0)
+    class Waiter:
+        async def forever(self) -> None:
+            await asyncio.Event().wait()
+
+    assert await wait_ref(ray.put(5)) == 5
+    threads = threading.active_count()
+    with trio.fail_after(LIMIT_S):
+        waiter = Waiter.remote()  # type: ignore[attr-defined]
+        ref = waiter.forever.remote()
+        with trio.move_on_after(0.5) as waited:
+            await wait_ref(ref, cancel_remote=True)
+        assert waited.cancelled_caught
+        assert threading.active_count() == threads
+        # The remote call was cancelled too, not left waiting in the actor.
+        with pytest.raises(ray.exceptions.TaskCancelledError):
+            await wait_ref(ref)
+        ray.kill(waiter)
