@@ -34,9 +34,13 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """The benchmark: a table on stdout, JSON in bench/results.json (options after ``--``)."""
-    session.install("-e", ".")
+    """The benchmarks: the controller's own costs (bench/bench.py; options after ``--``), then
+    the race on Ray against Ray Serve and raw Ray (bench/ray_race.py). Tables on stdout, JSON in
+    bench/results.json and bench/ray_results.json."""
+    # Ray Serve is the race's opponent, installed here only: the package never depends on it.
+    session.install("-e", ".[ray]", "ray[serve]>=2.60")
     session.run("python", "bench/bench.py", *session.posargs)
+    session.run("python", "bench/ray_race.py", env={"RAY_AUTH_MODE": "disabled"})
 
 
 @nox.session

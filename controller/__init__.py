@@ -5,40 +5,101 @@ version running on a runtime, tells watchers which replicas serve, and writes it
 store before it acts, so that it survives its own crash.
 """
 
-from ._checkpoint import SCHEMA_VERSION as SCHEMA_VERSION
-from ._config import BackendConfig as BackendConfig
-from ._config import ReplicaConfig as ReplicaConfig
-from ._controller import Controller as Controller
-from ._controller import open_controller as open_controller
-from ._errors import CheckpointError as CheckpointError
-from ._errors import ConfigError as ConfigError
-from ._errors import ControllerClosedError as ControllerClosedError
-from ._errors import ControllerError as ControllerError
-from ._errors import GoalFailed as GoalFailed
-from ._errors import InfeasibleError as InfeasibleError
-from ._errors import ReplicaError as ReplicaError
-from ._errors import ReplicaGoneError as ReplicaGoneError
-from ._errors import StoreError as StoreError
-from ._errors import UnknownBackendError as UnknownBackendError
-from ._goal import Goal as Goal
-from ._json import JSON as JSON
-from ._local_runtime import LocalRuntime as LocalRuntime
-from ._memory_store import MemoryStore as MemoryStore
-from ._policy import RestartPolicy as RestartPolicy
-from ._runtime import DeathListener as DeathListener
-from ._runtime import ReplicaSpec as ReplicaSpec
-from ._runtime import Runtime as Runtime
-from ._sqlite_store import SQLiteStore as SQLiteStore
-from ._state import BackendEvent as BackendEvent
-from ._state import BackendReason as BackendReason
-from ._state import BackendSnapshot as BackendSnapshot
-from ._state import BackendState as BackendState
-from ._state import BackendStatus as BackendStatus
-from ._state import ControllerStatus as ControllerStatus
-from ._state import GoalOutcome as GoalOutcome
-from ._state import ReplicaState as ReplicaState
-from ._state import ReplicaStatus as ReplicaStatus
-from ._state import ServingReplica as ServingReplica
-from ._store import Store as Store
+# The names below are imported on first use, not with the package: replica processes (LocalRuntime
+# workers, Ray actors) import a corner of it, and a CLI should start fast. Type checkers and
+# readers see them all here.
+from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._checkpoint import SCHEMA_VERSION as SCHEMA_VERSION
+    from ._config import BackendConfig as BackendConfig
+    from ._config import ReplicaConfig as ReplicaConfig
+    from ._controller import Controller as Controller
+    from ._controller import open_controller as open_controller
+    from ._errors import CheckpointError as CheckpointError
+    from ._errors import ConfigError as ConfigError
+    from ._errors import ControllerClosedError as ControllerClosedError
+    from ._errors import ControllerError as ControllerError
+    from ._errors import GoalFailed as GoalFailed
+    from ._errors import InfeasibleError as InfeasibleError
+    from ._errors import ReplicaError as ReplicaError
+    from ._errors import ReplicaGoneError as ReplicaGoneError
+    from ._errors import StoreError as StoreError
+    from ._errors import UnknownBackendError as UnknownBackendError
+    from ._goal import Goal as Goal
+    from ._json import JSON as JSON
+    from ._local_runtime import LocalRuntime as LocalRuntime
+    from ._memory_store import MemoryStore as MemoryStore
+    from ._policy import RestartPolicy as RestartPolicy
+    from ._runtime import DeathListener as DeathListener
+    from ._runtime import ReplicaSpec as ReplicaSpec
+    from ._runtime import Runtime as Runtime
+    from ._sqlite_store import SQLiteStore as SQLiteStore
+    from ._state import BackendEvent as BackendEvent
+    from ._state import BackendReason as BackendReason
+    from ._state import BackendSnapshot as BackendSnapshot
+    from ._state import BackendState as BackendState
+    from ._state import BackendStatus as BackendStatus
+    from ._state import ControllerStatus as ControllerStatus
+    from ._state import GoalOutcome as GoalOutcome
+    from ._state import ReplicaState as ReplicaState
+    from ._state import ReplicaStatus as ReplicaStatus
+    from ._state import ServingReplica as ServingReplica
+    from ._store import Store as Store
+
+_HOME: dict[str, str] = {
+    "SCHEMA_VERSION": "._checkpoint",
+    "BackendConfig": "._config",
+    "ReplicaConfig": "._config",
+    "Controller": "._controller",
+    "open_controller": "._controller",
+    "CheckpointError": "._errors",
+    "ConfigError": "._errors",
+    "ControllerClosedError": "._errors",
+    "ControllerError": "._errors",
+    "GoalFailed": "._errors",
+    "InfeasibleError": "._errors",
+    "ReplicaError": "._errors",
+    "ReplicaGoneError": "._errors",
+    "StoreError": "._errors",
+    "UnknownBackendError": "._errors",
+    "Goal": "._goal",
+    "JSON": "._json",
+    "LocalRuntime": "._local_runtime",
+    "MemoryStore": "._memory_store",
+    "RestartPolicy": "._policy",
+    "DeathListener": "._runtime",
+    "ReplicaSpec": "._runtime",
+    "Runtime": "._runtime",
+    "SQLiteStore": "._sqlite_store",
+    "BackendEvent": "._state",
+    "BackendReason": "._state",
+    "BackendSnapshot": "._state",
+    "BackendState": "._state",
+    "BackendStatus": "._state",
+    "ControllerStatus": "._state",
+    "GoalOutcome": "._state",
+    "ReplicaState": "._state",
+    "ReplicaStatus": "._state",
+    "ServingReplica": "._state",
+    "Store": "._store",
+}
+
+__all__ = sorted(_HOME)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'controller' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home, __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOME})

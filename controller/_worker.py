@@ -17,44 +17,10 @@ import traceback
 from collections.abc import Callable
 from typing import Any, final
 
-import attrs
 import trio
 
+from ._context import ReplicaContext, set_context
 from ._wire import LineStream, WireError
-
-
-@attrs.frozen
-class ReplicaContext:
-    """What a replica may want to know about where it runs (``controller.worker.context()``)."""
-
-    tag: str
-    """The replica's stable name."""
-    backend: str
-    """Its backend."""
-    version: str
-    """Its code version."""
-    port: int
-    """A TCP port the runtime reserved for it on `host`, e.g. to serve HTTP on."""
-    host: str = "127.0.0.1"
-    """The address to serve on, at which routers reach it: loopback for LocalRuntime; for
-    RayRuntime, loopback or the node's IP, as the runtime was told."""
-
-
-_context: ReplicaContext | None = None
-
-
-def context() -> ReplicaContext:
-    """The running replica's context; only inside a replica started by LocalRuntime or
-    RayRuntime."""
-    if _context is None:
-        raise RuntimeError("controller.worker.context() is only available inside a replica")
-    return _context
-
-
-def set_context(value: ReplicaContext) -> None:
-    """For runtimes: what ``context()`` returns in this process from now on."""
-    global _context
-    _context = value
 
 
 def _describe(exc: BaseException) -> dict[str, str]:

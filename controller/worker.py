@@ -2,12 +2,13 @@
 
 ``python -m controller.worker SPEC_FILE`` is how LocalRuntime starts a worker; users do not run it
 by hand. Inside a replica, ``controller.worker.context()`` gives its tag, backend, version and the
-port the runtime reserved for it.
+host and port the runtime reserved for it.
 """
 
-from ._worker import ReplicaContext as ReplicaContext
-from ._worker import context as context
-from ._worker import main as _main
+from ._context import ReplicaContext as ReplicaContext
+from ._context import context as context
 
 if __name__ == "__main__":
-    _main()
+    from ._worker import main
+
+    main()

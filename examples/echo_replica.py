@@ -7,6 +7,7 @@ no request has been in flight for a moment (routers stop sending first), then cl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -40,7 +41,8 @@ class Echo:
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(body)))
                     self.end_headers()
-                    self.wfile.write(body)
+                    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                        self.wfile.write(body)  # fails only if the client gave up waiting
                 finally:
                     with replica.lock:
                         replica.in_flight -= 1

@@ -102,26 +102,31 @@ async def main(state_dir: Path, clients: int) -> None:
     runtime = controller.LocalRuntime(state_dir / "workers", pythonpath=[HERE])
     with controller.SQLiteStore(state_dir / "controller.db") as store:
         async with controller.open_controller(runtime=runtime, store=store) as ctl:
-            try:
-                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                    async with trio.open_nursery() as nursery:
+            await demo_then_clean_up(ctl, clients)
 
-                        async def stop_on_signal() -> None:
-                            async for _ in signals:
-                                log.info("---- interrupted: cleaning up")
-                                nursery.cancel_scope.cancel()
 
-                        nursery.start_soon(stop_on_signal)
-                        await demo(ctl, clients)
+async def demo_then_clean_up(ctl: controller.Controller, clients: int) -> None:
+    """The demo, stopped early by SIGINT or SIGTERM; then whatever it deployed is removed."""
+    try:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+
+                async def stop_on_signal() -> None:
+                    async for _ in signals:
+                        log.info("---- interrupted: cleaning up")
                         nursery.cancel_scope.cancel()
-            finally:
-                # However the demo ended (done, interrupted, failed): drain and remove what it
-                # deployed, so that no worker outlives the quickstart. Shielded, and bounded.
-                with trio.move_on_after(30, shield=True) as cleanup:
-                    for name in [b.name for b in ctl.status().backends]:
-                        await delete(ctl, name)
-                if cleanup.cancelled_caught:
-                    log.error("cleanup timed out; workers may remain (see %s)", state_dir)
+
+                nursery.start_soon(stop_on_signal)
+                await demo(ctl, clients)
+                nursery.cancel_scope.cancel()
+    finally:
+        # However the demo ended (done, interrupted, failed): drain and remove what it deployed,
+        # so that no replica outlives the quickstart. Shielded, and bounded.
+        with trio.move_on_after(30, shield=True) as cleanup:
+            for name in [b.name for b in ctl.status().backends]:
+                await delete(ctl, name)
+        if cleanup.cancelled_caught:
+            log.error("cleanup timed out; replicas may remain")
 
 
 async def delete(ctl: controller.Controller, name: str) -> None:

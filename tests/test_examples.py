@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
+import pytest
 import trio
 
 from .test_local_runtime import worker_pids
@@ -50,3 +52,28 @@ async def test_quickstart_serves_every_request_through_every_change() -> None:
         assert worker_pids(state) == {}
     finally:
         shutil.rmtree(state, ignore_errors=True)
+
+
+async def test_ray_quickstart_serves_every_request_through_every_change() -> None:
+    pytest.importorskip("ray")
+    with trio.fail_after(180):
+        result = await trio.run_process(
+            [sys.executable, str(EXAMPLES / "ray_quickstart.py"), "--clients", "2"],
+            capture_stdout=True,
+            capture_stderr=True,
+            env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+        )
+    out = result.stderr.decode()
+    for line in [
+        "goal   completed: 2/2 replicas of version v1 running",
+        "goal   completed: 4/4 replicas of version v1 running",
+        "a replica now says 'hey'",
+        "goal   completed: 4/4 replicas of version v2 running",
+        "goal   completed: 1/1 replicas of version v2 running",
+        "traffic stopped: 0 requests failed in all",
+        "goal   completed: echo deleted",
+    ]:
+        assert line in out, line
+    served = [int(n) for n in re.findall(r"requests: (\d+) ok, 0 failed", out)]
+    assert len(served) >= 5
+    assert all(n > 0 for n in served)

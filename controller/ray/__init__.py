@@ -7,7 +7,30 @@ Connect first (``ray.init(...)``), then::
         ...
 """
 
-from ._kv_store import RayKVStore as RayKVStore
-from ._runtime import RayRuntime as RayRuntime
+# Imported on first use: each replica's actor process imports this package to reach its host
+# class, and needs none of the controller side.
+from __future__ import annotations
 
-__all__ = ["RayKVStore", "RayRuntime"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._kv_store import RayKVStore as RayKVStore
+    from ._runtime import RayRuntime as RayRuntime
+
+_HOME = {"RayKVStore": "._kv_store", "RayRuntime": "._runtime"}
+
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'controller.ray' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOME})

@@ -22,7 +22,9 @@ from typing import Any, final
 
 import ray
 
-from .._worker import ReplicaContext, set_context
+from .._context import ReplicaContext, set_context
+
+_CONTRACT = ("reconfigure", "check_health", "drain")
 
 
 def _describe(exc: BaseException) -> dict[str, Any]:
@@ -93,6 +95,7 @@ class ReplicaHost:
             "node_id": node_id,
             "pid": os.getpid(),
             "resources": spec["resources"],
+            "methods": [m for m in _CONTRACT if callable(getattr(self._instance, m, None))],
         }
 
     async def _user(self, name: str, *args: Any) -> str:

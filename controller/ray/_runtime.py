@@ -45,6 +45,8 @@ class _Actor:
     resources: Mapping[str, float]
     node_id: str | None = None
     """Set once ready: where its resources are held."""
+    methods: frozenset[str] | None = None
+    """Set once ready: which optional methods of the replica contract its class has."""
     killing: bool = False
     """Set when the stop is ours, so that the monitor does not report it as a death."""
 
@@ -169,36 +171,24 @@ class RayRuntime:
 
     async def adopt_replica(self, tag: str) -> str | None:
         assert self._nursery is not None, "RayRuntime.serve is not running"
-        try:
-            handle = await trio.to_thread.run_sync(
-                lambda: ray.get_actor(tag, namespace=self.namespace)
-            )
-        except ValueError:
-            raise ReplicaGoneError(tag, "no actor has this name") from None
-        actor = _Actor(tag, handle, {})  # its ready reply tells what it holds
-        self._actors[tag] = actor
+        actor = await self._find(tag)  # its ready reply tells what it holds
         return await self._await_ready(actor)
 
     async def reconfigure_replica(self, tag: str, user_config: JSON) -> None:
-        await self._call(tag, "reconfigure", json.dumps(user_config))
+        await self._call(tag, "reconfigure", json.dumps(user_config), optional=True)
 
     async def check_health_replica(self, tag: str) -> None:
+        # Asked even of a class without check_health: the answer shows the actor is responsive.
         await self._call(tag, "check_health")
 
     async def drain_replica(self, tag: str) -> None:
-        await self._call(tag, "drain")
+        await self._call(tag, "drain", optional=True)
 
     async def kill_replica(self, tag: str) -> None:
-        actor = self._actors.get(tag)
-        if actor is None:
-            try:
-                handle = await trio.to_thread.run_sync(
-                    lambda: ray.get_actor(tag, namespace=self.namespace)
-                )
-            except ValueError:
-                return  # no such actor: already gone
-            actor = _Actor(tag, handle, {})
-            self._actors[tag] = actor
+        try:
+            actor = await self._find(tag)
+        except ReplicaGoneError:
+            return  # no such actor: already gone
         actor.killing = True
         try:
             ray.kill(actor.handle, no_restart=True)
@@ -216,15 +206,32 @@ class RayRuntime:
         reply = await self._request(actor, "ready")
         actor.node_id = reply.get("node_id")
         actor.resources = reply.get("resources") or {}
+        actor.methods = frozenset(reply.get("methods", ()))
         assert self._nursery is not None
         self._nursery.start_soon(self._monitor, actor)
         address = reply.get("address")
         return address if isinstance(address, str) else None
 
-    async def _call(self, tag: str, method: str, *args: str) -> None:
+    async def _find(self, tag: str) -> _Actor:
+        """The actor of `tag`: known here, or looked up by name (one this process neither
+        started nor adopted, e.g. a stop that a restarted controller finishes)."""
         actor = self._actors.get(tag)
-        if actor is None:
-            raise ReplicaGoneError(tag, "this runtime has no actor with this tag")
+        if actor is not None:
+            return actor
+        try:
+            handle = await trio.to_thread.run_sync(
+                lambda: ray.get_actor(tag, namespace=self.namespace)
+            )
+        except ValueError:
+            raise ReplicaGoneError(tag, "no actor has this name") from None
+        return self._actors.setdefault(tag, _Actor(tag, handle, {}))
+
+    async def _call(self, tag: str, method: str, *args: str, optional: bool = False) -> None:
+        actor = await self._find(tag)
+        if optional and actor.methods is not None and method not in actor.methods:
+            # A round trip to learn that there is nothing to do would only delay the stop.
+            await trio.lowlevel.checkpoint()
+            return
         await self._request(actor, method, *args)
 
     async def _request(self, actor: _Actor, method: str, *args: str) -> dict[str, Any]:
