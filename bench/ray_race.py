@@ -12,7 +12,11 @@ to its converged state:
 - raw Ray: named detached actors of the same class created (done when each answers a call) or
   killed (done when each is dead), directly with Ray's API.
 
-Rounds alternate the order of the contenders; the table gives the median per step.
+- Ray Serve, declarative: the same, through a config (``import_path`` plus ``num_replicas``, what
+  ``serve deploy`` sends). ``serve.run`` gives every call a new code version, so each of its
+  steps replaces every replica; a config that changes only ``num_replicas`` keeps them.
+
+Rounds alternate the order of the first three; the table gives the median per step.
 Ray Serve is a benchmark-only dependency: ``nox -s bench`` installs it.
 
     python bench/ray_race.py [--rounds N] [--out FILE]
@@ -130,6 +134,44 @@ async def race_serve(rounds_out: list[list[float]]) -> None:
     await trio.to_thread.run_sync(lambda: serve.delete("race"))
 
 
+async def race_serve_config(rounds_out: list[list[float]]) -> None:
+    """Serve's declarative path (what ``serve deploy`` sends): a config with ``num_replicas``.
+    Changing only that is a "lightweight" update: Serve keeps the replicas it has."""
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeDeploySchema
+
+    client = _get_global_client()
+    assert client is not None, "serve.start() first"
+
+    async def step(n: int) -> None:
+        config = ServeDeploySchema.model_validate(
+            {
+                "applications": [
+                    {
+                        "name": "race",
+                        "route_prefix": "/",
+                        "import_path": "serve_app:app",
+                        "runtime_env": {"env_vars": {"PYTHONPATH": str(HERE)}},
+                        "deployments": [
+                            {
+                                "name": "Noop",
+                                "num_replicas": n,
+                                "ray_actor_options": {"num_cpus": CPU_PER_REPLICA},
+                            }
+                        ],
+                    }
+                ]
+            }
+        )
+        await trio.to_thread.run_sync(client.deploy_apps, config)
+        # Serve offers no event for this: poll, as `serve status` users do.
+        while not await trio.to_thread.run_sync(serve_settled, n):  # noqa: ASYNC110
+            await trio.sleep(0.01)
+
+    rounds_out.append(await timed(step))
+    await trio.to_thread.run_sync(lambda: client.delete_apps(["race"]))
+
+
 def serve_settled(n: int) -> bool:
     from ray import serve
 
@@ -156,7 +198,12 @@ async def timed(step: Step) -> list[float]:
 async def race(rounds: int) -> dict[str, list[list[float]]]:
     from ray import serve
 
-    results: dict[str, list[list[float]]] = {"controller": [], "serve": [], "raw": []}
+    results: dict[str, list[list[float]]] = {
+        "controller": [],
+        "serve": [],
+        "raw": [],
+        "serve_config": [],
+    }
     serve.start(http_options={"host": "127.0.0.1", "port": 0})  # not timed: once per cluster
     contenders: list[tuple[str, Callable[[list[list[float]]], Awaitable[None]]]] = [
         ("controller", race_controller),
@@ -172,6 +219,12 @@ async def race(rounds: int) -> dict[str, list[list[float]]]:
         for name, run in order:
             await run(results[name])
             print(f"round {r + 1} {name}: {fmt(results[name][-1])}", file=sys.stderr)
+    # Serve does not mix applications made by serve.run with ones from a config, so its
+    # declarative path runs last, in a phase of its own, on the same cluster.
+    await race_serve_config([])
+    for r in range(rounds):
+        await race_serve_config(results["serve_config"])
+        print(f"round {r + 1} serve_config: {fmt(results['serve_config'][-1])}", file=sys.stderr)
     serve.shutdown()  # type: ignore[no-untyped-call]
     return results
 
@@ -185,40 +238,45 @@ def summarize(results: dict[str, list[list[float]]]) -> dict[str, Any]:
         name: [statistics.median(r[i] for r in rounds) for i in range(len(STEPS))]
         for name, rounds in results.items()
     }
-    steps = ["0->4", "4->8", "8->2"]
     rows = []
-    for i, label in enumerate(steps):
-        ours, serve_t, raw = (median[k][i] for k in ("controller", "serve", "raw"))
+    previous = 0
+    for i, n in enumerate(STEPS):
+        ours, raw = median["controller"][i], median["raw"][i]
+        serve_run, serve_config = median["serve"][i], median["serve_config"][i]
         rows.append(
             {
-                "step": label,
+                "step": f"{previous}->{n}",
                 "controller_s": ours,
-                "serve_s": serve_t,
+                "serve_run_s": serve_run,
+                "serve_config_s": serve_config,
                 "raw_ray_s": raw,
-                "serve_over_controller": serve_t / ours,
+                "serve_run_over_controller": serve_run / ours,
+                "serve_config_over_controller": serve_config / ours,
                 "controller_over_raw": ours / raw,
             }
         )
+        previous = n
     return {"rounds": results, "median": rows}
 
 
 def print_table(summary: dict[str, Any]) -> None:
     print(
-        "| step | controller (RayRuntime) | Ray Serve | raw Ray | Serve / controller "
-        "(target >= 3) | controller / raw (target <= 1.15) |"
+        "| step | controller (RayRuntime) | Ray Serve, serve.run | Ray Serve, config | raw Ray "
+        "| Serve / controller (target >= 3) | controller / raw (target <= 1.15) |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for row in summary["median"]:
         print(
-            f"| {row['step']} | {row['controller_s']:.3f} s | {row['serve_s']:.3f} s | "
-            f"{row['raw_ray_s']:.3f} s | {row['serve_over_controller']:.1f}x | "
-            f"{row['controller_over_raw']:.2f} |"
+            f"| {row['step']} | {row['controller_s']:.3f} s | {row['serve_run_s']:.3f} s | "
+            f"{row['serve_config_s']:.3f} s | {row['raw_ray_s']:.3f} s | "
+            f"{row['serve_run_over_controller']:.1f}x / "
+            f"{row['serve_config_over_controller']:.1f}x | {row['controller_over_raw']:.2f} |"
         )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="controller vs Ray Serve vs raw Ray")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", type=Path, default=HERE / "ray_results.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rayb", dir="/tmp") as tmp:
