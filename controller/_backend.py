@@ -36,6 +36,7 @@ from ._config import BackendConfig, ReplicaConfig
 from ._errors import ReplicaError, StoreError
 from ._goal import Goal
 from ._json import JSON, digest
+from ._observe import Observer
 from ._policy import RestartPolicy
 from ._reconcile import Target, decide, resolve_limits
 from ._runtime import ReplicaSpec, Runtime
@@ -140,6 +141,7 @@ class Backend:
         on_forgotten: Callable[[Backend], None],
         policy: RestartPolicy,
         rng: random.Random,
+        observer: Observer,
     ):
         self.name = name
         self.spec = spec
@@ -162,6 +164,7 @@ class Backend:
         self._seq = 0
         self._policy = policy
         self._rng = rng
+        self._observer = observer
         self._failures = 0  # failed starts of the target version since one was last ready
         self._failed_starts = 0  # in this generation, for the status message
         self._starts_blocked = False
@@ -274,7 +277,9 @@ class Backend:
             task_status.started()
             if not await self._reconcile():
                 async for event in self._receive:
+                    taken_at = trio.current_time()
                     self._apply(event)
+                    handled = 1
                     # Coalesce a burst: one pass for everything already queued.
                     while True:
                         try:
@@ -282,7 +287,12 @@ class Backend:
                         except trio.WouldBlock:
                             break
                         self._apply(event)
-                    if await self._reconcile():
+                        handled += 1
+                    done = await self._reconcile()
+                    self._observer.events_handled(
+                        self.name, handled, trio.current_time() - taken_at
+                    )
+                    if done:
                         break
             # Forgotten: no replica is left, so the only task still here is the idle writer.
             nursery.cancel_scope.cancel()
@@ -439,6 +449,7 @@ class Backend:
         """Note a failure (failed start, crash, failed health, failed reconfigure) and back off:
         the next start waits, longer after each failure in a row, so a crash loop never spins."""
         self.last_error = error
+        self._observer.failure(self.name, kind)
         now = trio.current_time()
         if now - self._last_failure_at >= self._policy.reset_after_s:
             self._restarts = 0  # it has been well for a while: forgive the earlier failures

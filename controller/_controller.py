@@ -17,6 +17,7 @@ from ._config import BackendConfig, ReplicaConfig, check_backend_name
 from ._errors import ConfigError, ControllerClosedError, InfeasibleError, UnknownBackendError
 from ._goal import Goal
 from ._placement import count_fitting, total
+from ._observe import NullObserver, Observer
 from ._policy import RestartPolicy
 from ._reconcile import resolve_limits
 from ._runtime import Runtime
@@ -34,12 +35,13 @@ async def open_controller(
     store: Store,
     restart_policy: RestartPolicy | None = None,
     seed: int | None = None,
+    observer: Observer | None = None,
 ) -> AsyncIterator[Controller]:
     """Open a controller over `runtime` and `store`; close it on exit.
 
     `restart_policy` sets the backoff after failures (``RestartPolicy()`` by default). `seed`
     fixes the backoff jitter, for reproducible tests (replica tags stay random: they must be
-    unique across controller lifetimes).
+    unique across controller lifetimes). `observer` is told of the loops' work (for metrics).
 
     Opening recovers: it reads the store, adopts the live replicas its intent names, stops those it
     meant to stop, kills replicas of the runtime that no intent names, and starts what is missing.
@@ -51,7 +53,12 @@ async def open_controller(
     try:
         async with trio.open_nursery() as nursery:
             controller = Controller(
-                runtime, store, nursery, restart_policy or RestartPolicy(), random.Random(seed)
+                runtime,
+                store,
+                nursery,
+                restart_policy or RestartPolicy(),
+                random.Random(seed),
+                observer or NullObserver(),
             )
             await nursery.start(runtime.serve, controller._on_death)
             await controller._recover()
@@ -78,7 +85,9 @@ class Controller:
         nursery: trio.Nursery,
         restart_policy: RestartPolicy,
         rng: random.Random,
+        observer: Observer,
     ):
+        self._observer = observer
         self._policy = restart_policy
         self._rng = rng
         self._runtime = runtime
@@ -215,6 +224,7 @@ class Controller:
             on_forgotten=self._forgotten,
             policy=self._policy,
             rng=self._rng,
+            observer=self._observer,
         )
         self._backends[name] = backend
         return backend

@@ -1,0 +1,33 @@
+"""What the core tells an observer (the daemon's metrics) about its own work.
+
+Runtime and store timings need no hook: an observer wraps the runtime and the store. Only what
+happens inside a backend's loop is reported from here.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Observer(Protocol):
+    """Called from the backend loops; must return at once and never raise."""
+
+    def events_handled(self, backend: str, count: int, latency_s: float) -> None:
+        """A pass of `backend`'s loop handled `count` events; `latency_s` is the time from the
+        loop taking the first of them to every action of the pass being launched (trio time)."""
+        ...
+
+    def failure(self, backend: str, kind: str) -> None:
+        """A replica of `backend` failed: `kind` is StartFailed, Died, Unhealthy or
+        ReconfigureFailed."""
+        ...
+
+
+class NullObserver:
+    """Observes nothing: the default."""
+
+    def events_handled(self, backend: str, count: int, latency_s: float) -> None:
+        pass
+
+    def failure(self, backend: str, kind: str) -> None:
+        pass
