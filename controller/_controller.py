@@ -16,8 +16,8 @@ from ._checkpoint import SpecRecord, dump, parse_all, replicas_key, spec_key
 from ._config import BackendConfig, ReplicaConfig, check_backend_name
 from ._errors import ConfigError, ControllerClosedError, InfeasibleError, UnknownBackendError
 from ._goal import Goal
-from ._placement import count_fitting, total
 from ._observe import NullObserver, Observer
+from ._placement import count_fitting, total
 from ._policy import RestartPolicy
 from ._reconcile import resolve_limits
 from ._runtime import Runtime
