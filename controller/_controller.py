@@ -299,6 +299,15 @@ class Controller:
             snapshot_ids, all_backends = {}, True
         return await self._hub.listen(snapshot_ids, everything=all_backends)
 
+    async def changes_since(self, snapshot_id: int) -> list[BackendSnapshot]:
+        """Wait until some backend's snapshot is newer than `snapshot_id`; return the latest
+        snapshot of every backend above it, oldest first (deleted backends as tombstones).
+
+        Snapshot ids of all backends come from one counter, so one number is a complete cursor:
+        this is the long poll of a remote watcher (``since`` = the largest id it has seen).
+        """
+        return await self._hub.listen_since(snapshot_id)
+
     def watch(self, name: str) -> SnapshotStream:
         """``async for snapshot in ctl.watch(name)``: `name`'s snapshot now and on every change.
 

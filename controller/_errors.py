@@ -90,3 +90,15 @@ class StoreError(ControllerError):
     """The store failed to read or write; nothing in that write landed."""
 
     retryable = True
+
+
+class ManifestError(ControllerError, ValueError):
+    """A declared set of backends (a config file, an apply request) is wrong; `problems` lists
+    every fault found, each naming where, which backend and which field. Nothing was applied."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        listing = "\n".join(f"  - {p}" for p in problems)
+        noun = "problem" if len(problems) == 1 else "problems"
+        super().__init__(f"{len(problems)} {noun} in {source}; nothing was applied:\n{listing}")

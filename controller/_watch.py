@@ -63,3 +63,14 @@ class SnapshotHub:
             if out:
                 return out
             await self._changed.wait()
+
+    async def listen_since(self, snapshot_id: int) -> list[BackendSnapshot]:
+        """Every latest snapshot with an id above `snapshot_id`, oldest first; waits for one."""
+        while True:
+            out = sorted(
+                (s for s in self._latest.values() if s.snapshot_id > snapshot_id),
+                key=lambda s: s.snapshot_id,
+            )
+            if out:
+                return out
+            await self._changed.wait()

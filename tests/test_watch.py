@@ -97,3 +97,21 @@ async def test_unknown_backend_snapshot_is_empty() -> None:
         with trio.move_on_after(0.01) as scope:
             await ctl.listen_for_change({"ghost": 0})
         assert scope.cancelled_caught
+
+
+async def test_changes_since_one_cursor_covers_every_backend(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with opened() as ctl:
+        await (await ctl.deploy("a", config(), RC)).wait()
+        await (await ctl.deploy("b", config(), RC)).wait()
+        everything = await ctl.changes_since(0)
+        assert [s.name for s in everything] == ["a", "b"]
+        cursor = max(s.snapshot_id for s in everything)
+        with trio.move_on_after(5) as waited:
+            await ctl.changes_since(cursor)
+        assert waited.cancelled_caught  # nothing newer: it waits
+        await (await ctl.delete("a")).wait()
+        [tombstone] = await ctl.changes_since(cursor)
+        assert tombstone.name == "a"
+        assert not tombstone.exists

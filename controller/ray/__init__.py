@@ -15,10 +15,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ._connect import connect as connect
     from ._kv_store import RayKVStore as RayKVStore
     from ._runtime import RayRuntime as RayRuntime
 
-_HOME = {"RayKVStore": "._kv_store", "RayRuntime": "._runtime"}
+_HOME = {"RayKVStore": "._kv_store", "RayRuntime": "._runtime", "connect": "._connect"}
 
 __all__ = sorted(_HOME)
 

@@ -1,0 +1,5 @@
+"""``python -m controller``: the same as the ``controller`` command."""
+
+from ._cli import main
+
+main()

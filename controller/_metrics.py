@@ -1,0 +1,209 @@
+"""Prometheus metrics for the daemon: an Observer for the loops, and wrappers that time what the
+runtime and the store do. Kept out of the core, which knows only the Observer protocol."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, final
+
+import trio
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ._json import JSON
+from ._runtime import DeathListener, ReplicaSpec, Runtime
+from ._store import Store
+
+if TYPE_CHECKING:
+    from ._state import ControllerStatus
+
+# Controller work is sub-millisecond; replica starts take seconds.
+_FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
+_SLOW = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+@final
+class Metrics:
+    """Everything the daemon exports on ``/metrics``, in a registry of its own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.events = Counter(
+            "controller_events_handled", "Events handled by backend loops", ["backend"], registry=r
+        )
+        self.event_latency = Histogram(
+            "controller_event_to_action_seconds",
+            "From a loop taking events to every action of its pass launched",
+            buckets=_FAST,
+            registry=r,
+        )
+        self.failures = Counter(
+            "controller_replica_failures",
+            "Replica failures by backend and kind",
+            ["backend", "kind"],
+            registry=r,
+        )
+        self.starts = Histogram(
+            "controller_replica_start_seconds",
+            "Replica start (or adoption) to ready, by outcome",
+            ["outcome"],
+            buckets=_SLOW,
+            registry=r,
+        )
+        self.drains = Histogram(
+            "controller_replica_drain_seconds", "Replica drains", buckets=_SLOW, registry=r
+        )
+        self.health_checks = Histogram(
+            "controller_health_check_seconds",
+            "Health checks, by outcome",
+            ["outcome"],
+            buckets=(*_FAST, 5.0, 30.0),
+            registry=r,
+        )
+        self.checkpoint_writes = Histogram(
+            "controller_checkpoint_write_seconds",
+            "Writes of intent to the store",
+            buckets=_FAST,
+            registry=r,
+        )
+
+    # -- the core's Observer protocol --
+
+    def events_handled(self, backend: str, count: int, latency_s: float) -> None:
+        self.events.labels(backend).inc(count)
+        self.event_latency.observe(latency_s)
+
+    def failure(self, backend: str, kind: str) -> None:
+        self.failures.labels(backend, kind).inc()
+
+    # -- wiring --
+
+    def watch_status(self, status: Callable[[], ControllerStatus]) -> None:
+        """Export replica counts, read from `status` at each scrape (no copy to keep fresh)."""
+        self.registry.register(_ReplicaCollector(status))
+
+    def wrap_runtime(self, runtime: Runtime) -> Runtime:
+        return _TimedRuntime(runtime, self)
+
+    def wrap_store(self, store: Store) -> Store:
+        return _TimedStore(store, self)
+
+    def render(self) -> bytes:
+        """The text exposition format."""
+        return generate_latest(self.registry)
+
+
+@final
+class _ReplicaCollector(Collector):
+    def __init__(self, status: Callable[[], ControllerStatus]):
+        self._status = status
+
+    def collect(self) -> Iterator[Metric]:
+        replicas = GaugeMetricFamily(
+            "controller_replicas",
+            "Replicas by backend, state and version",
+            labels=["backend", "state", "version"],
+        )
+        desired = GaugeMetricFamily(
+            "controller_replicas_desired", "Desired replicas by backend", labels=["backend"]
+        )
+        states = GaugeMetricFamily(
+            "controller_backend_state",
+            "1 for the state each backend is in",
+            labels=["backend", "state"],
+        )
+        for backend in self._status().backends:
+            for (version, state), n in sorted(
+                backend.counts_by_version.items(), key=lambda item: (item[0][0], item[0][1].value)
+            ):
+                replicas.add_metric([backend.name, state.value, version], n)
+            want = 0 if backend.deleting else backend.backend_config.num_replicas
+            desired.add_metric([backend.name], want)
+            states.add_metric([backend.name, backend.state.value], 1)
+        yield replicas
+        yield desired
+        yield states
+
+
+@final
+class _TimedRuntime:
+    """A Runtime that times starts, drains and health checks of the runtime it wraps."""
+
+    def __init__(self, inner: Runtime, metrics: Metrics):
+        self._inner = inner
+        self._metrics = metrics
+
+    async def serve(
+        self,
+        on_death: DeathListener,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        await self._inner.serve(on_death, task_status=task_status)
+
+    async def capacity(self) -> Sequence[Mapping[str, float]] | None:
+        return await self._inner.capacity()
+
+    async def list_replicas(self) -> Sequence[str]:
+        return await self._inner.list_replicas()
+
+    async def start_replica(self, spec: ReplicaSpec) -> str | None:
+        started = trio.current_time()
+        outcome = "failed"
+        try:
+            address = await self._inner.start_replica(spec)
+            outcome = "ready"
+            return address
+        finally:
+            self._metrics.starts.labels(outcome).observe(trio.current_time() - started)
+
+    async def adopt_replica(self, tag: str) -> str | None:
+        started = trio.current_time()
+        outcome = "adoption_failed"
+        try:
+            address = await self._inner.adopt_replica(tag)
+            outcome = "adopted"
+            return address
+        finally:
+            self._metrics.starts.labels(outcome).observe(trio.current_time() - started)
+
+    async def reconfigure_replica(self, tag: str, user_config: JSON) -> None:
+        await self._inner.reconfigure_replica(tag, user_config)
+
+    async def check_health_replica(self, tag: str) -> None:
+        started = trio.current_time()
+        outcome = "failed"
+        try:
+            await self._inner.check_health_replica(tag)
+            outcome = "ok"
+        finally:
+            self._metrics.health_checks.labels(outcome).observe(trio.current_time() - started)
+
+    async def drain_replica(self, tag: str) -> None:
+        started = trio.current_time()
+        try:
+            await self._inner.drain_replica(tag)
+        finally:
+            self._metrics.drains.observe(trio.current_time() - started)
+
+    async def kill_replica(self, tag: str) -> None:
+        await self._inner.kill_replica(tag)
+
+
+@final
+class _TimedStore:
+    """A Store that times the writes of the store it wraps."""
+
+    def __init__(self, inner: Store, metrics: Metrics):
+        self._inner = inner
+        self._metrics = metrics
+
+    async def read_all(self) -> dict[str, str]:
+        return await self._inner.read_all()
+
+    async def write(self, changes: Mapping[str, str | None]) -> None:
+        started = trio.current_time()
+        await self._inner.write(changes)
+        self._metrics.checkpoint_writes.observe(trio.current_time() - started)
