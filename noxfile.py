@@ -45,6 +45,6 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def quickstart(session: nox.Session) -> None:
-    """The main job: the quickstart example."""
+    """The tour in one script: examples/quickstart.py (the main job is `controller run`)."""
     session.install("-e", ".")
     session.run("python", "examples/quickstart.py", *session.posargs)

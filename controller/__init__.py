@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ._errors import ControllerError as ControllerError
     from ._errors import GoalFailed as GoalFailed
     from ._errors import InfeasibleError as InfeasibleError
+    from ._errors import ManifestError as ManifestError
     from ._errors import ReplicaError as ReplicaError
     from ._errors import ReplicaGoneError as ReplicaGoneError
     from ._errors import StoreError as StoreError
@@ -62,6 +63,7 @@ _HOME: dict[str, str] = {
     "ControllerError": "._errors",
     "GoalFailed": "._errors",
     "InfeasibleError": "._errors",
+    "ManifestError": "._errors",
     "ReplicaError": "._errors",
     "ReplicaGoneError": "._errors",
     "StoreError": "._errors",

@@ -25,6 +25,7 @@ EXPECTED = {
     "ConfigError",
     "GoalFailed",
     "InfeasibleError",
+    "ManifestError",
     "UnknownBackendError",
     "CheckpointError",
     "ReplicaError",

@@ -1,0 +1,86 @@
+"""Manifests: every fault reported at once, with its source, backend and field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import controller
+from controller._manifest import load_manifest, parse_manifest
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    with pytest.raises(controller.ManifestError) as caught:
+        parse_manifest(
+            {
+                "backends": {
+                    "ok": {"entrypoint": "m:C", "num_replicas": 2},
+                    "a": {"entrypoint": "m:C", "num_replicas": -1, "verison": "v1"},
+                    "b": {"entrypoint": "nope", "max_surge": 0, "max_unavailable": 0},
+                    "bad name": {"entrypoint": "m:C"},
+                },
+                "extra": 1,
+            },
+            "f.toml",
+        )
+    error = caught.value
+    assert error.source == "f.toml"
+    assert error.problems == [
+        "extra: unknown top-level key; the only one is 'backends'",
+        "backend 'a': verison: unknown field; known fields are entrypoint, "
+        "graceful_shutdown_timeout_s, health_check_failure_threshold, health_check_period_s, "
+        "health_check_timeout_s, init_args, init_kwargs, max_surge, max_unavailable, "
+        "num_replicas, resources, start_timeout_s, user_config, version",
+        "backend 'a': num_replicas: must be a whole number >= 0 (got -1)",
+        "backend 'b': entrypoint: must look like \"package.module:Class\" (got 'nope')",
+        "backend 'bad name': a backend name is 1-63 characters of letters, digits, '_', '.' or "
+        "'-', starting with a letter or digit (got 'bad name')",
+    ]
+    assert str(error).startswith("5 problems in f.toml; nothing was applied:\n  - extra:")
+
+
+def test_rules_between_fields_are_checked_once_each_field_is_fine() -> None:
+    with pytest.raises(controller.ManifestError) as caught:
+        parse_manifest(
+            {"backends": {"b": {"entrypoint": "m:C", "max_surge": 0, "max_unavailable": 0}}}, "x"
+        )
+    [problem] = caught.value.problems
+    assert problem.startswith("backend 'b': max_surge: max_surge and max_unavailable may not both")
+
+
+def test_toml_and_json_files_give_the_same_backends(tmp_path: Path) -> None:
+    toml = tmp_path / "b.toml"
+    toml.write_text(
+        '[backends.echo]\nentrypoint = "m:C"\nnum_replicas = 2\ninit_kwargs = { x = 1 }\n'
+        "resources = { CPU = 0.5 }\n"
+    )
+    data = {
+        "backends": {
+            "echo": {
+                "entrypoint": "m:C",
+                "num_replicas": 2,
+                "init_kwargs": {"x": 1},
+                "resources": {"CPU": 0.5},
+            }
+        }
+    }
+    js = tmp_path / "b.json"
+    js.write_text(json.dumps(data))
+    from_toml, from_json = load_manifest(toml), load_manifest(js)
+    assert from_toml == from_json
+    [echo] = from_toml.backends
+    assert echo.backend_config.num_replicas == 2
+    assert echo.replica_config.init_kwargs == {"x": 1}
+    # The flat form round-trips.
+    assert parse_manifest({"backends": {"echo": echo.to_dict()}}, "again") == from_toml
+
+
+def test_unreadable_and_malformed_files_say_so(tmp_path: Path) -> None:
+    with pytest.raises(controller.ManifestError, match="cannot read the file"):
+        load_manifest(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[backends.a\n")
+    with pytest.raises(controller.ManifestError, match="not valid TOML"):
+        load_manifest(bad)
