@@ -563,18 +563,19 @@ class Backend:
             self._spawn_bring_up(replica, adopt=False)
         for replica in updates:
             self._spawn_reconfigure(replica)
-        if starts or stops:
-            self._event(
-                "Scale",
-                ", ".join(
-                    part
-                    for part in (
-                        f"starting {len(starts)}" if starts else "",
-                        f"stopping {len(stops)}" if stops else "",
-                    )
-                    if part
-                ),
+        if starts or stops or updates:
+            decided = ", ".join(
+                part
+                for part in (
+                    f"starting {len(starts)}" if starts else "",
+                    f"stopping {len(stops)}" if stops else "",
+                    f"reconfiguring {len(updates)}" if updates else "",
+                )
+                if part
             )
+            logger.info("backend %s: %s (version %s)", self.name, decided, spec.version)
+            if starts or stops:
+                self._event("Scale", decided.partition(", reconfiguring")[0])
         self._run_due_checks(now)
         self._arm_timer(now)
 
