@@ -203,16 +203,19 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 def cmd_shutdown(args: argparse.Namespace) -> int:
     client = _client(args)
+    cursor = client.ok("GET", "/api/v1/watch?timeout_s=0")["cursor"]
     client.ok("POST", "/api/v1/shutdown")
     print("shutting down: draining and deleting every backend")
+    # Follow the watch until the daemon closes the connection: that is its exit, seen as it
+    # happens, from wherever the CLI runs.
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
         try:
-            client.call("GET", "/healthz", timeout=2)
+            query = urllib.parse.urlencode({"since": cursor, "timeout_s": 30})
+            cursor = client.ok("GET", f"/api/v1/watch?{query}", timeout=40)["cursor"]
         except CLIError:
             print("the controller has stopped")
             return 0
-        time.sleep(0.2)  # waiting for another process to exit: nothing to wait on but time
     raise CLIError(f"the controller is still running after {args.timeout:g}s")
 
 

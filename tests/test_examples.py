@@ -17,6 +17,24 @@ from .test_local_runtime import worker_pids
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
+def assert_every_step_served(out: str) -> None:
+    """The tour's log: every goal reached, and traffic served through each change."""
+    for line in [
+        "goal   completed: 2/2 replicas of version v1 running",
+        "goal   completed: 4/4 replicas of version v1 running",
+        "a replica now says 'hey'",
+        "goal   completed: 4/4 replicas of version v2 running",
+        "goal   completed: 1/1 replicas of version v2 running",
+        "traffic stopped: 0 requests failed in all",
+        "goal   completed: echo deleted",
+    ]:
+        assert line in out, line
+    # Traffic really flowed, and through the scale-down too.
+    served = [int(n) for n in re.findall(r"requests: (\d+) ok, 0 failed", out)]
+    assert len(served) >= 5
+    assert all(n > 0 for n in served)
+
+
 async def test_quickstart_serves_every_request_through_every_change() -> None:
     state = Path(tempfile.mkdtemp(prefix="qs", dir="/tmp"))  # short: Unix socket paths
     try:
@@ -34,21 +52,8 @@ async def test_quickstart_serves_every_request_through_every_change() -> None:
                 capture_stderr=True,
             )
         out = result.stderr.decode()
-        for line in [
-            "goal   completed: 2/2 replicas of version v1 running",
-            "goal   completed: 4/4 replicas of version v1 running",
-            "a replica now says 'hey'",
-            "goal   completed: 4/4 replicas of version v2 running",
-            "goal   completed: 1/1 replicas of version v2 running",
-            "STOPPING (drain)",
-            "traffic stopped: 0 requests failed in all",
-            "goal   completed: echo deleted",
-        ]:
-            assert line in out, line
-        # Traffic really flowed, and through the scale-down too.
-        served = [int(n) for n in re.findall(r"requests: (\d+) ok, 0 failed", out)]
-        assert len(served) >= 5
-        assert all(n > 0 for n in served)
+        assert_every_step_served(out)
+        assert "STOPPING (drain)" in out
         assert worker_pids(state) == {}
     finally:
         shutil.rmtree(state, ignore_errors=True)
@@ -63,17 +68,4 @@ async def test_ray_quickstart_serves_every_request_through_every_change() -> Non
             capture_stderr=True,
             env={**os.environ, "RAY_AUTH_MODE": "disabled"},
         )
-    out = result.stderr.decode()
-    for line in [
-        "goal   completed: 2/2 replicas of version v1 running",
-        "goal   completed: 4/4 replicas of version v1 running",
-        "a replica now says 'hey'",
-        "goal   completed: 4/4 replicas of version v2 running",
-        "goal   completed: 1/1 replicas of version v2 running",
-        "traffic stopped: 0 requests failed in all",
-        "goal   completed: echo deleted",
-    ]:
-        assert line in out, line
-    served = [int(n) for n in re.findall(r"requests: (\d+) ok, 0 failed", out)]
-    assert len(served) >= 5
-    assert all(n > 0 for n in served)
+    assert_every_step_served(result.stderr.decode())
