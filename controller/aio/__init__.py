@@ -1,0 +1,44 @@
+"""The controller inside an asyncio application, two ways:
+
+- ``open_in_guest_mode``: trio runs as a guest of a stock asyncio loop (``asyncio.run``,
+  uvicorn). For apps whose server owns the loop; the process must never import trio_asyncio.
+- ``open_under_trio_asyncio``: for apps whose entry point is ``trio_asyncio.run`` (or a trio
+  program that opened a trio-asyncio loop); MockClock then drives asyncio's time as well.
+
+Both give an ``AioController``: deploy, delete, status and watch as asyncio coroutines.
+"""
+
+# Imported on first use: open_under_trio_asyncio imports trio_asyncio, which changes asyncio for
+# the whole process, so it must not come along with the guest-mode way.
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._bridge import AioController as AioController
+    from ._bridge import AioGoal as AioGoal
+    from ._guest import open_in_guest_mode as open_in_guest_mode
+    from ._trio_asyncio import open_under_trio_asyncio as open_under_trio_asyncio
+
+_HOME = {
+    "AioController": "._bridge",
+    "AioGoal": "._bridge",
+    "open_in_guest_mode": "._guest",
+    "open_under_trio_asyncio": "._trio_asyncio",
+}
+
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'controller.aio' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOME})
