@@ -3,3 +3,5 @@
 from ._fake_runtime import FakeReplica as FakeReplica
 from ._fake_runtime import FakeRuntime as FakeRuntime
 from ._fake_runtime import FakeState as FakeState
+from ._faults import ControllerCrash as ControllerCrash
+from ._faults import FaultInjector as FaultInjector
