@@ -18,7 +18,7 @@ import trio.testing
 import controller
 from controller.testing import ControllerCrash, FakeRuntime, FakeState, FaultInjector
 
-from .conftest import EXACT, RC, config, opened
+from .conftest import RC, config, opened
 
 Op = Callable[[controller.Controller], Awaitable[None]]
 
