@@ -224,10 +224,13 @@ class Backend:
         return self.goal
 
     def matches(self, backend_config: BackendConfig, replica_config: ReplicaConfig) -> bool:
-        """Whether a deploy of these configs would change nothing."""
+        """Whether a deploy of these configs would change nothing. It would after a failure:
+        a deploy is what lifts DEPLOY_FAILED, even when the goal itself was reached before the
+        replicas started failing."""
         return (
             not self.spec.deleting
             and self.goal.error is None
+            and not self._starts_blocked
             and self.spec.backend_config == backend_config
             and self.spec.replica_config == replica_config
         )

@@ -390,3 +390,23 @@ async def test_status_states_reasons_and_events(autojump_clock: trio.testing.Moc
         kinds = [e.kind for e in ctl.status("a").events]
         assert kinds[0] == "Deploy"
         assert {"Scale", "Ready", "Delete"} <= set(kinds)
+
+
+async def test_the_same_spec_again_lifts_a_deploy_failed_reached_after_the_goal(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Found by the random histories: the goal was reached, then the replica crashed and every
+    # restart failed, so the backend went DEPLOY_FAILED with its goal still "completed". The same
+    # deploy again used to return that goal and change nothing, leaving no way to retry.
+    rt = FakeRuntime()
+    cfg = config(num_replicas=1, start_timeout_s=30)
+    async with opened(rt) as ctl:
+        await deploy_ready(ctl, rt, cfg)
+        rt.crash(rt.tags(FakeState.READY)[0])
+        await trio.sleep(120)  # three restarts time out
+        assert ctl.status("a").state is controller.BackendState.DEPLOY_FAILED
+        rt.auto_ready = True
+        goal = await ctl.deploy("a", cfg, RC)
+        assert not goal.done  # a new attempt, not the old goal
+        assert await goal.wait() is controller.GoalOutcome.COMPLETED
+        assert ctl.status("a").state is controller.BackendState.HEALTHY

@@ -1,0 +1,178 @@
+"""Random histories: hypothesis draws a history one step at a time, each step chosen from the
+state so far (which replica to crash, which pending start to finish or fail), and runs it under
+MockClock against FakeRuntime: deploys, scales, version and config changes, deletes, crashes,
+hung and failing starts, hung drains, failing health checks, time passing, and controller
+restarts. After every step the controller and the runtime must agree; once the history quiets,
+every backend converges and every goal is resolved.
+
+Each example is one trio run driven by ``st.data()``: hypothesis shrinks a failing history to
+a short one, and failures found are kept below as ``@example`` regressions.
+"""
+
+from __future__ import annotations
+
+import os
+
+import trio
+import trio.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import controller
+from controller.testing import FakeRuntime, FakeState
+
+from .conftest import DEADLOCK_LIMIT_S, EXACT, RC
+
+STEPS = int(os.environ.get("HISTORY_STEPS", "30"))
+EXAMPLES = int(os.environ.get("HISTORY_EXAMPLES", "300"))
+RAN = {"histories": 0, "steps": 0}
+
+OPS = st.sampled_from(
+    [
+        "deploy",
+        "deploy",
+        "delete",
+        "finish_starts",
+        "finish_drains",
+        "crash",
+        "unhealthy",
+        "sleep",
+        "restart",
+    ]
+)
+
+
+def backend_config(data: st.DataObject) -> controller.BackendConfig:
+    return controller.BackendConfig(
+        num_replicas=data.draw(st.integers(0, 6), label="num_replicas"),
+        version=data.draw(st.sampled_from(["v1", "v2", "v3"]), label="version"),
+        user_config=data.draw(st.integers(0, 2), label="user_config"),
+        start_timeout_s=30,
+        graceful_shutdown_timeout_s=data.draw(st.sampled_from([0, 5]), label="grace"),
+        health_check_period_s=data.draw(st.sampled_from([0, 10]), label="health"),
+        health_check_failure_threshold=1,
+        max_surge=data.draw(st.sampled_from([0, 1, 0.5]), label="surge"),
+        max_unavailable=data.draw(st.sampled_from([1, 0.25]), label="unavailable"),
+    )
+
+
+def check_agreement(ctl: controller.Controller, rt: FakeRuntime) -> None:
+    """At a quiet moment: what the controller holds is what the runtime has, nothing more."""
+    shown = {r.tag: r for b in ctl.status().backends for r in b.replicas}
+    live = {tag for tag, r in rt.replicas.items() if r.state is not FakeState.DEAD}
+    orphans = live - set(shown)
+    assert not orphans, f"live in the runtime, unknown to the controller: {orphans}"
+    for tag, replica in shown.items():
+        if replica.state in (controller.ReplicaState.RUNNING, controller.ReplicaState.UPDATING):
+            assert rt.replicas[tag].state is FakeState.READY, (tag, rt.replicas[tag].state)
+    serving = {r.tag for b in ctl.status().backends for r in ctl.snapshot(b.name).replicas}
+    dead = {tag for tag in serving if rt.replicas[tag].state is FakeState.DEAD}
+    assert not dead, f"the watch routes to dead replicas: {dead}"
+
+
+async def quiet(ctl: controller.Controller, rt: FakeRuntime, latest: dict[str, object]) -> None:
+    """End the history: starts and drains answer at once, health recovers, and the user deploys
+    (or deletes) once more what they last asked for. Everything must converge."""
+    rt.auto_ready = rt.auto_drain = True
+    for tag in rt.tags(FakeState.STARTING):
+        rt.finish_start(tag)
+    for tag in rt.tags(FakeState.DRAINING):
+        rt.finish_drain(tag)
+    for replica in rt.replicas.values():
+        replica.health_error = None
+    goals = []
+    for name, cfg in latest.items():
+        if cfg is None:
+            try:
+                goals.append(await ctl.delete(name))
+            except controller.UnknownBackendError:
+                pass
+        else:
+            assert isinstance(cfg, controller.BackendConfig)
+            goals.append(await ctl.deploy(name, cfg, RC))
+    for goal in goals:
+        assert await goal.wait() is controller.GoalOutcome.COMPLETED
+    # A goal reached earlier stays reached when replicas die later (the same spec again returns
+    # that goal): full strength comes back by replacement, which the watch shows.
+    for backend in ctl.status().backends:
+        want = backend.backend_config.num_replicas
+        snapshot = ctl.snapshot(backend.name)
+        while len(snapshot.replicas) != want:
+            snapshot = (await ctl.listen_for_change({backend.name: snapshot.snapshot_id}))[
+                backend.name
+            ]
+    await trio.testing.wait_all_tasks_blocked()
+    check_agreement(ctl, rt)
+    shown = {r.tag for b in ctl.status().backends for r in b.replicas}
+    assert shown == set(rt.tags(FakeState.READY))
+    for backend in ctl.status().backends:
+        want = backend.backend_config.num_replicas
+        assert backend.counts == ({controller.ReplicaState.RUNNING: want} if want else {})
+        assert backend.goal_done
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(st.data())
+def test_random_histories(data: st.DataObject) -> None:
+    async def main() -> None:
+        rt = FakeRuntime(auto_ready=False, auto_drain=False)
+        store = controller.MemoryStore()
+        latest: dict[str, object] = {}  # what the user last asked for, per backend
+        steps = data.draw(st.integers(1, STEPS), label="steps")
+        with trio.fail_after(DEADLOCK_LIMIT_S):
+            restarts = data.draw(st.integers(0, 3), label="restarts")
+            for life in range(restarts + 1):
+                async with controller.open_controller(
+                    runtime=rt, store=store, restart_policy=EXACT, seed=0
+                ) as ctl:
+                    for _ in range(steps // (restarts + 1)):
+                        await step(data, ctl, rt, latest)
+                        await trio.testing.wait_all_tasks_blocked()
+                        check_agreement(ctl, rt)
+                        RAN["steps"] += 1
+                    if life == restarts:
+                        await quiet(ctl, rt, latest)
+        RAN["histories"] += 1
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+async def step(
+    data: st.DataObject, ctl: controller.Controller, rt: FakeRuntime, latest: dict[str, object]
+) -> None:
+    op = data.draw(OPS, label="op")
+    name = data.draw(st.sampled_from(["a", "b"]), label="backend")
+    if op == "deploy":
+        cfg = backend_config(data)
+        await ctl.deploy(name, cfg, RC)
+        latest[name] = cfg
+    elif op == "delete" and latest.get(name) is not None:
+        await ctl.delete(name, force=data.draw(st.booleans(), label="force"))
+        latest[name] = None
+    elif op == "finish_starts":
+        for tag in rt.tags(FakeState.STARTING):
+            fate = data.draw(st.sampled_from(["ready", "fail", "hang"]), label="start")
+            if fate == "ready":
+                rt.finish_start(tag)
+            elif fate == "fail":
+                rt.fail_start(tag, "ValueError", "bad luck")
+    elif op == "finish_drains":
+        for tag in rt.tags(FakeState.DRAINING):
+            if data.draw(st.booleans(), label="drain done"):
+                rt.finish_drain(tag)
+    elif op == "crash" and rt.tags(FakeState.READY):
+        rt.crash(data.draw(st.sampled_from(rt.tags(FakeState.READY)), label="crash"))
+    elif op == "unhealthy" and rt.tags(FakeState.READY):
+        tag = data.draw(st.sampled_from(rt.tags(FakeState.READY)), label="unhealthy")
+        rt.replicas[tag].health_error = ("RuntimeError", "sick")
+    elif op == "sleep":
+        await trio.sleep(data.draw(st.sampled_from([0.5, 3, 11, 31, 120]), label="sleep"))
+
+
+def test_histories_ran() -> None:
+    # Runs after the test above (file order): the figures for RELIABILITY.md.
+    print(f"random histories: {RAN['histories']} histories, {RAN['steps']} steps")
