@@ -11,6 +11,7 @@ a short one, and failures found are kept below as ``@example`` regressions.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import trio
@@ -83,10 +84,8 @@ async def quiet(ctl: controller.Controller, rt: FakeRuntime, latest: dict[str, o
     goals = []
     for name, cfg in latest.items():
         if cfg is None:
-            try:
+            with contextlib.suppress(controller.UnknownBackendError):  # gone already
                 goals.append(await ctl.delete(name))
-            except controller.UnknownBackendError:
-                pass
         else:
             assert isinstance(cfg, controller.BackendConfig)
             goals.append(await ctl.deploy(name, cfg, RC))
