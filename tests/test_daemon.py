@@ -61,6 +61,7 @@ class Daemon:
         self.state_dir = state_dir
         self.process: trio.Process | None = None
         self.log = bytearray()
+        self._grew = trio.Event()
 
     @property
     def url(self) -> str:
@@ -86,9 +87,19 @@ class Daemon:
         assert process.stderr is not None
         async for chunk in process.stderr:
             self.log += chunk
+            self._grew.set()
+            self._grew = trio.Event()
             if b"listening on" in self.log:
                 listening.set()
         listening.set()  # it exited; the caller's next request will say so
+        self._grew.set()
+
+    async def logged(self, text: bytes) -> None:
+        """Wait until the daemon's log holds `text` (or the daemon has exited)."""
+        while text not in self.log:
+            if self.process is not None and self.process.returncode is not None:
+                raise AssertionError(f"the daemon exited before logging {text!r}")
+            await self._grew.wait()
 
     def cli_argv(self) -> list[str]:
         return [sys.executable, "-m", "controller", "--state-dir", str(self.state_dir)]

@@ -247,6 +247,7 @@ async def test_a_second_driver_adopts_the_first_ones_replicas(
             [
                 sys.executable,
                 str(HERE / "ray_driver.py"),
+                "adopt",
                 cluster.address,
                 harness.namespace,
                 harness.record,
@@ -308,3 +309,42 @@ async def test_waiting_on_a_ref_takes_no_thread_and_is_cancellable(cluster: Clus
         with pytest.raises(ray.exceptions.TaskCancelledError):
             await wait_ref(ref)
         ray.kill(waiter)
+
+
+async def test_a_driver_killed_mid_rollout_is_taken_over(
+    harness: Harness, cluster: Cluster
+) -> None:
+    import subprocess
+
+    with trio.fail_after(LIMIT_S):
+        driver = await trio.lowlevel.open_process(
+            [
+                sys.executable,
+                str(HERE / "ray_driver.py"),
+                "rollout",
+                cluster.address,
+                harness.namespace,
+                harness.record,
+            ],
+            stdout=subprocess.PIPE,
+        )
+        assert driver.stdout is not None
+        said = b""
+        async for chunk in driver.stdout:
+            said += chunk
+            if b"rolling" in said:
+                break
+        driver.kill()  # kill -9, mid-rollout
+        assert await driver.wait() == -9
+        async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
+            # The user asks again for what the dead driver was rolling out: the same spec, so
+            # the recovered backend's own goal, reached once the rollout is done.
+            v2 = controller.ReplicaConfig("replicas:SlowInit", init_kwargs={"seconds": 2})
+            goal = await ctl.deploy("a", cfg(num_replicas=3, version="v2", max_surge=1), v2)
+            assert goal.generation == 2  # not a new deploy: the intent was already stored
+            assert await goal.wait() is GoalOutcome.COMPLETED
+            status = ctl.status("a")
+            assert status.counts_by_version == {("v2", controller.ReplicaState.RUNNING): 3}
+            live = await harness.runtime.list_replicas()
+            assert sorted(live) == sorted(r.tag for r in status.replicas)  # no orphan, no v1
+            await (await ctl.delete("a")).wait()
