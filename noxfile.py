@@ -1,4 +1,4 @@
-"""Tasks: tests, lint, typecheck, bench and quickstart (``nox -s NAME``)."""
+"""Tasks: tests, lint, typecheck, bench, reliability and quickstart (``nox -s NAME``)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,27 @@ def bench(session: nox.Session) -> None:
     session.install("-e", ".[ray]", "ray[serve]>=2.60")
     session.run("python", "bench/bench.py", *session.posargs)
     session.run("python", "bench/ray_race.py", env={"RAY_AUTH_MODE": "disabled"})
+
+
+@nox.session
+def reliability(session: nox.Session) -> None:
+    """The reliability suites in full: every crash point, ten times the random histories and
+    fuzzed inputs of the test run, kill -9, and a three-minute soak (``RELIABILITY.md``)."""
+    session.install("-e", ".[test,ray]")
+    session.run(
+        "pytest",
+        "-q",
+        "-s",
+        "-p",
+        "no:cacheprovider",
+        "tests/test_crash_points.py",
+        "tests/test_histories.py",
+        "tests/test_hostile_input.py",
+        "tests/test_kill9.py",
+        "tests/test_ray_runtime.py::test_a_driver_killed_mid_rollout_is_taken_over",
+        env={"RELIABILITY_SCALE": "10", "RAY_AUTH_MODE": "disabled"},
+    )
+    session.run("python", "bench/soak.py", "--seconds", "180", *session.posargs)
 
 
 @nox.session

@@ -24,8 +24,9 @@ from controller.testing import FakeRuntime, FakeState
 
 from .conftest import DEADLOCK_LIMIT_S, EXACT, RC
 
-STEPS = int(os.environ.get("HISTORY_STEPS", "30"))
-EXAMPLES = int(os.environ.get("HISTORY_EXAMPLES", "300"))
+STEPS = 30
+#: ``nox -s reliability`` sets it to 10 for ten times the histories.
+EXAMPLES = 300 * int(os.environ.get("RELIABILITY_SCALE", "1"))
 RAN = {"histories": 0, "steps": 0}
 
 OPS = st.sampled_from(

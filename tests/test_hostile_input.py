@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,15 @@ from controller._manifest import load_manifest, parse_backend, parse_manifest
 from controller.testing import FakeRuntime
 
 from .conftest import RC, config
+
+#: ``nox -s reliability`` sets it to 10 for ten times the examples.
+SCALE = int(os.environ.get("RELIABILITY_SCALE", "1"))
+FUZZED: dict[str, int] = {}
+
+
+def fuzzed(name: str) -> None:
+    FUZZED[name] = FUZZED.get(name, 0) + 1
+
 
 FIELDS = sorted(
     set(attrs.fields_dict(controller.BackendConfig))
@@ -62,9 +72,10 @@ plausible = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300 * SCALE, suppress_health_check=[HealthCheck.too_slow])
 @given(backend_fields | plausible)
 def test_the_config_model_takes_anything(data: dict[str, Any]) -> None:
+    fuzzed("config model")
     for cls in (controller.BackendConfig, controller.ReplicaConfig):
         exc = rejection(cls.from_dict, data)
         if exc is not None:
@@ -77,7 +88,7 @@ def test_the_config_model_takes_anything(data: dict[str, Any]) -> None:
         assert parse_backend("a", decl.to_dict())[0] == decl
 
 
-@settings(max_examples=200)
+@settings(max_examples=200 * SCALE)
 @given(
     st.dictionaries(
         st.text(max_size=10) | st.just("backends"),
@@ -86,6 +97,7 @@ def test_the_config_model_takes_anything(data: dict[str, Any]) -> None:
     )
 )
 def test_manifests_as_data_are_accepted_or_rejected_in_full(data: dict[str, Any]) -> None:
+    fuzzed("manifests as data")
     exc = rejection(parse_manifest, data, "fuzz")
     if exc is not None:
         assert isinstance(exc, controller.ManifestError)
@@ -93,7 +105,7 @@ def test_manifests_as_data_are_accepted_or_rejected_in_full(data: dict[str, Any]
         assert all(isinstance(p, str) and p for p in exc.problems)
 
 
-@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200 * SCALE, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     st.text(max_size=300)
     | st.sampled_from(
@@ -101,6 +113,7 @@ def test_manifests_as_data_are_accepted_or_rejected_in_full(data: dict[str, Any]
     )
 )
 def test_the_manifest_loader_takes_any_text(tmp_path: Path, text: str) -> None:
+    fuzzed("manifest files")
     path = tmp_path / "fuzz.toml"
     path.write_text(text)
     exc = rejection(load_manifest, path)
@@ -186,7 +199,7 @@ def state_of(ctl: controller.Controller, store: controller.MemoryStore) -> tuple
     return (dict(store.data), repr(ctl.status()))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300 * SCALE, deadline=None)
 @given(st.lists(requests, min_size=1, max_size=4))
 def test_the_api_never_fails_and_rejections_change_nothing(batch: list[tuple[Any, ...]]) -> None:
     async def main() -> None:
@@ -203,6 +216,7 @@ def test_the_api_never_fails_and_rejections_change_nothing(batch: list[tuple[Any
                 request_shutdown=lambda: shutdowns.append(True),
             )
             for method, path, body, token, query in batch:
+                fuzzed("HTTP requests")
                 # What an accepted request started (a deploy, a delete) runs to its end first,
                 # so that any change seen below is the request's own.
                 await trio.testing.wait_all_tasks_blocked()
@@ -222,9 +236,11 @@ def test_the_api_never_fails_and_rejections_change_nothing(batch: list[tuple[Any
 # -- checkpoints: truncated, corrupted, from a newer schema --
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200 * SCALE, deadline=None)
 @given(st.data())
 def test_a_damaged_checkpoint_is_refused_and_left_as_it_was(data: st.DataObject) -> None:
+    fuzzed("damaged checkpoints")
+
     async def main() -> None:
         rt = FakeRuntime(auto_ready=True)
         store = controller.MemoryStore()
@@ -267,3 +283,8 @@ def test_nan_is_not_json() -> None:
     with pytest.raises(controller.ConfigError) as caught:
         config(user_config=math.nan)
     assert "user_config" in caught.value.field
+
+
+def test_inputs_fuzzed() -> None:
+    # Runs last in this file: the figures for RELIABILITY.md.
+    print("inputs fuzzed: " + ", ".join(f"{n} {what}" for what, n in FUZZED.items()))
