@@ -10,8 +10,9 @@ store before it acts, so that it survives its own crash.
 # readers see them all here.
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from ._checkpoint import SCHEMA_VERSION as SCHEMA_VERSION
@@ -93,15 +94,4 @@ _HOME: dict[str, str] = {
 __all__ = sorted(_HOME)
 __version__ = "0.1.0"
 
-
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module 'controller' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home, __name__), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOME})
+__getattr__, __dir__ = lazy_exports(__name__, _HOME)

@@ -11,8 +11,9 @@ Connect first (``ray.init(...)``), then::
 # class, and needs none of the controller side.
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from ._connect import connect as connect
@@ -23,15 +24,4 @@ _HOME = {"RayKVStore": "._kv_store", "RayRuntime": "._runtime", "connect": "._co
 
 __all__ = sorted(_HOME)
 
-
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module 'controller.ray' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOME})
+__getattr__, __dir__ = lazy_exports(__name__, _HOME)
