@@ -20,7 +20,10 @@ from .._config import BackendConfig, ReplicaConfig
 from .._controller import Controller, open_controller
 from .._errors import ControllerClosedError
 from .._goal import Goal
+from .._policy import RestartPolicy
+from .._runtime import Runtime
 from .._state import BackendSnapshot, BackendStatus, ControllerStatus, GoalOutcome
+from .._store import Store
 
 T = TypeVar("T")
 
@@ -154,6 +157,43 @@ async def _listen(
     ctl: Controller, snapshot_ids: Mapping[str, int] | None, all_backends: bool
 ) -> dict[str, BackendSnapshot]:
     return await ctl.listen_for_change(snapshot_ids, all_backends=all_backends)
+
+
+@final
+class Opening:
+    """The asyncio side of a host starting up, whichever way trio runs: the facade arrives on
+    `ready`; `request_stop` ends the host (from asyncio, through the trio token)."""
+
+    def __init__(self, runtime: Runtime, store: Store, restart_policy: RestartPolicy | None):
+        self.ready: asyncio.Future[AioController] = asyncio.get_running_loop().create_future()
+        self.stop = trio.Event()
+        self.host_args = (
+            {"runtime": runtime, "store": store, "restart_policy": restart_policy},
+            self._on_ready,
+            self.stop,
+        )
+        self._token: trio.lowlevel.TrioToken | None = None
+
+    def _on_ready(self, facade: AioController) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        self.ready.set_result(facade)
+
+    async def wait(
+        self, ended: asyncio.Future[Any], reraise: Callable[[], object]
+    ) -> AioController:
+        """The facade, or, if the host ends first (a store it cannot read), its error:
+        `reraise` raises what `ended` holds."""
+        either: list[asyncio.Future[Any]] = [self.ready, ended]
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        if not self.ready.done():
+            self.ready.cancel()
+            reraise()
+            raise RuntimeError("the controller's trio side ended before it opened")
+        return self.ready.result()
+
+    def request_stop(self) -> None:
+        if self._token is not None:
+            self._token.run_sync_soon(self.stop.set)
 
 
 async def host(

@@ -11,15 +11,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
-import trio
 import trio_asyncio
 
 from .._policy import RestartPolicy
 from .._runtime import Runtime
 from .._store import Store
-from ._bridge import AioController, host
+from ._bridge import AioController, Opening, host
 
 
 @asynccontextmanager
@@ -31,25 +29,12 @@ async def open_under_trio_asyncio(
 ) -> AsyncIterator[AioController]:
     """``async with open_under_trio_asyncio(runtime=..., store=...) as ctl:`` from asyncio code
     under a trio-asyncio loop. On exit the controller closes and its trio side has ended."""
-    loop = asyncio.get_running_loop()
-    ready: asyncio.Future[AioController] = loop.create_future()
-    stop = trio.Event()
-    token: list[trio.lowlevel.TrioToken] = []
-
-    def on_ready(facade: AioController) -> None:
-        token.append(trio.lowlevel.current_trio_token())
-        ready.set_result(facade)
-
-    kwargs: dict[str, Any] = {"runtime": runtime, "store": store, "restart_policy": restart_policy}
-    hosting = asyncio.ensure_future(trio_asyncio.trio_as_aio(host)(kwargs, on_ready, stop))
-    await asyncio.wait([ready, hosting], return_when=asyncio.FIRST_COMPLETED)
-    if not ready.done():
-        ready.cancel()
-        hosting.result()  # raises what ended it
-        raise RuntimeError("the controller's trio side ended before it opened")
+    opening = Opening(runtime, store, restart_policy)
+    hosting = asyncio.ensure_future(trio_asyncio.trio_as_aio(host)(*opening.host_args))
+    facade = await opening.wait(hosting, hosting.result)
     try:
-        yield ready.result()
+        yield facade
     finally:
         if not hosting.done():
-            token[0].run_sync_soon(stop.set)
+            opening.request_stop()
         await asyncio.shield(hosting)
