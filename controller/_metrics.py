@@ -3,20 +3,22 @@ runtime and the store do. Kept out of the core, which knows only the Observer pr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, final
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, TypeVar, final
 
 import trio
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ._json import JSON
-from ._runtime import DeathListener, ReplicaSpec, Runtime
+from ._runtime import Runtime
 from ._store import Store
+from ._wrap import RuntimeWrapper, StoreWrapper
 
 if TYPE_CHECKING:
     from ._state import ControllerStatus
+
+T = TypeVar("T")
 
 # Controller work is sub-millisecond; replica starts take seconds.
 _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
@@ -127,83 +129,54 @@ class _ReplicaCollector(Collector):
         yield states
 
 
+#: For each timed runtime call: its histogram's label when it returns, and when it raises.
+_OUTCOMES = {
+    "start": ("ready", "failed"),
+    "adopt": ("adopted", "adoption_failed"),
+    "check_health": ("ok", "failed"),
+}
+
+
 @final
-class _TimedRuntime:
-    """A Runtime that times starts, drains and health checks of the runtime it wraps."""
+class _TimedRuntime(RuntimeWrapper):
+    """Times the starts, adoptions, drains and health checks of the runtime it wraps."""
 
     def __init__(self, inner: Runtime, metrics: Metrics):
-        self._inner = inner
+        super().__init__(inner)
         self._metrics = metrics
 
-    async def serve(
-        self,
-        on_death: DeathListener,
-        *,
-        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
-        await self._inner.serve(on_death, task_status=task_status)
-
-    async def capacity(self) -> Sequence[Mapping[str, float]] | None:
-        return await self._inner.capacity()
-
-    async def list_replicas(self) -> Sequence[str]:
-        return await self._inner.list_replicas()
-
-    async def start_replica(self, spec: ReplicaSpec) -> str | None:
+    async def around(self, op: str, tag: str | None, work: Callable[[], Awaitable[T]]) -> T:
+        if op not in _OUTCOMES and op != "drain":
+            return await work()
         started = trio.current_time()
-        outcome = "failed"
+        ok = False
         try:
-            address = await self._inner.start_replica(spec)
-            outcome = "ready"
-            return address
+            result = await work()
+            ok = True
+            return result
         finally:
-            self._metrics.starts.labels(outcome).observe(trio.current_time() - started)
-
-    async def adopt_replica(self, tag: str) -> str | None:
-        started = trio.current_time()
-        outcome = "adoption_failed"
-        try:
-            address = await self._inner.adopt_replica(tag)
-            outcome = "adopted"
-            return address
-        finally:
-            self._metrics.starts.labels(outcome).observe(trio.current_time() - started)
-
-    async def reconfigure_replica(self, tag: str, user_config: JSON) -> None:
-        await self._inner.reconfigure_replica(tag, user_config)
-
-    async def check_health_replica(self, tag: str) -> None:
-        started = trio.current_time()
-        outcome = "failed"
-        try:
-            await self._inner.check_health_replica(tag)
-            outcome = "ok"
-        finally:
-            self._metrics.health_checks.labels(outcome).observe(trio.current_time() - started)
-
-    async def drain_replica(self, tag: str) -> None:
-        started = trio.current_time()
-        try:
-            await self._inner.drain_replica(tag)
-        finally:
-            self._metrics.drains.observe(trio.current_time() - started)
-
-    async def kill_replica(self, tag: str) -> None:
-        await self._inner.kill_replica(tag)
+            elapsed = trio.current_time() - started
+            if op == "drain":
+                self._metrics.drains.observe(elapsed)
+            else:
+                label = _OUTCOMES[op][0 if ok else 1]
+                histogram = (
+                    self._metrics.health_checks if op == "check_health" else self._metrics.starts
+                )
+                histogram.labels(label).observe(elapsed)
 
 
 @final
-class _TimedStore:
-    """A Store that times the writes of the store it wraps."""
+class _TimedStore(StoreWrapper):
+    """Times the writes of the store it wraps."""
 
     def __init__(self, inner: Store, metrics: Metrics):
-        self._inner = inner
+        super().__init__(inner)
         self._metrics = metrics
 
-    async def read_all(self) -> dict[str, str]:
-        return await self._inner.read_all()
-
-    async def write(self, changes: Mapping[str, str | None]) -> None:
+    async def around(self, op: str, keys: Sequence[str], work: Callable[[], Awaitable[T]]) -> T:
         started = trio.current_time()
-        await self._inner.write(changes)
-        self._metrics.checkpoint_writes.observe(trio.current_time() - started)
+        result = await work()
+        if op == "write":
+            self._metrics.checkpoint_writes.observe(trio.current_time() - started)
+        return result

@@ -11,14 +11,12 @@ new controller over them to test recovery.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar, final
 
-import trio
-
-from .._json import JSON
-from .._runtime import DeathListener, ReplicaSpec, Runtime
+from .._runtime import Runtime
 from .._store import Store
+from .._wrap import RuntimeWrapper, StoreWrapper
 
 T = TypeVar("T")
 
@@ -65,63 +63,20 @@ class FaultInjector:
 
 
 @final
-class _Store:
+class _Store(StoreWrapper):
     def __init__(self, inner: Store, faults: FaultInjector):
-        self._inner = inner
+        super().__init__(inner)
         self._faults = faults
 
-    async def read_all(self) -> dict[str, str]:
-        return await self._faults.step("store.read_all", self._inner.read_all)
-
-    async def write(self, changes: Mapping[str, str | None]) -> None:
-        await self._faults.step(
-            f"store.write {sorted(changes)}", lambda: self._inner.write(changes)
-        )
+    async def around(self, op: str, keys: Sequence[str], work: Callable[[], Awaitable[T]]) -> T:
+        return await self._faults.step(f"store.{op} {list(keys)}" if keys else f"store.{op}", work)
 
 
 @final
-class _Runtime:
+class _Runtime(RuntimeWrapper):
     def __init__(self, inner: Runtime, faults: FaultInjector):
-        self._inner = inner
+        super().__init__(inner)
         self._faults = faults
 
-    async def serve(
-        self,
-        on_death: DeathListener,
-        *,
-        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
-        await self._inner.serve(on_death, task_status=task_status)
-
-    async def capacity(self) -> Sequence[Mapping[str, float]] | None:
-        return await self._inner.capacity()
-
-    async def list_replicas(self) -> Sequence[str]:
-        return await self._faults.step("runtime.list_replicas", self._inner.list_replicas)
-
-    async def start_replica(self, spec: ReplicaSpec) -> str | None:
-        return await self._faults.step(
-            f"runtime.start {spec.tag}", lambda: self._inner.start_replica(spec)
-        )
-
-    async def adopt_replica(self, tag: str) -> str | None:
-        return await self._faults.step(
-            f"runtime.adopt {tag}", lambda: self._inner.adopt_replica(tag)
-        )
-
-    async def reconfigure_replica(self, tag: str, user_config: JSON) -> None:
-        await self._faults.step(
-            f"runtime.reconfigure {tag}",
-            lambda: self._inner.reconfigure_replica(tag, user_config),
-        )
-
-    async def check_health_replica(self, tag: str) -> None:
-        await self._faults.step(
-            f"runtime.check_health {tag}", lambda: self._inner.check_health_replica(tag)
-        )
-
-    async def drain_replica(self, tag: str) -> None:
-        await self._faults.step(f"runtime.drain {tag}", lambda: self._inner.drain_replica(tag))
-
-    async def kill_replica(self, tag: str) -> None:
-        await self._faults.step(f"runtime.kill {tag}", lambda: self._inner.kill_replica(tag))
+    async def around(self, op: str, tag: str | None, work: Callable[[], Awaitable[T]]) -> T:
+        return await self._faults.step(f"runtime.{op} {tag}" if tag else f"runtime.{op}", work)
