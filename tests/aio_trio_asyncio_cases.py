@@ -19,12 +19,16 @@ import controller
 from controller.aio import AioController, open_under_trio_asyncio
 from controller.testing import FakeRuntime, FakeState
 
-RC = controller.ReplicaConfig("m:C")
+from .aio_scenarios import (
+    RC,
+    bridge_tasks,
+    cfg,
+    deploy_and_wait,
+    errors_cross_with_their_type,
+    watch_a_scale_up,
+)
+
 EXACT = controller.RestartPolicy(jitter=0)
-
-
-def cfg(n: int, **kwargs: object) -> controller.BackendConfig:
-    return controller.BackendConfig(num_replicas=n, version="v1", **kwargs)  # type: ignore[arg-type]
 
 
 async def in_asyncio(
@@ -46,13 +50,7 @@ async def in_asyncio(
 
 async def test_deploy_and_wait_from_asyncio(autojump_clock: trio.testing.MockClock) -> None:
     rt = FakeRuntime(auto_ready=True)
-
-    async def body(ctl: AioController) -> None:
-        goal = await ctl.deploy("a", cfg(2), RC)
-        assert await goal.wait() is controller.GoalOutcome.COMPLETED
-        assert ctl.status("a").message == "2/2 replicas of version v1 running"
-
-    await in_asyncio(rt, body)
+    await in_asyncio(rt, deploy_and_wait)
     assert len(rt.tags(FakeState.READY)) == 2  # left running by the close
 
 
@@ -76,24 +74,7 @@ async def test_mockclock_drives_both_worlds(autojump_clock: trio.testing.MockClo
 
 
 async def test_watch_from_asyncio(autojump_clock: trio.testing.MockClock) -> None:
-    rt = FakeRuntime(auto_ready=True)
-
-    async def body(ctl: AioController) -> None:
-        await (await ctl.deploy("a", cfg(1), RC)).wait()
-        seen: list[int] = []
-
-        async def follow() -> None:
-            async for snapshot in ctl.watch("a"):
-                seen.append(len(snapshot.replicas))
-                if len(snapshot.replicas) == 3:
-                    return
-
-        following = asyncio.ensure_future(follow())
-        await (await ctl.deploy("a", cfg(3), RC)).wait()
-        await asyncio.wait_for(following, 10)
-        assert (seen[0], seen[-1]) == (1, 3)
-
-    await in_asyncio(rt, body)
+    await in_asyncio(FakeRuntime(auto_ready=True), watch_a_scale_up)
 
 
 async def test_cancellation_both_ways(autojump_clock: trio.testing.MockClock) -> None:
@@ -106,10 +87,7 @@ async def test_cancellation_both_ways(autojump_clock: trio.testing.MockClock) ->
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(goal.wait(), 5)
 
-        async def count() -> int:
-            return len(ctl._bridge._nursery.child_tasks)
-
-        assert await ctl._bridge.call(count) == 1  # only the count itself
+        assert await bridge_tasks(ctl) == 1  # only the count itself
         # trio -> asyncio: a wait still pending when the controller closes fails with
         # ControllerClosedError (checked below, after the close).
         after_close.append(asyncio.ensure_future(goal.wait()))
@@ -121,12 +99,6 @@ async def test_cancellation_both_ways(autojump_clock: trio.testing.MockClock) ->
 
 
 async def test_errors_cross_with_their_type(autojump_clock: trio.testing.MockClock) -> None:
-    rt = FakeRuntime(auto_ready=True, capacity={"CPU": 1})
-
-    async def body(ctl: AioController) -> None:
-        with pytest.raises(controller.UnknownBackendError):
-            await ctl.delete("nope")
-        with pytest.raises(controller.InfeasibleError):
-            await ctl.deploy("a", cfg(1, resources={"CPU": 2}), RC)
-
-    await in_asyncio(rt, body)
+    await in_asyncio(
+        FakeRuntime(auto_ready=True, capacity={"CPU": 1}), errors_cross_with_their_type
+    )

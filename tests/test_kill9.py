@@ -20,7 +20,10 @@ def slow(n: int, version: str) -> dict[str, object]:
     return trivial(n, version, entrypoint="replicas:SlowInit", init_kwargs={"seconds": 0.5})
 
 
-async def kill_nine(daemon: Daemon) -> None:
+async def apply_then_kill_nine(daemon: Daemon, file: Path, when: bytes) -> None:
+    """Apply `file` (not waiting), then SIGKILL the daemon as soon as its log shows `when`."""
+    assert (await daemon.cli("apply", "-f", str(file))).returncode == 0
+    await daemon.logged(when)
     assert daemon.process is not None
     daemon.process.send_signal(signal.SIGKILL)
     assert await daemon.process.wait() == -signal.SIGKILL
@@ -44,9 +47,7 @@ async def test_sigkill_in_the_middle_of_an_apply(state_dir: Path) -> None:
         async with trio.open_nursery() as nursery:
             first = Daemon(state_dir)
             await first.start(nursery)
-            assert (await first.cli("apply", "-f", str(file))).returncode == 0
-            await first.logged(b"backend a: starting 4")
-            await kill_nine(first)
+            await apply_then_kill_nine(first, file, b"backend a: starting 4")
             before = set(worker_pids(state_dir))  # whatever the kill left, half-built or not
             print(f"workers alive at the kill: {len(before)}")
         async with running(state_dir) as second:
@@ -65,9 +66,8 @@ async def test_sigkill_in_the_middle_of_a_rollout(state_dir: Path) -> None:
             assert (await first.cli("apply", "-f", str(file), "--wait")).returncode == 0
             v1 = set(worker_pids(state_dir))
             file.write_text(manifest(a=slow(4, "v2")))
-            assert (await first.cli("apply", "-f", str(file))).returncode == 0
-            await first.logged(b"(version v2)")  # the first decision of the rollout
-            await kill_nine(first)
+            # Killed at the first decision of the rollout.
+            await apply_then_kill_nine(first, file, b"(version v2)")
         async with running(state_dir) as second:
             after = await converged(second, state_dir, "v2", 4)
             assert not (v1 & set(after)), "a v1 worker outlived the rollout"
