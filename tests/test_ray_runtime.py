@@ -348,3 +348,31 @@ async def test_a_driver_killed_mid_rollout_is_taken_over(
             live = await harness.runtime.list_replicas()
             assert sorted(live) == sorted(r.tag for r in status.replicas)  # no orphan, no v1
             await (await ctl.delete("a")).wait()
+
+
+async def test_the_daemon_on_ray_keeps_its_replicas_across_a_restart(
+    harness: Harness, cluster: Cluster
+) -> None:
+    from .test_daemon import Daemon, manifest, running
+
+    state = Path(tempfile.mkdtemp(prefix="dr", dir="/tmp"))
+    file = state / "backends.toml"
+    file.write_text(manifest(a={"entrypoint": "replicas:Trivial", "num_replicas": 2}))
+    ray_args = ("--runtime", "ray", "--store", "ray", "--ray-address", cluster.address)
+    ray_args += ("--namespace", harness.namespace)
+    try:
+        with trio.fail_after(LIMIT_S):
+            async with trio.open_nursery() as nursery:
+                first = Daemon(state)
+                await first.start(nursery, *ray_args)
+                result = await first.cli("apply", "-f", str(file), "--wait")
+                assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+                tags = {r["tag"] for r in (await first.status())["a"]["replicas"]}
+                assert await first.stop() == 0  # SIGTERM: the actors live on in the cluster
+                assert sorted(await harness.runtime.list_replicas()) == sorted(tags)
+            async with running(state, *ray_args) as second:
+                assert (await second.cli("wait", "a")).returncode == 0
+                assert {r["tag"] for r in (await second.status())["a"]["replicas"]} == tags
+        assert await harness.runtime.list_replicas() == []  # shutdown drained them
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
