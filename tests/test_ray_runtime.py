@@ -358,8 +358,8 @@ async def test_the_daemon_on_ray_keeps_its_replicas_across_a_restart(
     state = Path(tempfile.mkdtemp(prefix="dr", dir="/tmp"))
     file = state / "backends.toml"
     file.write_text(manifest(a={"entrypoint": "replicas:Trivial", "num_replicas": 2}))
-    ray_args = ("--runtime", "ray", "--store", "ray", "--ray-address", cluster.address)
-    ray_args += ("--namespace", harness.namespace)
+    ray_args = ["--runtime", "ray", "--store", "ray", "--ray-address", cluster.address]
+    ray_args += ["--namespace", harness.namespace]
     try:
         with trio.fail_after(LIMIT_S):
             async with trio.open_nursery() as nursery:
