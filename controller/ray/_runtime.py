@@ -194,8 +194,10 @@ class RayRuntime:
             ray.kill(actor.handle, no_restart=True)
             # A call to a dead actor fails at once; one still dying fails when it is dead. Either
             # way, its end means the actor and its resources are gone.
+            # Never cancel calls to an actor being killed: Ray 2.60 can abort the dying actor's
+            # process on a cancel that races its kill (seen once in the benchmark's logs).
             with contextlib.suppress(ray.exceptions.RayActorError):
-                await wait_ref(actor.handle.wait_until_dead.remote(), cancel_remote=True)
+                await wait_ref(actor.handle.wait_until_dead.remote())
         finally:
             if self._actors.get(tag) is actor:
                 del self._actors[tag]
@@ -248,8 +250,15 @@ class RayRuntime:
 
     async def _monitor(self, actor: _Actor) -> None:
         while True:
+            call = actor.handle.wait_until_dead.remote()
             try:
-                await wait_ref(actor.handle.wait_until_dead.remote(), cancel_remote=True)
+                await wait_ref(call)
+            except trio.Cancelled:
+                # The controller is closing: a live actor should not keep our call waiting for
+                # ever. One being killed is left alone (see kill_replica).
+                if not actor.killing:
+                    ray.cancel(call)
+                raise
             except ray.exceptions.ActorUnavailableError:
                 await trio.sleep(_UNAVAILABLE_RETRY_S)
                 continue
