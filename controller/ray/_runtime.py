@@ -49,6 +49,9 @@ class _Actor:
     """Set once ready: which optional methods of the replica contract its class has."""
     killing: bool = False
     """Set when the stop is ours, so that the monitor does not report it as a death."""
+    death_call: Any = None
+    """The monitor's call in flight (it ends only when the actor does), for a kill to wait on
+    rather than sending another."""
 
 
 @final
@@ -196,8 +199,9 @@ class RayRuntime:
             # way, its end means the actor and its resources are gone.
             # Never cancel calls to an actor being killed: Ray 2.60 can abort the dying actor's
             # process on a cancel that races its kill (seen once in the benchmark's logs).
+            call = actor.death_call or actor.handle.wait_until_dead.remote()
             with contextlib.suppress(ray.exceptions.RayActorError):
-                await wait_ref(actor.handle.wait_until_dead.remote())
+                await wait_ref(call)
         finally:
             if self._actors.get(tag) is actor:
                 del self._actors[tag]
@@ -250,7 +254,7 @@ class RayRuntime:
 
     async def _monitor(self, actor: _Actor) -> None:
         while True:
-            call = actor.handle.wait_until_dead.remote()
+            call = actor.death_call = actor.handle.wait_until_dead.remote()
             try:
                 await wait_ref(call)
             except trio.Cancelled:
@@ -260,6 +264,7 @@ class RayRuntime:
                     ray.cancel(call)
                 raise
             except ray.exceptions.ActorUnavailableError:
+                actor.death_call = None  # ended without the actor: not one to wait on
                 await trio.sleep(_UNAVAILABLE_RETRY_S)
                 continue
             except ray.exceptions.RayActorError as exc:
