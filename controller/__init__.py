@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ._checkpoint import SCHEMA_VERSION as SCHEMA_VERSION
     from ._config import BackendConfig as BackendConfig
     from ._config import ReplicaConfig as ReplicaConfig
+    from ._controller import Applied as Applied
     from ._controller import Controller as Controller
     from ._controller import open_controller as open_controller
     from ._errors import CheckpointError as CheckpointError
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from ._errors import ManifestError as ManifestError
     from ._errors import ReplicaError as ReplicaError
     from ._errors import ReplicaGoneError as ReplicaGoneError
+    from ._errors import StartupError as StartupError
     from ._errors import StoreError as StoreError
     from ._errors import UnknownBackendError as UnknownBackendError
     from ._goal import Goal as Goal
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from ._memory_store import MemoryStore as MemoryStore
     from ._policy import RestartPolicy as RestartPolicy
     from ._runtime import DeathListener as DeathListener
+    from ._runtime import ReplicaInfo as ReplicaInfo
     from ._runtime import ReplicaSpec as ReplicaSpec
     from ._runtime import Runtime as Runtime
     from ._sqlite_store import SQLiteStore as SQLiteStore
@@ -56,6 +59,7 @@ _HOME: dict[str, str] = {
     "SCHEMA_VERSION": "._checkpoint",
     "BackendConfig": "._config",
     "ReplicaConfig": "._config",
+    "Applied": "._controller",
     "Controller": "._controller",
     "open_controller": "._controller",
     "CheckpointError": "._errors",
@@ -67,6 +71,7 @@ _HOME: dict[str, str] = {
     "ManifestError": "._errors",
     "ReplicaError": "._errors",
     "ReplicaGoneError": "._errors",
+    "StartupError": "._errors",
     "StoreError": "._errors",
     "UnknownBackendError": "._errors",
     "Goal": "._goal",
@@ -75,6 +80,7 @@ _HOME: dict[str, str] = {
     "MemoryStore": "._memory_store",
     "RestartPolicy": "._policy",
     "DeathListener": "._runtime",
+    "ReplicaInfo": "._runtime",
     "ReplicaSpec": "._runtime",
     "Runtime": "._runtime",
     "SQLiteStore": "._sqlite_store",

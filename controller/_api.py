@@ -11,8 +11,10 @@ import hmac
 import json
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, final
+from datetime import UTC, datetime
+from typing import Any, Protocol, final
 from urllib.parse import parse_qs
 
 import trio
@@ -20,12 +22,16 @@ import trio
 from ._controller import Controller
 from ._errors import (
     ControllerClosedError,
+    ControllerError,
     InfeasibleError,
     ManifestError,
+    StoreError,
     UnknownBackendError,
 )
 from ._manifest import BackendDecl, Manifest, config_to_dict, parse_backend, parse_manifest
-from ._state import BackendSnapshot, BackendStatus
+from ._openapi import OPENAPI
+from ._state import SERVING_STATES, BackendSnapshot, BackendStatus
+from ._worker_logs import LogChunk
 
 logger = logging.getLogger("controller.api")
 
@@ -36,14 +42,60 @@ Send = Callable[[Message], Awaitable[None]]
 
 MAX_BODY_BYTES = 1 << 20
 MAX_WATCH_TIMEOUT_S = 60.0
+MAX_LOG_LINES = 10_000
+#: How soon a client may try again after the store failed (it is retried meanwhile).
+STORE_RETRY_AFTER_S = 5
 _BACKEND_PATH = re.compile(r"/api/v1/backends/([^/]+)")
+_LOGS_PATH = re.compile(r"/api/v1/backends/([^/]+)/logs")
 
 
 class HTTPError(Exception):
-    def __init__(self, status: int, kind: str, message: str, **extra: Any):
+    def __init__(
+        self, status: int, kind: str, message: str, *, retry_after: int | None = None, **extra: Any
+    ):
         self.status = status
         self.body = {"error": {"type": kind, "message": message, **extra}}
+        self.retry_after = retry_after
         super().__init__(message)
+
+
+class LogSource(Protocol):
+    """Where replicas' logs are read from (LocalRuntime is one)."""
+
+    def log_tags(self, backend: str | None = None) -> list[str]: ...
+
+    def read_log(
+        self, tag: str, *, offset: int | None = None, tail: int = 100
+    ) -> LogChunk | None: ...
+
+
+def _domain_error(exc: ControllerError) -> HTTPError:
+    """The status code of each error the controller raises on purpose."""
+    if isinstance(exc, UnknownBackendError):
+        return HTTPError(404, "UnknownBackend", str(exc))
+    if isinstance(exc, InfeasibleError):
+        return HTTPError(409, "Infeasible", f"{exc} Nothing was applied.")
+    if isinstance(exc, ControllerClosedError):
+        return HTTPError(503, "ShuttingDown", str(exc))
+    if isinstance(exc, StoreError):
+        return HTTPError(
+            503,
+            "StoreUnavailable",
+            f"{exc}; nothing was changed. Try again later (the daemon's log says more).",
+            retry_after=STORE_RETRY_AFTER_S,
+        )
+    return HTTPError(500, type(exc).__name__, str(exc))
+
+
+def iso(wall_time: float | None) -> str | None:
+    """Seconds since the epoch as ISO 8601, UTC, to the millisecond."""
+    if wall_time is None:
+        return None
+    # Rounded to whole milliseconds, as the store keeps them: the same event reads the same
+    # before and after a restart.
+    ms = round(wall_time * 1000)
+    moment = datetime.fromtimestamp(ms // 1000, UTC).replace(microsecond=ms % 1000 * 1000)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 # -- JSON views --
@@ -53,6 +105,9 @@ def status_json(status: BackendStatus) -> dict[str, Any]:
     counts_by_version: dict[str, dict[str, int]] = {}
     for (version, state), n in status.counts_by_version.items():
         counts_by_version.setdefault(version, {})[state.value] = n
+    version = status.backend_config.version or f"gen-{status.generation}"
+    serving = [r for r in status.replicas if r.state in SERVING_STATES]
+    now = time.time()
     return {
         "name": status.name,
         "state": status.state.value,
@@ -63,7 +118,11 @@ def status_json(status: BackendStatus) -> dict[str, Any]:
         "deleting": status.deleting,
         "goal_done": status.goal_done,
         "last_error": status.last_error,
+        "last_traceback": status.last_traceback,
         "desired": 0 if status.deleting else status.backend_config.num_replicas,
+        "version": version,
+        "ready": len(serving),
+        "ready_of_version": sum(1 for r in serving if r.version == version),
         "config": BackendDecl(status.name, status.backend_config, status.replica_config).to_dict(),
         "counts": {state.value: n for state, n in status.counts.items()},
         "counts_by_version": counts_by_version,
@@ -74,10 +133,16 @@ def status_json(status: BackendStatus) -> dict[str, Any]:
                 "version": r.version,
                 "address": r.address,
                 "healthy": r.healthy,
+                "pid": r.pid,
+                "node": r.node,
+                "created_at": iso(r.created_at),
+                "age_s": None if r.created_at is None else round(max(0.0, now - r.created_at), 3),
             }
             for r in status.replicas
         ],
-        "events": [{"time": e.time, "kind": e.kind, "message": e.message} for e in status.events],
+        "events": [
+            {"time": iso(e.wall_time), "kind": e.kind, "message": e.message} for e in status.events
+        ],
     }
 
 
@@ -111,12 +176,14 @@ class Api:
         epoch: str,
         render_metrics: Callable[[], bytes],
         request_shutdown: Callable[[], None],
+        logs: LogSource | None = None,
     ):
         self._ctl = controller
         self._token = token.encode()
         self._epoch = epoch
         self._render_metrics = render_metrics
         self._request_shutdown = request_shutdown
+        self._logs = logs
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -124,10 +191,17 @@ class Api:
             return
         if scope["type"] != "http":
             return
+        retry_after: int | None = None
         try:
-            status, body, content_type = await self._route(scope, receive)
+            try:
+                status, body, content_type = await self._route(scope, receive)
+            except ControllerError as exc:
+                raise _domain_error(exc) from exc
         except HTTPError as exc:
             status, body, content_type = exc.status, _dump(exc.body), "application/json"
+            retry_after = exc.retry_after
+            if status >= 500:
+                logger.error("API: %s %s: %s", scope["method"], scope["path"], exc)
         except Exception:
             logger.exception("API error on %s %s", scope["method"], scope["path"])
             status = 500
@@ -139,6 +213,8 @@ class Api:
         ]
         if status == 401:
             headers.append((b"www-authenticate", b'Bearer realm="controller"'))
+        if retry_after is not None:
+            headers.append((b"retry-after", b"%d" % retry_after))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
@@ -157,6 +233,11 @@ class Api:
         if path == "/api/v1/backends" and method == "GET":
             backends = [status_json(b) for b in self._ctl.status().backends]
             return _ok({"backends": backends})
+        match = _LOGS_PATH.fullmatch(path)
+        if match is not None:
+            if method != "GET":
+                raise HTTPError(405, "MethodNotAllowed", f"{method} is not allowed on {path}")
+            return _ok(self._read_logs(match.group(1), query))
         match = _BACKEND_PATH.fullmatch(path)
         if match is not None:
             name = match.group(1)
@@ -188,28 +269,57 @@ class Api:
         raise HTTPError(401, "Unauthorized", "an 'Authorization: Bearer <token>' header is needed")
 
     def _status(self, name: str) -> BackendStatus:
-        try:
-            return self._ctl.status(name)
-        except UnknownBackendError as exc:
-            raise HTTPError(404, "UnknownBackend", str(exc)) from None
+        return self._ctl.status(name)
 
     async def _deploy(self, decl: BackendDecl) -> dict[str, Any]:
-        try:
-            goal = await self._ctl.deploy(decl.name, decl.backend_config, decl.replica_config)
-        except InfeasibleError as exc:
-            raise HTTPError(409, "Infeasible", str(exc)) from None
-        except ControllerClosedError as exc:
-            raise HTTPError(503, "ShuttingDown", str(exc)) from None
+        goal = await self._ctl.deploy(decl.name, decl.backend_config, decl.replica_config)
         return {"name": decl.name, "generation": goal.generation}
 
     async def _delete(self, name: str, force: bool) -> dict[str, Any]:
-        try:
-            goal = await self._ctl.delete(name, force=force)
-        except UnknownBackendError as exc:
-            raise HTTPError(404, "UnknownBackend", str(exc)) from None
-        except ControllerClosedError as exc:
-            raise HTTPError(503, "ShuttingDown", str(exc)) from None
+        goal = await self._ctl.delete(name, force=force)
         return {"name": name, "generation": goal.generation}
+
+    def _read_logs(self, name: str, query: dict[str, list[str]]) -> dict[str, Any]:
+        """The logs of a backend's replicas: its current ones and the kept logs of those gone
+        (``?replica=TAG`` for one; ``tail`` lines each; with ``offset``, only what is new)."""
+        if self._logs is None:
+            raise HTTPError(
+                501,
+                "NoLogs",
+                "this runtime keeps no replica logs the daemon can read; with the ray runtime, "
+                "use Ray's own logs (`ray logs actor --id ...`)",
+            )
+        try:
+            tail = int(query.get("tail", ["100"])[0])
+            offset_text = query.get("offset", [None])[0]
+            offset = None if offset_text is None else int(offset_text)
+        except ValueError:
+            raise HTTPError(400, "BadQuery", "tail and offset must be integers") from None
+        if not 0 <= tail <= MAX_LOG_LINES or (offset is not None and offset < 0):
+            raise HTTPError(400, "BadQuery", f"tail must be in [0, {MAX_LOG_LINES}], offset >= 0")
+        try:
+            current = {r.tag: r.state.value for r in self._ctl.status(name).replicas}
+        except UnknownBackendError:
+            current = {}
+        tags = self._logs.log_tags(name)
+        wanted = query.get("replica", [None])[0]
+        if wanted is not None:
+            if wanted.rpartition("#")[0] != name or wanted not in tags:
+                raise HTTPError(
+                    404, "NoSuchLog", f"no log of replica {wanted!r} in backend {name!r}"
+                )
+            tags = [wanted]
+        elif not tags and not current:
+            raise HTTPError(404, "UnknownBackend", f"backend {name!r} has no replicas or logs")
+        out = []
+        for tag in tags:
+            chunk = self._logs.read_log(tag, offset=offset, tail=tail)
+            if chunk is not None:
+                state = current.get(tag, "GONE")
+                out.append(
+                    {"replica": tag, "state": state, "text": chunk.text, "offset": chunk.offset}
+                )
+        return {"name": name, "logs": out}
 
     async def _apply(self, data: Any) -> dict[str, Any]:
         if not isinstance(data, dict):
@@ -253,33 +363,29 @@ class Api:
 
 
 async def apply_manifest(ctl: Controller, manifest: Manifest, *, prune: bool) -> dict[str, Any]:
-    """Deploy every backend of `manifest` (and, with `prune`, delete the others). Deploys of an
-    unchanged spec change nothing. Stops at the first infeasible backend (409, saying which were
-    applied before it)."""
-    applied: list[dict[str, Any]] = []
-    for decl in manifest.backends:
-        try:
-            before = ctl.status(decl.name).generation
-        except UnknownBackendError:
-            before = 0
-        try:
-            goal = await ctl.deploy(decl.name, decl.backend_config, decl.replica_config)
-        except InfeasibleError as exc:
-            done = ", ".join(a["name"] for a in applied) or "none"
-            raise HTTPError(
-                409, "Infeasible", f"{exc} (applied before it: {done})", applied=applied
-            ) from None
-        applied.append(
-            {"name": decl.name, "generation": goal.generation, "changed": goal.generation != before}
+    """Deploy every backend of `manifest` (and, with `prune`, delete the others) as one change:
+    all of it, or nothing if any backend cannot be placed beside the others (409). Deploys of
+    an unchanged spec change nothing."""
+    try:
+        applied = await ctl.apply(
+            {d.name: (d.backend_config, d.replica_config) for d in manifest.backends},
+            prune=prune,
         )
-    deleted: list[dict[str, Any]] = []
-    if prune:
-        keep = set(manifest.names)
-        for status in ctl.status().backends:
-            if status.name not in keep and not status.deleting:
-                goal = await ctl.delete(status.name)
-                deleted.append({"name": status.name, "generation": goal.generation})
-    return {"applied": applied, "deleted": deleted}
+    except ControllerError as exc:
+        raise _domain_error(exc) from exc
+    return {
+        "applied": [
+            {
+                "name": name,
+                "generation": goal.generation,
+                "changed": name in applied.changed,
+            }
+            for name, goal in applied.goals.items()
+        ],
+        "deleted": [
+            {"name": name, "generation": goal.generation} for name, goal in applied.deleted.items()
+        ],
+    }
 
 
 def _backend_from_body(name: str, data: Any) -> BackendDecl:
@@ -332,129 +438,3 @@ async def _lifespan(receive: Receive, send: Send) -> None:
         elif message["type"] == "lifespan.shutdown":
             await send({"type": "lifespan.shutdown.complete"})
             return
-
-
-_ERROR = {"$ref": "#/components/schemas/Error"}
-
-
-def _op(summary: str, ok: str, *errors: str, body: str | None = None) -> dict[str, Any]:
-    op: dict[str, Any] = {
-        "summary": summary,
-        "responses": {
-            ok: {"description": "done"},
-            **{
-                code: {
-                    "description": "error",
-                    "content": {"application/json": {"schema": _ERROR}},
-                }
-                for code in ("401", *errors)
-            },
-        },
-    }
-    if body is not None:
-        op["requestBody"] = {
-            "required": True,
-            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{body}"}}},
-        }
-    return op
-
-
-_NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
-
-OPENAPI: dict[str, Any] = {
-    "openapi": "3.0.3",
-    "info": {"title": "trio-replica-controller", "version": "1"},
-    "components": {
-        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-        "schemas": {
-            "Error": {
-                "type": "object",
-                "properties": {
-                    "error": {
-                        "type": "object",
-                        "properties": {
-                            "type": {"type": "string"},
-                            "message": {"type": "string"},
-                            "problems": {"type": "array", "items": {"type": "string"}},
-                        },
-                    }
-                },
-            },
-            "Backend": {
-                "type": "object",
-                "description": "BackendConfig and ReplicaConfig fields side by side; "
-                "entrypoint is required, unknown fields are rejected",
-                "required": ["entrypoint"],
-                "properties": {
-                    "entrypoint": {"type": "string"},
-                    "init_args": {"type": "array"},
-                    "init_kwargs": {"type": "object"},
-                    "num_replicas": {"type": "integer", "minimum": 0},
-                    "version": {"type": "string", "nullable": True},
-                    "user_config": {},
-                    "graceful_shutdown_timeout_s": {"type": "number"},
-                    "start_timeout_s": {"type": "number"},
-                    "resources": {"type": "object"},
-                    "max_surge": {"type": "number"},
-                    "max_unavailable": {"type": "number"},
-                    "health_check_period_s": {"type": "number"},
-                    "health_check_timeout_s": {"type": "number"},
-                    "health_check_failure_threshold": {"type": "integer"},
-                },
-                "additionalProperties": False,
-            },
-            "Apply": {
-                "type": "object",
-                "properties": {
-                    "backends": {
-                        "type": "object",
-                        "additionalProperties": {"$ref": "#/components/schemas/Backend"},
-                    },
-                    "prune": {"type": "boolean"},
-                    "source": {"type": "string"},
-                },
-                "additionalProperties": False,
-            },
-        },
-    },
-    "security": [{"bearer": []}],
-    "paths": {
-        "/healthz": {"get": {**_op("Liveness; needs no token", "200"), "security": []}},
-        "/metrics": {"get": _op("Prometheus metrics (text format)", "200")},
-        "/openapi.json": {"get": _op("This document", "200")},
-        "/api/v1/backends": {"get": _op("Every backend's status", "200")},
-        "/api/v1/backends/{name}": {
-            "parameters": [_NAME],
-            "get": _op("One backend's status", "200", "404"),
-            "put": _op(
-                "Deploy (create or update)", "200", "400", "409", "413", "422", body="Backend"
-            ),
-            "delete": {
-                **_op("Drain and delete", "202", "404"),
-                "parameters": [{"name": "force", "in": "query", "schema": {"type": "boolean"}}],
-            },
-        },
-        "/api/v1/apply": {
-            "post": _op(
-                "Deploy every backend of a manifest; prune deletes the others",
-                "200",
-                "400",
-                "409",
-                "413",
-                "422",
-                body="Apply",
-            )
-        },
-        "/api/v1/watch": {
-            "get": {
-                **_op("Long poll: snapshots newer than `since`", "200", "400"),
-                "parameters": [
-                    {"name": "since", "in": "query", "schema": {"type": "integer"}},
-                    {"name": "epoch", "in": "query", "schema": {"type": "string"}},
-                    {"name": "timeout_s", "in": "query", "schema": {"type": "number"}},
-                ],
-            }
-        },
-        "/api/v1/shutdown": {"post": _op("Drain and delete everything, then exit", "202")},
-    },
-}

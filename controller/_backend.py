@@ -10,11 +10,11 @@ the loop itself never waits on storage.
 
 from __future__ import annotations
 
-import collections
 import heapq
 import logging
 import math
 import random
+import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Literal, final
@@ -24,25 +24,28 @@ import trio
 
 from . import _events as ev
 from ._checkpoint import (
+    EventsRecord,
     ReplicaRecord,
     ReplicasRecord,
     SpecRecord,
     dump_replica,
+    events_key,
     join_replicas,
     replicas_key,
     spec_key,
 )
 from ._config import BackendConfig, ReplicaConfig
+from ._describe import describe
 from ._errors import ReplicaError, StoreError
 from ._goal import Goal
+from ._history import EventLog, plural
 from ._json import JSON, digest
 from ._observe import Observer
 from ._policy import RestartPolicy
 from ._reconcile import Target, decide, resolve_limits
-from ._runtime import ReplicaSpec, Runtime
+from ._runtime import ReplicaInfo, ReplicaSpec, Runtime
 from ._state import (
     SERVING_STATES,
-    BackendEvent,
     BackendReason,
     BackendSnapshot,
     BackendState,
@@ -55,9 +58,6 @@ from ._store import Store
 from ._watch import SnapshotHub
 
 logger = logging.getLogger("controller")
-
-#: How many recent events each backend keeps for its status.
-EVENTS_KEPT = 50
 
 _tag_rng = random.SystemRandom()
 
@@ -107,6 +107,10 @@ class Replica:
     state: ReplicaState
     seq: int
     address: str | None = None
+    pid: int | None = None
+    node: str | None = None
+    created_at: float | None = None
+    """When it was asked for, by the wall clock (None if a schema-1 checkpoint did not say)."""
     graceful: bool = True
     """When stopping: drain before the kill (False for forced deletes and dead replicas)."""
     scope: trio.CancelScope | None = None
@@ -151,6 +155,10 @@ class Backend:
         self.replicas: dict[str, Replica] = {}
         self.goal = Goal(name, spec.generation, "delete" if spec.deleting else "deploy")
         self.last_error: str | None = None
+        self.last_traceback: str | None = None
+        # The last failure of this generation: what the message shows (a new deploy starts
+        # with a clean slate there, while `last_error` keeps the latest failure of any).
+        self._generation_error: str | None = None
         self.forgotten = False
         self._runtime = runtime
         self._store = store
@@ -168,6 +176,7 @@ class Backend:
         self._failures = 0  # failed starts of the target version since one was last ready
         self._failed_starts = 0  # in this generation, for the status message
         self._starts_blocked = False
+        self._blocked_reason: BackendReason = "StartFailures"
         self._restarts = 0  # consecutive failures, for the backoff
         self._last_failure_at = -math.inf
         self._backoff_until = -math.inf
@@ -183,12 +192,6 @@ class Backend:
         )
         self._observed_generation = 0
         self._converged = False
-        self.events: collections.deque[BackendEvent] = collections.deque(maxlen=EVENTS_KEPT)
-        self._event(
-            "Delete" if spec.deleting else "Deploy",
-            f"generation {spec.generation}: {spec.backend_config.num_replicas} replicas of "
-            f"version {spec.version}",
-        )
         self._snapshot_dirty = True
         # Checkpointing runs in its own task, so that the loop never waits on storage (and a
         # watcher never waits on an fsync). Each change of the stored record bumps
@@ -198,6 +201,12 @@ class Backend:
         self._durable_seq = 0
         self._write_wanted = trio.Event()
         self._queued: list[tuple[int, Callable[[], object]]] = []
+        self.history = EventLog(name)
+        self._event(
+            "Delete" if spec.deleting else "Deploy",
+            f"generation {spec.generation}: "
+            f"{plural(spec.backend_config.num_replicas, 'replica')} of version {spec.version}",
+        )
 
     # -- called by the controller (same trio thread; never concurrently with the loop's logic) --
 
@@ -210,6 +219,7 @@ class Backend:
         # the one it replaces do not carry over.
         self._failures = self._failed_starts = self._restarts = 0
         self._starts_blocked = False
+        self._generation_error = None
         self._backoff_until = -math.inf
         self._change = _classify(old, spec)
         self._event("Delete" if spec.deleting else "Deploy", _describe_change(old, spec))
@@ -235,7 +245,9 @@ class Backend:
             and self.spec.replica_config == replica_config
         )
 
-    def restore(self, record: ReplicasRecord | None, live: set[str]) -> None:
+    def restore(
+        self, record: ReplicasRecord | None, live: set[str], events: EventsRecord | None
+    ) -> None:
         """Rebuild replicas from a checkpoint: adopt what is alive, forget what is not."""
         dropped = False
         for rec in record.replicas if record is not None else ():
@@ -244,18 +256,32 @@ class Backend:
                 dropped = True
                 continue
             state = ReplicaState.STOPPING if rec.stopping else ReplicaState.RECOVERING
-            self._add(rec.tag, rec.version, rec.config_digest, state).graceful = not self.spec.force
+            created = None if rec.created_ms is None else rec.created_ms / 1000
+            replica = self._add(rec.tag, rec.version, rec.config_digest, state, created)
+            replica.graceful = not self.spec.force
         # What was read back needs no write; only forgetting the dead does.
         self._record_seq = self._durable_seq = 0
         if not self.spec.deleting:
             self._change = (BackendState.UPDATING, "Recovering")
-        self.events.clear()
+        self.history.restore(events)
         self._event(
             "Recovered",
-            f"generation {self.spec.generation}: adopting {len(self.replicas)} live replicas",
+            f"generation {self.spec.generation}: adopting "
+            f"{plural(len(self.replicas), 'live replica')}",
         )
         if dropped:
             self._record_changed()
+
+    def block_starts(self, reason: str) -> None:
+        """Start nothing new until the next deploy, because the spec cannot be placed (found at
+        recovery: a spec stored before the runtime shrank). Replicas already there stay."""
+        self._starts_blocked = True
+        self._blocked_reason = "Infeasible"
+        self.last_error = self._generation_error = reason
+        self.last_traceback = None
+        logger.error("backend %s: %s", self.name, reason)
+        self._event("Infeasible", reason)
+        self.goal.fail(reason)
 
     def notify_died(self, tag: str, reason: str) -> None:
         self._send.send_nowait(ev.Died(tag, reason))
@@ -307,11 +333,11 @@ class Backend:
             # The text and its sequence number are taken together, with no checkpoint between:
             # the text holds every change up to `seq`.
             seq = self._record_seq
-            text = self._record_text()
+            changes = self._checkpoint()
             delay = 0.1
             while True:
                 try:
-                    await self._store.write({replicas_key(self.name): text})
+                    await self._store.write(changes)
                     break
                 except StoreError as exc:
                     # Nothing that depends on this write happens until it lands, so retrying
@@ -321,8 +347,15 @@ class Backend:
                     )
                     await trio.sleep(delay)
                     delay = min(delay * 2, WRITE_RETRY_MAX_S)
-                    seq, text = self._record_seq, self._record_text()
+                    seq, changes = self._record_seq, self._checkpoint()
             self._send.send_nowait(ev.Written(seq))
+
+    def _checkpoint(self) -> dict[str, str | None]:
+        """What the writer stores: the replica record, and the events in the same batch."""
+        return {
+            replicas_key(self.name): self._record_text(),
+            events_key(self.name): self.history.text(),
+        }
 
     def _record_changed(self) -> None:
         self._record_seq += 1
@@ -359,19 +392,20 @@ class Backend:
                 # stop is ours to start.
                 self._spawn_stop(replica)
                 return
+            info = event.info
             replica.state = ReplicaState.RUNNING
-            replica.address = event.address
-            replica.view = ServingReplica(replica.tag, replica.version, event.address)
+            replica.address, replica.pid, replica.node = info.address, info.pid, info.node
+            replica.view = ServingReplica(replica.tag, replica.version, info.address)
             self._snapshot_dirty = True
             if replica.version == self.spec.version:
                 self._failures = 0
             self._schedule_check(replica)
-            logger.info("replica %s RUNNING at %s", replica.tag, event.address)
+            logger.info("replica %s RUNNING at %s", replica.tag, info.address)
         elif isinstance(event, ev.StartFailed):
             del self.replicas[event.tag]
             self._record_changed()
             if replica.state is not ReplicaState.STOPPING:
-                self._start_failed(replica, event.error)
+                self._start_failed(replica, event.error, event.traceback)
         elif isinstance(event, ev.Stopped):
             del self.replicas[event.tag]
             self._record_changed()
@@ -431,8 +465,8 @@ class Backend:
         self._begin_stop(replica, graceful=False)
         self._spawn_stop(replica)
 
-    def _start_failed(self, replica: Replica, error: str) -> None:
-        self._failure(replica.tag, "StartFailed", error)
+    def _start_failed(self, replica: Replica, error: str, traceback: str | None = None) -> None:
+        self._failure(replica.tag, "StartFailed", error, traceback)
         if replica.version != self.spec.version:
             return
         self._failures += 1
@@ -446,12 +480,14 @@ class Backend:
             )
             logger.error("backend %s: deploy failed: %s", self.name, reason)
             self._event("DeployFailed", reason)
-            self.goal.fail(reason)
+            self._blocked_reason = "StartFailures"
+            self.goal.fail(reason, traceback)
 
-    def _failure(self, tag: str, kind: str, error: str) -> None:
+    def _failure(self, tag: str, kind: str, error: str, traceback: str | None = None) -> None:
         """Note a failure (failed start, crash, failed health, failed reconfigure) and back off:
         the next start waits, longer after each failure in a row, so a crash loop never spins."""
-        self.last_error = error
+        self.last_error = self._generation_error = error
+        self.last_traceback = traceback
         self._observer.failure(self.name, kind)
         now = trio.current_time()
         if now - self._last_failure_at >= self._policy.reset_after_s:
@@ -460,11 +496,22 @@ class Backend:
         self._last_failure_at = now
         delay = self._policy.delay(self._restarts, self._rng)
         self._backoff_until = now + delay
-        logger.warning("replica %s: %s (next start in %.3gs)", tag, error, delay)
+        if traceback:
+            logger.warning(
+                "replica %s: %s (next start in %.3gs); its traceback:\n%s",
+                tag,
+                error,
+                delay,
+                traceback.rstrip(),
+            )
+        else:
+            logger.warning("replica %s: %s (next start in %.3gs)", tag, error, delay)
         self._event(kind, f"replica {tag}: {error}; next start in {delay:.3g}s")
 
     def _event(self, kind: str, message: str) -> None:
-        self.events.append(BackendEvent(trio.current_time(), kind, message))
+        self.history.add(kind, message)
+        # Stored by the writer, with the replica record or on their own.
+        self._write_wanted.set()
 
     def _schedule_check(self, replica: Replica) -> None:
         period = self.spec.backend_config.health_check_period_s
@@ -567,18 +614,7 @@ class Backend:
         for replica in updates:
             self._spawn_reconfigure(replica)
         if starts or stops or updates:
-            decided = ", ".join(
-                part
-                for part in (
-                    f"starting {len(starts)}" if starts else "",
-                    f"stopping {len(stops)}" if stops else "",
-                    f"reconfiguring {len(updates)}" if updates else "",
-                )
-                if part
-            )
-            logger.info("backend %s: %s (version %s)", self.name, decided, spec.version)
-            if starts or stops:
-                self._event("Scale", decided.partition(", reconfiguring")[0])
+            self._log_decision(len(starts), stops, len(updates))
         self._run_due_checks(now)
         self._arm_timer(now)
 
@@ -594,6 +630,27 @@ class Backend:
         await trio.lowlevel.checkpoint()
         return False
 
+    def _log_decision(self, starts: int, stops: list[Replica], updates: int) -> None:
+        """One line per decision, each count with the version it concerns: a rollout's line
+        names the version it stops as well as the one it starts."""
+        version = self.spec.version
+        parts = []
+        if starts:
+            parts.append(f"starting {starts} (version {version})")
+        if stops:
+            by_version: dict[str, int] = {}
+            for r in stops:
+                by_version[r.version] = by_version.get(r.version, 0) + 1
+            versions = ", ".join(f"{n} of {v}" for v, n in sorted(by_version.items()))
+            if len(by_version) == 1:
+                versions = f"version {next(iter(by_version))}"
+            parts.append(f"stopping {len(stops)} ({versions})")
+        if updates:
+            parts.append(f"reconfiguring {updates} (version {version})")
+        logger.info("backend %s: %s", self.name, ", ".join(parts))
+        if starts or stops:
+            self._event("Scale", ", ".join(p for p in parts if not p.startswith("reconfiguring")))
+
     def _begin_stop(self, replica: Replica, *, graceful: bool) -> None:
         if replica.state in SERVING_STATES:
             self._snapshot_dirty = True
@@ -603,9 +660,17 @@ class Backend:
         self._record_changed()
         logger.info("replica %s STOPPING (%s)", replica.tag, "drain" if graceful else "kill")
 
-    def _add(self, tag: str, version: str, config_digest: str, state: ReplicaState) -> Replica:
+    def _add(
+        self,
+        tag: str,
+        version: str,
+        config_digest: str,
+        state: ReplicaState,
+        created_at: float | None = None,
+    ) -> Replica:
         self._seq += 1
         replica = Replica(tag, version, config_digest, state, self._seq)
+        replica.created_at = time.time() if state is ReplicaState.STARTING else created_at
         if state is ReplicaState.STARTING or state is ReplicaState.RECOVERING:
             # Made now, not when the task starts, so that a stop decided before the task runs
             # can already cancel it.
@@ -650,7 +715,13 @@ class Backend:
             if r.record_json is None:
                 stopping = r.state is ReplicaState.STOPPING
                 r.record_json = dump_replica(
-                    ReplicaRecord(r.tag, r.version, r.config_digest, stopping)
+                    ReplicaRecord(
+                        r.tag,
+                        r.version,
+                        r.config_digest,
+                        stopping,
+                        None if r.created_at is None else round(r.created_at * 1000),
+                    )
                 )
             entries.append(r.record_json)
         return join_replicas(self.name, entries)
@@ -661,7 +732,13 @@ class Backend:
         async with self.lock:
             if not self.spec.deleting or self.replicas:
                 return False  # a deploy came in while we waited for the lock
-            await self._store.write({spec_key(self.name): None, replicas_key(self.name): None})
+            await self._store.write(
+                {
+                    spec_key(self.name): None,
+                    replicas_key(self.name): None,
+                    events_key(self.name): None,
+                }
+            )
             self.forgotten = True
             self._snapshot_dirty = True
             self._publish()
@@ -714,20 +791,22 @@ class Backend:
         may have, so an adopted one being stopped is drained first.
         """
         error: str | None = None
+        traceback: str | None = None
         with scope:
             try:
                 if spec is None:
-                    address = await self._runtime.adopt_replica(tag)
+                    result = await self._runtime.adopt_replica(tag)
                 else:
-                    address = await self._runtime.start_replica(spec)
+                    result = await self._runtime.start_replica(spec)
             except ReplicaError as exc:
-                error = exc.summary
+                error, traceback = exc.summary, exc.traceback
             except Exception as exc:
                 # A runtime that fails this way is broken for this replica, not for the others.
                 logger.exception("runtime error starting %s", tag)
                 error = f"{type(exc).__name__}: {exc}"
             else:
-                self._send.send_nowait(ev.Started(tag, address))
+                info = result if isinstance(result, ReplicaInfo) else ReplicaInfo(result)
+                self._send.send_nowait(ev.Started(tag, info))
                 return
         replica = self.replicas.get(tag)
         stopped_by_loop = replica is not None and replica.state is ReplicaState.STOPPING
@@ -744,7 +823,7 @@ class Backend:
                 logger.warning("replica %s: adoption failed (%s); replacing it", tag, error)
             self._send.send_nowait(ev.Stopped(tag))
         else:
-            self._send.send_nowait(ev.StartFailed(tag, error or "start failed"))
+            self._send.send_nowait(ev.StartFailed(tag, error or "start failed", traceback))
 
     def _spawn_reconfigure(self, replica: Replica) -> None:
         scope = replica.scope
@@ -818,7 +897,9 @@ class Backend:
     def status(self) -> BackendStatus:
         spec = self.spec
         replicas = tuple(
-            ReplicaStatus(r.tag, r.state, r.version, r.address, r.healthy)
+            ReplicaStatus(
+                r.tag, r.state, r.version, r.address, r.healthy, r.pid, r.node, r.created_at
+            )
             for r in self.replicas.values()
         )
         state, reason = self._state()
@@ -826,7 +907,16 @@ class Backend:
             name=self.name,
             state=state,
             reason=reason,
-            message=self._message(replicas),
+            message=describe(
+                spec.version,
+                0 if spec.deleting else spec.backend_config.num_replicas,
+                replicas,
+                deleting=spec.deleting,
+                failed_starts=self._failed_starts,
+                error=self._generation_error,
+                converged=self._converged,
+                starts_blocked=self._starts_blocked,
+            ),
             generation=spec.generation,
             observed_generation=self._observed_generation,
             backend_config=spec.backend_config,
@@ -835,51 +925,20 @@ class Backend:
             goal_done=self.goal.done,
             last_error=self.last_error,
             replicas=replicas,
-            events=tuple(self.events),
+            events=tuple(self.history.events),
+            last_traceback=self.last_traceback,
         )
 
     def _state(self) -> tuple[BackendState, BackendReason]:
         if self.spec.deleting:
             return BackendState.DELETING, "Deleting"
         if self._starts_blocked:
-            return BackendState.DEPLOY_FAILED, "StartFailures"
+            return BackendState.DEPLOY_FAILED, self._blocked_reason
         if not self.goal.done:
             return self._change
         if self._converged and all(r.healthy for r in self.replicas.values()):
             return BackendState.HEALTHY, "Converged"
         return BackendState.UNHEALTHY, "ReplicaFailures"
-
-    def _message(self, replicas: tuple[ReplicaStatus, ...]) -> str:
-        spec = self.spec
-        if spec.deleting:
-            return f"deleting; {len(replicas)} replicas left"
-        running = older = 0
-        others: dict[str, int] = {}
-        for r in replicas:
-            if r.version != spec.version and r.state is not ReplicaState.STOPPING:
-                older += 1
-            elif r.state is ReplicaState.RUNNING:
-                running += 1
-            else:
-                key = r.state.value.lower()
-                others[key] = others.get(key, 0) + 1
-        parts = [
-            f"{running}/{spec.backend_config.num_replicas} replicas of version "
-            f"{spec.version} running"
-        ]
-        parts += [f"{n} {state}" for state, n in sorted(others.items())]
-        if older:
-            parts.append(f"{older} of older versions")
-        unhealthy = sum(1 for r in replicas if not r.healthy)
-        if unhealthy:
-            parts.append(f"{unhealthy} unhealthy")
-        if self._failed_starts:
-            parts.append(f"{self._failed_starts} failed to start: {self.last_error}")
-        elif self.last_error is not None and not self._converged:
-            parts.append(f"last failure: {self.last_error}")
-        if self._starts_blocked:
-            parts.append("no new starts until the next deploy")
-        return "; ".join(parts)
 
 
 async def kill_replica(runtime: Runtime, tag: str) -> None:
@@ -912,6 +971,6 @@ def _describe_change(old: Spec, new: Spec) -> str:
     if new.deleting:
         return f"generation {new.generation}: delete{' (forced)' if new.force else ''}"
     return (
-        f"generation {new.generation}: {new.backend_config.num_replicas} replicas of version "
-        f"{new.version} (was {old.backend_config.num_replicas} of {old.version})"
+        f"generation {new.generation}: {plural(new.backend_config.num_replicas, 'replica')} of "
+        f"version {new.version} (was {old.backend_config.num_replicas} of {old.version})"
     )

@@ -1,10 +1,14 @@
 """Checkpoints: the controller's intent as JSON through cattrs, with a schema version. Never pickle.
 
-Two keys per backend, each with one writer, so that writes can never interleave badly:
+Three keys per backend, each with one writer, so that writes can never interleave badly:
 
 - ``spec/<name>``: what the user asked for (written by deploy and delete, before they return).
 - ``replicas/<name>``: which replica tags the controller means to run or stop (written only by
   the backend's writer task; the runtime is asked for nothing until the write has landed).
+- ``events/<name>``: the backend's recent events, for people (written by the same task, in the
+  same batch as the replica record; nothing waits on it).
+
+Schema 2 added the events and each replica's creation time; schema 1 data is still read.
 """
 
 from __future__ import annotations
@@ -19,10 +23,13 @@ from ._config import BackendConfig, ReplicaConfig
 from ._errors import CheckpointError, ControllerError
 
 #: Bumped when the stored shape changes; a controller refuses data written by a newer one.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Older schemas this controller still reads (their records lack fields that have defaults).
+_READABLE = frozenset({1, 2})
 
 SPEC_PREFIX = "spec/"
 REPLICAS_PREFIX = "replicas/"
+EVENTS_PREFIX = "events/"
 
 
 @attrs.frozen
@@ -49,6 +56,9 @@ class ReplicaRecord:
     config_digest: str
     """Digest of the user config the replica was started or last reconfigured with."""
     stopping: bool = False
+    created_ms: int | None = None
+    """When it was asked for, by the wall clock in milliseconds since the epoch (None in
+    schema 1 data). Whole milliseconds: the stored text keeps one length."""
 
 
 @attrs.frozen
@@ -57,6 +67,25 @@ class ReplicasRecord:
 
     name: str
     replicas: list[ReplicaRecord]
+    schema: int = SCHEMA_VERSION
+
+
+@attrs.frozen
+class EventRecord:
+    """One event of a backend, as stored."""
+
+    at_ms: int
+    """By the wall clock, in milliseconds since the epoch."""
+    kind: str
+    message: str
+
+
+@attrs.frozen
+class EventsRecord:
+    """A backend's recent events, oldest first."""
+
+    name: str
+    events: list[EventRecord]
     schema: int = SCHEMA_VERSION
 
 
@@ -80,10 +109,10 @@ def _make_converter() -> cattrs.Converter:
 
 _converter = _make_converter()
 
-_R = TypeVar("_R", SpecRecord, ReplicasRecord)
+_R = TypeVar("_R", SpecRecord, ReplicasRecord, EventsRecord)
 
 
-def dump(record: SpecRecord | ReplicasRecord) -> str:
+def dump(record: SpecRecord | ReplicasRecord | EventsRecord) -> str:
     """The record as compact JSON text."""
     return json.dumps(_converter.unstructure(record), separators=(",", ":"), allow_nan=False)
 
@@ -120,14 +149,16 @@ def load(key: str, text: str, cls: type[_R]) -> _R:
             f"store key {key!r} was written with checkpoint schema {schema}, newer than this "
             f"controller reads ({SCHEMA_VERSION}); run a newer controller. {_UNTOUCHED}"
         )
-    if schema != SCHEMA_VERSION:
+    if schema not in _READABLE:
         raise CheckpointError(f"store key {key!r} has unknown schema {schema}; {_UNTOUCHED}")
     try:
-        return _converter.structure(data, cls)
+        record = _converter.structure(data, cls)
     except (cattrs.BaseValidationError, ControllerError, TypeError, ValueError) as exc:
         raise CheckpointError(
             f"store key {key!r} is corrupt: {_describe(exc)}; {_UNTOUCHED}"
         ) from None
+    # Read in an older shape, held in today's: written back as today's the next time.
+    return attrs.evolve(record, schema=SCHEMA_VERSION)
 
 
 def _describe(exc: BaseException) -> str:
@@ -148,12 +179,14 @@ class Checkpoint:
 
     specs: dict[str, SpecRecord]
     replicas: dict[str, ReplicasRecord]
+    events: dict[str, EventsRecord] = attrs.field(factory=dict)
 
 
 def parse_all(items: dict[str, str]) -> Checkpoint:
     """Parse a whole store; raises CheckpointError before the controller acts on any of it."""
     specs: dict[str, SpecRecord] = {}
     replicas: dict[str, ReplicasRecord] = {}
+    events: dict[str, EventsRecord] = {}
     for key, text in items.items():
         if key.startswith(SPEC_PREFIX):
             spec = load(key, text, SpecRecord)
@@ -163,8 +196,12 @@ def parse_all(items: dict[str, str]) -> Checkpoint:
             record = load(key, text, ReplicasRecord)
             _check_name(key, REPLICAS_PREFIX, record.name)
             replicas[record.name] = record
+        elif key.startswith(EVENTS_PREFIX):
+            history = load(key, text, EventsRecord)
+            _check_name(key, EVENTS_PREFIX, history.name)
+            events[history.name] = history
         # Other keys belong to other users of a shared store (the daemon's own settings, say).
-    return Checkpoint(specs=specs, replicas=replicas)
+    return Checkpoint(specs=specs, replicas=replicas, events=events)
 
 
 def _check_name(key: str, prefix: str, name: str) -> None:
@@ -178,3 +215,7 @@ def spec_key(name: str) -> str:
 
 def replicas_key(name: str) -> str:
     return REPLICAS_PREFIX + name
+
+
+def events_key(name: str) -> str:
+    return EVENTS_PREFIX + name

@@ -3,6 +3,7 @@
 controller run [--config FILE] [--listen HOST:PORT] [--runtime local|ray] [--store sqlite|ray]
 controller apply -f FILE [--prune] [--wait]
 controller status [NAME] [--json]
+controller logs NAME [--replica TAG] [--follow] [--tail N]
 controller delete NAME [--wait] [--force]
 controller wait NAME
 controller shutdown
@@ -20,15 +21,18 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ._errors import ManifestError
+from ._errors import CheckpointError, ManifestError, StartupError
+from ._statedir import STATE_DIR_ENV, TOKEN_ENV, default_state_dir, read_address, token_path
 
-STATE_DIR_ENV = "CONTROLLER_STATE_DIR"
 DEFAULT_URL = "http://127.0.0.1:7070"
 #: The longest a watch request waits before the CLI refreshes what it shows.
 _REFRESH_S = 1.0
+#: How often ``logs --follow`` asks for what is new.
+_FOLLOW_S = 0.5
 
 
 class CLIError(Exception):
@@ -37,14 +41,6 @@ class CLIError(Exception):
     def __init__(self, message: str, code: int = 1):
         self.code = code
         super().__init__(message)
-
-
-def default_state_dir() -> Path:
-    env = os.environ.get(STATE_DIR_ENV)
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "trio-controller"
 
 
 # -- talking to the daemon --
@@ -82,7 +78,9 @@ class Client:
     def ok(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
         status, payload = self.call(method, path, body, **kwargs)
         if status >= 400:
-            raise CLIError(_describe_error(status, payload), 2 if status in (400, 413, 422) else 1)
+            # 2: the request was refused as it stands and nothing was applied.
+            code = 2 if status in (400, 409, 413, 422) else 1
+            raise CLIError(_describe_error(status, payload), code)
         return payload
 
 
@@ -98,14 +96,12 @@ def _client(args: argparse.Namespace) -> Client:
     state_dir: Path = args.state_dir
     url = args.url
     if url is None:
-        try:
-            url = json.loads((state_dir / "daemon.json").read_text())["url"]
-        except (OSError, ValueError, KeyError):
-            url = DEFAULT_URL
-    token = args.token or os.environ.get("CONTROLLER_TOKEN")
+        found = read_address(state_dir).get("url")
+        url = found if isinstance(found, str) else DEFAULT_URL
+    token = args.token or os.environ.get(TOKEN_ENV)
     if token is None:
         try:
-            token = (state_dir / "token").read_text().strip()
+            token = token_path(state_dir).read_text().strip()
         except OSError:
             token = None  # the daemon will say 401, and the message says where tokens come from
     return Client(url, token)
@@ -129,12 +125,28 @@ def cmd_run(args: argparse.Namespace) -> int:
         pythonpath=tuple(args.pythonpath),
         ray_address=args.ray_address,
         namespace=args.namespace,
+        allow_remote=args.allow_remote,
+        max_replicas=args.max_replicas,
     )
     try:
         trio.run(run_daemon, options)
-    except ManifestError as exc:
-        raise CLIError(str(exc), 2) from None
+    except BaseException as exc:
+        # A start that cannot proceed says why in one line (exit 1; 2 for a bad config file,
+        # with nothing applied), wherever in the daemon's nurseries it was raised.
+        found = _one_of(exc, (ManifestError, StartupError, CheckpointError))
+        if isinstance(found, ManifestError):
+            raise CLIError(str(found), 2) from None
+        if found is not None:
+            raise CLIError(f"controller run: {found}", 1) from None
+        raise
     return 0
+
+
+def _one_of(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
+    """`exc` if it is one of `kinds`, or the only exception inside (nested) groups of one."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, kinds) else None
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
@@ -185,6 +197,54 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_logs(args: argparse.Namespace) -> int:
+    client = _client(args)
+    path = f"/api/v1/backends/{urllib.parse.quote(args.name)}/logs"
+    query: dict[str, Any] = {"tail": args.tail}
+    if args.replica:
+        query["replica"] = args.replica
+    logs = client.ok("GET", f"{path}?{urllib.parse.urlencode(query)}")["logs"]
+    if not logs:
+        print(f"backend/{args.name}: no logs", file=sys.stderr)
+    several = len(logs) > 1
+    offsets: dict[str, int] = {}
+    for entry in logs:
+        _print_log(entry, several)
+        offsets[entry["replica"]] = entry["offset"]
+    if not args.follow:
+        return 0
+    # New text of every replica the first read showed, and of replicas that appear meanwhile
+    # (each from its start); until Ctrl-C.
+    while True:
+        time.sleep(_FOLLOW_S)
+        sizes = {**query, "tail": 0}
+        status, payload = client.call("GET", f"{path}?{urllib.parse.urlencode(sizes)}")
+        if status >= 400:
+            raise CLIError(_describe_error(status, payload))
+        for entry in payload["logs"]:
+            tag = entry["replica"]
+            if tag not in offsets:
+                offsets[tag] = 0
+            if entry["offset"] == offsets[tag]:
+                continue
+            fresh = {**query, "replica": tag, "offset": offsets[tag]}
+            chunk = client.ok("GET", f"{path}?{urllib.parse.urlencode(fresh)}")["logs"]
+            for item in chunk:
+                _print_log(item, several or len(offsets) > 1)
+                offsets[tag] = item["offset"]
+
+
+def _print_log(entry: dict[str, Any], prefix: bool) -> None:
+    text = entry["text"]
+    if not prefix:
+        sys.stdout.write(text)
+    else:
+        gone = " (gone)" if entry["state"] == "GONE" else ""
+        for line in text.splitlines():
+            sys.stdout.write(f"[{entry['replica']}{gone}] {line}\n")
+    sys.stdout.flush()
+
+
 def cmd_delete(args: argparse.Namespace) -> int:
     client = _client(args)
     path = f"/api/v1/backends/{urllib.parse.quote(args.name)}"
@@ -227,6 +287,7 @@ def _wait(client: Client, names: Sequence[str], deleting: set[str], timeout: flo
     backend is DEPLOY_FAILED (or the wait timed out)."""
     deadline = time.monotonic() + timeout
     shown: dict[str, str] = {}
+    tracebacks: dict[str, str | None] = {}
     cursor, epoch = 0, ""
     while True:
         statuses = {b["name"]: b for b in client.ok("GET", "/api/v1/backends")["backends"]}
@@ -243,11 +304,12 @@ def _wait(client: Client, names: Sequence[str], deleting: set[str], timeout: flo
                 failed.append(name)
                 line = "not found (deleted meanwhile?)"
             else:
-                ready = _ready_of_target(status)
+                ready = status["ready_of_version"]
                 line = f"{ready}/{status['desired']} ready, {status['state']}: {status['message']}"
                 if status["state"] == "DEPLOY_FAILED":
                     failed.append(name)
                     line += f" (last error: {status['last_error']})"
+                    tracebacks[name] = status.get("last_traceback")
                 elif not status["goal_done"]:
                     pending.append(name)
             if shown.get(name) != line:
@@ -255,6 +317,10 @@ def _wait(client: Client, names: Sequence[str], deleting: set[str], timeout: flo
                 print(f"backend/{name}: {line}", flush=True)
         if not pending:
             if failed:
+                for name in failed:
+                    if tracebacks.get(name):
+                        print(f"backend/{name}: the replica's traceback:", file=sys.stderr)
+                        print(_indent(str(tracebacks[name])), file=sys.stderr)
                 print(f"failed: {', '.join(failed)}", file=sys.stderr)
                 return 1
             print("done")
@@ -272,10 +338,34 @@ def _wait(client: Client, names: Sequence[str], deleting: set[str], timeout: flo
         cursor, epoch = change["cursor"], change["epoch"]
 
 
-def _ready_of_target(status: dict[str, Any]) -> int:
-    version = status["config"]["version"] or f"gen-{status['generation']}"
-    by_state = status["counts_by_version"].get(version, {})
-    return int(by_state.get("RUNNING", 0)) + int(by_state.get("UPDATING", 0))
+def _ready(b: dict[str, Any]) -> str:
+    """``2/2``: serving replicas of any version over desired; during a rollout, with those of
+    the target version: ``2/2 (0/2 v2)``."""
+    text = f"{b['ready']}/{b['desired']}"
+    if b["ready_of_version"] != b["ready"]:
+        text += f" ({b['ready_of_version']}/{b['desired']} {b['version']})"
+    return text
+
+
+def _age(seconds: float | None) -> str:
+    """``45s``, ``12m``, ``3h``, ``2d``: how long ago, as kubectl shows it."""
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= 2 * size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def _since(iso_time: str | None) -> float | None:
+    if not iso_time:
+        return None
+    moment = datetime.fromisoformat(iso_time.replace("Z", "+00:00"))
+    return max(0.0, time.time() - moment.timestamp())
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.rstrip().splitlines())
 
 
 # -- output --
@@ -288,8 +378,7 @@ def _print_table(backends: list[dict[str, Any]]) -> None:
             f"{version}: " + ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
             for version, states in sorted(b["counts_by_version"].items())
         )
-        ready = f"{_ready_of_target(b)}/{b['desired']}"
-        rows.append((b["name"], b["state"], ready, replicas or "-", b["message"]))
+        rows.append((b["name"], b["state"], _ready(b), replicas or "-", b["message"]))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
         cells = [cell.ljust(w) for cell, w in zip(row[:4], widths, strict=True)]
@@ -301,19 +390,36 @@ def _print_backend(b: dict[str, Any]) -> None:
     print(f"State:       {b['state']} ({b['reason']})")
     print(f"Message:     {b['message']}")
     print(f"Generation:  {b['generation']} (observed {b['observed_generation']})")
-    print(f"Ready:       {_ready_of_target(b)}/{b['desired']}")
+    print(f"Ready:       {_ready(b)}")
     if b["last_error"]:
         print(f"Last error:  {b['last_error']}")
+        if b.get("last_traceback"):
+            print(_indent(b["last_traceback"]))
     print("Config:")
     for key, value in b["config"].items():
         print(f"  {key}: {json.dumps(value)}")
     print("Replicas:")
+    rows = [("TAG", "STATE", "VERSION", "ADDRESS", "PID", "NODE", "AGE", "")]
     for r in b["replicas"]:
-        health = "" if r["healthy"] else "  (unhealthy)"
-        print(f"  {r['tag']}  {r['state']:<10}  {r['version']:<8}  {r['address'] or '-'}{health}")
+        node = r["node"] or "-"
+        rows.append(
+            (
+                r["tag"],
+                r["state"],
+                r["version"],
+                r["address"] or "-",
+                str(r["pid"] or "-"),
+                node if len(node) <= 16 else node[:12] + "...",
+                _age(r["age_s"]),
+                "" if r["healthy"] else "(unhealthy)",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     print("Events:")
     for e in b["events"][-10:]:
-        print(f"  {e['kind']:<14} {e['message']}")
+        print(f"  {_age(_since(e['time'])):>5} ago  {e['kind']:<14} {e['message']}")
 
 
 class _JSONFormatter(logging.Formatter):
@@ -373,6 +479,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--ray-address", help="a running Ray cluster (with --runtime/--store ray)")
     run.add_argument("--namespace", default="controller", help="Ray namespace (%(default)s)")
     run.add_argument("--log-format", choices=["human", "json"], default="human")
+    run.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="listening beyond loopback is meant (plain HTTP, bearer token): no warning",
+    )
+    run.add_argument(
+        "--max-replicas",
+        type=_positive_int,
+        help="how many replicas the runtime holds (per node on Ray); default: from memory",
+    )
     run.set_defaults(func=cmd_run)
 
     apply = sub.add_parser("apply", help="create or update the backends of a file")
@@ -386,6 +502,13 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("name", nargs="?")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
+
+    logs = sub.add_parser("logs", help="a backend's replica logs (kept for gone replicas too)")
+    logs.add_argument("name")
+    logs.add_argument("--replica", help="one replica's tag (default: every one with a log)")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing what is new")
+    logs.add_argument("--tail", type=int, default=100, help="lines of each (%(default)s)")
+    logs.set_defaults(func=cmd_logs)
 
     delete = sub.add_parser("delete", help="drain and delete a backend")
     delete.add_argument("name")
@@ -403,6 +526,13 @@ def build_parser() -> argparse.ArgumentParser:
     shutdown.add_argument("--timeout", type=float, default=180.0)
     shutdown.set_defaults(func=cmd_shutdown)
     return parser
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1 (got {text})")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:

@@ -5,21 +5,23 @@ from __future__ import annotations
 import collections
 import logging
 import random
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import final, overload
 
+import attrs
 import trio
 
 from ._backend import Backend, Spec, kill_replica
-from ._checkpoint import SpecRecord, dump, parse_all, replicas_key, spec_key
+from ._capacity import extra_replicas, held_by, shortfalls
+from ._checkpoint import SpecRecord, dump, events_key, parse_all, replicas_key, spec_key
 from ._config import BackendConfig, ReplicaConfig, check_backend_name
 from ._errors import ConfigError, ControllerClosedError, InfeasibleError, UnknownBackendError
 from ._goal import Goal
+from ._history import plural
 from ._observe import NullObserver, Observer
-from ._placement import count_fitting, total
+from ._placement import Demand
 from ._policy import RestartPolicy
-from ._reconcile import resolve_limits
 from ._runtime import Runtime
 from ._state import BackendSnapshot, BackendStatus, ControllerStatus
 from ._store import Store
@@ -45,33 +47,61 @@ async def open_controller(
 
     Opening recovers: it reads the store, adopts the live replicas its intent names, stops those it
     meant to stop, kills replicas of the runtime that no intent names, and starts what is missing.
-    A store it cannot read raises ``CheckpointError`` before anything is touched.
+    A store it cannot read raises ``CheckpointError`` before anything is touched. A stored spec
+    that the runtime cannot hold does not stop the opening: that backend is DEPLOY_FAILED
+    (reason ``Infeasible``) and starts nothing until a deploy that fits.
 
     Closing cancels the controller's tasks and leaves every replica as it is, exactly as a crash
     would: the next controller over the same store picks up where this one stopped.
     """
+    controller = Controller(
+        runtime,
+        store,
+        restart_policy or RestartPolicy(),
+        random.Random(seed),
+        observer or NullObserver(),
+    )
     try:
-        async with trio.open_nursery() as nursery:
-            controller = Controller(
-                runtime,
-                store,
-                nursery,
-                restart_policy or RestartPolicy(),
-                random.Random(seed),
-                observer or NullObserver(),
-            )
-            await nursery.start(runtime.serve, controller._on_death)
-            await controller._recover()
+        # Lifetimes nest like ownership: the runtime outlives the backends that use it, so the
+        # backends' shielded cleanup (a kill begun, a drain) never finds it gone, and a task
+        # that had not run yet when the close came cannot mistake a closed runtime for a
+        # failed replica and kill it.
+        async with trio.open_nursery() as outer:
+            await outer.start(runtime.serve, controller._on_death)
             try:
-                yield controller
+                async with trio.open_nursery() as inner:
+                    controller._nursery = inner
+                    await controller._recover()
+                    try:
+                        yield controller
+                    finally:
+                        controller._closed = True
+                        inner.cancel_scope.cancel()
             finally:
-                controller._closed = True
-                nursery.cancel_scope.cancel()
+                outer.cancel_scope.cancel()
     except BaseExceptionGroup as group:
-        # The body's own exception reaches the caller as itself, not wrapped by our nursery.
-        if len(group.exceptions) == 1 and not isinstance(group.exceptions[0], BaseExceptionGroup):
-            raise group.exceptions[0] from None
-        raise
+        # The body's own exception reaches the caller as itself, not wrapped by our nurseries.
+        raise _only_error(group) from None
+
+
+def _only_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one exception inside nested groups of one, or the group itself."""
+    inner: BaseException = group
+    while isinstance(inner, BaseExceptionGroup) and len(inner.exceptions) == 1:
+        inner = inner.exceptions[0]
+    return group if isinstance(inner, BaseExceptionGroup) else inner
+
+
+@attrs.frozen
+class Applied:
+    """What ``Controller.apply`` did."""
+
+    goals: Mapping[str, Goal]
+    """A goal for each backend of the call, in the order given."""
+    changed: frozenset[str]
+    """The backends whose spec the call changed (a new generation); the others were unchanged."""
+    deleted: Mapping[str, Goal]
+    """The backends the call deleted (``prune``), with their goals."""
 
 
 @final
@@ -82,7 +112,6 @@ class Controller:
         self,
         runtime: Runtime,
         store: Store,
-        nursery: trio.Nursery,
         restart_policy: RestartPolicy,
         rng: random.Random,
         observer: Observer,
@@ -92,12 +121,18 @@ class Controller:
         self._rng = rng
         self._runtime = runtime
         self._store = store
-        self._nursery = nursery
+        self._nursery: trio.Nursery | None = None
         self._hub = SnapshotHub()
         self._backends: dict[str, Backend] = {}
         # One lock per name, kept for the controller's life: a deploy, a delete and the final
         # forgetting of a deleted backend never overlap for one name.
         self._locks: collections.defaultdict[str, trio.Lock] = collections.defaultdict(trio.Lock)
+        # Held by `apply`, which locks several names: two applies never wait on each other's
+        # names, so they cannot deadlock. Single deploys and deletes lock one name only.
+        self._apply_lock = trio.Lock()
+        # Scale-ups whose spec is being written: counted as held by every capacity check
+        # meanwhile, so that two concurrent deploys cannot both take the last room.
+        self._pending: dict[str, Demand] = {}
         self._closed = False
 
     # -- changing specs --
@@ -112,37 +147,38 @@ class Controller:
         the pending goal. A scale-up the runtime cannot fit raises ``InfeasibleError`` and changes
         nothing.
         """
-        check_backend_name(name)
-        if not isinstance(backend_config, BackendConfig):
-            raise ConfigError(
-                "backend_config", "must be a controller.BackendConfig", backend_config
-            )
-        if not isinstance(replica_config, ReplicaConfig):
-            raise ConfigError(
-                "replica_config", "must be a controller.ReplicaConfig", replica_config
-            )
+        _check_declared(name, backend_config, replica_config)
         self._check_open()
         async with self._locks[name]:
-            backend = self._backends.get(name)
-            if backend is not None and backend.matches(backend_config, replica_config):
-                return backend.goal
-            generation = backend.spec.generation + 1 if backend is not None else 1
-            record = SpecRecord(name, generation, backend_config, replica_config)
-            spec = Spec.from_record(record)
-            await self._check_capacity(name, backend, spec)
-            await self._store.write({spec_key(name): dump(record)})
-            logger.info(
-                "backend %s: deploy generation %d: %d replicas of version %s",
-                name,
-                generation,
-                backend_config.num_replicas,
-                spec.version,
-            )
-            if backend is None:
-                backend = self._new_backend(name, spec)
-                await self._nursery.start(backend.run)
-                return backend.goal
-            return backend.set_spec(spec, "deploy")
+            applied = await self._commit({name: (backend_config, replica_config)}, [])
+            return applied.goals[name]
+
+    async def apply(
+        self,
+        backends: Mapping[str, tuple[BackendConfig, ReplicaConfig]],
+        *,
+        prune: bool = False,
+    ) -> Applied:
+        """Deploy every backend of `backends` (name to its two configs) as one change: all of
+        them, or, if any cannot be placed beside the others, none (``InfeasibleError``, nothing
+        written). With `prune`, the backends not named are deleted in the same change. Every
+        spec is written in one store batch; unchanged specs keep their goals."""
+        for name, configs in backends.items():
+            if not isinstance(configs, tuple) or len(configs) != 2:
+                raise ConfigError(
+                    f"backends[{name!r}]", "must be a (BackendConfig, ReplicaConfig) pair", configs
+                )
+            _check_declared(name, *configs)
+        self._check_open()
+        async with self._apply_lock, AsyncExitStack() as locks:
+            for name in sorted(backends):
+                await locks.enter_async_context(self._locks[name])
+            others: list[str] = []
+            if prune:
+                others = sorted(n for n in self._backends if n not in backends)
+                for name in others:
+                    await locks.enter_async_context(self._locks[name])
+            return await self._commit(dict(backends), others)
 
     async def delete(self, name: str, *, force: bool = False) -> Goal:
         """Drain and stop every replica of `name`, then forget it. Returns once the intent is
@@ -176,42 +212,88 @@ class Controller:
         if self._closed:
             raise ControllerClosedError("the controller is closed; open a new one")
 
-    async def _check_capacity(self, name: str, backend: Backend | None, spec: Spec) -> None:
-        config = spec.backend_config
-        if not config.resources:
-            return
-        held_now = len(backend.replicas) if backend is not None else 0
-        # A rolling replacement holds up to max_surge replicas above num_replicas at its peak.
-        replacing = backend is not None and backend.spec.version != spec.version
-        surge, _ = resolve_limits(config.num_replicas, config.max_surge, config.max_unavailable)
-        peak = config.num_replicas + surge if replacing else config.num_replicas
-        wanted = max(peak, held_now)
-        already = backend.reserved() if backend is not None else 0
-        if wanted <= already:
-            return  # not a scale-up: never refuse what frees or keeps resources
-        nodes = await self._runtime.capacity()
-        if nodes is None:
-            return
-        held = [
-            (other.spec.backend_config.resources, other.reserved())
-            for other in self._backends.values()
-            if other.name != name
-        ]
-        if backend is not None:
-            held.append((backend.spec.backend_config.resources, already))
-        extra = wanted - already
-        fitting = count_fitting(nodes, held, config.resources, extra)
-        if fitting < extra:
-            # Only the resources asked for: a node's full inventory would bury the answer.
-            keys = sorted(config.resources)
-            in_use = _only(total([r for r, n in held for _ in range(n)]), keys)
-            raise InfeasibleError(
-                f"backend {name!r}: cannot place {extra} more replicas needing "
-                f"{dict(config.resources)} each; only {fitting} fit. The runtime offers "
-                f"{_describe_nodes([_only(node, keys) for node in nodes])}; this controller's "
-                f"replicas already hold {in_use}. Lower num_replicas or resources, or add "
-                "capacity."
+    async def _commit(
+        self, declared: dict[str, tuple[BackendConfig, ReplicaConfig]], prune: list[str]
+    ) -> Applied:
+        """Write the specs of `declared` that change something and the deletes of `prune`, in
+        one batch, after checking that every scale-up among them fits; then act on them. The
+        caller holds the lock of every name involved."""
+        records: dict[str, SpecRecord] = {}
+        for name, (backend_config, replica_config) in declared.items():
+            backend = self._backends.get(name)
+            if backend is not None and backend.matches(backend_config, replica_config):
+                continue
+            generation = backend.spec.generation + 1 if backend is not None else 1
+            records[name] = SpecRecord(name, generation, backend_config, replica_config)
+        deletes: dict[str, SpecRecord] = {}
+        for name in prune:
+            backend = self._backends.get(name)
+            if backend is None or backend.spec.deleting:
+                continue  # forgotten, or being deleted already, while we waited for its lock
+            old = backend.spec
+            deletes[name] = SpecRecord(
+                name, old.generation + 1, old.backend_config, old.replica_config, deleting=True
             )
+        specs = {name: Spec.from_record(record) for name, record in records.items()}
+        reserved = await self._reserve(specs)
+        new: list[Backend] = []
+        deleted: dict[str, Goal] = {}
+        try:
+            if records or deletes:
+                await self._store.write(
+                    {spec_key(n): dump(r) for n, r in (records | deletes).items()}
+                )
+            for name, spec in specs.items():
+                config = spec.backend_config
+                logger.info(
+                    "backend %s: deploy generation %d: %s of version %s",
+                    name,
+                    spec.generation,
+                    plural(config.num_replicas, "replica"),
+                    spec.version,
+                )
+                backend = self._backends.get(name)
+                if backend is None:
+                    new.append(self._new_backend(name, spec))
+                else:
+                    backend.set_spec(spec, "deploy")
+            for name, record in deletes.items():
+                logger.info("backend %s: delete (generation %d, pruned)", name, record.generation)
+                deleted[name] = self._backends[name].set_spec(Spec.from_record(record), "delete")
+        finally:
+            # The backends now hold what was reserved for them (or the write failed).
+            for name in reserved:
+                del self._pending[name]
+        assert self._nursery is not None
+        for backend in new:
+            await self._nursery.start(backend.run)
+        return Applied(
+            goals={name: self._backends[name].goal for name in declared},
+            changed=frozenset(records),
+            deleted=deleted,
+        )
+
+    async def _reserve(self, specs: Mapping[str, Spec]) -> list[str]:
+        """Check that the scale-ups among `specs` fit together beside everything else held or
+        being reserved; reserve them (until the caller's write is done). Raises InfeasibleError
+        naming every backend that does not fit."""
+        if not any(extra_replicas(self._backends.get(n), s) for n, s in specs.items()):
+            return []  # nothing grows: never refuse what frees or keeps resources
+        nodes = await self._runtime.capacity()
+        # From here to the reservation, no checkpoint: what is held cannot change under us.
+        wanted = []
+        for name, spec in specs.items():
+            extra = extra_replicas(self._backends.get(name), spec)
+            if extra:
+                wanted.append(Demand(name, spec.backend_config.resources, extra))
+        if nodes is not None:
+            held = held_by(self._backends.values()) + list(self._pending.values())
+            problem = shortfalls(nodes, held, wanted)
+            if problem is not None:
+                raise InfeasibleError(problem)
+        for demand in wanted:
+            self._pending[demand.name] = demand
+        return [demand.name for demand in wanted]
 
     def _new_backend(self, name: str, spec: Spec) -> Backend:
         backend = Backend(
@@ -246,25 +328,67 @@ class Controller:
         named: set[str] = set()
         for name, record in sorted(checkpoint.specs.items()):
             backend = self._new_backend(name, Spec.from_record(record))
-            replicas = checkpoint.replicas.get(name)
-            backend.restore(replicas, live)
+            backend.restore(checkpoint.replicas.get(name), live, checkpoint.events.get(name))
             named.update(backend.replicas)
-        stray_records = [name for name in checkpoint.replicas if name not in checkpoint.specs]
-        if stray_records:
-            # A replica set with no spec cannot come from our write order; drop it, and let the
-            # kill of unnamed replicas below stop whatever it listed.
-            await self._store.write({replicas_key(name): None for name in stray_records})
+        strays = [
+            key(name)
+            for records, key in (
+                (checkpoint.replicas, replicas_key),
+                (checkpoint.events, events_key),
+            )
+            for name in records
+            if name not in checkpoint.specs
+        ]
+        if strays:
+            # Records with no spec cannot come from our write order (but for events written
+            # as their backend was forgotten); drop them, and let the kill of unnamed replicas
+            # below stop whatever they listed.
+            await self._store.write(dict.fromkeys(strays))
+        await self._block_what_cannot_fit()
+        assert self._nursery is not None
         for backend in list(self._backends.values()):
             await self._nursery.start(backend.run)
         orphans = sorted(live - named)
         if orphans:
-            logger.warning("killing %d replicas that no intent names", len(orphans))
+            logger.warning("killing %s that no intent names", plural(len(orphans), "replica"))
         for tag in orphans:
             self._nursery.start_soon(kill_replica, self._runtime, tag)
         if self._backends:
             logger.info(
-                "recovered %d backends; adopting %d replicas", len(self._backends), len(named)
+                "recovered %s; adopting %s",
+                plural(len(self._backends), "backend"),
+                plural(len(named), "replica"),
             )
+
+    async def _block_what_cannot_fit(self) -> None:
+        """A stored spec may ask for more than the runtime holds (stored before it shrank, or
+        by an older controller that did not count slots). Starting it would never converge, and
+        a large one would exhaust the machine on every start: such a backend starts nothing new
+        until a deploy that fits, and says why."""
+        growing = [b for b in self._backends.values() if not b.spec.deleting and _missing(b) > 0]
+        if not growing:
+            return
+        try:
+            nodes = await self._runtime.capacity()
+        except Exception:
+            logger.exception("asking the runtime for its capacity at recovery")
+            return
+        if nodes is None:
+            return
+        held = [
+            Demand(b.name, b.spec.backend_config.resources, len(b.replicas))
+            for b in self._backends.values()
+        ]
+        for backend in sorted(growing, key=lambda b: b.name):
+            want = Demand(backend.name, backend.spec.backend_config.resources, _missing(backend))
+            problem = shortfalls(nodes, held, [want])
+            if problem is None:
+                held.append(want)  # later backends are placed beside this one
+            else:
+                backend.block_starts(
+                    f"the stored spec cannot be placed: {problem} Deploy a spec that fits to "
+                    "lift this."
+                )
 
     # -- reading --
 
@@ -335,11 +459,13 @@ class SnapshotStream:
         return snapshot
 
 
-def _only(resources: Mapping[str, float], keys: Sequence[str]) -> dict[str, float]:
-    return {key: resources.get(key, 0.0) for key in keys}
+def _check_declared(name: str, backend_config: object, replica_config: object) -> None:
+    check_backend_name(name)
+    if not isinstance(backend_config, BackendConfig):
+        raise ConfigError("backend_config", "must be a controller.BackendConfig", backend_config)
+    if not isinstance(replica_config, ReplicaConfig):
+        raise ConfigError("replica_config", "must be a controller.ReplicaConfig", replica_config)
 
 
-def _describe_nodes(nodes: Sequence[Mapping[str, float]]) -> str:
-    if len(nodes) == 1:
-        return f"{dict(nodes[0])} in all"
-    return f"{len(nodes)} nodes ({', '.join(str(dict(n)) for n in nodes)}; {total(nodes)} in all)"
+def _missing(backend: Backend) -> int:
+    return max(0, backend.spec.backend_config.num_replicas - len(backend.replicas))

@@ -1,13 +1,28 @@
-"""``controller run``: the controller as a long-running service behind its HTTP API."""
+"""``controller run``: the controller as a long-running service behind its HTTP API.
+
+Start-up goes in an order that makes a failed start change nothing:
+
+1. the config file is checked in full (a fault: exit 2);
+2. the state dir is checked (ours, writable by no one else) and locked: one daemon per dir;
+3. the API's address is bound;
+4. the store is opened and read, and the controller recovers: it adopts the live replicas;
+5. the config is applied, and the API serves.
+
+A failure in 2-4 raises ``StartupError``, one line that says what and what to do; every replica
+is left exactly as it was (recovery is the first step that touches one).
+"""
 
 from __future__ import annotations
 
 import contextlib
-import json
+import io
+import ipaddress
 import logging
+import logging.handlers
 import os
 import secrets
 import signal
+import socket
 from collections.abc import Iterator, Sequence
 from functools import partial
 from pathlib import Path
@@ -18,24 +33,39 @@ import hypercorn.config
 import hypercorn.trio
 import trio
 
-from ._api import Api, HTTPError, apply_manifest
+from ._api import Api, HTTPError, LogSource, apply_manifest
 from ._controller import Controller, open_controller
+from ._errors import CheckpointError, ConfigError, StartupError, StoreError
+from ._files import create_private
 from ._manifest import load_manifest
 from ._metrics import Metrics
 from ._runtime import Runtime
+from ._statedir import (
+    STATE_DIR_ENV,
+    TOKEN_ENV,
+    address_path,
+    locked,
+    log_path,
+    token_path,
+    write_address,
+    write_token,
+)
 from ._store import Store
 
 logger = logging.getLogger("controller.daemon")
 
-TOKEN_ENV = "CONTROLLER_TOKEN"
 #: How long ``controller shutdown`` waits for every backend to drain before the daemon exits.
 SHUTDOWN_TIMEOUT_S = 120.0
+#: The daemon's own log in the state dir: rotated past this size, with this many old files.
+LOG_MAX_BYTES = 10 << 20
+LOG_BACKUPS = 3
 
 
 @attrs.frozen
 class DaemonOptions:
     state_dir: Path
-    """Holds the token, the address file, the SQLite store and the local workers' sockets."""
+    """Holds the lock, the token, the address file, the SQLite store, the local workers and the
+    daemon's log."""
     listen: str = "127.0.0.1:7070"
     runtime: Literal["local", "ray"] = "local"
     store: Literal["sqlite", "ray"] = "sqlite"
@@ -43,22 +73,10 @@ class DaemonOptions:
     pythonpath: Sequence[Path] = ()
     ray_address: str | None = None
     namespace: str = "controller"
-
-
-def token_path(state_dir: Path) -> Path:
-    return state_dir / "token"
-
-
-def address_path(state_dir: Path) -> Path:
-    return state_dir / "daemon.json"
-
-
-def _write_private(path: Path, text: str) -> None:
-    # Created 0600 from the start: the token must never be readable by others, even briefly.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        os.fchmod(f.fileno(), 0o600)
-        f.write(text)
+    allow_remote: bool = False
+    """Listening beyond loopback is meant: no warning."""
+    max_replicas: int | None = None
+    """How many replicas the runtime holds (per node on Ray); None: the runtime's default."""
 
 
 async def run_daemon(options: DaemonOptions) -> None:
@@ -66,33 +84,97 @@ async def run_daemon(options: DaemonOptions) -> None:
     ``POST /api/v1/shutdown`` (every backend drained and deleted first)."""
     # Checked before anything is opened: a bad file changes nothing.
     manifest = load_manifest(options.config) if options.config is not None else None
-    state_dir = options.state_dir
-    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    token = os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(32)
-    _write_private(token_path(state_dir), token + "\n")
-    epoch = secrets.token_hex(8)
-    metrics = Metrics()
-    with _store(options) as store:
-        runtime = _runtime(options)
-        async with open_controller(
-            runtime=metrics.wrap_runtime(runtime),
-            store=metrics.wrap_store(store),
-            observer=metrics,
-        ) as ctl:
-            metrics.watch_status(ctl.status)
-            if manifest is not None:
-                try:
-                    result = await apply_manifest(ctl, manifest, prune=False)
-                except HTTPError as exc:
-                    logger.error("applying %s: %s", options.config, exc)
-                else:
-                    names = ", ".join(a["name"] for a in result["applied"])
-                    logger.info("applied %s: %s", options.config, names)
-            await _serve(ctl, options, token, epoch, metrics)
+    # Taken out of the environment at once: no child of ours (a worker, a Ray process started
+    # here) may inherit it.
+    token = os.environ.pop(TOKEN_ENV, None) or secrets.token_urlsafe(32)
+    with locked(options.state_dir) as state_dir, _file_log(state_dir), _bind(options) as sock:
+        write_token(state_dir, token)
+        epoch = secrets.token_hex(8)
+        metrics = Metrics()
+        with _store(options) as store:
+            runtime = _runtime(options)
+            opened = False
+            try:
+                async with open_controller(
+                    runtime=metrics.wrap_runtime(runtime),
+                    store=metrics.wrap_store(store),
+                    observer=metrics,
+                ) as ctl:
+                    opened = True
+                    metrics.watch_status(ctl.status)
+                    if manifest is not None:
+                        try:
+                            result = await apply_manifest(ctl, manifest, prune=False)
+                        except HTTPError as exc:
+                            logger.error("applying %s: %s", options.config, exc)
+                        else:
+                            names = ", ".join(a["name"] for a in result["applied"])
+                            logger.info("applied %s: %s", options.config, names)
+                    logs = _log_source(runtime)
+                    await _serve(ctl, options, sock, token, epoch, metrics, logs)
+            # The store unreadable, a checkpoint this controller cannot read, the runtime's
+            # directory unsafe: all found before recovery touched anything.
+            except (StoreError, CheckpointError, ConfigError) as exc:
+                if opened:
+                    raise
+                raise StartupError(f"{exc}; no replica was touched") from None
+
+
+@contextlib.contextmanager
+def _bind(options: DaemonOptions) -> Iterator[socket.socket]:
+    """The API's listening socket, bound before anything else is opened: a port already in
+    use stops the start before it touches the store or any replica."""
+    host, _, port_text = options.listen.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        port = int(port_text)
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (ValueError, OSError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        raise StartupError(
+            f"--listen {options.listen!r}: not a HOST:PORT this machine can use ({reason})"
+        ) from None
+    sock = socket.socket(family, kind, proto)  # close-on-exec: Python's default
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise StartupError(
+            f"cannot listen on {options.listen}: {exc.strerror or exc}; another process holds "
+            "the port (another daemon?): stop it, or pick another with --listen"
+        ) from None
+    if not options.allow_remote and not _is_loopback(sock.getsockname()[0]):
+        logger.warning(
+            "listening on %s, beyond loopback: the API is plain HTTP, so the bearer token and "
+            "every request cross the network unencrypted, and whoever holds the token runs code "
+            "as this user. Put TLS in front (a reverse proxy) or keep to a trusted network; "
+            "--allow-remote says it is meant and silences this warning",
+            options.listen,
+        )
+    try:
+        yield sock
+    finally:
+        if sock.fileno() != -1:
+            sock.close()
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 async def _serve(
-    ctl: Controller, options: DaemonOptions, token: str, epoch: str, metrics: Metrics
+    ctl: Controller,
+    options: DaemonOptions,
+    sock: socket.socket,
+    token: str,
+    epoch: str,
+    metrics: Metrics,
+    logs: LogSource | None,
 ) -> None:
     stop = trio.Event()
     shutdown_asked = trio.Event()
@@ -102,9 +184,12 @@ async def _serve(
         epoch=epoch,
         render_metrics=metrics.render,
         request_shutdown=shutdown_asked.set,
+        logs=logs,
     )
     config = hypercorn.config.Config()
-    config.bind = [options.listen]
+    # Our socket, bound already; hypercorn takes it over (and closes it when it stops).
+    fd = sock.detach()
+    config.bind = [f"fd://{fd}"]
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")  # through our handlers, once
     config.graceful_timeout = 2.0  # long polls end at once; nothing else takes long
@@ -139,14 +224,41 @@ async def _serve(
                     # hypercorn types the app as its own ASGI union; ours is plain dicts.
                     partial(hypercorn.trio.serve, app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
                 )
+                # hypercorn marks its sockets inheritable (for its own worker processes); ours
+                # must not be, or a child could keep the port open after we exit.
+                os.set_inheritable(fd, False)
                 url = binds[0]
-                _write_private(
-                    address_file, json.dumps({"url": url, "pid": os.getpid(), "epoch": epoch})
-                )
+                write_address(options.state_dir, url, epoch)
                 logger.info("listening on %s (token in %s)", url, token_path(options.state_dir))
             nursery.cancel_scope.cancel()
     with contextlib.suppress(FileNotFoundError):
         address_file.unlink()
+
+
+@contextlib.contextmanager
+def _file_log(state_dir: Path) -> Iterator[None]:
+    """The daemon's log also goes to ``daemon.log`` in the state dir (rotated), in the format
+    of its console log."""
+    root = logging.getLogger()
+    handler = _PrivateRotatingFileHandler(
+        log_path(state_dir), maxBytes=LOG_MAX_BYTES, backupCount=LOG_BACKUPS
+    )
+    if root.handlers:
+        handler.setFormatter(root.handlers[0].formatter)
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+
+
+class _PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
+    """A rotating log file that is 0600 and never opened through a symlink."""
+
+    def _open(self) -> io.TextIOWrapper:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        return os.fdopen(os.open(self.baseFilename, flags, 0o600), "a", encoding="utf-8")
 
 
 @contextlib.contextmanager
@@ -159,7 +271,12 @@ def _store(options: DaemonOptions) -> Iterator[Store]:
         return
     from ._sqlite_store import SQLiteStore
 
-    with SQLiteStore(options.state_dir / "controller.db") as store:
+    path = options.state_dir / "controller.db"
+    try:
+        create_private(path)
+    except (OSError, ConfigError) as exc:
+        raise StartupError(f"cannot use the store {path}: {exc}") from None
+    with SQLiteStore(path) as store:
         yield store
 
 
@@ -168,10 +285,27 @@ def _runtime(options: DaemonOptions) -> Runtime:
         _connect_ray(options)
         from .ray import RayRuntime
 
-        return RayRuntime(namespace=options.namespace, pythonpath=options.pythonpath)
+        return RayRuntime(
+            namespace=options.namespace,
+            pythonpath=options.pythonpath,
+            max_replicas_per_node=options.max_replicas,
+        )
     from ._local_runtime import LocalRuntime
 
-    return LocalRuntime(options.state_dir / "w", pythonpath=options.pythonpath)
+    # Replicas get this process's environment, less what is the daemon's own business.
+    env = {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV, STATE_DIR_ENV)}
+    return LocalRuntime(
+        options.state_dir / "w",
+        pythonpath=options.pythonpath,
+        env=env,
+        max_replicas=options.max_replicas,
+    )
+
+
+def _log_source(runtime: Runtime) -> LogSource | None:
+    from ._local_runtime import LocalRuntime
+
+    return runtime if isinstance(runtime, LocalRuntime) else None
 
 
 def _connect_ray(options: DaemonOptions) -> None:

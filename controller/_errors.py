@@ -44,9 +44,11 @@ class GoalFailed(ControllerError):
 
     retryable = True
 
-    def __init__(self, backend: str, reason: str):
+    def __init__(self, backend: str, reason: str, traceback: str | None = None):
         self.backend = backend
         self.reason = reason
+        self.traceback = traceback
+        """The replica's own traceback of the last failure, where its runtime reported one."""
         super().__init__(f"backend {backend!r}: {reason}")
 
 
@@ -67,10 +69,12 @@ class ReplicaError(ControllerError):
 
     retryable = True
 
-    def __init__(self, tag: str, error_type: str, message: str):
+    def __init__(self, tag: str, error_type: str, message: str, traceback: str | None = None):
         self.tag = tag
         self.error_type = error_type
         self.message = message
+        self.traceback = traceback
+        """The user's traceback as text, where the runtime has it (None otherwise)."""
         super().__init__(f"replica {tag}: {error_type}: {message}")
 
     @property
@@ -87,9 +91,16 @@ class ReplicaGoneError(ReplicaError):
 
 
 class StoreError(ControllerError):
-    """The store failed to read or write; nothing in that write landed."""
+    """The store failed to read or write; nothing in that write landed. The message keeps the
+    store's own error (``disk I/O error``, ``database is locked``...)."""
 
     retryable = True
+
+
+class StartupError(ControllerError):
+    """The daemon cannot start: its state dir is unsafe or in use, its address is taken, its
+    store cannot be opened. The message is one line that names what and what to do; nothing was
+    changed, and no replica was touched."""
 
 
 class ManifestError(ControllerError, ValueError):

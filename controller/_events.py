@@ -6,13 +6,15 @@ from typing import TypeAlias
 
 import attrs
 
+from ._runtime import ReplicaInfo
+
 
 @attrs.frozen
 class Started:
     """A start or adoption finished: the replica is ready."""
 
     tag: str
-    address: str | None
+    info: ReplicaInfo
 
 
 @attrs.frozen
@@ -22,6 +24,8 @@ class StartFailed:
 
     tag: str
     error: str
+    traceback: str | None = None
+    """The user's traceback, where the runtime reported one."""
 
 
 @attrs.frozen

@@ -30,13 +30,14 @@ class Goal:
     _done: trio.Event = attrs.field(factory=trio.Event, init=False)
     _outcome: GoalOutcome | None = attrs.field(default=None, init=False)
     _error: str | None = attrs.field(default=None, init=False)
+    _traceback: str | None = attrs.field(default=None, init=False)
 
     async def wait(self) -> GoalOutcome:
         """Wait until the goal resolves; return how, or raise ``GoalFailed``."""
         await self._done.wait()
         if self._error is not None:
             # A fresh exception for each waiter: one shared object would pile up tracebacks.
-            raise GoalFailed(self.backend, self._error)
+            raise GoalFailed(self.backend, self._error, self._traceback)
         assert self._outcome is not None
         return self._outcome
 
@@ -68,5 +69,7 @@ class Goal:
     def supersede(self) -> None:
         self._resolve(GoalOutcome.SUPERSEDED)
 
-    def fail(self, reason: str) -> None:
+    def fail(self, reason: str, traceback: str | None = None) -> None:
+        if not self._done.is_set():
+            self._traceback = traceback
         self._resolve(None, reason)

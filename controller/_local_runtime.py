@@ -1,9 +1,11 @@
 """LocalRuntime: each replica is a worker process on this machine, reached over a Unix socket.
 
 Layout of the runtime directory, per replica (``<id>`` is a digest of its tag, to keep socket
-paths short): ``<id>.spec.json`` (what the worker runs), ``<id>.sock`` (its socket), ``<id>.log``
-(its stdout and stderr). Workers run in their own session and process group, so they outlive
-the controller and are killed as a group.
+paths short): ``<id>.spec.json`` (what the worker runs), ``<id>.sock`` (its socket), and
+``logs/<tag>.log`` (its stdout and stderr, kept after it is gone). Workers run in their own
+session and process group, so they outlive the controller and are killed as a group, and they
+inherit exactly three descriptors (stdin from /dev/null, the log, and their socket): nothing the
+controller's process holds, such as a listening port, outlives it in a worker.
 
 How a restarted controller finds its workers: by their command lines in ``/proc``, which name the
 spec file, so even a worker started an instant before a crash is found. How death is noticed: a
@@ -29,13 +31,29 @@ import attrs
 import trio
 
 from ._errors import ConfigError, ReplicaError, ReplicaGoneError
+from ._files import private_dir, write_private
 from ._json import JSON
-from ._runtime import DeathListener, ReplicaSpec
+from ._placement import SLOTS
+from ._procfs import describe_exit, exit_status, inheritable_fds, memory_bytes
+from ._runtime import DeathListener, ReplicaInfo, ReplicaSpec
 from ._wire import LineStream, WireError
+from ._worker_logs import DEFAULT_MAX_BYTES, LogChunk, log_file, log_tags, prune_logs, read_log
 
 _WORKER_MODULE = "controller.worker"
 # sockaddr_un.sun_path is 108 bytes on Linux, including the final NUL.
 _MAX_SOCKET_PATH = 107
+# The default limit on workers: one per this much memory, and at most this many per core.
+_MEMORY_PER_REPLICA = 64 << 20
+_REPLICAS_PER_CORE = 256
+
+
+def default_max_replicas() -> int:
+    """How many workers this machine holds by default: one per 64 MiB of memory (an idle
+    worker takes about 25 MiB), at most 256 per core."""
+    cores = os.cpu_count() or 1
+    memory = memory_bytes()
+    by_memory = memory // _MEMORY_PER_REPLICA if memory else cores * _REPLICAS_PER_CORE
+    return max(1, min(by_memory, cores * _REPLICAS_PER_CORE))
 
 
 @final
@@ -56,10 +74,15 @@ class LocalRuntime:
     """Replicas as worker processes on this machine (``python -m controller.worker``).
 
     `runtime_dir` holds the workers' sockets, specs and logs; a controller reopened with the same
-    directory finds and adopts the workers. `capacity` is what this machine may give replicas
-    (default: ``{"CPU": os.cpu_count()}``; add custom resources as you like). `pythonpath`
-    entries are put in front of ``sys.path`` in each worker, so that entrypoints can be found.
-    A worker that does not exit within `term_timeout_s` of SIGTERM gets SIGKILL.
+    directory finds and adopts the workers. It is created private (0700), and refused if other
+    users may write in it. `capacity` is what this machine may give replicas (default:
+    ``{"CPU": os.cpu_count()}``; add custom resources as you like). `max_replicas` is how many
+    workers it holds at all, whatever they ask for (default: one per 64 MiB of memory, at most
+    256 per core). `pythonpath` entries are put in front of ``sys.path`` in each worker, so
+    that entrypoints can be found. `env` is the workers' environment (default: this process's).
+    A worker that does not exit within `term_timeout_s` of SIGTERM gets SIGKILL. Each worker's
+    log is rotated past `log_max_bytes`; the logs of the newest `logs_kept` gone replicas are
+    kept.
     """
 
     def __init__(
@@ -71,6 +94,9 @@ class LocalRuntime:
         python: str = sys.executable,
         env: Mapping[str, str] | None = None,
         term_timeout_s: float = 2.0,
+        max_replicas: int | None = None,
+        log_max_bytes: int = DEFAULT_MAX_BYTES,
+        logs_kept: int = 50,
     ):
         self.runtime_dir = Path(runtime_dir).resolve()
         longest = self.runtime_dir / ("0" * 16 + ".sock")
@@ -81,9 +107,19 @@ class LocalRuntime:
                 f"{_MAX_SOCKET_PATH} bytes with a socket name); choose a shorter directory",
                 str(self.runtime_dir),
             )
+        if max_replicas is not None and (
+            isinstance(max_replicas, bool) or not isinstance(max_replicas, int) or max_replicas < 1
+        ):
+            raise ConfigError("max_replicas", "must be a whole number >= 1", max_replicas)
+        self.max_replicas = max_replicas if max_replicas is not None else default_max_replicas()
         self._capacity = (
             dict(capacity) if capacity is not None else {"CPU": float(os.cpu_count() or 1)}
         )
+        self._capacity[SLOTS] = float(self.max_replicas)
+        self.logs_dir = self.runtime_dir / "logs"
+        self._log_max_bytes = log_max_bytes
+        self._logs_kept = logs_kept
+        self._node = socket.gethostname()
         self._pythonpath = [str(Path(p).resolve()) for p in pythonpath]
         self._python = python
         self._env = dict(env) if env is not None else None
@@ -101,8 +137,19 @@ class LocalRuntime:
         return str(self._base(tag)) + ".sock"
 
     def log_path(self, tag: str) -> Path:
-        """Where the worker of `tag` writes its stdout and stderr."""
-        return Path(str(self._base(tag)) + ".log")
+        """Where the worker of `tag` writes its stdout and stderr (``logs/<tag>.log``; past
+        its size cap, the older part is in ``<tag>.log.1``)."""
+        return log_file(self.logs_dir, tag)
+
+    def log_tags(self, backend: str | None = None) -> list[str]:
+        """The tags that have a log (of `backend` only, if given), oldest log first: live
+        replicas, and the newest `logs_kept` that are gone."""
+        return log_tags(self.logs_dir, "" if backend is None else f"{backend}#")
+
+    def read_log(self, tag: str, *, offset: int | None = None, tail: int = 100) -> LogChunk | None:
+        """The last `tail` lines of the log of `tag`, or, with the `offset` of an earlier
+        read, what was written since; None if it has no log."""
+        return read_log(self.log_path(tag), offset=offset, tail=tail)
 
     # -- the Runtime protocol --
 
@@ -112,7 +159,8 @@ class LocalRuntime:
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        self.runtime_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.runtime_dir, "runtime_dir")
+        private_dir(self.logs_dir, "runtime_dir")
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery, self._on_death = nursery, on_death
@@ -157,7 +205,7 @@ class LocalRuntime:
                 continue
         return found
 
-    async def start_replica(self, spec: ReplicaSpec) -> str | None:
+    async def start_replica(self, spec: ReplicaSpec) -> ReplicaInfo:
         assert self._nursery is not None, "LocalRuntime.serve is not running"
         base = self._base(spec.tag)
         sock_path = self._socket_path(spec.tag)
@@ -169,6 +217,7 @@ class LocalRuntime:
             listener.bind(sock_path)
             listener.listen(64)
             spec_path = str(base) + ".spec.json"
+            log_path = self.log_path(spec.tag)
             worker_spec: dict[str, Any] = {
                 "tag": spec.tag,
                 "backend": spec.backend,
@@ -180,19 +229,21 @@ class LocalRuntime:
                 "port": port,
                 "listen_fd": listener.fileno(),
                 "pythonpath": self._pythonpath,
+                "log": str(log_path),
+                "log_max_bytes": self._log_max_bytes,
             }
-            await trio.Path(spec_path).write_text(json.dumps(worker_spec))
+            await trio.to_thread.run_sync(write_private, Path(spec_path), json.dumps(worker_spec))
             env = dict(os.environ if self._env is None else self._env)
-            pid = self._spawn(spec_path, str(self.log_path(spec.tag)), listener, env)
+            pid = self._spawn(spec_path, str(log_path), listener, env)
         finally:
             listener.close()  # the worker holds its own copy now
         worker = _Worker(spec.tag, pid, os.pidfd_open(pid))
         self._workers[spec.tag] = worker
         await self._attach(worker)
         await self._request(spec.tag, {"op": "wait_ready"})
-        return f"127.0.0.1:{port}"
+        return ReplicaInfo(f"127.0.0.1:{port}", pid, self._node)
 
-    async def adopt_replica(self, tag: str) -> str | None:
+    async def adopt_replica(self, tag: str) -> ReplicaInfo:
         assert self._nursery is not None, "LocalRuntime.serve is not running"
         pid = (await trio.to_thread.run_sync(self._scan)).get(tag)
         if pid is None:
@@ -209,7 +260,7 @@ class LocalRuntime:
         self._workers[tag] = worker
         await self._attach(worker)
         await self._request(tag, {"op": "wait_ready"})
-        return f"127.0.0.1:{port}"
+        return ReplicaInfo(f"127.0.0.1:{port}", pid, self._node)
 
     async def reconfigure_replica(self, tag: str, user_config: JSON) -> None:
         await self._request(tag, {"op": "reconfigure", "user_config": user_config})
@@ -226,12 +277,12 @@ class LocalRuntime:
         if worker is None:
             pid = (await trio.to_thread.run_sync(self._scan)).get(tag)
             if pid is None:
-                self._remove_files(tag)
+                await self._gone(tag)
                 return
             try:
                 worker = _Worker(tag, pid, os.pidfd_open(pid))
             except ProcessLookupError:
-                self._remove_files(tag)
+                await self._gone(tag)
                 return
             self._workers[tag] = worker
         worker.killing = True
@@ -244,7 +295,7 @@ class LocalRuntime:
             await self._wait_exit(worker)
         finally:
             self._forget(worker)
-            self._remove_files(tag)
+            await self._gone(tag)
 
     # -- internals --
 
@@ -266,11 +317,15 @@ class LocalRuntime:
         if worker.killing or self._workers.get(worker.tag) is not worker:
             return
         await self._wait_exit(worker)
+        status = worker.exit_status
+        if status is None:
+            # Not our child (started by an earlier controller): Linux may still say how it
+            # ended, while the pidfd is open.
+            status = exit_status(worker.pid, worker.pidfd)
         self._forget(worker)
-        reason = _exit_reason(worker.exit_status)
-        self._remove_files(worker.tag, keep_log=True)
+        await self._gone(worker.tag)
         if self._on_death is not None:
-            self._on_death(worker.tag, reason)
+            self._on_death(worker.tag, describe_exit(status))
 
     def _spawn(
         self, spec_path: str, log_path: str, listener: socket.socket, env: dict[str, str]
@@ -278,6 +333,11 @@ class LocalRuntime:
         # posix_spawn rather than subprocess: a Popen object warns when it is collected while its
         # child runs, and outliving the controller is exactly what a worker is for.
         fd = listener.fileno()
+        # Whatever else this process holds without close-on-exec (an embedding app's listening
+        # socket, say) is closed in the child: a worker holding the daemon's port would keep it
+        # in LISTEN after the daemon exits. Spawns run on the trio thread, one at a time, so no
+        # other spawn sees the listener inheritable.
+        closes = [(os.POSIX_SPAWN_CLOSE, other) for other in inheritable_fds({0, 1, 2, fd})]
         os.set_inheritable(fd, True)
         try:
             return os.posix_spawn(
@@ -285,13 +345,14 @@ class LocalRuntime:
                 [self._python, "-m", _WORKER_MODULE, spec_path],
                 env,
                 file_actions=[
+                    *closes,
                     (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                     (
                         os.POSIX_SPAWN_OPEN,
                         1,
                         log_path,
-                        os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                        0o644,
+                        os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
+                        0o600,
                     ),
                     (os.POSIX_SPAWN_DUP2, 1, 2),
                 ],
@@ -334,21 +395,36 @@ class LocalRuntime:
             with trio.CancelScope(shield=True):
                 await lines.aclose()
         if not reply.get("ok"):
-            raise ReplicaError(tag, str(reply.get("error_type")), str(reply.get("message")))
+            traceback = reply.get("traceback")
+            raise ReplicaError(
+                tag,
+                str(reply.get("error_type")),
+                str(reply.get("message")),
+                traceback if isinstance(traceback, str) else None,
+            )
         return reply
 
     def _log_tail(self, tag: str) -> str:
-        try:
-            lines = self.log_path(tag).read_text(errors="replace").strip().splitlines()
-        except OSError:
-            return ""
-        return f"; its log ends: {lines[-1]}" if lines else ""
+        chunk = self.read_log(tag, tail=1)
+        last = chunk.text.strip() if chunk is not None else ""
+        return f"; its log ends: {last}" if last else ""
 
-    def _remove_files(self, tag: str, *, keep_log: bool = False) -> None:
+    async def _gone(self, tag: str) -> None:
+        """Remove what a worker that is gone leaves behind, but its log: that is kept for people
+        to read, and only the oldest beyond `logs_kept` are deleted."""
         base = str(self._base(tag))
-        for suffix in (".sock", ".spec.json") if keep_log else (".sock", ".spec.json", ".log"):
+        for suffix in (".sock", ".spec.json"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(base + suffix)
+
+        def is_live(other: str) -> bool:
+            # A worker is alive exactly while its socket file is there.
+            return other in self._workers or os.path.exists(self._socket_path(other))
+
+        # One directory listing, bounded by the live workers and the kept logs; shielded, as a
+        # kill's cleanup is.
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(prune_logs, self.logs_dir, is_live, self._logs_kept)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
@@ -356,15 +432,6 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
     # holds whatever the user's code started too.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-
-
-def _exit_reason(status: int | None) -> str:
-    if status is None:
-        return "worker process exited"
-    code = os.waitstatus_to_exitcode(status)
-    if code < 0:
-        return f"worker process killed by {signal.Signals(-code).name}"
-    return f"worker process exited with code {code}"
 
 
 def _free_port() -> int:

@@ -17,6 +17,21 @@ DeathListener = Callable[[str, str], None]
 
 
 @attrs.frozen
+class ReplicaInfo:
+    """What a runtime tells of a replica once it is ready (``start_replica``, ``adopt_replica``).
+
+    A runtime may return a plain address (``str``) or None instead, and say nothing more.
+    """
+
+    address: str | None = None
+    """Where it serves, as routers should reach it (None if the runtime has no such notion)."""
+    pid: int | None = None
+    """Its process id, where it has one of its own."""
+    node: str | None = None
+    """The machine (or cluster node) it runs on."""
+
+
+@attrs.frozen
 class ReplicaSpec:
     """Everything a runtime needs to start one replica."""
 
@@ -40,7 +55,8 @@ class Runtime(Protocol):
 
     Every method may be cancelled; a cancelled start may leave a half-started replica behind, which
     the controller then kills by tag. No method has a timeout of its own: the controller wraps calls
-    in cancel scopes. Failures of the user's code are raised as ``ReplicaError``.
+    in cancel scopes. Failures of the user's code are raised as ``ReplicaError``, with the user's
+    traceback where the runtime has it.
     """
 
     async def serve(
@@ -59,20 +75,25 @@ class Runtime(Protocol):
     async def capacity(self) -> Sequence[Mapping[str, float]] | None:
         """What each node can give this controller's replicas in all (one mapping per node), or
         None for no limit: a node's total, less what others than this runtime's replicas hold
-        there. Asked before every scale-up, so a runtime shared with others answers afresh."""
+        there. Asked before every scale-up, so a runtime shared with others answers afresh.
+
+        Each node should say how many replicas it can hold at all, under the key
+        ``"replica_slots"`` (each replica takes one, whatever else it asks for): without it, a
+        replica that asks for nothing costs nothing, and no count would ever be refused."""
         ...
 
     async def list_replicas(self) -> Sequence[str]:
         """The tags of every replica this runtime has, alive or starting."""
         ...
 
-    async def start_replica(self, spec: ReplicaSpec) -> str | None:
-        """Start a replica and return once it is ready, with its address (or None)."""
+    async def start_replica(self, spec: ReplicaSpec) -> ReplicaInfo | str | None:
+        """Start a replica and return once it is ready, with what is known of it (or just its
+        address, or None)."""
         ...
 
-    async def adopt_replica(self, tag: str) -> str | None:
-        """Reattach to a live replica found by ``list_replicas``; return once it is ready, with its
-        address. Raises ``ReplicaGoneError`` if it is not there."""
+    async def adopt_replica(self, tag: str) -> ReplicaInfo | str | None:
+        """Reattach to a live replica found by ``list_replicas``; return once it is ready, as
+        ``start_replica`` does. Raises ``ReplicaGoneError`` if it is not there."""
         ...
 
     async def reconfigure_replica(self, tag: str, user_config: JSON) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 from collections.abc import Mapping
@@ -31,6 +32,10 @@ class SQLiteStore:
     `synchronous` is SQLite's setting: ``"FULL"`` (the default) makes each commit survive a power
     loss; ``"NORMAL"`` survives a crash of the process, which is what the controller's recovery
     needs, and commits faster.
+
+    A new database file is created readable by its owner only (0600). Failures raise
+    ``StoreError`` with SQLite's own message (``disk I/O error``, ``file is not a database``...);
+    a failed write changes nothing.
     """
 
     def __init__(
@@ -62,6 +67,9 @@ class SQLiteStore:
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
+            if self.path != ":memory:" and not os.path.exists(self.path):
+                # Checkpoints name what runs where: private from the first byte.
+                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             # isolation_level=None: transactions are begun and committed explicitly below.
             # check_same_thread=False: trio's worker threads vary; the limiter serializes use.
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -99,13 +107,18 @@ class SQLiteStore:
                 conn.executemany("DELETE FROM checkpoints WHERE key = ?", deletes)
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            # SQLite may have rolled back already (it does on an I/O error or a full disk), and
+            # a ROLLBACK then fails with "no transaction is active": the error to report is the
+            # one that brought us here.
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
             raise
 
     async def read_all(self) -> dict[str, str]:
         try:
             return await trio.to_thread.run_sync(self._read_all_sync, limiter=self._limiter)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"reading {self.path}: {exc}") from exc
 
     async def write(self, changes: Mapping[str, str | None]) -> None:
@@ -133,7 +146,7 @@ class SQLiteStore:
                             self._commit_sync, batch.changes, limiter=self._limiter
                         )
                         self.transactions += 1
-                    except sqlite3.Error as exc:
+                    except (sqlite3.Error, OSError) as exc:
                         batch.error = exc
                     batch.done.set()
         finally:

@@ -59,6 +59,7 @@ BackendReason = Literal[
     "Recovering",
     "ReplicaFailures",
     "StartFailures",
+    "Infeasible",
     "Deleting",
 ]
 
@@ -68,11 +69,13 @@ class BackendEvent:
     """One notable thing that happened to a backend (like an event in ``kubectl describe``)."""
 
     time: float
-    """When, on the trio clock."""
+    """When, on the trio clock (events kept from before a restart are put on today's clock)."""
     kind: str
     """What kind of thing: ``Deploy``, ``Scale``, ``StartFailed``, ``Died``, ``Unhealthy``..."""
     message: str
     """What happened, in words."""
+    wall_time: float | None = None
+    """When, by the wall clock (seconds since the epoch), for people to read."""
 
 
 class GoalOutcome(enum.Enum):
@@ -131,6 +134,12 @@ class ReplicaStatus:
     """Where it listens, once the runtime has said."""
     healthy: bool = True
     """False while its latest health check failed."""
+    pid: int | None = None
+    """Its process id, where the runtime has one."""
+    node: str | None = None
+    """The machine or cluster node it runs on, where the runtime says."""
+    created_at: float | None = None
+    """When the controller asked for it, by the wall clock (seconds since the epoch)."""
 
 
 @attrs.frozen
@@ -162,7 +171,9 @@ class BackendStatus:
     replicas: tuple[ReplicaStatus, ...]
     """Every replica the controller holds for it, by tag."""
     events: tuple[BackendEvent, ...]
-    """Its recent events, oldest first."""
+    """Its recent events, oldest first (kept across controller restarts)."""
+    last_traceback: str | None = None
+    """The replica's own traceback of `last_error`, where its runtime reported one."""
 
     @property
     def counts(self) -> Mapping[ReplicaState, int]:

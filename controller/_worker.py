@@ -15,16 +15,23 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, final
 
 import trio
 
 from ._context import ReplicaContext, set_context
+from ._user_error import describe_error
 from ._wire import LineStream, WireError
+from ._worker_logs import DEFAULT_MAX_BYTES, capture_output
 
 
 def _describe(exc: BaseException) -> dict[str, str]:
-    return {"error_type": type(exc).__name__, "message": str(exc)}
+    """The user's exception as the runtime reports it: type, message and traceback (which
+    also goes to the worker's log)."""
+    text = "".join(traceback.format_exception(exc))
+    sys.stderr.write(text)
+    return describe_error(exc, text)
 
 
 async def _call(fn: Callable[..., Any], *args: Any) -> Any:
@@ -60,7 +67,6 @@ class Worker:
                 if reconfigure is not None:
                     await _call(reconfigure, self.spec["user_config"])
         except Exception as exc:
-            traceback.print_exc()
             self.init_error = _describe(exc)
         self.ready.set()
 
@@ -102,7 +108,6 @@ class Worker:
             args = (request.get("user_config"),) if op == "reconfigure" else ()
             await _call(method, *args)
         except Exception as exc:
-            traceback.print_exc()
             return {"ok": False, **_describe(exc)}
         return {"ok": True}
 
@@ -125,6 +130,8 @@ def main() -> None:
         sys.exit("usage: python -m controller.worker SPEC_FILE")
     with open(sys.argv[1]) as f:
         spec = json.load(f)
+    if spec.get("log"):
+        capture_output(Path(spec["log"]), int(spec.get("log_max_bytes", DEFAULT_MAX_BYTES)))
     for entry in reversed(spec.get("pythonpath", [])):
         sys.path.insert(0, entry)
     trio.run(serve, spec)

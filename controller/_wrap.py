@@ -9,7 +9,7 @@ from typing import TypeVar
 import trio
 
 from ._json import JSON
-from ._runtime import DeathListener, ReplicaSpec, Runtime
+from ._runtime import DeathListener, ReplicaInfo, ReplicaSpec, Runtime
 from ._store import Store
 
 T = TypeVar("T")
@@ -40,10 +40,10 @@ class RuntimeWrapper:
     async def list_replicas(self) -> Sequence[str]:
         return await self.around("list_replicas", None, self.inner.list_replicas)
 
-    async def start_replica(self, spec: ReplicaSpec) -> str | None:
+    async def start_replica(self, spec: ReplicaSpec) -> ReplicaInfo | str | None:
         return await self.around("start", spec.tag, lambda: self.inner.start_replica(spec))
 
-    async def adopt_replica(self, tag: str) -> str | None:
+    async def adopt_replica(self, tag: str) -> ReplicaInfo | str | None:
         return await self.around("adopt", tag, lambda: self.inner.adopt_replica(tag))
 
     async def reconfigure_replica(self, tag: str, user_config: JSON) -> None:

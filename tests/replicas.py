@@ -77,3 +77,13 @@ class BlockingRecorder:
         self.recorder.note("drain")
         time.sleep(self.drain_s)
         self.recorder.note("drained")
+
+
+class Talker:
+    """Prints on start and on every new user config: for the log tests."""
+
+    def __init__(self) -> None:
+        print("talker up", flush=True)
+
+    def reconfigure(self, user_config: Any) -> None:
+        print(f"talker says {user_config}", flush=True)

@@ -36,6 +36,7 @@ async def test_same_spec_again_returns_the_same_goal_and_changes_nothing() -> No
     async with opened(rt, store) as ctl:
         goal = await ctl.deploy("a", config(num_replicas=2, user_config={"k": [1]}), RC)
         await goal.wait()
+        await settle()  # the writer stores the "Ready" event
         writes, started = store.writes, len(rt.replicas)
         again = await ctl.deploy("a", config(num_replicas=2, user_config={"k": [1]}), RC)
         assert again is goal

@@ -72,11 +72,19 @@ class Daemon:
     def token(self) -> str:
         return (self.state_dir / "token").read_text().strip()
 
-    async def start(self, nursery: trio.Nursery, *extra: str) -> None:
-        """Start `controller run` and return once it listens (it says so on stderr)."""
+    async def start(
+        self,
+        nursery: trio.Nursery,
+        *extra: str,
+        listen: str = "127.0.0.1:0",
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """Start `controller run` and return once it listens (it says so on stderr), or has
+        exited."""
         process = await trio.lowlevel.open_process(
-            [*self.cli_argv(), "run", "--listen", "127.0.0.1:0", "--pythonpath", str(HERE), *extra],
+            [*self.cli_argv(), "run", "--listen", listen, "--pythonpath", str(HERE), *extra],
             stderr=subprocess.PIPE,
+            env=env,
         )
         self.process = process
         listening = trio.Event()
@@ -112,9 +120,15 @@ class Daemon:
     async def http(
         self, method: str, path: str, body: bytes | None = None, token: str | None = "default"
     ) -> tuple[int, Any]:
+        code, payload, _ = await self.http_with_headers(method, path, body, token)
+        return code, payload
+
+    async def http_with_headers(
+        self, method: str, path: str, body: bytes | None = None, token: str | None = "default"
+    ) -> tuple[int, Any, dict[str, str]]:
         token = self.token if token == "default" else token
 
-        def call() -> tuple[int, Any]:
+        def call() -> tuple[int, Any, dict[str, str]]:
             request = urllib.request.Request(self.url + path, data=body, method=method)
             if token is not None:
                 request.add_header("Authorization", f"Bearer {token}")
@@ -122,15 +136,20 @@ class Daemon:
                 with urllib.request.urlopen(request, timeout=30) as response:
                     raw = response.read()
                     kind = response.headers.get("content-type", "")
-                    return response.status, json.loads(raw) if "json" in kind else raw.decode()
+                    payload = json.loads(raw) if "json" in kind else raw.decode()
+                    return response.status, payload, _lower(response.headers)
             except urllib.error.HTTPError as exc:
-                return exc.code, json.loads(exc.read())
+                return exc.code, json.loads(exc.read()), _lower(exc.headers)
 
         return await trio.to_thread.run_sync(call)
 
     async def status(self) -> dict[str, Any]:
+        """Every backend's status, less the replicas' ages (which grow as time passes)."""
         code, data = await self.http("GET", "/api/v1/backends")
         assert code == 200, data
+        for backend in data["backends"]:
+            for replica in backend["replicas"]:
+                del replica["age_s"]
         return {b["name"]: b for b in data["backends"]}
 
     async def stop(self, sig: int = signal.SIGTERM) -> int:
@@ -151,17 +170,25 @@ def state_dir() -> Iterator[Path]:
 
 
 @asynccontextmanager
-async def running(state_dir: Path, *extra: str) -> AsyncIterator[Daemon]:
+async def running(
+    state_dir: Path,
+    *extra: str,
+    listen: str = "127.0.0.1:0",
+    env: dict[str, str] | None = None,
+) -> AsyncIterator[Daemon]:
+    """A daemon that is shut down (every backend deleted) at the end."""
     daemon = Daemon(state_dir)
     async with trio.open_nursery() as nursery:
-        await daemon.start(nursery, *extra)
+        await daemon.start(nursery, *extra, listen=listen, env=env)
+        assert daemon.process is not None
+        assert daemon.process.returncode is None, daemon.log
         try:
             yield daemon
         finally:
             with trio.fail_after(LIMIT_S):
                 result = await daemon.cli("shutdown")
                 assert result.returncode == 0, result.stderr
-                assert await daemon.process.wait() == 0  # type: ignore[union-attr]
+                assert await daemon.process.wait() == 0
 
 
 async def test_apply_scale_roll_prune_and_delete_through_the_cli(state_dir: Path) -> None:
@@ -366,3 +393,7 @@ async def test_json_logs_one_object_per_line(state_dir: Path) -> None:
     assert any(m.startswith("listening on http://127.0.0.1:") for m in messages)
     assert any("RUNNING at" in m for m in messages)
     assert {"time", "level", "logger", "message"} <= set(lines[0])
+
+
+def _lower(headers: Any) -> dict[str, str]:
+    return {key.lower(): value for key, value in headers.items()}

@@ -24,7 +24,7 @@ def assert_every_step_served(out: str) -> None:
         "goal   completed: 4/4 replicas of version v1 running",
         "a replica now says 'hey'",
         "goal   completed: 4/4 replicas of version v2 running",
-        "goal   completed: 1/1 replicas of version v2 running",
+        "goal   completed: 1/1 replica of version v2 running",
         "traffic stopped: 0 requests failed in all",
         "goal   completed: echo deleted",
     ]:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 import controller
 from controller import GoalOutcome, ReplicaState
@@ -238,3 +240,75 @@ async def test_a_worker_no_intent_names_is_killed_on_reopen(harness: Harness) ->
             async with controller.open_controller(runtime=runtime, store=empty):
                 pass
         assert worker_pids(harness.runtime_dir) == {}
+
+
+async def test_closing_while_adopting_kills_nothing(harness: Harness) -> None:
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
+            await (await ctl.deploy("a", cfg(num_replicas=3), harness.recorder())).wait()
+        pids = worker_pids(harness.runtime_dir)
+        # Closed at once, again and again, with the adoptions still in flight: the runtime
+        # outlives the tasks that use it, so none mistakes the close for a failed replica.
+        for _ in range(5):
+            runtime = controller.LocalRuntime(harness.runtime_dir / "w", pythonpath=[HERE])
+            async with controller.open_controller(runtime=runtime, store=harness.store):
+                pass
+            assert worker_pids(harness.runtime_dir) == pids
+        async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
+            await serving(ctl, "a", 3)
+            assert worker_pids(harness.runtime_dir) == pids
+            await (await ctl.delete("a", force=True)).wait()
+
+
+async def test_a_worker_inherits_nothing_of_the_controller_s_process(harness: Harness) -> None:
+    # A listening socket made inheritable, as hypercorn makes its own, in the embedding app.
+    with socket.socket() as app_socket:
+        app_socket.bind(("127.0.0.1", 0))
+        app_socket.listen()
+        app_socket.set_inheritable(True)
+        mine = f"socket:[{os.fstat(app_socket.fileno()).st_ino}]"
+        with trio.fail_after(LIMIT_S):
+            async with controller.open_controller(
+                runtime=harness.runtime, store=harness.store
+            ) as ctl:
+                await (await ctl.deploy("a", cfg(), harness.recorder())).wait()
+                (pid,) = worker_pids(harness.runtime_dir)
+                targets = [
+                    os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")
+                ]
+                assert mine not in targets
+                assert os.readlink(f"/proc/{pid}/fd/0") == "/dev/null"
+                await (await ctl.delete("a", force=True)).wait()
+
+
+async def test_logs_are_named_by_tag_rotated_and_kept_within_bounds(harness: Harness) -> None:
+    runtime = controller.LocalRuntime(
+        harness.runtime_dir / "w", pythonpath=[HERE], log_max_bytes=1000, logs_kept=2
+    )
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(runtime=runtime, store=harness.store) as ctl:
+            await (await ctl.deploy("a", cfg(), controller.ReplicaConfig("replicas:Talker"))).wait()
+            (tag,) = [r.tag for r in ctl.status("a").replicas]
+            assert runtime.log_path(tag) == harness.runtime_dir / "w" / "logs" / f"{tag}.log"
+            # Reconfigured 100 times: about 1,700 bytes of output, past the 1,000 byte cap.
+            for n in range(100):
+                await runtime.reconfigure_replica(tag, n)
+            chunk = runtime.read_log(tag, tail=3)
+            assert chunk is not None
+            assert chunk.text == "talker says 97\ntalker says 98\ntalker says 99\n"
+            sizes = [p.stat().st_size for p in runtime.logs_dir.iterdir()]
+            assert len(sizes) == 2  # the log and its one rotated part
+            assert all(size <= 1000 for size in sizes)
+            # Replace it four times: the logs of the two newest gone replicas are kept.
+            for version in ("v2", "v3", "v4", "v5"):
+                new = cfg(version=version)
+                await (
+                    await ctl.deploy("a", new, controller.ReplicaConfig("replicas:Talker"))
+                ).wait()
+            await trio.testing.wait_all_tasks_blocked()
+            (live,) = [r.tag for r in ctl.status("a").replicas]
+            kept = runtime.log_tags("a")
+            assert live in kept
+            assert tag not in kept
+            assert len(kept) == 3
+            await (await ctl.delete("a", force=True)).wait()

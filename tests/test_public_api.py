@@ -32,6 +32,9 @@ EXPECTED = {
     "ReplicaGoneError",
     "StoreError",
     "ControllerClosedError",
+    "StartupError",
+    "Applied",
+    "ReplicaInfo",
 }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -196,8 +197,10 @@ async def test_an_infeasible_deploy_fails_fast_and_leaves_nothing(harness: Harne
             with pytest.raises(controller.InfeasibleError) as caught:
                 await ctl.deploy("a", cfg(resources={"slot": 2}), harness.recorder())
             message = str(caught.value)
-            assert "needing {'slot': 2.0} each" in message
-            assert "2 nodes ({'slot': 1.0}, {'slot': 1.0}" in message  # what each node has
+            assert "needing {'slot': 2.0} and a replica slot each" in message
+            # What each node has, and how many replicas it holds at all.
+            each = r"\{'slot': 1\.0, 'replica_slots': \d+\.0\}"
+            assert re.search(rf"2 nodes \({each}, {each}", message), message
             with pytest.raises(controller.InfeasibleError):
                 await ctl.deploy(
                     "b", cfg(num_replicas=3, resources={"slot": 1}), harness.recorder()

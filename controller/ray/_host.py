@@ -23,12 +23,15 @@ from typing import Any, final
 import ray
 
 from .._context import ReplicaContext, set_context
+from .._user_error import describe_error
 
 _CONTRACT = ("reconfigure", "check_health", "drain")
 
 
 def _describe(exc: BaseException) -> dict[str, Any]:
-    return {"ok": False, "error_type": type(exc).__name__, "message": str(exc)}
+    text = "".join(traceback.format_exception(exc))
+    sys.stderr.write(text)  # into the actor's log, as the worker of LocalRuntime does
+    return {"ok": False, **describe_error(exc, text)}
 
 
 async def _call(fn: Callable[..., Any], *args: Any) -> Any:
@@ -86,7 +89,6 @@ class ReplicaHost:
                 if reconfigure is not None:
                     await _call(reconfigure, spec["user_config"])
         except Exception as exc:
-            traceback.print_exc()
             return _describe(exc)
         node_id = ray.get_runtime_context().get_node_id()
         return {
@@ -110,7 +112,6 @@ class ReplicaHost:
         try:
             await _call(method, *args)
         except Exception as exc:
-            traceback.print_exc()
             return json.dumps(_describe(exc))
         return json.dumps({"ok": True})
 

@@ -19,7 +19,8 @@ from ray._private import state as ray_state
 
 from .._errors import ConfigError, ReplicaError, ReplicaGoneError
 from .._json import JSON
-from .._runtime import DeathListener, ReplicaSpec
+from .._placement import SLOTS
+from .._runtime import DeathListener, ReplicaInfo, ReplicaSpec
 from ._await import wait_ref
 from ._host import ReplicaHost
 
@@ -32,6 +33,9 @@ _Host = ray.remote(ReplicaHost)
 _NAMED = {"CPU": "num_cpus", "GPU": "num_gpus", "memory": "memory"}
 # Resources Ray reports per node that replicas cannot ask for.
 _NOT_SCHEDULABLE = ("node:", "accelerator_type:", "object_store_memory")
+# The default limit on replicas per node: one per this much of the node's memory (each actor is
+# a Ray worker process of its own, about 100 MiB).
+_MEMORY_PER_REPLICA = 128 << 20
 # How long to wait before watching again an actor Ray calls unavailable (its node is unreachable
 # for now, which may pass) rather than dead.
 _UNAVAILABLE_RETRY_S = 1.0
@@ -65,7 +69,8 @@ class RayRuntime:
     (any other key). `pythonpath` entries are put in front of ``sys.path`` in each actor, so that
     entrypoints can be found. `replica_host` is where replicas serve
     (``controller.worker.context().host``): loopback by default, or None for each node's IP, which
-    a cluster of several machines needs.
+    a cluster of several machines needs. `max_replicas_per_node` is how many replicas a node
+    holds at all, whatever they ask for (default: one per 128 MiB of the node's memory).
     """
 
     def __init__(
@@ -74,9 +79,19 @@ class RayRuntime:
         namespace: str = "controller",
         pythonpath: Sequence[str | os.PathLike[str]] = (),
         replica_host: str | None = "127.0.0.1",
+        max_replicas_per_node: int | None = None,
     ):
         if not namespace:
             raise ConfigError("namespace", "must be a non-empty string", namespace)
+        if max_replicas_per_node is not None and (
+            isinstance(max_replicas_per_node, bool)
+            or not isinstance(max_replicas_per_node, int)
+            or max_replicas_per_node < 1
+        ):
+            raise ConfigError(
+                "max_replicas_per_node", "must be a whole number >= 1", max_replicas_per_node
+            )
+        self._max_per_node = max_replicas_per_node
         self.namespace = namespace
         self._pythonpath = [str(Path(p).resolve()) for p in pythonpath]
         self._replica_host = replica_host
@@ -118,13 +133,14 @@ class RayRuntime:
             free = available.get(node_id, {})
             mine = ours.get(node_id, {})
             # What others hold is total - available - ours; what we may use is the rest.
-            nodes.append(
-                {
-                    key: min(amount, free.get(key, 0.0) + mine.get(key, 0.0))
-                    for key, amount in total.items()
-                    if not key.startswith(_NOT_SCHEDULABLE)
-                }
-            )
+            node = {
+                key: min(amount, free.get(key, 0.0) + mine.get(key, 0.0))
+                for key, amount in total.items()
+                if not key.startswith(_NOT_SCHEDULABLE)
+            }
+            slots = self._max_per_node or int(total.get("memory", 0.0) // _MEMORY_PER_REPLICA)
+            node[SLOTS] = float(max(1, slots))
+            nodes.append(node)
         return nodes
 
     async def list_replicas(self) -> Sequence[str]:
@@ -135,7 +151,7 @@ class RayRuntime:
             if isinstance(entry, dict) and entry["namespace"] == self.namespace
         )
 
-    async def start_replica(self, spec: ReplicaSpec) -> str | None:
+    async def start_replica(self, spec: ReplicaSpec) -> ReplicaInfo:
         assert self._nursery is not None, "RayRuntime.serve is not running"
         host_spec = {
             "tag": spec.tag,
@@ -172,7 +188,7 @@ class RayRuntime:
         self._actors[spec.tag] = actor
         return await self._await_ready(actor)
 
-    async def adopt_replica(self, tag: str) -> str | None:
+    async def adopt_replica(self, tag: str) -> ReplicaInfo:
         assert self._nursery is not None, "RayRuntime.serve is not running"
         actor = await self._find(tag)  # its ready reply tells what it holds
         return await self._await_ready(actor)
@@ -208,15 +224,19 @@ class RayRuntime:
 
     # -- internals --
 
-    async def _await_ready(self, actor: _Actor) -> str | None:
+    async def _await_ready(self, actor: _Actor) -> ReplicaInfo:
         reply = await self._request(actor, "ready")
         actor.node_id = reply.get("node_id")
         actor.resources = reply.get("resources") or {}
         actor.methods = frozenset(reply.get("methods", ()))
         assert self._nursery is not None
         self._nursery.start_soon(self._monitor, actor)
-        address = reply.get("address")
-        return address if isinstance(address, str) else None
+        address, pid = reply.get("address"), reply.get("pid")
+        return ReplicaInfo(
+            address if isinstance(address, str) else None,
+            pid if isinstance(pid, int) else None,
+            actor.node_id,
+        )
 
     async def _find(self, tag: str) -> _Actor:
         """The actor of `tag`: known here, or looked up by name (one this process neither
@@ -249,7 +269,13 @@ class RayRuntime:
             raise ReplicaError(actor.tag, type(exc).__name__, _first_line(exc)) from None
         reply: dict[str, Any] = json.loads(text)
         if not reply.get("ok"):
-            raise ReplicaError(actor.tag, str(reply.get("error_type")), str(reply.get("message")))
+            traceback = reply.get("traceback")
+            raise ReplicaError(
+                actor.tag,
+                str(reply.get("error_type")),
+                str(reply.get("message")),
+                traceback if isinstance(traceback, str) else None,
+            )
         return reply
 
     async def _monitor(self, actor: _Actor) -> None:

@@ -11,6 +11,7 @@ import trio
 
 from .._errors import ReplicaError, ReplicaGoneError
 from .._json import JSON
+from .._placement import SLOTS
 from .._runtime import DeathListener, ReplicaSpec
 
 
@@ -78,6 +79,8 @@ class FakeRuntime:
       that ignores its drain and is killed at the graceful-shutdown deadline.
     - ``crash(tag)``: a running replica dies on its own, and the controller is told.
     - ``capacity``: one mapping (one node) or a list of them (several nodes) for feasibility.
+    - ``max_replicas``: how many replicas each node holds at all (its ``replica_slots``),
+      100,000 by default, so that even a runtime with no other limit refuses an absurd count.
 
     The same instance outlives a controller, like real processes do: hand it to a new controller
     over the same store to test recovery. Times are ``trio.current_time()``, so under
@@ -90,14 +93,18 @@ class FakeRuntime:
         auto_ready: bool = False,
         auto_drain: bool = True,
         capacity: Mapping[str, float] | Sequence[Mapping[str, float]] | None = None,
+        max_replicas: int = 100_000,
         record_history: bool = True,
     ):
         self.auto_ready = auto_ready
         self.auto_drain = auto_drain
-        if capacity is None or isinstance(capacity, Sequence):
-            self._nodes = None if capacity is None else [dict(node) for node in capacity]
+        if capacity is None:
+            nodes: list[dict[str, float]] = [{}]
+        elif isinstance(capacity, Sequence):
+            nodes = [dict(node) for node in capacity]
         else:
-            self._nodes = [dict(capacity)]
+            nodes = [dict(capacity)]
+        self._nodes = [{**node, SLOTS: float(max_replicas)} for node in nodes]
         self.replicas: dict[str, FakeReplica] = {}
         """Every replica ever started, dead ones included, by tag."""
         self.history: list[tuple[float, str, str]] = []
@@ -127,11 +134,16 @@ class FakeRuntime:
         self._ready(replica)
 
     def fail_start(
-        self, tag: str, error_type: str = "RuntimeError", message: str = "start failed"
+        self,
+        tag: str,
+        error_type: str = "RuntimeError",
+        message: str = "start failed",
+        traceback: str | None = None,
     ) -> None:
-        """Make a pending start raise, as if the user's ``__init__`` raised `error_type`."""
+        """Make a pending start raise, as if the user's ``__init__`` raised `error_type` (with
+        `traceback`, the user's traceback as text, if given)."""
         replica = self._get(tag, FakeState.STARTING)
-        replica._start_error = ReplicaError(tag, error_type, message)
+        replica._start_error = ReplicaError(tag, error_type, message, traceback)
         replica.state = FakeState.DEAD
         replica._start_done.set()
         self._note(tag, f"start failed: {error_type}: {message}")

@@ -1,0 +1,76 @@
+"""Which scale-ups the runtime can hold: the controller's side of feasibility.
+
+``_placement`` does the arithmetic; this module says what each backend holds and asks for, and
+words the refusal. A deploy is refused only for what it adds: a spec that frees or keeps
+resources is never refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from ._backend import Backend, Spec
+from ._history import plural
+from ._placement import SLOTS, Demand, need_of, place, total
+from ._reconcile import resolve_limits
+
+
+def extra_replicas(backend: Backend | None, spec: Spec) -> int:
+    """How many replicas' worth `spec` needs beyond what `backend` holds or is about to."""
+    if spec.deleting:
+        return 0
+    config = spec.backend_config
+    held_now = len(backend.replicas) if backend is not None else 0
+    # A rolling replacement holds up to max_surge replicas above num_replicas at its peak.
+    replacing = backend is not None and backend.spec.version != spec.version
+    surge, _ = resolve_limits(config.num_replicas, config.max_surge, config.max_unavailable)
+    peak = config.num_replicas + surge if replacing else config.num_replicas
+    already = backend.reserved() if backend is not None else 0
+    return max(0, max(peak, held_now) - already)
+
+
+def held_by(backends: Iterable[Backend]) -> list[Demand]:
+    """What `backends` hold or are about to, each with its own resources."""
+    return [Demand(b.name, b.spec.backend_config.resources, b.reserved()) for b in backends]
+
+
+def shortfalls(
+    nodes: Sequence[Mapping[str, float]], held: Sequence[Demand], wanted: Sequence[Demand]
+) -> str | None:
+    """None if every wanted demand fits beside `held`; else why not, in words that name each
+    backend short of room, what the runtime offers and what is held already."""
+    placed = place(nodes, held, wanted)
+    short = [d for d in wanted if placed[d.name] < d.count]
+    if not short:
+        return None
+    reasons = []
+    keys: set[str] = set()
+    for d in short:
+        needs = dict(d.resources)
+        keys.update(needs)
+        reasons.append(
+            f"backend {d.name!r}: cannot place {plural(d.count, 'more replica')} needing "
+            f"{needs} and a replica slot each; only {placed[d.name]} fit"
+        )
+    shown = sorted(keys) + ([SLOTS] if any(SLOTS in node for node in nodes) else [])
+    in_use = _only(
+        total([{k: v * d.count for k, v in need_of(d.resources).items()} for d in held]), shown
+    )
+    return (
+        f"{'; '.join(reasons)}. The runtime offers {_describe_nodes(nodes, shown)}; this "
+        f"controller's replicas already hold {in_use}. Lower num_replicas or resources, or add "
+        f"capacity ({SLOTS} is how many replicas a node may hold, whatever they ask for)."
+    )
+
+
+def _only(resources: Mapping[str, float], keys: Sequence[str]) -> dict[str, float]:
+    return {key: resources.get(key, 0.0) for key in keys}
+
+
+def _describe_nodes(nodes: Sequence[Mapping[str, float]], keys: Sequence[str]) -> str:
+    # Only the resources asked for: a node's full inventory would bury the answer.
+    shown = [_only(node, keys) for node in nodes]
+    if len(shown) == 1:
+        return f"{shown[0]} in all"
+    listing = ", ".join(str(n) for n in shown)
+    return f"{len(shown)} nodes ({listing}; {_only(total(shown), keys)} in all)"

@@ -1,0 +1,72 @@
+"""Private files and directories: what the daemon and LocalRuntime keep on disk.
+
+A directory that another user can write into is a place where they can plant a symlink named
+like one of our files, so that we overwrite whatever it points to (as root, anything). So the
+directories are checked (ours, writable by no one else), and files are never written through a
+symlink: each is written to a new temporary file and renamed over the old name, which replaces a
+symlink rather than following it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from pathlib import Path
+
+from ._errors import ConfigError
+
+
+def private_dir(path: Path, what: str) -> None:
+    """Create `path` (mode 0700) if missing; refuse it if another user owns it or may write in
+    it. `what` names it in the error (a parameter or an option)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.stat()
+    if not stat.S_ISDIR(info.st_mode):
+        raise ConfigError(what, "is not a directory", str(path))
+    if info.st_uid != os.geteuid():
+        raise ConfigError(
+            what,
+            f"is owned by uid {info.st_uid}, not by this user (uid {os.geteuid()}); "
+            "use a directory of your own",
+            str(path),
+        )
+    if info.st_mode & 0o022:
+        raise ConfigError(
+            what,
+            f"may be written by other users (mode {stat.filemode(info.st_mode)}), who could "
+            f"plant links to files of yours there; run `chmod go-w {path}` or use another "
+            "directory",
+            str(path),
+        )
+
+
+def write_private(path: Path, text: str) -> None:
+    """Replace `path` with `text`, atomically, readable by this user only (0600); a symlink at
+    `path` is replaced, never followed."""
+    temp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(temp, flags, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+
+
+def create_private(path: Path) -> None:
+    """Make sure `path` is a regular file of ours with mode 0600 (creating it empty), without
+    following a symlink: for files that others then open by name (a SQLite database)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(str(path), "must be a regular file", stat.filemode(info.st_mode))
+        if info.st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)

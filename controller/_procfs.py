@@ -1,0 +1,80 @@
+"""What LocalRuntime asks Linux about processes: descriptors, exit statuses, memory."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import struct
+
+# struct pidfd_info of <linux/pidfd.h> (its first version, 64 bytes): the mask in and out, the
+# cgroup id, then eleven 32-bit ids, then the exit code (a wait status).
+_PIDFD_INFO_SIZE = 64
+_PIDFD_INFO_EXIT = 1 << 3
+_EXIT_CODE_AT = 16 + 4 * 11
+# _IOWR(PIDFS_IOCTL_MAGIC=0xFF, 11, struct pidfd_info)
+_PIDFD_GET_INFO = (3 << 30) | (_PIDFD_INFO_SIZE << 16) | (0xFF << 8) | 11
+
+
+def inheritable_fds(keep: set[int]) -> list[int]:
+    """This process's open descriptors that a child would inherit (no close-on-exec), but for
+    `keep`. Python opens everything close-on-exec; what is left was made inheritable on
+    purpose by someone (hypercorn does it to its listening sockets) and is not for our workers."""
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd in keep:
+            continue
+        with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
+            if os.get_inheritable(fd):
+                found.append(fd)
+    return found
+
+
+def exit_status(pid: int, pidfd: int) -> int | None:
+    """The wait status of an exited process that is not our child, or None if Linux will not
+    say. After init reaps it, only its pidfd knows (Linux 6.15 and later); before, its zombie's
+    ``/proc/<pid>/stat`` does (and the pid cannot be reused while it is a zombie)."""
+    info = bytearray(struct.pack("=Q", _PIDFD_INFO_EXIT) + bytes(_PIDFD_INFO_SIZE - 8))
+    with contextlib.suppress(OSError):
+        fcntl.ioctl(pidfd, _PIDFD_GET_INFO, info)
+        (mask,) = struct.unpack_from("=Q", info, 0)
+        if mask & _PIDFD_INFO_EXIT:
+            (status,) = struct.unpack_from("=i", info, _EXIT_CODE_AT)
+            return int(status)
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+    except OSError:
+        return None
+    # After the command: state is the first field, exit_code the 50th (Linux 3.5 and later).
+    if len(fields) < 50 or fields[0] != b"Z":
+        return None
+    return int(fields[49])
+
+
+def describe_exit(status: int | None) -> str:
+    """``worker process killed by SIGKILL``, ``worker process exited with code 3``..."""
+    if status is None:
+        return "worker process exited (its exit status is unknown)"
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"worker process killed by {name}"
+    return f"worker process exited with code {code}"
+
+
+def memory_bytes() -> int | None:
+    """This machine's memory in all, from ``/proc/meminfo``."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None

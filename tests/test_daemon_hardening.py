@@ -1,0 +1,420 @@
+"""The daemon as a new user, then an attacker, will meet it: Ctrl-C and start again on the same
+port, two daemons on one state dir, a start that fails, requests no machine can run, planted
+symlinks, a disk that stops taking writes, a replica that fails in its constructor. Real daemon
+processes, real worker processes, real clock; every wait bounded by fail_after."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import signal
+import socket
+import stat
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from controller import BackendConfig, ReplicaConfig, SQLiteStore
+from controller._checkpoint import SpecRecord, dump, spec_key
+
+from .test_daemon import LIMIT_S, Daemon, manifest, running, state_dir, trivial
+from .test_local_runtime import worker_pids
+
+__all__ = ["state_dir"]  # the fixture, shared with test_daemon
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def fd_targets(pid: int) -> list[str]:
+    """What each open descriptor of `pid` is: a path, or ``socket:[inode]``, ``pipe:[...]``."""
+    out = []
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{name}"))
+        except FileNotFoundError:
+            continue
+    return out
+
+
+def sockets_of(pid: int) -> set[str]:
+    return {t for t in fd_targets(pid) if t.startswith("socket:")}
+
+
+async def run_cli(daemon: Daemon, *args: str) -> subprocess.CompletedProcess[bytes]:
+    with trio.fail_after(LIMIT_S):
+        return await daemon.cli(*args)
+
+
+def one_line(stderr: bytes) -> str:
+    """A start-up failure is one line on stderr, with no traceback."""
+    text = stderr.decode().strip()
+    assert "Traceback" not in text, text
+    assert len(text.splitlines()) == 1, text
+    return text
+
+
+async def failed_start(state_dir: Path, *args: str) -> str:
+    """Run `controller run` that must fail at once; its one line."""
+    with trio.fail_after(LIMIT_S):
+        result = await trio.run_process(
+            [*Daemon(state_dir).cli_argv(), "run", *args], capture_stderr=True, check=False
+        )
+    assert result.returncode == 1, result.stderr.decode()
+    return one_line(result.stderr)
+
+
+async def test_ctrl_c_then_run_again_on_the_same_port(state_dir: Path) -> None:
+    """The README's restart story: the second start takes the same port, adopts the same
+    workers, and clients of the stopped daemon were refused, not left hanging."""
+    port = free_port()
+    listen = f"127.0.0.1:{port}"
+    file = state_dir / "backends.toml"
+    file.write_text(manifest(a=trivial(2)))
+    with trio.fail_after(LIMIT_S * 2):
+        async with trio.open_nursery() as nursery:
+            first = Daemon(state_dir)
+            await first.start(nursery, "--config", str(file), listen=listen)
+            assert (await first.cli("wait", "a")).returncode == 0
+            pids = worker_pids(state_dir)
+            assert first.process is not None
+            # Each worker holds what was meant for it and nothing of the daemon's: no socket of
+            # its (the API's port among them), no file of the state dir but the worker's log.
+            daemon_sockets = sockets_of(first.process.pid)
+            for pid in pids:
+                assert not sockets_of(pid) & daemon_sockets
+                mine = [t for t in fd_targets(pid) if t.startswith(str(state_dir))]
+                assert all(re.fullmatch(r".*/w/logs/a#[0-9a-f]{12}\.log", t) for t in mine), mine
+            assert await first.stop(signal.SIGINT) == 0
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+        async with running(state_dir, listen=listen) as second:
+            assert second.url == f"http://{listen}"
+            assert await second.http("GET", "/healthz", token=None) == (200, {"ok": True})
+            assert (await second.cli("wait", "a")).returncode == 0
+            assert worker_pids(state_dir) == pids  # adopted, not restarted
+
+
+async def test_a_second_daemon_on_the_same_state_dir_is_refused(state_dir: Path) -> None:
+    file = state_dir / "backends.toml"
+    file.write_text(manifest(a=trivial(1)))
+    with trio.fail_after(LIMIT_S * 2):
+        async with running(state_dir, "--config", str(file)) as first:
+            assert (await first.cli("wait", "a")).returncode == 0
+            token, address = first.token, (state_dir / "daemon.json").read_text()
+            pids = worker_pids(state_dir)
+            line = await failed_start(state_dir, "--listen", "127.0.0.1:0")
+            assert first.process is not None
+            assert f"pid {first.process.pid}" in line
+            assert first.url in line
+            assert "--state-dir" in line
+            # The first daemon lost nothing: its token, its address, its replicas.
+            assert (first.token, (state_dir / "daemon.json").read_text()) == (token, address)
+            assert (await first.status())["a"]["state"] == "HEALTHY"
+            assert worker_pids(state_dir) == pids
+
+
+async def test_a_start_that_cannot_bind_leaves_every_replica_as_it_was(state_dir: Path) -> None:
+    file = state_dir / "backends.toml"
+    file.write_text(manifest(a=trivial(3)))
+    with trio.fail_after(LIMIT_S * 2):
+        async with trio.open_nursery() as nursery:
+            first = Daemon(state_dir)
+            await first.start(nursery, "--config", str(file))
+            assert (await first.cli("wait", "a")).returncode == 0
+            pids = worker_pids(state_dir)
+            assert await first.stop(signal.SIGTERM) == 0
+        with socket.socket() as squatter:
+            squatter.bind(("127.0.0.1", 0))
+            squatter.listen()
+            port = squatter.getsockname()[1]
+            line = await failed_start(state_dir, "--listen", f"127.0.0.1:{port}")
+        assert f"cannot listen on 127.0.0.1:{port}" in line
+        assert "--listen" in line
+        assert worker_pids(state_dir) == pids  # untouched: not adopted, not killed
+        async with running(state_dir) as second:
+            assert (await second.cli("wait", "a")).returncode == 0
+            assert worker_pids(state_dir) == pids
+
+
+async def test_counts_no_machine_can_run_are_refused_at_once(state_dir: Path) -> None:
+    with trio.fail_after(LIMIT_S):
+        async with running(state_dir) as daemon:
+            for body in (
+                {"entrypoint": "replicas:Trivial", "num_replicas": 1_000_000},
+                {"entrypoint": "replicas:Trivial", "num_replicas": 10**18, "resources": {"CPU": 0}},
+            ):
+                with trio.fail_after(5):
+                    code, error = await daemon.http(
+                        "PUT", "/api/v1/backends/big", json.dumps(body).encode()
+                    )
+                assert code == 409, error
+                message = error["error"]["message"]
+                assert "replica_slots" in message, message
+                assert "Nothing was applied" in message
+            assert await daemon.http("GET", "/healthz", token=None) == (200, {"ok": True})
+            assert await daemon.status() == {}
+            assert worker_pids(state_dir) == {}
+
+
+async def test_a_stored_spec_that_can_never_run_does_not_wedge_the_start(state_dir: Path) -> None:
+    # As an older controller, which counted no slots, would have stored it.
+    with SQLiteStore(state_dir / "controller.db") as store:
+        record = SpecRecord(
+            "big",
+            1,
+            BackendConfig(num_replicas=1_000_000, version="v1"),
+            ReplicaConfig("replicas:Trivial"),
+        )
+        await store.write({spec_key("big"): dump(record)})
+    with trio.fail_after(LIMIT_S):
+        async with running(state_dir, "--max-replicas", "4") as daemon:
+            assert await daemon.http("GET", "/healthz", token=None) == (200, {"ok": True})
+            big = (await daemon.status())["big"]
+            assert (big["state"], big["reason"]) == ("DEPLOY_FAILED", "Infeasible")
+            assert "cannot be placed" in big["last_error"]
+            assert "'replica_slots': 4.0" in big["last_error"]
+            assert worker_pids(state_dir) == {}
+            # A deploy that fits lifts it.
+            body = json.dumps(trivial(2)).encode()
+            assert (await daemon.http("PUT", "/api/v1/backends/big", body))[0] == 200
+            assert (await daemon.cli("wait", "big")).returncode == 0
+            assert len(worker_pids(state_dir)) == 2
+
+
+async def test_state_files_are_private_and_never_written_through_a_symlink(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    victim = tmp_path / "precious"
+    victim.write_text("precious")
+    for name in ("token", "daemon.json"):
+        (state_dir / name).symlink_to(victim)
+    with trio.fail_after(LIMIT_S):
+        async with running(state_dir) as daemon:
+            assert daemon.token  # readable, and replaced the link
+            for name in ("token", "daemon.json", "controller.db", "daemon.log", "lock"):
+                info = os.lstat(state_dir / name)
+                assert stat.S_ISREG(info.st_mode), name
+                assert info.st_mode & 0o777 == 0o600, name
+            assert (state_dir / "w").stat().st_mode & 0o777 == 0o700
+    assert victim.read_text() == "precious"
+
+
+async def test_an_unsafe_state_dir_is_refused_before_anything_is_written(state_dir: Path) -> None:
+    os.chmod(state_dir, 0o777)
+    line = await failed_start(state_dir, "--listen", "127.0.0.1:0")
+    assert "may be written by other users" in line
+    assert f"chmod go-w {state_dir}" in line
+    assert os.listdir(state_dir) == []
+    os.chmod(state_dir, 0o700)
+    # A database planted as a symlink is refused, and its target untouched.
+    os.symlink("/etc/hostname", state_dir / "controller.db")
+    line = await failed_start(state_dir, "--listen", "127.0.0.1:0")
+    assert "cannot use the store" in line
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a directory to another user")
+async def test_a_state_dir_of_another_user_is_refused(state_dir: Path) -> None:
+    os.chown(state_dir, 65534, 65534)
+    line = await failed_start(state_dir, "--listen", "127.0.0.1:0")
+    assert "owned by uid 65534" in line
+    os.chown(state_dir, 0, 0)
+
+
+async def test_a_store_that_is_not_a_database_is_one_line(state_dir: Path) -> None:
+    (state_dir / "controller.db").write_bytes(b"this is not a database" * 100)
+    line = await failed_start(state_dir, "--listen", "127.0.0.1:0")
+    assert "file is not a database" in line
+    assert "no replica was touched" in line
+
+
+async def test_a_store_that_fails_to_write_answers_503_with_its_own_error(state_dir: Path) -> None:
+    body = json.dumps(trivial(1)).encode()
+    with trio.fail_after(LIMIT_S):
+        async with running(state_dir) as daemon:
+            assert daemon.process is not None
+            pid = daemon.process.pid
+            # The daemon's files may grow by not one byte: every SQLite write fails (EFBIG).
+            soft, hard = resource.prlimit(pid, resource.RLIMIT_FSIZE)
+            resource.prlimit(pid, resource.RLIMIT_FSIZE, (1, hard))
+            try:
+                code, error, headers = await daemon.http_with_headers(
+                    "PUT", "/api/v1/backends/a", body
+                )
+            finally:
+                resource.prlimit(pid, resource.RLIMIT_FSIZE, (soft, hard))
+            assert code == 503, error
+            assert error["error"]["type"] == "StoreUnavailable"
+            message = error["error"]["message"]
+            assert "disk I/O error" in message or "disk is full" in message, message
+            assert "rollback" not in message
+            assert headers["retry-after"] == "5"
+            assert await daemon.status() == {}  # nothing half-applied
+            # Once the disk takes writes again, the same request goes through.
+            assert (await daemon.http("PUT", "/api/v1/backends/a", body))[0] == 200
+            assert (await daemon.cli("wait", "a")).returncode == 0
+
+
+async def test_apply_is_all_or_nothing(state_dir: Path) -> None:
+    file = state_dir / "backends.toml"
+    with trio.fail_after(LIMIT_S):
+        async with running(state_dir, "--max-replicas", "3") as daemon:
+            # Each fits alone; together they do not.
+            file.write_text(manifest(a=trivial(2), b=trivial(2)))
+            result = await daemon.cli("apply", "-f", str(file))
+            assert result.returncode == 2, result.stderr
+            err = result.stderr.decode()
+            assert "Nothing was applied" in err
+            assert "backend 'b'" in err
+            code, error = await daemon.http(
+                "POST",
+                "/api/v1/apply",
+                json.dumps({"backends": {"a": trivial(2), "b": trivial(2)}}).encode(),
+            )
+            assert code == 409, error
+            assert await daemon.status() == {}
+            assert worker_pids(state_dir) == {}
+            file.write_text(manifest(a=trivial(2), b=trivial(1)))
+            assert (await daemon.cli("apply", "-f", str(file), "--wait")).returncode == 0
+            assert set(await daemon.status()) == {"a", "b"}
+
+
+async def test_replicas_never_see_the_token_or_the_state_dir(state_dir: Path) -> None:
+    file = state_dir / "backends.toml"
+    file.write_text(manifest(a=trivial(1)))
+    secret = "s3cret-token-" + os.urandom(8).hex()
+    env = {**os.environ, "CONTROLLER_TOKEN": secret, "CONTROLLER_STATE_DIR": str(state_dir)}
+    with trio.fail_after(LIMIT_S):
+        async with running(state_dir, "--config", str(file), env=env) as daemon:
+            assert (await daemon.cli("wait", "a")).returncode == 0
+            assert daemon.token == secret
+            (pid,) = worker_pids(state_dir)
+            environ = await trio.Path(f"/proc/{pid}/environ").read_bytes()
+            assert secret.encode() not in environ
+            assert b"CONTROLLER_STATE_DIR" not in environ
+            assert b"CONTROLLER_TOKEN" not in environ
+
+
+async def test_listening_beyond_loopback_warns_unless_allowed(state_dir: Path) -> None:
+    warning = b"beyond loopback"
+    with trio.fail_after(LIMIT_S):
+        async with running(state_dir, listen="0.0.0.0:0") as daemon:
+            assert warning in daemon.log
+            assert b"--allow-remote" in daemon.log
+        async with running(state_dir, "--allow-remote", listen="0.0.0.0:0") as daemon:
+            assert warning not in daemon.log
+
+
+async def test_a_replica_that_fails_in_init_shows_its_traceback_everywhere(
+    state_dir: Path,
+) -> None:
+    file = state_dir / "bad.toml"
+    file.write_text(manifest(broken={"entrypoint": "replicas:FailsInInit", "version": "v1"}))
+    raised = 'raise ValueError("bad port")'
+    with trio.fail_after(LIMIT_S):
+        async with running(state_dir) as daemon:
+            result = await daemon.cli("apply", "-f", str(file), "--wait")
+            assert result.returncode == 1
+            assert raised in result.stderr.decode()
+            status = (await daemon.status())["broken"]
+            assert raised in status["last_traceback"]
+            assert "replicas.py" in status["last_traceback"]
+            assert raised in (state_dir / "daemon.log").read_text()
+            # The failed replicas are gone; their logs, named by tag, are kept.
+            logs = sorted(os.listdir(state_dir / "w" / "logs"))
+            assert len(logs) == 3
+            assert all(re.fullmatch(r"broken#[0-9a-f]{12}\.log", name) for name in logs), logs
+            result = await daemon.cli("logs", "broken")
+            out = result.stdout.decode()
+            assert result.returncode == 0, result.stderr
+            assert out.count("ValueError: bad port") == 3
+            assert "(gone)" in out
+            tag = logs[0].removesuffix(".log")
+            result = await daemon.cli("logs", "broken", "--replica", tag, "--tail", "1")
+            assert result.stdout.decode() == "ValueError: bad port\n"
+
+
+async def read_until(stream: trio.abc.ReceiveStream, seen: bytearray, text: bytes) -> None:
+    while text not in seen:
+        chunk = await stream.receive_some()
+        if not chunk:
+            raise AssertionError(f"the stream ended before {text!r}: {bytes(seen)!r}")
+        seen += chunk
+
+
+async def test_logs_follow_shows_what_a_replica_prints_as_it_prints_it(state_dir: Path) -> None:
+    file = state_dir / "backends.toml"
+    file.write_text(manifest(a={"entrypoint": "replicas:Talker", "version": "v1"}))
+    with trio.fail_after(LIMIT_S):
+        async with running(state_dir, "--config", str(file)) as daemon:
+            assert (await daemon.cli("wait", "a")).returncode == 0
+            assert (await daemon.cli("logs", "a")).stdout == b"talker up\n"
+            follow = await trio.lowlevel.open_process(
+                [*daemon.cli_argv(), "logs", "a", "--follow"], stdout=subprocess.PIPE
+            )
+            try:
+                assert follow.stdout is not None
+                seen = bytearray()
+                await read_until(follow.stdout, seen, b"talker up\n")
+                body = json.dumps(
+                    {"entrypoint": "replicas:Talker", "version": "v1", "user_config": {"n": 7}}
+                ).encode()
+                assert (await daemon.http("PUT", "/api/v1/backends/a", body))[0] == 200
+                await read_until(follow.stdout, seen, b"talker says {'n': 7}\n")
+            finally:
+                follow.kill()
+                await follow.wait()
+
+
+def only(values: Sequence[Any]) -> Any:
+    assert len(values) == 1, values
+    return values[0]
+
+
+async def test_status_shows_pids_ages_and_events_that_survive_a_restart(state_dir: Path) -> None:
+    file = state_dir / "backends.toml"
+    file.write_text(manifest(a=trivial(2)))
+    with trio.fail_after(LIMIT_S * 2):
+        async with trio.open_nursery() as nursery:
+            first = Daemon(state_dir)
+            await first.start(nursery, "--config", str(file))
+            assert (await first.cli("wait", "a")).returncode == 0
+            before = (await first.status())["a"]
+            assert {r["pid"] for r in before["replicas"]} == set(worker_pids(state_dir))
+            assert all(r["node"] == socket.gethostname() for r in before["replicas"])
+            iso = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
+            assert all(re.fullmatch(iso, r["created_at"]) for r in before["replicas"])
+            assert all(re.fullmatch(iso, e["time"]) for e in before["events"])
+            table = (await first.cli("status", "a")).stdout.decode()
+            assert re.search(r"TAG +STATE +VERSION +ADDRESS +PID +NODE +AGE", table), table
+            assert re.search(r"\d+s ago  Deploy", table), table
+            assert await first.stop(signal.SIGTERM) == 0
+
+        async with running(state_dir) as second:
+            assert (await second.cli("wait", "a")).returncode == 0
+            after = (await second.status())["a"]
+            deploy = only([e for e in before["events"] if e["kind"] == "Deploy"])
+            assert deploy in after["events"]  # kept across the restart, time and all
+            assert after["events"][-2]["kind"] == "Recovered"
+            created = {r["tag"]: r["created_at"] for r in before["replicas"]}
+            assert {r["tag"]: r["created_at"] for r in after["replicas"]} == created
+            # A worker of the first daemon (not a child of this one) killed with SIGKILL.
+            _, change = await second.http("GET", "/api/v1/watch?timeout_s=0")
+            victim = after["replicas"][0]
+            os.kill(victim["pid"], signal.SIGKILL)
+            query = f"/api/v1/watch?since={change['cursor']}&timeout_s=30"
+            assert (await second.http("GET", query))[0] == 200  # it left the snapshot
+            status = (await second.status())["a"]
+            assert status["last_error"] == "died: worker process killed by SIGKILL"
+            assert (await second.cli("wait", "a")).returncode == 0
