@@ -81,7 +81,7 @@ def _domain_error(exc: ControllerError) -> HTTPError:
         return HTTPError(
             503,
             "StoreUnavailable",
-            f"{exc}; nothing was changed. Try again later (the daemon's log says more).",
+            f"{exc}; nothing was changed. Try again once the store can be written.",
             retry_after=STORE_RETRY_AFTER_S,
         )
     return HTTPError(500, type(exc).__name__, str(exc))
@@ -299,8 +299,9 @@ class Api:
             raise HTTPError(400, "BadQuery", f"tail must be in [0, {MAX_LOG_LINES}], offset >= 0")
         try:
             current = {r.tag: r.state.value for r in self._ctl.status(name).replicas}
+            exists = True
         except UnknownBackendError:
-            current = {}
+            current, exists = {}, False
         tags = self._logs.log_tags(name)
         wanted = query.get("replica", [None])[0]
         if wanted is not None:
@@ -319,7 +320,7 @@ class Api:
                 out.append(
                     {"replica": tag, "state": state, "text": chunk.text, "offset": chunk.offset}
                 )
-        return {"name": name, "logs": out}
+        return {"name": name, "exists": exists, "logs": out}
 
     async def _apply(self, data: Any) -> dict[str, Any]:
         if not isinstance(data, dict):

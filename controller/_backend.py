@@ -199,6 +199,10 @@ class Backend:
         # actions that depend on a change wait in `_queued` until then.
         self._record_seq = 0
         self._durable_seq = 0
+        # What the writer last stored: the record as of this change number, and this many
+        # events (so that a wake-up for one of the two does not rewrite the other).
+        self._stored_seq = 0
+        self._events_stored = 0
         self._write_wanted = trio.Event()
         self._queued: list[tuple[int, Callable[[], object]]] = []
         self.history = EventLog(name)
@@ -260,7 +264,7 @@ class Backend:
             replica = self._add(rec.tag, rec.version, rec.config_digest, state, created)
             replica.graceful = not self.spec.force
         # What was read back needs no write; only forgetting the dead does.
-        self._record_seq = self._durable_seq = 0
+        self._record_seq = self._durable_seq = self._stored_seq = 0
         if not self.spec.deleting:
             self._change = (BackendState.UPDATING, "Recovering")
         self.history.restore(events)
@@ -287,8 +291,11 @@ class Backend:
         self._send.send_nowait(ev.Died(tag, reason))
 
     def reserved(self) -> int:
-        """How many replicas' worth of resources this backend holds or is about to."""
-        target = 0 if self.spec.deleting else self.spec.backend_config.num_replicas
+        """How many replicas' worth of resources this backend holds or is about to. One that
+        starts nothing until the next deploy (DEPLOY_FAILED) reserves only what it holds: it
+        must not crowd out the others; its next deploy is checked afresh."""
+        idle = self.spec.deleting or self._starts_blocked
+        target = 0 if idle else self.spec.backend_config.num_replicas
         return max(target, len(self.replicas))
 
     # -- the task --
@@ -332,10 +339,10 @@ class Backend:
             self._write_wanted = trio.Event()
             # The text and its sequence number are taken together, with no checkpoint between:
             # the text holds every change up to `seq`.
-            seq = self._record_seq
+            seq, events = self._record_seq, self.history.added
             changes = self._checkpoint()
             delay = 0.1
-            while True:
+            while changes:
                 try:
                     await self._store.write(changes)
                     break
@@ -347,15 +354,20 @@ class Backend:
                     )
                     await trio.sleep(delay)
                     delay = min(delay * 2, WRITE_RETRY_MAX_S)
-                    seq, changes = self._record_seq, self._checkpoint()
+                    seq, events = self._record_seq, self.history.added
+                    changes = self._checkpoint()
+            self._stored_seq, self._events_stored = seq, events
             self._send.send_nowait(ev.Written(seq))
 
     def _checkpoint(self) -> dict[str, str | None]:
-        """What the writer stores: the replica record, and the events in the same batch."""
-        return {
-            replicas_key(self.name): self._record_text(),
-            events_key(self.name): self.history.text(),
-        }
+        """What the writer stores: the replica record if it changed, and the events if they
+        did, in one batch."""
+        changes: dict[str, str | None] = {}
+        if self._record_seq != self._stored_seq:
+            changes[replicas_key(self.name)] = self._record_text()
+        if self.history.added != self._events_stored:
+            changes[events_key(self.name)] = self.history.text()
+        return changes
 
     def _record_changed(self) -> None:
         self._record_seq += 1
@@ -466,13 +478,15 @@ class Backend:
         self._spawn_stop(replica)
 
     def _start_failed(self, replica: Replica, error: str, traceback: str | None = None) -> None:
-        self._failure(replica.tag, "StartFailed", error, traceback)
-        if replica.version != self.spec.version:
-            return
-        self._failures += 1
-        self._failed_starts += 1
+        current = replica.version == self.spec.version
+        if current:
+            self._failures += 1
+            self._failed_starts += 1
         limit = self._policy.max_failed_starts
-        if self._failures >= limit and not self._starts_blocked:
+        blocking = current and self._failures >= limit and not self._starts_blocked
+        last = blocking or self._starts_blocked
+        self._failure(replica.tag, "StartFailed", error, traceback, last=last)
+        if blocking:
             self._starts_blocked = True
             reason = (
                 f"{self._failures} consecutive replica starts failed; last: {error}. "
@@ -483,9 +497,12 @@ class Backend:
             self._blocked_reason = "StartFailures"
             self.goal.fail(reason, traceback)
 
-    def _failure(self, tag: str, kind: str, error: str, traceback: str | None = None) -> None:
+    def _failure(
+        self, tag: str, kind: str, error: str, traceback: str | None = None, *, last: bool = False
+    ) -> None:
         """Note a failure (failed start, crash, failed health, failed reconfigure) and back off:
-        the next start waits, longer after each failure in a row, so a crash loop never spins."""
+        the next start waits, longer after each failure in a row, so a crash loop never spins.
+        `last`: this failure stops new starts until the next deploy (no "next start" then)."""
         self.last_error = self._generation_error = error
         self.last_traceback = traceback
         self._observer.failure(self.name, kind)
@@ -496,17 +513,14 @@ class Backend:
         self._last_failure_at = now
         delay = self._policy.delay(self._restarts, self._rng)
         self._backoff_until = now + delay
+        then = "no new start until the next deploy" if last else f"next start in {delay:.3g}s"
         if traceback:
             logger.warning(
-                "replica %s: %s (next start in %.3gs); its traceback:\n%s",
-                tag,
-                error,
-                delay,
-                traceback.rstrip(),
+                "replica %s: %s (%s); its traceback:\n%s", tag, error, then, traceback.rstrip()
             )
         else:
-            logger.warning("replica %s: %s (next start in %.3gs)", tag, error, delay)
-        self._event(kind, f"replica {tag}: {error}; next start in {delay:.3g}s")
+            logger.warning("replica %s: %s (%s)", tag, error, then)
+        self._event(kind, f"replica {tag}: {error}; {then}")
 
     def _event(self, kind: str, message: str) -> None:
         self.history.add(kind, message)

@@ -19,14 +19,31 @@ def extra_replicas(backend: Backend | None, spec: Spec) -> int:
     """How many replicas' worth `spec` needs beyond what `backend` holds or is about to."""
     if spec.deleting:
         return 0
-    config = spec.backend_config
     held_now = len(backend.replicas) if backend is not None else 0
-    # A rolling replacement holds up to max_surge replicas above num_replicas at its peak.
-    replacing = backend is not None and backend.spec.version != spec.version
-    surge, _ = resolve_limits(config.num_replicas, config.max_surge, config.max_unavailable)
-    peak = config.num_replicas + surge if replacing else config.num_replicas
     already = backend.reserved() if backend is not None else 0
-    return max(0, max(peak, held_now) - already)
+    return max(0, max(_peak(backend, spec), held_now) - already)
+
+
+def _peak(backend: Backend | None, spec: Spec) -> int:
+    # A rolling replacement holds up to max_surge replicas above num_replicas at its peak.
+    config = spec.backend_config
+    if backend is None or backend.spec.version == spec.version:
+        return config.num_replicas
+    surge, _ = resolve_limits(config.num_replicas, config.max_surge, config.max_unavailable)
+    return config.num_replicas + surge
+
+
+def demand(name: str, backend: Backend | None, spec: Spec, extra: int) -> Demand:
+    """`extra` replicas of `spec`, saying where the count comes from when it is not plain."""
+    peak = _peak(backend, spec)
+    why = ""
+    if peak > spec.backend_config.num_replicas:
+        surge = peak - spec.backend_config.num_replicas
+        why = (
+            f"num_replicas {spec.backend_config.num_replicas} and {surge} more while the new "
+            "version rolls out (max_surge)"
+        )
+    return Demand(name, spec.backend_config.resources, extra, why)
 
 
 def held_by(backends: Iterable[Backend]) -> list[Demand]:
@@ -48,8 +65,9 @@ def shortfalls(
     for d in short:
         needs = dict(d.resources)
         keys.update(needs)
+        why = f" ({d.why})" if d.why else ""
         reasons.append(
-            f"backend {d.name!r}: cannot place {plural(d.count, 'more replica')} needing "
+            f"backend {d.name!r}: cannot place {plural(d.count, 'more replica')}{why} needing "
             f"{needs} and a replica slot each; only {placed[d.name]} fit"
         )
     shown = sorted(keys) + ([SLOTS] if any(SLOTS in node for node in nodes) else [])

@@ -26,9 +26,15 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ._errors import CheckpointError, ManifestError, StartupError
-from ._statedir import STATE_DIR_ENV, TOKEN_ENV, default_state_dir, read_address, token_path
+from ._statedir import (
+    STATE_DIR_ENV,
+    TOKEN_ENV,
+    check_private,
+    default_state_dir,
+    read_address,
+    token_path,
+)
 
-DEFAULT_URL = "http://127.0.0.1:7070"
 #: The longest a watch request waits before the CLI refreshes what it shows.
 _REFRESH_S = 1.0
 #: How often ``logs --follow`` asks for what is new.
@@ -95,10 +101,23 @@ def _describe_error(status: int, payload: Any) -> str:
 def _client(args: argparse.Namespace) -> Client:
     state_dir: Path = args.state_dir
     url = args.url
+    token = args.token or os.environ.get(TOKEN_ENV)
+    if url is None or token is None:
+        # Its files say where to send the token, so they are trusted only in a dir that no one
+        # else can write: else anyone could point the CLI, and the token, at a server of theirs.
+        try:
+            check_private(state_dir, create=False)
+        except StartupError as exc:
+            raise CLIError(f"error: {exc}") from None
     if url is None:
         found = read_address(state_dir).get("url")
-        url = found if isinstance(found, str) else DEFAULT_URL
-    token = args.token or os.environ.get(TOKEN_ENV)
+        if not isinstance(found, str):
+            raise CLIError(
+                f"error: no controller daemon is running for the state dir {state_dir} (it has "
+                "no daemon.json); start one with `controller run`, or pass --url (or the "
+                "--state-dir it runs with)"
+            )
+        url = found
     if token is None:
         try:
             token = token_path(state_dir).read_text().strip()
@@ -204,8 +223,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
     if args.replica:
         query["replica"] = args.replica
     logs = client.ok("GET", f"{path}?{urllib.parse.urlencode(query)}")["logs"]
-    if not logs:
-        print(f"backend/{args.name}: no logs", file=sys.stderr)
+    if not any(entry["text"] for entry in logs):
+        print(f"backend/{args.name}: its replicas have printed nothing (yet)", file=sys.stderr)
     several = len(logs) > 1
     offsets: dict[str, int] = {}
     for entry in logs:
@@ -232,6 +251,13 @@ def cmd_logs(args: argparse.Namespace) -> int:
             for item in chunk:
                 _print_log(item, several or len(offsets) > 1)
                 offsets[tag] = item["offset"]
+        # Like `kubectl logs -f` when its pod ends: all that was written has been shown.
+        if not payload["exists"]:
+            print(f"backend/{args.name}: deleted", file=sys.stderr)
+            return 0
+        if args.replica and all(e["state"] == "GONE" for e in payload["logs"]):
+            print(f"replica {args.replica}: gone", file=sys.stderr)
+            return 0
 
 
 def _print_log(entry: dict[str, Any], prefix: bool) -> None:
@@ -542,6 +568,14 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except CLIError as exc:
         print(str(exc), file=sys.stderr)
         code = exc.code
+    except (KeyError, TypeError) as exc:
+        # A reply not shaped as a controller daemon's: another server at that address.
+        print(
+            f"error: the server answered something this CLI does not understand ({exc!r}); "
+            "is --url (or the state dir's daemon.json) a controller daemon?",
+            file=sys.stderr,
+        )
+        code = 1
     except KeyboardInterrupt:
         code = 130
     sys.exit(code)

@@ -13,7 +13,7 @@ import attrs
 import trio
 
 from ._backend import Backend, Spec, kill_replica
-from ._capacity import extra_replicas, held_by, shortfalls
+from ._capacity import demand, extra_replicas, held_by, shortfalls
 from ._checkpoint import SpecRecord, dump, events_key, parse_all, replicas_key, spec_key
 from ._config import BackendConfig, ReplicaConfig, check_backend_name
 from ._errors import ConfigError, ControllerClosedError, InfeasibleError, UnknownBackendError
@@ -283,17 +283,18 @@ class Controller:
         # From here to the reservation, no checkpoint: what is held cannot change under us.
         wanted = []
         for name, spec in specs.items():
-            extra = extra_replicas(self._backends.get(name), spec)
+            backend = self._backends.get(name)
+            extra = extra_replicas(backend, spec)
             if extra:
-                wanted.append(Demand(name, spec.backend_config.resources, extra))
+                wanted.append(demand(name, backend, spec, extra))
         if nodes is not None:
             held = held_by(self._backends.values()) + list(self._pending.values())
             problem = shortfalls(nodes, held, wanted)
             if problem is not None:
                 raise InfeasibleError(problem)
-        for demand in wanted:
-            self._pending[demand.name] = demand
-        return [demand.name for demand in wanted]
+        for want in wanted:
+            self._pending[want.name] = want
+        return [want.name for want in wanted]
 
     def _new_backend(self, name: str, spec: Spec) -> Backend:
         backend = Backend(

@@ -15,6 +15,7 @@ is left exactly as it was (recovery is the first step that touches one).
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import ipaddress
 import logging
@@ -37,7 +38,7 @@ from ._api import Api, HTTPError, LogSource, apply_manifest
 from ._controller import Controller, open_controller
 from ._errors import CheckpointError, ConfigError, StartupError, StoreError
 from ._files import create_private
-from ._manifest import load_manifest
+from ._manifest import Manifest, load_manifest
 from ._metrics import Metrics
 from ._runtime import Runtime
 from ._statedir import (
@@ -87,37 +88,64 @@ async def run_daemon(options: DaemonOptions) -> None:
     # Taken out of the environment at once: no child of ours (a worker, a Ray process started
     # here) may inherit it.
     token = os.environ.pop(TOKEN_ENV, None) or secrets.token_urlsafe(32)
-    with locked(options.state_dir) as state_dir, _file_log(state_dir), _bind(options) as sock:
-        write_token(state_dir, token)
-        epoch = secrets.token_hex(8)
-        metrics = Metrics()
-        with _store(options) as store:
-            runtime = _runtime(options)
-            opened = False
-            try:
+    opened = False
+    try:
+        with locked(options.state_dir) as state_dir, _file_log(state_dir), _bind(options) as sock:
+            metrics = Metrics()
+            with _store(options) as store:
+                runtime = _runtime(options)
                 async with open_controller(
                     runtime=metrics.wrap_runtime(runtime),
                     store=metrics.wrap_store(store),
                     observer=metrics,
                 ) as ctl:
                     opened = True
+                    _write_token(state_dir, token)
                     metrics.watch_status(ctl.status)
                     if manifest is not None:
-                        try:
-                            result = await apply_manifest(ctl, manifest, prune=False)
-                        except HTTPError as exc:
-                            logger.error("applying %s: %s", options.config, exc)
-                        else:
-                            names = ", ".join(a["name"] for a in result["applied"])
-                            logger.info("applied %s: %s", options.config, names)
+                        await _apply_at_start(ctl, manifest, options.config)
                     logs = _log_source(runtime)
+                    epoch = secrets.token_hex(8)
                     await _serve(ctl, options, sock, token, epoch, metrics, logs)
-            # The store unreadable, a checkpoint this controller cannot read, the runtime's
-            # directory unsafe: all found before recovery touched anything.
-            except (StoreError, CheckpointError, ConfigError) as exc:
-                if opened:
-                    raise
-                raise StartupError(f"{exc}; no replica was touched") from None
+    # The state dir's files, the store, a checkpoint this controller cannot read, the runtime's
+    # directory, Ray missing: all found before recovery touched anything.
+    except (StoreError, CheckpointError, ConfigError, OSError, ImportError) as exc:
+        if opened:
+            raise
+        raise StartupError(f"{_reason(exc)}; no replica was touched") from None
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, ImportError):
+        return (
+            f"{exc}: the ray runtime and store need Ray "
+            "(`pip install 'trio-replica-controller[ray]'`)"
+        )
+    if isinstance(exc, OSError) and exc.filename:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    return str(exc)
+
+
+def _write_token(state_dir: Path, token: str) -> None:
+    # Written only once the start is past what can fail before serving: a failed start leaves
+    # the token of the last good one in place.
+    try:
+        write_token(state_dir, token)
+    except OSError as exc:
+        raise StartupError(
+            f"cannot write the token {token_path(state_dir)}: {exc.strerror or exc}; the "
+            "replicas were adopted and keep running for the next start"
+        ) from None
+
+
+async def _apply_at_start(ctl: Controller, manifest: Manifest, source: Path | None) -> None:
+    try:
+        result = await apply_manifest(ctl, manifest, prune=False)
+    except HTTPError as exc:
+        logger.error("applying %s: %s", source, exc)
+    else:
+        names = ", ".join(a["name"] for a in result["applied"])
+        logger.info("applied %s: %s", source, names)
 
 
 @contextlib.contextmanager
@@ -128,6 +156,8 @@ def _bind(options: DaemonOptions) -> Iterator[socket.socket]:
     host = host.strip("[]") or "127.0.0.1"
     try:
         port = int(port_text)
+        if not 0 <= port <= 65535:
+            raise ValueError("a port is 0 to 65535")
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except (ValueError, OSError) as exc:
         reason = getattr(exc, "strerror", None) or exc
@@ -141,9 +171,15 @@ def _bind(options: DaemonOptions) -> Iterator[socket.socket]:
         sock.listen(128)
     except OSError as exc:
         sock.close()
+        advice = {
+            errno.EADDRINUSE: "another process holds the port (another daemon?): stop it, or "
+            "pick another port with --listen",
+            errno.EADDRNOTAVAIL: "this machine has no such address: pick one of its own with "
+            "--listen",
+            errno.EACCES: "ports below 1024 need privileges: pick a higher one with --listen",
+        }.get(exc.errno or 0, "pick another address with --listen")
         raise StartupError(
-            f"cannot listen on {options.listen}: {exc.strerror or exc}; another process holds "
-            "the port (another daemon?): stop it, or pick another with --listen"
+            f"cannot listen on {options.listen}: {exc.strerror or exc}; {advice}"
         ) from None
     if not options.allow_remote and not _is_loopback(sock.getsockname()[0]):
         logger.warning(
@@ -240,9 +276,10 @@ def _file_log(state_dir: Path) -> Iterator[None]:
     """The daemon's log also goes to ``daemon.log`` in the state dir (rotated), in the format
     of its console log."""
     root = logging.getLogger()
-    handler = _PrivateRotatingFileHandler(
-        log_path(state_dir), maxBytes=LOG_MAX_BYTES, backupCount=LOG_BACKUPS
-    )
+    path = log_path(state_dir)
+    for n in range(1, LOG_BACKUPS + 1):
+        _make_private(Path(f"{path}.{n}"))
+    handler = _PrivateRotatingFileHandler(path, maxBytes=LOG_MAX_BYTES, backupCount=LOG_BACKUPS)
     if root.handlers:
         handler.setFormatter(root.handlers[0].formatter)
     root.addHandler(handler)
@@ -253,12 +290,26 @@ def _file_log(state_dir: Path) -> Iterator[None]:
         handler.close()
 
 
+def _make_private(path: Path) -> None:
+    """Mode 0600 for an existing file, not through a symlink."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
 class _PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
     """A rotating log file that is 0600 and never opened through a symlink."""
 
     def _open(self) -> io.TextIOWrapper:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-        return os.fdopen(os.open(self.baseFilename, flags, 0o600), "a", encoding="utf-8")
+        fd = os.open(self.baseFilename, flags, 0o600)
+        os.fchmod(fd, 0o600)  # one left by an older daemon may be readable by others
+        return os.fdopen(fd, "a", encoding="utf-8")
 
 
 @contextlib.contextmanager

@@ -40,7 +40,7 @@ def describe(
     parts = [f"{running}/{desired} {noun} of version {version} running"]
     parts += [f"{n} {state}" for state, n in sorted(others.items())]
     if older:
-        parts.append(f"{older} of older versions")
+        parts.append(f"{older} of {'an older version' if older == 1 else 'older versions'}")
     unhealthy = sum(1 for r in replicas if not r.healthy)
     if unhealthy:
         parts.append(f"{unhealthy} unhealthy")

@@ -17,10 +17,20 @@ from pathlib import Path
 from ._errors import ConfigError
 
 
-def private_dir(path: Path, what: str) -> None:
-    """Create `path` (mode 0700) if missing; refuse it if another user owns it or may write in
-    it. `what` names it in the error (a parameter or an option)."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+def private_dir(path: Path, what: str, *, create: bool = True) -> None:
+    """Create `path` (mode 0700) if missing and `create`; refuse it if another user owns it or
+    may write in it, or if it is a symlink of another user's. `what` names it in the error (a
+    parameter or an option)."""
+    if create:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    link = path.lstat()
+    if stat.S_ISLNK(link.st_mode) and link.st_uid not in (os.geteuid(), 0):
+        raise ConfigError(
+            what,
+            f"is a symlink of another user's (uid {link.st_uid}), who could point it anywhere; "
+            "use a directory of your own",
+            str(path),
+        )
     info = path.stat()
     if not stat.S_ISDIR(info.st_mode):
         raise ConfigError(what, "is not a directory", str(path))

@@ -31,12 +31,13 @@ class EventLog:
     def __init__(self, name: str):
         self.name = name
         self.events: collections.deque[BackendEvent] = collections.deque(maxlen=EVENTS_KEPT)
-        self.changed = False
-        """Set by every new event; the backend's writer stores the log and clears it."""
+        self.added = 0
+        """How many events were added in this process: the writer stores the log when this
+        differs from what it stored last."""
 
     def add(self, kind: str, message: str) -> None:
         self.events.append(BackendEvent(trio.current_time(), kind, message, time.time()))
-        self.changed = True
+        self.added += 1
 
     def restore(self, record: EventsRecord | None) -> None:
         """Take the events a previous controller stored. Their trio times are put on this
@@ -51,7 +52,6 @@ class EventLog:
 
     def text(self) -> str:
         """The log as stored."""
-        self.changed = False
         return dump(
             EventsRecord(
                 self.name,

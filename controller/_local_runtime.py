@@ -184,14 +184,19 @@ class LocalRuntime:
         """Tags and pids of the live workers of this runtime directory, from /proc."""
         found: dict[str, int] = {}
         prefix = str(self.runtime_dir) + os.sep
+        me = os.geteuid()
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
             try:
+                # Only our own processes: another user could start one with a command line
+                # naming our spec file, to be adopted in place of the real worker.
+                if os.stat(f"/proc/{entry}").st_uid != me:
+                    continue
                 with open(f"/proc/{entry}/cmdline", "rb") as f:
                     argv = f.read().split(b"\0")
             except OSError:
-                continue  # gone meanwhile, or not ours to read
+                continue  # gone meanwhile
             # [python, "-m", "controller.worker", spec] plus the empty string after the last NUL
             if len(argv) < 4 or argv[1:3] != [b"-m", _WORKER_MODULE.encode()]:
                 continue
@@ -380,7 +385,9 @@ class LocalRuntime:
             stream = await trio.open_unix_socket(self._socket_path(tag))
         except OSError as exc:
             if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
-                raise ReplicaGoneError(tag, "its worker is not running") from None
+                raise ReplicaGoneError(
+                    tag, "its worker's socket does not answer (the worker is not running)"
+                ) from None
             raise
         return LineStream(stream)
 

@@ -30,6 +30,8 @@ from ._json import JSON
 _BACKEND_FIELDS = frozenset(attrs.fields_dict(BackendConfig))
 _REPLICA_FIELDS = frozenset(attrs.fields_dict(ReplicaConfig))
 _KNOWN = ", ".join(sorted(_BACKEND_FIELDS | _REPLICA_FIELDS))
+#: The largest manifest file: what the API takes in one request body.
+MAX_MANIFEST_BYTES = 1 << 20
 
 
 @attrs.frozen
@@ -70,9 +72,15 @@ def load_manifest(path: str | Path) -> Manifest:
     path = Path(path)
     source = str(path)
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as f:
+            # Bounded: a device or a pipe named by mistake (/dev/zero) must not read forever.
+            raw = f.read(MAX_MANIFEST_BYTES + 1)
     except OSError as exc:
         raise ManifestError(source, [f"cannot read the file: {exc.strerror or exc}"]) from None
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise ManifestError(
+            source, [f"the file is over {MAX_MANIFEST_BYTES} bytes, the most an apply may send"]
+        )
     try:
         data = json.loads(raw) if path.suffix == ".json" else tomllib.loads(raw.decode())
     except (ValueError, UnicodeDecodeError) as exc:

@@ -31,6 +31,8 @@ class Demand:
     name: str
     resources: Mapping[str, float]
     count: int
+    why: str = ""
+    """Where the count comes from, when it is not plainly what was asked (for messages)."""
 
 
 def need_of(resources: Mapping[str, float]) -> dict[str, float]:

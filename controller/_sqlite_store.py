@@ -46,6 +46,7 @@ class SQLiteStore:
         self.path = os.fspath(path)
         self._synchronous = synchronous
         self._conn: sqlite3.Connection | None = None
+        self._inode: int | None = None
         # SQLite calls block, so they run in a worker thread, one at a time.
         self._limiter = trio.CapacityLimiter(1)
         self._pending: _Batch | None = None
@@ -85,7 +86,24 @@ class SQLiteStore:
                 conn.close()
                 raise
             self._conn = conn
+            if self.path != ":memory:":
+                self._inode = os.stat(self.path).st_ino
         return self._conn
+
+    def _check_file(self) -> None:
+        """Refuse to write when the file we opened is no longer the one at our path: SQLite
+        would go on writing to the deleted file, and the next start would find nothing."""
+        if self._inode is None:
+            return
+        try:
+            inode: int | None = os.stat(self.path).st_ino
+        except FileNotFoundError:
+            inode = None
+        if inode != self._inode:
+            raise sqlite3.OperationalError(
+                "the database file was deleted or replaced while in use; nothing was written. "
+                "Put it back, or restart (a restart over a missing store adopts nothing)"
+            )
 
     def _read_all_sync(self) -> dict[str, str]:
         rows = self._connection().execute("SELECT key, value FROM checkpoints").fetchall()
@@ -93,6 +111,7 @@ class SQLiteStore:
 
     def _commit_sync(self, changes: Mapping[str, str | None]) -> None:
         conn = self._connection()
+        self._check_file()
         conn.execute("BEGIN IMMEDIATE")
         try:
             puts = [(k, v) for k, v in changes.items() if v is not None]

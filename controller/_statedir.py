@@ -2,8 +2,9 @@
 
 Light on imports: the CLI reads the paths (to find the daemon and its token) without trio.
 
-- ``lock``: held (``flock``) by the daemon for its whole life, with its pid in it; a second
-  daemon on the same dir is refused before it writes anything.
+- the directory itself is locked (``flock`` on it) by the daemon for its whole life, so that a
+  second daemon on it is refused before it writes anything; deleting a file cannot undo that.
+  ``lock`` names the holder's pid, for that refusal.
 - ``token``, ``daemon.json`` (the API's address, pid and epoch): written atomically, 0600.
 - ``controller.db``: the SQLite store, 0600. ``w/``: LocalRuntime's workers and their logs.
 - ``daemon.log``: the daemon's own log, rotated.
@@ -58,37 +59,53 @@ def read_address(state_dir: Path) -> dict[str, object]:
     return data if isinstance(data, dict) else {}
 
 
+def check_private(state_dir: Path, *, create: bool) -> None:
+    """Refuse (``StartupError``) a state dir that another user owns or may write in, or one
+    reached through another user's symlink: its files (the token, the address) are not to be
+    trusted, nor written. With `create`, make it (0700) if missing."""
+    try:
+        if create or state_dir.exists():
+            private_dir(state_dir, "--state-dir", create=create)
+    except ConfigError as exc:
+        raise StartupError(f"state dir {state_dir}: {exc.rule}") from None
+    except OSError as exc:
+        raise StartupError(f"cannot use state dir {state_dir}: {exc.strerror or exc}") from None
+
+
 @contextlib.contextmanager
 def locked(state_dir: Path) -> Iterator[Path]:
     """Check that `state_dir` is private (creating it), and hold its lock until exit.
 
     Raises ``StartupError`` if it is unsafe or another daemon holds it, naming that daemon."""
+    check_private(state_dir, create=True)
     try:
-        private_dir(state_dir, "--state-dir")
-    except ConfigError as exc:
-        raise StartupError(f"state dir {state_dir}: {exc.rule}") from None
+        # The directory itself, not a file in it: a lock file can be deleted from under its
+        # holder, and then a second daemon would take a lock of its own. Close-on-exec
+        # (Python's default): a worker must never inherit, and so keep, the lock.
+        fd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
-        raise StartupError(f"cannot use state dir {state_dir}: {exc.strerror or exc}") from None
-    path = lock_path(state_dir)
-    try:
-        # Close-on-exec (Python's default): a worker must never inherit, and so keep, the lock.
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        raise StartupError(f"cannot open {path}: {exc.strerror or exc}") from None
+        raise StartupError(f"cannot open state dir {state_dir}: {exc.strerror or exc}") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise StartupError(_held_by_other(state_dir, fd)) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            raise StartupError(_held_by_other(state_dir)) from None
+        try:
+            write_private(lock_path(state_dir), f"{os.getpid()}\n")
+        except OSError as exc:
+            raise StartupError(
+                f"cannot write {lock_path(state_dir)}: {exc.strerror or exc}"
+            ) from None
         yield state_dir
     finally:
         os.close(fd)  # releases the lock
 
 
-def _held_by_other(state_dir: Path, fd: int) -> str:
-    pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+def _held_by_other(state_dir: Path) -> str:
+    try:
+        pid = lock_path(state_dir).read_text(errors="replace").strip()[:32] or "unknown"
+    except OSError:
+        pid = "unknown"
     url = read_address(state_dir).get("url") or "its address not written yet"
     return (
         f"another controller daemon (pid {pid}, {url}) is using the state dir {state_dir}; "

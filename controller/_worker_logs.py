@@ -118,11 +118,13 @@ def read_log(path: Path, *, offset: int | None = None, tail: int = 100) -> LogCh
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if offset is not None and 0 <= offset <= size:
-                f.seek(max(offset, size - MAX_READ_BYTES))
-                return LogChunk(f.read(MAX_READ_BYTES).decode(errors="replace"), size)
+                start = max(offset, size - MAX_READ_BYTES)
+                f.seek(start)
+                # Up to `size` only: what is written meanwhile comes with the next read.
+                return LogChunk(f.read(size - start).decode(errors="replace"), size)
             # No offset, or the log was rotated since it was taken: from the end.
             f.seek(max(0, size - MAX_READ_BYTES))
-            data = f.read()
+            data = f.read(size - f.tell())
     except FileNotFoundError:
         return None
     if offset is None and data.count(b"\n") <= tail and len(data) < MAX_READ_BYTES:

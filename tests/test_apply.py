@@ -113,7 +113,9 @@ async def test_a_stored_spec_that_cannot_be_placed_starts_nothing_until_one_that
         )
         assert "cannot place 8 more replicas" in (status.last_error or "")
         assert smaller.replicas == {}
-        await (await ctl.deploy("a", *pair(5))).wait()
+        # It holds no room it cannot have: another backend may take it.
+        await (await ctl.deploy("b", *pair(4))).wait()
+        await (await ctl.deploy("a", *pair(1))).wait()
         assert len(smaller.tags(FakeState.READY)) == 5
 
 
@@ -200,3 +202,31 @@ async def test_events_survive_a_restart() -> None:
             round(e.wall_time or 0, 3) for e in before
         ]
         assert after[len(before)].kind == "Recovered"
+
+
+async def test_a_failed_deploy_holds_no_room_it_does_not_use(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime(max_replicas=3)
+    async with opened(rt) as ctl:
+        goal = await ctl.deploy("a", *pair(3))
+        await rt.wait_until(lambda r: len(r.tags(FakeState.STARTING)) == 3)
+        for tag in rt.tags(FakeState.STARTING):
+            rt.fail_start(tag, "ValueError", "bad port")
+        with pytest.raises(controller.GoalFailed):
+            await goal.wait()
+        await settle()
+        events = [e.message for e in ctl.status("a").events]
+        assert any(m.endswith("; no new start until the next deploy") for m in events), events
+        rt.auto_ready = True
+        await (await ctl.deploy("b", *pair(2))).wait()  # a holds nothing now
+
+
+async def test_a_refused_rollout_says_where_its_count_comes_from() -> None:
+    async with opened(FakeRuntime(auto_ready=True, max_replicas=4)) as ctl:
+        await (await ctl.deploy("a", *pair(4))).wait()
+        with pytest.raises(controller.InfeasibleError) as caught:
+            await ctl.deploy("a", *pair(4, "v2"))  # max_surge 0.25: one more at the peak
+        assert "num_replicas 4 and 1 more while the new version rolls out (max_surge)" in str(
+            caught.value
+        )

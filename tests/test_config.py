@@ -26,6 +26,7 @@ from .conftest import RC, config, opened
         ({"user_config": {"a": {1, 2}}}, "BackendConfig.user_config['a']", "must be JSON"),
         ({"user_config": {1: "x"}}, "BackendConfig.user_config", "keys are strings"),
         ({"user_config": [math.nan]}, "BackendConfig.user_config[0]", "NaN"),
+        ({"health_check_period_s": 1e-9}, "BackendConfig.health_check_period_s", "at least 0.1"),
     ],
 )
 def test_backend_config_errors_name_field_and_rule(

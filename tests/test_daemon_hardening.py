@@ -74,18 +74,26 @@ async def failed_start(state_dir: Path, *args: str) -> str:
     return one_line(result.stderr)
 
 
+async def converged_daemon(
+    nursery: trio.Nursery, state_dir: Path, n: int, listen: str = "127.0.0.1:0"
+) -> Daemon:
+    """A daemon that applied a backend `a` of `n` replicas at start, and reached it."""
+    file = state_dir / "backends.toml"
+    file.write_text(manifest(a=trivial(n)))
+    daemon = Daemon(state_dir)
+    await daemon.start(nursery, "--config", str(file), listen=listen)
+    assert (await daemon.cli("wait", "a")).returncode == 0
+    return daemon
+
+
 async def test_ctrl_c_then_run_again_on_the_same_port(state_dir: Path) -> None:
     """The README's restart story: the second start takes the same port, adopts the same
     workers, and clients of the stopped daemon were refused, not left hanging."""
     port = free_port()
     listen = f"127.0.0.1:{port}"
-    file = state_dir / "backends.toml"
-    file.write_text(manifest(a=trivial(2)))
     with trio.fail_after(LIMIT_S * 2):
         async with trio.open_nursery() as nursery:
-            first = Daemon(state_dir)
-            await first.start(nursery, "--config", str(file), listen=listen)
-            assert (await first.cli("wait", "a")).returncode == 0
+            first = await converged_daemon(nursery, state_dir, 2, listen)
             pids = worker_pids(state_dir)
             assert first.process is not None
             # Each worker holds what was meant for it and nothing of the daemon's: no socket of
@@ -123,16 +131,17 @@ async def test_a_second_daemon_on_the_same_state_dir_is_refused(state_dir: Path)
             assert (first.token, (state_dir / "daemon.json").read_text()) == (token, address)
             assert (await first.status())["a"]["state"] == "HEALTHY"
             assert worker_pids(state_dir) == pids
+            # The lock is the directory's own: deleting a file in it does not undo it.
+            os.unlink(state_dir / "lock")
+            line = await failed_start(state_dir, "--listen", "127.0.0.1:0")
+            assert "another controller daemon" in line
+            assert (await first.status())["a"]["state"] == "HEALTHY"
 
 
 async def test_a_start_that_cannot_bind_leaves_every_replica_as_it_was(state_dir: Path) -> None:
-    file = state_dir / "backends.toml"
-    file.write_text(manifest(a=trivial(3)))
     with trio.fail_after(LIMIT_S * 2):
         async with trio.open_nursery() as nursery:
-            first = Daemon(state_dir)
-            await first.start(nursery, "--config", str(file))
-            assert (await first.cli("wait", "a")).returncode == 0
+            first = await converged_daemon(nursery, state_dir, 3)
             pids = worker_pids(state_dir)
             assert await first.stop(signal.SIGTERM) == 0
         with socket.socket() as squatter:
@@ -232,6 +241,46 @@ async def test_a_state_dir_of_another_user_is_refused(state_dir: Path) -> None:
     os.chown(state_dir, 0, 0)
 
 
+@pytest.mark.parametrize(
+    ("plant", "listen", "expected"),
+    [
+        ("daemon.log/", "127.0.0.1:0", "daemon.log: Is a directory"),
+        ("w", "127.0.0.1:0", "w: File exists"),
+        ("token/", "127.0.0.1:0", "cannot write the token"),
+        ("", "127.0.0.1:99999", "a port is 0 to 65535"),
+        ("", "192.0.2.1:0", "this machine has no such address"),
+    ],
+)
+async def test_start_up_failures_are_one_line(
+    state_dir: Path, plant: str, listen: str, expected: str
+) -> None:
+    if plant.endswith("/"):
+        os.mkdir(state_dir / plant.rstrip("/"))
+    elif plant:
+        (state_dir / plant).write_text("in the way")
+    line = await failed_start(state_dir, "--listen", listen)
+    assert expected in line, line
+
+
+async def test_the_cli_trusts_only_a_state_dir_of_its_own(state_dir: Path) -> None:
+    cli = Daemon(state_dir)
+    with trio.fail_after(LIMIT_S):
+        result = await cli.cli("status")
+        assert result.returncode == 1
+        err = result.stderr.decode()
+        assert f"no controller daemon is running for the state dir {state_dir}" in err
+        if os.geteuid() == 0:
+            # Another user's state dir may point the CLI, and the token, anywhere.
+            (state_dir / "daemon.json").write_text('{"url": "http://127.0.0.1:9"}')
+            os.chown(state_dir, 65534, 65534)
+            try:
+                result = await cli.cli("status")
+            finally:
+                os.chown(state_dir, 0, 0)
+            assert result.returncode == 1
+            assert "owned by uid 65534" in result.stderr.decode()
+
+
 async def test_a_store_that_is_not_a_database_is_one_line(state_dir: Path) -> None:
     (state_dir / "controller.db").write_bytes(b"this is not a database" * 100)
     line = await failed_start(state_dir, "--listen", "127.0.0.1:0")
@@ -288,6 +337,10 @@ async def test_apply_is_all_or_nothing(state_dir: Path) -> None:
             file.write_text(manifest(a=trivial(2), b=trivial(1)))
             assert (await daemon.cli("apply", "-f", str(file), "--wait")).returncode == 0
             assert set(await daemon.status()) == {"a", "b"}
+            # A file that never ends is refused, not read for ever.
+            result = await daemon.cli("apply", "-f", "/dev/zero")
+            assert result.returncode == 2
+            assert "the file is over 1048576 bytes" in result.stderr.decode()
 
 
 async def test_replicas_never_see_the_token_or_the_state_dir(state_dir: Path) -> None:
@@ -372,9 +425,13 @@ async def test_logs_follow_shows_what_a_replica_prints_as_it_prints_it(state_dir
                 ).encode()
                 assert (await daemon.http("PUT", "/api/v1/backends/a", body))[0] == 200
                 await read_until(follow.stdout, seen, b"talker says {'n': 7}\n")
+                # Once the backend is deleted, all it wrote has been shown: the follow ends.
+                assert (await daemon.cli("delete", "a", "--wait")).returncode == 0
+                assert await follow.wait() == 0
             finally:
-                follow.kill()
-                await follow.wait()
+                if follow.returncode is None:
+                    follow.kill()
+                    await follow.wait()
 
 
 def only(values: Sequence[Any]) -> Any:
@@ -383,13 +440,9 @@ def only(values: Sequence[Any]) -> Any:
 
 
 async def test_status_shows_pids_ages_and_events_that_survive_a_restart(state_dir: Path) -> None:
-    file = state_dir / "backends.toml"
-    file.write_text(manifest(a=trivial(2)))
     with trio.fail_after(LIMIT_S * 2):
         async with trio.open_nursery() as nursery:
-            first = Daemon(state_dir)
-            await first.start(nursery, "--config", str(file))
-            assert (await first.cli("wait", "a")).returncode == 0
+            first = await converged_daemon(nursery, state_dir, 2)
             before = (await first.status())["a"]
             assert {r["pid"] for r in before["replicas"]} == set(worker_pids(state_dir))
             assert all(r["node"] == socket.gethostname() for r in before["replicas"])

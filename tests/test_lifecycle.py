@@ -378,7 +378,7 @@ async def test_status_states_reasons_and_events(autojump_clock: trio.testing.Moc
             ("v2", ReplicaState.STARTING): 1,
         }
         assert (
-            status.message == "0/1 replica of version v2 running; 1 starting; 1 of older versions"
+            status.message == "0/1 replica of version v2 running; 1 starting; 1 of an older version"
         )
         await ctl.deploy("a", config(num_replicas=1, version="v2", user_config=1), RC)
         assert ctl.status("a").reason == "NewUserConfig"

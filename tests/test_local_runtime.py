@@ -253,10 +253,10 @@ async def test_closing_while_adopting_kills_nothing(harness: Harness) -> None:
             runtime = controller.LocalRuntime(harness.runtime_dir / "w", pythonpath=[HERE])
             async with controller.open_controller(runtime=runtime, store=harness.store):
                 pass
-            assert worker_pids(harness.runtime_dir) == pids
+            assert set(worker_pids(harness.runtime_dir)) == set(pids)
         async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
             await serving(ctl, "a", 3)
-            assert worker_pids(harness.runtime_dir) == pids
+            assert set(worker_pids(harness.runtime_dir)) == set(pids)
             await (await ctl.delete("a", force=True)).wait()
 
 
@@ -312,3 +312,45 @@ async def test_logs_are_named_by_tag_rotated_and_kept_within_bounds(harness: Har
             assert tag not in kept
             assert len(kept) == 3
             await (await ctl.delete("a", force=True)).wait()
+
+
+# An interpreter another user may run (this venv's may sit in root's private home).
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON),
+    reason="needs root and a system Python to run a process as another user",
+)
+async def test_a_process_of_another_user_posing_as_a_worker_is_ignored(
+    harness: Harness,
+) -> None:
+    # What another local user could run: a command line naming our worker's spec file.
+    home = Path(tempfile.mkdtemp(prefix="poser", dir="/tmp"))  # where that user may read
+    os.chmod(home, 0o755)
+    fake = home / "controller"
+    fake.mkdir(mode=0o755)
+    (fake / "__init__.py").write_text("")
+    (fake / "worker.py").write_text("import time\ntime.sleep(120)\n")
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
+            await (await ctl.deploy("a", cfg(), harness.recorder())).wait()
+        (pid,) = worker_pids(harness.runtime_dir)
+        (spec,) = (harness.runtime_dir / "w").glob("*.spec.json")
+        poser = await trio.lowlevel.open_process(
+            [SYSTEM_PYTHON, "-m", "controller.worker", str(spec)],
+            cwd=home,  # `-m` looks there first: the fake package, not ours
+            user=65534,
+        )
+        try:
+            runtime = controller.LocalRuntime(harness.runtime_dir / "w", pythonpath=[HERE])
+            async with controller.open_controller(runtime=runtime, store=harness.store) as ctl:
+                await serving(ctl, "a", 1)
+                (replica,) = ctl.status("a").replicas
+                assert replica.pid == pid  # the real worker, adopted
+                await (await ctl.delete("a", force=True)).wait()
+            assert poser.returncode is None  # not ours: neither adopted nor signalled
+        finally:
+            poser.kill()
+            await poser.wait()
+            shutil.rmtree(home)

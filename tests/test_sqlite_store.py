@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,40 @@ async def test_a_failed_batch_lands_nothing(tmp_path: Path) -> None:
 def test_bad_synchronous_setting(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="synchronous"):
         controller.SQLiteStore(tmp_path / "s.db", synchronous="OFF")  # type: ignore[arg-type]
+
+
+async def test_a_database_deleted_while_in_use_refuses_writes(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    with controller.SQLiteStore(path) as store:
+        await store.write({"a": "1"})
+        for suffix in ("", "-wal", "-shm"):
+            await trio.Path(f"{path}{suffix}").unlink(missing_ok=True)
+        with pytest.raises(controller.StoreError, match="deleted or replaced while in use"):
+            await store.write({"b": "2"})
+
+
+async def test_the_original_error_is_reported_not_the_failed_rollback(tmp_path: Path) -> None:
+    # A write that fails inside SQLite (here: the disk full, by a file size limit in a child
+    # process, so that this process's own files are not limited) is rolled back by SQLite
+    # itself; the error to see is that one, not "cannot rollback - no transaction is active".
+    script = """
+import resource, sys, trio, controller
+async def main():
+    store = controller.SQLiteStore(sys.argv[1])
+    await store.write({"a": "x"})
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1, resource.RLIM_INFINITY))
+    try:
+        await store.write({"b": "y" * 100_000})
+    except controller.StoreError as exc:
+        print(exc)
+trio.run(main)
+"""
+    with trio.fail_after(30):
+        result = await trio.run_process(
+            [sys.executable, "-c", script, str(tmp_path / "s.db")],
+            capture_stdout=True,
+            capture_stderr=True,
+        )
+    out = result.stdout.decode()
+    assert "disk I/O error" in out or "disk is full" in out, (out, result.stderr)
+    assert "rollback" not in out
