@@ -165,8 +165,9 @@ def snapshot_json(snapshot: BackendSnapshot) -> dict[str, Any]:
 
 @final
 class Api:
-    """The ASGI app. `render_metrics` gives the Prometheus text; `request_shutdown` is called
-    by ``POST /api/v1/shutdown`` (the daemon then drains everything and exits)."""
+    """The ASGI app. `render_metrics` gives the Prometheus text. ``POST /api/v1/shutdown``
+    writes the delete of every backend (in one store batch), then calls `request_shutdown`
+    (the daemon then waits for the drains and exits); from then on, changes are refused."""
 
     def __init__(
         self,
@@ -183,6 +184,7 @@ class Api:
         self._epoch = epoch
         self._render_metrics = render_metrics
         self._request_shutdown = request_shutdown
+        self._shutting_down = False
         self._logs = logs
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -245,19 +247,40 @@ class Api:
                 return _ok(status_json(self._status(name)))
             if method == "PUT":
                 decl = _backend_from_body(name, _parse_json(body))
+                self._check_accepting()
                 return _ok(await self._deploy(decl), 200)
             if method == "DELETE":
                 force = query.get("force", ["false"])[0] in ("1", "true")
+                self._check_accepting()
                 return _ok(await self._delete(name, force), 202)
             raise HTTPError(405, "MethodNotAllowed", f"{method} is not allowed on {path}")
         if path == "/api/v1/apply" and method == "POST":
-            return _ok(await self._apply(_parse_json(body)))
+            data = _parse_json(body)
+            self._check_accepting()
+            return _ok(await self._apply(data))
         if path == "/api/v1/watch" and method == "GET":
             return _ok(await self._watch(query))
         if path == "/api/v1/shutdown" and method == "POST":
-            self._request_shutdown()
-            return _ok({"shutting_down": True}, 202)
+            return _ok(await self._shutdown(), 202)
         raise HTTPError(404, "NotFound", f"no such endpoint: {method} {path}")
+
+    def _check_accepting(self) -> None:
+        if self._shutting_down:
+            raise HTTPError(
+                503, "ShuttingDown", "the daemon is shutting down: it takes no more changes"
+            )
+
+    async def _shutdown(self) -> dict[str, Any]:
+        self._check_accepting()
+        # No change may slip in behind the deletes: refused from now on (unless they fail).
+        self._shutting_down = True
+        try:
+            applied = await self._ctl.apply({}, prune=True)
+        except BaseException:
+            self._shutting_down = False
+            raise
+        self._request_shutdown()
+        return {"shutting_down": True, "deleting": sorted(applied.deleted)}
 
     def _authenticate(self, scope: Scope) -> None:
         for key, value in scope["headers"]:

@@ -113,6 +113,8 @@ class Replica:
     """When it was asked for, by the wall clock (None if a schema-1 checkpoint did not say)."""
     graceful: bool = True
     """When stopping: drain before the kill (False for forced deletes and dead replicas)."""
+    drain_scope: trio.CancelScope | None = None
+    """Once stopping: cancelled to cut its drain short (a forced delete that comes meanwhile)."""
     scope: trio.CancelScope | None = None
     """The scope of its in-flight start, adoption or reconfigure, so that a stop can cancel it."""
     view: ServingReplica | None = None
@@ -227,6 +229,13 @@ class Backend:
         self._backoff_until = -math.inf
         self._change = _classify(old, spec)
         self._event("Delete" if spec.deleting else "Deploy", _describe_change(old, spec))
+        if spec.force:
+            # Forced: the drains under way are cut short, and the kills follow at once.
+            for replica in self.replicas.values():
+                if replica.state is ReplicaState.STOPPING and replica.graceful:
+                    replica.graceful = False
+                    if replica.drain_scope is not None:
+                        replica.drain_scope.cancel()
         if spec.backend_config.health_check_period_s != old.backend_config.health_check_period_s:
             # A new period (or checks turned on or off) applies to the replicas already running.
             self._health_due.clear()
@@ -251,18 +260,21 @@ class Backend:
 
     def restore(
         self, record: ReplicasRecord | None, live: set[str], events: EventsRecord | None
-    ) -> None:
-        """Rebuild replicas from a checkpoint: adopt what is alive, forget what is not."""
-        dropped = False
+    ) -> list[str]:
+        """Rebuild replicas from a checkpoint: adopt what is alive, forget what is not (and
+        return those tags, for the runtime to clear what they left behind)."""
+        dropped: list[str] = []
         for rec in record.replicas if record is not None else ():
             if rec.tag not in live:
                 # Never started, or gone while the controller was down: the plan replaces it.
-                dropped = True
+                dropped.append(rec.tag)
                 continue
             state = ReplicaState.STOPPING if rec.stopping else ReplicaState.RECOVERING
             created = None if rec.created_ms is None else rec.created_ms / 1000
             replica = self._add(rec.tag, rec.version, rec.config_digest, state, created)
             replica.graceful = not self.spec.force
+            if rec.stopping:
+                replica.drain_scope = trio.CancelScope()
         # What was read back needs no write; only forgetting the dead does.
         self._record_seq = self._durable_seq = self._stored_seq = 0
         if not self.spec.deleting:
@@ -275,6 +287,7 @@ class Backend:
         )
         if dropped:
             self._record_changed()
+        return dropped
 
     def block_starts(self, reason: str) -> None:
         """Start nothing new until the next deploy, because the spec cannot be placed (found at
@@ -670,6 +683,7 @@ class Backend:
             self._snapshot_dirty = True
         replica.state = ReplicaState.STOPPING
         replica.graceful = graceful
+        replica.drain_scope = trio.CancelScope()
         replica.record_json = None
         self._record_changed()
         logger.info("replica %s STOPPING (%s)", replica.tag, "drain" if graceful else "kill")
@@ -893,9 +907,10 @@ class Backend:
 
     async def _drain(self, tag: str) -> None:
         grace = self.spec.backend_config.graceful_shutdown_timeout_s
-        if grace <= 0:
+        replica = self.replicas.get(tag)
+        if grace <= 0 or replica is None or replica.drain_scope is None:
             return
-        with trio.move_on_after(grace) as scope:
+        with replica.drain_scope, trio.move_on_after(grace) as scope:
             try:
                 await self._runtime.drain_replica(tag)
             except Exception as exc:

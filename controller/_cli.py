@@ -30,6 +30,7 @@ from ._statedir import (
     STATE_DIR_ENV,
     TOKEN_ENV,
     check_private,
+    daemon_running,
     default_state_dir,
     read_address,
     token_path,
@@ -67,7 +68,14 @@ class Client:
             request.add_header("Authorization", f"Bearer {self.token}")
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
-                return response.status, json.loads(response.read() or b"null")
+                raw = response.read()
+                try:
+                    return response.status, json.loads(raw or b"null")
+                except ValueError:
+                    raise CLIError(
+                        f"error: {self.url} answered with something other than JSON; is it a "
+                        "controller daemon?"
+                    ) from None
         except urllib.error.HTTPError as exc:
             try:
                 payload = json.loads(exc.read() or b"null")
@@ -91,8 +99,8 @@ class Client:
 
 
 def _describe_error(status: int, payload: Any) -> str:
-    error = payload.get("error", {}) if isinstance(payload, dict) else {}
-    message = error.get("message") or f"HTTP {status}"
+    error = payload.get("error") if isinstance(payload, dict) else None
+    message = (error.get("message") if isinstance(error, dict) else None) or f"HTTP {status}"
     if status == 401:
         message += " (the CLI reads the token from --token, $CONTROLLER_TOKEN or the state dir)"
     return f"error: {message}"
@@ -101,7 +109,7 @@ def _describe_error(status: int, payload: Any) -> str:
 def _client(args: argparse.Namespace) -> Client:
     state_dir: Path = args.state_dir
     url = args.url
-    token = args.token or os.environ.get(TOKEN_ENV)
+    token = (args.token or os.environ.get(TOKEN_ENV) or "").strip() or None
     if url is None or token is None:
         # Its files say where to send the token, so they are trusted only in a dir that no one
         # else can write: else anyone could point the CLI, and the token, at a server of theirs.
@@ -111,11 +119,12 @@ def _client(args: argparse.Namespace) -> Client:
             raise CLIError(f"error: {exc}") from None
     if url is None:
         found = read_address(state_dir).get("url")
-        if not isinstance(found, str):
+        if not isinstance(found, str) or not daemon_running(state_dir):
+            why = "no daemon.json" if not isinstance(found, str) else "its daemon.json is stale"
             raise CLIError(
-                f"error: no controller daemon is running for the state dir {state_dir} (it has "
-                "no daemon.json); start one with `controller run`, or pass --url (or the "
-                "--state-dir it runs with)"
+                f"error: no controller daemon is running for the state dir {state_dir} ({why}); "
+                "start one with `controller run`, or pass --url (or the --state-dir it runs "
+                "with)"
             )
         url = found
     if token is None:
@@ -290,18 +299,27 @@ def cmd_wait(args: argparse.Namespace) -> int:
 def cmd_shutdown(args: argparse.Namespace) -> int:
     client = _client(args)
     cursor = client.ok("GET", "/api/v1/watch?timeout_s=0")["cursor"]
+    left = {b["name"] for b in client.ok("GET", "/api/v1/backends")["backends"]}
     client.ok("POST", "/api/v1/shutdown")
     print("shutting down: draining and deleting every backend")
     # Follow the watch until the daemon closes the connection: that is its exit, seen as it
-    # happens, from wherever the CLI runs.
+    # happens, from wherever the CLI runs. Each backend's tombstone says it is gone.
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
         try:
             query = urllib.parse.urlencode({"since": cursor, "timeout_s": 30})
-            cursor = client.ok("GET", f"/api/v1/watch?{query}", timeout=40)["cursor"]
+            change = client.ok("GET", f"/api/v1/watch?{query}", timeout=40)
         except CLIError:
+            if left:
+                raise CLIError(
+                    f"error: the controller stopped before {', '.join(sorted(left))} were "
+                    "deleted (see its log); their replicas keep running, and the next "
+                    "`controller run` finishes the deletes"
+                ) from None
             print("the controller has stopped")
             return 0
+        cursor = change["cursor"]
+        left -= {s["name"] for s in change["snapshots"] if not s["exists"]}
     raise CLIError(f"the controller is still running after {args.timeout:g}s")
 
 
@@ -568,7 +586,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except CLIError as exc:
         print(str(exc), file=sys.stderr)
         code = exc.code
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
         # A reply not shaped as a controller daemon's: another server at that address.
         print(
             f"error: the server answered something this CLI does not understand ({exc!r}); "

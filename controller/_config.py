@@ -38,13 +38,23 @@ def _non_negative_int(field: str) -> Any:
     return check
 
 
+def _finite(value: int | float) -> float | None:
+    """`value` as a float, or None if it is not finite (an int too large for a float too)."""
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def _seconds(field: str, value: object, *, allow_zero: bool) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(field, "must be a number of seconds", value)
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+    seconds = _finite(value)
+    if seconds is None or seconds < 0 or (seconds == 0 and not allow_zero):
         rule = ">= 0" if allow_zero else "> 0"
         raise ConfigError(field, f"must be a finite number of seconds {rule}", value)
-    return float(value)
+    return seconds
 
 
 def _graceful_shutdown_timeout(value: object) -> float:
@@ -72,7 +82,8 @@ def _limit(field: str, value: object) -> int | float:
         if value < 0:
             raise ConfigError(field, "a count must be >= 0", value)
         return value
-    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+    fraction = _finite(value)
+    if fraction is None or not 0.0 <= fraction <= 1.0:
         raise ConfigError(field, "a fraction must be between 0.0 and 1.0", value)
     return value
 
@@ -124,14 +135,14 @@ def _resources(value: object) -> dict[str, float]:
     for key, amount in value.items():
         if not isinstance(key, str) or not key:
             raise ConfigError(field, "resource names are non-empty strings", key)
-        if (
-            isinstance(amount, bool)
-            or not isinstance(amount, (int, float))
-            or not math.isfinite(amount)
-            or amount < 0
-        ):
+        number = (
+            None
+            if isinstance(amount, bool) or not isinstance(amount, (int, float))
+            else _finite(amount)
+        )
+        if number is None or number < 0:
             raise ConfigError(f"{field}[{key!r}]", "must be a finite number >= 0", amount)
-        out[key] = float(amount)
+        out[key] = number
     return out
 
 

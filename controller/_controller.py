@@ -327,9 +327,12 @@ class Controller:
         checkpoint = parse_all(await self._store.read_all())
         live = set(await self._runtime.list_replicas())
         named: set[str] = set()
+        gone: list[str] = []
         for name, record in sorted(checkpoint.specs.items()):
             backend = self._new_backend(name, Spec.from_record(record))
-            backend.restore(checkpoint.replicas.get(name), live, checkpoint.events.get(name))
+            gone += backend.restore(
+                checkpoint.replicas.get(name), live, checkpoint.events.get(name)
+            )
             named.update(backend.replicas)
         strays = [
             key(name)
@@ -352,7 +355,9 @@ class Controller:
         orphans = sorted(live - named)
         if orphans:
             logger.warning("killing %s that no intent names", plural(len(orphans), "replica"))
-        for tag in orphans:
+        # Orphans are killed; replicas that died while no controller ran have their leftovers
+        # (a worker's socket and spec files) cleared by the same idempotent kill.
+        for tag in orphans + gone:
             self._nursery.start_soon(kill_replica, self._runtime, tag)
         if self._backends:
             logger.info(

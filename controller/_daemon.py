@@ -35,8 +35,16 @@ import hypercorn.trio
 import trio
 
 from ._api import Api, HTTPError, LogSource, apply_manifest
+from ._backend import KILL_TIMEOUT_S
 from ._controller import Controller, open_controller
-from ._errors import CheckpointError, ConfigError, StartupError, StoreError
+from ._errors import (
+    CheckpointError,
+    ConfigError,
+    ControllerError,
+    StartupError,
+    StoreError,
+    UnknownBackendError,
+)
 from ._files import create_private
 from ._manifest import Manifest, load_manifest
 from ._metrics import Metrics
@@ -55,8 +63,8 @@ from ._store import Store
 
 logger = logging.getLogger("controller.daemon")
 
-#: How long ``controller shutdown`` waits for every backend to drain before the daemon exits.
-SHUTDOWN_TIMEOUT_S = 120.0
+#: Beyond the longest drain and kill, how long ``controller shutdown`` waits for the runtime.
+SHUTDOWN_MARGIN_S = 30.0
 #: The daemon's own log in the state dir: rotated past this size, with this many old files.
 LOG_MAX_BYTES = 10 << 20
 LOG_BACKUPS = 3
@@ -87,7 +95,8 @@ async def run_daemon(options: DaemonOptions) -> None:
     manifest = load_manifest(options.config) if options.config is not None else None
     # Taken out of the environment at once: no child of ours (a worker, a Ray process started
     # here) may inherit it.
-    token = os.environ.pop(TOKEN_ENV, None) or secrets.token_urlsafe(32)
+    # Stripped, as a client's is: a token with a stray newline would lock everyone out.
+    token = (os.environ.pop(TOKEN_ENV, None) or "").strip() or secrets.token_urlsafe(32)
     opened = False
     try:
         with locked(options.state_dir) as state_dir, _file_log(state_dir), _bind(options) as sock:
@@ -244,12 +253,7 @@ async def _serve(
 
             async def on_shutdown() -> None:
                 await shutdown_asked.wait()
-                logger.info("shutdown asked: draining and deleting every backend")
-                with trio.move_on_after(SHUTDOWN_TIMEOUT_S):
-                    goals = [await ctl.delete(b.name) for b in ctl.status().backends]
-                    for goal in goals:
-                        with contextlib.suppress(Exception):
-                            await goal.wait()
+                await _wait_deleted(ctl)
                 stop.set()
 
             nursery.start_soon(on_signal)
@@ -269,6 +273,31 @@ async def _serve(
             nursery.cancel_scope.cancel()
     with contextlib.suppress(FileNotFoundError):
         address_file.unlink()
+
+
+async def _wait_deleted(ctl: Controller) -> None:
+    """Wait until every backend is gone (their deletes are durable already), within the
+    longest drain and kill of any: no longer, as no drain takes longer."""
+    backends = ctl.status().backends
+    longest = max((b.backend_config.graceful_shutdown_timeout_s for b in backends), default=0.0)
+    limit = longest + KILL_TIMEOUT_S + SHUTDOWN_MARGIN_S
+    logger.info("shutdown asked: draining and deleting every backend (for at most %gs)", limit)
+    with trio.move_on_after(limit):
+        for backend in backends:
+            try:
+                goal = await ctl.delete(backend.name)  # its goal; the delete is written already
+            except UnknownBackendError:
+                continue  # gone already
+            with contextlib.suppress(ControllerError):
+                await goal.wait()
+    left = [b.name for b in ctl.status().backends]
+    if left:
+        logger.error(
+            "shutdown: %s still being deleted after %gs; stopping anyway: their replicas keep "
+            "running, and the next start finishes the deletes",
+            ", ".join(left),
+            limit,
+        )
 
 
 @contextlib.contextmanager

@@ -19,8 +19,18 @@ class ConfigError(ControllerError, ValueError):
         self.field = field
         self.rule = rule
         self.value = value
-        got = f" (got {value!r})" if show_value else ""
+        shown = _short_repr(value)
+        got = f" (got {shown})" if show_value else ""
         super().__init__(f"{field}: {rule}{got}")
+
+
+def _short_repr(value: object, limit: int = 120) -> str:
+    # Values come from users and attackers: a 400-digit number must not become the message.
+    try:
+        text = repr(value)
+    except ValueError:  # an int beyond Python's digit limit for str()
+        return f"<{type(value).__name__} too large to show>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class UnknownBackendError(ControllerError, LookupError):

@@ -180,35 +180,28 @@ class LocalRuntime:
         found = await trio.to_thread.run_sync(self._scan)
         return sorted(found)
 
-    def _scan(self) -> dict[str, int]:
-        """Tags and pids of the live workers of this runtime directory, from /proc."""
-        found: dict[str, int] = {}
+    def _scan(self) -> dict[str, set[int]]:
+        """The live workers of this runtime directory, from /proc: each tag with the pids that
+        claim it (one, unless something poses as the worker: ``adopt_replica`` asks the socket,
+        which only the real worker holds)."""
+        found: dict[str, set[int]] = {}
         prefix = str(self.runtime_dir) + os.sep
-        me = os.geteuid()
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
-            try:
-                # Only our own processes: another user could start one with a command line
-                # naming our spec file, to be adopted in place of the real worker.
-                if os.stat(f"/proc/{entry}").st_uid != me:
-                    continue
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    argv = f.read().split(b"\0")
-            except OSError:
-                continue  # gone meanwhile
-            # [python, "-m", "controller.worker", spec] plus the empty string after the last NUL
-            if len(argv) < 4 or argv[1:3] != [b"-m", _WORKER_MODULE.encode()]:
-                continue
-            spec_path = os.fsdecode(argv[3])
-            if not spec_path.startswith(prefix):
+            pid = int(entry)
+            spec_path = _worker_spec_path(pid)
+            if spec_path is None or not spec_path.startswith(prefix):
                 continue
             try:
                 with open(spec_path) as f:
-                    found[json.load(f)["tag"]] = int(entry)
+                    found.setdefault(json.load(f)["tag"], set()).add(pid)
             except (OSError, ValueError, KeyError):
                 continue
         return found
+
+    async def _pids(self, tag: str) -> set[int]:
+        return (await trio.to_thread.run_sync(self._scan)).get(tag, set())
 
     async def start_replica(self, spec: ReplicaSpec) -> ReplicaInfo:
         assert self._nursery is not None, "LocalRuntime.serve is not running"
@@ -250,12 +243,14 @@ class LocalRuntime:
 
     async def adopt_replica(self, tag: str) -> ReplicaInfo:
         assert self._nursery is not None, "LocalRuntime.serve is not running"
-        pid = (await trio.to_thread.run_sync(self._scan)).get(tag)
-        if pid is None:
+        pids = await self._pids(tag)
+        if not pids:
             raise ReplicaGoneError(tag, "no worker process has this tag")
+        # The socket decides which process is the worker: only the real one holds it.
         hello = await self._request(tag, {"op": "hello"})
-        if hello.get("pid") != pid:
-            raise ReplicaGoneError(tag, f"socket answered for pid {hello.get('pid')}, not {pid}")
+        pid = hello.get("pid")
+        if not isinstance(pid, int) or pid not in pids:
+            raise ReplicaGoneError(tag, f"its socket answered for pid {pid}, not one of {pids}")
         spec = json.loads(await trio.Path(str(self._base(tag)) + ".spec.json").read_text())
         port = int(spec["port"])
         try:
@@ -280,7 +275,7 @@ class LocalRuntime:
     async def kill_replica(self, tag: str) -> None:
         worker = self._workers.get(tag)
         if worker is None:
-            pid = (await trio.to_thread.run_sync(self._scan)).get(tag)
+            pid = await self._which(tag)
             if pid is None:
                 await self._gone(tag)
                 return
@@ -303,6 +298,18 @@ class LocalRuntime:
             await self._gone(tag)
 
     # -- internals --
+
+    async def _which(self, tag: str) -> int | None:
+        """The pid of the worker of `tag` that this runtime does not hold (a stop that a
+        restarted controller finishes), or None if there is none."""
+        pids = await self._pids(tag)
+        if len(pids) <= 1:
+            return next(iter(pids), None)
+        try:
+            pid = (await self._request(tag, {"op": "hello"})).get("pid")
+        except ReplicaError:
+            return None  # its socket is gone: the worker is, as far as we can tell
+        return pid if isinstance(pid, int) and pid in pids else None
 
     async def _attach(self, worker: _Worker) -> None:
         """Open the monitor connection, whose end means the process ended."""
@@ -347,7 +354,9 @@ class LocalRuntime:
         try:
             return os.posix_spawn(
                 self._python,
-                [self._python, "-m", _WORKER_MODULE, spec_path],
+                # -P: the daemon's working directory is not put on the worker's sys.path, so
+                # that no file there can pose as the `controller` package.
+                [self._python, "-P", "-m", _WORKER_MODULE, spec_path],
                 env,
                 file_actions=[
                     *closes,
@@ -432,6 +441,30 @@ class LocalRuntime:
         # kill's cleanup is.
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(prune_logs, self.logs_dir, is_live, self._logs_kept)
+
+
+def _worker_spec_path(pid: int) -> str | None:
+    """The spec file named by `pid`'s command line, if it is a worker of ours: our user in
+    every uid (a setuid program run by another user is not), a session leader (a worker's forked
+    children share its command line but not its session), ``python [-P] -m controller.worker
+    SPEC``."""
+    me = os.geteuid()
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            uids = next(line for line in f if line.startswith("Uid:")).split()[1:]
+        if any(int(uid) != me for uid in uids) or os.getsid(pid) != pid:
+            return None
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except (OSError, StopIteration, ValueError):
+        return None  # gone meanwhile
+    # The argv after the interpreter, less the empty string after the last NUL.
+    args = argv[1:-1]
+    if args[:1] == [b"-P"]:
+        args = args[1:]
+    if len(args) != 3 or args[:2] != [b"-m", _WORKER_MODULE.encode()]:
+        return None
+    return os.fsdecode(args[2])
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

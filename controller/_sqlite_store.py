@@ -47,6 +47,7 @@ class SQLiteStore:
         self._synchronous = synchronous
         self._conn: sqlite3.Connection | None = None
         self._inode: int | None = None
+        self._wal_inode: int | None = None
         # SQLite calls block, so they run in a worker thread, one at a time.
         self._limiter = trio.CapacityLimiter(1)
         self._pending: _Batch | None = None
@@ -91,15 +92,15 @@ class SQLiteStore:
         return self._conn
 
     def _check_file(self) -> None:
-        """Refuse to write when the file we opened is no longer the one at our path: SQLite
-        would go on writing to the deleted file, and the next start would find nothing."""
+        """Refuse to write when the files we opened are no longer the ones at our path (the
+        database, or its write-ahead log, which holds the latest commits until they are copied
+        into the database): SQLite would go on writing to deleted files, and the next start
+        would find nothing."""
         if self._inode is None:
             return
-        try:
-            inode: int | None = os.stat(self.path).st_ino
-        except FileNotFoundError:
-            inode = None
-        if inode != self._inode:
+        if _inode(self.path) != self._inode or (
+            self._wal_inode is not None and _inode(self.path + "-wal") != self._wal_inode
+        ):
             raise sqlite3.OperationalError(
                 "the database file was deleted or replaced while in use; nothing was written. "
                 "Put it back, or restart (a restart over a missing store adopts nothing)"
@@ -125,6 +126,8 @@ class SQLiteStore:
             if deletes:
                 conn.executemany("DELETE FROM checkpoints WHERE key = ?", deletes)
             conn.execute("COMMIT")
+            if self._inode is not None and self._wal_inode is None:
+                self._wal_inode = _inode(self.path + "-wal")
         except BaseException:
             # SQLite may have rolled back already (it does on an I/O error or a full disk), and
             # a ROLLBACK then fails with "no transaction is active": the error to report is the
@@ -170,3 +173,10 @@ class SQLiteStore:
                     batch.done.set()
         finally:
             self._flushing = False
+
+
+def _inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None

@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,10 +87,8 @@ def locked(state_dir: Path) -> Iterator[Path]:
     except OSError as exc:
         raise StartupError(f"cannot open state dir {state_dir}: {exc.strerror or exc}") from None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise StartupError(_held_by_other(state_dir)) from None
+        if not _take(fd):
+            raise StartupError(_held_by_other(state_dir))
         try:
             write_private(lock_path(state_dir), f"{os.getpid()}\n")
         except OSError as exc:
@@ -99,6 +98,34 @@ def locked(state_dir: Path) -> Iterator[Path]:
         yield state_dir
     finally:
         os.close(fd)  # releases the lock
+
+
+def _take(fd: int) -> bool:
+    # A few tries: a CLI checking whether a daemon is running holds a shared lock for an
+    # instant, which must not look like a daemon.
+    for _ in range(5):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            time.sleep(0.02)
+    return False
+
+
+def daemon_running(state_dir: Path) -> bool:
+    """Whether a daemon holds `state_dir` now. A ``daemon.json`` left by a daemon that was
+    killed is stale: the port it names may be anyone's by now."""
+    try:
+        fd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def _held_by_other(state_dir: Path) -> str:

@@ -87,3 +87,13 @@ class Talker:
 
     def reconfigure(self, user_config: Any) -> None:
         print(f"talker says {user_config}", flush=True)
+
+
+class Forks:
+    """Forks a child that outlives its constructor, as a replica using a process pool does: the
+    child has the worker's command line, but is not the worker."""
+
+    def __init__(self) -> None:
+        if os.fork() == 0:
+            time.sleep(120)
+            os._exit(0)

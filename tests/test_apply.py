@@ -230,3 +230,18 @@ async def test_a_refused_rollout_says_where_its_count_comes_from() -> None:
         assert "num_replicas 4 and 1 more while the new version rolls out (max_surge)" in str(
             caught.value
         )
+
+
+async def test_a_forced_delete_cuts_short_the_drains_under_way(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime(auto_ready=True, auto_drain=False)
+    async with opened(rt) as ctl:
+        cfg = config(num_replicas=1, version="v1", graceful_shutdown_timeout_s=100)
+        await (await ctl.deploy("a", cfg, RC)).wait()
+        await ctl.delete("a")
+        await rt.wait_until(lambda r: bool(r.tags(FakeState.DRAINING)))
+        t0 = trio.current_time()
+        await (await ctl.delete("a", force=True)).wait()
+        (replica,) = rt.replicas.values()
+        assert replica.killed_at == t0  # not at the drain's deadline, 100 s on

@@ -57,8 +57,9 @@ def trivial(n: int, version: str = "v1", **extra: Any) -> dict[str, Any]:
 
 
 class Daemon:
-    def __init__(self, state_dir: Path):
+    def __init__(self, state_dir: Path, python_flags: tuple[str, ...] = ()):
         self.state_dir = state_dir
+        self.python_flags = python_flags
         self.process: trio.Process | None = None
         self.log = bytearray()
         self._grew = trio.Event()
@@ -78,6 +79,7 @@ class Daemon:
         *extra: str,
         listen: str = "127.0.0.1:0",
         env: dict[str, str] | None = None,
+        cwd: Path | None = None,
     ) -> None:
         """Start `controller run` and return once it listens (it says so on stderr), or has
         exited."""
@@ -85,6 +87,7 @@ class Daemon:
             [*self.cli_argv(), "run", "--listen", listen, "--pythonpath", str(HERE), *extra],
             stderr=subprocess.PIPE,
             env=env,
+            cwd=cwd,
         )
         self.process = process
         listening = trio.Event()
@@ -110,7 +113,14 @@ class Daemon:
             await self._grew.wait()
 
     def cli_argv(self) -> list[str]:
-        return [sys.executable, "-m", "controller", "--state-dir", str(self.state_dir)]
+        return [
+            sys.executable,
+            *self.python_flags,
+            "-m",
+            "controller",
+            "--state-dir",
+            str(self.state_dir),
+        ]
 
     async def cli(self, *args: str) -> subprocess.CompletedProcess[bytes]:
         return await trio.run_process(

@@ -471,3 +471,122 @@ async def test_status_shows_pids_ages_and_events_that_survive_a_restart(state_di
             status = (await second.status())["a"]
             assert status["last_error"] == "died: worker process killed by SIGKILL"
             assert (await second.cli("wait", "a")).returncode == 0
+
+
+async def test_workers_never_import_from_the_daemon_s_working_directory(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    # Anyone who can write where the daemon was started could otherwise plant a `controller`
+    # package there, and have every worker run it.
+    planted = tmp_path / "controller"
+    planted.mkdir()
+    (planted / "__init__.py").write_text("")
+    marker = tmp_path / "ran"
+    (planted / "worker.py").write_text(f"open({str(marker)!r}, 'w').write('planted')\n")
+    file = state_dir / "backends.toml"
+    file.write_text(manifest(a=trivial(1)))
+    with trio.fail_after(LIMIT_S):
+        async with trio.open_nursery() as nursery:
+            daemon = Daemon(state_dir, python_flags=("-P",))  # as the `controller` script is
+            await daemon.start(nursery, "--config", str(file), cwd=tmp_path)
+            assert (await daemon.cli("wait", "a")).returncode == 0
+            assert not marker.exists()
+            result = await daemon.cli("shutdown")
+            assert result.returncode == 0, result.stderr
+            assert daemon.process is not None
+            assert await daemon.process.wait() == 0
+
+
+async def test_a_stale_address_file_is_not_trusted(state_dir: Path) -> None:
+    with trio.fail_after(LIMIT_S):
+        async with trio.open_nursery() as nursery:
+            daemon = Daemon(state_dir)
+            await daemon.start(nursery)
+            assert daemon.process is not None
+            daemon.process.send_signal(signal.SIGKILL)
+            await daemon.process.wait()
+        assert (state_dir / "daemon.json").exists()  # left behind by the killed daemon
+        # Whoever takes that port now must not be sent the token.
+        result = await daemon.cli("status")
+        assert result.returncode == 1
+        assert "its daemon.json is stale" in result.stderr.decode()
+
+
+async def test_a_token_with_a_stray_newline_works_for_everyone(state_dir: Path) -> None:
+    env = {**os.environ, "CONTROLLER_TOKEN": "tok-with-newline\n"}
+    with trio.fail_after(LIMIT_S):
+        async with running(state_dir, env=env) as daemon:
+            assert daemon.token == "tok-with-newline"
+            result = await trio.run_process(
+                [*daemon.cli_argv(), "status"], capture_stdout=True, env=env, check=False
+            )
+            assert result.returncode == 0
+            assert result.stdout == b"no backends\n"
+
+
+async def test_shutdown_takes_no_more_changes_and_fails_cleanly_when_the_store_does(
+    state_dir: Path,
+) -> None:
+    file = state_dir / "backends.toml"
+    slow = {
+        "entrypoint": "replicas:Recorder",
+        "init_kwargs": {"path": str(state_dir / "rec.jsonl"), "drain_s": 3},
+        "version": "v1",
+        "graceful_shutdown_timeout_s": 30,
+    }
+    file.write_text(manifest(a=slow))
+    with trio.fail_after(LIMIT_S):
+        async with trio.open_nursery() as nursery:
+            daemon = Daemon(state_dir)
+            await daemon.start(nursery, "--config", str(file))
+            assert (await daemon.cli("wait", "a")).returncode == 0
+            assert daemon.process is not None
+            pid = daemon.process.pid
+            # The store cannot be written: the shutdown is refused, and nothing changes.
+            soft, hard = resource.prlimit(pid, resource.RLIMIT_FSIZE)
+            resource.prlimit(pid, resource.RLIMIT_FSIZE, (1, hard))
+            try:
+                code, error = await daemon.http("POST", "/api/v1/shutdown", b"")
+            finally:
+                resource.prlimit(pid, resource.RLIMIT_FSIZE, (soft, hard))
+            assert code == 503, error
+            assert (await daemon.status())["a"]["state"] == "HEALTHY"
+            # Now it goes through, and while it drains, no change is taken.
+            code, reply = await daemon.http("POST", "/api/v1/shutdown", b"")
+            assert (code, reply) == (202, {"shutting_down": True, "deleting": ["a"]})
+            body = json.dumps(trivial(1)).encode()
+            code, error = await daemon.http("PUT", "/api/v1/backends/b", body)
+            assert (code, error["error"]["type"]) == (503, "ShuttingDown")
+            assert await daemon.process.wait() == 0
+        assert worker_pids(state_dir) == {}
+
+
+async def test_shutdown_says_so_when_the_daemon_stops_before_its_deletes(state_dir: Path) -> None:
+    file = state_dir / "backends.toml"
+    slow = {
+        "entrypoint": "replicas:Recorder",
+        "init_kwargs": {"path": str(state_dir / "rec.jsonl"), "drain_s": 30},
+        "version": "v1",
+        "graceful_shutdown_timeout_s": 60,
+    }
+    file.write_text(manifest(a=slow))
+    with trio.fail_after(LIMIT_S):
+        async with trio.open_nursery() as nursery:
+            daemon = Daemon(state_dir)
+            await daemon.start(nursery, "--config", str(file))
+            assert (await daemon.cli("wait", "a")).returncode == 0
+            shutdown = await trio.lowlevel.open_process(
+                [*daemon.cli_argv(), "shutdown"], stderr=subprocess.PIPE
+            )
+            await daemon.logged(b"shutdown asked")
+            assert daemon.process is not None
+            daemon.process.send_signal(signal.SIGTERM)  # stopped mid-drain
+            assert await daemon.process.wait() == 0
+            assert await shutdown.wait() == 1
+            assert shutdown.stderr is not None
+            err = await shutdown.stderr.receive_some()
+            assert b"stopped before a were deleted" in err
+        # The next start goes on with the delete (forced here, not to wait for the drain).
+        async with running(state_dir) as again:
+            assert (await again.status())["a"]["state"] == "DELETING"
+            assert (await again.cli("delete", "a", "--force", "--wait")).returncode == 0

@@ -354,3 +354,41 @@ async def test_a_process_of_another_user_posing_as_a_worker_is_ignored(
             poser.kill()
             await poser.wait()
             shutil.rmtree(home)
+
+
+async def test_a_worker_whose_replica_forks_is_adopted_not_its_child(harness: Harness) -> None:
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
+            await (await ctl.deploy("a", cfg(), controller.ReplicaConfig("replicas:Forks"))).wait()
+            (replica,) = ctl.status("a").replicas
+        # The child shares the worker's command line; only the worker leads its session.
+        runtime = controller.LocalRuntime(harness.runtime_dir / "w", pythonpath=[HERE])
+        async with controller.open_controller(runtime=runtime, store=harness.store) as ctl:
+            await serving(ctl, "a", 1)
+            (adopted,) = ctl.status("a").replicas
+            assert (adopted.tag, adopted.pid) == (replica.tag, replica.pid)
+            await (await ctl.delete("a", force=True)).wait()
+
+
+async def test_a_worker_that_died_while_no_controller_ran_leaves_nothing_behind(
+    harness: Harness,
+) -> None:
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
+            await (await ctl.deploy("a", cfg(), harness.recorder())).wait()
+            (old,) = ctl.status("a").replicas
+        assert old.pid is not None
+        os.kill(old.pid, signal.SIGKILL)
+        await trio.to_thread.run_sync(os.waitpid, old.pid, 0)  # our child: reaped, as by init
+        workdir = harness.runtime_dir / "w"
+        runtime = controller.LocalRuntime(workdir, pythonpath=[HERE])
+        async with controller.open_controller(runtime=runtime, store=harness.store) as ctl:
+            await serving(ctl, "a", 1)
+            await trio.testing.wait_all_tasks_blocked()
+            (new,) = ctl.status("a").replicas
+            assert new.tag != old.tag
+            # One spec and one socket: the new replica's; the old one's log is kept.
+            assert len(list(workdir.glob("*.spec.json"))) == 1
+            assert len(list(workdir.glob("*.sock"))) == 1
+            assert runtime.read_log(old.tag) is not None
+            await (await ctl.delete("a", force=True)).wait()

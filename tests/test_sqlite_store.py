@@ -55,11 +55,14 @@ def test_bad_synchronous_setting(tmp_path: Path) -> None:
         controller.SQLiteStore(tmp_path / "s.db", synchronous="OFF")  # type: ignore[arg-type]
 
 
-async def test_a_database_deleted_while_in_use_refuses_writes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("deleted", [("", "-wal", "-shm"), ("-wal",), ("-wal", "-shm")])
+async def test_a_database_deleted_while_in_use_refuses_writes(
+    tmp_path: Path, deleted: tuple[str, ...]
+) -> None:
     path = tmp_path / "s.db"
     with controller.SQLiteStore(path) as store:
         await store.write({"a": "1"})
-        for suffix in ("", "-wal", "-shm"):
+        for suffix in deleted:
             await trio.Path(f"{path}{suffix}").unlink(missing_ok=True)
         with pytest.raises(controller.StoreError, match="deleted or replaced while in use"):
             await store.write({"b": "2"})
