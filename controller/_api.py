@@ -11,9 +11,7 @@ import hmac
 import json
 import logging
 import re
-import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from datetime import UTC, datetime
 from typing import Any, Protocol, final
 from urllib.parse import parse_qs
 
@@ -28,9 +26,10 @@ from ._errors import (
     StoreError,
     UnknownBackendError,
 )
-from ._manifest import BackendDecl, Manifest, config_to_dict, parse_backend, parse_manifest
+from ._manifest import BackendDecl, Manifest, parse_backend, parse_manifest
 from ._openapi import OPENAPI
-from ._state import SERVING_STATES, BackendSnapshot, BackendStatus
+from ._state import BackendSnapshot, BackendStatus
+from ._views import snapshot_json, status_json
 from ._worker_logs import LogChunk
 
 logger = logging.getLogger("controller.api")
@@ -87,87 +86,16 @@ def _domain_error(exc: ControllerError) -> HTTPError:
     return HTTPError(500, type(exc).__name__, str(exc))
 
 
-def iso(wall_time: float | None) -> str | None:
-    """Seconds since the epoch as ISO 8601, UTC, to the millisecond."""
-    if wall_time is None:
-        return None
-    # Rounded to whole milliseconds, as the store keeps them: the same event reads the same
-    # before and after a restart.
-    ms = round(wall_time * 1000)
-    moment = datetime.fromtimestamp(ms // 1000, UTC).replace(microsecond=ms % 1000 * 1000)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-# -- JSON views --
-
-
-def status_json(status: BackendStatus) -> dict[str, Any]:
-    counts_by_version: dict[str, dict[str, int]] = {}
-    for (version, state), n in status.counts_by_version.items():
-        counts_by_version.setdefault(version, {})[state.value] = n
-    version = status.backend_config.version or f"gen-{status.generation}"
-    serving = [r for r in status.replicas if r.state in SERVING_STATES]
-    now = time.time()
-    return {
-        "name": status.name,
-        "state": status.state.value,
-        "reason": status.reason,
-        "message": status.message,
-        "generation": status.generation,
-        "observed_generation": status.observed_generation,
-        "deleting": status.deleting,
-        "goal_done": status.goal_done,
-        "last_error": status.last_error,
-        "last_traceback": status.last_traceback,
-        "desired": 0 if status.deleting else status.backend_config.num_replicas,
-        "version": version,
-        "ready": len(serving),
-        "ready_of_version": sum(1 for r in serving if r.version == version),
-        "config": BackendDecl(status.name, status.backend_config, status.replica_config).to_dict(),
-        "counts": {state.value: n for state, n in status.counts.items()},
-        "counts_by_version": counts_by_version,
-        "replicas": [
-            {
-                "tag": r.tag,
-                "state": r.state.value,
-                "version": r.version,
-                "address": r.address,
-                "healthy": r.healthy,
-                "pid": r.pid,
-                "node": r.node,
-                "created_at": iso(r.created_at),
-                "age_s": None if r.created_at is None else round(max(0.0, now - r.created_at), 3),
-            }
-            for r in status.replicas
-        ],
-        "events": [
-            {"time": iso(e.wall_time), "kind": e.kind, "message": e.message} for e in status.events
-        ],
-    }
-
-
-def snapshot_json(snapshot: BackendSnapshot) -> dict[str, Any]:
-    return {
-        "name": snapshot.name,
-        "snapshot_id": snapshot.snapshot_id,
-        "exists": snapshot.exists,
-        "config": (
-            None if snapshot.backend_config is None else config_to_dict(snapshot.backend_config)
-        ),
-        "replicas": [
-            {"tag": r.tag, "version": r.version, "address": r.address} for r in snapshot.replicas
-        ],
-    }
-
-
 # -- the application --
 
 
 @final
 class Api:
     """The ASGI app. `render_metrics` gives the Prometheus text. ``POST /api/v1/shutdown``
-    writes the delete of every backend (in one store batch), then calls `request_shutdown`
-    (the daemon then waits for the drains and exits); from then on, changes are refused."""
+    writes the delete of every backend (in one store batch), then calls `request_shutdown`,
+    which the daemon answers once the drains are done (or given up on) with the backends left,
+    and then exits; from the write on, changes are refused. With ``?wait=false`` the request
+    returns at once (202), and the rest goes on."""
 
     def __init__(
         self,
@@ -177,6 +105,7 @@ class Api:
         epoch: str,
         render_metrics: Callable[[], bytes],
         request_shutdown: Callable[[], None],
+        shutdown_done: Callable[[], Awaitable[list[str]]] | None = None,
         logs: LogSource | None = None,
     ):
         self._ctl = controller
@@ -184,6 +113,7 @@ class Api:
         self._epoch = epoch
         self._render_metrics = render_metrics
         self._request_shutdown = request_shutdown
+        self._shutdown_done = shutdown_done
         self._shutting_down = False
         self._logs = logs
 
@@ -261,7 +191,8 @@ class Api:
         if path == "/api/v1/watch" and method == "GET":
             return _ok(await self._watch(query))
         if path == "/api/v1/shutdown" and method == "POST":
-            return _ok(await self._shutdown(), 202)
+            wait = query.get("wait", ["true"])[0] not in ("0", "false")
+            return _ok(await self._shutdown(wait=wait), 200 if wait else 202)
         raise HTTPError(404, "NotFound", f"no such endpoint: {method} {path}")
 
     def _check_accepting(self) -> None:
@@ -270,7 +201,7 @@ class Api:
                 503, "ShuttingDown", "the daemon is shutting down: it takes no more changes"
             )
 
-    async def _shutdown(self) -> dict[str, Any]:
+    async def _shutdown(self, *, wait: bool) -> dict[str, Any]:
         self._check_accepting()
         # No change may slip in behind the deletes: refused from now on (unless they fail).
         self._shutting_down = True
@@ -279,8 +210,14 @@ class Api:
         except BaseException:
             self._shutting_down = False
             raise
+        deleting = sorted(applied.deleted)
         self._request_shutdown()
-        return {"shutting_down": True, "deleting": sorted(applied.deleted)}
+        if not wait or self._shutdown_done is None:
+            return {"shutting_down": True, "deleting": deleting}
+        # Answered once every drain is over: the caller learns what was left, if anything,
+        # before the daemon goes away.
+        left = await self._shutdown_done()
+        return {"shutting_down": True, "deleting": deleting, "left": left}
 
     def _authenticate(self, scope: Scope) -> None:
         for key, value in scope["headers"]:
@@ -375,13 +312,17 @@ class Api:
             raise HTTPError(400, "BadQuery", f"timeout_s must be in [0, {MAX_WATCH_TIMEOUT_S:g}]")
         if query.get("epoch", [self._epoch])[0] != self._epoch:
             since = 0  # a restarted daemon counts afresh: the caller gets everything
+        # Only the newest deletions are kept: a cursor older than that gets every backend,
+        # marked complete, so that the watcher drops what it holds and the answer omits.
+        complete = since < self._ctl.watch_floor or since == 0
         snapshots: list[BackendSnapshot] = []
         with trio.move_on_after(timeout):
-            snapshots = await self._ctl.changes_since(since)
+            snapshots = await self._ctl.changes_since(0 if complete else since)
         cursor = max([since, *(s.snapshot_id for s in snapshots)])
         return {
             "epoch": self._epoch,
             "cursor": cursor,
+            "complete": complete,
             "snapshots": [snapshot_json(s) for s in snapshots],
         }
 

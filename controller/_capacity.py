@@ -7,35 +7,48 @@ resources is never refused.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
-from ._backend import Backend, Spec
+from ._backend import Backend
 from ._history import plural
 from ._placement import SLOTS, Demand, need_of, place, total
 from ._reconcile import resolve_limits
+from ._replica import Spec
 
 
-def extra_replicas(backend: Backend | None, spec: Spec) -> int:
+def held(backend: Backend, requested: Spec) -> int:
+    """How many replicas' worth of resources `backend` holds or is about to, given the spec last
+    asked of it. One that starts nothing until its next deploy (DEPLOY_FAILED) holds only the
+    replicas it has: it must not crowd out the others; its next deploy is checked afresh."""
+    idle = requested.deleting or (
+        backend.blocked and backend.spec.generation == requested.generation
+    )
+    target = 0 if idle else requested.backend_config.num_replicas
+    return max(target, len(backend.replicas))
+
+
+def extra_replicas(backend: Backend | None, requested: Spec | None, spec: Spec) -> int:
     """How many replicas' worth `spec` needs beyond what `backend` holds or is about to."""
     if spec.deleting:
         return 0
-    held_now = len(backend.replicas) if backend is not None else 0
-    already = backend.reserved() if backend is not None else 0
-    return max(0, max(_peak(backend, spec), held_now) - already)
+    if backend is None or requested is None:
+        return _peak(None, spec)
+    already = held(backend, requested)
+    return max(0, max(_peak(requested, spec), len(backend.replicas)) - already)
 
 
-def _peak(backend: Backend | None, spec: Spec) -> int:
+def _peak(requested: Spec | None, spec: Spec) -> int:
     # A rolling replacement holds up to max_surge replicas above num_replicas at its peak.
     config = spec.backend_config
-    if backend is None or backend.spec.version == spec.version:
+    if requested is None or requested.version == spec.version:
         return config.num_replicas
     surge, _ = resolve_limits(config.num_replicas, config.max_surge, config.max_unavailable)
     return config.num_replicas + surge
 
 
-def demand(name: str, backend: Backend | None, spec: Spec, extra: int) -> Demand:
+def demand(name: str, requested: Spec | None, spec: Spec, extra: int) -> Demand:
     """`extra` replicas of `spec`, saying where the count comes from when it is not plain."""
-    peak = _peak(backend, spec)
+    peak = _peak(requested, spec)
     why = ""
     if peak > spec.backend_config.num_replicas:
         surge = peak - spec.backend_config.num_replicas
@@ -44,11 +57,6 @@ def demand(name: str, backend: Backend | None, spec: Spec, extra: int) -> Demand
             "version rolls out (max_surge)"
         )
     return Demand(name, spec.backend_config.resources, extra, why)
-
-
-def held_by(backends: Iterable[Backend]) -> list[Demand]:
-    """What `backends` hold or are about to, each with its own resources."""
-    return [Demand(b.name, b.spec.backend_config.resources, b.reserved()) for b in backends]
 
 
 def shortfalls(

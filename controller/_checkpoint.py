@@ -8,7 +8,8 @@ Three keys per backend, each with one writer, so that writes can never interleav
 - ``events/<name>``: the backend's recent events, for people (written by the same task, in the
   same batch as the replica record; nothing waits on it).
 
-Schema 2 added the events and each replica's creation time; schema 1 data is still read.
+Schema 2 added the events, each replica's creation time and a spec's rollback config; schema 1
+data is still read.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ class SpecRecord:
     """A delete was asked for; the backend is forgotten once its replicas are gone."""
     force: bool = False
     """The delete skips the graceful drain."""
+    rollback_config: str | None = None
+    """For an in-place change of user config (same version): the config before it, as JSON
+    text, to roll back to if the new one fails in a replica (None: nothing to roll back to)."""
     schema: int = SCHEMA_VERSION
 
 
@@ -59,6 +63,9 @@ class ReplicaRecord:
     created_ms: int | None = None
     """When it was asked for, by the wall clock in milliseconds since the epoch (None in
     schema 1 data). Whole milliseconds: the stored text keeps one length."""
+    served: bool = True
+    """It had been ready. Schema 1 data does not say: taken as True, so that after an upgrade
+    no replica that may be serving is taken for one that never did."""
 
 
 @attrs.frozen
@@ -191,6 +198,7 @@ def parse_all(items: dict[str, str]) -> Checkpoint:
         if key.startswith(SPEC_PREFIX):
             spec = load(key, text, SpecRecord)
             _check_name(key, SPEC_PREFIX, spec.name)
+            _check_rollback(key, spec)
             specs[spec.name] = spec
         elif key.startswith(REPLICAS_PREFIX):
             record = load(key, text, ReplicasRecord)
@@ -202,6 +210,17 @@ def parse_all(items: dict[str, str]) -> Checkpoint:
             events[history.name] = history
         # Other keys belong to other users of a shared store (the daemon's own settings, say).
     return Checkpoint(specs=specs, replicas=replicas, events=events)
+
+
+def _check_rollback(key: str, spec: SpecRecord) -> None:
+    if spec.rollback_config is None:
+        return
+    try:
+        json.loads(spec.rollback_config)
+    except ValueError as exc:
+        raise CheckpointError(
+            f"store key {key!r} is corrupt: rollback_config is not JSON ({exc}); {_UNTOUCHED}"
+        ) from None
 
 
 def _check_name(key: str, prefix: str, name: str) -> None:

@@ -14,125 +14,24 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ._cli_client import Client, CLIError, describe_error, make_client
+from ._cli_output import indent, print_backend, print_log, print_table
 from ._errors import CheckpointError, ManifestError, StartupError
-from ._statedir import (
-    STATE_DIR_ENV,
-    TOKEN_ENV,
-    check_private,
-    daemon_running,
-    default_state_dir,
-    read_address,
-    token_path,
-)
+from ._statedir import STATE_DIR_ENV, default_state_dir
 
 #: The longest a watch request waits before the CLI refreshes what it shows.
 _REFRESH_S = 1.0
 #: How often ``logs --follow`` asks for what is new.
 _FOLLOW_S = 0.5
-
-
-class CLIError(Exception):
-    """Something the user should read; the command exits with `code`."""
-
-    def __init__(self, message: str, code: int = 1):
-        self.code = code
-        super().__init__(message)
-
-
-# -- talking to the daemon --
-
-
-class Client:
-    def __init__(self, url: str, token: str | None):
-        self.url = url.rstrip("/")
-        self.token = token
-
-    def call(
-        self, method: str, path: str, body: Any = None, *, timeout: float = 30.0
-    ) -> tuple[int, Any]:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, method=method)
-        request.add_header("Content-Type", "application/json")
-        if self.token is not None:
-            request.add_header("Authorization", f"Bearer {self.token}")
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                raw = response.read()
-                try:
-                    return response.status, json.loads(raw or b"null")
-                except ValueError:
-                    raise CLIError(
-                        f"error: {self.url} answered with something other than JSON; is it a "
-                        "controller daemon?"
-                    ) from None
-        except urllib.error.HTTPError as exc:
-            try:
-                payload = json.loads(exc.read() or b"null")
-            except ValueError:
-                payload = None
-            return exc.code, payload
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise CLIError(
-                f"cannot reach the controller at {self.url} ({reason}); is `controller run` "
-                "running, and is --url or --state-dir right?"
-            ) from None
-
-    def ok(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
-        status, payload = self.call(method, path, body, **kwargs)
-        if status >= 400:
-            # 2: the request was refused as it stands and nothing was applied.
-            code = 2 if status in (400, 409, 413, 422) else 1
-            raise CLIError(_describe_error(status, payload), code)
-        return payload
-
-
-def _describe_error(status: int, payload: Any) -> str:
-    error = payload.get("error") if isinstance(payload, dict) else None
-    message = (error.get("message") if isinstance(error, dict) else None) or f"HTTP {status}"
-    if status == 401:
-        message += " (the CLI reads the token from --token, $CONTROLLER_TOKEN or the state dir)"
-    return f"error: {message}"
-
-
-def _client(args: argparse.Namespace) -> Client:
-    state_dir: Path = args.state_dir
-    url = args.url
-    token = (args.token or os.environ.get(TOKEN_ENV) or "").strip() or None
-    if url is None or token is None:
-        # Its files say where to send the token, so they are trusted only in a dir that no one
-        # else can write: else anyone could point the CLI, and the token, at a server of theirs.
-        try:
-            check_private(state_dir, create=False)
-        except StartupError as exc:
-            raise CLIError(f"error: {exc}") from None
-    if url is None:
-        found = read_address(state_dir).get("url")
-        if not isinstance(found, str) or not daemon_running(state_dir):
-            why = "no daemon.json" if not isinstance(found, str) else "its daemon.json is stale"
-            raise CLIError(
-                f"error: no controller daemon is running for the state dir {state_dir} ({why}); "
-                "start one with `controller run`, or pass --url (or the --state-dir it runs "
-                "with)"
-            )
-        url = found
-    if token is None:
-        try:
-            token = token_path(state_dir).read_text().strip()
-        except OSError:
-            token = None  # the daemon will say 401, and the message says where tokens come from
-    return Client(url, token)
 
 
 # -- commands --
@@ -184,7 +83,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
         manifest = load_manifest(args.file)
     except ManifestError as exc:
         raise CLIError(str(exc), 2) from None
-    client = _client(args)
+    client = make_client(args)
     result = client.ok(
         "POST",
         "/api/v1/apply",
@@ -207,13 +106,13 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    client = _client(args)
+    client = make_client(args)
     if args.name:
         status = client.ok("GET", f"/api/v1/backends/{urllib.parse.quote(args.name)}")
         if args.json:
             print(json.dumps(status, indent=2))
         else:
-            _print_backend(status)
+            print_backend(status)
         return 0
     backends = client.ok("GET", "/api/v1/backends")["backends"]
     if args.json:
@@ -221,12 +120,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     elif not backends:
         print("no backends")
     else:
-        _print_table(backends)
+        print_table(backends)
     return 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    client = _client(args)
+    client = make_client(args)
     path = f"/api/v1/backends/{urllib.parse.quote(args.name)}/logs"
     query: dict[str, Any] = {"tail": args.tail}
     if args.replica:
@@ -237,7 +136,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     several = len(logs) > 1
     offsets: dict[str, int] = {}
     for entry in logs:
-        _print_log(entry, several)
+        print_log(entry, several)
         offsets[entry["replica"]] = entry["offset"]
     if not args.follow:
         return 0
@@ -248,7 +147,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         sizes = {**query, "tail": 0}
         status, payload = client.call("GET", f"{path}?{urllib.parse.urlencode(sizes)}")
         if status >= 400:
-            raise CLIError(_describe_error(status, payload))
+            raise CLIError(describe_error(status, payload))
         for entry in payload["logs"]:
             tag = entry["replica"]
             if tag not in offsets:
@@ -258,7 +157,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
             fresh = {**query, "replica": tag, "offset": offsets[tag]}
             chunk = client.ok("GET", f"{path}?{urllib.parse.urlencode(fresh)}")["logs"]
             for item in chunk:
-                _print_log(item, several or len(offsets) > 1)
+                print_log(item, several or len(offsets) > 1)
                 offsets[tag] = item["offset"]
         # Like `kubectl logs -f` when its pod ends: all that was written has been shown.
         if not payload["exists"]:
@@ -269,19 +168,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
             return 0
 
 
-def _print_log(entry: dict[str, Any], prefix: bool) -> None:
-    text = entry["text"]
-    if not prefix:
-        sys.stdout.write(text)
-    else:
-        gone = " (gone)" if entry["state"] == "GONE" else ""
-        for line in text.splitlines():
-            sys.stdout.write(f"[{entry['replica']}{gone}] {line}\n")
-    sys.stdout.flush()
-
-
 def cmd_delete(args: argparse.Namespace) -> int:
-    client = _client(args)
+    client = make_client(args)
     path = f"/api/v1/backends/{urllib.parse.quote(args.name)}"
     result = client.ok("DELETE", path + ("?force=true" if args.force else ""))
     print(f"backend/{args.name} deleting (generation {result['generation']})")
@@ -291,35 +179,42 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
-    client = _client(args)
+    client = make_client(args)
     client.ok("GET", f"/api/v1/backends/{urllib.parse.quote(args.name)}")  # 404 if unknown
     return _wait(client, [args.name], set(), args.timeout)
 
 
 def cmd_shutdown(args: argparse.Namespace) -> int:
-    client = _client(args)
-    cursor = client.ok("GET", "/api/v1/watch?timeout_s=0")["cursor"]
-    left = {b["name"] for b in client.ok("GET", "/api/v1/backends")["backends"]}
-    client.ok("POST", "/api/v1/shutdown")
-    print("shutting down: draining and deleting every backend")
-    # Follow the watch until the daemon closes the connection: that is its exit, seen as it
-    # happens, from wherever the CLI runs. Each backend's tombstone says it is gone.
+    client = make_client(args)
+    print("shutting down: draining and deleting every backend", flush=True)
+    try:
+        # Answered once every drain is over, or given up on, with what was left.
+        result = client.ok("POST", "/api/v1/shutdown", timeout=args.timeout)
+    except CLIError as exc:
+        if "cannot reach" not in str(exc):
+            raise
+        raise CLIError(
+            "error: the controller stopped before its shutdown was over (see its log); what "
+            "was not deleted yet keeps running, and the next `controller run` finishes it"
+        ) from None
+    left = result.get("left") or []
+    if left:
+        raise CLIError(
+            f"error: the controller stopped before {', '.join(left)} were deleted (see its "
+            "log); their replicas keep running, and the next `controller run` finishes the "
+            "deletes"
+        )
+    # The daemon exits next: follow the watch until it closes the connection, so that we
+    # return once it is gone, seen from wherever the CLI runs.
     deadline = time.monotonic() + args.timeout
+    cursor = 0
     while time.monotonic() < deadline:
         try:
             query = urllib.parse.urlencode({"since": cursor, "timeout_s": 30})
-            change = client.ok("GET", f"/api/v1/watch?{query}", timeout=40)
+            cursor = client.ok("GET", f"/api/v1/watch?{query}", timeout=40)["cursor"]
         except CLIError:
-            if left:
-                raise CLIError(
-                    f"error: the controller stopped before {', '.join(sorted(left))} were "
-                    "deleted (see its log); their replicas keep running, and the next "
-                    "`controller run` finishes the deletes"
-                ) from None
             print("the controller has stopped")
             return 0
-        cursor = change["cursor"]
-        left -= {s["name"] for s in change["snapshots"] if not s["exists"]}
     raise CLIError(f"the controller is still running after {args.timeout:g}s")
 
 
@@ -364,7 +259,7 @@ def _wait(client: Client, names: Sequence[str], deleting: set[str], timeout: flo
                 for name in failed:
                     if tracebacks.get(name):
                         print(f"backend/{name}: the replica's traceback:", file=sys.stderr)
-                        print(_indent(str(tracebacks[name])), file=sys.stderr)
+                        print(indent(str(tracebacks[name])), file=sys.stderr)
                 print(f"failed: {', '.join(failed)}", file=sys.stderr)
                 return 1
             print("done")
@@ -380,90 +275,6 @@ def _wait(client: Client, names: Sequence[str], deleting: set[str], timeout: flo
         )
         change = client.ok("GET", f"/api/v1/watch?{query}")
         cursor, epoch = change["cursor"], change["epoch"]
-
-
-def _ready(b: dict[str, Any]) -> str:
-    """``2/2``: serving replicas of any version over desired; during a rollout, with those of
-    the target version: ``2/2 (0/2 v2)``."""
-    text = f"{b['ready']}/{b['desired']}"
-    if b["ready_of_version"] != b["ready"]:
-        text += f" ({b['ready_of_version']}/{b['desired']} {b['version']})"
-    return text
-
-
-def _age(seconds: float | None) -> str:
-    """``45s``, ``12m``, ``3h``, ``2d``: how long ago, as kubectl shows it."""
-    if seconds is None:
-        return "-"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= 2 * size:
-            return f"{int(seconds // size)}{unit}"
-    return f"{int(seconds)}s"
-
-
-def _since(iso_time: str | None) -> float | None:
-    if not iso_time:
-        return None
-    moment = datetime.fromisoformat(iso_time.replace("Z", "+00:00"))
-    return max(0.0, time.time() - moment.timestamp())
-
-
-def _indent(text: str) -> str:
-    return "\n".join("    " + line for line in text.rstrip().splitlines())
-
-
-# -- output --
-
-
-def _print_table(backends: list[dict[str, Any]]) -> None:
-    rows = [("NAME", "STATE", "READY", "REPLICAS", "MESSAGE")]
-    for b in backends:
-        replicas = "; ".join(
-            f"{version}: " + ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
-            for version, states in sorted(b["counts_by_version"].items())
-        )
-        rows.append((b["name"], b["state"], _ready(b), replicas or "-", b["message"]))
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    for row in rows:
-        cells = [cell.ljust(w) for cell, w in zip(row[:4], widths, strict=True)]
-        print("  ".join([*cells, row[4]]))
-
-
-def _print_backend(b: dict[str, Any]) -> None:
-    print(f"Name:        {b['name']}")
-    print(f"State:       {b['state']} ({b['reason']})")
-    print(f"Message:     {b['message']}")
-    print(f"Generation:  {b['generation']} (observed {b['observed_generation']})")
-    print(f"Ready:       {_ready(b)}")
-    if b["last_error"]:
-        print(f"Last error:  {b['last_error']}")
-        if b.get("last_traceback"):
-            print(_indent(b["last_traceback"]))
-    print("Config:")
-    for key, value in b["config"].items():
-        print(f"  {key}: {json.dumps(value)}")
-    print("Replicas:")
-    rows = [("TAG", "STATE", "VERSION", "ADDRESS", "PID", "NODE", "AGE", "")]
-    for r in b["replicas"]:
-        node = r["node"] or "-"
-        rows.append(
-            (
-                r["tag"],
-                r["state"],
-                r["version"],
-                r["address"] or "-",
-                str(r["pid"] or "-"),
-                node if len(node) <= 16 else node[:12] + "...",
-                _age(r["age_s"]),
-                "" if r["healthy"] else "(unhealthy)",
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-    print("Events:")
-    for e in b["events"][-10:]:
-        print(f"  {_age(_since(e['time'])):>5} ago  {e['kind']:<14} {e['message']}")
 
 
 class _JSONFormatter(logging.Formatter):

@@ -1,31 +1,39 @@
-"""The controller: the public face over the backends, and start-up recovery."""
+"""The controller: the public face over the backends.
+
+It writes what users ask (deploy, apply, delete) to the store, under one lock per name, and hands
+each new spec to its backend's loop as an event; it never writes a backend's state itself.
+"""
 
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import random
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import final, overload
 
 import attrs
 import trio
 
-from ._backend import Backend, Spec, kill_replica
-from ._capacity import demand, extra_replicas, held_by, shortfalls
-from ._checkpoint import SpecRecord, dump, events_key, parse_all, replicas_key, spec_key
+from ._backend import Backend
+from ._capacity import demand, extra_replicas, held, shortfalls
+from ._checkpoint import SpecRecord, dump, spec_key
 from ._config import BackendConfig, ReplicaConfig, check_backend_name
 from ._errors import ConfigError, ControllerClosedError, InfeasibleError, UnknownBackendError
 from ._goal import Goal
 from ._history import plural
+from ._json import JSON, digest
 from ._observe import NullObserver, Observer
 from ._placement import Demand
 from ._policy import RestartPolicy
+from ._recovery import recover
+from ._replica import Spec
 from ._runtime import Runtime
 from ._state import BackendSnapshot, BackendStatus, ControllerStatus
 from ._store import Store
-from ._watch import SnapshotHub
+from ._watch import SnapshotHub, SnapshotStream
 
 logger = logging.getLogger("controller")
 
@@ -52,7 +60,8 @@ async def open_controller(
     (reason ``Infeasible``) and starts nothing until a deploy that fits.
 
     Closing cancels the controller's tasks and leaves every replica as it is, exactly as a crash
-    would: the next controller over the same store picks up where this one stopped.
+    would: the next controller over the same store picks up where this one stopped. Whoever still
+    waits on it (a goal, a watch) gets ``ControllerClosedError``.
     """
     controller = Controller(
         runtime,
@@ -71,11 +80,11 @@ async def open_controller(
             try:
                 async with trio.open_nursery() as inner:
                     controller._nursery = inner
-                    await controller._recover()
+                    await recover(store, runtime, controller._restored, inner)
                     try:
                         yield controller
                     finally:
-                        controller._closed = True
+                        controller._close()
                         inner.cancel_scope.cancel()
             finally:
                 outer.cancel_scope.cancel()
@@ -124,7 +133,10 @@ class Controller:
         self._nursery: trio.Nursery | None = None
         self._hub = SnapshotHub()
         self._backends: dict[str, Backend] = {}
-        # One lock per name, kept for the controller's life: a deploy, a delete and the final
+        # What was last asked of each backend, and its goal: written only here, under the name's
+        # lock, before the backend's loop has taken it.
+        self._requested: dict[str, tuple[Spec, Goal]] = {}
+        # One lock per name, while the name is in use: a deploy, a delete and the final
         # forgetting of a deleted backend never overlap for one name.
         self._locks: collections.defaultdict[str, trio.Lock] = collections.defaultdict(trio.Lock)
         # Held by `apply`, which locks several names: two applies never wait on each other's
@@ -133,6 +145,9 @@ class Controller:
         # Scale-ups whose spec is being written: counted as held by every capacity check
         # meanwhile, so that two concurrent deploys cannot both take the last room.
         self._pending: dict[str, Demand] = {}
+        # Hand-overs of new specs to their loops not acknowledged yet, released if we close.
+        self._handovers: set[trio.Event] = set()
+        self._changed = trio.Event()
         self._closed = False
 
     # -- changing specs --
@@ -148,10 +163,8 @@ class Controller:
         nothing.
         """
         _check_declared(name, backend_config, replica_config)
-        self._check_open()
-        async with self._locks[name]:
-            applied = await self._commit({name: (backend_config, replica_config)}, [])
-            return applied.goals[name]
+        applied = await self._change_specs({name: (backend_config, replica_config)}, prune=False)
+        return applied.goals[name]
 
     async def apply(
         self,
@@ -169,142 +182,201 @@ class Controller:
                     f"backends[{name!r}]", "must be a (BackendConfig, ReplicaConfig) pair", configs
                 )
             _check_declared(name, *configs)
-        self._check_open()
-        async with self._apply_lock, AsyncExitStack() as locks:
-            for name in sorted(backends):
-                await locks.enter_async_context(self._locks[name])
-            others: list[str] = []
-            if prune:
-                others = sorted(n for n in self._backends if n not in backends)
-                for name in others:
-                    await locks.enter_async_context(self._locks[name])
-            return await self._commit(dict(backends), others)
+        async with self._apply_lock:
+            return await self._change_specs(dict(backends), prune=prune)
 
     async def delete(self, name: str, *, force: bool = False) -> Goal:
         """Drain and stop every replica of `name`, then forget it. Returns once the intent is
-        durable, with the goal to await. `force` skips the graceful drain."""
+        durable, with the goal to await. `force` skips the graceful drain, and cuts short the
+        drains under way."""
         self._check_open()
-        async with self._locks[name]:
-            backend = self._backends.get(name)
-            if backend is None:
+        async with self._locked([name]):
+            if name not in self._backends:
                 raise UnknownBackendError(name)
-            old = backend.spec
+            old, goal = self._requested[name]
             if old.deleting and (old.force or not force):
-                return backend.goal
-            record = SpecRecord(
-                name,
-                old.generation + 1,
-                old.backend_config,
-                old.replica_config,
-                deleting=True,
-                force=force,
-            )
-            await self._store.write({spec_key(name): dump(record)})
-            logger.info(
-                "backend %s: delete (generation %d%s)",
-                name,
-                record.generation,
-                ", forced" if force else "",
-            )
-            return backend.set_spec(Spec.from_record(record), "delete")
+                return goal
+            handovers = await self._commit({name: _delete_record(name, old, force=force)})
+            goal = self._requested[name][1]
+        await self._handed_over(handovers)
+        return goal
 
     def _check_open(self) -> None:
         if self._closed:
             raise ControllerClosedError("the controller is closed; open a new one")
 
-    async def _commit(
-        self, declared: dict[str, tuple[BackendConfig, ReplicaConfig]], prune: list[str]
+    async def _change_specs(
+        self, declared: dict[str, tuple[BackendConfig, ReplicaConfig]], *, prune: bool
     ) -> Applied:
-        """Write the specs of `declared` that change something and the deletes of `prune`, in
-        one batch, after checking that every scale-up among them fits; then act on them. The
-        caller holds the lock of every name involved."""
-        records: dict[str, SpecRecord] = {}
-        for name, (backend_config, replica_config) in declared.items():
-            backend = self._backends.get(name)
-            if backend is not None and backend.matches(backend_config, replica_config):
-                continue
-            generation = backend.spec.generation + 1 if backend is not None else 1
-            records[name] = SpecRecord(name, generation, backend_config, replica_config)
-        deletes: dict[str, SpecRecord] = {}
-        for name in prune:
-            backend = self._backends.get(name)
-            if backend is None or backend.spec.deleting:
-                continue  # forgotten, or being deleted already, while we waited for its lock
-            old = backend.spec
-            deletes[name] = SpecRecord(
-                name, old.generation + 1, old.backend_config, old.replica_config, deleting=True
+        self._check_open()
+        async with self._locked(declared) as locks:
+            deletes: list[str] = []
+            if prune:
+                # Locked after the named ones, which is safe: only `apply` locks several names,
+                # and one apply runs at a time.
+                deletes = sorted(n for n in self._backends if n not in declared)
+                for name in deletes:
+                    await locks.enter_async_context(self._locks[name])
+            records: dict[str, SpecRecord] = {}
+            for name, (backend_config, replica_config) in declared.items():
+                if not self._matches(name, backend_config, replica_config):
+                    records[name] = self._deploy_record(name, backend_config, replica_config)
+            for name in deletes:
+                if name in self._backends and not self._requested[name][0].deleting:
+                    records[name] = _delete_record(name, self._requested[name][0], force=False)
+            handovers = await self._commit(records)
+            applied = Applied(
+                goals={name: self._requested[name][1] for name in declared},
+                changed=frozenset(n for n in records if n in declared),
+                deleted={n: self._requested[n][1] for n in records if n not in declared},
             )
+        await self._handed_over(handovers)
+        return applied
+
+    def _matches(
+        self, name: str, backend_config: BackendConfig, replica_config: ReplicaConfig
+    ) -> bool:
+        """Whether a deploy of these configs would change nothing. It would after a failure: a
+        deploy is what lifts DEPLOY_FAILED, even one that came after its goal was reached."""
+        if name not in self._requested:
+            return False
+        spec, goal = self._requested[name]
+        return (
+            not spec.deleting
+            and goal.error is None
+            and not self._backends[name].deploy_failed
+            and spec.backend_config == backend_config
+            and spec.replica_config == replica_config
+        )
+
+    def _deploy_record(
+        self, name: str, backend_config: BackendConfig, replica_config: ReplicaConfig
+    ) -> SpecRecord:
+        old = self._requested[name][0] if name in self._requested else None
+        rollback = None
+        version = backend_config.version
+        if (
+            old is not None
+            and not old.deleting
+            and version is not None
+            and version == old.backend_config.version
+            and digest(backend_config.user_config) != old.config_digest
+        ):
+            # An in-place change of user config: keep the config before it, to go back to.
+            rollback = _json_text(old.backend_config.user_config)
+        generation = old.generation + 1 if old is not None else 1
+        return SpecRecord(
+            name, generation, backend_config, replica_config, rollback_config=rollback
+        )
+
+    async def _commit(self, records: Mapping[str, SpecRecord]) -> list[trio.Event]:
+        """Write `records` in one batch, after checking that every scale-up among them fits,
+        and hand each to its backend's loop (making new backends). The caller holds the lock
+        of every name involved. Returns the hand-overs to wait for."""
+        if not records:
+            return []
         specs = {name: Spec.from_record(record) for name, record in records.items()}
         reserved = await self._reserve(specs)
+        handovers: list[trio.Event] = []
         new: list[Backend] = []
-        deleted: dict[str, Goal] = {}
         try:
-            if records or deletes:
-                await self._store.write(
-                    {spec_key(n): dump(r) for n, r in (records | deletes).items()}
-                )
-            for name, spec in specs.items():
-                config = spec.backend_config
-                logger.info(
-                    "backend %s: deploy generation %d: %s of version %s",
-                    name,
-                    spec.generation,
-                    plural(config.num_replicas, "replica"),
-                    spec.version,
-                )
-                backend = self._backends.get(name)
-                if backend is None:
-                    new.append(self._new_backend(name, spec))
-                else:
-                    backend.set_spec(spec, "deploy")
-            for name, record in deletes.items():
-                logger.info("backend %s: delete (generation %d, pruned)", name, record.generation)
-                deleted[name] = self._backends[name].set_spec(Spec.from_record(record), "delete")
+            # One step, shielded: a caller cancelled once the write has begun must not leave a
+            # spec durable but never handed to its loop (a phantom deploy at the next start).
+            with trio.CancelScope(shield=True):
+                await self._store.write({spec_key(n): dump(r) for n, r in records.items()})
+                for name, spec in specs.items():
+                    goal = Goal(name, spec.generation, "delete" if spec.deleting else "deploy")
+                    self._requested[name] = (spec, goal)
+                    _log_change(name, spec)
+                    backend = self._backends.get(name)
+                    if backend is None:
+                        new.append(self._new_backend(name, spec, goal))
+                    else:
+                        handover = backend.request(spec, goal)
+                        self._handovers.add(handover)
+                        handovers.append(handover)
+                assert self._nursery is not None
+                for backend in new:
+                    await self._nursery.start(backend.run)
         finally:
             # The backends now hold what was reserved for them (or the write failed).
             for name in reserved:
                 del self._pending[name]
-        assert self._nursery is not None
-        for backend in new:
-            await self._nursery.start(backend.run)
-        return Applied(
-            goals={name: self._backends[name].goal for name in declared},
-            changed=frozenset(records),
-            deleted=deleted,
-        )
+        return handovers
+
+    async def _handed_over(self, handovers: list[trio.Event]) -> None:
+        """Wait until each backend's loop has taken its new spec, so that what the caller reads
+        next (a status) shows it."""
+        for handover in handovers:
+            await handover.wait()
+            self._handovers.discard(handover)
+        self._check_open()
 
     async def _reserve(self, specs: Mapping[str, Spec]) -> list[str]:
         """Check that the scale-ups among `specs` fit together beside everything else held or
         being reserved; reserve them (until the caller's write is done). Raises InfeasibleError
         naming every backend that does not fit."""
-        if not any(extra_replicas(self._backends.get(n), s) for n, s in specs.items()):
+        if not any(self._extra(name, spec) for name, spec in specs.items()):
             return []  # nothing grows: never refuse what frees or keeps resources
         nodes = await self._runtime.capacity()
         # From here to the reservation, no checkpoint: what is held cannot change under us.
         wanted = []
         for name, spec in specs.items():
-            backend = self._backends.get(name)
-            extra = extra_replicas(backend, spec)
+            extra = self._extra(name, spec)
             if extra:
-                wanted.append(demand(name, backend, spec, extra))
+                requested = self._requested[name][0] if name in self._requested else None
+                wanted.append(demand(name, requested, spec, extra))
         if nodes is not None:
-            held = held_by(self._backends.values()) + list(self._pending.values())
-            problem = shortfalls(nodes, held, wanted)
+            have = [
+                Demand(n, b.spec.backend_config.resources, held(b, self._requested[n][0]))
+                for n, b in self._backends.items()
+            ]
+            problem = shortfalls(nodes, have + list(self._pending.values()), wanted)
             if problem is not None:
                 raise InfeasibleError(problem)
         for want in wanted:
             self._pending[want.name] = want
         return [want.name for want in wanted]
 
-    def _new_backend(self, name: str, spec: Spec) -> Backend:
+    def _extra(self, name: str, spec: Spec) -> int:
+        requested = self._requested[name][0] if name in self._requested else None
+        return extra_replicas(self._backends.get(name), requested, spec)
+
+    @asynccontextmanager
+    async def _locked(self, names: Collection[str]) -> AsyncIterator[AsyncExitStack]:
+        """Hold the locks of `names` (in order, so that no two callers deadlock); on the way
+        out, drop the locks of names no longer in use, so that churn leaves nothing behind."""
+        async with AsyncExitStack() as stack:
+            stack.callback(self._drop_locks, list(names))
+            for name in sorted(names):
+                await stack.enter_async_context(self._locks[name])
+            yield stack
+
+    def _drop_locks(self, names: list[str]) -> None:
+        for name in names:
+            lock = self._locks.get(name)
+            if (
+                lock is not None
+                and name not in self._backends
+                and not lock.locked()
+                and lock.statistics().tasks_waiting == 0
+            ):
+                del self._locks[name]
+
+    # -- backends --
+
+    def _new_backend(self, name: str, spec: Spec, goal: Goal) -> Backend:
         backend = Backend(
             name,
             spec,
+            goal,
             runtime=self._runtime,
             store=self._store,
             hub=self._hub,
             lock=self._locks[name],
+            requested=lambda: self._requested[name][0].generation,
             on_forgotten=self._forgotten,
+            on_pass=self._on_pass,
             policy=self._policy,
             rng=self._rng,
             observer=self._observer,
@@ -312,89 +384,40 @@ class Controller:
         self._backends[name] = backend
         return backend
 
+    def _restored(self, name: str, spec: Spec) -> Backend:
+        goal = Goal(name, spec.generation, "delete" if spec.deleting else "deploy")
+        self._requested[name] = (spec, goal)
+        return self._new_backend(name, spec, goal)
+
     def _forgotten(self, backend: Backend) -> None:
-        if self._backends.get(backend.name) is backend:
-            del self._backends[backend.name]
+        """A deleted backend is gone (its loop holds the name's lock)."""
+        name = backend.name
+        if self._backends.get(name) is backend:
+            del self._backends[name]
+            del self._requested[name]
+            self._drop_locks([name])
+            self._observer.forgotten(name)
 
     def _on_death(self, tag: str, reason: str) -> None:
         backend = self._backends.get(tag.rpartition("#")[0])
         if backend is not None:
             backend.notify_died(tag, reason)
 
-    # -- recovery --
+    def _on_pass(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
 
-    async def _recover(self) -> None:
-        checkpoint = parse_all(await self._store.read_all())
-        live = set(await self._runtime.list_replicas())
-        named: set[str] = set()
-        gone: list[str] = []
-        for name, record in sorted(checkpoint.specs.items()):
-            backend = self._new_backend(name, Spec.from_record(record))
-            gone += backend.restore(
-                checkpoint.replicas.get(name), live, checkpoint.events.get(name)
-            )
-            named.update(backend.replicas)
-        strays = [
-            key(name)
-            for records, key in (
-                (checkpoint.replicas, replicas_key),
-                (checkpoint.events, events_key),
-            )
-            for name in records
-            if name not in checkpoint.specs
-        ]
-        if strays:
-            # Records with no spec cannot come from our write order (but for events written
-            # as their backend was forgotten); drop them, and let the kill of unnamed replicas
-            # below stop whatever they listed.
-            await self._store.write(dict.fromkeys(strays))
-        await self._block_what_cannot_fit()
-        assert self._nursery is not None
-        for backend in list(self._backends.values()):
-            await self._nursery.start(backend.run)
-        orphans = sorted(live - named)
-        if orphans:
-            logger.warning("killing %s that no intent names", plural(len(orphans), "replica"))
-        # Orphans are killed; replicas that died while no controller ran have their leftovers
-        # (a worker's socket and spec files) cleared by the same idempotent kill.
-        for tag in orphans + gone:
-            self._nursery.start_soon(kill_replica, self._runtime, tag)
-        if self._backends:
-            logger.info(
-                "recovered %s; adopting %s",
-                plural(len(self._backends), "backend"),
-                plural(len(named), "replica"),
-            )
-
-    async def _block_what_cannot_fit(self) -> None:
-        """A stored spec may ask for more than the runtime holds (stored before it shrank, or
-        by an older controller that did not count slots). Starting it would never converge, and
-        a large one would exhaust the machine on every start: such a backend starts nothing new
-        until a deploy that fits, and says why."""
-        growing = [b for b in self._backends.values() if not b.spec.deleting and _missing(b) > 0]
-        if not growing:
-            return
-        try:
-            nodes = await self._runtime.capacity()
-        except Exception:
-            logger.exception("asking the runtime for its capacity at recovery")
-            return
-        if nodes is None:
-            return
-        held = [
-            Demand(b.name, b.spec.backend_config.resources, len(b.replicas))
-            for b in self._backends.values()
-        ]
-        for backend in sorted(growing, key=lambda b: b.name):
-            want = Demand(backend.name, backend.spec.backend_config.resources, _missing(backend))
-            problem = shortfalls(nodes, held, [want])
-            if problem is None:
-                held.append(want)  # later backends are placed beside this one
-            else:
-                backend.block_starts(
-                    f"the stored spec cannot be placed: {problem} Deploy a spec that fits to "
-                    "lift this."
-                )
+    def _close(self) -> None:
+        """Fail everyone who waits on this controller: it will not answer them any more."""
+        self._closed = True
+        for backend in self._backends.values():
+            backend.goal.close()
+        for _, goal in self._requested.values():
+            goal.close()
+        for handover in self._handovers:
+            handover.set()
+        self._hub.close()
+        self._changed.set()
 
     # -- reading --
 
@@ -411,8 +434,16 @@ class Controller:
             return backend.status()
         return ControllerStatus(tuple(self._backends[n].status() for n in sorted(self._backends)))
 
+    async def wait_until(self, predicate: Callable[[Controller], bool]) -> None:
+        """Wait until `predicate(controller)` holds, checked after every pass of any backend's
+        loop (for tests: wait for a controller-side condition without polling)."""
+        while not predicate(self):
+            self._check_open()
+            await self._changed.wait()
+
     def snapshot(self, name: str) -> BackendSnapshot:
-        """The latest watch snapshot of `name` (id 0 and no config if it was never deployed)."""
+        """The latest watch snapshot of `name` (no config if it was never deployed, or was
+        deleted)."""
         return self._hub.get(name)
 
     async def listen_for_change(
@@ -434,9 +465,16 @@ class Controller:
         snapshot of every backend above it, oldest first (deleted backends as tombstones).
 
         Snapshot ids of all backends come from one counter, so one number is a complete cursor:
-        this is the long poll of a remote watcher (``since`` = the largest id it has seen).
+        this is the long poll of a remote watcher (``since`` = the largest id it has seen). Only
+        the newest tombstones are kept: a cursor older than ``watch_floor`` may have missed a
+        deletion, so such a watcher should take the full set (``changes_since(0)``) as complete.
         """
         return await self._hub.listen_since(snapshot_id)
+
+    @property
+    def watch_floor(self) -> int:
+        """Cursors at or above this have missed no deletion (see ``changes_since``)."""
+        return self._hub.floor
 
     def watch(self, name: str) -> SnapshotStream:
         """``async for snapshot in ctl.watch(name)``: `name`'s snapshot now and on every change.
@@ -447,24 +485,6 @@ class Controller:
         return SnapshotStream(self._hub, name)
 
 
-@final
-class SnapshotStream:
-    """The snapshots of one backend, as an async iterator that never ends on its own."""
-
-    def __init__(self, hub: SnapshotHub, name: str):
-        self._hub = hub
-        self._name = name
-        self._known = 0
-
-    def __aiter__(self) -> SnapshotStream:
-        return self
-
-    async def __anext__(self) -> BackendSnapshot:
-        snapshot = (await self._hub.listen({self._name: self._known}, everything=False))[self._name]
-        self._known = snapshot.snapshot_id
-        return snapshot
-
-
 def _check_declared(name: str, backend_config: object, replica_config: object) -> None:
     check_backend_name(name)
     if not isinstance(backend_config, BackendConfig):
@@ -473,5 +493,30 @@ def _check_declared(name: str, backend_config: object, replica_config: object) -
         raise ConfigError("replica_config", "must be a controller.ReplicaConfig", replica_config)
 
 
-def _missing(backend: Backend) -> int:
-    return max(0, backend.spec.backend_config.num_replicas - len(backend.replicas))
+def _delete_record(name: str, old: Spec, *, force: bool) -> SpecRecord:
+    return SpecRecord(
+        name,
+        old.generation + 1,
+        old.backend_config,
+        old.replica_config,
+        deleting=True,
+        force=force,
+    )
+
+
+def _json_text(value: JSON) -> str:
+    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+def _log_change(name: str, spec: Spec) -> None:
+    if spec.deleting:
+        forced = ", forced" if spec.force else ""
+        logger.info("backend %s: delete (generation %d%s)", name, spec.generation, forced)
+        return
+    logger.info(
+        "backend %s: deploy generation %d: %s of version %s",
+        name,
+        spec.generation,
+        plural(spec.backend_config.num_replicas, "replica"),
+        spec.version,
+    )

@@ -223,12 +223,20 @@ async def _serve(
 ) -> None:
     stop = trio.Event()
     shutdown_asked = trio.Event()
+    shutdown_over = trio.Event()
+    left: list[str] = []
+
+    async def shutdown_done() -> list[str]:
+        await shutdown_over.wait()
+        return left
+
     app = Api(
         ctl,
         token=token,
         epoch=epoch,
         render_metrics=metrics.render,
         request_shutdown=shutdown_asked.set,
+        shutdown_done=shutdown_done,
         logs=logs,
     )
     config = hypercorn.config.Config()
@@ -253,7 +261,10 @@ async def _serve(
 
             async def on_shutdown() -> None:
                 await shutdown_asked.wait()
-                await _wait_deleted(ctl)
+                left.extend(await _wait_deleted(ctl))
+                shutdown_over.set()
+                # The request waiting for this answers at once; the server's graceful stop
+                # gives it the time to.
                 stop.set()
 
             nursery.start_soon(on_signal)
@@ -275,7 +286,7 @@ async def _serve(
         address_file.unlink()
 
 
-async def _wait_deleted(ctl: Controller) -> None:
+async def _wait_deleted(ctl: Controller) -> list[str]:
     """Wait until every backend is gone (their deletes are durable already), within the
     longest drain and kill of any: no longer, as no drain takes longer."""
     backends = ctl.status().backends
@@ -298,6 +309,7 @@ async def _wait_deleted(ctl: Controller) -> None:
             ", ".join(left),
             limit,
         )
+    return left
 
 
 @contextlib.contextmanager

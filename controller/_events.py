@@ -1,11 +1,18 @@
-"""What tasks and the runtime tell a backend's reconcile loop. Tasks report; the loop writes."""
+"""What tasks, the runtime and the controller tell a backend's loop. They report; the loop writes.
+
+Every task the loop starts reports exactly one event, whatever happens to it (but for the whole
+controller closing); the loop then decides what follows, a stop included.
+"""
 
 from __future__ import annotations
 
 from typing import TypeAlias
 
 import attrs
+import trio
 
+from ._goal import Goal
+from ._replica import Spec
 from ._runtime import ReplicaInfo
 
 
@@ -19,11 +26,11 @@ class Started:
 
 @attrs.frozen
 class StartFailed:
-    """A start failed or timed out; the task already killed what was left. (A failed adoption
-    reports ``Stopped``: it is not the new version failing to start.)"""
+    """A start or adoption did not finish. `error` is None when its scope was cancelled (by the
+    loop, which stopped it, or by the start timeout); the replica may be half-started."""
 
     tag: str
-    error: str
+    error: str | None
     traceback: str | None = None
     """The user's traceback, where the runtime reported one."""
 
@@ -45,11 +52,13 @@ class Died:
 
 @attrs.frozen
 class Reconfigured:
-    """A reconfigure call returned; `error` is set if the user's code raised."""
+    """A reconfigure call ended: `error` is set if the user's code raised; `cut` if its scope
+    was cancelled (by the loop, or by the timeout)."""
 
     tag: str
     config_digest: str
     error: str | None
+    cut: bool = False
 
 
 @attrs.frozen
@@ -75,9 +84,14 @@ class Written:
     seq: int
 
 
-@attrs.frozen
+@attrs.frozen(eq=False)
 class SpecChanged:
-    """A deploy or delete changed the backend's spec."""
+    """A deploy or delete wrote a new spec: the loop takes it, with its goal, and sets
+    `applied` once it has."""
+
+    spec: Spec
+    goal: Goal
+    applied: trio.Event
 
 
 Event: TypeAlias = (

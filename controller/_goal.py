@@ -7,7 +7,7 @@ from typing import Literal, final
 import attrs
 import trio
 
-from ._errors import GoalFailed
+from ._errors import ControllerClosedError, GoalFailed
 from ._state import GoalOutcome
 
 
@@ -31,13 +31,20 @@ class Goal:
     _outcome: GoalOutcome | None = attrs.field(default=None, init=False)
     _error: str | None = attrs.field(default=None, init=False)
     _traceback: str | None = attrs.field(default=None, init=False)
+    _closed: bool = attrs.field(default=False, init=False)
 
     async def wait(self) -> GoalOutcome:
-        """Wait until the goal resolves; return how, or raise ``GoalFailed``."""
+        """Wait until the goal resolves; return how, or raise ``GoalFailed`` (or
+        ``ControllerClosedError`` if the controller closed before it resolved)."""
         await self._done.wait()
-        if self._error is not None:
-            # A fresh exception for each waiter: one shared object would pile up tracebacks.
-            raise GoalFailed(self.backend, self._error, self._traceback)
+        if self._closed:
+            raise ControllerClosedError(
+                f"the controller closed before the goal of backend {self.backend!r} "
+                f"(generation {self.generation}) was reached; a reopened controller goes on"
+            )
+        exception = self.exception
+        if exception is not None:
+            raise exception
         assert self._outcome is not None
         return self._outcome
 
@@ -48,13 +55,22 @@ class Goal:
 
     @property
     def outcome(self) -> GoalOutcome | None:
-        """COMPLETED or SUPERSEDED once resolved that way; None while pending or after a failure."""
+        """How it resolved (COMPLETED, SUPERSEDED or FAILED); None while pending or if the
+        controller closed first."""
         return self._outcome
 
     @property
     def error(self) -> str | None:
         """Why it failed, if it did."""
         return self._error
+
+    @property
+    def exception(self) -> GoalFailed | None:
+        """The failure as the exception ``wait`` raises (a fresh one at each access: one shared
+        object would pile up tracebacks), or None."""
+        if self._error is None:
+            return None
+        return GoalFailed(self.backend, self._error, self._traceback)
 
     def _resolve(self, outcome: GoalOutcome | None, error: str | None = None) -> None:
         if self._done.is_set():
@@ -72,4 +88,10 @@ class Goal:
     def fail(self, reason: str, traceback: str | None = None) -> None:
         if not self._done.is_set():
             self._traceback = traceback
-        self._resolve(None, reason)
+        self._resolve(GoalOutcome.FAILED, reason)
+
+    def close(self) -> None:
+        """The controller closed: waiters are released with ``ControllerClosedError``."""
+        if not self._done.is_set():
+            self._closed = True
+            self._done.set()

@@ -32,10 +32,11 @@ import trio
 
 from ._errors import ConfigError, ReplicaError, ReplicaGoneError
 from ._files import private_dir, write_private
+from ._hosting import host_spec
 from ._json import JSON
 from ._placement import SLOTS
-from ._procfs import describe_exit, exit_status, inheritable_fds, memory_bytes
-from ._runtime import DeathListener, ReplicaInfo, ReplicaSpec
+from ._procfs import describe_exit, exit_status, inheritable_fds, memory_bytes, scan_workers
+from ._runtime import DeathListener, ReplicaInfo, ReplicaSpec, Watchers
 from ._wire import LineStream, WireError
 from ._worker_logs import DEFAULT_MAX_BYTES, LogChunk, log_file, log_tags, prune_logs, read_log
 
@@ -125,8 +126,7 @@ class LocalRuntime:
         self._env = dict(env) if env is not None else None
         self.term_timeout_s = term_timeout_s
         self._workers: dict[str, _Worker] = {}
-        self._nursery: trio.Nursery | None = None
-        self._on_death: DeathListener | None = None
+        self._watchers = Watchers("LocalRuntime")
 
     # -- paths --
 
@@ -161,17 +161,13 @@ class LocalRuntime:
     ) -> None:
         private_dir(self.runtime_dir, "runtime_dir")
         private_dir(self.logs_dir, "runtime_dir")
-        try:
-            async with trio.open_nursery() as nursery:
-                self._nursery, self._on_death = nursery, on_death
-                task_status.started()
-                await trio.sleep_forever()
-        finally:
-            # The workers live on; a controller opened later adopts them.
-            self._nursery, self._on_death = None, None
-            for worker in self._workers.values():
-                os.close(worker.pidfd)
-            self._workers.clear()
+        await self._watchers.serve(on_death, task_status, self._let_go)
+
+    def _let_go(self) -> None:
+        # The workers live on; a controller opened later adopts them.
+        for worker in self._workers.values():
+            os.close(worker.pidfd)
+        self._workers.clear()
 
     async def capacity(self) -> Sequence[Mapping[str, float]] | None:
         return [self._capacity]
@@ -181,30 +177,13 @@ class LocalRuntime:
         return sorted(found)
 
     def _scan(self) -> dict[str, set[int]]:
-        """The live workers of this runtime directory, from /proc: each tag with the pids that
-        claim it (one, unless something poses as the worker: ``adopt_replica`` asks the socket,
-        which only the real worker holds)."""
-        found: dict[str, set[int]] = {}
-        prefix = str(self.runtime_dir) + os.sep
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            pid = int(entry)
-            spec_path = _worker_spec_path(pid)
-            if spec_path is None or not spec_path.startswith(prefix):
-                continue
-            try:
-                with open(spec_path) as f:
-                    found.setdefault(json.load(f)["tag"], set()).add(pid)
-            except (OSError, ValueError, KeyError):
-                continue
-        return found
+        return scan_workers(self.runtime_dir, _WORKER_MODULE)
 
     async def _pids(self, tag: str) -> set[int]:
         return (await trio.to_thread.run_sync(self._scan)).get(tag, set())
 
     async def start_replica(self, spec: ReplicaSpec) -> ReplicaInfo:
-        assert self._nursery is not None, "LocalRuntime.serve is not running"
+        self._watchers.check_running()
         base = self._base(spec.tag)
         sock_path = self._socket_path(spec.tag)
         port = _free_port()
@@ -217,16 +196,9 @@ class LocalRuntime:
             spec_path = str(base) + ".spec.json"
             log_path = self.log_path(spec.tag)
             worker_spec: dict[str, Any] = {
-                "tag": spec.tag,
-                "backend": spec.backend,
-                "version": spec.version,
-                "entrypoint": spec.replica_config.entrypoint,
-                "init_args": list(spec.replica_config.init_args),
-                "init_kwargs": spec.replica_config.init_kwargs,
-                "user_config": spec.user_config,
+                **host_spec(spec, self._pythonpath),
                 "port": port,
                 "listen_fd": listener.fileno(),
-                "pythonpath": self._pythonpath,
                 "log": str(log_path),
                 "log_max_bytes": self._log_max_bytes,
             }
@@ -242,7 +214,7 @@ class LocalRuntime:
         return ReplicaInfo(f"127.0.0.1:{port}", pid, self._node)
 
     async def adopt_replica(self, tag: str) -> ReplicaInfo:
-        assert self._nursery is not None, "LocalRuntime.serve is not running"
+        self._watchers.check_running()
         pids = await self._pids(tag)
         if not pids:
             raise ReplicaGoneError(tag, "no worker process has this tag")
@@ -313,10 +285,10 @@ class LocalRuntime:
 
     async def _attach(self, worker: _Worker) -> None:
         """Open the monitor connection, whose end means the process ended."""
-        assert self._nursery is not None
+        self._watchers.check_running()
         lines = await self._connect(worker.tag)
         await lines.send({"op": "monitor"})
-        self._nursery.start_soon(self._monitor, worker, lines)
+        self._watchers.start_soon(self._monitor, worker, lines)
 
     async def _monitor(self, worker: _Worker, lines: LineStream) -> None:
         try:
@@ -336,8 +308,7 @@ class LocalRuntime:
             status = exit_status(worker.pid, worker.pidfd)
         self._forget(worker)
         await self._gone(worker.tag)
-        if self._on_death is not None:
-            self._on_death(worker.tag, describe_exit(status))
+        self._watchers.died(worker.tag, describe_exit(status))
 
     def _spawn(
         self, spec_path: str, log_path: str, listener: socket.socket, env: dict[str, str]
@@ -441,30 +412,6 @@ class LocalRuntime:
         # kill's cleanup is.
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(prune_logs, self.logs_dir, is_live, self._logs_kept)
-
-
-def _worker_spec_path(pid: int) -> str | None:
-    """The spec file named by `pid`'s command line, if it is a worker of ours: our user in
-    every uid (a setuid program run by another user is not), a session leader (a worker's forked
-    children share its command line but not its session), ``python [-P] -m controller.worker
-    SPEC``."""
-    me = os.geteuid()
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            uids = next(line for line in f if line.startswith("Uid:")).split()[1:]
-        if any(int(uid) != me for uid in uids) or os.getsid(pid) != pid:
-            return None
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-    except (OSError, StopIteration, ValueError):
-        return None  # gone meanwhile
-    # The argv after the interpreter, less the empty string after the last NUL.
-    args = argv[1:-1]
-    if args[:1] == [b"-P"]:
-        args = args[1:]
-    if len(args) != 3 or args[:2] != [b"-m", _WORKER_MODULE.encode()]:
-        return None
-    return os.fsdecode(args[2])
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -3,6 +3,7 @@ runtime and the store do. Kept out of the core, which knows only the Observer pr
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, TypeVar, final
 
@@ -64,6 +65,7 @@ class Metrics:
             buckets=(*_FAST, 5.0, 30.0),
             registry=r,
         )
+        self._kinds: dict[str, set[str]] = {}  # failure kinds seen per backend
         self.checkpoint_writes = Histogram(
             "controller_checkpoint_write_seconds",
             "Writes of intent to the store",
@@ -79,6 +81,15 @@ class Metrics:
 
     def failure(self, backend: str, kind: str) -> None:
         self.failures.labels(backend, kind).inc()
+        self._kinds.setdefault(backend, set()).add(kind)
+
+    def forgotten(self, backend: str) -> None:
+        # A deleted backend's series go with it: name churn must not grow the exposition.
+        with contextlib.suppress(KeyError):
+            self.events.remove(backend)
+        for kind in self._kinds.pop(backend, ()):
+            with contextlib.suppress(KeyError):
+                self.failures.remove(backend, kind)
 
     # -- wiring --
 
@@ -129,11 +140,12 @@ class _ReplicaCollector(Collector):
         yield states
 
 
-#: For each timed runtime call: its histogram's label when it returns, and when it raises.
+#: For each timed runtime call: its histogram's label when it returns, when it raises, and when
+#: it is cancelled (a start stopped or timed out, a check timed out).
 _OUTCOMES = {
-    "start": ("ready", "failed"),
-    "adopt": ("adopted", "adoption_failed"),
-    "check_health": ("ok", "failed"),
+    "start": ("ready", "failed", "cancelled"),
+    "adopt": ("adopted", "adoption_failed", "cancelled"),
+    "check_health": ("ok", "failed", "timed_out"),
 }
 
 
@@ -149,17 +161,20 @@ class _TimedRuntime(RuntimeWrapper):
         if op not in _OUTCOMES and op != "drain":
             return await work()
         started = trio.current_time()
-        ok = False
+        outcome = 1  # failed, unless it returns or is cancelled
         try:
             result = await work()
-            ok = True
+            outcome = 0
             return result
+        except trio.Cancelled:
+            outcome = 2  # stopped, or timed out: not the replica's failure
+            raise
         finally:
             elapsed = trio.current_time() - started
             if op == "drain":
                 self._metrics.drains.observe(elapsed)
             else:
-                label = _OUTCOMES[op][0 if ok else 1]
+                label = _OUTCOMES[op][outcome]
                 histogram = (
                     self._metrics.health_checks if op == "check_health" else self._metrics.starts
                 )

@@ -22,6 +22,10 @@ class Observer(Protocol):
         ReconfigureFailed."""
         ...
 
+    def forgotten(self, backend: str) -> None:
+        """`backend` was deleted: whatever is kept per backend can go."""
+        ...
+
 
 class NullObserver:
     """Observes nothing: the default."""
@@ -30,4 +34,7 @@ class NullObserver:
         pass
 
     def failure(self, backend: str, kind: str) -> None:
+        pass
+
+    def forgotten(self, backend: str) -> None:
         pass

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import signal
 import struct
+from pathlib import Path
 
 # struct pidfd_info of <linux/pidfd.h> (its first version, 64 bytes): the mask in and out, the
 # cgroup id, then eleven 32-bit ids, then the exit code (a wait status).
@@ -78,3 +80,47 @@ def memory_bytes() -> int | None:
     except (OSError, ValueError):
         pass
     return None
+
+
+def scan_workers(runtime_dir: Path, module: str) -> dict[str, set[int]]:
+    """The live workers of `runtime_dir`, from /proc: each tag with the pids that claim it (one,
+    unless something poses as the worker: only the real one holds its socket, which is how
+    LocalRuntime tells them apart)."""
+    found: dict[str, set[int]] = {}
+    prefix = str(runtime_dir) + os.sep
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        spec_path = _worker_spec_path(pid, module)
+        if spec_path is None or not spec_path.startswith(prefix):
+            continue
+        try:
+            with open(spec_path) as f:
+                found.setdefault(json.load(f)["tag"], set()).add(pid)
+        except (OSError, ValueError, KeyError):
+            continue
+    return found
+
+
+def _worker_spec_path(pid: int, module: str) -> str | None:
+    """The spec file named by `pid`'s command line, if it is a worker of ours: our user in
+    every uid (a setuid program run by another user is not), a session leader (a worker's forked
+    children share its command line but not its session), ``python [-P] -m <module> SPEC``."""
+    me = os.geteuid()
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            uids = next(line for line in f if line.startswith("Uid:")).split()[1:]
+        if any(int(uid) != me for uid in uids) or os.getsid(pid) != pid:
+            return None
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except (OSError, StopIteration, ValueError):
+        return None  # gone meanwhile
+    # The argv after the interpreter, less the empty string after the last NUL.
+    args = argv[1:-1]
+    if args[:1] == [b"-P"]:
+        args = args[1:]
+    if len(args) != 3 or args[:2] != [b"-m", module.encode()]:
+        return None
+    return os.fsdecode(args[2])

@@ -32,6 +32,12 @@ class ReplicaView(Protocol):
         ...
 
     @property
+    def served(self) -> bool:
+        """It has been ready (RUNNING) at some point: a replica being adopted after a restart
+        that had, may be serving routers still."""
+        ...
+
+    @property
     def seq(self) -> int:
         """Start order within the backend: larger started later."""
         ...
@@ -84,11 +90,14 @@ class Plan:
 
 def stop_order(replicas: Sequence[ReplicaView], version: str) -> list[ReplicaView]:
     """`replicas` sorted so that the first should be stopped first: those not started yet (or
-    unconfirmed after a restart), then unhealthy ones, then older versions, then the rest; within
-    each, the most recently started first."""
+    never ready before a restart), then unhealthy ones, then older versions, then the rest;
+    within each, the most recently started first."""
 
     def key(r: ReplicaView) -> tuple[int, int]:
-        if r.state is ReplicaState.STARTING or r.state is ReplicaState.RECOVERING:
+        # A replica being adopted that had served may be serving still: not "unconfirmed".
+        if r.state is ReplicaState.STARTING or (
+            r.state is ReplicaState.RECOVERING and not r.served
+        ):
             rank = 0
         elif not r.healthy:
             rank = 1
@@ -106,16 +115,29 @@ def decide(target: Target, replicas: Sequence[ReplicaView]) -> Plan:
     # Runs on every event, over every replica of the backend: single passes and identity
     # checks on the states (an Enum's hash is Python code; `in frozenset` would call it).
     running, updating, stopping = ReplicaState.RUNNING, ReplicaState.UPDATING, ReplicaState.STOPPING
+    recovering = ReplicaState.RECOVERING
     current: list[ReplicaView] = []
     old: list[ReplicaView] = []
-    any_stopping = False
+    n_stopping = 0
+    old_stopping = False  # an older version is still on its way out: the update goes on
     for r in replicas:
         if r.state is stopping:
-            any_stopping = True
+            n_stopping += 1
+            if r.version != target.version:
+                old_stopping = True
         elif r.version == target.version:
             current.append(r)
         else:
             old.append(r)
+
+    def available(r: ReplicaView) -> bool:
+        # Serving, as far as the controller knows: a replica being adopted that had been ready
+        # counts until its adoption says otherwise (it may be serving routers all along).
+        state = r.state
+        return r.healthy and (
+            state is running or state is updating or (state is recovering and r.served)
+        )
+
     if target.deleting:
         stops = stop_order(current + old, target.version)
         return Plan(stop=tuple(r.tag for r in stops), converged=not replicas)
@@ -134,10 +156,10 @@ def decide(target: Target, replicas: Sequence[ReplicaView]) -> Plan:
     outdated: list[ReplicaView] = []
     n_updating = 0
     for r in current:
+        if available(r):
+            available_new += 1
         if r.state is running:
             serving_new += 1
-            if r.healthy:
-                available_new += 1
             if r.config_digest != target.config_digest:
                 outdated.append(r)
         elif r.state is updating:
@@ -145,24 +167,21 @@ def decide(target: Target, replicas: Sequence[ReplicaView]) -> Plan:
             n_updating += 1
 
     start = 0
-    if not old:
+    if not old and not old_stopping:
         # A new deployment, or plain scaling: every missing replica starts at once.
         if can_start:
             start = max(0, n - len(current))
     else:
-        # A rolling update, throttled: at most max_surge above n in all, and at least
+        # A rolling update, throttled: at most max_surge above n in all (replicas still
+        # stopping count: they hold resources until they are gone), and at least
         # n - max_unavailable available. The unavailability budget is spent only once the new
         # version has shown it can start (or when surge is 0 and nothing else could proceed),
         # and never after the deploy failed: a release that cannot start replaces no one.
-        room = n + target.max_surge - (len(current) + len(old))
+        room = n + target.max_surge - (len(current) + len(old) + n_stopping)
         if can_start:
             start = max(0, min(n - len(current), room))
-        available_old = [
-            r for r in old if (r.state is running or r.state is updating) and r.healthy
-        ]
-        idle_old = [
-            r for r in old if not ((r.state is running or r.state is updating) and r.healthy)
-        ]
+        available_old = [r for r in old if available(r)]
+        idle_old = [r for r in old if not available(r)]
         # Old replicas that serve no one (not started, unconfirmed, unhealthy) go at once.
         stop.extend(r.tag for r in stop_order(idle_old, target.version))
         proven = (serving_new > 0 or target.max_surge == 0) and not target.starts_blocked
@@ -177,7 +196,7 @@ def decide(target: Target, replicas: Sequence[ReplicaView]) -> Plan:
     reconfigure = tuple(r.tag for r in outdated[: max(0, budget)])
 
     converged = (
-        not any_stopping
+        n_stopping == 0
         and not old
         and not stop
         and start == 0

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Protocol, final
 
 import attrs
 import trio
@@ -112,3 +112,44 @@ class Runtime(Protocol):
     async def kill_replica(self, tag: str) -> None:
         """Stop a replica for sure and return when it is gone. Idempotent: a missing tag is fine."""
         ...
+
+
+@final
+class Watchers:
+    """A runtime's background work (one watcher per replica, that tells of its death) in a
+    nursery that lives from ``serve`` until it is cancelled; for runtimes to share."""
+
+    def __init__(self, runtime_name: str):
+        self._name = runtime_name
+        self._nursery: trio.Nursery | None = None
+        self._on_death: DeathListener | None = None
+
+    async def serve(
+        self,
+        on_death: DeathListener,
+        task_status: trio.TaskStatus[None],
+        cleanup: Callable[[], None],
+    ) -> None:
+        """Run until cancelled; `cleanup` then (the replicas live on: a later controller adopts
+        them)."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery, self._on_death = nursery, on_death
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery, self._on_death = None, None
+            cleanup()
+
+    def check_running(self) -> None:
+        assert self._nursery is not None, f"{self._name}.serve is not running"
+
+    def start_soon(self, fn: Callable[..., Awaitable[None]], *args: object) -> None:
+        self.check_running()
+        assert self._nursery is not None
+        self._nursery.start_soon(fn, *args)
+
+    def died(self, tag: str, reason: str) -> None:
+        """Tell the controller, if one is listening, that `tag` died on its own."""
+        if self._on_death is not None:
+            self._on_death(tag, reason)

@@ -60,6 +60,7 @@ BackendReason = Literal[
     "ReplicaFailures",
     "StartFailures",
     "Infeasible",
+    "ReconfigureFailed",
     "Deleting",
 ]
 
@@ -79,12 +80,14 @@ class BackendEvent:
 
 
 class GoalOutcome(enum.Enum):
-    """How a goal ended, when it did not fail."""
+    """How a goal ended."""
 
     #: The backend reached what the call asked for.
     COMPLETED = "COMPLETED"
     #: A later deploy or delete of the same backend replaced this goal before it was reached.
     SUPERSEDED = "SUPERSEDED"
+    #: It will not be reached: ``Goal.exception`` says why (``wait`` raises it).
+    FAILED = "FAILED"
 
 
 @attrs.frozen

@@ -8,7 +8,6 @@ killed; it never exits on its own, so a restarted controller can find it and ado
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import os
@@ -21,7 +20,7 @@ from typing import Any, final
 import trio
 
 from ._context import ReplicaContext, set_context
-from ._user_error import describe_error
+from ._hosting import construct, describe_error
 from ._wire import LineStream, WireError
 from ._worker_logs import DEFAULT_MAX_BYTES, capture_output
 
@@ -55,13 +54,9 @@ class Worker:
 
     async def build(self) -> None:
         try:
-            module_name, _, attr_path = self.spec["entrypoint"].partition(":")
-            obj: Any = importlib.import_module(module_name)
-            for part in attr_path.split("."):
-                obj = getattr(obj, part)
-            args = self.spec.get("init_args", [])
-            kwargs = self.spec.get("init_kwargs", {})
-            self.instance = await trio.to_thread.run_sync(lambda: obj(*args, **kwargs))
+            # The import too, in the thread: the worker keeps answering (hello, monitor) while
+            # a slow import runs.
+            self.instance = await trio.to_thread.run_sync(construct, self.spec)
             if self.spec.get("user_config") is not None:
                 reconfigure = getattr(self.instance, "reconfigure", None)
                 if reconfigure is not None:
@@ -132,6 +127,4 @@ def main() -> None:
         spec = json.load(f)
     if spec.get("log"):
         capture_output(Path(spec["log"]), int(spec.get("log_max_bytes", DEFAULT_MAX_BYTES)))
-    for entry in reversed(spec.get("pythonpath", [])):
-        sys.path.insert(0, entry)
     trio.run(serve, spec)

@@ -13,8 +13,8 @@ import trio
 import trio.testing
 
 import controller
-from controller._api import status_json
-from controller._cli import _ready
+from controller._views import status_json
+from controller._cli_output import ready_column
 from controller.testing import FakeRuntime, FakeState
 
 from .conftest import RC, config, opened, settle
@@ -177,13 +177,13 @@ async def test_a_rollout_shows_ready_of_any_version_and_of_the_target(
         await settle()
         view = status_json(ctl.status("a"))
         assert (view["ready"], view["ready_of_version"]) == (2, 0)
-        assert _ready(view) == "2/2 (0/2 v2)"
+        assert ready_column(view) == "2/2 (0/2 v2)"
         rt.finish_start(rt.tags(FakeState.STARTING)[0])
         await settle()
         # Each log line names the version of what it stops, and of what it starts.
         assert "backend a: starting 1 (version v2)\n" in caplog.text
         assert "backend a: stopping 1 (version v1)\n" in caplog.text
-        assert _ready(status_json(ctl.status("a"))) == "2/2 (1/2 v2)"
+        assert ready_column(status_json(ctl.status("a"))) == "2/2 (1/2 v2)"
 
 
 async def test_events_survive_a_restart() -> None:

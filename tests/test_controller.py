@@ -333,7 +333,7 @@ async def test_new_user_config_reconfigures_in_place(
         assert set(states(ctl, "a").values()) == {ReplicaState.RUNNING}
 
 
-async def test_a_failed_reconfigure_replaces_the_replica(
+async def test_a_failed_reconfigure_fails_the_deploy_and_goes_back_to_the_config_before(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     rt = FakeRuntime(auto_ready=True)
@@ -341,11 +341,14 @@ async def test_a_failed_reconfigure_replaces_the_replica(
         await (await ctl.deploy("a", config(num_replicas=1, user_config=1), RC)).wait()
         (old,) = rt.tags()
         rt.replicas[old].reconfigure_error = ("KeyError", "'threshold'")
-        await (await ctl.deploy("a", config(num_replicas=1, user_config=2), RC)).wait()
+        with pytest.raises(controller.GoalFailed, match="KeyError: 'threshold'"):
+            await (await ctl.deploy("a", config(num_replicas=1, user_config=2), RC)).wait()
+        # Its way back fails too (every reconfigure of it does): replaced, with the old config.
+        await rt.wait_until(lambda r: len(r.tags(FakeState.READY)) == 1 and old not in r.tags())
         (new,) = rt.tags()
-        assert new != old
-        assert rt.replicas[new].user_config == 2
+        assert rt.replicas[new].user_config == 1
         assert ctl.status("a").last_error == "reconfigure failed: KeyError: 'threshold'"
+        assert ctl.status("a").reason == "ReconfigureFailed"
 
 
 async def test_new_version_replaces_replicas_without_dropping_capacity(

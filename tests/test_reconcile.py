@@ -20,6 +20,7 @@ class R:
     config_digest: str = "d1"
     seq: int = 0
     healthy: bool = True
+    served: bool = False
 
 
 def target(n: int, **kwargs: object) -> Target:
@@ -104,11 +105,13 @@ def test_plan_invariants(
     old = [r for r in views if r.version != "v1" and r.state is not S.STOPPING]
     kept = [r for r in current if r.tag not in plan.stop]
     assert len(kept) + plan.start <= n
-    if not old and not blocked:
+    leaving = any(r.state is S.STOPPING and r.version != "v1" for r in views)
+    if not old and not leaving and not blocked:
         assert len(kept) + plan.start == n
-    # During an update, never more than max_surge (1 here) above n, counting what was there.
-    if old:
-        assert plan.start <= max(0, n + 1 - len(current) - len(old))
+    # During an update, never more than max_surge (1 here) above n, counting what was there,
+    # replicas still stopping included.
+    if old or leaving:
+        assert plan.start <= max(0, n + 1 - len(views))
     # Serving capacity never drops below the target because of the plan.
     serving = [r for r in views if r.state in (S.RUNNING, S.UPDATING)]
     serving_after = [r for r in serving if r.tag not in plan.stop]
@@ -148,19 +151,25 @@ def test_rolling_limits_resolve_like_kubernetes() -> None:
     n=st.integers(0, 8),
     surge=st.integers(0, 3),
     unavailable=st.integers(0, 3),
-    replicas=st.lists(st.tuples(states, st.sampled_from(["v0", "v1"]), st.booleans()), max_size=12),
+    replicas=st.lists(
+        st.tuples(states, st.sampled_from(["v0", "v1"]), st.booleans(), st.booleans()),
+        max_size=12,
+    ),
     blocked=st.booleans(),
 )
 def test_rolling_update_guarantees(
     n: int,
     surge: int,
     unavailable: int,
-    replicas: list[tuple[ReplicaState, str, bool]],
+    replicas: list[tuple[ReplicaState, str, bool, bool]],
     blocked: bool,
 ) -> None:
     if surge == 0 and unavailable == 0:
         unavailable = 1  # what resolve_limits guarantees
-    views = [R(f"r{i}", s, v, seq=i, healthy=h) for i, (s, v, h) in enumerate(replicas)]
+    views = [
+        R(f"r{i}", s, v, seq=i, healthy=h, served=served)
+        for i, (s, v, h, served) in enumerate(replicas)
+    ]
     target = Target(
         num_replicas=n,
         version="v1",
@@ -175,14 +184,18 @@ def test_rolling_update_guarantees(
     stopped = set(plan.stop)
 
     def available(r: R) -> bool:
-        return r.state in (S.RUNNING, S.UPDATING) and r.healthy
+        # Serving, or being adopted after having served (it may serve still).
+        serving = r.state in (S.RUNNING, S.UPDATING) or (r.state is S.RECOVERING and r.served)
+        return serving and r.healthy
 
     before = sum(1 for r in live if available(r))
     after = sum(1 for r in live if available(r) and r.tag not in stopped)
-    if old:
-        # Starts never take the total above num_replicas + max_surge.
+    leaving = any(r.state is S.STOPPING and r.version != "v1" for r in views)
+    if old or leaving:
+        # Starts never take the total, replicas still stopping included, above
+        # num_replicas + max_surge.
         if plan.start:
-            assert len(live) - len(stopped) + plan.start <= n + surge
+            assert len(views) + plan.start <= n + surge
         # Availability never drops below num_replicas - max_unavailable because of the plan,
         # nor below num_replicas before the new version serves or after the deploy failed.
         new_serves = any(r.version == "v1" and r.state in (S.RUNNING, S.UPDATING) for r in live)

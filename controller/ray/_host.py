@@ -10,7 +10,6 @@ the spec in, one reply object out (``{"ok": true, ...}`` or ``{"ok": false, "err
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import json
 import os
@@ -23,7 +22,7 @@ from typing import Any, final
 import ray
 
 from .._context import ReplicaContext, set_context
-from .._user_error import describe_error
+from .._hosting import construct, describe_error
 
 _CONTRACT = ("reconfigure", "check_health", "drain")
 
@@ -75,15 +74,8 @@ class ReplicaHost:
         port = _free_port(host)
         set_context(ReplicaContext(spec["tag"], spec["backend"], spec["version"], port, host))
         try:
-            for entry in reversed(spec["pythonpath"]):
-                if entry not in sys.path:
-                    sys.path.insert(0, entry)
-            module_name, _, attr_path = spec["entrypoint"].partition(":")
-            obj: Any = importlib.import_module(module_name)
-            for part in attr_path.split("."):
-                obj = getattr(obj, part)
-            args, kwargs = spec["init_args"], spec["init_kwargs"]
-            self._instance = await asyncio.to_thread(lambda: obj(*args, **kwargs))
+            # The import too, in a thread: the actor keeps answering while it runs.
+            self._instance = await asyncio.to_thread(construct, spec)
             if spec["user_config"] is not None:
                 reconfigure = getattr(self._instance, "reconfigure", None)
                 if reconfigure is not None:

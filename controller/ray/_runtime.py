@@ -18,9 +18,10 @@ import trio
 from ray._private import state as ray_state
 
 from .._errors import ConfigError, ReplicaError, ReplicaGoneError
+from .._hosting import host_spec
 from .._json import JSON
 from .._placement import SLOTS
-from .._runtime import DeathListener, ReplicaInfo, ReplicaSpec
+from .._runtime import DeathListener, ReplicaInfo, ReplicaSpec, Watchers
 from ._await import wait_ref
 from ._host import ReplicaHost
 
@@ -96,8 +97,7 @@ class RayRuntime:
         self._pythonpath = [str(Path(p).resolve()) for p in pythonpath]
         self._replica_host = replica_host
         self._actors: dict[str, _Actor] = {}
-        self._nursery: trio.Nursery | None = None
-        self._on_death: DeathListener | None = None
+        self._watchers = Watchers("RayRuntime")
 
     # -- the Runtime protocol --
 
@@ -109,16 +109,9 @@ class RayRuntime:
     ) -> None:
         if not ray.is_initialized():
             raise RuntimeError("RayRuntime needs a Ray connection: call ray.init() first")
-        try:
-            async with trio.open_nursery() as nursery:
-                self._nursery, self._on_death = nursery, on_death
-                task_status.started()
-                await trio.sleep_forever()
-        finally:
-            # The actors live on (detached); a controller opened later adopts them. Cancelling
-            # the monitors cancelled their calls in the actors too.
-            self._nursery, self._on_death = None, None
-            self._actors.clear()
+        # The actors live on (detached); a controller opened later adopts them. Cancelling the
+        # monitors cancelled their calls in the actors too.
+        await self._watchers.serve(on_death, task_status, self._actors.clear)
 
     async def capacity(self) -> Sequence[Mapping[str, float]] | None:
         totals, available = await trio.to_thread.run_sync(_resources_per_node)
@@ -152,16 +145,9 @@ class RayRuntime:
         )
 
     async def start_replica(self, spec: ReplicaSpec) -> ReplicaInfo:
-        assert self._nursery is not None, "RayRuntime.serve is not running"
-        host_spec = {
-            "tag": spec.tag,
-            "backend": spec.backend,
-            "version": spec.version,
-            "entrypoint": spec.replica_config.entrypoint,
-            "init_args": list(spec.replica_config.init_args),
-            "init_kwargs": spec.replica_config.init_kwargs,
-            "user_config": spec.user_config,
-            "pythonpath": self._pythonpath,
+        self._watchers.check_running()
+        payload = {
+            **host_spec(spec, self._pythonpath),
             "host": self._replica_host,
             "resources": dict(spec.resources),
         }
@@ -181,15 +167,15 @@ class RayRuntime:
                 custom[key] = amount
         if custom:
             options["resources"] = custom
-        payload = json.dumps(host_spec)
+        text = json.dumps(payload)
         # Registering a named actor is a blocking round trip to the cluster's control store.
-        handle = await trio.to_thread.run_sync(lambda: _Host.options(**options).remote(payload))
+        handle = await trio.to_thread.run_sync(lambda: _Host.options(**options).remote(text))
         actor = _Actor(spec.tag, handle, dict(spec.resources))
         self._actors[spec.tag] = actor
         return await self._await_ready(actor)
 
     async def adopt_replica(self, tag: str) -> ReplicaInfo:
-        assert self._nursery is not None, "RayRuntime.serve is not running"
+        self._watchers.check_running()
         actor = await self._find(tag)  # its ready reply tells what it holds
         return await self._await_ready(actor)
 
@@ -229,8 +215,7 @@ class RayRuntime:
         actor.node_id = reply.get("node_id")
         actor.resources = reply.get("resources") or {}
         actor.methods = frozenset(reply.get("methods", ()))
-        assert self._nursery is not None
-        self._nursery.start_soon(self._monitor, actor)
+        self._watchers.start_soon(self._monitor, actor)
         address, pid = reply.get("address"), reply.get("pid")
         return ReplicaInfo(
             address if isinstance(address, str) else None,
@@ -301,8 +286,7 @@ class RayRuntime:
         if actor.killing or self._actors.get(actor.tag) is not actor:
             return
         del self._actors[actor.tag]
-        if self._on_death is not None:
-            self._on_death(actor.tag, f"actor died: {reason}")
+        self._watchers.died(actor.tag, f"actor died: {reason}")
 
 
 def _resources_per_node() -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:

@@ -48,11 +48,15 @@ class FakeReplica:
     drain_requested_at: float | None = None
     """When the controller asked it to drain."""
     killed_at: float | None = None
-    """When it was killed (not set for a crash or a failed start)."""
+    """When it was killed by the controller (not set for a crash or a failed start)."""
+    stopped_at: float | None = None
+    """When it stopped, whatever the way: killed, crashed, or its start failed."""
     reconfigure_calls: int = 0
     """How many reconfigures it received."""
     reconfigure_error: tuple[str, str] | None = None
     """Make its next reconfigures raise ``(error_type, message)``; None: they succeed."""
+    reconfiguring: JSON = None
+    """The config of the reconfigure the test holds open (``auto_reconfigure=False``)."""
     health_error: tuple[str, str] | None = None
     """Make its health checks raise ``(error_type, message)``; None: they pass."""
     health_hangs: bool = False
@@ -62,6 +66,13 @@ class FakeReplica:
     _start_done: trio.Event = attrs.field(factory=trio.Event)
     _start_error: ReplicaError | None = None
     _drain_done: trio.Event = attrs.field(factory=trio.Event)
+    _reconfigure_done: trio.Event | None = None
+    _reconfigure_outcome: tuple[str, str] | None = None
+
+    @property
+    def backend(self) -> str:
+        """The backend it belongs to."""
+        return self.spec.backend
 
     @property
     def address(self) -> str:
@@ -77,6 +88,8 @@ class FakeRuntime:
     - ``FakeRuntime(auto_ready=True)``: every start succeeds at once.
     - ``auto_drain=False``: drains wait for ``finish_drain(tag)``; never calling it is a replica
       that ignores its drain and is killed at the graceful-shutdown deadline.
+    - ``auto_reconfigure=False``: reconfigures wait for ``finish_reconfigure(tag)`` or
+      ``fail_reconfigure(tag, ...)``, so that UPDATING can be seen on purpose.
     - ``crash(tag)``: a running replica dies on its own, and the controller is told.
     - ``capacity``: one mapping (one node) or a list of them (several nodes) for feasibility.
     - ``max_replicas``: how many replicas each node holds at all (its ``replica_slots``),
@@ -92,12 +105,14 @@ class FakeRuntime:
         *,
         auto_ready: bool = False,
         auto_drain: bool = True,
+        auto_reconfigure: bool = True,
         capacity: Mapping[str, float] | Sequence[Mapping[str, float]] | None = None,
         max_replicas: int = 100_000,
         record_history: bool = True,
     ):
         self.auto_ready = auto_ready
         self.auto_drain = auto_drain
+        self.auto_reconfigure = auto_reconfigure
         if capacity is None:
             nodes: list[dict[str, float]] = [{}]
         elif isinstance(capacity, Sequence):
@@ -107,6 +122,8 @@ class FakeRuntime:
         self._nodes = [{**node, SLOTS: float(max_replicas)} for node in nodes]
         self.replicas: dict[str, FakeReplica] = {}
         """Every replica ever started, dead ones included, by tag."""
+        self.start_calls = 0
+        """How many starts the controller asked for."""
         self.history: list[tuple[float, str, str]] = []
         """``(time, tag, what)`` for each call and transition, in order."""
         self._record_history = record_history
@@ -115,11 +132,15 @@ class FakeRuntime:
 
     # -- what a test reads --
 
-    def tags(self, state: FakeState | None = None) -> list[str]:
-        """Tags of the replicas in `state` (every non-dead one by default)."""
-        if state is None:
-            return [t for t, r in self.replicas.items() if r.state is not FakeState.DEAD]
-        return [t for t, r in self.replicas.items() if r.state is state]
+    def tags(self, state: FakeState | None = None, *, backend: str | None = None) -> list[str]:
+        """Tags of the replicas in `state` (every non-dead one by default), of `backend` only
+        if given."""
+        return [
+            t
+            for t, r in self.replicas.items()
+            if (r.state is state if state is not None else r.state is not FakeState.DEAD)
+            and (backend is None or r.backend == backend)
+        ]
 
     async def wait_until(self, predicate: Callable[[FakeRuntime], bool]) -> None:
         """Wait until `predicate(self)` holds; it is checked after every change of this runtime."""
@@ -145,8 +166,26 @@ class FakeRuntime:
         replica = self._get(tag, FakeState.STARTING)
         replica._start_error = ReplicaError(tag, error_type, message, traceback)
         replica.state = FakeState.DEAD
+        replica.stopped_at = trio.current_time()
         replica._start_done.set()
         self._note(tag, f"start failed: {error_type}: {message}")
+
+    def finish_reconfigure(self, tag: str) -> None:
+        """Make a reconfigure held open (``auto_reconfigure=False``) succeed."""
+        self._end_reconfigure(tag, None)
+
+    def fail_reconfigure(
+        self, tag: str, error_type: str = "ValueError", message: str = "bad config"
+    ) -> None:
+        """Make a reconfigure held open raise, as if the user's ``reconfigure`` raised."""
+        self._end_reconfigure(tag, (error_type, message))
+
+    def _end_reconfigure(self, tag: str, outcome: tuple[str, str] | None) -> None:
+        replica = self.replicas[tag]
+        if replica._reconfigure_done is None:
+            raise ValueError(f"replica {tag} has no reconfigure in flight")
+        replica._reconfigure_outcome = outcome
+        replica._reconfigure_done.set()
 
     def finish_drain(self, tag: str) -> None:
         """Make a pending drain return."""
@@ -163,6 +202,7 @@ class FakeRuntime:
             replica._start_error = ReplicaError(tag, "ReplicaDied", reason)
             replica._start_done.set()
         replica.state = FakeState.DEAD
+        replica.stopped_at = trio.current_time()
         self._note(tag, f"crashed: {reason}")
         if self._listener is not None:
             self._listener(tag, reason)
@@ -196,6 +236,7 @@ class FakeRuntime:
             spec.tag, spec, user_config=spec.user_config, started_at=trio.current_time()
         )
         self.replicas[spec.tag] = replica
+        self.start_calls += 1
         self._note(spec.tag, "start")
         if self.auto_ready:
             self._ready(replica)
@@ -219,10 +260,21 @@ class FakeRuntime:
     async def reconfigure_replica(self, tag: str, user_config: JSON) -> None:
         replica = self._get(tag, FakeState.READY)
         replica.reconfigure_calls += 1
-        await trio.lowlevel.checkpoint()
-        if replica.reconfigure_error is not None:
+        error = replica.reconfigure_error
+        if self.auto_reconfigure:
+            await trio.lowlevel.checkpoint()
+        else:
+            replica.reconfiguring = user_config
+            replica._reconfigure_done = trio.Event()
+            self._note(tag, "reconfigure")
+            try:
+                await replica._reconfigure_done.wait()
+            finally:
+                replica._reconfigure_done = None
+            error = replica._reconfigure_outcome
+        if error is not None:
             self._note(tag, "reconfigure failed")
-            raise ReplicaError(tag, *replica.reconfigure_error)
+            raise ReplicaError(tag, *error)
         replica.user_config = user_config
         self._note(tag, "reconfigured")
 
@@ -256,7 +308,7 @@ class FakeRuntime:
             replica._start_error = ReplicaError(tag, "Killed", "killed while starting")
             replica._start_done.set()
         replica.state = FakeState.DEAD
-        replica.killed_at = trio.current_time()
+        replica.killed_at = replica.stopped_at = trio.current_time()
         self._note(tag, "killed")
 
     # -- internals --

@@ -1,0 +1,202 @@
+"""A backend as others see it: its status and message for people, its snapshot for watchers,
+the words of its decisions. Pure functions of what the loop holds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from ._failures import FailureBook
+from ._goal import Goal
+from ._history import plural
+from ._replica import Replica, Spec
+from ._state import (
+    BackendEvent,
+    BackendReason,
+    BackendSnapshot,
+    BackendState,
+    BackendStatus,
+    ReplicaState,
+    ReplicaStatus,
+)
+
+
+def status_of(
+    name: str,
+    spec: Spec,
+    replicas: Iterable[Replica],
+    failures: FailureBook,
+    *,
+    goal: Goal,
+    observed_generation: int,
+    converged: bool,
+    change: tuple[BackendState, BackendReason],
+    last_error: tuple[str | None, str | None],
+    events: Iterable[BackendEvent],
+) -> BackendStatus:
+    """The frozen status of a backend (``ctl.status(name)``)."""
+    views = tuple(
+        ReplicaStatus(r.tag, r.state, r.version, r.address, r.healthy, r.pid, r.node, r.created_at)
+        for r in replicas
+    )
+    state, reason = state_of(
+        spec, views, failures, goal_done=goal.done, converged=converged, change=change
+    )
+    return BackendStatus(
+        name=name,
+        state=state,
+        reason=reason,
+        message=describe(spec, views, failures, converged=converged),
+        generation=spec.generation,
+        observed_generation=observed_generation,
+        backend_config=spec.backend_config,
+        replica_config=spec.replica_config,
+        deleting=spec.deleting,
+        goal_done=goal.done,
+        last_error=last_error[0],
+        replicas=views,
+        events=tuple(events),
+        last_traceback=last_error[1],
+    )
+
+
+def snapshot_of(
+    name: str, snapshot_id: int, spec: Spec, replicas: Mapping[str, Replica], forgotten: bool
+) -> BackendSnapshot:
+    """What watchers see: the replicas that serve. A replica has a view from its first RUNNING
+    on; of those, the ones stopping and the ones whose latest health check failed do not
+    serve."""
+    # Identity checks, not `in SERVING_STATES`: this runs over every replica.
+    stopping = ReplicaState.STOPPING
+    serving = tuple(
+        r.view
+        for r in replicas.values()
+        if r.view is not None and r.state is not stopping and r.healthy
+    )
+    deleted = spec.deleting and forgotten
+    return BackendSnapshot(
+        name,
+        snapshot_id,
+        None if deleted else spec.backend_config,
+        None if deleted else spec.replica_config,
+        serving,
+    )
+
+
+def decision(version: str, starts: int, stopped_versions: Sequence[str], updates: int) -> str:
+    """One line per decision, each count with the version it concerns: a rollout's line names
+    the version it stops as well as the one it starts."""
+    parts = []
+    if starts:
+        parts.append(f"starting {starts} (version {version})")
+    if stopped_versions:
+        by_version: dict[str, int] = {}
+        for v in stopped_versions:
+            by_version[v] = by_version.get(v, 0) + 1
+        if len(by_version) == 1:
+            versions = f"version {next(iter(by_version))}"
+        else:
+            versions = ", ".join(f"{n} of {v}" for v, n in sorted(by_version.items()))
+        parts.append(f"stopping {len(stopped_versions)} ({versions})")
+    if updates:
+        parts.append(f"reconfiguring {updates} (version {version})")
+    return ", ".join(parts)
+
+
+def state_of(
+    spec: Spec,
+    replicas: Sequence[ReplicaStatus],
+    failures: FailureBook,
+    *,
+    goal_done: bool,
+    converged: bool,
+    change: tuple[BackendState, BackendReason],
+) -> tuple[BackendState, BackendReason]:
+    """What the backend is doing, in one word, and why."""
+    if spec.deleting:
+        return BackendState.DELETING, "Deleting"
+    if failures.blocked is not None:
+        return BackendState.DEPLOY_FAILED, failures.blocked
+    if not goal_done:
+        if failures.proven and failures.error is not None:
+            # The new version has shown it can start; its replicas keep failing anyway.
+            return BackendState.UNHEALTHY, "ReplicaFailures"
+        return change
+    if converged and all(r.healthy for r in replicas):
+        return BackendState.HEALTHY, "Converged"
+    return BackendState.UNHEALTHY, "ReplicaFailures"
+
+
+def describe(
+    spec: Spec,
+    replicas: Sequence[ReplicaStatus],
+    failures: FailureBook,
+    *,
+    converged: bool,
+) -> str:
+    """``"2/5 replicas of version b running; 1 starting; 1 failed to start: ValueError: ..."``.
+
+    The failure shown is the last of the current generation only: a new deploy's first message
+    does not show what went wrong with the one before it.
+    """
+    if spec.deleting:
+        return f"deleting; {plural(len(replicas), 'replica')} left"
+    version = spec.version
+    desired = spec.backend_config.num_replicas
+    running = older = 0
+    others: dict[str, int] = {}
+    for r in replicas:
+        if r.version != version and r.state is not ReplicaState.STOPPING:
+            older += 1
+        elif r.state is ReplicaState.RUNNING:
+            running += 1
+        else:
+            key = r.state.value.lower()
+            others[key] = others.get(key, 0) + 1
+    noun = "replica" if desired == 1 else "replicas"
+    parts = [f"{running}/{desired} {noun} of version {version} running"]
+    parts += [f"{n} {state}" for state, n in sorted(others.items())]
+    if older:
+        parts.append(f"{older} of {'an older version' if older == 1 else 'older versions'}")
+    unhealthy = sum(1 for r in replicas if not r.healthy)
+    if unhealthy:
+        parts.append(f"{unhealthy} unhealthy")
+    if failures.failed_starts:
+        parts.append(f"{failures.failed_starts} failed to start: {failures.error}")
+    elif failures.error is not None and not converged:
+        parts.append(f"last failure: {failures.error}")
+    if failures.blocked == "ReconfigureFailed":
+        parts.append("the new user config failed; replicas keep the one before it")
+    elif failures.blocked is not None:
+        parts.append("no new starts until the next deploy")
+    return "; ".join(parts)
+
+
+def classify(old: Spec, new: Spec) -> tuple[BackendState, BackendReason]:
+    """What kind of change a new spec is, for the status while it is under way."""
+    if new.deleting:
+        return BackendState.DELETING, "Deleting"
+    if old.deleting or new.version != old.version:
+        return BackendState.UPDATING, "NewVersion"
+    if new.config_digest != old.config_digest:
+        return BackendState.UPDATING, "NewUserConfig"
+    if new.backend_config.num_replicas < old.backend_config.num_replicas:
+        return BackendState.DOWNSCALING, "ScaleDown"
+    return BackendState.UPSCALING, "ScaleUp"
+
+
+def describe_change(old: Spec, new: Spec) -> str:
+    """The event a new spec makes: ``generation 3: 4 replicas of version v2 (was 2 of v1)``."""
+    if new.deleting:
+        return f"generation {new.generation}: delete{' (forced)' if new.force else ''}"
+    return (
+        f"generation {new.generation}: {plural(new.backend_config.num_replicas, 'replica')} of "
+        f"version {new.version} (was {old.backend_config.num_replicas} of {old.version})"
+    )
+
+
+def describe_new(spec: Spec) -> str:
+    """The event a backend's first spec makes."""
+    return (
+        f"generation {spec.generation}: "
+        f"{plural(spec.backend_config.num_replicas, 'replica')} of version {spec.version}"
+    )

@@ -1,0 +1,107 @@
+"""How the CLI talks to the daemon: its HTTP client, and where it finds the daemon and token."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from ._errors import StartupError
+from ._statedir import TOKEN_ENV, check_private, daemon_running, read_address, token_path
+
+
+class CLIError(Exception):
+    """Something the user should read; the command exits with `code`."""
+
+    def __init__(self, message: str, code: int = 1):
+        self.code = code
+        super().__init__(message)
+
+
+# -- talking to the daemon --
+
+
+class Client:
+    def __init__(self, url: str, token: str | None):
+        self.url = url.rstrip("/")
+        self.token = token
+
+    def call(
+        self, method: str, path: str, body: Any = None, *, timeout: float = 30.0
+    ) -> tuple[int, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method)
+        request.add_header("Content-Type", "application/json")
+        if self.token is not None:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                raw = response.read()
+                try:
+                    return response.status, json.loads(raw or b"null")
+                except ValueError:
+                    raise CLIError(
+                        f"error: {self.url} answered with something other than JSON; is it a "
+                        "controller daemon?"
+                    ) from None
+        except urllib.error.HTTPError as exc:
+            try:
+                payload = json.loads(exc.read() or b"null")
+            except ValueError:
+                payload = None
+            return exc.code, payload
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise CLIError(
+                f"cannot reach the controller at {self.url} ({reason}); is `controller run` "
+                "running, and is --url or --state-dir right?"
+            ) from None
+
+    def ok(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
+        status, payload = self.call(method, path, body, **kwargs)
+        if status >= 400:
+            # 2: the request was refused as it stands and nothing was applied.
+            code = 2 if status in (400, 409, 413, 422) else 1
+            raise CLIError(describe_error(status, payload), code)
+        return payload
+
+
+def describe_error(status: int, payload: Any) -> str:
+    error = payload.get("error") if isinstance(payload, dict) else None
+    message = (error.get("message") if isinstance(error, dict) else None) or f"HTTP {status}"
+    if status == 401:
+        message += " (the CLI reads the token from --token, $CONTROLLER_TOKEN or the state dir)"
+    return f"error: {message}"
+
+
+def make_client(args: argparse.Namespace) -> Client:
+    state_dir: Path = args.state_dir
+    url = args.url
+    token = (args.token or os.environ.get(TOKEN_ENV) or "").strip() or None
+    if url is None or token is None:
+        # Its files say where to send the token, so they are trusted only in a dir that no one
+        # else can write: else anyone could point the CLI, and the token, at a server of theirs.
+        try:
+            check_private(state_dir, create=False)
+        except StartupError as exc:
+            raise CLIError(f"error: {exc}") from None
+    if url is None:
+        found = read_address(state_dir).get("url")
+        if not isinstance(found, str) or not daemon_running(state_dir):
+            why = "no daemon.json" if not isinstance(found, str) else "its daemon.json is stale"
+            raise CLIError(
+                f"error: no controller daemon is running for the state dir {state_dir} ({why}); "
+                "start one with `controller run`, or pass --url (or the --state-dir it runs "
+                "with)"
+            )
+        url = found
+    if token is None:
+        try:
+            token = token_path(state_dir).read_text().strip()
+        except OSError:
+            token = None  # the daemon will say 401, and the message says where tokens come from
+    return Client(url, token)

@@ -1,0 +1,101 @@
+"""What the CLI prints: tables, one backend in full, logs, ages."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import datetime
+from typing import Any
+
+
+def print_log(entry: dict[str, Any], prefix: bool) -> None:
+    text = entry["text"]
+    if not prefix:
+        sys.stdout.write(text)
+    else:
+        gone = " (gone)" if entry["state"] == "GONE" else ""
+        for line in text.splitlines():
+            sys.stdout.write(f"[{entry['replica']}{gone}] {line}\n")
+    sys.stdout.flush()
+
+
+def ready_column(b: dict[str, Any]) -> str:
+    """``2/2``: serving replicas of any version over desired; during a rollout, with those of
+    the target version: ``2/2 (0/2 v2)``."""
+    text = f"{b['ready']}/{b['desired']}"
+    if b["ready_of_version"] != b["ready"]:
+        text += f" ({b['ready_of_version']}/{b['desired']} {b['version']})"
+    return text
+
+
+def age(seconds: float | None) -> str:
+    """``45s``, ``12m``, ``3h``, ``2d``: how long ago, as kubectl shows it."""
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= 2 * size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def since(iso_time: str | None) -> float | None:
+    if not iso_time:
+        return None
+    moment = datetime.fromisoformat(iso_time.replace("Z", "+00:00"))
+    return max(0.0, time.time() - moment.timestamp())
+
+
+def indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.rstrip().splitlines())
+
+
+def print_table(backends: list[dict[str, Any]]) -> None:
+    rows = [("NAME", "STATE", "READY", "REPLICAS", "MESSAGE")]
+    for b in backends:
+        replicas = "; ".join(
+            f"{version}: " + ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+            for version, states in sorted(b["counts_by_version"].items())
+        )
+        rows.append((b["name"], b["state"], ready_column(b), replicas or "-", b["message"]))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        cells = [cell.ljust(w) for cell, w in zip(row[:4], widths, strict=True)]
+        print("  ".join([*cells, row[4]]))
+
+
+def print_backend(b: dict[str, Any]) -> None:
+    print(f"Name:        {b['name']}")
+    print(f"State:       {b['state']} ({b['reason']})")
+    print(f"Message:     {b['message']}")
+    print(f"Generation:  {b['generation']} (observed {b['observed_generation']})")
+    print(f"Ready:       {ready_column(b)}")
+    if b["last_error"]:
+        print(f"Last error:  {b['last_error']}")
+        if b.get("last_traceback"):
+            print(indent(b["last_traceback"]))
+    print("Config:")
+    for key, value in b["config"].items():
+        print(f"  {key}: {json.dumps(value)}")
+    print("Replicas:")
+    rows = [("TAG", "STATE", "VERSION", "ADDRESS", "PID", "NODE", "AGE", "")]
+    for r in b["replicas"]:
+        node = r["node"] or "-"
+        rows.append(
+            (
+                r["tag"],
+                r["state"],
+                r["version"],
+                r["address"] or "-",
+                str(r["pid"] or "-"),
+                node if len(node) <= 16 else node[:12] + "...",
+                age(r["age_s"]),
+                "" if r["healthy"] else "(unhealthy)",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    print("Events:")
+    for e in b["events"][-10:]:
+        print(f"  {age(since(e['time'])):>5} ago  {e['kind']:<14} {e['message']}")

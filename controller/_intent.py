@@ -1,0 +1,146 @@
+"""Checkpoint before act: a backend's intent reaches the store before the runtime is asked.
+
+The loop notes each change of the backend's replica record (``changed``) and hands each runtime
+action to ``act``; the writer task (``run``) stores the record, with the backend's events, and
+reports ``Written(seq)``; an action waits until the change behind it is durable. The loop itself
+never waits on storage, and a watcher never waits on an fsync.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import final
+
+import trio
+
+from . import _events as ev
+from ._checkpoint import events_key, replicas_key
+from ._errors import ControllerError
+from ._history import EventLog
+from ._store import Store
+
+logger = logging.getLogger("controller")
+
+#: The first and the longest wait between retries of a failed store write.
+WRITE_RETRY_MIN_S = 0.1
+WRITE_RETRY_MAX_S = 5.0
+
+
+@final
+class Intent:
+    """The durability gate of one backend, and the task that writes its checkpoints."""
+
+    def __init__(
+        self,
+        name: str,
+        store: Store,
+        record_text: Callable[[], str],
+        history: EventLog,
+        send: Callable[[ev.Event], None],
+    ):
+        self._name = name
+        self._store = store
+        self._record_text = record_text
+        self._history = history
+        self._send = send
+        self.record_seq = 0
+        """Bumped by each change of what the store should hold of the replicas."""
+        self.durable_seq = 0
+        """The change the store is known to hold (from the writer's `Written` events)."""
+        # What the writer last stored: the record as of this change number, and this many
+        # events (so that a wake-up for one of the two does not rewrite the other).
+        self._stored_seq = 0
+        self._events_stored = 0
+        self._wanted = trio.Event()
+        self._queued: list[tuple[int, Callable[[], object]]] = []
+        self._failures = 0  # failed writes in a row, for the backoff
+        self._touched = False
+
+    @property
+    def durable(self) -> bool:
+        """Everything the loop changed is in the store."""
+        return self.durable_seq >= self.record_seq
+
+    def restored(self, *, changed: bool) -> None:
+        """What was read back from the store needs no write; `changed`: it does after all
+        (replicas found dead were dropped from it)."""
+        self.record_seq = self.durable_seq = self._stored_seq = 0
+        if changed:
+            self.changed()
+
+    def changed(self) -> None:
+        """The replica record changed: store it."""
+        self.record_seq += 1
+        self._wanted.set()
+
+    def events_changed(self) -> None:
+        """An event was added: store the events (nothing waits on it)."""
+        self._wanted.set()
+
+    def touched(self) -> None:
+        """The record changed in a way no action waits on (a replica became ready): store it
+        with the next write, without holding anything back until then."""
+        self._touched = True
+        self._wanted.set()
+
+    def act(self, action: Callable[[], object]) -> None:
+        """Do `action` (ask the runtime for something) once the intent behind it is durable."""
+        if self.durable:
+            action()
+        else:
+            self._queued.append((self.record_seq, action))
+
+    def written(self, seq: int) -> None:
+        """The writer's report: run the actions waiting for change `seq` or an earlier one."""
+        self.durable_seq = max(self.durable_seq, seq)
+        ready = [action for s, action in self._queued if s <= self.durable_seq]
+        self._queued = [(s, a) for s, a in self._queued if s > self.durable_seq]
+        for action in ready:
+            action()
+
+    async def run(self) -> None:
+        """The writer task: store what changed, report it, wait for more; never returns."""
+        while True:
+            await self._wanted.wait()
+            self._wanted = trio.Event()
+            # The texts and the sequence number are taken together, with no checkpoint in
+            # between: the record text holds every change up to `seq`. A write that fails is
+            # retried with the newest texts, which supersede the old.
+            while True:
+                seq, events = self.record_seq, self._history.added
+                changes = self._changes(seq, events)
+                if not changes or await self._try_write(changes):
+                    break
+            self._stored_seq, self._events_stored = seq, events
+            self._send(ev.Written(seq))
+
+    def _changes(self, seq: int, events: int) -> dict[str, str | None]:
+        changes: dict[str, str | None] = {}
+        if seq != self._stored_seq or self._touched:
+            self._touched = False
+            changes[replicas_key(self._name)] = self._record_text()
+        if events != self._events_stored:
+            changes[events_key(self._name)] = self._history.text()
+        return changes
+
+    async def write(self, changes: Mapping[str, str | None]) -> None:
+        """Write `changes`, retrying with backoff until they land (forgetting a deleted
+        backend goes through here too: a store that fails for a while delays it, no more)."""
+        while not await self._try_write(changes):
+            pass
+
+    async def _try_write(self, changes: Mapping[str, str | None]) -> bool:
+        try:
+            await self._store.write(changes)
+        except ControllerError as exc:
+            if not exc.retryable:
+                raise
+            # Nothing that depends on this write happens until it lands, so retrying is safe.
+            self._failures += 1
+            delay = min(WRITE_RETRY_MIN_S * 2 ** (self._failures - 1), WRITE_RETRY_MAX_S)
+            logger.error("backend %s: checkpoint failed (%s); retry in %gs", self._name, exc, delay)
+            await trio.sleep(delay)
+            return False
+        self._failures = 0
+        return True

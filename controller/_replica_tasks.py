@@ -1,0 +1,202 @@
+"""The tasks a backend's loop starts for its replicas: bring up, reconfigure, check, stop.
+
+Each is a plain function of the runtime, its limits and a `send` callable; each reports with
+exactly one event and leaves every decision, a stop included, to the loop. They never see the
+backend. A task's own scope carries its timeout; the controller closing cancels it without a
+report (the next controller takes over from the store). ``Launcher`` starts them, each once the
+intent behind it is durable.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Coroutine
+from functools import partial
+from typing import Any, final
+
+import trio
+
+from . import _events as ev
+from ._errors import ReplicaError
+from ._intent import Intent
+from ._json import JSON
+from ._replica import Replica
+from ._runtime import ReplicaInfo, ReplicaSpec, Runtime
+
+logger = logging.getLogger("controller")
+
+Send = Callable[[ev.Event], None]
+
+#: How long a kill may take before the controller gives up on it (and logs it). Kills are shielded
+#: from cancellation, so this bound is what keeps a stuck runtime from hanging a shutdown.
+KILL_TIMEOUT_S = 30.0
+
+
+async def bring_up(
+    runtime: Runtime, tag: str, spec: ReplicaSpec | None, scope: trio.CancelScope, send: Send
+) -> None:
+    """Start (or, without a spec, adopt) a replica within `scope`, whose deadline is its start
+    timeout. Reports Started, or StartFailed (with no error if `scope` was cancelled)."""
+    error: str | None = None
+    traceback: str | None = None
+    with scope:
+        try:
+            if spec is None:
+                result = await runtime.adopt_replica(tag)
+            else:
+                result = await runtime.start_replica(spec)
+        except ReplicaError as exc:
+            error, traceback = exc.summary, exc.traceback
+        except Exception as exc:
+            # A runtime that fails this way is broken for this replica, not for the others.
+            logger.exception("runtime error starting %s", tag)
+            error = f"{type(exc).__name__}: {exc}"
+        else:
+            info = result if isinstance(result, ReplicaInfo) else ReplicaInfo(result)
+            send(ev.Started(tag, info))
+            return
+    send(ev.StartFailed(tag, error, traceback))
+
+
+async def reconfigure(
+    runtime: Runtime,
+    tag: str,
+    user_config: JSON,
+    config_digest: str,
+    scope: trio.CancelScope,
+    send: Send,
+) -> None:
+    """Hand a running replica a user config within `scope`. Reports Reconfigured."""
+    error: str | None = None
+    with scope:
+        try:
+            await runtime.reconfigure_replica(tag, user_config)
+        except ReplicaError as exc:
+            error = exc.summary
+        except Exception as exc:
+            logger.exception("runtime error reconfiguring %s", tag)
+            error = f"{type(exc).__name__}: {exc}"
+    send(ev.Reconfigured(tag, config_digest, error, cut=scope.cancelled_caught))
+
+
+async def check(runtime: Runtime, tag: str, limit_s: float, send: Send) -> None:
+    """Run one health check, bounded by `limit_s`. Reports HealthChecked."""
+    error: str | None = None
+    with trio.move_on_after(limit_s) as scope:
+        try:
+            await runtime.check_health_replica(tag)
+        except ReplicaError as exc:
+            error = exc.summary
+        except Exception as exc:
+            # A bug in the runtime, not in the replica: say where, then count it as failed.
+            logger.exception("runtime error checking the health of %s", tag)
+            error = f"{type(exc).__name__}: {exc}"
+    if scope.cancelled_caught:
+        error = f"HealthCheckTimeout: no answer within health_check_timeout_s={limit_s:g}"
+    send(ev.HealthChecked(tag, error))
+
+
+async def stop(
+    runtime: Runtime, tag: str, grace_s: float, drain_scope: trio.CancelScope | None, send: Send
+) -> None:
+    """Drain (within `grace_s`, and `drain_scope`, which a forced delete cancels), then kill.
+    No drain if `drain_scope` is None. Reports Stopped."""
+    if drain_scope is not None and grace_s > 0:
+        await drain(runtime, tag, grace_s, drain_scope)
+    await kill_replica(runtime, tag)
+    send(ev.Stopped(tag))
+
+
+async def drain(runtime: Runtime, tag: str, grace_s: float, scope: trio.CancelScope) -> None:
+    with scope, trio.move_on_after(grace_s) as deadline:
+        try:
+            await runtime.drain_replica(tag)
+        except Exception as exc:
+            logger.warning("replica %s: drain failed (%s); killing it now", tag, exc)
+    if deadline.cancelled_caught:
+        logger.info("replica %s: drain not done within %gs; killing it", tag, grace_s)
+
+
+async def kill_replica(runtime: Runtime, tag: str) -> None:
+    """Kill a replica, shielded and bounded: a kill that has begun finishes even when the
+    controller is closing, so no replica is left half-stopped, and a stuck runtime cannot hang
+    the close for longer than KILL_TIMEOUT_S."""
+    with trio.move_on_after(KILL_TIMEOUT_S, shield=True) as scope:
+        try:
+            await runtime.kill_replica(tag)
+        except Exception:
+            logger.exception("replica %s: kill failed", tag)
+    if scope.cancelled_caught:
+        logger.error("replica %s: kill did not finish within %gs", tag, KILL_TIMEOUT_S)
+
+
+@final
+class Launcher:
+    """Starts a backend's replica tasks in its nursery, each one once the intent behind it is
+    durable. It reads the replicas it is handed; it writes nothing of them."""
+
+    def __init__(self, runtime: Runtime, intent: Intent, send: Send):
+        self._runtime = runtime
+        self._intent = intent
+        self._send = send
+        self.nursery: trio.Nursery | None = None
+
+    def _start(self, fn: Callable[..., Coroutine[Any, Any, None]], *args: object) -> None:
+        assert self.nursery is not None, "the backend's task is not running"
+        self.nursery.start_soon(fn, *args)
+
+    def stop(self, replica: Replica, grace_s: float) -> None:
+        """Stop `replica`: cancel what is in flight for it (its task then reports, and the loop
+        calls this again), or drain (if graceful) and kill it."""
+        if replica.scope is not None:
+            self._intent.act(replica.scope.cancel)
+            return
+        drain_scope = replica.drain_scope if replica.graceful else None
+        self._intent.act(
+            partial(self._start, stop, self._runtime, replica.tag, grace_s, drain_scope, self._send)
+        )
+
+    def bring_up(self, replica: Replica, spec: ReplicaSpec | None, timeout_s: float) -> None:
+        """Start (with a spec) or adopt `replica`, within `timeout_s` of asking the runtime."""
+        scope = replica.scope
+        assert scope is not None
+
+        def go() -> None:
+            # The timeout counts from when the runtime is asked, not from the decision.
+            scope.deadline = min(scope.deadline, trio.current_time() + timeout_s)
+            self._start(bring_up, self._runtime, replica.tag, spec, scope, self._send)
+
+        self._intent.act(go)
+
+    def reconfigure(
+        self, replica: Replica, user_config: JSON, config_digest: str, timeout_s: float
+    ) -> None:
+        scope = replica.scope
+        assert scope is not None
+
+        def go() -> None:
+            scope.deadline = min(scope.deadline, trio.current_time() + timeout_s)
+            self._start(
+                reconfigure,
+                self._runtime,
+                replica.tag,
+                user_config,
+                config_digest,
+                scope,
+                self._send,
+            )
+
+        self._intent.act(go)
+
+    def check(self, tag: str, timeout_s: float) -> None:
+        self._start(check, self._runtime, tag, timeout_s, self._send)
+
+    def timer(self, scope: trio.CancelScope, when: float) -> None:
+        """Wake the loop at `when` (with a Tick), unless `scope` is cancelled first."""
+        self._start(_tick, scope, when, self._send)
+
+
+async def _tick(scope: trio.CancelScope, when: float, send: Send) -> None:
+    with scope:
+        await trio.sleep_until(when)
+        send(ev.Tick(when))

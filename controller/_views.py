@@ -1,0 +1,83 @@
+"""The daemon's JSON views of status and snapshots (for the API, the CLI and the watch)."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from ._manifest import BackendDecl, config_to_dict
+from ._state import SERVING_STATES, BackendSnapshot, BackendStatus
+
+
+def iso(wall_time: float | None) -> str | None:
+    """Seconds since the epoch as ISO 8601, UTC, to the millisecond."""
+    if wall_time is None:
+        return None
+    # Rounded to whole milliseconds, as the store keeps them: the same event reads the same
+    # before and after a restart.
+    ms = round(wall_time * 1000)
+    moment = datetime.fromtimestamp(ms // 1000, UTC).replace(microsecond=ms % 1000 * 1000)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# -- JSON views --
+
+
+def status_json(status: BackendStatus) -> dict[str, Any]:
+    counts_by_version: dict[str, dict[str, int]] = {}
+    for (version, state), n in status.counts_by_version.items():
+        counts_by_version.setdefault(version, {})[state.value] = n
+    version = status.backend_config.version or f"gen-{status.generation}"
+    serving = [r for r in status.replicas if r.state in SERVING_STATES]
+    now = time.time()
+    return {
+        "name": status.name,
+        "state": status.state.value,
+        "reason": status.reason,
+        "message": status.message,
+        "generation": status.generation,
+        "observed_generation": status.observed_generation,
+        "deleting": status.deleting,
+        "goal_done": status.goal_done,
+        "last_error": status.last_error,
+        "last_traceback": status.last_traceback,
+        "desired": 0 if status.deleting else status.backend_config.num_replicas,
+        "version": version,
+        "ready": len(serving),
+        "ready_of_version": sum(1 for r in serving if r.version == version),
+        "config": BackendDecl(status.name, status.backend_config, status.replica_config).to_dict(),
+        "counts": {state.value: n for state, n in status.counts.items()},
+        "counts_by_version": counts_by_version,
+        "replicas": [
+            {
+                "tag": r.tag,
+                "state": r.state.value,
+                "version": r.version,
+                "address": r.address,
+                "healthy": r.healthy,
+                "pid": r.pid,
+                "node": r.node,
+                "created_at": iso(r.created_at),
+                "age_s": None if r.created_at is None else round(max(0.0, now - r.created_at), 3),
+            }
+            for r in status.replicas
+        ],
+        "events": [
+            {"time": iso(e.wall_time), "kind": e.kind, "message": e.message} for e in status.events
+        ],
+    }
+
+
+def snapshot_json(snapshot: BackendSnapshot) -> dict[str, Any]:
+    return {
+        "name": snapshot.name,
+        "snapshot_id": snapshot.snapshot_id,
+        "exists": snapshot.exists,
+        "config": (
+            None if snapshot.backend_config is None else config_to_dict(snapshot.backend_config)
+        ),
+        "replicas": [
+            {"tag": r.tag, "version": r.version, "address": r.address} for r in snapshot.replicas
+        ],
+    }

@@ -1,0 +1,338 @@
+"""Availability and lifecycle at the edges: a restart mid-rollout, the surge bound with replicas
+still draining, failures after a version proved it can start, a bad user config, a hung replica,
+waiters when the controller closes, a store that fails while a backend is forgotten, races
+between deploys, a deploy cancelled half-way. FakeRuntime under MockClock."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+import trio
+import trio.testing
+
+import controller
+from controller import BackendState, GoalOutcome
+from controller.testing import FakeRuntime
+from controller.testing import FakeState as S
+
+from .conftest import RC, config, opened, serving, settle
+
+
+def ready(rt: FakeRuntime) -> int:
+    return len(rt.tags(S.READY))
+
+
+class Floor:
+    """Records the fewest READY replicas, and the most replicas alive (starting, ready or
+    draining), at every change of a runtime."""
+
+    def __init__(self, rt: FakeRuntime):
+        self.rt = rt
+        self.fewest_ready = ready(rt)
+        self.most_alive = len(rt.tags())
+
+    async def watch(self) -> None:
+        def note(rt: FakeRuntime) -> bool:
+            self.fewest_ready = min(self.fewest_ready, ready(rt))
+            self.most_alive = max(self.most_alive, len(rt.tags()))
+            return False
+
+        await self.rt.wait_until(note)
+
+
+async def test_a_restart_mid_rollout_keeps_every_old_replica_serving(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime()
+    store = controller.MemoryStore()
+    v1 = config(num_replicas=3, version="v1", max_surge=1, max_unavailable=0)
+    v2 = config(num_replicas=3, version="v2", max_surge=1, max_unavailable=0)
+    async with opened(rt, store) as ctl:
+        await ctl.deploy("a", v1, RC)
+        await settle()
+        for tag in rt.tags(S.STARTING):
+            rt.finish_start(tag)
+        await ctl.deploy("a", v2, RC)
+        await settle()
+        assert len(rt.tags(S.STARTING)) == 1  # the surge replica, still starting
+    # Reopened: the three v1 replicas are being adopted, and may be serving routers still.
+    async with opened(rt, store) as ctl, trio.open_nursery() as nursery:
+        floor = Floor(rt)
+        nursery.start_soon(floor.watch)
+        await settle()
+        assert all(rt.replicas[t].drain_requested_at is None for t in rt.tags(S.READY))
+        while rt.tags(S.STARTING):
+            rt.finish_start(rt.tags(S.STARTING)[0])
+            await settle()
+        await (await ctl.deploy("a", v2, RC)).wait()
+        assert floor.fewest_ready >= 3  # max_unavailable=0, across the restart too
+        nursery.cancel_scope.cancel()
+
+
+async def test_draining_replicas_count_in_the_surge_bound(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime(auto_ready=True, auto_drain=False)
+    async with opened(rt) as ctl:
+        one = config(num_replicas=1, max_surge=0, max_unavailable=1, graceful_shutdown_timeout_s=60)
+        await (await ctl.deploy("a", one, RC)).wait()
+        await ctl.deploy("a", config(**{**_fields(one), "version": "v2"}), RC)
+        await settle()
+        (old,) = rt.tags(S.DRAINING)
+        # At most num_replicas + max_surge = 1 in all: the new one waits for the old to go.
+        assert rt.tags(S.STARTING) == []
+        assert rt.tags(S.READY) == []
+        rt.finish_drain(old)
+        await serving(ctl, "a", 1)
+
+    rt = FakeRuntime(auto_ready=True, auto_drain=False)
+    async with opened(rt) as ctl, trio.open_nursery() as nursery:
+        ten = config(num_replicas=10, version="v1", max_surge=1, max_unavailable=0)
+        await (await ctl.deploy("a", ten, RC)).wait()
+        floor = Floor(rt)
+        floor.most_alive = 0
+        nursery.start_soon(floor.watch)
+        goal = await ctl.deploy(
+            "a", config(num_replicas=2, version="v2", max_surge=1, max_unavailable=0), RC
+        )
+        while not goal.done:
+            for tag in rt.tags(S.DRAINING):
+                rt.finish_drain(tag)
+            await settle()
+        assert floor.most_alive == 10  # never a start while 10 are still there in all
+        nursery.cancel_scope.cancel()
+
+
+def _fields(cfg: controller.BackendConfig) -> dict[str, object]:
+    import attrs
+
+    return attrs.asdict(cfg, recurse=False)
+
+
+async def test_start_failures_after_the_version_proved_itself_do_not_fail_the_deploy(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime()
+    async with opened(rt) as ctl:
+        goal = await ctl.deploy("a", config(num_replicas=2), RC)
+        await settle()
+        first, second = rt.tags(S.STARTING)
+        rt.finish_start(first)
+        rt.fail_start(second, "ValueError", "flaky disk")
+        for _ in range(4):  # more failures in a row than max_failed_starts
+            await rt.wait_until(lambda r: bool(r.tags(S.STARTING)))
+            rt.fail_start(rt.tags(S.STARTING)[0], "ValueError", "flaky disk")
+        await settle()
+        status = ctl.status("a")
+        assert not goal.done
+        assert (status.state, status.reason) == (BackendState.UNHEALTHY, "ReplicaFailures")
+        assert "flaky disk" in status.message
+        await rt.wait_until(lambda r: bool(r.tags(S.STARTING)))
+        rt.finish_start(rt.tags(S.STARTING)[0])
+        assert await goal.wait() is GoalOutcome.COMPLETED
+
+
+async def test_a_bad_user_config_halts_and_rolls_back_with_the_backend_serving(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime(auto_ready=True, auto_reconfigure=False)
+    async with opened(rt) as ctl:
+        good = config(num_replicas=2, user_config={"n": 1})
+        await (await ctl.deploy("a", good, RC)).wait()
+        goal = await ctl.deploy("a", config(num_replicas=2, user_config="oops"), RC)
+        await settle()
+        (first,) = [t for t in rt.tags() if rt.replicas[t].reconfiguring == "oops"]
+        rt.fail_reconfigure(first, "TypeError", "config must be a mapping")
+        with pytest.raises(controller.GoalFailed, match="config must be a mapping"):
+            await goal.wait()
+        assert goal.outcome is GoalOutcome.FAILED
+        await settle()
+        # The failed one is taken back to the config before; the other was never touched.
+        assert rt.replicas[first].reconfiguring == {"n": 1}
+        rt.finish_reconfigure(first)
+        await settle()
+        assert {rt.replicas[t].user_config.__repr__() for t in rt.tags()} == {"{'n': 1}"}
+        assert len(ctl.snapshot("a").replicas) == 2
+        status = ctl.status("a")
+        assert (status.state, status.reason) == (BackendState.DEPLOY_FAILED, "ReconfigureFailed")
+        # A replica that dies meanwhile is replaced with the config before, not the bad one.
+        before = set(rt.tags())
+        rt.crash(first)
+        await rt.wait_until(lambda r: len(r.tags(S.READY)) == 2)
+        (new,) = set(rt.tags(S.READY)) - before
+        assert rt.replicas[new].user_config == {"n": 1}
+
+
+async def test_a_failed_rollback_replaces_the_replica_with_the_config_before(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime(auto_ready=True, auto_reconfigure=False)
+    async with opened(rt) as ctl:
+        await (await ctl.deploy("a", config(num_replicas=1, user_config=1), RC)).wait()
+        (first,) = rt.tags()
+        await ctl.deploy("a", config(num_replicas=1, user_config=2), RC)
+        await settle()
+        rt.fail_reconfigure(first)
+        await settle()
+        rt.fail_reconfigure(first)  # the rollback fails too
+        await rt.wait_until(
+            lambda r: r.replicas[first].state is S.DEAD and len(r.tags(S.READY)) == 1
+        )
+        (new,) = rt.tags(S.READY)
+        assert rt.replicas[new].spec.user_config == 1
+
+
+async def test_removing_the_user_config_calls_no_reconfigure(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime(auto_ready=True)
+    async with opened(rt) as ctl:
+        await (await ctl.deploy("a", config(num_replicas=1, user_config={"k": 1}), RC)).wait()
+        (tag,) = rt.tags()
+        await (await ctl.deploy("a", config(num_replicas=2, user_config=None), RC)).wait()
+        assert rt.replicas[tag].reconfigure_calls == 0  # not handed None
+        assert len(rt.tags()) == 2  # kept, not restarted
+        assert all(r.spec.user_config is None for r in rt.replicas.values() if r.tag != tag)
+
+
+async def test_a_hung_replica_leaves_the_snapshot_within_a_period_and_is_replaced(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime(auto_ready=True)
+    cfg = config(num_replicas=2, health_check_period_s=10, health_check_timeout_s=30)
+    async with opened(rt) as ctl:
+        await (await ctl.deploy("a", cfg, RC)).wait()
+        t0 = trio.current_time()
+        hung, _ = rt.tags()
+        rt.replicas[hung].health_hangs = True
+        await trio.sleep(20.5)  # its check at +10 hangs; at +20 it is late
+        assert hung not in {r.tag for r in ctl.snapshot("a").replicas}
+        assert ctl.status("a").state is BackendState.UNHEALTHY
+        # Never two checks at once; replaced at the third failure: late at +20 and +30, then
+        # the check itself times out at +40.
+        await rt.wait_until(lambda r: r.replicas[hung].state is not S.READY)
+        assert trio.current_time() == t0 + 40
+        assert rt.replicas[hung].health_checks == [t0 + 10]
+        await serving(ctl, "a", 2)
+
+
+async def test_waiters_get_controller_closed_error_when_it_closes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime()  # starts hang: the goal never completes
+    outcomes: dict[str, str] = {}
+
+    async def outcome(name: str, wait: object) -> None:
+        try:
+            await wait  # type: ignore[misc]
+        except controller.ControllerClosedError:
+            outcomes[name] = "closed"
+
+    async with trio.open_nursery() as waiters, opened(rt) as ctl:
+        goal = await ctl.deploy("a", config(num_replicas=1), RC)
+        waiters.start_soon(outcome, "goal", goal.wait())
+        waiters.start_soon(outcome, "changes_since", ctl.changes_since(10**9))
+        waiters.start_soon(outcome, "listen", ctl.listen_for_change({"a": 10**9}))
+
+        async def watch() -> None:
+            async for _ in ctl.watch("zzz"):
+                pass
+
+        waiters.start_soon(outcome, "watch", watch())
+        await settle()
+    assert outcomes == dict.fromkeys(["goal", "changes_since", "listen", "watch"], "closed")
+    with pytest.raises(controller.ControllerClosedError):
+        await goal.wait()
+
+
+class FailOnce:
+    """A MemoryStore whose first write matching `keys` fails, as a disk error would."""
+
+    def __init__(self, keys: set[str]) -> None:
+        self.inner = controller.MemoryStore()
+        self.keys = keys
+        self.failed = 0
+
+    async def read_all(self) -> dict[str, str]:
+        return await self.inner.read_all()
+
+    async def write(self, changes: Mapping[str, str | None]) -> None:
+        if not self.failed and self.keys <= set(changes):
+            self.failed += 1
+            raise controller.StoreError("writing: disk I/O error")
+        await self.inner.write(changes)
+
+
+async def test_a_store_failing_while_a_backend_is_forgotten_is_retried(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = FailOnce({"spec/a", "replicas/a"})
+    async with opened(FakeRuntime(auto_ready=True), store) as ctl:
+        await (await ctl.deploy("a", config(num_replicas=1), RC)).wait()
+        await (await ctl.delete("a")).wait()
+        assert store.failed == 1
+        assert ctl.status().backends == ()
+        assert "spec/a" not in store.inner.data
+        await (await ctl.deploy("b", config(num_replicas=1), RC)).wait()  # still alive
+
+
+async def test_two_deploys_at_once_do_not_overcommit_capacity() -> None:
+    rt = FakeRuntime(auto_ready=True, capacity={"CPU": 2})
+    async with opened(rt) as ctl:
+        outcomes: list[str] = []
+
+        async def deploy(name: str) -> None:
+            try:
+                await ctl.deploy(name, config(num_replicas=2, resources={"CPU": 1}), RC)
+                outcomes.append("deployed")
+            except controller.InfeasibleError:
+                outcomes.append("refused")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(deploy, "a")
+            nursery.start_soon(deploy, "b")
+        assert sorted(outcomes) == ["deployed", "refused"]
+
+
+class Gate:
+    """A MemoryStore whose writes wait for `open` once it is armed."""
+
+    def __init__(self) -> None:
+        self.inner = controller.MemoryStore()
+        self.open: trio.Event | None = None
+        self.waiting = trio.Event()
+
+    async def read_all(self) -> dict[str, str]:
+        return await self.inner.read_all()
+
+    async def write(self, changes: Mapping[str, str | None]) -> None:
+        if self.open is not None:
+            self.waiting.set()
+            await self.open.wait()
+        await self.inner.write(changes)
+
+
+async def test_a_deploy_cancelled_after_its_write_began_is_applied_all_the_same(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = Gate()
+    rt = FakeRuntime(auto_ready=True)
+    async with opened(rt, store) as ctl:
+        store.open = trio.Event()
+        with trio.CancelScope() as scope:
+
+            async def cancel_when_written() -> None:
+                await store.waiting.wait()
+                scope.cancel()  # e.g. hypercorn cancelling the request at shutdown
+                assert store.open is not None
+                store.open.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cancel_when_written)
+                await ctl.deploy("a", config(num_replicas=1), RC)
+        store.open = None
+        # Durable, and applied: no phantom spec that only the next start would see.
+        assert "spec/a" in store.inner.data
+        await ctl.wait_until(lambda c: len(c.snapshot("a").replicas) == 1)
+        assert ctl.status("a").generation == 1
