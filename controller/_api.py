@@ -169,7 +169,7 @@ class Api:
         if match is not None:
             if method != "GET":
                 raise HTTPError(405, "MethodNotAllowed", f"{method} is not allowed on {path}")
-            return _ok(self._read_logs(match.group(1), query))
+            return _ok(await self._read_logs(match.group(1), query))
         match = _BACKEND_PATH.fullmatch(path)
         if match is not None:
             name = match.group(1)
@@ -239,7 +239,7 @@ class Api:
         goal = await self._ctl.delete(name, force=force)
         return {"name": name, "generation": goal.generation}
 
-    def _read_logs(self, name: str, query: dict[str, list[str]]) -> dict[str, Any]:
+    async def _read_logs(self, name: str, query: dict[str, list[str]]) -> dict[str, Any]:
         """The logs of a backend's replicas: its current ones and the kept logs of those gone
         (``?replica=TAG`` for one; ``tail`` lines each; with ``offset``, only what is new)."""
         if self._logs is None:
@@ -262,7 +262,9 @@ class Api:
             exists = True
         except UnknownBackendError:
             current, exists = {}, False
-        tags = self._logs.log_tags(name)
+        logs = self._logs
+        # Directory listings and file reads: in a thread, never on the loop's.
+        tags = await trio.to_thread.run_sync(logs.log_tags, name)
         wanted = query.get("replica", [None])[0]
         if wanted is not None:
             if wanted.rpartition("#")[0] != name or wanted not in tags:
@@ -272,15 +274,19 @@ class Api:
             tags = [wanted]
         elif not tags and not current:
             raise HTTPError(404, "UnknownBackend", f"backend {name!r} has no replicas or logs")
-        out = []
-        for tag in tags:
-            chunk = self._logs.read_log(tag, offset=offset, tail=tail)
-            if chunk is not None:
-                state = current.get(tag, "GONE")
-                out.append(
-                    {"replica": tag, "state": state, "text": chunk.text, "offset": chunk.offset}
-                )
-        return {"name": name, "exists": exists, "logs": out}
+
+        def read() -> list[dict[str, Any]]:
+            out = []
+            for tag in tags:
+                chunk = logs.read_log(tag, offset=offset, tail=tail)
+                if chunk is not None:
+                    state = current.get(tag, "GONE")
+                    out.append(
+                        {"replica": tag, "state": state, "text": chunk.text, "offset": chunk.offset}
+                    )
+            return out
+
+        return {"name": name, "exists": exists, "logs": await trio.to_thread.run_sync(read)}
 
     async def _apply(self, data: Any) -> dict[str, Any]:
         if not isinstance(data, dict):

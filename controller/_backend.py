@@ -207,6 +207,7 @@ class Backend:
                 self._on_pass()
             # Forgotten: no replica is left, so the only task still here is the idle writer.
             nursery.cancel_scope.cancel()
+        self._observer.forgotten(self.name)  # after its last pass is counted
 
     def _send_nowait(self, event: ev.Event) -> None:
         self._send.send_nowait(event)

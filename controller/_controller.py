@@ -352,13 +352,15 @@ class Controller:
                 await stack.enter_async_context(self._locks[name])
             yield stack
 
-    def _drop_locks(self, names: list[str]) -> None:
+    def _drop_locks(self, names: list[str], *, held_here: bool = False) -> None:
+        """Drop the locks of `names` not in use: no backend, no holder (but the caller, if
+        `held_here`: it is done with it), no one waiting."""
         for name in names:
             lock = self._locks.get(name)
             if (
                 lock is not None
                 and name not in self._backends
-                and not lock.locked()
+                and (held_here or not lock.locked())
                 and lock.statistics().tasks_waiting == 0
             ):
                 del self._locks[name]
@@ -395,8 +397,8 @@ class Controller:
         if self._backends.get(name) is backend:
             del self._backends[name]
             del self._requested[name]
-            self._drop_locks([name])
-            self._observer.forgotten(name)
+            # The forgetting loop holds it, and does nothing more under it.
+            self._drop_locks([name], held_here=True)
 
     def _on_death(self, tag: str, reason: str) -> None:
         backend = self._backends.get(tag.rpartition("#")[0])

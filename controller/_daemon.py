@@ -101,6 +101,9 @@ async def run_daemon(options: DaemonOptions) -> None:
     try:
         with locked(options.state_dir) as state_dir, _file_log(state_dir), _bind(options) as sock:
             metrics = Metrics()
+            if "ray" in (options.runtime, options.store):
+                # Joining (or starting) a cluster takes seconds: not on the trio thread.
+                await trio.to_thread.run_sync(_connect_ray, options)
             with _store(options) as store:
                 runtime = _runtime(options)
                 async with open_controller(
@@ -356,7 +359,6 @@ class _PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
 @contextlib.contextmanager
 def _store(options: DaemonOptions) -> Iterator[Store]:
     if options.store == "ray":
-        _connect_ray(options)
         from .ray import RayKVStore
 
         yield RayKVStore(options.namespace)
@@ -374,7 +376,6 @@ def _store(options: DaemonOptions) -> Iterator[Store]:
 
 def _runtime(options: DaemonOptions) -> Runtime:
     if options.runtime == "ray":
-        _connect_ray(options)
         from .ray import RayRuntime
 
         return RayRuntime(

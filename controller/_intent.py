@@ -22,6 +22,8 @@ from ._store import Store
 
 logger = logging.getLogger("controller")
 
+#: How long a closing controller gives its last checkpoint writes.
+FLUSH_ON_CLOSE_S = 2.0
 #: The first and the longest wait between retries of a failed store write.
 WRITE_RETRY_MIN_S = 0.1
 WRITE_RETRY_MAX_S = 5.0
@@ -55,7 +57,7 @@ class Intent:
         self._wanted = trio.Event()
         self._queued: list[tuple[int, Callable[[], object]]] = []
         self._failures = 0  # failed writes in a row, for the backoff
-        self._touched = False
+        self._touches = self._touches_stored = 0
 
     @property
     def durable(self) -> bool:
@@ -81,7 +83,7 @@ class Intent:
     def touched(self) -> None:
         """The record changed in a way no action waits on (a replica became ready): store it
         with the next write, without holding anything back until then."""
-        self._touched = True
+        self._touches += 1
         self._wanted.set()
 
     def act(self, action: Callable[[], object]) -> None:
@@ -100,7 +102,22 @@ class Intent:
             action()
 
     async def run(self) -> None:
-        """The writer task: store what changed, report it, wait for more; never returns."""
+        """The writer task: store what changed, report it, wait for more; never returns. When
+        the controller closes, what is not stored yet is written once more, briefly (a close is
+        otherwise like a crash: this only spares the next controller some guessing, such as
+        which replicas had become ready)."""
+        try:
+            await self._write_forever()
+        finally:
+            with trio.move_on_after(FLUSH_ON_CLOSE_S, shield=True):
+                changes = self._changes(self.record_seq, self._history.added, self._touches)
+                if changes:
+                    try:
+                        await self._store.write(changes)
+                    except BaseException:  # the store is failing or gone
+                        logger.debug("backend %s: last checkpoint not written", self._name)
+
+    async def _write_forever(self) -> None:
         while True:
             await self._wanted.wait()
             self._wanted = trio.Event()
@@ -108,17 +125,16 @@ class Intent:
             # between: the record text holds every change up to `seq`. A write that fails is
             # retried with the newest texts, which supersede the old.
             while True:
-                seq, events = self.record_seq, self._history.added
-                changes = self._changes(seq, events)
+                seq, events, touches = self.record_seq, self._history.added, self._touches
+                changes = self._changes(seq, events, touches)
                 if not changes or await self._try_write(changes):
                     break
-            self._stored_seq, self._events_stored = seq, events
+            self._stored_seq, self._events_stored, self._touches_stored = seq, events, touches
             self._send(ev.Written(seq))
 
-    def _changes(self, seq: int, events: int) -> dict[str, str | None]:
+    def _changes(self, seq: int, events: int, touches: int) -> dict[str, str | None]:
         changes: dict[str, str | None] = {}
-        if seq != self._stored_seq or self._touched:
-            self._touched = False
+        if seq != self._stored_seq or touches != self._touches_stored:
             changes[replicas_key(self._name)] = self._record_text()
         if events != self._events_stored:
             changes[events_key(self._name)] = self._history.text()

@@ -377,7 +377,8 @@ class LocalRuntime:
             await lines.send(request)
             reply = await lines.receive()
         except (WireError, trio.BrokenResourceError) as exc:
-            raise ReplicaError(tag, "WorkerDied", f"{exc}{self._log_tail(tag)}") from None
+            tail = await trio.to_thread.run_sync(self._log_tail, tag)
+            raise ReplicaError(tag, "WorkerDied", f"{exc}{tail}") from None
         finally:
             with trio.CancelScope(shield=True):
                 await lines.aclose()
@@ -392,7 +393,8 @@ class LocalRuntime:
         return reply
 
     def _log_tail(self, tag: str) -> str:
-        chunk = self.read_log(tag, tail=1)
+        # Blocking (a file read): run in a thread. Only the end of the log is read.
+        chunk = read_log(self.log_path(tag), tail=1, max_bytes=4096)
         last = chunk.text.strip() if chunk is not None else ""
         return f"; its log ends: {last}" if last else ""
 

@@ -111,26 +111,29 @@ class LogChunk:
     """The size of the current log file when read: pass it back to get only what follows."""
 
 
-def read_log(path: Path, *, offset: int | None = None, tail: int = 100) -> LogChunk | None:
+def read_log(
+    path: Path, *, offset: int | None = None, tail: int = 100, max_bytes: int = MAX_READ_BYTES
+) -> LogChunk | None:
     """The last `tail` lines of the log at `path` (its rotated part included), or, given an
-    `offset` from an earlier read, what was written since. None if there is no such log."""
+    `offset` from an earlier read, what was written since; `max_bytes` at most. None if there
+    is no such log."""
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if offset is not None and 0 <= offset <= size:
-                start = max(offset, size - MAX_READ_BYTES)
+                start = max(offset, size - max_bytes)
                 f.seek(start)
                 # Up to `size` only: what is written meanwhile comes with the next read.
                 return LogChunk(f.read(size - start).decode(errors="replace"), size)
             # No offset, or the log was rotated since it was taken: from the end.
-            f.seek(max(0, size - MAX_READ_BYTES))
+            f.seek(max(0, size - max_bytes))
             data = f.read(size - f.tell())
     except FileNotFoundError:
         return None
-    if offset is None and data.count(b"\n") <= tail and len(data) < MAX_READ_BYTES:
+    if offset is None and data.count(b"\n") <= tail and len(data) < max_bytes:
         with contextlib.suppress(OSError), open(f"{path}.1", "rb") as old:
             old.seek(0, os.SEEK_END)
-            old.seek(max(0, old.tell() - (MAX_READ_BYTES - len(data))))
+            old.seek(max(0, old.tell() - (max_bytes - len(data))))
             data = old.read() + data
     lines = data.decode(errors="replace").splitlines(keepends=True)
     if offset is None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import signal
 import time
 from typing import Any
 
@@ -97,3 +99,12 @@ class Forks:
         if os.fork() == 0:
             time.sleep(120)
             os._exit(0)
+
+
+class IgnoresTerm(Recorder):
+    """A Recorder whose process ignores SIGTERM, so that its kill waits for SIGKILL. (Set from
+    a thread, through libc: Python's own `signal` works only on the main thread.)"""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        ctypes.CDLL(None).signal(signal.SIGTERM, 1)  # SIG_IGN

@@ -13,8 +13,8 @@ import trio
 import trio.testing
 
 import controller
-from controller._views import status_json
 from controller._cli_output import ready_column
+from controller._views import status_json
 from controller.testing import FakeRuntime, FakeState
 
 from .conftest import RC, config, opened, settle

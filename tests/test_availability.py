@@ -13,6 +13,7 @@ import trio.testing
 
 import controller
 from controller import BackendState, GoalOutcome
+from controller._wrap import RuntimeWrapper
 from controller.testing import FakeRuntime
 from controller.testing import FakeState as S
 
@@ -336,3 +337,160 @@ async def test_a_deploy_cancelled_after_its_write_began_is_applied_all_the_same(
         assert "spec/a" in store.inner.data
         await ctl.wait_until(lambda c: len(c.snapshot("a").replicas) == 1)
         assert ctl.status("a").generation == 1
+
+
+class Held:
+    """A MemoryStore whose writes that touch `key`, once `armed`, wait until `release`."""
+
+    def __init__(self, key: str) -> None:
+        self.inner = controller.MemoryStore()
+        self.key = key
+        self.armed = False
+        self.held = trio.Event()
+        self.release = trio.Event()
+
+    async def read_all(self) -> dict[str, str]:
+        return await self.inner.read_all()
+
+    async def write(self, changes: Mapping[str, str | None]) -> None:
+        if self.armed and self.key in changes and not self.release.is_set():
+            self.held.set()
+            await self.release.wait()
+        await self.inner.write(changes)
+
+
+async def test_a_prune_racing_a_delete_neither_fails_nor_loses_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from controller._api import Api
+
+    from .test_hostile_input import TOKEN, asgi
+
+    store = Held("spec/x1")
+    async with opened(FakeRuntime(auto_ready=True), store) as ctl:
+        for name in ("x1", "x2"):
+            await (await ctl.deploy(name, config(num_replicas=1), RC)).wait()
+        app = Api(
+            ctl, token=TOKEN, epoch="e", render_metrics=lambda: b"", request_shutdown=lambda: None
+        )
+        replies: dict[str, int] = {}
+        store.armed = True
+
+        async def prune() -> None:
+            body = b'{"backends": {}, "prune": true}'
+            replies["apply"] = (await asgi(app, "POST", "/api/v1/apply", body, TOKEN, b""))[0]
+
+        async def delete() -> None:
+            path = "/api/v1/backends/x2"
+            replies["delete"] = (await asgi(app, "DELETE", path, b"", TOKEN, b"force=true"))[0]
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(prune)
+            await store.held.wait()  # the prune is writing; x2 is deleted meanwhile
+            nursery.start_soon(delete)
+            await settle()
+            store.release.set()
+        assert replies == {"apply": 200, "delete": 202}
+        await ctl.wait_until(lambda c: c.status().backends == ())
+
+
+async def test_name_churn_leaves_nothing_behind(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import controller._watch
+    from controller._metrics import Metrics
+
+    monkeypatch.setattr(controller._watch, "TOMBSTONES_KEPT", 20)
+    metrics = Metrics()
+    rt = FakeRuntime(auto_ready=True)
+    async with controller.open_controller(
+        runtime=rt, store=controller.MemoryStore(), observer=metrics
+    ) as ctl:
+        await (await ctl.deploy("first", config(num_replicas=1), RC)).wait()
+        first = ctl.snapshot("first")
+        for i in range(300):
+            name = f"churn{i}"
+            await (await ctl.deploy(name, config(num_replicas=1), RC)).wait()
+            rt.crash(rt.tags(backend=name)[0])  # a failure: a metric series per backend
+            await serving(ctl, name, 1)
+            await (await ctl.delete(name)).wait()
+        await (await ctl.delete("first")).wait()
+        hub = ctl._hub
+        assert len(hub._latest) <= 20  # tombstones bounded
+        assert hub.floor > first.snapshot_id
+        assert ctl._locks == {}  # no lock per name left
+        assert "churn" not in metrics.render().decode()  # no series per deleted backend
+        # A watcher that held "first" from before learns it is gone, though its tombstone
+        # was dropped.
+        gone = (await ctl.listen_for_change({"first": first.snapshot_id}))["first"]
+        assert not gone.exists
+
+
+async def test_a_runtime_bug_in_a_health_check_is_logged_with_its_traceback(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Buggy(RuntimeWrapper):
+        async def check_health_replica(self, tag: str) -> None:
+            raise KeyError("a bug in the runtime, not in the replica")
+
+    rt = Buggy(FakeRuntime(auto_ready=True))
+    async with opened(rt) as ctl:
+        await (await ctl.deploy("a", config(health_check_period_s=10), RC)).wait()
+        await trio.sleep(10.5)
+        records = [r for r in caplog.records if "runtime error checking" in r.getMessage()]
+        assert records
+        assert records[0].exc_info is not None  # the traceback, where the bug is
+
+
+async def test_a_cancelled_start_is_not_counted_as_a_failed_one(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from controller._metrics import Metrics
+
+    metrics = Metrics()
+    rt = FakeRuntime()  # starts hang until the test says
+    async with controller.open_controller(
+        runtime=metrics.wrap_runtime(rt), store=controller.MemoryStore(), observer=metrics
+    ) as ctl:
+        await ctl.deploy("a", config(num_replicas=1), RC)
+        await settle()
+        await (await ctl.delete("a")).wait()  # cancels the start in flight
+    text = metrics.render().decode()
+    assert 'controller_replica_start_seconds_count{outcome="cancelled"} 1.0' in text
+    assert 'outcome="failed"' not in text
+
+
+class NotRetryable:
+    """A store whose writes fail with an error that no retry can cure."""
+
+    def __init__(self) -> None:
+        self.inner = controller.MemoryStore()
+        self.fail = False
+
+    async def read_all(self) -> dict[str, str]:
+        return await self.inner.read_all()
+
+    async def write(self, changes: Mapping[str, str | None]) -> None:
+        if self.fail and "replicas/a" in changes:
+            raise controller.CheckpointError("the schema moved under us")
+        await self.inner.write(changes)
+
+
+async def test_only_retryable_store_errors_are_retried(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A checkpoint write that fails with an error no retry can cure is not retried for ever: it
+    # ends the controller, as a bug would, and says what it was.
+    assert not controller.CheckpointError.retryable
+    assert controller.StoreError.retryable
+    store = NotRetryable()
+
+    async def scale_up() -> None:
+        async with opened(FakeRuntime(auto_ready=True), store) as ctl:
+            await (await ctl.deploy("a", config(num_replicas=1), RC)).wait()
+            store.fail = True
+            await ctl.deploy("a", config(num_replicas=2), RC)
+            await trio.sleep_forever()  # until the writer's failure ends the controller
+
+    with pytest.raises(controller.CheckpointError, match="schema moved"):
+        await scale_up()

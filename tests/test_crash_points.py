@@ -45,12 +45,14 @@ class Scenario:
     name: str
     setup: list[Op]  # done first, by a controller that does not crash
     steps: list[Op]  # done by the controller that crashes at step k
+    floor: int = 0  # the fewest replicas that must serve throughout the recovery
 
 
 SCENARIOS = [
     Scenario("deploy 0 -> 5", [], [deploy(5)]),
     Scenario("scale 5 -> 10 -> 2", [deploy(5)], [deploy(10), deploy(2)]),
-    Scenario("rolling update of 10", [deploy(10, "v1")], [deploy(10, "v2")]),
+    # num_replicas - max_unavailable (0.25 of 10, rounded down) must serve throughout.
+    Scenario("rolling update of 10", [deploy(10, "v1")], [deploy(10, "v2")], floor=8),
     Scenario("reconfigure 10", [deploy(10, user_config=1)], [deploy(10, user_config=2)]),
     Scenario("delete 5", [deploy(5)], [delete]),
 ]
@@ -76,9 +78,20 @@ async def run_scenario(
 
 async def recover_and_check(scenario: Scenario, rt: FakeRuntime, store: controller.Store) -> None:
     """A new controller over what the crash left: the user retries the last step; it must
-    converge with the runtime's live replicas exactly those the status shows."""
-    async with opened(rt, store) as ctl:
+    converge with the runtime's live replicas exactly those the status shows, and keep the
+    scenario's floor of serving replicas all along."""
+    fewest = len(rt.tags(FakeState.READY))
+
+    def note(r: FakeRuntime) -> bool:
+        nonlocal fewest
+        fewest = min(fewest, len(r.tags(FakeState.READY)))
+        return False
+
+    async with opened(rt, store) as ctl, trio.open_nursery() as watching:
+        watching.start_soon(rt.wait_until, note)
         await scenario.steps[-1](ctl)
+        watching.cancel_scope.cancel()
+        assert fewest >= scenario.floor, f"only {fewest} replicas served during the recovery"
         status = ctl.status()
         shown = [r.tag for b in status.backends for r in b.replicas]
         assert len(shown) == len(set(shown)), "a tag shows twice"

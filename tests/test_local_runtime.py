@@ -7,19 +7,23 @@ import shutil
 import signal
 import socket
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import trio
 import trio.testing
 
 import controller
+import controller.testing
 from controller import GoalOutcome, ReplicaState
+from controller._wrap import RuntimeWrapper
 
 from .replicas import events
 
 HERE = Path(__file__).parent
+T = TypeVar("T")
 LIMIT_S = 30  # generous: CI machines are slow at spawning Python
 
 
@@ -391,4 +395,86 @@ async def test_a_worker_that_died_while_no_controller_ran_leaves_nothing_behind(
             assert len(list(workdir.glob("*.spec.json"))) == 1
             assert len(list(workdir.glob("*.sock"))) == 1
             assert runtime.read_log(old.tag) is not None
+            await (await ctl.delete("a", force=True)).wait()
+
+
+def _pid_of(runtime_dir: Path, tag: str) -> int:
+    for pid in worker_pids(runtime_dir):
+        spec = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[-2]
+        if tag in Path(spec.decode()).read_text():
+            return pid
+    raise AssertionError(f"no worker has tag {tag}")
+
+
+@pytest.mark.parametrize("check", controller.testing.CONFORMANCE_CHECKS, ids=lambda c: c.__name__)
+async def test_local_runtime_conforms(
+    harness: Harness, check: Callable[[controller.testing.Subject], Awaitable[None]]
+) -> None:
+    async def crash(runtime: controller.Runtime, tag: str) -> None:
+        os.kill(_pid_of(harness.runtime_dir, tag), signal.SIGKILL)
+        await trio.lowlevel.checkpoint()
+
+    subject = controller.testing.Subject(
+        runtime=lambda: controller.LocalRuntime(harness.runtime_dir / "w", pythonpath=[HERE]),
+        store=harness.store,
+        replica=harness.recorder(),
+        ignores_drain=harness.recorder(drain_s=600),
+        crash=crash,
+    )
+    with trio.fail_after(LIMIT_S):
+        await check(subject)
+
+
+class KillWatch(RuntimeWrapper):
+    """Tells when a kill has begun."""
+
+    def __init__(self, inner: controller.Runtime) -> None:
+        super().__init__(inner)
+        self.killing = trio.Event()
+
+    async def around(self, op: str, tag: str | None, work: Callable[[], Awaitable[T]]) -> T:
+        if op == "kill":
+            self.killing.set()
+        return await work()
+
+
+async def test_closing_the_controller_during_a_kill_lets_the_kill_finish(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    watch = KillWatch(harness.runtime)
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(runtime=watch, store=harness.store) as ctl:
+            replica = controller.ReplicaConfig(
+                "replicas:IgnoresTerm", init_kwargs={"path": harness.record}
+            )
+            await (await ctl.deploy("a", cfg(), replica)).wait()
+            (pid,) = worker_pids(harness.runtime_dir)
+            await ctl.delete("a", force=True)
+            await watch.killing.wait()
+            # Closed while the kill waits for SIGTERM to be ignored, then sends SIGKILL.
+    assert is_zombie_or_gone(pid) == "gone"
+    assert "kill failed" not in caplog.text
+
+
+async def test_a_worker_answers_while_a_slow_import_runs(runtime_dir: Path) -> None:
+    barrier = runtime_dir / "imported"
+    env = {**os.environ, "SLOW_IMPORT_BARRIER": str(barrier)}
+    runtime = controller.LocalRuntime(runtime_dir / "w", pythonpath=[HERE], env=env)
+    store = controller.MemoryStore()
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(runtime=runtime, store=store) as ctl:
+            replica = controller.ReplicaConfig("slow_import_replica:Slow")
+            goal = await ctl.deploy("a", cfg(), replica)
+            (tag,) = [r.tag for r in ctl.status("a").replicas]
+            while True:  # until its process is there: spawning takes a moment
+                try:
+                    # Its import runs in a thread: the worker's loop answers meanwhile.
+                    with trio.fail_after(5):
+                        hello = await runtime._request(tag, {"op": "hello"})  # the worker's wire
+                    break
+                except controller.ReplicaGoneError:
+                    await trio.sleep(0.01)
+            assert hello["state"] == "starting"
+            barrier.touch()
+            assert await goal.wait() is GoalOutcome.COMPLETED
             await (await ctl.delete("a", force=True)).wait()

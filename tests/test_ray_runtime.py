@@ -13,13 +13,14 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
 import trio
 
 import controller
+import controller.testing
 from controller import GoalOutcome
 
 from .replicas import events
@@ -381,3 +382,42 @@ async def test_the_daemon_on_ray_keeps_its_replicas_across_a_restart(
         assert await harness.runtime.list_replicas() == []  # shutdown drained them
     finally:
         shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.mark.parametrize("check", controller.testing.CONFORMANCE_CHECKS, ids=lambda c: c.__name__)
+async def test_ray_runtime_conforms(
+    harness: Harness, check: Callable[[controller.testing.Subject], Awaitable[None]]
+) -> None:
+    async def crash(runtime: controller.Runtime, tag: str) -> None:
+        handle = await trio.to_thread.run_sync(
+            lambda: ray.get_actor(tag, namespace=harness.namespace)
+        )
+        await trio.to_thread.run_sync(lambda: ray.kill(handle, no_restart=True))
+
+    subject = controller.testing.Subject(
+        runtime=lambda: RayRuntime(namespace=harness.namespace, pythonpath=[HERE]),
+        store=harness.store,
+        replica=harness.recorder(),
+        ignores_drain=harness.recorder(drain_s=600),
+        crash=crash,
+    )
+    with trio.fail_after(LIMIT_S):
+        await check(subject)
+
+
+def test_the_kv_store_retries_ray_s_failures_but_not_its_own_bugs() -> None:
+    from ray.exceptions import RaySystemError
+
+    from controller.ray._kv_store import _as_store_error
+
+    def lost() -> None:
+        # Ray's exceptions carry no type hints.
+        raise RaySystemError("lost the connection to the control store")  # type: ignore[no-untyped-call]
+
+    def bug() -> None:
+        raise KeyError("a bug of ours")
+
+    with pytest.raises(controller.StoreError, match="lost the connection"):
+        _as_store_error("writing", lost)
+    with pytest.raises(KeyError):  # not a StoreError: a retry would fail the same, for ever
+        _as_store_error("writing", bug)

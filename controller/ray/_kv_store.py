@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar, final
 
 import trio
+from ray.exceptions import RayError
 from ray.experimental import internal_kv
 
 from .._errors import ConfigError, StoreError
@@ -91,10 +92,9 @@ class RayKVStore:
 
 def _as_store_error(doing: str, fn: Callable[[], T]) -> T:
     # The controller retries a StoreError with backoff; Ray's own errors (a lost connection to the
-    # control store, say) are exactly such failures.
+    # control store, say) are exactly such failures. A bug of ours (a TypeError, a KeyError) is
+    # not: retried, it would fail for ever; raised as it is, it is seen.
     try:
         return fn()
-    except StoreError:
-        raise
-    except Exception as exc:
+    except (RayError, ConnectionError, TimeoutError, OSError) as exc:
         raise StoreError(f"{doing} Ray's KV store: {type(exc).__name__}: {exc}") from exc

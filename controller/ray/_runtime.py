@@ -196,12 +196,15 @@ class RayRuntime:
             return  # no such actor: already gone
         actor.killing = True
         try:
-            ray.kill(actor.handle, no_restart=True)
+            # A round trip to the control store: never on the trio thread.
+            await trio.to_thread.run_sync(lambda: ray.kill(actor.handle, no_restart=True))
             # A call to a dead actor fails at once; one still dying fails when it is dead. Either
             # way, its end means the actor and its resources are gone.
             # Never cancel calls to an actor being killed: Ray 2.60 can abort the dying actor's
             # process on a cancel that races its kill (seen once in the benchmark's logs).
-            call = actor.death_call or actor.handle.wait_until_dead.remote()
+            call = actor.death_call or await trio.to_thread.run_sync(
+                actor.handle.wait_until_dead.remote
+            )
             with contextlib.suppress(ray.exceptions.RayActorError):
                 await wait_ref(call)
         finally:
@@ -247,7 +250,10 @@ class RayRuntime:
 
     async def _request(self, actor: _Actor, method: str, *args: str) -> dict[str, Any]:
         try:
-            text = await wait_ref(getattr(actor.handle, method).remote(*args))
+            call = await trio.to_thread.run_sync(
+                lambda: getattr(actor.handle, method).remote(*args)
+            )
+            text = await wait_ref(call)
         except ray.exceptions.RayActorError as exc:
             raise ReplicaError(actor.tag, "ActorDied", _first_line(exc)) from None
         except ray.exceptions.RayError as exc:
@@ -265,7 +271,8 @@ class RayRuntime:
 
     async def _monitor(self, actor: _Actor) -> None:
         while True:
-            call = actor.death_call = actor.handle.wait_until_dead.remote()
+            call = await trio.to_thread.run_sync(actor.handle.wait_until_dead.remote)
+            actor.death_call = call
             try:
                 await wait_ref(call)
             except trio.Cancelled:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import final
 
 import attrs
@@ -90,6 +90,7 @@ class FakeRuntime:
       that ignores its drain and is killed at the graceful-shutdown deadline.
     - ``auto_reconfigure=False``: reconfigures wait for ``finish_reconfigure(tag)`` or
       ``fail_reconfigure(tag, ...)``, so that UPDATING can be seen on purpose.
+    - ``hung_drains``: entrypoints whose replicas never finish a drain on their own.
     - ``crash(tag)``: a running replica dies on its own, and the controller is told.
     - ``capacity``: one mapping (one node) or a list of them (several nodes) for feasibility.
     - ``max_replicas``: how many replicas each node holds at all (its ``replica_slots``),
@@ -106,6 +107,7 @@ class FakeRuntime:
         auto_ready: bool = False,
         auto_drain: bool = True,
         auto_reconfigure: bool = True,
+        hung_drains: Collection[str] = (),
         capacity: Mapping[str, float] | Sequence[Mapping[str, float]] | None = None,
         max_replicas: int = 100_000,
         record_history: bool = True,
@@ -113,6 +115,7 @@ class FakeRuntime:
         self.auto_ready = auto_ready
         self.auto_drain = auto_drain
         self.auto_reconfigure = auto_reconfigure
+        self.hung_drains = frozenset(hung_drains)
         if capacity is None:
             nodes: list[dict[str, float]] = [{}]
         elif isinstance(capacity, Sequence):
@@ -295,7 +298,7 @@ class FakeRuntime:
             replica.state = FakeState.DRAINING
             replica.drain_requested_at = trio.current_time()
         self._note(tag, "drain")
-        if self.auto_drain:
+        if self.auto_drain and replica.spec.replica_config.entrypoint not in self.hung_drains:
             replica._drain_done.set()
         await replica._drain_done.wait()
 
