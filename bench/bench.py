@@ -28,6 +28,7 @@ import trio
 import trio.testing
 
 import controller
+from controller._watch import TOMBSTONES_KEPT
 from controller.testing import FakeRuntime, FakeState
 
 RC = controller.ReplicaConfig("bench.replica:Noop")
@@ -293,6 +294,41 @@ async def memory_per_replica(replicas: int) -> float:
         return (grown - store_bytes) / replicas
 
 
+async def name_churn(names: int, batch: int = 100) -> dict[str, float]:
+    """Create and delete `names` backend names (one replica each, `batch` at a time): the memory
+    the controller holds must not grow with them (no lock, tombstone or series per name kept
+    beyond a bound). Measured between half-way and the end, both well past the point where the
+    kept tombstones reach their cap (dict tables then only resize within a bound)."""
+    store = controller.MemoryStore()
+    async with controller.open_controller(runtime=NullRuntime(), store=store) as ctl:
+
+        async def one(name: str) -> None:
+            await (await ctl.deploy(name, cfg(1), RC)).wait()
+            await (await ctl.delete(name)).wait()
+
+        async def churn(first: int, last: int) -> None:
+            for start in range(first, last, batch):
+                async with trio.open_nursery() as nursery:
+                    for i in range(start, min(start + batch, last)):
+                        nursery.start_soon(one, f"n{i}")
+
+        # Traced from the start, so that what the warm-up made and the churn frees counts too.
+        tracemalloc.start()
+        warm = max(names // 2, 2 * TOMBSTONES_KEPT)
+        await churn(0, warm)
+        await trio.testing.wait_all_tasks_blocked()
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        t0 = time.perf_counter()
+        await churn(warm, names)
+        took = time.perf_counter() - t0
+        await trio.testing.wait_all_tasks_blocked()
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+        tracemalloc.stop()
+        return {"names": names, "grown_bytes": grown, "seconds": took, "left": len(store.data)}
+
+
 # -- 6. local processes --------------------------------------------------------------------------
 
 
@@ -379,6 +415,8 @@ def main() -> None:
         }
         print("memory per replica ...", file=sys.stderr)
         results["memory_bytes_per_replica"] = trio.run(memory_per_replica, 10000)
+        print("name churn: backends created and deleted ...", file=sys.stderr)
+        results["name_churn"] = trio.run(name_churn, 40_000 if args.quick else 100_000)
         print("local processes: 8 replicas ...", file=sys.stderr)
         results["local"] = trio.run(local_processes, 3 if args.quick else 7)
     results["machine"] = {
@@ -416,6 +454,11 @@ def print_table(r: dict[str, Any]) -> None:
         ("idle CPU, 1,000 (poller)", f"{idle['poller_1000']:.3f} %", ""),
         ("idle CPU, 10,000 (poller)", f"{idle['poller_10000']:.3f} %", ""),
         ("memory per replica", f"{r['memory_bytes_per_replica']:.0f} B", "<= 2048 B"),
+        (
+            f"memory after {r['name_churn']['names']:,} names",
+            f"{r['name_churn']['grown_bytes'] / 1024:+.0f} KiB",
+            "flat",
+        ),
         ("8 workers, direct", f"{r['local']['direct_s']:.3f} s", ""),
         ("8 replicas via controller", f"{r['local']['controller_s']:.3f} s", ""),
         ("controller / direct", f"{r['local']['ratio']:.2f}", "<= 1.2"),

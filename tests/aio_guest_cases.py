@@ -15,7 +15,7 @@ from controller.testing import FakeRuntime, FakeState
 
 from .aio_scenarios import (
     RC,
-    bridge_tasks,
+    bridge_tasks_become,
     cfg,
     deploy_and_wait,
     errors_cross_with_their_type,
@@ -52,13 +52,12 @@ def test_cancelling_the_asyncio_caller_cancels_the_trio_work() -> None:
         async with open_in_guest_mode(runtime=rt, store=controller.MemoryStore()) as ctl:
             goal = await ctl.deploy("a", cfg(1), RC)
             waiting = asyncio.ensure_future(goal.wait())
-            await asyncio.sleep(0.05)
-            assert await bridge_tasks(ctl) == 2  # the goal's wait, and this count
+            # Until its trio task runs: the goal's wait, and this count (a round trip each).
+            await asyncio.wait_for(bridge_tasks_become(ctl, 2), 10)
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiting
-            await asyncio.sleep(0.05)
-            assert await bridge_tasks(ctl) == 1  # the trio side of the wait is gone
+            await asyncio.wait_for(bridge_tasks_become(ctl, 1), 10)  # the trio side is gone
 
     asyncio.run(main())
 
@@ -69,7 +68,7 @@ def test_the_controller_closing_fails_the_asyncio_caller() -> None:
         async with open_in_guest_mode(runtime=rt, store=controller.MemoryStore()) as ctl:
             goal = await ctl.deploy("a", cfg(1), RC)
             waiting = asyncio.ensure_future(goal.wait())
-            await asyncio.sleep(0.05)
+            await asyncio.wait_for(bridge_tasks_become(ctl, 2), 10)
         # Leaving the block closed the controller under the wait: trio cancelled it.
         with pytest.raises(controller.ControllerClosedError):
             await waiting

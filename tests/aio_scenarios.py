@@ -26,6 +26,13 @@ async def bridge_tasks(ctl: AioController) -> int:
     return await ctl._bridge.call(count)
 
 
+async def bridge_tasks_become(ctl: AioController, n: int) -> None:
+    """Return once the bridge runs `n` trio tasks (each look is a round trip through trio, so
+    the trio side runs in between: no sleep needed)."""
+    while await bridge_tasks(ctl) != n:
+        pass
+
+
 async def deploy_and_wait(ctl: AioController) -> None:
     """Needs a runtime whose starts succeed at once."""
     goal = await ctl.deploy("a", cfg(2), RC)

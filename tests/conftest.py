@@ -3,12 +3,24 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import pytest
 import trio
 
 import controller
 from controller.testing import FakeRuntime, FakeState
 
 RC = controller.ReplicaConfig("app.replica:Echo")
+
+#: What the reliability suites counted (crash points, histories, inputs): printed at the end of
+#: the run, for RELIABILITY.md (``nox -s reliability``).
+FIGURES: dict[str, str] = {}
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if FIGURES:
+        terminalreporter.section("reliability figures")
+        for what, figure in sorted(FIGURES.items()):
+            terminalreporter.write_line(f"{what}: {figure}")
 
 
 def config(**kwargs: object) -> controller.BackendConfig:

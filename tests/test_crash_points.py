@@ -18,7 +18,7 @@ import trio.testing
 import controller
 from controller.testing import ControllerCrash, FakeRuntime, FakeState, FaultInjector
 
-from .conftest import RC, config, opened
+from .conftest import FIGURES, RC, config, opened
 
 Op = Callable[[controller.Controller], Awaitable[None]]
 
@@ -132,7 +132,7 @@ async def test_crash_at_every_step(
             # finishes, so a crash "after" it never happens: such points are not counted.
             tried += faults.crashed
     TRIED[scenario.name] = tried
-    print(f"{scenario.name}: {total} steps, {tried} crash points tried, all held")
+    FIGURES[f"crash points, {scenario.name}"] = f"{total} steps, {tried} tried, all held"
 
 
 def test_at_least_200_crash_points_in_all() -> None:
@@ -140,5 +140,5 @@ def test_at_least_200_crash_points_in_all() -> None:
     if len(TRIED) < len(SCENARIOS):
         pytest.skip("run with the whole file")
     total = sum(TRIED.values())
-    print(f"crash points tried: {total}, held: {total}")
+    FIGURES["crash points in all"] = f"{total} tried, {total} held"
     assert total >= 200

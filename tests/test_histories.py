@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 import controller
 from controller.testing import FakeRuntime, FakeState
 
-from .conftest import DEADLOCK_LIMIT_S, EXACT, RC
+from .conftest import DEADLOCK_LIMIT_S, EXACT, FIGURES, RC
 
 STEPS = 30
 #: ``nox -s reliability`` sets it to 10 for ten times the histories.
@@ -137,6 +137,7 @@ def test_random_histories(data: st.DataObject) -> None:
                     if life == restarts:
                         await quiet(ctl, rt, latest)
         RAN["histories"] += 1
+        FIGURES["random histories"] = f"{RAN['histories']} histories, {RAN['steps']} steps"
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
@@ -171,8 +172,3 @@ async def step(
         rt.replicas[tag].health_error = ("RuntimeError", "sick")
     elif op == "sleep":
         await trio.sleep(data.draw(st.sampled_from([0.5, 3, 11, 31, 120]), label="sleep"))
-
-
-def test_histories_ran() -> None:
-    # Runs after the test above (file order): the figures for RELIABILITY.md.
-    print(f"random histories: {RAN['histories']} histories, {RAN['steps']} steps")

@@ -24,7 +24,7 @@ from controller._api import Api
 from controller._manifest import load_manifest, parse_backend, parse_manifest
 from controller.testing import FakeRuntime
 
-from .conftest import RC, config
+from .conftest import FIGURES, RC, config
 
 #: ``nox -s reliability`` sets it to 10 for ten times the examples.
 SCALE = int(os.environ.get("RELIABILITY_SCALE", "1"))
@@ -33,6 +33,7 @@ FUZZED: dict[str, int] = {}
 
 def fuzzed(name: str) -> None:
     FUZZED[name] = FUZZED.get(name, 0) + 1
+    FIGURES["inputs fuzzed"] = ", ".join(f"{n} {what}" for what, n in FUZZED.items())
 
 
 FIELDS = sorted(
@@ -288,8 +289,3 @@ def test_nan_is_not_json() -> None:
     with pytest.raises(controller.ConfigError) as caught:
         config(user_config=math.nan)
     assert "user_config" in caught.value.field
-
-
-def test_inputs_fuzzed() -> None:
-    # Runs last in this file: the figures for RELIABILITY.md.
-    print("inputs fuzzed: " + ", ".join(f"{n} {what}" for what, n in FUZZED.items()))
