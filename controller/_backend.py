@@ -15,72 +15,52 @@ import random
 from collections.abc import Callable
 from typing import Any, final
 
+import attrs
 import trio
 
+from . import _backend_view as view
 from . import _events as ev
 from . import _replica_tasks as tasks
-from ._backend_view import (
-    classify,
-    decision,
-    describe_change,
-    describe_new,
-    snapshot_of,
-    status_of,
-)
-from ._checkpoint import (
-    EventsRecord,
-    ReplicasRecord,
-    events_key,
-    replicas_key,
-    spec_key,
-)
+from ._checkpoint import EventsRecord, ReplicasRecord, events_key, replicas_key, spec_key
 from ._failures import FailureBook
 from ._goal import Goal
 from ._health import HealthChecks
-from ._history import EventLog, plural
+from ._history import Journal, plural
 from ._intent import Intent
 from ._json import JSON
 from ._observe import Observer
 from ._policy import RestartPolicy
-from ._reconcile import Target, decide, resolve_limits
+from ._reconcile import decide
 from ._replica import UNKNOWN_CONFIG, Replica, ReplicaSet, Spec, new_tag
-from ._runtime import ReplicaSpec, Runtime
-from ._state import (
-    BackendReason,
-    BackendState,
-    BackendStatus,
-    ReplicaState,
-    ServingReplica,
-)
+from ._runtime import Runtime
+from ._state import BackendReason, BackendState, BackendStatus, ReplicaState, ServingReplica
 from ._store import Store
 from ._watch import SnapshotHub
 
 logger = logging.getLogger("controller")
 
-KILL_TIMEOUT_S = tasks.KILL_TIMEOUT_S
+
+@attrs.frozen
+class Shared:
+    """What the backends of one controller share, and how each tells the controller of itself."""
+
+    runtime: Runtime
+    store: Store
+    hub: SnapshotHub
+    policy: RestartPolicy
+    rng: random.Random
+    observer: Observer
+    requested: Callable[[str], int]
+    """The generation last asked of a name: a deleted backend is forgotten only if still that."""
+    on_pass: Callable[[], None]
+    on_forgotten: Callable[[Backend], None]
 
 
 @final
 class Backend:
     """A backend's state and its task. Made by the controller; ``run`` is the task."""
 
-    def __init__(
-        self,
-        name: str,
-        spec: Spec,
-        goal: Goal,
-        *,
-        runtime: Runtime,
-        store: Store,
-        hub: SnapshotHub,
-        lock: trio.Lock,
-        requested: Callable[[], int],
-        on_forgotten: Callable[[Backend], None],
-        on_pass: Callable[[], None],
-        policy: RestartPolicy,
-        rng: random.Random,
-        observer: Observer,
-    ):
+    def __init__(self, name: str, spec: Spec, goal: Goal, lock: trio.Lock, shared: Shared):
         self.name = name
         self.spec = spec
         self.goal = goal
@@ -90,30 +70,24 @@ class Backend:
         self._set = ReplicaSet(name, lambda: self._intent.changed())
         self.replicas = self._set.by_tag
         self.forgotten = False
-        self._hub = hub
-        self._requested = requested
-        self._on_forgotten = on_forgotten
-        self._on_pass = on_pass
-        self._observer = observer
+        self._shared = shared
         # Unbounded, and that is safe: every event answers a task the loop itself started (one
         # each), a death (at most one per replica) or a spec change (one per deploy). Senders
         # must never block: some of them run in the runtime's own callbacks.
         self._send, self._receive = trio.open_memory_channel[ev.Event](math.inf)
-        self._failures = FailureBook(policy, rng)
-        self.last_error: str | None = None
-        """The most recent failure of any generation."""
-        self.last_traceback: str | None = None
-        self._timer_at = math.inf
-        self._timer_scope: trio.CancelScope | None = None
-        self._change: tuple[BackendState, BackendReason] = classify(spec, spec)
+        self._failures = FailureBook(shared.policy, shared.rng)
+        self._change: tuple[BackendState, BackendReason] = view.classify(spec, spec)
         self._observed_generation = 0
         self._converged = False
         self._snapshot_dirty = True
-        self.history = EventLog(name)
-        self._intent = Intent(name, store, self._set.record_text, self.history, self._send_nowait)
-        self._tasks = tasks.Launcher(runtime, self._intent, self._send_nowait)
+        self.journal = Journal(name, shared.observer, lambda: self._intent.events_changed())
+        self._intent = Intent(
+            name, shared.store, self._set.record_text, self.journal.log, self._send_nowait
+        )
+        self._tasks = tasks.Launcher(shared.runtime, self._intent, self._send_nowait)
+        self._alarm = tasks.Alarm(self._tasks)
         self._health = HealthChecks(self._tasks, self._check_failed, self._ready_changed)
-        self._event("Delete" if spec.deleting else "Deploy", describe_new(spec))
+        self.journal.event("Delete" if spec.deleting else "Deploy", view.describe_new(spec))
 
     # -- called by the controller: it reads, and it sends events --
 
@@ -142,25 +116,13 @@ class Backend:
     ) -> list[str]:
         """Before ``run``: rebuild replicas from a checkpoint, adopting what is alive and
         forgetting what is not (returned, for the runtime to clear what they left behind)."""
-        dropped: list[str] = []
-        for rec in record.replicas if record is not None else ():
-            if rec.tag not in live:
-                # Never started, or gone while the controller was down: the plan replaces it.
-                dropped.append(rec.tag)
-                continue
-            state = ReplicaState.STOPPING if rec.stopping else ReplicaState.RECOVERING
-            created = None if rec.created_ms is None else rec.created_ms / 1000
-            replica = self._set.add(rec.tag, rec.version, rec.config_digest, state, created)
-            replica.adopted = True
-            replica.served = rec.served
-            replica.graceful = not self.spec.force
-            if rec.stopping and replica.graceful:
-                replica.drain_scope = trio.CancelScope()
+        # Those not alive, the plan replaces.
+        dropped = self._set.restore(record, live, graceful=not self.spec.force)
         self._intent.restored(changed=bool(dropped))
         if not self.spec.deleting:
             self._change = (BackendState.UPDATING, "Recovering")
-        self.history.restore(events)
-        self._event(
+        self.journal.log.restore(events)
+        self.journal.event(
             "Recovered",
             f"generation {self.spec.generation}: adopting "
             f"{plural(len(self.replicas), 'live replica')}",
@@ -171,9 +133,8 @@ class Backend:
         """Before ``run``: start nothing new until the next deploy, because the spec cannot be
         placed (a spec stored before the runtime shrank). Replicas already there stay."""
         self._failures.blocked = "Infeasible"
-        self._failures.error = self.last_error = reason
-        logger.error("backend %s: %s", self.name, reason)
-        self._event("Infeasible", reason)
+        self._failures.error = self.journal.last_error = reason
+        self.journal.deploy_failed(reason, kind="Infeasible")
         self.goal.fail(reason)
 
     # -- the task --
@@ -203,11 +164,12 @@ class Backend:
                     except trio.WouldBlock:
                         break
                 done = await self._pass()
-                self._observer.events_handled(self.name, handled, trio.current_time() - taken_at)
-                self._on_pass()
+                elapsed = trio.current_time() - taken_at
+                self._shared.observer.events_handled(self.name, handled, elapsed)
+                self._shared.on_pass()
             # Forgotten: no replica is left, so the only task still here is the idle writer.
             nursery.cancel_scope.cancel()
-        self._observer.forgotten(self.name)  # after its last pass is counted
+        self._shared.observer.forgotten(self.name)  # after its last pass is counted
 
     def _send_nowait(self, event: ev.Event) -> None:
         self._send.send_nowait(event)
@@ -220,8 +182,7 @@ class Backend:
             event.applied.set()
             return
         if isinstance(event, ev.Tick):
-            if event.at == self._timer_at:  # not a stale tick of a timer since replaced
-                self._timer_at, self._timer_scope = math.inf, None
+            self._alarm.rang(event.at)
             return
         if isinstance(event, ev.Written):
             self._intent.written(event.seq)
@@ -249,23 +210,13 @@ class Backend:
         self.spec, self.goal = spec, goal
         # A new spec is a new attempt: the failures of the one it replaces do not carry over.
         self._failures.new_generation()
-        self._change = classify(old, spec)
-        self._event("Delete" if spec.deleting else "Deploy", describe_change(old, spec))
+        self._change = view.classify(old, spec)
+        self.journal.event("Delete" if spec.deleting else "Deploy", view.describe_change(old, spec))
         if spec.force:
-            # Forced: the drains under way are cut short, and the kills follow at once.
-            for replica in self.replicas.values():
-                if replica.state is ReplicaState.STOPPING and replica.graceful:
-                    replica.graceful = False
-                    if replica.drain_scope is not None:
-                        replica.drain_scope.cancel()
+            self._set.cut_drains()
         period = spec.backend_config.health_check_period_s
         if period != old.backend_config.health_check_period_s:
-            # A new period (or checks turned on or off) applies to the replicas running now.
-            self._health.schedule.clear()
-            now = trio.current_time()
-            for replica in self.replicas.values():
-                if replica.state is ReplicaState.RUNNING:
-                    self._health.schedule.schedule(replica, now, period)
+            self._health.reschedule(self.replicas, trio.current_time(), period)
         self._snapshot_dirty = True
 
     def _started(self, replica: Replica, info: Any) -> None:
@@ -282,9 +233,7 @@ class Backend:
             replica.record_json = None
             self._intent.touched()  # stored with the next write; no action waits on it
         self._failures.ready(replica.version == self.spec.version)
-        self._health.schedule.schedule(
-            replica, trio.current_time(), self.spec.backend_config.health_check_period_s
-        )
+        self._health.begin(replica, self.spec.backend_config)
         logger.info("replica %s RUNNING at %s", replica.tag, info.address)
 
     def _start_failed(self, replica: Replica, error: str | None, traceback: str | None) -> None:
@@ -298,7 +247,7 @@ class Backend:
         if replica.adopted:
             # Not a failed start of the version: the plan simply replaces it.
             logger.warning("replica %s: adoption failed (%s); replacing it", replica.tag, error)
-            self._event("AdoptionFailed", f"replica {replica.tag}: {error}; replacing it")
+            self.journal.event("AdoptionFailed", f"replica {replica.tag}: {error}; replacing it")
         else:
             self._count_failed_start(replica, error, traceback)
         self._stop_now(replica, graceful=False)  # what a failed start left behind
@@ -308,8 +257,7 @@ class Backend:
         self._failure(replica.tag, "StartFailed", error, traceback)
         if blocks:
             reason = self._failures.why_blocked(error)
-            logger.error("backend %s: deploy failed: %s", self.name, reason)
-            self._event("DeployFailed", reason)
+            self.journal.deploy_failed(reason)
             self.goal.fail(reason, traceback)
 
     def _died(self, replica: Replica, reason: str) -> None:
@@ -332,9 +280,7 @@ class Backend:
         if error is None:
             replica.state = ReplicaState.RUNNING
             self._set.set_config(replica, event.config_digest)
-            self._health.schedule.schedule(
-                replica, trio.current_time(), self.spec.backend_config.health_check_period_s
-            )
+            self._health.begin(replica, self.spec.backend_config)
             logger.info("replica %s reconfigured", replica.tag)
             return
         message = f"reconfigure failed: {error}"
@@ -350,8 +296,7 @@ class Backend:
             # plan does that), or replaced with it if that fails too.
             self._failures.blocked = "ReconfigureFailed"
             reason = f"the new user config failed in replica {replica.tag}: {error}"
-            logger.error("backend %s: deploy failed: %s", self.name, reason)
-            self._event("DeployFailed", reason)
+            self.journal.deploy_failed(reason)
             self.goal.fail(reason)
             replica.state = ReplicaState.RUNNING
             self._set.set_config(replica, UNKNOWN_CONFIG)
@@ -365,7 +310,7 @@ class Backend:
         """A failed or late health check (the replica is out of the watch snapshot already):
         replaced after `health_check_failure_threshold` in a row (not live)."""
         threshold = self.spec.backend_config.health_check_failure_threshold
-        self._event(
+        self.journal.event(
             "Unhealthy",
             f"replica {replica.tag}: health check {replica.check_failures}/{threshold} "
             f"failed: {error}",
@@ -377,20 +322,8 @@ class Backend:
     def _failure(self, tag: str, kind: str, error: str, traceback: str | None = None) -> None:
         """Note a failure and back off: the next start waits, longer after each failure in a
         row, so a crash loop never spins."""
-        self.last_error, self.last_traceback = error, traceback
-        self._observer.failure(self.name, kind)
         then = self._failures.failed(trio.current_time(), error)
-        if traceback:
-            logger.warning(
-                "replica %s: %s (%s); its traceback:\n%s", tag, error, then, traceback.rstrip()
-            )
-        else:
-            logger.warning("replica %s: %s (%s)", tag, error, then)
-        self._event(kind, f"replica {tag}: {error}; {then}")
-
-    def _event(self, kind: str, message: str) -> None:
-        self.history.add(kind, message)
-        self._intent.events_changed()
+        self.journal.failure(tag, kind, error, then, traceback)
 
     # -- one pass --
 
@@ -399,19 +332,11 @@ class Backend:
         spec = self.spec
         config = spec.backend_config
         now = trio.current_time()
-        surge, unavailable = resolve_limits(
-            config.num_replicas, config.max_surge, config.max_unavailable
-        )
-        config_digest, user_config = self._target_config()
-        target = Target(
-            num_replicas=config.num_replicas,
-            version=spec.version,
-            config_digest=config_digest,
-            max_surge=surge,
-            max_unavailable=unavailable,
-            deleting=spec.deleting,
-            starts_blocked=self._failures.starts_blocked,
-            starts_deferred=self._failures.deferred(now),
+        config_digest, user_config = self._config_to_hold()
+        target = spec.target(
+            config_digest,
+            blocked=self._failures.starts_blocked,
+            deferred=self._failures.deferred(now),
         )
         plan = decide(target, list(self.replicas.values()))
         self._observed_generation = spec.generation
@@ -445,10 +370,12 @@ class Backend:
         for replica in updates:
             self._tasks.reconfigure(replica, user_config, config_digest, config.start_timeout_s)
         if starts or stops or updates:
-            line = decision(spec.version, len(starts), [r.version for r in stops], len(updates))
+            line = view.decision(
+                spec.version, len(starts), [r.version for r in stops], len(updates)
+            )
             logger.info("backend %s: %s", self.name, line)
             if starts or stops:
-                self._event("Scale", line.partition(", reconfiguring")[0])
+                self.journal.event("Scale", line.partition(", reconfiguring")[0])
         self._health.run_due(now, self.replicas, config)
         self._publish()  # a late health check may have taken a replica out
         self._arm_timer(now)
@@ -458,33 +385,22 @@ class Backend:
                 return await self._forget()
             if not self.goal.done:
                 logger.info("backend %s: goal of generation %d reached", self.name, spec.generation)
-                self._event("Ready", f"generation {spec.generation} reached")
+                self.journal.event("Ready", f"generation {spec.generation} reached")
             self.goal.complete()
         # Let the tasks just started (and watchers just woken) run before the next pass, so a
         # burst of events is coalesced instead of handled one pass each.
         await trio.lowlevel.checkpoint()
         return False
 
-    def _target_config(self) -> tuple[str, JSON]:
-        """The user config replicas should hold: the spec's, or, once it failed in a replica,
-        the one before it."""
-        spec = self.spec
-        if self._failures.blocked == "ReconfigureFailed" and spec.rollback is not None:
-            return spec.rollback
-        return spec.config_digest, spec.backend_config.user_config
+    def _config_to_hold(self) -> tuple[str, JSON]:
+        return self.spec.config_to_hold(rolled_back=self._failures.blocked == "ReconfigureFailed")
 
     def _arm_timer(self, now: float) -> None:
-        """Make the one timer task wake the loop at the next health check or backoff end."""
+        """Wake the loop at the next health check or backoff end."""
         when = self._health.schedule.next_at
         if self._failures.backoff_until > now:
             when = min(when, self._failures.backoff_until)
-        if when >= self._timer_at:
-            return  # the armed timer fires earlier (or on time); its pass re-arms
-        if self._timer_scope is not None:
-            self._timer_scope.cancel()
-        self._timer_at = when
-        self._timer_scope = trio.CancelScope()
-        self._tasks.timer(self._timer_scope, when)
+        self._alarm.ask(when)
 
     # -- replicas --
 
@@ -503,30 +419,22 @@ class Backend:
     def _spawn_bring_up(self, replica: Replica, *, adopt: bool) -> None:
         spec = None
         if not adopt:
-            spec = ReplicaSpec(
-                tag=replica.tag,
-                backend=self.name,
-                version=replica.version,
-                replica_config=self.spec.replica_config,
-                user_config=self._target_config()[1],
-                resources=self.spec.backend_config.resources,
-            )
+            spec = self.spec.replica_spec(self.name, replica, self._config_to_hold()[1])
         self._tasks.bring_up(replica, spec, self.spec.backend_config.start_timeout_s)
 
     def _publish(self) -> None:
         if self._snapshot_dirty:
             self._snapshot_dirty = False
-            self._hub.publish(
-                snapshot_of(
-                    self.name, self._hub.next_id(), self.spec, self.replicas, self.forgotten
-                )
+            hub = self._shared.hub
+            hub.publish(
+                view.snapshot_of(self.name, hub.next_id(), self.spec, self.replicas, self.forgotten)
             )
 
     async def _forget(self) -> bool:
         if not self._intent.durable:
             return False  # a write is in flight; its Written event brings another pass
         async with self.lock:
-            if self._requested() != self.spec.generation or self.replicas:
+            if self._shared.requested(self.name) != self.spec.generation or self.replicas:
                 return False  # a deploy came in while we waited for the lock: its spec is next
             keys = (spec_key(self.name), replicas_key(self.name), events_key(self.name))
             await self._intent.write(dict.fromkeys(keys))
@@ -534,14 +442,14 @@ class Backend:
             self._snapshot_dirty = True
             self._publish()
             self.goal.complete()
-            self._on_forgotten(self)
+            self._shared.on_forgotten(self)
             logger.info("backend %s deleted", self.name)
             return True
 
     # -- views --
 
     def status(self) -> BackendStatus:
-        return status_of(
+        return view.status_of(
             self.name,
             self.spec,
             self.replicas.values(),
@@ -550,6 +458,6 @@ class Backend:
             observed_generation=self._observed_generation,
             converged=self._converged,
             change=self._change,
-            last_error=(self.last_error, self.last_traceback),
-            events=self.history.events,
+            last_error=(self.journal.last_error, self.journal.last_traceback),
+            events=self.journal.log.events,
         )

@@ -7,13 +7,69 @@ resources is never refused.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import final
 
 from ._backend import Backend
+from ._errors import InfeasibleError
 from ._history import plural
 from ._placement import SLOTS, Demand, need_of, place, total
 from ._reconcile import resolve_limits
 from ._replica import Spec
+from ._runtime import Runtime
+
+
+@final
+class Reservations:
+    """Scale-ups whose spec is being written, counted as held by every capacity check meanwhile,
+    so that two concurrent deploys cannot both take the last room."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        backends: Mapping[str, Backend],
+        requested: Callable[[str], Spec | None],
+    ):
+        self._runtime = runtime
+        self._backends = backends
+        self._requested = requested
+        self._pending: dict[str, Demand] = {}
+
+    async def reserve(self, specs: Mapping[str, Spec]) -> list[str]:
+        """Check that the scale-ups among `specs` fit together beside everything else held or
+        being reserved, and reserve them until ``release``. Raises InfeasibleError naming every
+        backend that does not fit. Returns the names reserved."""
+        if not any(self._extra(name, spec) for name, spec in specs.items()):
+            return []  # nothing grows: never refuse what frees or keeps resources
+        nodes = await self._runtime.capacity()
+        # From here to the reservation, no checkpoint: what is held cannot change under us.
+        wanted = []
+        for name, spec in specs.items():
+            extra = self._extra(name, spec)
+            if extra:
+                wanted.append(demand(name, self._requested(name), spec, extra))
+        if nodes is not None:
+            have = []
+            for name, backend in self._backends.items():
+                requested = self._requested(name)
+                assert requested is not None  # every backend has been asked something
+                have.append(
+                    Demand(name, backend.spec.backend_config.resources, held(backend, requested))
+                )
+            problem = shortfalls(nodes, have + list(self._pending.values()), wanted)
+            if problem is not None:
+                raise InfeasibleError(problem)
+        for want in wanted:
+            self._pending[want.name] = want
+        return [want.name for want in wanted]
+
+    def release(self, names: Sequence[str]) -> None:
+        """The backends now hold what was reserved for them (or the write failed)."""
+        for name in names:
+            del self._pending[name]
+
+    def _extra(self, name: str, spec: Spec) -> int:
+        return extra_replicas(self._backends.get(name), self._requested(name), spec)
 
 
 def held(backend: Backend, requested: Spec) -> int:

@@ -6,30 +6,27 @@ each new spec to its backend's loop as an event; it never writes a backend's sta
 
 from __future__ import annotations
 
-import collections
-import json
 import logging
 import random
-from collections.abc import AsyncIterator, Callable, Collection, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from typing import final, overload
 
 import attrs
 import trio
 
-from ._backend import Backend
-from ._capacity import demand, extra_replicas, held, shortfalls
+from ._backend import Backend, Shared
+from ._capacity import Reservations
 from ._checkpoint import SpecRecord, dump, spec_key
 from ._config import BackendConfig, ReplicaConfig, check_backend_name
-from ._errors import ConfigError, ControllerClosedError, InfeasibleError, UnknownBackendError
+from ._errors import ConfigError, ControllerClosedError, UnknownBackendError
 from ._goal import Goal
 from ._history import plural
-from ._json import JSON, digest
+from ._locks import NameLocks
 from ._observe import NullObserver, Observer
-from ._placement import Demand
 from ._policy import RestartPolicy
 from ._recovery import recover
-from ._replica import Spec
+from ._replica import Spec, delete_record, deploy_record
 from ._runtime import Runtime
 from ._state import BackendSnapshot, BackendStatus, ControllerStatus
 from ._store import Store
@@ -125,9 +122,6 @@ class Controller:
         rng: random.Random,
         observer: Observer,
     ):
-        self._observer = observer
-        self._policy = restart_policy
-        self._rng = rng
         self._runtime = runtime
         self._store = store
         self._nursery: trio.Nursery | None = None
@@ -136,19 +130,26 @@ class Controller:
         # What was last asked of each backend, and its goal: written only here, under the name's
         # lock, before the backend's loop has taken it.
         self._requested: dict[str, tuple[Spec, Goal]] = {}
-        # One lock per name, while the name is in use: a deploy, a delete and the final
-        # forgetting of a deleted backend never overlap for one name.
-        self._locks: collections.defaultdict[str, trio.Lock] = collections.defaultdict(trio.Lock)
+        self._locks = NameLocks(lambda name: name in self._backends)
         # Held by `apply`, which locks several names: two applies never wait on each other's
         # names, so they cannot deadlock. Single deploys and deletes lock one name only.
         self._apply_lock = trio.Lock()
-        # Scale-ups whose spec is being written: counted as held by every capacity check
-        # meanwhile, so that two concurrent deploys cannot both take the last room.
-        self._pending: dict[str, Demand] = {}
+        self._reservations = Reservations(runtime, self._backends, self._requested_spec)
         # Hand-overs of new specs to their loops not acknowledged yet, released if we close.
         self._handovers: set[trio.Event] = set()
         self._changed = trio.Event()
         self._closed = False
+        self._shared = Shared(
+            runtime,
+            store,
+            self._hub,
+            restart_policy,
+            rng,
+            observer,
+            requested=lambda name: self._requested[name][0].generation,
+            on_pass=self._on_pass,
+            on_forgotten=self._forgotten,
+        )
 
     # -- changing specs --
 
@@ -190,13 +191,13 @@ class Controller:
         durable, with the goal to await. `force` skips the graceful drain, and cuts short the
         drains under way."""
         self._check_open()
-        async with self._locked([name]):
+        async with self._locks.hold([name]):
             if name not in self._backends:
                 raise UnknownBackendError(name)
             old, goal = self._requested[name]
             if old.deleting and (old.force or not force):
                 return goal
-            handovers = await self._commit({name: _delete_record(name, old, force=force)})
+            handovers = await self._commit({name: delete_record(name, old, force=force)})
             goal = self._requested[name][1]
         await self._handed_over(handovers)
         return goal
@@ -209,7 +210,7 @@ class Controller:
         self, declared: dict[str, tuple[BackendConfig, ReplicaConfig]], *, prune: bool
     ) -> Applied:
         self._check_open()
-        async with self._locked(declared) as locks:
+        async with self._locks.hold(declared) as locks:
             deletes: list[str] = []
             if prune:
                 # Locked after the named ones, which is safe: only `apply` locks several names,
@@ -220,10 +221,11 @@ class Controller:
             records: dict[str, SpecRecord] = {}
             for name, (backend_config, replica_config) in declared.items():
                 if not self._matches(name, backend_config, replica_config):
-                    records[name] = self._deploy_record(name, backend_config, replica_config)
+                    old = self._requested_spec(name)
+                    records[name] = deploy_record(name, old, backend_config, replica_config)
             for name in deletes:
                 if name in self._backends and not self._requested[name][0].deleting:
-                    records[name] = _delete_record(name, self._requested[name][0], force=False)
+                    records[name] = delete_record(name, self._requested[name][0], force=False)
             handovers = await self._commit(records)
             applied = Applied(
                 goals={name: self._requested[name][1] for name in declared},
@@ -249,26 +251,6 @@ class Controller:
             and spec.replica_config == replica_config
         )
 
-    def _deploy_record(
-        self, name: str, backend_config: BackendConfig, replica_config: ReplicaConfig
-    ) -> SpecRecord:
-        old = self._requested[name][0] if name in self._requested else None
-        rollback = None
-        version = backend_config.version
-        if (
-            old is not None
-            and not old.deleting
-            and version is not None
-            and version == old.backend_config.version
-            and digest(backend_config.user_config) != old.config_digest
-        ):
-            # An in-place change of user config: keep the config before it, to go back to.
-            rollback = _json_text(old.backend_config.user_config)
-        generation = old.generation + 1 if old is not None else 1
-        return SpecRecord(
-            name, generation, backend_config, replica_config, rollback_config=rollback
-        )
-
     async def _commit(self, records: Mapping[str, SpecRecord]) -> list[trio.Event]:
         """Write `records` in one batch, after checking that every scale-up among them fits,
         and hand each to its backend's loop (making new backends). The caller holds the lock
@@ -276,7 +258,7 @@ class Controller:
         if not records:
             return []
         specs = {name: Spec.from_record(record) for name, record in records.items()}
-        reserved = await self._reserve(specs)
+        reserved = await self._reservations.reserve(specs)
         handovers: list[trio.Event] = []
         new: list[Backend] = []
         try:
@@ -299,9 +281,7 @@ class Controller:
                 for backend in new:
                     await self._nursery.start(backend.run)
         finally:
-            # The backends now hold what was reserved for them (or the write failed).
-            for name in reserved:
-                del self._pending[name]
+            self._reservations.release(reserved)
         return handovers
 
     async def _handed_over(self, handovers: list[trio.Event]) -> None:
@@ -312,77 +292,14 @@ class Controller:
             self._handovers.discard(handover)
         self._check_open()
 
-    async def _reserve(self, specs: Mapping[str, Spec]) -> list[str]:
-        """Check that the scale-ups among `specs` fit together beside everything else held or
-        being reserved; reserve them (until the caller's write is done). Raises InfeasibleError
-        naming every backend that does not fit."""
-        if not any(self._extra(name, spec) for name, spec in specs.items()):
-            return []  # nothing grows: never refuse what frees or keeps resources
-        nodes = await self._runtime.capacity()
-        # From here to the reservation, no checkpoint: what is held cannot change under us.
-        wanted = []
-        for name, spec in specs.items():
-            extra = self._extra(name, spec)
-            if extra:
-                requested = self._requested[name][0] if name in self._requested else None
-                wanted.append(demand(name, requested, spec, extra))
-        if nodes is not None:
-            have = [
-                Demand(n, b.spec.backend_config.resources, held(b, self._requested[n][0]))
-                for n, b in self._backends.items()
-            ]
-            problem = shortfalls(nodes, have + list(self._pending.values()), wanted)
-            if problem is not None:
-                raise InfeasibleError(problem)
-        for want in wanted:
-            self._pending[want.name] = want
-        return [want.name for want in wanted]
-
-    def _extra(self, name: str, spec: Spec) -> int:
-        requested = self._requested[name][0] if name in self._requested else None
-        return extra_replicas(self._backends.get(name), requested, spec)
-
-    @asynccontextmanager
-    async def _locked(self, names: Collection[str]) -> AsyncIterator[AsyncExitStack]:
-        """Hold the locks of `names` (in order, so that no two callers deadlock); on the way
-        out, drop the locks of names no longer in use, so that churn leaves nothing behind."""
-        async with AsyncExitStack() as stack:
-            stack.callback(self._drop_locks, list(names))
-            for name in sorted(names):
-                await stack.enter_async_context(self._locks[name])
-            yield stack
-
-    def _drop_locks(self, names: list[str], *, held_here: bool = False) -> None:
-        """Drop the locks of `names` not in use: no backend, no holder (but the caller, if
-        `held_here`: it is done with it), no one waiting."""
-        for name in names:
-            lock = self._locks.get(name)
-            if (
-                lock is not None
-                and name not in self._backends
-                and (held_here or not lock.locked())
-                and lock.statistics().tasks_waiting == 0
-            ):
-                del self._locks[name]
+    def _requested_spec(self, name: str) -> Spec | None:
+        requested = self._requested.get(name)
+        return None if requested is None else requested[0]
 
     # -- backends --
 
     def _new_backend(self, name: str, spec: Spec, goal: Goal) -> Backend:
-        backend = Backend(
-            name,
-            spec,
-            goal,
-            runtime=self._runtime,
-            store=self._store,
-            hub=self._hub,
-            lock=self._locks[name],
-            requested=lambda: self._requested[name][0].generation,
-            on_forgotten=self._forgotten,
-            on_pass=self._on_pass,
-            policy=self._policy,
-            rng=self._rng,
-            observer=self._observer,
-        )
+        backend = Backend(name, spec, goal, self._locks[name], self._shared)
         self._backends[name] = backend
         return backend
 
@@ -398,7 +315,7 @@ class Controller:
             del self._backends[name]
             del self._requested[name]
             # The forgetting loop holds it, and does nothing more under it.
-            self._drop_locks([name], held_here=True)
+            self._locks.drop([name], held_here=True)
 
     def _on_death(self, tag: str, reason: str) -> None:
         backend = self._backends.get(tag.rpartition("#")[0])
@@ -493,21 +410,6 @@ def _check_declared(name: str, backend_config: object, replica_config: object) -
         raise ConfigError("backend_config", "must be a controller.BackendConfig", backend_config)
     if not isinstance(replica_config, ReplicaConfig):
         raise ConfigError("replica_config", "must be a controller.ReplicaConfig", replica_config)
-
-
-def _delete_record(name: str, old: Spec, *, force: bool) -> SpecRecord:
-    return SpecRecord(
-        name,
-        old.generation + 1,
-        old.backend_config,
-        old.replica_config,
-        deleting=True,
-        force=force,
-    )
-
-
-def _json_text(value: JSON) -> str:
-    return json.dumps(value, separators=(",", ":"), allow_nan=False)
 
 
 def _log_change(name: str, spec: Spec) -> None:

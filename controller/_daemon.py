@@ -35,7 +35,6 @@ import hypercorn.trio
 import trio
 
 from ._api import Api, HTTPError, LogSource, apply_manifest
-from ._backend import KILL_TIMEOUT_S
 from ._controller import Controller, open_controller
 from ._errors import (
     CheckpointError,
@@ -48,6 +47,7 @@ from ._errors import (
 from ._files import create_private
 from ._manifest import Manifest, load_manifest
 from ._metrics import Metrics
+from ._replica_tasks import KILL_TIMEOUT_S
 from ._runtime import Runtime
 from ._statedir import (
     STATE_DIR_ENV,

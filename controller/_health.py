@@ -12,6 +12,8 @@ import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import final
 
+import trio
+
 from ._config import BackendConfig
 from ._replica import Replica
 from ._replica_tasks import Launcher
@@ -73,6 +75,17 @@ class HealthChecks:
         self._launcher = launcher
         self._failed = failed
         self._ready_changed = ready_changed
+
+    def begin(self, replica: Replica, config: BackendConfig) -> None:
+        """`replica` is RUNNING (again): its first check is one period from now."""
+        self.schedule.schedule(replica, trio.current_time(), config.health_check_period_s)
+
+    def reschedule(self, replicas: Mapping[str, Replica], now: float, period: float) -> None:
+        """A new period (or checks turned on or off): it applies to the replicas running now."""
+        self.schedule.clear()
+        for replica in replicas.values():
+            if replica.state is ReplicaState.RUNNING:
+                self.schedule.schedule(replica, now, period)
 
     def run_due(self, now: float, replicas: Mapping[str, Replica], config: BackendConfig) -> None:
         period = config.health_check_period_s

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import collections
+import logging
 import time
+from collections.abc import Callable
 from typing import final
 
 import trio
 
 from ._checkpoint import EventRecord, EventsRecord, dump
+from ._observe import Observer
 from ._state import BackendEvent
+
+logger = logging.getLogger("controller")
 
 #: How many recent events each backend keeps (in memory and in the store).
 EVENTS_KEPT = 50
@@ -61,3 +66,40 @@ class EventLog:
                 ],
             )
         )
+
+
+@final
+class Journal:
+    """What a backend tells of itself, in one place: its events (kept, and stored once `changed`
+    has been called), its log lines, its failure metrics and its latest error."""
+
+    def __init__(self, name: str, observer: Observer, changed: Callable[[], None]):
+        self.name = name
+        self.log = EventLog(name)
+        self.last_error: str | None = None
+        """The most recent failure of any generation."""
+        self.last_traceback: str | None = None
+        self._observer = observer
+        self._changed = changed
+
+    def event(self, kind: str, message: str) -> None:
+        self.log.add(kind, message)
+        self._changed()
+
+    def failure(
+        self, tag: str, kind: str, error: str, then: str, traceback: str | None = None
+    ) -> None:
+        """A replica failed (`kind`); `then` says what follows (the backoff)."""
+        self.last_error, self.last_traceback = error, traceback
+        self._observer.failure(self.name, kind)
+        if traceback:
+            logger.warning(
+                "replica %s: %s (%s); its traceback:\n%s", tag, error, then, traceback.rstrip()
+            )
+        else:
+            logger.warning("replica %s: %s (%s)", tag, error, then)
+        self.event(kind, f"replica {tag}: {error}; {then}")
+
+    def deploy_failed(self, reason: str, kind: str = "DeployFailed") -> None:
+        logger.error("backend %s: deploy failed: %s", self.name, reason)
+        self.event(kind, reason)

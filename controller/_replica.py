@@ -12,9 +12,11 @@ from typing import final
 import attrs
 import trio
 
-from ._checkpoint import ReplicaRecord, SpecRecord, dump_replica, join_replicas
+from ._checkpoint import ReplicaRecord, ReplicasRecord, SpecRecord, dump_replica, join_replicas
 from ._config import BackendConfig, ReplicaConfig
 from ._json import JSON, digest
+from ._reconcile import Target, resolve_limits
+from ._runtime import ReplicaSpec
 from ._state import SERVING_STATES, ReplicaState, ServingReplica
 
 _tag_rng = random.SystemRandom()
@@ -53,6 +55,74 @@ class Spec:
             config_digest=digest(config.user_config),
             rollback=rollback,
         )
+
+    def config_to_hold(self, *, rolled_back: bool) -> tuple[str, JSON]:
+        """The user config (digest, value) replicas should hold: the spec's, or, once it has
+        failed in a replica (`rolled_back`), the one before it."""
+        if rolled_back and self.rollback is not None:
+            return self.rollback
+        return self.config_digest, self.backend_config.user_config
+
+    def target(self, config_digest: str, *, blocked: bool, deferred: bool) -> Target:
+        """What the decision works toward for this spec."""
+        config = self.backend_config
+        surge, unavailable = resolve_limits(
+            config.num_replicas, config.max_surge, config.max_unavailable
+        )
+        return Target(
+            num_replicas=config.num_replicas,
+            version=self.version,
+            config_digest=config_digest,
+            max_surge=surge,
+            max_unavailable=unavailable,
+            deleting=self.deleting,
+            starts_blocked=blocked,
+            starts_deferred=deferred,
+        )
+
+    def replica_spec(self, name: str, replica: Replica, user_config: JSON) -> ReplicaSpec:
+        """What the runtime needs to start `replica` of backend `name`."""
+        return ReplicaSpec(
+            tag=replica.tag,
+            backend=name,
+            version=replica.version,
+            replica_config=self.replica_config,
+            user_config=user_config,
+            resources=self.backend_config.resources,
+        )
+
+
+def deploy_record(
+    name: str, old: Spec | None, backend_config: BackendConfig, replica_config: ReplicaConfig
+) -> SpecRecord:
+    """The record of a deploy of these configs over `old` (the spec last asked, if any)."""
+    rollback = None
+    version = backend_config.version
+    if (
+        old is not None
+        and not old.deleting
+        and version is not None
+        and version == old.backend_config.version
+        and digest(backend_config.user_config) != old.config_digest
+    ):
+        # An in-place change of user config: keep the config before it, to go back to.
+        rollback = json.dumps(
+            old.backend_config.user_config, separators=(",", ":"), allow_nan=False
+        )
+    generation = old.generation + 1 if old is not None else 1
+    return SpecRecord(name, generation, backend_config, replica_config, rollback_config=rollback)
+
+
+def delete_record(name: str, old: Spec, *, force: bool) -> SpecRecord:
+    """The record of a delete of `old` (the spec last asked)."""
+    return SpecRecord(
+        name,
+        old.generation + 1,
+        old.backend_config,
+        old.replica_config,
+        deleting=True,
+        force=force,
+    )
 
 
 @final
@@ -177,6 +247,32 @@ class ReplicaSet:
         replica.record_json = None
         self._changed()
         return serving
+
+    def restore(self, record: ReplicasRecord | None, live: set[str], graceful: bool) -> list[str]:
+        """Rebuild the replicas of a checkpoint that are `live` (to adopt, or to go on stopping);
+        return the tags of the others (never started, or gone while no controller ran)."""
+        dropped: list[str] = []
+        for rec in record.replicas if record is not None else ():
+            if rec.tag not in live:
+                dropped.append(rec.tag)
+                continue
+            state = ReplicaState.STOPPING if rec.stopping else ReplicaState.RECOVERING
+            created = None if rec.created_ms is None else rec.created_ms / 1000
+            replica = self.add(rec.tag, rec.version, rec.config_digest, state, created)
+            replica.adopted = True
+            replica.served = rec.served
+            replica.graceful = graceful
+            if rec.stopping and graceful:
+                replica.drain_scope = trio.CancelScope()
+        return dropped
+
+    def cut_drains(self) -> None:
+        """Cut short the drains under way: their kills follow at once (a forced delete)."""
+        for replica in self.by_tag.values():
+            if replica.state is ReplicaState.STOPPING and replica.graceful:
+                replica.graceful = False
+                if replica.drain_scope is not None:
+                    replica.drain_scope.cancel()
 
     def record_text(self) -> str:
         return record_text(self.name, self.by_tag.values())

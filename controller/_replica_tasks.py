@@ -10,6 +10,7 @@ intent behind it is durable.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import Any, final
@@ -194,6 +195,30 @@ class Launcher:
     def timer(self, scope: trio.CancelScope, when: float) -> None:
         """Wake the loop at `when` (with a Tick), unless `scope` is cancelled first."""
         self._start(_tick, scope, when, self._send)
+
+
+@final
+class Alarm:
+    """The loop's one timer task: it wakes the loop (a Tick) at the earliest time asked of it
+    since it last rang, which is all the loop needs: each pass asks again."""
+
+    def __init__(self, launcher: Launcher):
+        self._launcher = launcher
+        self._at = math.inf
+        self._scope: trio.CancelScope | None = None
+
+    def ask(self, when: float) -> None:
+        if when >= self._at:
+            return  # it rings earlier (or on time) anyway; that pass asks again
+        if self._scope is not None:
+            self._scope.cancel()
+        self._at = when
+        self._scope = trio.CancelScope()
+        self._launcher.timer(self._scope, when)
+
+    def rang(self, at: float) -> None:
+        if at == self._at:  # not a stale tick of a timer since replaced
+            self._at, self._scope = math.inf, None
 
 
 async def _tick(scope: trio.CancelScope, when: float, send: Send) -> None:
