@@ -524,17 +524,23 @@ async def test_a_token_with_a_stray_newline_works_for_everyone(state_dir: Path) 
             assert result.stdout == b"no backends\n"
 
 
-async def test_shutdown_takes_no_more_changes_and_fails_cleanly_when_the_store_does(
-    state_dir: Path,
-) -> None:
+def _slow_drains(state_dir: Path, *, drain_s: float, grace_s: float) -> Path:
+    """A manifest of one backend `a` whose replica takes `drain_s` to drain."""
     file = state_dir / "backends.toml"
     slow = {
         "entrypoint": "replicas:Recorder",
-        "init_kwargs": {"path": str(state_dir / "rec.jsonl"), "drain_s": 3},
+        "init_kwargs": {"path": str(state_dir / "rec.jsonl"), "drain_s": drain_s},
         "version": "v1",
-        "graceful_shutdown_timeout_s": 30,
+        "graceful_shutdown_timeout_s": grace_s,
     }
     file.write_text(manifest(a=slow))
+    return file
+
+
+async def test_shutdown_takes_no_more_changes_and_fails_cleanly_when_the_store_does(
+    state_dir: Path,
+) -> None:
+    file = _slow_drains(state_dir, drain_s=3, grace_s=30)
     with trio.fail_after(LIMIT_S):
         async with trio.open_nursery() as nursery:
             daemon = Daemon(state_dir)
@@ -562,14 +568,7 @@ async def test_shutdown_takes_no_more_changes_and_fails_cleanly_when_the_store_d
 
 
 async def test_shutdown_says_so_when_the_daemon_stops_before_its_deletes(state_dir: Path) -> None:
-    file = state_dir / "backends.toml"
-    slow = {
-        "entrypoint": "replicas:Recorder",
-        "init_kwargs": {"path": str(state_dir / "rec.jsonl"), "drain_s": 30},
-        "version": "v1",
-        "graceful_shutdown_timeout_s": 60,
-    }
-    file.write_text(manifest(a=slow))
+    file = _slow_drains(state_dir, drain_s=30, grace_s=60)
     with trio.fail_after(LIMIT_S):
         async with trio.open_nursery() as nursery:
             daemon = Daemon(state_dir)
