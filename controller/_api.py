@@ -181,7 +181,10 @@ class Api:
                 return _ok(await self._deploy(decl), 200)
             if method == "DELETE":
                 force = query.get("force", ["false"])[0] in ("1", "true")
-                self._check_accepting()
+                if not force:
+                    # A forced delete is taken even while shutting down: it only cuts short
+                    # the drains a shutdown waits for (a replica that hangs in its drain).
+                    self._check_accepting()
                 return _ok(await self._delete(name, force), 202)
             raise HTTPError(405, "MethodNotAllowed", f"{method} is not allowed on {path}")
         if path == "/api/v1/apply" and method == "POST":

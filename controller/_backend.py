@@ -21,7 +21,14 @@ import trio
 from . import _backend_view as view
 from . import _events as ev
 from . import _replica_tasks as tasks
-from ._checkpoint import EventsRecord, ReplicasRecord, events_key, replicas_key, spec_key
+from ._checkpoint import (
+    EventsRecord,
+    ReplicasRecord,
+    events_key,
+    replicas_key,
+    spec_key,
+)
+from ._failure_reports import FailureReports
 from ._failures import FailureBook
 from ._goal import Goal
 from ._health import HealthChecks
@@ -86,6 +93,9 @@ class Backend:
         )
         self._tasks = tasks.Launcher(shared.runtime, self._intent, self._send_nowait)
         self._alarm = tasks.Alarm(self._tasks)
+        self._reports = FailureReports(
+            self._failures, self.journal, self._set, lambda: (self.spec.generation, self.goal)
+        )
         self._health = HealthChecks(self._tasks, self._check_failed, self._ready_changed)
         self.journal.event("Delete" if spec.deleting else "Deploy", view.describe_new(spec))
 
@@ -118,6 +128,7 @@ class Backend:
         forgetting what is not (returned, for the runtime to clear what they left behind)."""
         # Those not alive, the plan replaces.
         dropped = self._set.restore(record, live, graceful=not self.spec.force)
+        self._reports.restore(record.failed if record is not None else None)
         self._intent.restored(changed=bool(dropped))
         if not self.spec.deleting:
             self._change = (BackendState.UPDATING, "Recovering")
@@ -132,10 +143,7 @@ class Backend:
     def block_starts(self, reason: str) -> None:
         """Before ``run``: start nothing new until the next deploy, because the spec cannot be
         placed (a spec stored before the runtime shrank). Replicas already there stay."""
-        self._failures.blocked = "Infeasible"
-        self._failures.error = self.journal.last_error = reason
-        self.journal.deploy_failed(reason, kind="Infeasible")
-        self.goal.fail(reason)
+        self._reports.infeasible(reason)
 
     # -- the task --
 
@@ -149,6 +157,8 @@ class Backend:
                     self._spawn_bring_up(replica, adopt=True)
                 elif replica.state is ReplicaState.STOPPING:
                     self._spawn_stop(replica)
+            self._health.adopting(self.replicas, self.spec.backend_config)
+            self._publish()  # watchers see the replicas that served before `open` returns
             task_status.started()
             done = await self._pass()
             while not done:
@@ -210,6 +220,7 @@ class Backend:
         self.spec, self.goal = spec, goal
         # A new spec is a new attempt: the failures of the one it replaces do not carry over.
         self._failures.new_generation()
+        self._set.set_failed(None)
         self._change = view.classify(old, spec)
         self.journal.event("Delete" if spec.deleting else "Deploy", view.describe_change(old, spec))
         if spec.force:
@@ -225,10 +236,12 @@ class Backend:
             self._spawn_stop(replica)  # ready just as the loop decided to stop it
             return
         replica.state = ReplicaState.RUNNING
+        replica.healthy = True  # an adoption late to answer has answered
+        stored = replica.served and replica.address == info.address
         replica.address, replica.pid, replica.node = info.address, info.pid, info.node
         replica.view = ServingReplica(replica.tag, replica.version, info.address)
         self._snapshot_dirty = True
-        if not replica.served:
+        if not stored:
             replica.served = True
             replica.record_json = None
             self._intent.touched()  # stored with the next write; no action waits on it
@@ -249,24 +262,18 @@ class Backend:
             logger.warning("replica %s: adoption failed (%s); replacing it", replica.tag, error)
             self.journal.event("AdoptionFailed", f"replica {replica.tag}: {error}; replacing it")
         else:
-            self._count_failed_start(replica, error, traceback)
+            of_target = replica.version == self.spec.version
+            self._reports.start_failed(replica.tag, of_target, error, traceback)
         self._stop_now(replica, graceful=False)  # what a failed start left behind
-
-    def _count_failed_start(self, replica: Replica, error: str, traceback: str | None) -> None:
-        blocks = self._failures.start_failed(replica.version == self.spec.version)
-        self._failure(replica.tag, "StartFailed", error, traceback)
-        if blocks:
-            reason = self._failures.why_blocked(error)
-            self.journal.deploy_failed(reason)
-            self.goal.fail(reason, traceback)
 
     def _died(self, replica: Replica, reason: str) -> None:
         if replica.state is ReplicaState.STOPPING:
             return  # being stopped anyway; its stop task reports when it is gone
         if replica.state is ReplicaState.STARTING:
-            self._count_failed_start(replica, reason, None)
+            of_target = replica.version == self.spec.version
+            self._reports.start_failed(replica.tag, of_target, reason, None)
         else:
-            self._failure(replica.tag, "Died", f"died: {reason}")
+            self._reports.failure(replica.tag, "Died", f"died: {reason}")
         self._stop_now(replica, graceful=False)
 
     def _reconfigured(self, replica: Replica, event: ev.Reconfigured) -> None:
@@ -284,7 +291,6 @@ class Backend:
             logger.info("replica %s reconfigured", replica.tag)
             return
         message = f"reconfigure failed: {error}"
-        self._failure(replica.tag, "ReconfigureFailed", message)
         spec = self.spec
         if (
             self._failures.blocked is None
@@ -294,13 +300,14 @@ class Backend:
             # An in-place change is a rollout too: its first failure halts it. The replicas
             # not reconfigured yet keep the config before it; this one is taken back to it (the
             # plan does that), or replaced with it if that fails too.
-            self._failures.blocked = "ReconfigureFailed"
+            back = "taking it back to the config before"
+            self._reports.failure(replica.tag, "ReconfigureFailed", message, then=back)
             reason = f"the new user config failed in replica {replica.tag}: {error}"
-            self.journal.deploy_failed(reason)
-            self.goal.fail(reason)
+            self._reports.deploy_failed("ReconfigureFailed", reason)
             replica.state = ReplicaState.RUNNING
             self._set.set_config(replica, UNKNOWN_CONFIG)
             return
+        self._reports.failure(replica.tag, "ReconfigureFailed", message)
         self._stop_now(replica, graceful=True)
 
     def _ready_changed(self) -> None:
@@ -316,14 +323,8 @@ class Backend:
             f"failed: {error}",
         )
         if replica.check_failures >= threshold:
-            self._failure(replica.tag, "Unhealthy", f"unhealthy: {error}")
+            self._reports.failure(replica.tag, "Unhealthy", f"unhealthy: {error}")
             self._stop_now(replica, graceful=True)
-
-    def _failure(self, tag: str, kind: str, error: str, traceback: str | None = None) -> None:
-        """Note a failure and back off: the next start waits, longer after each failure in a
-        row, so a crash loop never spins."""
-        then = self._failures.failed(trio.current_time(), error)
-        self.journal.failure(tag, kind, error, then, traceback)
 
     # -- one pass --
 
@@ -397,7 +398,7 @@ class Backend:
 
     def _arm_timer(self, now: float) -> None:
         """Wake the loop at the next health check or backoff end."""
-        when = self._health.schedule.next_at
+        when = self._health.next_at
         if self._failures.backoff_until > now:
             when = min(when, self._failures.backoff_until)
         self._alarm.ask(when)
@@ -431,13 +432,13 @@ class Backend:
             )
 
     async def _forget(self) -> bool:
-        if not self._intent.durable:
-            return False  # a write is in flight; its Written event brings another pass
+        if not self._intent.idle:
+            return False  # a write is in flight or due; its Written event brings another pass
         async with self.lock:
             if self._shared.requested(self.name) != self.spec.generation or self.replicas:
                 return False  # a deploy came in while we waited for the lock: its spec is next
             keys = (spec_key(self.name), replicas_key(self.name), events_key(self.name))
-            await self._intent.write(dict.fromkeys(keys))
+            await self._intent.forget(list(keys))
             self.forgotten = True
             self._snapshot_dirty = True
             self._publish()

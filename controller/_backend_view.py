@@ -161,8 +161,8 @@ def describe(
     if unhealthy:
         parts.append(f"{unhealthy} unhealthy")
     if failures.failed_starts:
-        parts.append(f"{failures.failed_starts} failed to start: {failures.error}")
-    elif failures.error is not None and not converged:
+        parts.append(f"{failures.failed_starts} failed to start: {failures.start_error}")
+    if failures.error not in (None, failures.start_error) and not converged:
         parts.append(f"last failure: {failures.error}")
     if failures.blocked == "ReconfigureFailed":
         parts.append("the new user config failed; replicas keep the one before it")

@@ -8,14 +8,14 @@ Three keys per backend, each with one writer, so that writes can never interleav
 - ``events/<name>``: the backend's recent events, for people (written by the same task, in the
   same batch as the replica record; nothing waits on it).
 
-Schema 2 added the events, each replica's creation time and a spec's rollback config; schema 1
-data is still read.
+Schema 2 added the events, each replica's creation time and a spec's rollback config; schema 3
+each serving replica's address and a failed deploy. Data of schemas 1 and 2 is still read.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import attrs
 import cattrs
@@ -24,9 +24,9 @@ from ._config import BackendConfig, ReplicaConfig
 from ._errors import CheckpointError, ControllerError
 
 #: Bumped when the stored shape changes; a controller refuses data written by a newer one.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: Older schemas this controller still reads (their records lack fields that have defaults).
-_READABLE = frozenset({1, 2})
+_READABLE = frozenset({1, 2, 3})
 
 SPEC_PREFIX = "spec/"
 REPLICAS_PREFIX = "replicas/"
@@ -66,6 +66,19 @@ class ReplicaRecord:
     served: bool = True
     """It had been ready. Schema 1 data does not say: taken as True, so that after an upgrade
     no replica that may be serving is taken for one that never did."""
+    address: str | None = None
+    """Where it serves, once it has: a restarted controller lists it to watchers at once, as
+    the replica it adopts may be serving still (None before schema 3)."""
+
+
+@attrs.frozen
+class FailureRecord:
+    """The deploy of `generation` failed: what a restarted controller must not try again."""
+
+    generation: int
+    reason: Literal["StartFailures", "ReconfigureFailed"]
+    message: str
+    """Why, as the goal and the status said it."""
 
 
 @attrs.frozen
@@ -74,6 +87,8 @@ class ReplicasRecord:
 
     name: str
     replicas: list[ReplicaRecord]
+    failed: FailureRecord | None = None
+    """The current generation's deploy failed (DEPLOY_FAILED), and how."""
     schema: int = SCHEMA_VERSION
 
 
@@ -133,10 +148,12 @@ def dump_replica(record: ReplicaRecord) -> str:
     return json.dumps(_converter.unstructure(record), separators=(",", ":"), allow_nan=False)
 
 
-def join_replicas(name: str, entries: list[str]) -> str:
+def join_replicas(name: str, entries: list[str], failed: FailureRecord | None = None) -> str:
     """What ``dump(ReplicasRecord(name, ...))`` makes, from entries made by ``dump_replica``."""
+    failure = json.dumps(_converter.unstructure(failed), separators=(",", ":"))
     return (
-        f'{{"name":{json.dumps(name)},"replicas":[{",".join(entries)}],"schema":{SCHEMA_VERSION}}}'
+        f'{{"name":{json.dumps(name)},"replicas":[{",".join(entries)}],"failed":{failure},'
+        f'"schema":{SCHEMA_VERSION}}}'
     )
 
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -102,7 +103,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
         return 0
     deleting = {item["name"] for item in result["deleted"]}
     names = [item["name"] for item in result["applied"]] + sorted(deleting)
-    return _wait(client, names, deleting, args.timeout)
+    ours = {item["name"]: item["generation"] for item in result["applied"]}
+    return _wait(client, names, deleting, args.timeout, ours)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -175,7 +177,8 @@ def cmd_delete(args: argparse.Namespace) -> int:
     print(f"backend/{args.name} deleting (generation {result['generation']})")
     if not args.wait:
         return 0
-    return _wait(client, [args.name], {args.name}, args.timeout)
+    ours = {args.name: result["generation"]}
+    return _wait(client, [args.name], {args.name}, args.timeout, ours)
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
@@ -221,9 +224,17 @@ def cmd_shutdown(args: argparse.Namespace) -> int:
 # -- waiting, like `kubectl rollout status` --
 
 
-def _wait(client: Client, names: Sequence[str], deleting: set[str], timeout: float) -> int:
+def _wait(
+    client: Client,
+    names: Sequence[str],
+    deleting: set[str],
+    timeout: float,
+    ours: Mapping[str, int] | None = None,
+) -> int:
     """Show each backend's progress until every goal resolves. 0 if all reached, 1 if any
-    backend is DEPLOY_FAILED (or the wait timed out)."""
+    backend is DEPLOY_FAILED, or was changed again by someone else (its generation moved past
+    `ours`), or the wait timed out."""
+    ours = ours or {}
     deadline = time.monotonic() + timeout
     shown: dict[str, str] = {}
     tracebacks: dict[str, str | None] = {}
@@ -233,7 +244,10 @@ def _wait(client: Client, names: Sequence[str], deleting: set[str], timeout: flo
         pending, failed = [], []
         for name in names:
             status = statuses.get(name)
-            if name in deleting:
+            if status is not None and status["generation"] > ours.get(name, status["generation"]):
+                failed.append(name)
+                line = f"superseded by generation {status['generation']}, a later change"
+            elif name in deleting:
                 if status is None:
                     line = "deleted"
                 else:
@@ -391,9 +405,12 @@ def _positive_int(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
-    args = build_parser().parse_args(argv)
+    code: int | str | None
     try:
+        args = build_parser().parse_args(argv)
         code = int(args.func(args))
+    except SystemExit as exc:  # argparse: --help, or a usage error (already printed)
+        code = exc.code
     except CLIError as exc:
         print(str(exc), file=sys.stderr)
         code = exc.code
@@ -407,4 +424,17 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         code = 1
     except KeyboardInterrupt:
         code = 130
+    except BrokenPipeError:
+        code = _reader_gone()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        code = _reader_gone()
     sys.exit(code)
+
+
+def _reader_gone() -> int:
+    """The reader of our output went away (``| head``): what is left unsaid goes nowhere,
+    quietly, instead of a traceback at exit."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 1

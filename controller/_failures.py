@@ -35,6 +35,8 @@ class FailureBook:
     """Failed starts of the target version in a row."""
     failed_starts: int = 0
     """Failed starts of the target version in this generation, for the status message."""
+    start_error: str | None = None
+    """Why the last of those failed."""
     proven: bool = False
     """A replica of the target version has been ready in this generation: later start failures
     back off, but no longer fail the deploy."""
@@ -48,7 +50,7 @@ class FailureBook:
         self.consecutive = self.failed_starts = self.restarts = 0
         self.proven = False
         self.blocked = None
-        self.error = None
+        self.error = self.start_error = None
         self.backoff_until = -math.inf
 
     def failed(self, now: float, error: str) -> str:
@@ -73,13 +75,14 @@ class FailureBook:
             "replica will start until the next deploy."
         )
 
-    def start_failed(self, of_target: bool) -> bool:
+    def start_failed(self, of_target: bool, error: str) -> bool:
         """Count a failed start (of the target version or not); True if this one fails the
         deploy: `max_failed_starts` in a row, and none of the version ready yet."""
         if not of_target:
             return False
         self.consecutive += 1
         self.failed_starts += 1
+        self.start_error = error
         if (
             self.blocked is None
             and not self.proven

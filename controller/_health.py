@@ -75,6 +75,20 @@ class HealthChecks:
         self._launcher = launcher
         self._failed = failed
         self._ready_changed = ready_changed
+        self._adoptions_due = math.inf
+
+    @property
+    def next_at(self) -> float:
+        """When `run_due` has something to do next (inf: never, unless told of more)."""
+        return min(self.schedule.next_at, self._adoptions_due)
+
+    def adopting(self, replicas: Mapping[str, Replica], config: BackendConfig) -> None:
+        """After a restart: the replicas being adopted that had served are listed to watchers
+        (they may be serving still); those whose adoption has not answered within a period
+        leave the snapshot then, like a replica whose check is late."""
+        period = config.health_check_period_s
+        if period > 0 and any(r.served for r in replicas.values()):
+            self._adoptions_due = trio.current_time() + period
 
     def begin(self, replica: Replica, config: BackendConfig) -> None:
         """`replica` is RUNNING (again): its first check is one period from now."""
@@ -88,6 +102,12 @@ class HealthChecks:
                 self.schedule.schedule(replica, now, period)
 
     def run_due(self, now: float, replicas: Mapping[str, Replica], config: BackendConfig) -> None:
+        if now >= self._adoptions_due:
+            self._adoptions_due = math.inf
+            for replica in replicas.values():
+                if replica.state is ReplicaState.RECOVERING and replica.served and replica.healthy:
+                    replica.healthy = False  # back in once adopted (RUNNING and ready)
+                    self._ready_changed()
         period = config.health_check_period_s
         if period <= 0:
             self.schedule.clear()  # turned off by a redeploy: drop what the old spec scheduled

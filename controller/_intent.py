@@ -58,11 +58,22 @@ class Intent:
         self._queued: list[tuple[int, Callable[[], object]]] = []
         self._failures = 0  # failed writes in a row, for the backoff
         self._touches = self._touches_stored = 0
+        self._forgotten = False
 
     @property
     def durable(self) -> bool:
         """Everything the loop changed is in the store."""
         return self.durable_seq >= self.record_seq
+
+    @property
+    def idle(self) -> bool:
+        """Nothing is left to write, the events and readiness included (a write in flight
+        reports with `Written` when it is done)."""
+        return (
+            self._stored_seq == self.record_seq
+            and self._events_stored == self._history.added
+            and self._touches_stored == self._touches
+        )
 
     def restored(self, *, changed: bool) -> None:
         """What was read back from the store needs no write; `changed`: it does after all
@@ -109,13 +120,17 @@ class Intent:
         try:
             await self._write_forever()
         finally:
-            with trio.move_on_after(FLUSH_ON_CLOSE_S, shield=True):
-                changes = self._changes(self.record_seq, self._history.added, self._touches)
-                if changes:
-                    try:
-                        await self._store.write(changes)
-                    except BaseException:  # the store is failing or gone
-                        logger.debug("backend %s: last checkpoint not written", self._name)
+            if not self._forgotten:
+                await self._flush()
+
+    async def _flush(self) -> None:
+        with trio.move_on_after(FLUSH_ON_CLOSE_S, shield=True):
+            changes = self._changes(self.record_seq, self._history.added, self._touches)
+            if changes:
+                try:
+                    await self._store.write(changes)
+                except BaseException:  # the store is failing or gone
+                    logger.debug("backend %s: last checkpoint not written", self._name)
 
     async def _write_forever(self) -> None:
         while True:
@@ -140,10 +155,13 @@ class Intent:
             changes[events_key(self._name)] = self._history.text()
         return changes
 
-    async def write(self, changes: Mapping[str, str | None]) -> None:
-        """Write `changes`, retrying with backoff until they land (forgetting a deleted
-        backend goes through here too: a store that fails for a while delays it, no more)."""
-        while not await self._try_write(changes):
+    async def forget(self, keys: list[str]) -> None:
+        """Delete every key of a deleted backend, retrying with backoff until that lands (a
+        store that fails for a while delays it, no more). The writer must be `idle`: it
+        writes nothing after this, not even when the controller closes."""
+        assert self.idle, "a write in flight could land after the deletion"
+        self._forgotten = True
+        while not await self._try_write(dict.fromkeys(keys)):
             pass
 
     async def _try_write(self, changes: Mapping[str, str | None]) -> bool:

@@ -11,23 +11,38 @@ from ._errors import ConfigError
 
 JSON: TypeAlias = bool | int | float | str | list["JSON"] | dict[str, "JSON"] | None
 
+#: How deep lists and objects may nest in a config: far beyond any real config, and far within
+#: what Python's recursion (here and in json) allows.
+MAX_JSON_DEPTH = 64
+
 
 def check_json(field: str, value: object) -> JSON:
     """Return `value` if it is plain JSON; otherwise raise ConfigError naming the path inside it."""
-    _check(field, value)
+    try:
+        _check(field, value, 0)
+    except _TooDeep:
+        # Named by its field alone: the path down to the culprit would be 64 steps long.
+        rule = f"must nest lists and objects at most {MAX_JSON_DEPTH} deep"
+        raise ConfigError(field, rule, show_value=False) from None
     return value  # type: ignore[return-value]  # checked structurally just above
 
 
-def _check(path: str, value: object) -> None:
+class _TooDeep(Exception):
+    pass
+
+
+def _check(path: str, value: object, depth: int) -> None:
     if value is None or isinstance(value, (bool, int, str)):
         return
+    if depth >= MAX_JSON_DEPTH and isinstance(value, (list, tuple, dict)):
+        raise _TooDeep
     if isinstance(value, float):
         if not math.isfinite(value):
             raise ConfigError(path, "must be JSON: NaN and infinities are not", value)
         return
     if isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
-            _check(f"{path}[{i}]", item)
+            _check(f"{path}[{i}]", item, depth + 1)
         return
     if isinstance(value, dict):
         for key, item in value.items():
@@ -35,7 +50,7 @@ def _check(path: str, value: object) -> None:
                 raise ConfigError(
                     path, f"must be JSON: object keys are strings, not {key!r}", value
                 )
-            _check(f"{path}[{key!r}]", item)
+            _check(f"{path}[{key!r}]", item, depth + 1)
         return
     raise ConfigError(
         path,

@@ -85,6 +85,8 @@ def load_manifest(path: str | Path) -> Manifest:
         data = json.loads(raw) if path.suffix == ".json" else tomllib.loads(raw.decode())
     except (ValueError, UnicodeDecodeError) as exc:
         raise ManifestError(source, [f"not valid {_format(path)}: {exc}"]) from None
+    except RecursionError:
+        raise ManifestError(source, [f"the {_format(path)} is nested too deeply"]) from None
     return parse_manifest(data, source)
 
 

@@ -12,12 +12,19 @@ from typing import final
 import attrs
 import trio
 
-from ._checkpoint import ReplicaRecord, ReplicasRecord, SpecRecord, dump_replica, join_replicas
+from ._checkpoint import (
+    FailureRecord,
+    ReplicaRecord,
+    ReplicasRecord,
+    SpecRecord,
+    dump_replica,
+    join_replicas,
+)
 from ._config import BackendConfig, ReplicaConfig
 from ._json import JSON, digest
 from ._reconcile import Target, resolve_limits
 from ._runtime import ReplicaSpec
-from ._state import SERVING_STATES, ReplicaState, ServingReplica
+from ._state import ReplicaState, ServingReplica
 
 _tag_rng = random.SystemRandom()
 
@@ -183,7 +190,7 @@ def new_tag(name: str, taken: Container[str]) -> str:
             return tag
 
 
-def record_text(name: str, replicas: Iterable[Replica]) -> str:
+def record_text(name: str, replicas: Iterable[Replica], failed: FailureRecord | None = None) -> str:
     """The checkpoint of backend `name`'s replicas, from each one's cached entry (made anew only
     for those whose stored part changed: a record of 1,000 replicas does not re-encode 999)."""
     entries = []
@@ -191,11 +198,14 @@ def record_text(name: str, replicas: Iterable[Replica]) -> str:
         if r.record_json is None:
             created_ms = None if r.created_at is None else round(r.created_at * 1000)
             stopping = r.state is ReplicaState.STOPPING
+            address = r.address if r.served else None
             r.record_json = dump_replica(
-                ReplicaRecord(r.tag, r.version, r.config_digest, stopping, created_ms, r.served)
+                ReplicaRecord(
+                    r.tag, r.version, r.config_digest, stopping, created_ms, r.served, address
+                )
             )
         entries.append(r.record_json)
-    return join_replicas(name, entries)
+    return join_replicas(name, entries, failed)
 
 
 @final
@@ -208,6 +218,8 @@ class ReplicaSet:
         self.by_tag: dict[str, Replica] = {}
         self._changed = changed
         self._seq = 0
+        self.failed: FailureRecord | None = None
+        """The current generation's deploy failed: stored, so that a restart does not retry it."""
 
     def add(
         self,
@@ -240,7 +252,8 @@ class ReplicaSet:
     def begin_stop(self, replica: Replica, *, graceful: bool) -> bool:
         """Mark `replica` STOPPING (to be drained first if `graceful`); True if it was serving
         (so the watch snapshot changes)."""
-        serving = replica.state in SERVING_STATES
+        # In the snapshot: serving, or being adopted and listed as it may be serving still.
+        serving = replica.view is not None and replica.state is not ReplicaState.STOPPING
         replica.state = ReplicaState.STOPPING
         replica.graceful = graceful
         replica.drain_scope = trio.CancelScope() if graceful else None
@@ -261,6 +274,10 @@ class ReplicaSet:
             replica = self.add(rec.tag, rec.version, rec.config_digest, state, created)
             replica.adopted = True
             replica.served = rec.served
+            if rec.served and rec.address is not None:
+                # It may be serving still: listed to watchers until its adoption says otherwise.
+                replica.address = rec.address
+                replica.view = ServingReplica(rec.tag, rec.version, rec.address)
             replica.graceful = graceful
             if rec.stopping and graceful:
                 replica.drain_scope = trio.CancelScope()
@@ -274,5 +291,10 @@ class ReplicaSet:
                 if replica.drain_scope is not None:
                     replica.drain_scope.cancel()
 
+    def set_failed(self, failed: FailureRecord | None) -> None:
+        if failed != self.failed:
+            self.failed = failed
+            self._changed()
+
     def record_text(self) -> str:
-        return record_text(self.name, self.by_tag.values())
+        return record_text(self.name, self.by_tag.values(), self.failed)

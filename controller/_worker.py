@@ -51,6 +51,9 @@ class Worker:
         self.instance: Any = None
         self.ready = trio.Event()
         self.init_error: dict[str, str] | None = None
+        # One reconfigure at a time: a controller restarted during one sends it again, and
+        # user code must never see two at once.
+        self.reconfiguring = trio.Lock()
 
     async def build(self) -> None:
         try:
@@ -100,8 +103,11 @@ class Worker:
         if method is None:
             return {"ok": True}  # every method of the contract is optional
         try:
-            args = (request.get("user_config"),) if op == "reconfigure" else ()
-            await _call(method, *args)
+            if op == "reconfigure":
+                async with self.reconfiguring:
+                    await _call(method, request.get("user_config"))
+            else:
+                await _call(method)
         except Exception as exc:
             return {"ok": False, **_describe(exc)}
         return {"ok": True}

@@ -27,6 +27,8 @@ class Recorder:
 
     def reconfigure(self, user_config: Any) -> None:
         self.note("reconfigure", config=user_config)
+        if isinstance(user_config, dict) and user_config.get("fail"):
+            raise ValueError("bad config")
 
     def check_health(self) -> None:
         if not self.healthy:

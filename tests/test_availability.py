@@ -5,7 +5,8 @@ between deploys, a deploy cancelled half-way. FakeRuntime under MockClock."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TypeVar
 
 import pytest
 import trio
@@ -13,11 +14,13 @@ import trio.testing
 
 import controller
 from controller import BackendState, GoalOutcome
-from controller._wrap import RuntimeWrapper
+from controller._wrap import RuntimeWrapper, StoreWrapper
 from controller.testing import FakeRuntime
 from controller.testing import FakeState as S
 
 from .conftest import RC, config, opened, serving, settle
+
+T = TypeVar("T")
 
 
 def ready(rt: FakeRuntime) -> int:
@@ -494,3 +497,106 @@ async def test_only_retryable_store_errors_are_retried(
 
     with pytest.raises(controller.CheckpointError, match="schema moved"):
         await scale_up()
+
+
+# -- found by trying it from outside: restarts that forgot what the last controller knew --
+
+
+def listed(ctl: controller.Controller, name: str) -> set[str]:
+    return {r.tag for r in ctl.snapshot(name).replicas}
+
+
+async def test_a_restarted_controller_lists_the_replicas_that_served_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime(auto_ready=True)
+    store = controller.MemoryStore()
+    async with opened(rt, store) as ctl:
+        await (await ctl.deploy("a", config(num_replicas=3, health_check_period_s=10), RC)).wait()
+        before = ctl.snapshot("a").replicas
+    hung = sorted(rt.tags())[0]
+    rt.replicas[hung].adoption_hangs = True  # stopped while no controller ran
+    async with opened(rt, store) as ctl:
+        # Before any adoption has answered, routers are told of every replica that served, at
+        # its address: a restart never leaves a serving backend with nobody to route to.
+        assert sorted(ctl.snapshot("a").replicas, key=str) == sorted(before, key=str)
+        await settle()
+        assert len(listed(ctl, "a")) == 3  # the silent one too, for now
+        await trio.sleep(10)  # a health-check period without an answer: out, like a late check
+        await settle()
+        assert listed(ctl, "a") == set(rt.tags()) - {hung}
+        assert hung in {r.tag for r in ctl.status("a").replicas}  # until start_timeout_s
+        await ctl.wait_until(lambda c: hung not in {r.tag for r in c.status("a").replicas})
+        await ctl.wait_until(lambda c: len(listed(c, "a")) == 3)
+
+
+async def test_a_failed_deploy_stays_failed_across_a_restart(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime()
+
+    def answer_starts(r: FakeRuntime) -> bool:
+        for tag in r.tags(S.STARTING):
+            if r.replicas[tag].spec.version == "v2":
+                r.fail_start(tag, "ValueError", "bad port")
+            else:
+                r.finish_start(tag)
+        return False
+
+    store = controller.MemoryStore()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(rt.wait_until, answer_starts)
+        async with opened(rt, store) as ctl:
+            await (await ctl.deploy("a", config(num_replicas=2, user_config={"n": 1}), RC)).wait()
+            await (await ctl.deploy("b", config(num_replicas=1, version="v1"), RC)).wait()
+            for replica in rt.replicas.values():
+                replica.reconfigure_error = ("ValueError", "bad config")
+            bad_config = await ctl.deploy("a", config(num_replicas=2, user_config={"n": 2}), RC)
+            bad_version = await ctl.deploy("b", config(num_replicas=1, version="v2"), RC)
+            for goal in (bad_config, bad_version):
+                with pytest.raises(controller.GoalFailed):
+                    await goal.wait()
+            await settle()
+            reconfigures = sum(r.reconfigure_calls for r in rt.replicas.values())
+            starts = rt.start_calls
+        async with opened(rt, store) as ctl:
+            await trio.sleep(300)  # long past every backoff
+            # Neither is tried again: no replica is handed the bad config, none of v2 starts.
+            assert sum(r.reconfigure_calls for r in rt.replicas.values()) == reconfigures
+            assert rt.start_calls == starts
+            for name, reason in (("a", "ReconfigureFailed"), ("b", "StartFailures")):
+                status = ctl.status(name)
+                assert (status.state, status.reason) == (BackendState.DEPLOY_FAILED, reason)
+            assert "bad config" in (ctl.status("a").last_error or "")
+            assert (len(listed(ctl, "a")), len(listed(ctl, "b"))) == (2, 1)
+            # The next deploy tries again.
+            goal = await ctl.deploy("b", config(num_replicas=1, version="v3"), RC)
+            await goal.wait()
+        nursery.cancel_scope.cancel()
+
+
+class SlowEvents(StoreWrapper):
+    """A store whose writes of events take a second: one is still in flight when the backend's
+    loop forgets it (as with a real store, whose writes from two tasks may land in any order)."""
+
+    async def around(self, op: str, keys: Sequence[str], work: Callable[[], Awaitable[T]]) -> T:
+        if any(key.startswith("events/") for key in keys):
+            await trio.sleep(1)
+        return await work()
+
+
+async def test_a_deleted_backend_leaves_no_key_in_the_store(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime(auto_ready=True)
+    store = controller.MemoryStore()
+    async with opened(rt, SlowEvents(store)) as ctl:
+        for n in (0, 1):
+            await (await ctl.deploy(f"n{n}", config(num_replicas=n), RC)).wait()
+            await (await ctl.delete(f"n{n}")).wait()
+            await trio.sleep(5)
+            assert await store.read_all() == {}
+        await ctl.deploy("n2", config(num_replicas=0), RC)
+        await (await ctl.delete("n2")).wait()
+    # Closed at once after the delete: the closing flush must not write its events back.
+    assert await store.read_all() == {}

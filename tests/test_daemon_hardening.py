@@ -23,6 +23,7 @@ import trio
 from controller import BackendConfig, ReplicaConfig, SQLiteStore
 from controller._checkpoint import SpecRecord, dump, spec_key
 
+from .replicas import events
 from .test_daemon import LIMIT_S, Daemon, manifest, running, state_dir, trivial
 from .test_local_runtime import worker_pids
 
@@ -563,8 +564,14 @@ async def test_shutdown_takes_no_more_changes_and_fails_cleanly_when_the_store_d
             body = json.dumps(trivial(1)).encode()
             code, error = await daemon.http("PUT", "/api/v1/backends/b", body)
             assert (code, error["error"]["type"]) == (503, "ShuttingDown")
+            code, error = await daemon.http("DELETE", "/api/v1/backends/a")
+            assert (code, error["error"]["type"]) == (503, "ShuttingDown")
+            # But a forced delete is taken: it cuts short the drain the shutdown waits for.
+            code, _ = await daemon.http("DELETE", "/api/v1/backends/a?force=true")
+            assert code == 202
             assert await daemon.process.wait() == 0
         assert worker_pids(state_dir) == {}
+        assert [e["what"] for e in events(str(state_dir / "rec.jsonl"))].count("drained") == 0
 
 
 async def test_shutdown_says_so_when_the_daemon_stops_before_its_deletes(state_dir: Path) -> None:
@@ -589,3 +596,121 @@ async def test_shutdown_says_so_when_the_daemon_stops_before_its_deletes(state_d
         async with running(state_dir) as again:
             assert (await again.status())["a"]["state"] == "DELETING"
             assert (await again.cli("delete", "a", "--force", "--wait")).returncode == 0
+
+
+# -- the fourth round: restarts that forgot what the last daemon knew, and the CLI's edges --
+
+
+async def test_a_restart_lists_every_replica_at_once_and_retries_no_failed_config(
+    state_dir: Path,
+) -> None:
+    rec = state_dir / "rec.jsonl"
+    file = state_dir / "backends.toml"
+
+    def backend(user_config: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "entrypoint": "replicas:Recorder",
+            "init_kwargs": {"path": str(rec)},
+            "num_replicas": 2,
+            "version": "v1",
+            "user_config": user_config,
+            "graceful_shutdown_timeout_s": 2,
+        }
+
+    def bad_reconfigures() -> int:
+        return sum(1 for e in events(str(rec)) if e.get("config") == {"fail": True})
+
+    file.write_text(manifest(a=backend({"n": 1})))
+    with trio.fail_after(LIMIT_S * 2):
+        async with trio.open_nursery() as nursery:
+            first = Daemon(state_dir)
+            await first.start(nursery, "--config", str(file))
+            assert (await first.cli("wait", "a")).returncode == 0
+            file.write_text(manifest(a=backend({"fail": True})))
+            result = await first.cli("apply", "-f", str(file), "--wait")
+            assert result.returncode == 1, result.stdout
+            assert bad_reconfigures() == 1
+            _, before = await first.http("GET", "/api/v1/watch?timeout_s=0")
+            addresses = {r["address"] for r in only(before["snapshots"])["replicas"]}
+            assert len(addresses) == 2
+            assert await first.stop(signal.SIGKILL) == -signal.SIGKILL
+
+            second = Daemon(state_dir)
+            await second.start(nursery)  # no --config: nothing is asked anew
+            # Its first answer is complete, and lists both replicas, at their addresses.
+            _, after = await second.http("GET", "/api/v1/watch?timeout_s=0")
+            assert after["complete"]
+            assert {r["address"] for r in only(after["snapshots"])["replicas"]} == addresses
+            assert (await second.cli("wait", "a")).returncode == 1  # still DEPLOY_FAILED
+            status = (await second.status())["a"]
+            assert (status["state"], status["reason"]) == ("DEPLOY_FAILED", "ReconfigureFailed")
+            assert status["ready"] == 2
+            assert bad_reconfigures() == 1  # not handed to any replica again
+            assert (await second.cli("shutdown")).returncode == 0
+            assert await second.process.wait() == 0  # type: ignore[union-attr]
+
+
+async def test_the_cli_never_shows_a_traceback_for_deep_files_or_closed_pipes(
+    state_dir: Path,
+) -> None:
+    deep = state_dir / "deep.toml"
+    deep.write_text(
+        "[backends.a]\nentrypoint = 'm:C'\ninit_kwargs = { x = " + "[" * 500 + "]" * 500 + " }\n"
+    )
+    deep_json = state_dir / "deep.json"
+    deep_json.write_text(
+        '{"backends": {"a": {"entrypoint": "m:C", "user_config": ' + "[" * 900 + "]" * 900 + "}}}"
+    )
+    with trio.fail_after(LIMIT_S):
+        async with running(state_dir) as daemon:
+            for file, says in ((deep, "nested too deeply"), (deep_json, "at most 64 deep")):
+                result = await daemon.cli("apply", "-f", str(file))
+                assert result.returncode == 2, result.stderr
+                assert says in result.stderr.decode()
+                assert "Traceback" not in result.stderr.decode()
+            code, reply = await daemon.http(
+                "PUT",
+                "/api/v1/backends/a",
+                json.dumps(
+                    {"entrypoint": "m:C", "user_config": json.loads("[" * 900 + "]" * 900)}
+                ).encode(),
+            )
+            assert code == 422, reply
+            assert (await daemon.status()) == {}
+            # A reader that goes away (`| head`): no traceback, only a non-zero exit.
+            process = await trio.lowlevel.open_process(
+                [*daemon.cli_argv(), "status"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+            assert process.stdout is not None
+            assert process.stderr is not None
+            await process.stdout.aclose()
+            errors = b"".join([chunk async for chunk in process.stderr])
+            await process.wait()
+            assert errors == b"", errors
+
+
+async def test_apply_wait_says_when_a_later_change_superseded_it(state_dir: Path) -> None:
+    file = state_dir / "backends.toml"
+    slow = {
+        "entrypoint": "replicas:SlowInit",
+        "init_kwargs": {"seconds": 3},
+        "num_replicas": 1,
+        "version": "v8",
+    }
+    file.write_text(manifest(a=slow))
+    later = state_dir / "later.toml"
+    later.write_text(manifest(a={**slow, "version": "v9", "init_kwargs": {"seconds": 0}}))
+    with trio.fail_after(LIMIT_S):
+        async with running(state_dir) as daemon:
+            async with trio.open_nursery() as nursery:
+                first: list[subprocess.CompletedProcess[bytes]] = []
+
+                async def wait_for_v8() -> None:
+                    first.append(await daemon.cli("apply", "-f", str(file), "--wait"))
+
+                nursery.start_soon(wait_for_v8)
+                await daemon.logged(b"deploy generation 1")
+                assert (await daemon.cli("apply", "-f", str(later), "--wait")).returncode == 0
+            (result,) = first
+            assert result.returncode == 1
+            assert b"superseded by generation 2" in result.stdout

@@ -213,6 +213,14 @@ async def test_a_worker_killed_with_sigkill_is_replaced(harness: Harness) -> Non
             await (await ctl.delete("a", force=True)).wait()
 
 
+async def all_running(ctl: controller.Controller, name: str) -> None:
+    """Wait until every replica of `name` is RUNNING: adopted, after a restart (the watch lists
+    replicas that served before that, so it cannot tell)."""
+    await ctl.wait_until(
+        lambda c: {r.state for r in c.status(name).replicas} == {ReplicaState.RUNNING}
+    )
+
+
 async def test_reopened_controller_adopts_live_workers(harness: Harness) -> None:
     with trio.fail_after(LIMIT_S):
         async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
@@ -222,8 +230,7 @@ async def test_reopened_controller_adopts_live_workers(harness: Harness) -> None
         assert set(worker_pids(harness.runtime_dir)) == set(pids)
         runtime = controller.LocalRuntime(harness.runtime_dir / "w", pythonpath=[HERE])
         async with controller.open_controller(runtime=runtime, store=harness.store) as ctl:
-            await serving(ctl, "a", 3)
-            assert {r.state for r in ctl.status("a").replicas} == {ReplicaState.RUNNING}
+            await all_running(ctl, "a")
             now = worker_pids(harness.runtime_dir)
             assert set(now) == set(pids)  # the same processes: none restarted, no duplicate
             assert set(now.values()) <= {"S", "R"}  # no zombie
@@ -349,7 +356,7 @@ async def test_a_process_of_another_user_posing_as_a_worker_is_ignored(
         try:
             runtime = controller.LocalRuntime(harness.runtime_dir / "w", pythonpath=[HERE])
             async with controller.open_controller(runtime=runtime, store=harness.store) as ctl:
-                await serving(ctl, "a", 1)
+                await all_running(ctl, "a")
                 (replica,) = ctl.status("a").replicas
                 assert replica.pid == pid  # the real worker, adopted
                 await (await ctl.delete("a", force=True)).wait()
@@ -368,7 +375,7 @@ async def test_a_worker_whose_replica_forks_is_adopted_not_its_child(harness: Ha
         # The child shares the worker's command line; only the worker leads its session.
         runtime = controller.LocalRuntime(harness.runtime_dir / "w", pythonpath=[HERE])
         async with controller.open_controller(runtime=runtime, store=harness.store) as ctl:
-            await serving(ctl, "a", 1)
+            await all_running(ctl, "a")
             (adopted,) = ctl.status("a").replicas
             assert (adopted.tag, adopted.pid) == (replica.tag, replica.pid)
             await (await ctl.delete("a", force=True)).wait()

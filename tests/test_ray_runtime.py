@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import trio
@@ -22,6 +23,7 @@ import trio
 import controller
 import controller.testing
 from controller import GoalOutcome
+from controller._wrap import RuntimeWrapper
 
 from .replicas import events
 
@@ -245,6 +247,23 @@ async def test_a_replica_pending_past_its_start_timeout_is_killed_and_reported(
             await (await ctl.delete("a")).wait()
 
 
+T = TypeVar("T")
+
+
+class StrayKills(RuntimeWrapper):
+    """Tells when a kill of a replica no intent names (``stray#...``) has finished."""
+
+    def __init__(self, inner: controller.Runtime) -> None:
+        super().__init__(inner)
+        self.killed = trio.Event()
+
+    async def around(self, op: str, tag: str | None, work: Callable[[], Awaitable[T]]) -> T:
+        result = await work()
+        if op == "kill" and tag is not None and tag.startswith("stray#"):
+            self.killed.set()
+        return result
+
+
 async def test_a_second_driver_adopts_the_first_ones_replicas(
     harness: Harness, cluster: Cluster
 ) -> None:
@@ -264,12 +283,15 @@ async def test_a_second_driver_adopts_the_first_ones_replicas(
         made = json.loads(result.stdout.decode().strip().splitlines()[-1])
         assert sorted(await harness.runtime.list_replicas()) == sorted([*made["tags"], "stray#0"])
         started = pids(harness.record)
-        async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
-            snapshot = ctl.snapshot("a")
-            while len(snapshot.replicas) != 2:
-                snapshot = (await ctl.listen_for_change({"a": snapshot.snapshot_id}))["a"]
-            assert sorted(r.tag for r in snapshot.replicas) == made["tags"]
+        runtime = StrayKills(harness.runtime)
+        async with controller.open_controller(runtime=runtime, store=harness.store) as ctl:
+            # Listed at once, as they may be serving; then adopted, not restarted.
+            assert sorted(r.tag for r in ctl.snapshot("a").replicas) == made["tags"]
+            await ctl.wait_until(
+                lambda c: {r.state.value for r in c.status("a").replicas} == {"RUNNING"}
+            )
             assert pids(harness.record) == started  # none restarted
+            await runtime.killed.wait()
             assert sorted(await harness.runtime.list_replicas()) == made["tags"]  # stray killed
             await (await ctl.delete("a")).wait()
 

@@ -29,12 +29,13 @@ async def test_restart_adopts_live_replicas_without_restarting_them(tmp_path: Pa
             status = ctl.status("a")
             assert sorted(r.tag for r in status.replicas) == tags
             assert status.generation == 1
-            # Real file I/O runs in a thread, so wait on the watch rather than on blocked tasks.
-            known = ctl.snapshot("a").snapshot_id
+            # Listed to watchers at once, as they may be serving: before any is adopted.
+            assert sorted(r.tag for r in ctl.snapshot("a").replicas) == tags
+            # Real file I/O runs in a thread, so wait on the controller, not on blocked tasks.
             with trio.fail_after(5):
-                while len(ctl.snapshot("a").replicas) < 3:
-                    known = (await ctl.listen_for_change({"a": known}))["a"].snapshot_id
-            assert {r.state for r in ctl.status("a").replicas} == {ReplicaState.RUNNING}
+                await ctl.wait_until(
+                    lambda c: {r.state for r in c.status("a").replicas} == {ReplicaState.RUNNING}
+                )
             assert len(rt.replicas) == 3  # none restarted, none added
             assert sorted(r.tag for r in ctl.snapshot("a").replicas) == tags
             assert [what for _, _, what in rt.history].count("adopt") == 3

@@ -61,6 +61,9 @@ class ReplicaHost:
         # this actor after a crash waits for the same build rather than starting another.
         self._build: asyncio.Task[dict[str, Any]] | None = None
         self._drain: asyncio.Task[dict[str, Any]] | None = None
+        # One reconfigure at a time: a controller restarted during one sends it again, and
+        # user code must never see two at once.
+        self._reconfiguring = asyncio.Lock()
 
     async def ready(self) -> str:
         """Build the replica once; the reply names where it serves."""
@@ -108,7 +111,8 @@ class ReplicaHost:
         return json.dumps({"ok": True})
 
     async def reconfigure(self, user_config_json: str) -> str:
-        return await self._user("reconfigure", json.loads(user_config_json))
+        async with self._reconfiguring:
+            return await self._user("reconfigure", json.loads(user_config_json))
 
     async def check_health(self) -> str:
         return await self._user("check_health")

@@ -63,6 +63,9 @@ class FakeReplica:
     """Make its health checks never answer (the controller times them out)."""
     health_checks: list[float] = attrs.field(factory=list)
     """When each health check arrived."""
+    adoption_hangs: bool = False
+    """Make a controller's adoption of it never answer (a process hung while no controller
+    ran)."""
     _start_done: trio.Event = attrs.field(factory=trio.Event)
     _start_error: ReplicaError | None = None
     _drain_done: trio.Event = attrs.field(factory=trio.Event)
@@ -255,6 +258,8 @@ class FakeRuntime:
         if replica is None or replica.state is FakeState.DEAD:
             raise ReplicaGoneError(tag)
         self._note(tag, "adopt")
+        if replica.adoption_hangs:
+            await trio.sleep_forever()
         await replica._start_done.wait()
         if replica._start_error is not None:
             raise replica._start_error
