@@ -19,6 +19,7 @@ from typing import Any, Literal, TypeVar
 
 import attrs
 import cattrs
+from cattrs.gen import make_dict_unstructure_fn
 
 from ._config import BackendConfig, ReplicaConfig
 from ._errors import CheckpointError, ControllerError
@@ -113,6 +114,11 @@ class EventsRecord:
 
 def _make_converter() -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=True)
+    # A record per replica is kept in memory (cached) and in every write of its backend: the
+    # fields at their defaults are left out, so most entries carry only what sets them apart.
+    conv.register_unstructure_hook(
+        ReplicaRecord, make_dict_unstructure_fn(ReplicaRecord, conv, _cattrs_omit_if_default=True)
+    )
     # The configs validate themselves (naming each field), so they go through their own
     # constructors rather than cattrs' generic structuring of JSON unions.
     conv.register_structure_hook(BackendConfig, lambda data, _t: BackendConfig.from_dict(data))
