@@ -13,7 +13,7 @@ import logging
 import math
 import random
 from collections.abc import Callable
-from typing import Any, final
+from typing import final
 
 import attrs
 import trio
@@ -39,8 +39,8 @@ from ._observe import Observer
 from ._policy import RestartPolicy
 from ._reconcile import decide
 from ._replica import UNKNOWN_CONFIG, Replica, ReplicaSet, Spec, new_tag
-from ._runtime import Runtime
-from ._state import BackendReason, BackendState, BackendStatus, ReplicaState, ServingReplica
+from ._runtime import ReplicaInfo, Runtime
+from ._state import BackendReason, BackendState, BackendStatus, ReplicaState
 from ._store import Store
 from ._watch import SnapshotHub
 
@@ -230,21 +230,14 @@ class Backend:
             self._health.reschedule(self.replicas, trio.current_time(), period)
         self._snapshot_dirty = True
 
-    def _started(self, replica: Replica, info: Any) -> None:
+    def _started(self, replica: Replica, info: ReplicaInfo) -> None:
         replica.scope = None
         if replica.state is ReplicaState.STOPPING:
             self._spawn_stop(replica)  # ready just as the loop decided to stop it
             return
-        replica.state = ReplicaState.RUNNING
-        replica.healthy = True  # an adoption late to answer has answered
-        stored = replica.served and replica.address == info.address
-        replica.address, replica.pid, replica.node = info.address, info.pid, info.node
-        replica.view = ServingReplica(replica.tag, replica.version, info.address)
-        self._snapshot_dirty = True
-        if not stored:
-            replica.served = True
-            replica.record_json = None
+        if self._set.running(replica, info):
             self._intent.touched()  # stored with the next write; no action waits on it
+        self._snapshot_dirty = True
         self._failures.ready(replica.version == self.spec.version)
         self._health.begin(replica, self.spec.backend_config)
         logger.info("replica %s RUNNING at %s", replica.tag, info.address)
@@ -370,13 +363,7 @@ class Backend:
             self._spawn_bring_up(replica, adopt=False)
         for replica in updates:
             self._tasks.reconfigure(replica, user_config, config_digest, config.start_timeout_s)
-        if starts or stops or updates:
-            line = view.decision(
-                spec.version, len(starts), [r.version for r in stops], len(updates)
-            )
-            logger.info("backend %s: %s", self.name, line)
-            if starts or stops:
-                self.journal.event("Scale", line.partition(", reconfiguring")[0])
+        self.journal.decision(spec.version, len(starts), [r.version for r in stops], len(updates))
         self._health.run_due(now, self.replicas, config)
         self._publish()  # a late health check may have taken a replica out
         self._arm_timer(now)
@@ -385,8 +372,7 @@ class Backend:
             if spec.deleting:
                 return await self._forget()
             if not self.goal.done:
-                logger.info("backend %s: goal of generation %d reached", self.name, spec.generation)
-                self.journal.event("Ready", f"generation {spec.generation} reached")
+                self.journal.reached(spec.generation)
             self.goal.complete()
         # Let the tasks just started (and watchers just woken) run before the next pass, so a
         # burst of events is coalesced instead of handled one pass each.

@@ -82,26 +82,6 @@ def snapshot_of(
     )
 
 
-def decision(version: str, starts: int, stopped_versions: Sequence[str], updates: int) -> str:
-    """One line per decision, each count with the version it concerns: a rollout's line names
-    the version it stops as well as the one it starts."""
-    parts = []
-    if starts:
-        parts.append(f"starting {starts} (version {version})")
-    if stopped_versions:
-        by_version: dict[str, int] = {}
-        for v in stopped_versions:
-            by_version[v] = by_version.get(v, 0) + 1
-        if len(by_version) == 1:
-            versions = f"version {next(iter(by_version))}"
-        else:
-            versions = ", ".join(f"{n} of {v}" for v, n in sorted(by_version.items()))
-        parts.append(f"stopping {len(stopped_versions)} ({versions})")
-    if updates:
-        parts.append(f"reconfiguring {updates} (version {version})")
-    return ", ".join(parts)
-
-
 def state_of(
     spec: Spec,
     replicas: Sequence[ReplicaStatus],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import final
 
 import trio
@@ -23,6 +23,26 @@ EVENTS_KEPT = 50
 def plural(n: int, word: str) -> str:
     """``1 replica``, ``2 replicas``: counts in messages people read."""
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def decision_line(version: str, starts: int, stopped_versions: Sequence[str], updates: int) -> str:
+    """One line per decision, each count with the version it concerns: a rollout's line names
+    the version it stops as well as the one it starts."""
+    parts = []
+    if starts:
+        parts.append(f"starting {starts} (version {version})")
+    if stopped_versions:
+        by_version: dict[str, int] = {}
+        for v in stopped_versions:
+            by_version[v] = by_version.get(v, 0) + 1
+        if len(by_version) == 1:
+            versions = f"version {next(iter(by_version))}"
+        else:
+            versions = ", ".join(f"{n} of {v}" for v, n in sorted(by_version.items()))
+        parts.append(f"stopping {len(stopped_versions)} ({versions})")
+    if updates:
+        parts.append(f"reconfiguring {updates} (version {version})")
+    return ", ".join(parts)
 
 
 @final
@@ -99,6 +119,21 @@ class Journal:
         else:
             logger.warning("replica %s: %s (%s)", tag, error, then)
         self.event(kind, f"replica {tag}: {error}; {then}")
+
+    def decision(
+        self, version: str, starts: int, stopped_versions: Sequence[str], updates: int
+    ) -> None:
+        """A pass's starts, stops and reconfigures: logged; an event if it starts or stops."""
+        if starts or stopped_versions or updates:
+            line = decision_line(version, starts, stopped_versions, updates)
+            logger.info("backend %s: %s", self.name, line)
+            if starts or stopped_versions:
+                # Reconfigures are told replica by replica; the event is about the count.
+                self.event("Scale", decision_line(version, starts, stopped_versions, 0))
+
+    def reached(self, generation: int) -> None:
+        logger.info("backend %s: goal of generation %d reached", self.name, generation)
+        self.event("Ready", f"generation {generation} reached")
 
     def deploy_failed(self, reason: str, kind: str = "DeployFailed") -> None:
         logger.error("backend %s: deploy failed: %s", self.name, reason)

@@ -23,7 +23,7 @@ from ._checkpoint import (
 from ._config import BackendConfig, ReplicaConfig
 from ._json import JSON, digest
 from ._reconcile import Target, resolve_limits
-from ._runtime import ReplicaSpec
+from ._runtime import ReplicaInfo, ReplicaSpec
 from ._state import ReplicaState, ServingReplica
 
 _tag_rng = random.SystemRandom()
@@ -260,6 +260,20 @@ class ReplicaSet:
         replica.record_json = None
         self._changed()
         return serving
+
+    def running(self, replica: Replica, info: ReplicaInfo) -> bool:
+        """Mark `replica` RUNNING where `info` says it serves; True if what the store holds of it
+        changed (it had not served, or serves at a new address)."""
+        replica.state = ReplicaState.RUNNING
+        replica.healthy = True  # an adoption late to answer has answered
+        stored = replica.served and replica.address == info.address
+        replica.address, replica.pid, replica.node = info.address, info.pid, info.node
+        replica.view = ServingReplica(replica.tag, replica.version, info.address)
+        if stored:
+            return False
+        replica.served = True
+        replica.record_json = None
+        return True
 
     def restore(self, record: ReplicasRecord | None, live: set[str], graceful: bool) -> list[str]:
         """Rebuild the replicas of a checkpoint that are `live` (to adopt, or to go on stopping);
