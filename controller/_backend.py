@@ -32,7 +32,7 @@ from ._failure_reports import FailureReports
 from ._failures import FailureBook
 from ._goal import Goal
 from ._health import HealthChecks
-from ._history import Journal, plural
+from ._history import Journal
 from ._intent import Intent
 from ._json import JSON
 from ._observe import Observer
@@ -117,6 +117,12 @@ class Backend:
         return self._failures.starts_blocked
 
     @property
+    def config_gone_back_to(self) -> tuple[str, JSON] | None:
+        """The user config (digest, value) the replicas went back to when this spec's change
+        of config failed in one of them (None if it did not)."""
+        return self.spec.rollback if self._failures.blocked == "ReconfigureFailed" else None
+
+    @property
     def deploy_failed(self) -> bool:
         """DEPLOY_FAILED, for any reason: the same spec deployed again is a new attempt."""
         return self._failures.blocked is not None
@@ -133,11 +139,7 @@ class Backend:
         if not self.spec.deleting:
             self._change = (BackendState.UPDATING, "Recovering")
         self.journal.log.restore(events)
-        self.journal.event(
-            "Recovered",
-            f"generation {self.spec.generation}: adopting "
-            f"{plural(len(self.replicas), 'live replica')}",
-        )
+        self.journal.recovered(self.spec.generation, len(self.replicas))
         return dropped
 
     def block_starts(self, reason: str) -> None:

@@ -55,6 +55,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         namespace=args.namespace,
         allow_remote=args.allow_remote,
         max_replicas=args.max_replicas,
+        forget_replicas=args.forget_replicas,
     )
     try:
         trio.run(run_daemon, options)
@@ -357,6 +358,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-replicas",
         type=_positive_int,
         help="how many replicas the runtime holds (per node on Ray); default: from memory",
+    )
+    run.add_argument(
+        "--forget-replicas",
+        action="store_true",
+        help="the store is lost for good: stop the replicas of an earlier daemon it no longer "
+        "names (without this, an empty store beside live replicas stops the start)",
     )
     run.set_defaults(func=cmd_run)
 

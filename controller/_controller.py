@@ -222,7 +222,14 @@ class Controller:
             for name, (backend_config, replica_config) in declared.items():
                 if not self._matches(name, backend_config, replica_config):
                     old = self._requested_spec(name)
-                    records[name] = deploy_record(name, old, backend_config, replica_config)
+                    backend = self._backends.get(name)
+                    # The config the replicas went back to, if `old`'s own change failed in one.
+                    held = None
+                    if backend is not None and old is not None and backend.spec is old:
+                        held = backend.config_gone_back_to
+                    records[name] = deploy_record(
+                        name, old, backend_config, replica_config, held=held
+                    )
             for name in deletes:
                 if name in self._backends and not self._requested[name][0].deleting:
                     records[name] = delete_record(name, self._requested[name][0], force=False)

@@ -45,6 +45,7 @@ from ._errors import (
     UnknownBackendError,
 )
 from ._files import create_private
+from ._history import plural
 from ._manifest import Manifest, load_manifest
 from ._metrics import Metrics
 from ._replica_tasks import KILL_TIMEOUT_S
@@ -86,6 +87,8 @@ class DaemonOptions:
     """Listening beyond loopback is meant: no warning."""
     max_replicas: int | None = None
     """How many replicas the runtime holds (per node on Ray); None: the runtime's default."""
+    forget_replicas: bool = False
+    """Start even if the store names no backend while replicas live (they are stopped)."""
 
 
 async def run_daemon(options: DaemonOptions) -> None:
@@ -106,6 +109,8 @@ async def run_daemon(options: DaemonOptions) -> None:
                 await trio.to_thread.run_sync(_connect_ray, options)
             with _store(options) as store:
                 runtime = _runtime(options)
+                if not options.forget_replicas:
+                    await _refuse_a_lost_store(store, runtime)
                 async with open_controller(
                     runtime=metrics.wrap_runtime(runtime),
                     store=metrics.wrap_store(store),
@@ -125,6 +130,20 @@ async def run_daemon(options: DaemonOptions) -> None:
         if opened:
             raise
         raise StartupError(f"{_reason(exc)}; no replica was touched") from None
+
+
+async def _refuse_a_lost_store(store: Store, runtime: Runtime) -> None:
+    """An empty store beside live replicas was lost (deleted, emptied, or another one): the
+    recovery would take every replica for an orphan and stop it, an outage. Refuse instead."""
+    if await store.read_all():
+        return
+    live = await runtime.list_replicas()
+    if live:
+        raise StartupError(
+            f"the store names no backend, but {plural(len(live), 'replica')} of an earlier "
+            "daemon still run: was the store deleted or emptied? Put it back; or, to start "
+            "over, `controller run --forget-replicas` stops them; no replica was touched"
+        )
 
 
 def _reason(exc: BaseException) -> str:

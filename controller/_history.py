@@ -131,6 +131,9 @@ class Journal:
                 # Reconfigures are told replica by replica; the event is about the count.
                 self.event("Scale", decision_line(version, starts, stopped_versions, 0))
 
+    def recovered(self, generation: int, live: int) -> None:
+        self.event("Recovered", f"generation {generation}: adopting {plural(live, 'live replica')}")
+
     def reached(self, generation: int) -> None:
         logger.info("backend %s: goal of generation %d reached", self.name, generation)
         self.event("Ready", f"generation {generation} reached")

@@ -100,22 +100,30 @@ class Spec:
 
 
 def deploy_record(
-    name: str, old: Spec | None, backend_config: BackendConfig, replica_config: ReplicaConfig
+    name: str,
+    old: Spec | None,
+    backend_config: BackendConfig,
+    replica_config: ReplicaConfig,
+    *,
+    held: tuple[str, JSON] | None = None,
 ) -> SpecRecord:
-    """The record of a deploy of these configs over `old` (the spec last asked, if any)."""
+    """The record of a deploy of these configs over `old` (the spec last asked, if any).
+    `held` is the config the replicas went back to when `old`'s own change of config failed."""
     rollback = None
     version = backend_config.version
+    digest_before, before = held or (
+        (old.config_digest, old.backend_config.user_config) if old is not None else ("", None)
+    )
     if (
         old is not None
         and not old.deleting
         and version is not None
         and version == old.backend_config.version
-        and digest(backend_config.user_config) != old.config_digest
+        and digest(backend_config.user_config) != digest_before
     ):
-        # An in-place change of user config: keep the config before it, to go back to.
-        rollback = json.dumps(
-            old.backend_config.user_config, separators=(",", ":"), allow_nan=False
-        )
+        # An in-place change of user config: keep the config the replicas hold, to go back to
+        # (never one that failed already).
+        rollback = json.dumps(before, separators=(",", ":"), allow_nan=False)
     generation = old.generation + 1 if old is not None else 1
     return SpecRecord(name, generation, backend_config, replica_config, rollback_config=rollback)
 

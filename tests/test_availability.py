@@ -168,6 +168,36 @@ async def test_a_bad_user_config_halts_and_rolls_back_with_the_backend_serving(
         assert rt.replicas[new].user_config == {"n": 1}
 
 
+class FailingConfigs(RuntimeWrapper):
+    """A runtime whose replicas refuse any user config that has a "raise" key."""
+
+    async def reconfigure_replica(self, tag: str, user_config: controller.JSON) -> None:
+        if isinstance(user_config, dict) and "raise" in user_config:
+            await trio.lowlevel.checkpoint()
+            raise controller.ReplicaError(tag, "ValueError", f"refused {user_config}")
+        await self.inner.reconfigure_replica(tag, user_config)
+
+
+async def test_two_bad_user_configs_in_a_row_go_back_to_the_last_good_one(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime(auto_ready=True)
+    async with opened(FailingConfigs(rt)) as ctl:
+        await (await ctl.deploy("a", config(num_replicas=2, user_config={"a": 1}), RC)).wait()
+        tags = set(rt.tags())
+        for bad in ({"raise": 1}, {"raise": 2}):
+            goal = await ctl.deploy("a", config(num_replicas=2, user_config=bad), RC)
+            with pytest.raises(controller.GoalFailed):
+                await goal.wait()
+            await settle()
+            # Taken back to the config that worked, never to the one that failed before.
+            assert set(rt.tags(S.READY)) == tags
+            assert [rt.replicas[t].user_config for t in tags] == [{"a": 1}, {"a": 1}]
+            assert len(ctl.snapshot("a").replicas) == 2
+            assert ctl.status("a").state is BackendState.DEPLOY_FAILED
+        assert rt.start_calls == 2
+
+
 async def test_a_failed_rollback_replaces_the_replica_with_the_config_before(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

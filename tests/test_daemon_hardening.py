@@ -163,7 +163,7 @@ async def test_counts_no_machine_can_run_are_refused_at_once(state_dir: Path) ->
         async with running(state_dir) as daemon:
             for body in (
                 {"entrypoint": "replicas:Trivial", "num_replicas": 1_000_000},
-                {"entrypoint": "replicas:Trivial", "num_replicas": 10**18, "resources": {"CPU": 0}},
+                {"entrypoint": "replicas:Trivial", "num_replicas": 10**6, "resources": {"CPU": 0}},
             ):
                 with trio.fail_after(5):
                     code, error = await daemon.http(
@@ -173,6 +173,11 @@ async def test_counts_no_machine_can_run_are_refused_at_once(state_dir: Path) ->
                 message = error["error"]["message"]
                 assert "replica_slots" in message, message
                 assert "Nothing was applied" in message
+            # Past any runtime's reach, the count is refused by the model itself, naming the rule.
+            body = {"entrypoint": "replicas:Trivial", "num_replicas": 10**18}
+            code, error = await daemon.http("PUT", "/api/v1/backends/big", json.dumps(body).encode())
+            assert code == 422, error
+            assert "num_replicas: must be a whole number from 0 to 1000000" in str(error)
             assert await daemon.http("GET", "/healthz", token=None) == (200, {"ok": True})
             assert await daemon.status() == {}
             assert worker_pids(state_dir) == {}
@@ -287,6 +292,25 @@ async def test_a_store_that_is_not_a_database_is_one_line(state_dir: Path) -> No
     line = await failed_start(state_dir, "--listen", "127.0.0.1:0")
     assert "file is not a database" in line
     assert "no replica was touched" in line
+
+
+async def test_an_emptied_store_beside_live_workers_stops_the_start_not_the_workers(
+    state_dir: Path,
+) -> None:
+    with trio.fail_after(LIMIT_S * 3):
+        async with trio.open_nursery() as nursery:
+            first = await converged_daemon(nursery, state_dir, 2)
+            pids = worker_pids(state_dir)
+            assert await first.stop(signal.SIGTERM) == 0
+        (state_dir / "controller.db").write_bytes(b"")  # emptied, as by `: > controller.db`
+        line = await failed_start(state_dir, "--listen", "127.0.0.1:0")
+        assert "the store names no backend, but 2 replicas of an earlier daemon still run" in line
+        assert "--forget-replicas" in line
+        assert worker_pids(state_dir) == pids
+        # Told so, the user starts over: the workers nothing names are stopped.
+        async with running(state_dir, "--forget-replicas") as daemon:
+            assert await daemon.status() == {}
+        assert worker_pids(state_dir) == {}  # the daemon has exited: its kills are done
 
 
 async def test_a_store_that_fails_to_write_answers_503_with_its_own_error(state_dir: Path) -> None:
