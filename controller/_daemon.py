@@ -54,6 +54,7 @@ from ._statedir import (
     STATE_DIR_ENV,
     TOKEN_ENV,
     address_path,
+    kept_token,
     locked,
     log_path,
     token_path,
@@ -99,10 +100,12 @@ async def run_daemon(options: DaemonOptions) -> None:
     # Taken out of the environment at once: no child of ours (a worker, a Ray process started
     # here) may inherit it.
     # Stripped, as a client's is: a token with a stray newline would lock everyone out.
-    token = (os.environ.pop(TOKEN_ENV, None) or "").strip() or secrets.token_urlsafe(32)
+    given_token = (os.environ.pop(TOKEN_ENV, None) or "").strip()
     opened = False
     try:
         with locked(options.state_dir) as state_dir, _file_log(state_dir), _bind(options) as sock:
+            # The token outlives a restart, so that routers and watchers given it carry on.
+            token = given_token or kept_token(state_dir) or secrets.token_urlsafe(32)
             metrics = Metrics()
             if "ray" in (options.runtime, options.store):
                 # Joining (or starting) a cluster takes seconds: not on the trio thread.

@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -139,6 +140,16 @@ def _held_by_other(state_dir: Path) -> str:
         "stop it first (`controller shutdown`, or Ctrl-C to keep its replicas), or pass "
         "another --state-dir"
     )
+
+
+def kept_token(state_dir: Path) -> str | None:
+    """The token an earlier daemon wrote to this (locked, private) state dir, if it looks like
+    one: printable ASCII without spaces."""
+    try:
+        token = token_path(state_dir).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return token if re.fullmatch(r"[!-~]{16,1024}", token) else None
 
 
 def write_token(state_dir: Path, token: str) -> None:

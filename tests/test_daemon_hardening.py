@@ -104,12 +104,14 @@ async def test_ctrl_c_then_run_again_on_the_same_port(state_dir: Path) -> None:
                 assert not sockets_of(pid) & daemon_sockets
                 mine = [t for t in fd_targets(pid) if t.startswith(str(state_dir))]
                 assert all(re.fullmatch(r".*/w/logs/a#[0-9a-f]{12}\.log", t) for t in mine), mine
+            token = first.token
             assert await first.stop(signal.SIGINT) == 0
             with pytest.raises(ConnectionRefusedError):
                 socket.create_connection(("127.0.0.1", port), timeout=5).close()
 
         async with running(state_dir, listen=listen) as second:
             assert second.url == f"http://{listen}"
+            assert second.token == token  # a router given the token carries on
             assert await second.http("GET", "/healthz", token=None) == (200, {"ok": True})
             assert (await second.cli("wait", "a")).returncode == 0
             assert worker_pids(state_dir) == pids  # adopted, not restarted
