@@ -12,7 +12,7 @@ import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, Protocol, final
+from typing import Any, Protocol, final, overload
 from urllib.parse import parse_qs
 
 import trio
@@ -48,13 +48,42 @@ _BACKEND_PATH = re.compile(r"/api/v1/backends/([^/]+)")
 _LOGS_PATH = re.compile(r"/api/v1/backends/([^/]+)/logs")
 
 
+#: The methods each path takes (HEAD wherever GET is), so that any other gets 405 with Allow.
+_PATHS: list[tuple[re.Pattern[str], tuple[str, ...]]] = [
+    (re.compile(r"/healthz"), ("GET", "HEAD")),
+    (re.compile(r"/metrics"), ("GET", "HEAD")),
+    (re.compile(r"/openapi\.json"), ("GET", "HEAD")),
+    (re.compile(r"/api/v1/backends"), ("GET", "HEAD")),
+    (_BACKEND_PATH, ("GET", "HEAD", "PUT", "DELETE")),
+    (_LOGS_PATH, ("GET", "HEAD")),
+    (re.compile(r"/api/v1/apply"), ("POST",)),
+    (re.compile(r"/api/v1/watch"), ("GET", "HEAD")),
+    (re.compile(r"/api/v1/shutdown"), ("POST",)),
+]
+
+
+def _allowed(path: str) -> tuple[str, ...] | None:
+    for pattern, methods in _PATHS:
+        if pattern.fullmatch(path):
+            return methods
+    return None
+
+
 class HTTPError(Exception):
     def __init__(
-        self, status: int, kind: str, message: str, *, retry_after: int | None = None, **extra: Any
+        self,
+        status: int,
+        kind: str,
+        message: str,
+        *,
+        retry_after: int | None = None,
+        allow: tuple[str, ...] = (),
+        **extra: Any,
     ):
         self.status = status
         self.body = {"error": {"type": kind, "message": message, **extra}}
         self.retry_after = retry_after
+        self.allow = allow
         super().__init__(message)
 
 
@@ -124,6 +153,7 @@ class Api:
         if scope["type"] != "http":
             return
         retry_after: int | None = None
+        allow: tuple[str, ...] = ()
         try:
             try:
                 status, body, content_type = await self._route(scope, receive)
@@ -131,7 +161,7 @@ class Api:
                 raise _domain_error(exc) from exc
         except HTTPError as exc:
             status, body, content_type = exc.status, _dump(exc.body), "application/json"
-            retry_after = exc.retry_after
+            retry_after, allow = exc.retry_after, exc.allow
             if status >= 500:
                 logger.error("API: %s %s: %s", scope["method"], scope["path"], exc)
         except Exception:
@@ -147,17 +177,36 @@ class Api:
             headers.append((b"www-authenticate", b'Bearer realm="controller"'))
         if retry_after is not None:
             headers.append((b"retry-after", b"%d" % retry_after))
+        if allow:
+            headers.append((b"allow", ", ".join(allow).encode()))
+        head = scope["method"] == "HEAD"
         await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        # HEAD: the headers a GET would get (its length too), and no body.
+        await send({"type": "http.response.body", "body": b"" if head else body})
 
     async def _route(self, scope: Scope, receive: Receive) -> tuple[int, bytes, str]:
         method: str = scope["method"]
         path: str = scope["path"]
-        if path == "/healthz" and method == "GET":
+        allowed = _allowed(path)
+        if path != "/healthz":
+            self._authenticate(scope)
+        if allowed is None:
+            raise HTTPError(404, "NotFound", f"no such endpoint: {path}")
+        if method not in allowed:
+            raise HTTPError(
+                405,
+                "MethodNotAllowed",
+                f"{method} is not allowed on {path}; allowed: {', '.join(allowed)}",
+                allow=allowed,
+            )
+        head = method == "HEAD"
+        if head:
+            method = "GET"
+        # Only the two requests that carry a body read one: the others ignore what is sent.
+        body = await _read_body(scope, receive) if method in ("PUT", "POST") else b""
+        query = parse_qs(scope.get("query_string", b"").decode(), keep_blank_values=True)
+        if path == "/healthz":
             return 200, _dump({"ok": True}), "application/json"
-        self._authenticate(scope)
-        body = await _read_body(receive)
-        query = parse_qs(scope.get("query_string", b"").decode())
         if path == "/metrics" and method == "GET":
             return 200, self._render_metrics(), "text/plain; version=0.0.4; charset=utf-8"
         if path == "/openapi.json" and method == "GET":
@@ -167,8 +216,6 @@ class Api:
             return _ok({"backends": backends})
         match = _LOGS_PATH.fullmatch(path)
         if match is not None:
-            if method != "GET":
-                raise HTTPError(405, "MethodNotAllowed", f"{method} is not allowed on {path}")
             return _ok(await self._read_logs(match.group(1), query))
         match = _BACKEND_PATH.fullmatch(path)
         if match is not None:
@@ -180,23 +227,24 @@ class Api:
                 self._check_accepting()
                 return _ok(await self._deploy(decl), 200)
             if method == "DELETE":
-                force = query.get("force", ["false"])[0] in ("1", "true")
+                force = _flag(query, "force", default=False)
                 if not force:
                     # A forced delete is taken even while shutting down: it only cuts short
                     # the drains a shutdown waits for (a replica that hangs in its drain).
                     self._check_accepting()
                 return _ok(await self._delete(name, force), 202)
-            raise HTTPError(405, "MethodNotAllowed", f"{method} is not allowed on {path}")
-        if path == "/api/v1/apply" and method == "POST":
+        if path == "/api/v1/apply":
             data = _parse_json(body)
             self._check_accepting()
             return _ok(await self._apply(data))
-        if path == "/api/v1/watch" and method == "GET":
+        if path == "/api/v1/watch":
+            if head:
+                query["timeout_s"] = ["0"]  # what a GET's headers would be, without the wait
             return _ok(await self._watch(query))
-        if path == "/api/v1/shutdown" and method == "POST":
-            wait = query.get("wait", ["true"])[0] not in ("0", "false")
+        if path == "/api/v1/shutdown":
+            wait = _flag(query, "wait", default=True)
             return _ok(await self._shutdown(wait=wait), 200 if wait else 202)
-        raise HTTPError(404, "NotFound", f"no such endpoint: {method} {path}")
+        raise AssertionError(f"{method} {path} is in _PATHS but not routed")
 
     def _check_accepting(self) -> None:
         if self._shutting_down:
@@ -252,12 +300,8 @@ class Api:
                 "this runtime keeps no replica logs the daemon can read; with the ray runtime, "
                 "use Ray's own logs (`ray logs actor --id ...`)",
             )
-        try:
-            tail = int(query.get("tail", ["100"])[0])
-            offset_text = query.get("offset", [None])[0]
-            offset = None if offset_text is None else int(offset_text)
-        except ValueError:
-            raise HTTPError(400, "BadQuery", "tail and offset must be integers") from None
+        tail = _int_param(query, "tail", 100)
+        offset = _int_param(query, "offset", None)
         if not 0 <= tail <= MAX_LOG_LINES or (offset is not None and offset < 0):
             raise HTTPError(400, "BadQuery", f"tail must be in [0, {MAX_LOG_LINES}], offset >= 0")
         try:
@@ -310,24 +354,21 @@ class Api:
         return await apply_manifest(self._ctl, manifest, prune=prune)
 
     async def _watch(self, query: dict[str, list[str]]) -> dict[str, Any]:
-        try:
-            since = int(query.get("since", ["0"])[0])
-            timeout = float(query.get("timeout_s", ["30"])[0])
-        except ValueError:
-            raise HTTPError(
-                400, "BadQuery", "since must be an integer, timeout_s a number"
-            ) from None
+        since = _int_param(query, "since", 0)
+        timeout = _number_param(query, "timeout_s", 30.0)
         if not 0 <= timeout <= MAX_WATCH_TIMEOUT_S:
             raise HTTPError(400, "BadQuery", f"timeout_s must be in [0, {MAX_WATCH_TIMEOUT_S:g}]")
         if query.get("epoch", [self._epoch])[0] != self._epoch:
             since = 0  # a restarted daemon counts afresh: the caller gets everything
         # Only the newest deletions are kept: a cursor older than that gets every backend,
         # marked complete, so that the watcher drops what it holds and the answer omits.
-        complete = since < self._ctl.watch_floor or since == 0
+        # A cursor from the future (never handed out by this daemon) is treated like one from
+        # before a restart: the caller gets everything, rather than nothing until it is reached.
+        complete = not self._ctl.watch_floor <= since <= self._ctl.watch_cursor or since == 0
         snapshots: list[BackendSnapshot] = []
         with trio.move_on_after(timeout):
             snapshots = await self._ctl.changes_since(0 if complete else since)
-        cursor = max([since, *(s.snapshot_id for s in snapshots)])
+        cursor = max([0 if complete else since, *(s.snapshot_id for s in snapshots)])
         return {
             "epoch": self._epoch,
             "cursor": cursor,
@@ -369,7 +410,57 @@ def _backend_from_body(name: str, data: Any) -> BackendDecl:
     return decl
 
 
-async def _read_body(receive: Receive) -> bytes:
+_INTEGER = re.compile(r"-?[0-9]{1,30}")
+#: The largest cursor, offset or count a query may carry (a signed 64-bit integer's).
+MAX_QUERY_INT = 2**63 - 1
+_NUMBER = re.compile(r"-?(?:[0-9]{1,30}(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]{1,3})?")
+
+
+@overload
+def _int_param(query: dict[str, list[str]], name: str, default: int) -> int: ...
+@overload
+def _int_param(query: dict[str, list[str]], name: str, default: None) -> int | None: ...
+def _int_param(query: dict[str, list[str]], name: str, default: int | None) -> int | None:
+    # Written out as digits only: Python's int() would take " 5", "+5" and "5_0" too.
+    value = query.get(name, [None])[-1]
+    if value is None:
+        return default
+    if not _INTEGER.fullmatch(value) or not 0 <= int(value) <= MAX_QUERY_INT:
+        raise HTTPError(
+            400, "BadQuery", f"{name} must be a whole number from 0 to 2**63-1, not {value!r}"
+        )
+    return int(value)
+
+
+def _number_param(query: dict[str, list[str]], name: str, default: float) -> float:
+    value = query.get(name, [None])[-1]
+    if value is None:
+        return default
+    if not _NUMBER.fullmatch(value):
+        raise HTTPError(400, "BadQuery", f"{name} must be a number, not {value!r}")
+    return float(value)
+
+
+def _flag(query: dict[str, list[str]], name: str, *, default: bool) -> bool:
+    value = query.get(name, [None])[-1]
+    if value is None:
+        return default
+    if value not in ("true", "false"):
+        raise HTTPError(400, "BadQuery", f"{name} must be true or false, not {value!r}")
+    return value == "true"
+
+
+async def _read_body(scope: Scope, receive: Receive) -> bytes:
+    for key, value in scope["headers"]:
+        if key == b"content-type":
+            media_type = bytes(value).partition(b";")[0].strip().lower()
+            if media_type == b"application/json":
+                break
+            raise HTTPError(
+                415, "UnsupportedMediaType", "the body must be sent as application/json"
+            )
+    else:
+        raise HTTPError(415, "UnsupportedMediaType", "the body must be sent as application/json")
     chunks: list[bytes] = []
     size = 0
     while True:

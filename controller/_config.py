@@ -10,11 +10,40 @@ from typing import Any, TypeVar
 import attrs
 
 from ._errors import ConfigError
-from ._json import JSON, check_json
+from ._json import JSON, MAX_JSON_DEPTH, check_json
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
-_DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
-_ENTRYPOINT = re.compile(rf"{_DOTTED}:{_DOTTED}")
+# Every rule below is written once more as JSON Schema (each field's ``metadata["schema"]``),
+# which the API's OpenAPI document is made from; tests/test_openapi.py checks that the two agree.
+# So the patterns are ASCII and spelled out: JSON Schema's ``\w`` is not Python's.
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+_DOTTED = rf"{_IDENTIFIER}(?:\.{_IDENTIFIER})*"
+ENTRYPOINT_PATTERN = rf"{_DOTTED}:{_DOTTED}"
+VERSION_PATTERN = r"[\x20-\x7e]{1,200}"
+_NAME = re.compile(NAME_PATTERN)
+_ENTRYPOINT = re.compile(ENTRYPOINT_PATTERN)
+_KEYWORD = re.compile(_IDENTIFIER)
+_VERSION = re.compile(VERSION_PATTERN)
+
+#: The most replicas one backend may ask for, whatever the runtime: a count past it is a typo,
+#: refused before any runtime is asked (a runtime's own limit is usually far lower: a 409 then).
+MAX_REPLICAS = 1_000_000
+#: The most of one resource a replica may ask for: more is a typo, and would overflow placement's
+#: fixed-point arithmetic.
+MAX_RESOURCE = 1e15
+#: The longest timeout or period, in seconds (about 31 years): longer is a typo. A bound that a
+#: double holds exactly, so that the document's check and the model's agree at the edge.
+MAX_SECONDS = 1e9
+
+_SECONDS_SCHEMA: dict[str, Any] = {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_SECONDS}
+_LIMIT_SCHEMA: dict[str, Any] = {
+    "description": "a count of replicas (a whole number), or a fraction of num_replicas "
+    "(a number from 0 to 1 written with a decimal point: 1 is one replica, 1.0 is all of them)",
+    "anyOf": [
+        {"type": "integer", "minimum": 0},
+        {"type": "number", "minimum": 0, "maximum": 1},
+    ],
+}
 
 
 def check_backend_name(name: object) -> str:
@@ -29,13 +58,23 @@ def check_backend_name(name: object) -> str:
     return name
 
 
-def _non_negative_int(field: str) -> Any:
-    def check(_inst: object, _attr: attrs.Attribute[int], value: object) -> None:
-        # bool is an int subclass, but `num_replicas=True` is a bug, not a count.
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(field, "must be a whole number >= 0", value)
+def _whole(value: object) -> int | None:
+    """`value` as an int if it is a whole number: 3, or 3.0 (JSON does not tell them apart)."""
+    # bool is an int subclass, but `num_replicas=True` is a bug, not a count.
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value if isinstance(value, int) else None
 
-    return check
+
+def _replica_count(value: object) -> int:
+    count = _whole(value)
+    if count is None or not 0 <= count <= MAX_REPLICAS:
+        raise ConfigError(
+            "BackendConfig.num_replicas", f"must be a whole number from 0 to {MAX_REPLICAS}", value
+        )
+    return count
 
 
 def _finite(value: int | float) -> float | None:
@@ -50,11 +89,13 @@ def _finite(value: int | float) -> float | None:
 def _seconds(field: str, value: object, *, allow_zero: bool) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(field, "must be a number of seconds", value)
-    seconds = _finite(value)
-    if seconds is None or seconds < 0 or (seconds == 0 and not allow_zero):
+    # Compared as given (an int past a double's range included), converted once in range.
+    if not 0 <= value <= MAX_SECONDS or (value == 0 and not allow_zero):
         rule = ">= 0" if allow_zero else "> 0"
-        raise ConfigError(field, f"must be a finite number of seconds {rule}", value)
-    return seconds
+        raise ConfigError(
+            field, f"must be a finite number of seconds {rule} and at most {MAX_SECONDS:g}", value
+        )
+    return float(value)
 
 
 def _graceful_shutdown_timeout(value: object) -> float:
@@ -65,12 +106,13 @@ def _start_timeout(value: object) -> float:
     return _seconds("BackendConfig.start_timeout_s", value, allow_zero=False)
 
 
-def _positive_int(field: str) -> Any:
-    def check(_inst: object, _attr: attrs.Attribute[int], value: object) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(field, "must be a whole number >= 1", value)
-
-    return check
+def _failure_threshold(value: object) -> int:
+    count = _whole(value)
+    if count is None or count < 1:
+        raise ConfigError(
+            "BackendConfig.health_check_failure_threshold", "must be a whole number >= 1", value
+        )
+    return count
 
 
 def _limit(field: str, value: object) -> int | float:
@@ -83,6 +125,9 @@ def _limit(field: str, value: object) -> int | float:
             raise ConfigError(field, "a count must be >= 0", value)
         return value
     fraction = _finite(value)
+    if fraction is not None and fraction > 1.0 and fraction.is_integer():
+        # JSON (and so the API's schema) cannot tell 2.0 from 2: above 1 it can only be a count.
+        return int(fraction)
     if fraction is None or not 0.0 <= fraction <= 1.0:
         raise ConfigError(field, "a fraction must be between 0.0 and 1.0", value)
     return value
@@ -118,9 +163,9 @@ def _health_check_timeout(value: object) -> float:
 def _version(value: object) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str) or not value or len(value) > 200 or not value.isprintable():
+    if not isinstance(value, str) or not _VERSION.fullmatch(value):
         raise ConfigError(
-            "BackendConfig.version", "must be None or 1-200 printable characters", value
+            "BackendConfig.version", "must be None or 1-200 printable ASCII characters", value
         )
     return value
 
@@ -140,10 +185,22 @@ def _resources(value: object) -> dict[str, float]:
             if isinstance(amount, bool) or not isinstance(amount, (int, float))
             else _finite(amount)
         )
-        if number is None or number < 0:
-            raise ConfigError(f"{field}[{key!r}]", "must be a finite number >= 0", amount)
+        if number is None or not 0 <= number <= MAX_RESOURCE:
+            raise ConfigError(
+                f"{field}[{key!r}]", f"must be a finite number from 0 to {MAX_RESOURCE:g}", amount
+            )
         out[key] = number
     return out
+
+
+def _schema(**schema: Any) -> dict[str, Any]:
+    """A field's rule as JSON Schema, for the API's document."""
+    return {"schema": schema}
+
+
+def field_schemas(cls: type[Any]) -> dict[str, dict[str, Any]]:
+    """The JSON Schema of each field of `cls` (BackendConfig or ReplicaConfig)."""
+    return {f.name: f.metadata["schema"] for f in attrs.fields(cls)}
 
 
 def _user_config(value: object) -> JSON:
@@ -159,48 +216,85 @@ class BackendConfig:
     """
 
     num_replicas: int = attrs.field(
-        default=1, validator=_non_negative_int("BackendConfig.num_replicas")
+        default=1,
+        converter=_replica_count,
+        metadata=_schema(type="integer", minimum=0, maximum=MAX_REPLICAS),
     )
     """How many replicas should be RUNNING."""
 
-    version: str | None = attrs.field(default=None, converter=_version)
+    version: str | None = attrs.field(
+        default=None,
+        converter=_version,
+        metadata=_schema(type=["string", "null"], pattern=f"^{VERSION_PATTERN}$"),
+    )
     """The code version. Replicas of another version are replaced. None: every deploy that changes
     the spec replaces every replica (the controller cannot tell whether the code changed)."""
 
-    user_config: JSON = attrs.field(default=None, converter=_user_config)
+    user_config: JSON = attrs.field(
+        default=None,
+        converter=_user_config,
+        metadata=_schema(description=f"any JSON, nested at most {MAX_JSON_DEPTH} deep"),
+    )
     """JSON handed to each replica's ``reconfigure``. A change with the same `version` reconfigures
     replicas in place instead of replacing them."""
 
     graceful_shutdown_timeout_s: float = attrs.field(
         default=20.0,
         converter=_graceful_shutdown_timeout,
+        metadata=_schema(type="number", minimum=0, maximum=MAX_SECONDS),
     )
     """How long a stopping replica may drain before it is killed."""
 
-    start_timeout_s: float = attrs.field(default=60.0, converter=_start_timeout)
+    start_timeout_s: float = attrs.field(
+        default=60.0, converter=_start_timeout, metadata=_schema(**_SECONDS_SCHEMA)
+    )
     """How long a replica may take to become ready before it is stopped and replaced."""
 
-    resources: dict[str, float] = attrs.field(factory=dict, converter=_resources)
+    resources: dict[str, float] = attrs.field(
+        factory=dict,
+        converter=_resources,
+        metadata=_schema(
+            type="object",
+            propertyNames={"minLength": 1},
+            additionalProperties={"type": "number", "minimum": 0, "maximum": MAX_RESOURCE},
+        ),
+    )
     """What one replica reserves on the runtime, e.g. ``{"CPU": 1}``. Empty: nothing."""
 
-    max_surge: int | float = attrs.field(default=0.25, converter=_max_surge)
+    max_surge: int | float = attrs.field(
+        default=0.25, converter=_max_surge, metadata=_schema(**_LIMIT_SCHEMA)
+    )
     """During an update, how many replicas may run above `num_replicas`: a count (int) or a
     fraction of `num_replicas` (float, rounded up). Like Kubernetes' maxSurge."""
 
-    max_unavailable: int | float = attrs.field(default=0.25, converter=_max_unavailable)
+    max_unavailable: int | float = attrs.field(
+        default=0.25, converter=_max_unavailable, metadata=_schema(**_LIMIT_SCHEMA)
+    )
     """During an update, how many of `num_replicas` may be unavailable: a count (int) or a
     fraction (float, rounded down). Also bounds how many replicas are reconfigured at once."""
 
-    health_check_period_s: float = attrs.field(default=10.0, converter=_health_check_period)
+    health_check_period_s: float = attrs.field(
+        default=10.0,
+        converter=_health_check_period,
+        metadata=_schema(
+            anyOf=[
+                {"const": 0},
+                {"type": "number", "minimum": MIN_HEALTH_CHECK_PERIOD_S, "maximum": MAX_SECONDS},
+            ]
+        ),
+    )
     """How often each RUNNING replica's ``check_health`` is called (at least every 0.1 s). 0
     turns health checks off."""
 
-    health_check_timeout_s: float = attrs.field(default=30.0, converter=_health_check_timeout)
+    health_check_timeout_s: float = attrs.field(
+        default=30.0, converter=_health_check_timeout, metadata=_schema(**_SECONDS_SCHEMA)
+    )
     """How long one health check may take before it counts as failed."""
 
     health_check_failure_threshold: int = attrs.field(
         default=3,
-        validator=_positive_int("BackendConfig.health_check_failure_threshold"),
+        converter=_failure_threshold,
+        metadata=_schema(type="integer", minimum=1),
     )
     """Consecutive failed checks after which a replica is stopped and replaced."""
 
@@ -237,8 +331,10 @@ def _init_kwargs(value: object) -> dict[str, JSON]:
         raise ConfigError("ReplicaConfig.init_kwargs", "must be a mapping of str to JSON", value)
     out: dict[str, JSON] = {}
     for key, item in value.items():
-        if not isinstance(key, str) or not key.isidentifier():
-            raise ConfigError("ReplicaConfig.init_kwargs", "keys must be Python identifiers", key)
+        if not isinstance(key, str) or not _KEYWORD.fullmatch(key):
+            raise ConfigError(
+                "ReplicaConfig.init_kwargs", "keys must be ASCII Python identifiers", key
+            )
         out[key] = check_json(f"ReplicaConfig.init_kwargs[{key!r}]", item)
     return out
 
@@ -247,13 +343,22 @@ def _init_kwargs(value: object) -> dict[str, JSON]:
 class ReplicaConfig:
     """How to build one replica: which class, constructed with which arguments."""
 
-    entrypoint: str = attrs.field(converter=_entrypoint)
+    entrypoint: str = attrs.field(
+        converter=_entrypoint, metadata=_schema(type="string", pattern=f"^{ENTRYPOINT_PATTERN}$")
+    )
     """The replica class, as ``"package.module:Class"``."""
 
-    init_args: tuple[JSON, ...] = attrs.field(default=(), kw_only=True, converter=_init_args)
+    init_args: tuple[JSON, ...] = attrs.field(
+        default=(), kw_only=True, converter=_init_args, metadata=_schema(type="array")
+    )
     """Positional arguments for the class (JSON values)."""
 
-    init_kwargs: dict[str, JSON] = attrs.field(factory=dict, kw_only=True, converter=_init_kwargs)
+    init_kwargs: dict[str, JSON] = attrs.field(
+        factory=dict,
+        kw_only=True,
+        converter=_init_kwargs,
+        metadata=_schema(type="object", propertyNames={"pattern": f"^{_IDENTIFIER}$"}),
+    )
     """Keyword arguments for the class (JSON values)."""
 
     @classmethod
@@ -279,4 +384,4 @@ def _from_dict(cls: type[_C], data: Mapping[str, object]) -> _C:
     for name, field in fields.items():
         if field.default is attrs.NOTHING and name not in data:
             raise ConfigError(f"{cls.__name__}.{name}", "is required", show_value=False)
-    return cls(**data)  # type: ignore[arg-type]  # keys were checked against the fields above
+    return cls(**data)  # keys were checked against the fields above

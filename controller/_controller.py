@@ -398,6 +398,11 @@ class Controller:
         return await self._hub.listen_since(snapshot_id)
 
     @property
+    def watch_cursor(self) -> int:
+        """The id of the newest snapshot: a cursor above it was never handed out."""
+        return self._hub.last_id
+
+    @property
     def watch_floor(self) -> int:
         """Cursors at or above this have missed no deletion (see ``changes_since``)."""
         return self._hub.floor

@@ -13,6 +13,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ._runtime import Runtime
+from ._state import BackendState
 from ._store import Store
 from ._wrap import RuntimeWrapper, StoreWrapper
 
@@ -124,7 +125,7 @@ class _ReplicaCollector(Collector):
         )
         states = GaugeMetricFamily(
             "controller_backend_state",
-            "1 for the state each backend is in",
+            "Each backend's state: 1 for the one it is in, 0 for the others",
             labels=["backend", "state"],
         )
         for backend in self._status().backends:
@@ -134,7 +135,9 @@ class _ReplicaCollector(Collector):
                 replicas.add_metric([backend.name, state.value, version], n)
             want = 0 if backend.deleting else backend.backend_config.num_replicas
             desired.add_metric([backend.name], want)
-            states.add_metric([backend.name, backend.state.value], 1)
+            # Every state, 1 for the one it is in (a state set): an alert can see one end.
+            for each in BackendState:
+                states.add_metric([backend.name, each.value], int(each is backend.state))
         yield replicas
         yield desired
         yield states

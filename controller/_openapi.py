@@ -1,130 +1,422 @@
-"""The OpenAPI description of the daemon's HTTP API, served at ``/openapi.json``."""
+"""The OpenAPI description of the daemon's HTTP API, served at ``/openapi.json``.
+
+Request bodies are made from the config model itself (each field's JSON Schema sits beside its
+validator in ``_config``), so that the document and the server cannot drift apart; responses are
+written here as the views (``_views``) make them. ``tests/test_openapi.py`` and a schemathesis run
+against a real daemon check both.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-_ERROR = {"$ref": "#/components/schemas/Error"}
+from ._config import NAME_PATTERN, BackendConfig, ReplicaConfig, field_schemas
+from ._state import BackendState, ReplicaState
 
 
-def _op(summary: str, ok: str, *errors: str, body: str | None = None) -> dict[str, Any]:
-    op: dict[str, Any] = {
-        "summary": summary,
-        "responses": {
-            ok: {"description": "done"},
-            **{
-                code: {
-                    "description": "error",
-                    "content": {"application/json": {"schema": _ERROR}},
-                }
-                for code in ("401", *errors)
-            },
-        },
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _obj(required: dict[str, Any], **optional: Any) -> dict[str, Any]:
+    """An object with exactly these properties (those in `required` always present)."""
+    return {
+        "type": "object",
+        "required": list(required),
+        "properties": {**required, **optional},
+        "additionalProperties": False,
     }
-    if body is not None:
-        op["requestBody"] = {
-            "required": True,
-            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{body}"}}},
+
+
+_STRING = {"type": "string"}
+_INT = {"type": "integer"}
+_COUNT = {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}
+_BOOL = {"type": "boolean"}
+_NULLABLE_STRING = {"type": ["string", "null"]}
+_JSON_BODY = "application/json"
+
+#: Why each error status comes: the same text wherever the status is documented.
+_ERRORS = {
+    "400": "The body or a query parameter is malformed (not JSON, empty, nested too deeply, or "
+    "a parameter of the wrong type)",
+    "401": "No token, or a wrong one",
+    "404": "No such backend",
+    "409": "Valid, but it cannot be placed on the runtime (beside what runs already); "
+    "nothing was applied",
+    "413": "The body is over 1 MiB",
+    "415": "The body is not sent as application/json",
+    "422": "The body is JSON but breaks a rule; `problems` lists each, naming the field",
+    "501": "This runtime keeps no replica logs the daemon can read (Ray)",
+    "503": "The daemon is shutting down and takes no more changes, or the store cannot be "
+    "written (then with Retry-After); nothing was applied",
+}
+
+
+def _op(
+    summary: str,
+    ok: dict[str, Any],
+    *errors: str,
+    body: str | None = None,
+    parameters: list[dict[str, Any]] | None = None,
+    description: str | None = None,
+) -> dict[str, Any]:
+    responses = dict(ok)
+    for code in ("401", *errors):
+        response: dict[str, Any] = {
+            "description": _ERRORS[code],
+            "content": {_JSON_BODY: {"schema": _ref("Error")}},
         }
+        if code == "401":
+            response["headers"] = {"WWW-Authenticate": {"schema": _STRING, "required": True}}
+        if code == "503":
+            response["headers"] = {"Retry-After": {"schema": _INT}}
+        responses[code] = response
+    op: dict[str, Any] = {"summary": summary, "responses": responses}
+    if description is not None:
+        op["description"] = description
+    if parameters:
+        op["parameters"] = parameters
+    if body is not None:
+        op["requestBody"] = {"required": True, "content": {_JSON_BODY: {"schema": _ref(body)}}}
     return op
 
 
-_NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
+def _json(code: str, description: str, schema: str) -> dict[str, Any]:
+    return {code: {"description": description, "content": {_JSON_BODY: {"schema": _ref(schema)}}}}
+
+
+def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "schema": schema, "description": description}
+
+
+def _flag(name: str, description: str) -> dict[str, Any]:
+    # Sent as the words true or false; anything else is a 400.
+    return _query(name, _BOOL, description)
+
+
+_NAME = {
+    "name": "name",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": f"^{NAME_PATTERN}$"},
+    "description": "The backend's name",
+}
+
+_BACKEND_FIELDS = field_schemas(BackendConfig)
+_BACKEND = {
+    **_obj({"entrypoint": field_schemas(ReplicaConfig)["entrypoint"]}),
+    "description": "BackendConfig and ReplicaConfig fields side by side (the flat form of a "
+    "manifest's table); fields left out take their defaults",
+}
+_BACKEND["properties"] |= {**_BACKEND_FIELDS, **field_schemas(ReplicaConfig)}
+# The one rule that ties two fields: an update could never proceed.
+_BACKEND["not"] = {
+    "required": ["max_surge", "max_unavailable"],
+    "properties": {"max_surge": {"const": 0}, "max_unavailable": {"const": 0}},
+}
+
+_REPLICA = _obj(
+    {
+        "tag": _STRING,
+        "state": {"enum": [s.value for s in ReplicaState]},
+        "version": _STRING,
+        "address": _NULLABLE_STRING,
+        "healthy": _BOOL,
+        "pid": {"type": ["integer", "null"]},
+        "node": _NULLABLE_STRING,
+        "created_at": {"type": ["string", "null"], "format": "date-time"},
+        "age_s": {"type": ["number", "null"], "minimum": 0},
+    }
+)
+_COUNTS = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}}
+
+_SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["type", "message"],
+                "properties": {
+                    "type": _STRING,
+                    "message": _STRING,
+                    "problems": {"type": "array", "items": _STRING},
+                },
+            }
+        },
+    },
+    "Backend": _BACKEND,
+    "BackendConfig": {
+        **_obj(_BACKEND_FIELDS),
+        "description": "A backend's BackendConfig, every field present",
+    },
+    "Apply": _obj(
+        {},
+        backends={
+            "type": "object",
+            "propertyNames": {"pattern": f"^{NAME_PATTERN}$"},
+            "additionalProperties": _ref("Backend"),
+            "description": "The backends of a manifest, by name",
+        },
+        prune={**_BOOL, "description": "Delete every backend not named here"},
+        source={**_STRING, "description": "Where the manifest came from, for messages"},
+    ),
+    "Replica": _REPLICA,
+    "Event": _obj(
+        {"time": {"type": ["string", "null"], "format": "date-time"}, "kind": _STRING}
+        | {"message": _STRING}
+    ),
+    "BackendStatus": _obj(
+        {
+            "name": _STRING,
+            "state": {"enum": [s.value for s in BackendState]},
+            "reason": _STRING,
+            "message": _STRING,
+            "generation": _INT,
+            "observed_generation": _INT,
+            "deleting": _BOOL,
+            "goal_done": _BOOL,
+            "last_error": _NULLABLE_STRING,
+            "last_traceback": _NULLABLE_STRING,
+            "desired": {"type": "integer", "minimum": 0},
+            "version": _STRING,
+            "ready": {"type": "integer", "minimum": 0},
+            "ready_of_version": {"type": "integer", "minimum": 0},
+            "config": _ref("Backend"),
+            "counts": _COUNTS,
+            "counts_by_version": {"type": "object", "additionalProperties": _COUNTS},
+            "replicas": {"type": "array", "items": _ref("Replica")},
+            "events": {"type": "array", "items": _ref("Event")},
+        }
+    ),
+    "BackendList": _obj({"backends": {"type": "array", "items": _ref("BackendStatus")}}),
+    "Accepted": _obj({"name": _STRING, "generation": {"type": "integer", "minimum": 1}}),
+    "Applied": _obj(
+        {
+            "applied": {
+                "type": "array",
+                "items": _obj({"name": _STRING, "generation": _INT, "changed": _BOOL}),
+            },
+            "deleted": {"type": "array", "items": _obj({"name": _STRING, "generation": _INT})},
+        }
+    ),
+    "Snapshot": _obj(
+        {
+            "name": _STRING,
+            "snapshot_id": _INT,
+            "exists": _BOOL,
+            "config": {"anyOf": [_ref("BackendConfig"), {"type": "null"}]},
+            "replicas": {
+                "type": "array",
+                "items": _obj({"tag": _STRING, "version": _STRING, "address": _NULLABLE_STRING}),
+            },
+        }
+    ),
+    "Watch": _obj(
+        {
+            "epoch": _STRING,
+            "cursor": _INT,
+            "complete": {
+                **_BOOL,
+                "description": "The snapshots are every backend there is: drop any other",
+            },
+            "snapshots": {"type": "array", "items": _ref("Snapshot")},
+        }
+    ),
+    "Logs": _obj(
+        {
+            "name": _STRING,
+            "exists": _BOOL,
+            "logs": {
+                "type": "array",
+                "items": _obj(
+                    {
+                        "replica": _STRING,
+                        "state": _STRING,
+                        "text": _STRING,
+                        "offset": {"type": "integer", "minimum": 0},
+                    }
+                ),
+            },
+        }
+    ),
+    "Shutdown": _obj(
+        {"shutting_down": {"const": True}, "deleting": {"type": "array", "items": _STRING}},
+        left={
+            "type": "array",
+            "items": _STRING,
+            "description": "Backends still there when the daemon stopped waiting",
+        },
+    ),
+    "Health": _obj({"ok": {"const": True}}),
+}
+
+_DESCRIPTION = """\
+The HTTP API of `controller run`. Every path but `/healthz` needs `Authorization: Bearer <token>`
+(the token is in the state dir). Bodies are JSON, sent with `Content-Type: application/json`, at
+most 1 MiB. A request that is refused (any 4xx) changes nothing. HEAD is answered wherever GET is,
+with the same headers and no body; a method a path does not take gets 405 with `Allow`.
+
+Deploys and deletes are asynchronous: they answer once the change is stored, and the backend then
+converges. To wait, read `GET /api/v1/backends/{name}` until `goal_done` is true for the
+`generation` the change returned (after a delete, until the GET answers 404), or follow
+`GET /api/v1/watch`."""
 
 OPENAPI: dict[str, Any] = {
-    "openapi": "3.0.3",
-    "info": {"title": "trio-replica-controller", "version": "1"},
+    "openapi": "3.1.0",
+    "info": {"title": "trio-replica-controller", "version": "1", "description": _DESCRIPTION},
     "components": {
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-        "schemas": {
-            "Error": {
-                "type": "object",
-                "properties": {
-                    "error": {
-                        "type": "object",
-                        "properties": {
-                            "type": {"type": "string"},
-                            "message": {"type": "string"},
-                            "problems": {"type": "array", "items": {"type": "string"}},
-                        },
-                    }
-                },
-            },
-            "Backend": {
-                "type": "object",
-                "description": "BackendConfig and ReplicaConfig fields side by side; "
-                "entrypoint is required, unknown fields are rejected",
-                "required": ["entrypoint"],
-                "properties": {
-                    "entrypoint": {"type": "string"},
-                    "init_args": {"type": "array"},
-                    "init_kwargs": {"type": "object"},
-                    "num_replicas": {"type": "integer", "minimum": 0},
-                    "version": {"type": "string", "nullable": True},
-                    "user_config": {},
-                    "graceful_shutdown_timeout_s": {"type": "number"},
-                    "start_timeout_s": {"type": "number"},
-                    "resources": {"type": "object"},
-                    "max_surge": {"type": "number"},
-                    "max_unavailable": {"type": "number"},
-                    "health_check_period_s": {"type": "number"},
-                    "health_check_timeout_s": {"type": "number"},
-                    "health_check_failure_threshold": {"type": "integer"},
-                },
-                "additionalProperties": False,
-            },
-            "Apply": {
-                "type": "object",
-                "properties": {
-                    "backends": {
-                        "type": "object",
-                        "additionalProperties": {"$ref": "#/components/schemas/Backend"},
-                    },
-                    "prune": {"type": "boolean"},
-                    "source": {"type": "string"},
-                },
-                "additionalProperties": False,
-            },
-        },
+        "schemas": _SCHEMAS,
     },
     "security": [{"bearer": []}],
     "paths": {
-        "/healthz": {"get": {**_op("Liveness; needs no token", "200"), "security": []}},
-        "/metrics": {"get": _op("Prometheus metrics (text format)", "200")},
-        "/openapi.json": {"get": _op("This document", "200")},
-        "/api/v1/backends": {"get": _op("Every backend's status", "200")},
+        "/healthz": {
+            "get": {
+                "summary": "Liveness; needs no token",
+                "security": [],
+                "responses": _json("200", "The daemon answers", "Health"),
+            }
+        },
+        "/metrics": {
+            "get": _op(
+                "Prometheus metrics",
+                {
+                    "200": {
+                        "description": "The text exposition format",
+                        "content": {
+                            "text/plain; version=0.0.4; charset=utf-8": {"schema": _STRING}
+                        },
+                    }
+                },
+            )
+        },
+        "/openapi.json": {
+            "get": _op(
+                "This document",
+                {
+                    "200": {
+                        "description": "OpenAPI 3.1",
+                        "content": {_JSON_BODY: {"schema": {"type": "object"}}},
+                    }
+                },
+            )
+        },
+        "/api/v1/backends": {
+            "get": _op("Every backend's status", _json("200", "By name", "BackendList"))
+        },
         "/api/v1/backends/{name}": {
             "parameters": [_NAME],
-            "get": _op("One backend's status", "200", "404"),
-            "put": _op(
-                "Deploy (create or update)", "200", "400", "409", "413", "422", body="Backend"
-            ),
+            "get": {
+                **_op("One backend's status", _json("200", "Its status", "BackendStatus"), "404"),
+                "operationId": "getBackend",
+            },
+            "put": {
+                **_op(
+                    "Deploy: create or update a backend",
+                    _json("200", "Stored; the backend converges from here", "Accepted"),
+                    "400",
+                    "409",
+                    "413",
+                    "415",
+                    "422",
+                    "503",
+                    body="Backend",
+                ),
+                "operationId": "deployBackend",
+            },
             "delete": {
-                **_op("Drain and delete", "202", "404"),
-                "parameters": [{"name": "force", "in": "query", "schema": {"type": "boolean"}}],
+                "operationId": "deleteBackend",
+                **_op(
+                    "Drain and delete a backend (asynchronous)",
+                    _json("202", "Stored; its replicas drain, then it is gone", "Accepted"),
+                    "400",
+                    "404",
+                    "503",
+                    parameters=[
+                        _flag(
+                            "force",
+                            "Stop replicas without draining, and cut short drains under way; "
+                            "taken even while the daemon shuts down",
+                        )
+                    ],
+                ),
+            },
+        },
+        "/api/v1/backends/{name}/logs": {
+            "parameters": [_NAME],
+            "get": {
+                "operationId": "getLogs",
+                **_op(
+                    "The logs of a backend's replicas, current and gone",
+                    _json("200", "Each replica's log", "Logs"),
+                    "400",
+                    "404",
+                    "501",
+                    parameters=[
+                        _query("replica", _STRING, "One replica's tag"),
+                        _query(
+                            "tail",
+                            {"type": "integer", "minimum": 0, "maximum": 10_000},
+                            "Lines from the end of each log (100 if not given)",
+                        ),
+                        _query(
+                            "offset",
+                            _COUNT,
+                            "Only what was written after this offset (from an earlier answer)",
+                        ),
+                    ],
+                ),
             },
         },
         "/api/v1/apply": {
             "post": _op(
-                "Deploy every backend of a manifest; prune deletes the others",
-                "200",
+                "Deploy every backend of a manifest, all or nothing; prune deletes the others",
+                _json("200", "Stored", "Applied"),
                 "400",
                 "409",
                 "413",
+                "415",
                 "422",
+                "503",
                 body="Apply",
             )
         },
         "/api/v1/watch": {
-            "get": {
-                **_op("Long poll: snapshots newer than `since`", "200", "400"),
-                "parameters": [
-                    {"name": "since", "in": "query", "schema": {"type": "integer"}},
-                    {"name": "epoch", "in": "query", "schema": {"type": "string"}},
-                    {"name": "timeout_s", "in": "query", "schema": {"type": "number"}},
+            "get": _op(
+                "Long poll: the snapshots newer than `since`",
+                _json("200", "Snapshots, or none if timeout_s passed first", "Watch"),
+                "400",
+                parameters=[
+                    _query("since", _COUNT, "The cursor of the last answer (0: everything)"),
+                    _query("epoch", _STRING, "The epoch of the last answer"),
+                    _query(
+                        "timeout_s",
+                        {"type": "number", "minimum": 0, "maximum": 60},
+                        "How long to wait for a change (30 if not given)",
+                    ),
                 ],
-            }
+            )
         },
-        "/api/v1/shutdown": {"post": _op("Drain and delete everything, then exit", "202")},
+        "/api/v1/shutdown": {
+            "post": _op(
+                "Drain and delete every backend, then stop the daemon",
+                {
+                    **_json("200", "Drained (`left`: what was not)", "Shutdown"),
+                    **_json("202", "Started (with wait=false)", "Shutdown"),
+                },
+                "400",
+                "503",
+                parameters=[_flag("wait", "Answer once the drains are over (true by default)")],
+            )
+        },
     },
+}
+
+# Stateful runs (and client generators) follow a deploy to what can be done with its backend.
+_deployed = OPENAPI["paths"]["/api/v1/backends/{name}"]["put"]["responses"]["200"]
+_deployed["links"] = {
+    op: {"operationId": op, "parameters": {"name": "$response.body#/name"}}
+    for op in ("getBackend", "deleteBackend", "getLogs")
 }

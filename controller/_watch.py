@@ -37,6 +37,11 @@ class SnapshotHub:
     """The newest id of a dropped tombstone (0: none dropped)."""
     _closed: bool = attrs.field(default=False, init=False)
 
+    @property
+    def last_id(self) -> int:
+        """The id of the newest snapshot published (0: none yet)."""
+        return self._last_id
+
     def next_id(self) -> int:
         self._last_id += 1
         return self._last_id

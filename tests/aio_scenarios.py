@@ -14,7 +14,7 @@ RC = controller.ReplicaConfig("m:C")
 
 
 def cfg(n: int, **kwargs: object) -> controller.BackendConfig:
-    return controller.BackendConfig(num_replicas=n, version="v1", **kwargs)  # type: ignore[arg-type]
+    return controller.BackendConfig(num_replicas=n, version="v1", **kwargs)
 
 
 async def bridge_tasks(ctl: AioController) -> int:

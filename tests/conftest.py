@@ -25,7 +25,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 def config(**kwargs: object) -> controller.BackendConfig:
     kwargs.setdefault("version", "v1")
-    return controller.BackendConfig(**kwargs)  # type: ignore[arg-type]
+    return controller.BackendConfig(**kwargs)
 
 
 #: Virtual seconds after which a test counts as deadlocked (a week: no test needs near that).

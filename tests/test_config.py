@@ -13,15 +13,18 @@ from .conftest import RC, config, opened
 @pytest.mark.parametrize(
     ("kwargs", "field", "rule"),
     [
-        ({"num_replicas": -1}, "BackendConfig.num_replicas", "whole number >= 0"),
-        ({"num_replicas": 1.5}, "BackendConfig.num_replicas", "whole number >= 0"),
-        ({"num_replicas": True}, "BackendConfig.num_replicas", "whole number >= 0"),
-        ({"num_replicas": "3"}, "BackendConfig.num_replicas", "whole number >= 0"),
+        ({"num_replicas": -1}, "BackendConfig.num_replicas", "whole number from 0 to"),
+        ({"num_replicas": 1.5}, "BackendConfig.num_replicas", "whole number from 0 to"),
+        ({"num_replicas": True}, "BackendConfig.num_replicas", "whole number from 0 to"),
+        ({"num_replicas": "3"}, "BackendConfig.num_replicas", "whole number from 0 to"),
         ({"version": ""}, "BackendConfig.version", "printable"),
+        ({"version": "v\u00e9"}, "BackendConfig.version", "printable ASCII"),
+        ({"num_replicas": 10**6 + 1}, "BackendConfig.num_replicas", "from 0 to 1000000"),
+        ({"max_surge": 1.5}, "BackendConfig.max_surge", "between 0.0 and 1.0"),
         ({"graceful_shutdown_timeout_s": -1}, "BackendConfig.graceful_shutdown_timeout_s", ">= 0"),
         ({"start_timeout_s": 0}, "BackendConfig.start_timeout_s", "> 0"),
         ({"start_timeout_s": math.inf}, "BackendConfig.start_timeout_s", "finite"),
-        ({"resources": {"CPU": -1}}, "BackendConfig.resources['CPU']", ">= 0"),
+        ({"resources": {"CPU": -1}}, "BackendConfig.resources['CPU']", "from 0 to 1e+15"),
         ({"resources": ["CPU"]}, "BackendConfig.resources", "mapping"),
         ({"user_config": {"a": {1, 2}}}, "BackendConfig.user_config['a']", "must be JSON"),
         ({"user_config": {1: "x"}}, "BackendConfig.user_config", "keys are strings"),
@@ -33,7 +36,7 @@ def test_backend_config_errors_name_field_and_rule(
     kwargs: dict[str, object], field: str, rule: str
 ) -> None:
     with pytest.raises(ConfigError) as info:
-        BackendConfig(**kwargs)  # type: ignore[arg-type]
+        BackendConfig(**kwargs)
     assert info.value.field == field
     assert rule in str(info.value)
     assert str(info.value).startswith(field)

@@ -142,6 +142,8 @@ class Daemon:
             request = urllib.request.Request(self.url + path, data=body, method=method)
             if token is not None:
                 request.add_header("Authorization", f"Bearer {token}")
+            if body is not None:
+                request.add_header("Content-Type", "application/json")
             try:
                 with urllib.request.urlopen(request, timeout=30) as response:
                     raw = response.read()
@@ -300,9 +302,9 @@ async def test_bad_files_and_bodies_are_rejected_and_change_nothing(state_dir: P
             assert f"in {file}; nothing was applied" in err
             for expected in [
                 "backend 'a': typo: unknown field",
-                "backend 'a': num_replicas: must be a whole number >= 0 (got -1)",
+                "backend 'a': num_replicas: must be a whole number from 0 to 1000000 (got -1)",
                 "backend 'b': entrypoint: is required",
-                "backend 'b': num_replicas: must be a whole number >= 0 (got 'two')",
+                "backend 'b': num_replicas: must be a whole number from 0 to 1000000 (got 'two')",
             ]:
                 assert expected in err, expected
             file.write_text("[backends.a\nnum_replicas = 1")

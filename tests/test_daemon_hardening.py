@@ -177,7 +177,9 @@ async def test_counts_no_machine_can_run_are_refused_at_once(state_dir: Path) ->
                 assert "Nothing was applied" in message
             # Past any runtime's reach, the count is refused by the model itself, naming the rule.
             body = {"entrypoint": "replicas:Trivial", "num_replicas": 10**18}
-            code, error = await daemon.http("PUT", "/api/v1/backends/big", json.dumps(body).encode())
+            code, error = await daemon.http(
+                "PUT", "/api/v1/backends/big", json.dumps(body).encode()
+            )
             assert code == 422, error
             assert "num_replicas: must be a whole number from 0 to 1000000" in str(error)
             assert await daemon.http("GET", "/healthz", token=None) == (200, {"ok": True})

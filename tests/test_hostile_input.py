@@ -190,6 +190,7 @@ async def asgi(
         sent.append(message)
 
     headers = [(b"authorization", b"Bearer " + token.encode())] if token is not None else []
+    headers.append((b"content-type", b"application/json"))
     scope = {
         "type": "http",
         "method": method,

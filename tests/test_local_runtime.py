@@ -95,7 +95,7 @@ async def serving(ctl: controller.Controller, name: str, count: int) -> controll
 
 def cfg(**kwargs: object) -> controller.BackendConfig:
     kwargs.setdefault("version", "v1")
-    return controller.BackendConfig(**kwargs)  # type: ignore[arg-type]
+    return controller.BackendConfig(**kwargs)
 
 
 async def test_start_to_ready_in_own_session(harness: Harness) -> None:

@@ -90,7 +90,7 @@ async def harness(cluster: Cluster, tmp_path: Path) -> AsyncIterator[Harness]:
 
 def cfg(**kwargs: object) -> controller.BackendConfig:
     kwargs.setdefault("version", "v1")
-    return controller.BackendConfig(**kwargs)  # type: ignore[arg-type]
+    return controller.BackendConfig(**kwargs)
 
 
 async def serving_other_than(

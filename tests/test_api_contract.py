@@ -1,0 +1,68 @@
+"""Schemathesis against a real daemon (real workers, the example backends): requests generated
+from ``/openapi.json``, valid and invalid, one by one and chained (stateful), with every check
+on (schemathesis's default; tests/contract/schemathesis.toml turns one off for two reads, and
+says why). It must find nothing. Bounded to a few seconds; ``CONTRACT_EXAMPLES`` raises the
+count for a longer run."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import trio
+
+from .test_daemon import HERE, running, state_dir  # noqa: F401  (a fixture)
+
+EXAMPLES = HERE.parent / "examples"
+CONTRACT = HERE / "contract"
+MAX_EXAMPLES = int(os.environ.get("CONTRACT_EXAMPLES", "25"))
+
+
+async def test_schemathesis_finds_nothing(state_dir: Path) -> None:  # noqa: F811
+    st = Path(sys.executable).with_name("st")
+    manifest = str(EXAMPLES / "backends.toml")
+    extra = ("--config", manifest, "--pythonpath", str(EXAMPLES), "--max-replicas", "6")
+    with trio.fail_after(600):
+        async with running(state_dir, *extra) as daemon:
+            env = {
+                **os.environ,
+                "PYTHONPATH": str(CONTRACT),
+                "SCHEMATHESIS_HOOKS": "st_hooks",
+                "NO_COLOR": "1",
+            }
+            result = await trio.run_process(
+                [
+                    str(st),
+                    "--config-file",
+                    str(CONTRACT / "schemathesis.toml"),
+                    "run",
+                    f"{daemon.url}/openapi.json",
+                    "--header",
+                    f"Authorization: Bearer {daemon.token}",
+                    "--phases",
+                    "examples,coverage,fuzzing,stateful",
+                    "--max-examples",
+                    str(MAX_EXAMPLES),
+                    "--exclude-path",
+                    "/api/v1/shutdown",
+                    "--workers",
+                    "1",
+                    "--request-timeout",
+                    "30",
+                ],
+                env=env,
+                cwd=state_dir,  # where it keeps its cache: not in the repository
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+            output = result.stdout.decode() + result.stderr.decode()
+            assert result.returncode == 0, output[-6000:]
+            assert "No issues found" in output or " passed" in output, output[-3000:]
+            # It did reach the daemon: every operation it selected was tested.
+            selected = re.search(r"Selected: (\d+)/\d+\s+Tested: (\d+)", output)
+            assert selected is not None, output[-3000:]
+            assert selected[1] == selected[2], selected[0]
+            assert int(selected[1]) >= 9, selected[0]
