@@ -8,11 +8,10 @@ call into the controller. ``OPENAPI`` documents it all and is served at ``/opena
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, Protocol, final, overload
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, final
 from urllib.parse import parse_qs
 
 import trio
@@ -26,6 +25,20 @@ from ._errors import (
     StoreError,
     UnknownBackendError,
 )
+from ._http import (
+    HTTPError,
+    Receive,
+    Scope,
+    Send,
+    dump,
+    flag,
+    int_param,
+    lifespan,
+    number_param,
+    ok,
+    parse_json,
+    read_body,
+)
 from ._manifest import BackendDecl, Manifest, parse_backend, parse_manifest
 from ._openapi import OPENAPI
 from ._state import BackendSnapshot, BackendStatus
@@ -34,12 +47,6 @@ from ._worker_logs import LogChunk
 
 logger = logging.getLogger("controller.api")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-
-MAX_BODY_BYTES = 1 << 20
 MAX_WATCH_TIMEOUT_S = 60.0
 MAX_LOG_LINES = 10_000
 #: How soon a client may try again after the store failed (it is retried meanwhile).
@@ -67,24 +74,6 @@ def _allowed(path: str) -> tuple[str, ...] | None:
         if pattern.fullmatch(path):
             return methods
     return None
-
-
-class HTTPError(Exception):
-    def __init__(
-        self,
-        status: int,
-        kind: str,
-        message: str,
-        *,
-        retry_after: int | None = None,
-        allow: tuple[str, ...] = (),
-        **extra: Any,
-    ):
-        self.status = status
-        self.body = {"error": {"type": kind, "message": message, **extra}}
-        self.retry_after = retry_after
-        self.allow = allow
-        super().__init__(message)
 
 
 class LogSource(Protocol):
@@ -148,7 +137,7 @@ class Api:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await lifespan(receive, send)
             return
         if scope["type"] != "http":
             return
@@ -160,14 +149,14 @@ class Api:
             except ControllerError as exc:
                 raise _domain_error(exc) from exc
         except HTTPError as exc:
-            status, body, content_type = exc.status, _dump(exc.body), "application/json"
+            status, body, content_type = exc.status, dump(exc.body), "application/json"
             retry_after, allow = exc.retry_after, exc.allow
             if status >= 500:
                 logger.error("API: %s %s: %s", scope["method"], scope["path"], exc)
         except Exception:
             logger.exception("API error on %s %s", scope["method"], scope["path"])
             status = 500
-            body = _dump({"error": {"type": "InternalError", "message": "see the daemon's log"}})
+            body = dump({"error": {"type": "InternalError", "message": "see the daemon's log"}})
             content_type = "application/json"
         headers = [
             (b"content-type", content_type.encode()),
@@ -203,47 +192,47 @@ class Api:
         if head:
             method = "GET"
         # Only the two requests that carry a body read one: the others ignore what is sent.
-        body = await _read_body(scope, receive) if method in ("PUT", "POST") else b""
+        body = await read_body(scope, receive) if method in ("PUT", "POST") else b""
         query = parse_qs(scope.get("query_string", b"").decode(), keep_blank_values=True)
         if path == "/healthz":
-            return 200, _dump({"ok": True}), "application/json"
+            return 200, dump({"ok": True}), "application/json"
         if path == "/metrics" and method == "GET":
             return 200, self._render_metrics(), "text/plain; version=0.0.4; charset=utf-8"
         if path == "/openapi.json" and method == "GET":
-            return 200, _dump(OPENAPI), "application/json"
+            return 200, dump(OPENAPI), "application/json"
         if path == "/api/v1/backends" and method == "GET":
             backends = [status_json(b) for b in self._ctl.status().backends]
-            return _ok({"backends": backends})
+            return ok({"backends": backends})
         match = _LOGS_PATH.fullmatch(path)
         if match is not None:
-            return _ok(await self._read_logs(match.group(1), query))
+            return ok(await self._read_logs(match.group(1), query))
         match = _BACKEND_PATH.fullmatch(path)
         if match is not None:
             name = match.group(1)
             if method == "GET":
-                return _ok(status_json(self._status(name)))
+                return ok(status_json(self._status(name)))
             if method == "PUT":
-                decl = _backend_from_body(name, _parse_json(body))
+                decl = _backend_from_body(name, parse_json(body))
                 self._check_accepting()
-                return _ok(await self._deploy(decl), 200)
+                return ok(await self._deploy(decl), 200)
             if method == "DELETE":
-                force = _flag(query, "force", default=False)
+                force = flag(query, "force", default=False)
                 if not force:
                     # A forced delete is taken even while shutting down: it only cuts short
                     # the drains a shutdown waits for (a replica that hangs in its drain).
                     self._check_accepting()
-                return _ok(await self._delete(name, force), 202)
+                return ok(await self._delete(name, force), 202)
         if path == "/api/v1/apply":
-            data = _parse_json(body)
+            data = parse_json(body)
             self._check_accepting()
-            return _ok(await self._apply(data))
+            return ok(await self._apply(data))
         if path == "/api/v1/watch":
             if head:
                 query["timeout_s"] = ["0"]  # what a GET's headers would be, without the wait
-            return _ok(await self._watch(query))
+            return ok(await self._watch(query))
         if path == "/api/v1/shutdown":
-            wait = _flag(query, "wait", default=True)
-            return _ok(await self._shutdown(wait=wait), 200 if wait else 202)
+            wait = flag(query, "wait", default=True)
+            return ok(await self._shutdown(wait=wait), 200 if wait else 202)
         raise AssertionError(f"{method} {path} is in _PATHS but not routed")
 
     def _check_accepting(self) -> None:
@@ -300,8 +289,8 @@ class Api:
                 "this runtime keeps no replica logs the daemon can read; with the ray runtime, "
                 "use Ray's own logs (`ray logs actor --id ...`)",
             )
-        tail = _int_param(query, "tail", 100)
-        offset = _int_param(query, "offset", None)
+        tail = int_param(query, "tail", 100)
+        offset = int_param(query, "offset", None)
         if not 0 <= tail <= MAX_LOG_LINES or (offset is not None and offset < 0):
             raise HTTPError(400, "BadQuery", f"tail must be in [0, {MAX_LOG_LINES}], offset >= 0")
         try:
@@ -354,8 +343,8 @@ class Api:
         return await apply_manifest(self._ctl, manifest, prune=prune)
 
     async def _watch(self, query: dict[str, list[str]]) -> dict[str, Any]:
-        since = _int_param(query, "since", 0)
-        timeout = _number_param(query, "timeout_s", 30.0)
+        since = int_param(query, "since", 0)
+        timeout = number_param(query, "timeout_s", 30.0)
         if not 0 <= timeout <= MAX_WATCH_TIMEOUT_S:
             raise HTTPError(400, "BadQuery", f"timeout_s must be in [0, {MAX_WATCH_TIMEOUT_S:g}]")
         if query.get("epoch", [self._epoch])[0] != self._epoch:
@@ -408,98 +397,3 @@ def _backend_from_body(name: str, data: Any) -> BackendDecl:
     if decl is None:
         raise HTTPError(422, "InvalidBackend", "; ".join(problems), problems=problems)
     return decl
-
-
-_INTEGER = re.compile(r"-?[0-9]{1,30}")
-#: The largest cursor, offset or count a query may carry (a signed 64-bit integer's).
-MAX_QUERY_INT = 2**63 - 1
-_NUMBER = re.compile(r"-?(?:[0-9]{1,30}(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]{1,3})?")
-
-
-@overload
-def _int_param(query: dict[str, list[str]], name: str, default: int) -> int: ...
-@overload
-def _int_param(query: dict[str, list[str]], name: str, default: None) -> int | None: ...
-def _int_param(query: dict[str, list[str]], name: str, default: int | None) -> int | None:
-    # Written out as digits only: Python's int() would take " 5", "+5" and "5_0" too.
-    value = query.get(name, [None])[-1]
-    if value is None:
-        return default
-    if not _INTEGER.fullmatch(value) or not 0 <= int(value) <= MAX_QUERY_INT:
-        raise HTTPError(
-            400, "BadQuery", f"{name} must be a whole number from 0 to 2**63-1, not {value!r}"
-        )
-    return int(value)
-
-
-def _number_param(query: dict[str, list[str]], name: str, default: float) -> float:
-    value = query.get(name, [None])[-1]
-    if value is None:
-        return default
-    if not _NUMBER.fullmatch(value):
-        raise HTTPError(400, "BadQuery", f"{name} must be a number, not {value!r}")
-    return float(value)
-
-
-def _flag(query: dict[str, list[str]], name: str, *, default: bool) -> bool:
-    value = query.get(name, [None])[-1]
-    if value is None:
-        return default
-    if value not in ("true", "false"):
-        raise HTTPError(400, "BadQuery", f"{name} must be true or false, not {value!r}")
-    return value == "true"
-
-
-async def _read_body(scope: Scope, receive: Receive) -> bytes:
-    for key, value in scope["headers"]:
-        if key == b"content-type":
-            media_type = bytes(value).partition(b";")[0].strip().lower()
-            if media_type == b"application/json":
-                break
-            raise HTTPError(
-                415, "UnsupportedMediaType", "the body must be sent as application/json"
-            )
-    else:
-        raise HTTPError(415, "UnsupportedMediaType", "the body must be sent as application/json")
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise HTTPError(400, "Disconnected", "the client went away")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise HTTPError(413, "TooLarge", f"the body is over {MAX_BODY_BYTES} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-def _parse_json(body: bytes) -> Any:
-    if not body:
-        raise HTTPError(400, "EmptyBody", "a JSON body is needed")
-    try:
-        return json.loads(body)
-    except RecursionError:
-        raise HTTPError(400, "MalformedJSON", "the JSON is nested too deeply") from None
-    except ValueError as exc:
-        raise HTTPError(400, "MalformedJSON", f"the body is not valid JSON: {exc}") from None
-
-
-def _ok(data: Any, status: int = 200) -> tuple[int, bytes, str]:
-    return status, _dump(data), "application/json"
-
-
-def _dump(data: Any) -> bytes:
-    return json.dumps(data).encode()
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return

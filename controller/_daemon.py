@@ -34,7 +34,7 @@ import hypercorn.config
 import hypercorn.trio
 import trio
 
-from ._api import Api, HTTPError, LogSource, apply_manifest
+from ._api import Api, LogSource, apply_manifest
 from ._controller import Controller, open_controller
 from ._errors import (
     CheckpointError,
@@ -46,6 +46,7 @@ from ._errors import (
 )
 from ._files import create_private
 from ._history import plural
+from ._http import HTTPError
 from ._manifest import Manifest, load_manifest
 from ._metrics import Metrics
 from ._replica_tasks import KILL_TIMEOUT_S

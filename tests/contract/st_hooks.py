@@ -38,7 +38,10 @@ def map_query(ctx: Any, query: Any) -> Any:
     # so that the run takes a minute, not an hour. Invalid ones are left as they are.
     if ctx.operation.path == "/api/v1/watch" and isinstance(query, dict):
         timeout = query.get("timeout_s")
-        is_number = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
-        if is_number and 0 <= timeout <= 60:
-            query["timeout_s"] = min(timeout, WATCH_TIMEOUT_S)
+        if (
+            isinstance(timeout, (int, float))
+            and not isinstance(timeout, bool)
+            and 0 <= timeout <= 60
+        ):
+            query["timeout_s"] = min(float(timeout), WATCH_TIMEOUT_S)
     return query

@@ -1,0 +1,129 @@
+"""The HTTP plumbing under the API: ASGI types, the error a handler raises, and reading a
+request (its body, its query parameters) by the rules the OpenAPI document states."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, overload
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+MAX_BODY_BYTES = 1 << 20
+
+
+class HTTPError(Exception):
+    def __init__(
+        self,
+        status: int,
+        kind: str,
+        message: str,
+        *,
+        retry_after: int | None = None,
+        allow: tuple[str, ...] = (),
+        **extra: Any,
+    ):
+        self.status = status
+        self.body = {"error": {"type": kind, "message": message, **extra}}
+        self.retry_after = retry_after
+        self.allow = allow
+        super().__init__(message)
+
+
+_INTEGER = re.compile(r"-?[0-9]{1,30}")
+#: The largest cursor, offset or count a query may carry (a signed 64-bit integer's).
+MAX_QUERY_INT = 2**63 - 1
+_NUMBER = re.compile(r"-?(?:[0-9]{1,30}(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]{1,3})?")
+
+
+@overload
+def int_param(query: dict[str, list[str]], name: str, default: int) -> int: ...
+@overload
+def int_param(query: dict[str, list[str]], name: str, default: None) -> int | None: ...
+def int_param(query: dict[str, list[str]], name: str, default: int | None) -> int | None:
+    # Written out as digits only: Python's int() would take " 5", "+5" and "5_0" too.
+    value = query.get(name, [None])[-1]
+    if value is None:
+        return default
+    if not _INTEGER.fullmatch(value) or not 0 <= int(value) <= MAX_QUERY_INT:
+        raise HTTPError(
+            400, "BadQuery", f"{name} must be a whole number from 0 to 2**63-1, not {value!r}"
+        )
+    return int(value)
+
+
+def number_param(query: dict[str, list[str]], name: str, default: float) -> float:
+    value = query.get(name, [None])[-1]
+    if value is None:
+        return default
+    if not _NUMBER.fullmatch(value):
+        raise HTTPError(400, "BadQuery", f"{name} must be a number, not {value!r}")
+    return float(value)
+
+
+def flag(query: dict[str, list[str]], name: str, *, default: bool) -> bool:
+    value = query.get(name, [None])[-1]
+    if value is None:
+        return default
+    if value not in ("true", "false"):
+        raise HTTPError(400, "BadQuery", f"{name} must be true or false, not {value!r}")
+    return value == "true"
+
+
+async def read_body(scope: Scope, receive: Receive) -> bytes:
+    for key, value in scope["headers"]:
+        if key == b"content-type":
+            media_type = bytes(value).partition(b";")[0].strip().lower()
+            if media_type == b"application/json":
+                break
+            raise HTTPError(
+                415, "UnsupportedMediaType", "the body must be sent as application/json"
+            )
+    else:
+        raise HTTPError(415, "UnsupportedMediaType", "the body must be sent as application/json")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise HTTPError(400, "Disconnected", "the client went away")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise HTTPError(413, "TooLarge", f"the body is over {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def parse_json(body: bytes) -> Any:
+    if not body:
+        raise HTTPError(400, "EmptyBody", "a JSON body is needed")
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise HTTPError(400, "MalformedJSON", "the JSON is nested too deeply") from None
+    except ValueError as exc:
+        raise HTTPError(400, "MalformedJSON", f"the body is not valid JSON: {exc}") from None
+
+
+def ok(data: Any, status: int = 200) -> tuple[int, bytes, str]:
+    return status, dump(data), "application/json"
+
+
+def dump(data: Any) -> bytes:
+    return json.dumps(data).encode()
+
+
+async def lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
