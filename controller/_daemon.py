@@ -58,6 +58,7 @@ from ._statedir import (
     kept_token,
     locked,
     log_path,
+    mark_stopping,
     token_path,
     write_address,
     write_token,
@@ -278,6 +279,7 @@ async def _serve(
 
             async def on_signal() -> None:
                 async for signum in signals:
+                    mark_stopping(options.state_dir)
                     logger.info(
                         "%s: stopping; replicas keep running for the next start to adopt",
                         signal.Signals(signum).name,
@@ -289,6 +291,7 @@ async def _serve(
                 await shutdown_asked.wait()
                 left.extend(await _wait_deleted(ctl))
                 shutdown_over.set()
+                mark_stopping(options.state_dir)
                 # The request waiting for this answers at once; the server's graceful stop
                 # gives it the time to.
                 stop.set()

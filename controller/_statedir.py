@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import re
 import time
@@ -26,6 +27,8 @@ from ._files import private_dir, write_private
 
 STATE_DIR_ENV = "CONTROLLER_STATE_DIR"
 TOKEN_ENV = "CONTROLLER_TOKEN"
+
+logger = logging.getLogger("controller")
 
 
 def default_state_dir() -> Path:
@@ -88,7 +91,7 @@ def locked(state_dir: Path) -> Iterator[Path]:
     except OSError as exc:
         raise StartupError(f"cannot open state dir {state_dir}: {exc.strerror or exc}") from None
     try:
-        if not _take(fd):
+        if not _take(fd) and not _outwait_a_stopping_daemon(state_dir, fd):
             raise StartupError(_held_by_other(state_dir))
         try:
             write_private(lock_path(state_dir), f"{os.getpid()}\n")
@@ -111,6 +114,47 @@ def _take(fd: int) -> bool:
         except BlockingIOError:
             time.sleep(0.02)
     return False
+
+
+#: How long a start waits for a daemon that is stopping (it says so in the lock file) to exit:
+#: its graceful stop of the API server takes a few seconds at most.
+STOPPING_WAIT_S = 30.0
+
+
+def mark_stopping(state_dir: Path) -> None:
+    """Say, in the lock file, that this daemon is on its way out: a start meanwhile waits for
+    it, rather than being refused, so that `kill -TERM` and a new `controller run` can follow
+    each other at once."""
+    with contextlib.suppress(OSError):  # only a courtesy to the next start: never in the way
+        write_private(lock_path(state_dir), f"{os.getpid()} stopping\n")
+
+
+def _outwait_a_stopping_daemon(state_dir: Path, fd: int) -> bool:
+    """Wait for the lock while its holder says it is stopping and is alive; True once taken."""
+    try:
+        pid_text, _, mark = lock_path(state_dir).read_text(errors="replace").partition(" ")
+        pid = int(pid_text)
+    except (OSError, ValueError):
+        return False
+    if mark.strip() != "stopping":
+        return False
+    logger.info("waiting for the daemon that is stopping (pid %d) to exit", pid)
+    deadline = time.monotonic() + STOPPING_WAIT_S
+    # Before the API is up and nothing else runs: a plain wait in steps is the simple thing.
+    while time.monotonic() < deadline and _alive(pid):
+        if _take(fd):
+            return True
+    return _take(fd)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def daemon_running(state_dir: Path) -> bool:

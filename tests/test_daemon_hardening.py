@@ -14,6 +14,7 @@ import socket
 import stat
 import subprocess
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,34 @@ async def test_ctrl_c_then_run_again_on_the_same_port(state_dir: Path) -> None:
             assert await second.http("GET", "/healthz", token=None) == (200, {"ok": True})
             assert (await second.cli("wait", "a")).returncode == 0
             assert worker_pids(state_dir) == pids  # adopted, not restarted
+
+
+async def test_run_right_after_sigterm_waits_for_the_stopping_daemon(state_dir: Path) -> None:
+    """`kill -TERM $PID; controller run`, as a supervisor does: the new start waits for the old
+    daemon to exit (it says in the lock file that it is stopping), then adopts its workers."""
+    listen = f"127.0.0.1:{free_port()}"
+    with trio.fail_after(LIMIT_S * 2):
+        async with trio.open_nursery() as nursery:
+            first = await converged_daemon(nursery, state_dir, 1, listen)
+            pids = worker_pids(state_dir)
+            assert first.process is not None
+            first.process.send_signal(signal.SIGTERM)
+            await first.logged(b"SIGTERM: stopping")  # logged once the lock file says so
+            # Held on its way out, so that the new start surely finds it still there.
+            first.process.send_signal(signal.SIGSTOP)
+            second = Daemon(state_dir)
+            nursery.start_soon(partial(second.start, nursery, listen=listen))
+            await second.logged(b"waiting for the daemon that is stopping")
+            first.process.send_signal(signal.SIGCONT)
+            assert await first.process.wait() == 0
+            await second.logged(b"listening on")
+            assert second.url == f"http://{listen}"
+            assert (await second.cli("wait", "a")).returncode == 0
+            assert worker_pids(state_dir) == pids  # adopted, not restarted
+            result = await second.cli("shutdown")
+            assert result.returncode == 0, result.stderr
+            assert second.process is not None
+            assert await second.process.wait() == 0
 
 
 async def test_a_second_daemon_on_the_same_state_dir_is_refused(state_dir: Path) -> None:
