@@ -146,7 +146,7 @@ def describe(
         parts.append(f"last failure: {failures.error}")
     if failures.blocked == "ReconfigureFailed":
         parts.append("the new user config failed; replicas keep the one before it")
-    elif failures.blocked is not None:
+    elif failures.blocked is not None and "until the next deploy" not in parts[-1]:
         parts.append("no new starts until the next deploy")
     return "; ".join(parts)
 

@@ -598,6 +598,7 @@ async def test_a_failed_deploy_stays_failed_across_a_restart(
                 status = ctl.status(name)
                 assert (status.state, status.reason) == (BackendState.DEPLOY_FAILED, reason)
             assert "bad config" in (ctl.status("a").last_error or "")
+            assert ctl.status("b").message.count("until the next deploy") == 1
             assert (len(listed(ctl, "a")), len(listed(ctl, "b"))) == (2, 1)
             # The next deploy tries again.
             goal = await ctl.deploy("b", config(num_replicas=1, version="v3"), RC)
