@@ -52,6 +52,10 @@ _ERRORS = {
 }
 
 
+#: What a request that writes a body-given change may answer besides 200.
+_WRITE_ERRORS = ("400", "409", "413", "415", "422", "503")
+
+
 def _op(
     summary: str,
     ok: dict[str, Any],
@@ -316,12 +320,7 @@ OPENAPI: dict[str, Any] = {
                 **_op(
                     "Deploy: create or update a backend",
                     _json("200", "Stored; the backend converges from here", "Accepted"),
-                    "400",
-                    "409",
-                    "413",
-                    "415",
-                    "422",
-                    "503",
+                    *_WRITE_ERRORS,
                     body="Backend",
                 ),
                 "operationId": "deployBackend",
@@ -374,12 +373,7 @@ OPENAPI: dict[str, Any] = {
             "post": _op(
                 "Deploy every backend of a manifest, all or nothing; prune deletes the others",
                 _json("200", "Stored", "Applied"),
-                "400",
-                "409",
-                "413",
-                "415",
-                "422",
-                "503",
+                *_WRITE_ERRORS,
                 body="Apply",
             )
         },

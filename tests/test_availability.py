@@ -397,7 +397,8 @@ async def test_a_prune_racing_a_delete_neither_fails_nor_loses_it(
 ) -> None:
     from controller._api import Api
 
-    from .test_hostile_input import TOKEN, asgi
+    from .asgi import call
+    from .test_hostile_input import TOKEN
 
     store = Held("spec/x1")
     async with opened(FakeRuntime(auto_ready=True), store) as ctl:
@@ -411,11 +412,12 @@ async def test_a_prune_racing_a_delete_neither_fails_nor_loses_it(
 
         async def prune() -> None:
             body = b'{"backends": {}, "prune": true}'
-            replies["apply"] = (await asgi(app, "POST", "/api/v1/apply", body, TOKEN, b""))[0]
+            replies["apply"] = (await call(app, "POST", "/api/v1/apply", body, token=TOKEN))[0]
 
         async def delete() -> None:
             path = "/api/v1/backends/x2"
-            replies["delete"] = (await asgi(app, "DELETE", path, b"", TOKEN, b"force=true"))[0]
+            query = b"force=true"
+            replies["delete"] = (await call(app, "DELETE", path, query=query, token=TOKEN))[0]
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(prune)

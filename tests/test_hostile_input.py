@@ -24,6 +24,7 @@ from controller._api import Api
 from controller._manifest import load_manifest, parse_backend, parse_manifest
 from controller.testing import FakeRuntime
 
+from .asgi import call
 from .conftest import FIGURES, RC, config
 
 #: ``nox -s reliability`` sets it to 10 for ten times the examples.
@@ -175,33 +176,6 @@ requests = st.tuples(
 )
 
 
-async def asgi(
-    app: Api, method: str, path: str, body: bytes, token: str | None, query: bytes
-) -> tuple[int, bytes]:
-    incoming = [{"type": "http.request", "body": body, "more_body": False}]
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        await trio.lowlevel.checkpoint()
-        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        await trio.lowlevel.checkpoint()
-        sent.append(message)
-
-    headers = [(b"authorization", b"Bearer " + token.encode())] if token is not None else []
-    headers.append((b"content-type", b"application/json"))
-    scope = {
-        "type": "http",
-        "method": method,
-        "path": path,
-        "query_string": query,
-        "headers": headers,
-    }
-    await app(scope, receive, send)  # type: ignore[arg-type]
-    return sent[0]["status"], sent[1]["body"]
-
-
 def state_of(ctl: controller.Controller, store: controller.MemoryStore) -> tuple[Any, ...]:
     return (dict(store.data), repr(ctl.status()))
 
@@ -229,7 +203,7 @@ def test_the_api_never_fails_and_rejections_change_nothing(batch: list[tuple[Any
                 await trio.testing.wait_all_tasks_blocked()
                 before = state_of(ctl, store)
                 with trio.fail_after(60):  # virtual: a long poll may wait, never forever
-                    status, reply = await asgi(app, method, path, body, token, query)
+                    status, _, reply = await call(app, method, path, body, query=query, token=token)
                 event(f"{method} status {status}")
                 assert status < 500, (method, path, reply)
                 json.loads(reply) if path != "/metrics" or status != 200 else None

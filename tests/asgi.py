@@ -1,0 +1,42 @@
+"""Calling the daemon's ASGI app in process, as hypercorn would: for the API tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from controller._api import Api
+
+
+async def call(
+    app: Api,
+    method: str,
+    path: str,
+    body: bytes = b"",
+    *,
+    query: bytes = b"",
+    token: str | None = None,
+    content_type: bytes | None = b"application/json",
+) -> tuple[int, dict[str, str], bytes]:
+    """One request; its (status, headers, body)."""
+    incoming = [{"type": "http.request", "body": body, "more_body": False}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        await trio.lowlevel.checkpoint()
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        await trio.lowlevel.checkpoint()
+        sent.append(message)
+
+    headers = []
+    if token is not None:
+        headers.append((b"authorization", b"Bearer " + token.encode()))
+    if content_type is not None:
+        headers.append((b"content-type", content_type))
+    scope = {"type": "http", "method": method, "path": path, "query_string": query}
+    await app({**scope, "headers": headers}, receive, send)  # type: ignore[arg-type]
+    answered = {k.decode(): v.decode() for k, v in sent[0]["headers"]}
+    return sent[0]["status"], answered, sent[1]["body"]
