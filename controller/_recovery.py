@@ -77,7 +77,9 @@ async def _block_what_cannot_fit(runtime: Runtime, backends: Sequence[Backend]) 
     older controller that did not count slots). Starting it would never converge, and a large
     one would exhaust the machine at every start: such a backend starts nothing new until a
     deploy that fits, and says why."""
-    growing = [b for b in backends if not b.spec.deleting and _missing(b) > 0]
+    # A backend that starts nothing until its next deploy (DEPLOY_FAILED on its starts) wants
+    # no room: only what it holds counts.
+    growing = [b for b in backends if not (b.spec.deleting or b.blocked) and _missing(b) > 0]
     if not growing:
         return
     try:

@@ -633,3 +633,42 @@ async def test_a_deleted_backend_leaves_no_key_in_the_store(
         await (await ctl.delete("n2")).wait()
     # Closed at once after the delete: the closing flush must not write its events back.
     assert await store.read_all() == {}
+
+
+async def test_a_restart_counts_a_failed_backend_at_what_it_holds_not_what_it_wants(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Found by an attack: after a restart, backends that had failed to start were counted at
+    # their desired size, so a healthy backend missing one replica was refused room.
+    rt = FakeRuntime(max_replicas=4)
+
+    def answer_starts(r: FakeRuntime) -> bool:
+        for tag in r.tags(S.STARTING):
+            if r.replicas[tag].spec.version == "bad":
+                r.fail_start(tag, "ModuleNotFoundError", "No module named 'nope'")
+            else:
+                r.finish_start(tag)
+        return False
+
+    store = controller.MemoryStore()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(rt.wait_until, answer_starts)
+        async with opened(rt, store) as ctl:
+            await (await ctl.deploy("echo", config(num_replicas=2), RC)).wait()
+            await (await ctl.deploy("greeter", config(num_replicas=1), RC)).wait()
+            for name in ("bad1", "bad2", "bad3"):
+                with pytest.raises(controller.GoalFailed):
+                    await (await ctl.deploy(name, config(version="bad"), RC)).wait()
+                await settle()  # its failed replica's leftovers are cleared: it holds none
+        (greeter,) = rt.tags(backend="greeter")
+        rt.crash(greeter)  # while no controller runs
+        async with opened(rt, store) as ctl:
+            await ctl.wait_until(lambda c: c.status("greeter").goal_done)
+            assert len(rt.tags(S.READY, backend="greeter")) == 1
+            for name in ("bad1", "bad2", "bad3"):
+                status = ctl.status(name)
+                assert (status.state, status.reason) == (
+                    BackendState.DEPLOY_FAILED,
+                    "StartFailures",
+                )
+        nursery.cancel_scope.cancel()
