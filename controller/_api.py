@@ -37,6 +37,7 @@ from ._http import (
     number_param,
     ok,
     parse_json,
+    path_of,
     read_body,
 )
 from ._manifest import BackendDecl, Manifest, parse_backend, parse_manifest
@@ -175,7 +176,7 @@ class Api:
 
     async def _route(self, scope: Scope, receive: Receive) -> tuple[int, bytes, str]:
         method: str = scope["method"]
-        path: str = scope["path"]
+        path = path_of(scope)
         allowed = _allowed(path)
         if path != "/healthz":
             self._authenticate(scope)
@@ -192,7 +193,8 @@ class Api:
         if head:
             method = "GET"
         # Only the two requests that carry a body read one: the others ignore what is sent.
-        body = await read_body(scope, receive) if method in ("PUT", "POST") else b""
+        takes_body = method == "PUT" or path == "/api/v1/apply"
+        body = await read_body(scope, receive) if takes_body else b""
         query = parse_qs(scope.get("query_string", b"").decode(), keep_blank_values=True)
         if path == "/healthz":
             return 200, dump({"ok": True}), "application/json"
@@ -227,9 +229,8 @@ class Api:
             self._check_accepting()
             return ok(await self._apply(data))
         if path == "/api/v1/watch":
-            if head:
-                query["timeout_s"] = ["0"]  # what a GET's headers would be, without the wait
-            return ok(await self._watch(query))
+            # HEAD: checked as a GET is, answered without the wait.
+            return ok(await self._watch(query, wait=not head))
         if path == "/api/v1/shutdown":
             wait = flag(query, "wait", default=True)
             return ok(await self._shutdown(wait=wait), 200 if wait else 202)
@@ -342,11 +343,13 @@ class Api:
             raise HTTPError(422, "InvalidManifest", str(exc), problems=exc.problems) from None
         return await apply_manifest(self._ctl, manifest, prune=prune)
 
-    async def _watch(self, query: dict[str, list[str]]) -> dict[str, Any]:
+    async def _watch(self, query: dict[str, list[str]], *, wait: bool = True) -> dict[str, Any]:
         since = int_param(query, "since", 0)
         timeout = number_param(query, "timeout_s", 30.0)
         if not 0 <= timeout <= MAX_WATCH_TIMEOUT_S:
             raise HTTPError(400, "BadQuery", f"timeout_s must be in [0, {MAX_WATCH_TIMEOUT_S:g}]")
+        if not wait:
+            timeout = 0.0
         if query.get("epoch", [self._epoch])[0] != self._epoch:
             since = 0  # a restarted daemon counts afresh: the caller gets everything
         # Only the newest deletions are kept: a cursor older than that gets every backend,

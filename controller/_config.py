@@ -25,6 +25,13 @@ _ENTRYPOINT = re.compile(ENTRYPOINT_PATTERN)
 _KEYWORD = re.compile(_IDENTIFIER)
 _VERSION = re.compile(VERSION_PATTERN)
 
+# Beyond what JSON Schema can say (and so not checked by the document's tools): the server
+# refuses both with a 422 naming the rule.
+_JSON_RULE = (
+    f"any JSON value, with lists and objects nested at most {MAX_JSON_DEPTH} deep and numbers "
+    "that a double holds (1e400 is not)"
+)
+
 #: The most replicas one backend may ask for, whatever the runtime: a count past it is a typo,
 #: refused before any runtime is asked (a runtime's own limit is usually far lower: a 409 then).
 MAX_REPLICAS = 1_000_000
@@ -233,7 +240,7 @@ class BackendConfig:
     user_config: JSON = attrs.field(
         default=None,
         converter=_user_config,
-        metadata=_schema(description=f"any JSON, nested at most {MAX_JSON_DEPTH} deep"),
+        metadata=_schema(description=_JSON_RULE),
     )
     """JSON handed to each replica's ``reconfigure``. A change with the same `version` reconfigures
     replicas in place instead of replacing them."""
@@ -276,11 +283,13 @@ class BackendConfig:
     health_check_period_s: float = attrs.field(
         default=10.0,
         converter=_health_check_period,
+        # Written as one number type with a gap (not as a choice of 0 or a range), so that
+        # client generators see a plain number.
         metadata=_schema(
-            anyOf=[
-                {"const": 0},
-                {"type": "number", "minimum": MIN_HEALTH_CHECK_PERIOD_S, "maximum": MAX_SECONDS},
-            ]
+            type="number",
+            minimum=0,
+            maximum=MAX_SECONDS,
+            **{"not": {"exclusiveMinimum": 0, "exclusiveMaximum": MIN_HEALTH_CHECK_PERIOD_S}},
         ),
     )
     """How often each RUNNING replica's ``check_health`` is called (at least every 0.1 s). 0
@@ -349,7 +358,10 @@ class ReplicaConfig:
     """The replica class, as ``"package.module:Class"``."""
 
     init_args: tuple[JSON, ...] = attrs.field(
-        default=(), kw_only=True, converter=_init_args, metadata=_schema(type="array")
+        default=(),
+        kw_only=True,
+        converter=_init_args,
+        metadata=_schema(type="array", items={"description": _JSON_RULE}),
     )
     """Positional arguments for the class (JSON values)."""
 
@@ -357,7 +369,11 @@ class ReplicaConfig:
         factory=dict,
         kw_only=True,
         converter=_init_kwargs,
-        metadata=_schema(type="object", propertyNames={"pattern": f"^{_IDENTIFIER}$"}),
+        metadata=_schema(
+            type="object",
+            propertyNames={"pattern": f"^{_IDENTIFIER}$"},
+            additionalProperties={"description": _JSON_RULE},
+        ),
     )
     """Keyword arguments for the class (JSON values)."""
 

@@ -75,6 +75,10 @@ def flag(query: dict[str, list[str]], name: str, *, default: bool) -> bool:
 
 
 async def read_body(scope: Scope, receive: Receive) -> bytes:
+    declared = dict(scope["headers"]).get(b"content-length", b"").strip()
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        # Said to be too large: refused before any of it is awaited.
+        raise HTTPError(413, "TooLarge", f"the body is over {MAX_BODY_BYTES} bytes")
     for key, value in scope["headers"]:
         if key == b"content-type":
             media_type = bytes(value).partition(b";")[0].strip().lower()
@@ -100,11 +104,16 @@ async def read_body(scope: Scope, receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
+def _not_json(literal: str) -> Any:
+    # Python's parser takes NaN and Infinity, which JSON does not have.
+    raise ValueError(f"{literal} is not JSON")
+
+
 def parse_json(body: bytes) -> Any:
     if not body:
         raise HTTPError(400, "EmptyBody", "a JSON body is needed")
     try:
-        return json.loads(body)
+        return json.loads(body, parse_constant=_not_json)
     except RecursionError:
         raise HTTPError(400, "MalformedJSON", "the JSON is nested too deeply") from None
     except ValueError as exc:
@@ -127,3 +136,12 @@ async def lifespan(receive: Receive, send: Send) -> None:
         elif message["type"] == "lifespan.shutdown":
             await send({"type": "lifespan.shutdown.complete"})
             return
+
+
+def path_of(scope: Scope) -> str:
+    """The path as sent, for routing: an encoded "/" (%2F) inside a name stays in the name
+    (and fails its pattern) instead of making a path the document does not have."""
+    raw = scope.get("raw_path")
+    if raw is None:
+        return str(scope["path"])
+    return bytes(raw).decode("latin-1").partition("?")[0]

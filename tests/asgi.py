@@ -18,8 +18,11 @@ async def call(
     query: bytes = b"",
     token: str | None = None,
     content_type: bytes | None = b"application/json",
+    headers: tuple[tuple[bytes, bytes], ...] = (),
+    raw_path: bytes | None = None,
 ) -> tuple[int, dict[str, str], bytes]:
-    """One request; its (status, headers, body)."""
+    """One request; its (status, headers, body). `path` is as the server decodes it, `raw_path`
+    as it was sent (the same, encoded, if not given)."""
     incoming = [{"type": "http.request", "body": body, "more_body": False}]
     sent: list[dict[str, Any]] = []
 
@@ -31,12 +34,19 @@ async def call(
         await trio.lowlevel.checkpoint()
         sent.append(message)
 
-    headers = []
+    sent_headers = list(headers)
     if token is not None:
-        headers.append((b"authorization", b"Bearer " + token.encode()))
+        sent_headers.append((b"authorization", b"Bearer " + token.encode()))
     if content_type is not None:
-        headers.append((b"content-type", content_type))
-    scope = {"type": "http", "method": method, "path": path, "query_string": query}
-    await app({**scope, "headers": headers}, receive, send)  # type: ignore[arg-type]
+        sent_headers.append((b"content-type", content_type))
+    scope = {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "raw_path": raw_path if raw_path is not None else path.encode(),
+        "query_string": query,
+        "headers": sent_headers,
+    }
+    await app(scope, receive, send)  # type: ignore[arg-type]
     answered = {k.decode(): v.decode() for k, v in sent[0]["headers"]}
     return sent[0]["status"], answered, sent[1]["body"]

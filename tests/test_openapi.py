@@ -236,3 +236,36 @@ async def test_metrics_parse_and_every_backend_state_is_published() -> None:
             assert name.startswith("controller_"), name
             if family.type == "counter":
                 assert all(s.name.endswith(("_total", "_created")) for s in family.samples)
+
+
+async def test_what_the_second_attack_found_in_the_edges_of_http() -> None:
+    async with controller.open_controller(
+        runtime=FakeRuntime(auto_ready=True), store=STORE()
+    ) as ctl:
+        await (await ctl.deploy("echo", config(num_replicas=1), RC)).wait()
+        call = api(ctl)
+        # An encoded "/" stays in the name, which then fails its pattern: no other endpoint.
+        status, _, body = await call(
+            "GET", "/api/v1/backends/echo/logs", raw_path=b"/api/v1/backends/echo%2Flogs"
+        )
+        assert status == 404, body
+        assert b"UnknownBackend" in body
+        raw = b"/api/v1/backends%2Fecho"
+        assert (await call("GET", "/api/v1/backends/echo", raw_path=raw))[0] == 404
+        # NaN and Infinity are not JSON: a malformed body, not a bad value.
+        for literal in (b"NaN", b"Infinity", b"-Infinity"):
+            body = b'{"entrypoint": "m:C", "user_config": ' + literal + b"}"
+            status, _, answer = await call("PUT", "/api/v1/backends/a", body)
+            assert status == 400, answer
+        # A HEAD of the watch checks its parameters as a GET does.
+        for query in (b"timeout_s=x", b"timeout_s=61"):
+            assert (await call("HEAD", "/api/v1/watch", query=query))[0] == 400
+        # A body said to be too large is refused before it is read.
+        huge = ((b"content-length", b"99999999999"),)
+        assert (await call("PUT", "/api/v1/backends/a", headers=huge))[0] == 413
+        # Shutdown takes no body, so it needs no content type.
+        status, _, body = await call(
+            "POST", "/api/v1/shutdown", query=b"wait=false", content_type=None
+        )
+        assert status == 202, body
+        assert ctl.status("echo").deleting
