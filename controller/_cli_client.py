@@ -27,6 +27,8 @@ class CLIError(Exception):
 
 class Client:
     def __init__(self, url: str, token: str | None):
+        if not url.startswith(("http://", "https://")):
+            raise CLIError(f"error: --url {url!r} is not a URL; the daemon's is http://HOST:PORT")
         self.url = url.rstrip("/")
         self.token = token
 

@@ -13,6 +13,7 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -744,6 +745,20 @@ async def test_the_cli_never_shows_a_traceback_for_deep_files_or_closed_pipes(
             errors = b"".join([chunk async for chunk in process.stderr])
             await process.wait()
             assert errors == b"", errors
+
+
+async def test_a_url_that_is_not_one_is_said_so(state_dir: Path) -> None:
+    with trio.fail_after(LIMIT_S):
+        result = await trio.run_process(
+            [sys.executable, "-m", "controller", "--url", "notaurl", "status"],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    assert result.returncode == 1
+    assert one_line(result.stderr) == (
+        "error: --url 'notaurl' is not a URL; the daemon's is http://HOST:PORT"
+    )
 
 
 async def test_apply_wait_says_when_a_later_change_superseded_it(state_dir: Path) -> None:
