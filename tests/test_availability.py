@@ -562,22 +562,28 @@ async def test_a_restarted_controller_lists_the_replicas_that_served_at_once(
         await ctl.wait_until(lambda c: len(listed(c, "a")) == 3)
 
 
-async def test_a_failed_deploy_stays_failed_across_a_restart(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    rt = FakeRuntime()
+def failing_version(version: str, error: str, message: str) -> Callable[[FakeRuntime], bool]:
+    """For ``rt.wait_until`` in a background task: every start of `version` fails with `error`,
+    every other start succeeds, as they come (it never returns)."""
 
-    def answer_starts(r: FakeRuntime) -> bool:
+    def answer(r: FakeRuntime) -> bool:
         for tag in r.tags(S.STARTING):
-            if r.replicas[tag].spec.version == "v2":
-                r.fail_start(tag, "ValueError", "bad port")
+            if r.replicas[tag].spec.version == version:
+                r.fail_start(tag, error, message)
             else:
                 r.finish_start(tag)
         return False
 
+    return answer
+
+
+async def test_a_failed_deploy_stays_failed_across_a_restart(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime()
     store = controller.MemoryStore()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(rt.wait_until, answer_starts)
+        nursery.start_soon(rt.wait_until, failing_version("v2", "ValueError", "bad port"))
         async with opened(rt, store) as ctl:
             await (await ctl.deploy("a", config(num_replicas=2, user_config={"n": 1}), RC)).wait()
             await (await ctl.deploy("b", config(num_replicas=1, version="v1"), RC)).wait()
@@ -641,18 +647,10 @@ async def test_a_restart_counts_a_failed_backend_at_what_it_holds_not_what_it_wa
     # Found by an attack: after a restart, backends that had failed to start were counted at
     # their desired size, so a healthy backend missing one replica was refused room.
     rt = FakeRuntime(max_replicas=4)
-
-    def answer_starts(r: FakeRuntime) -> bool:
-        for tag in r.tags(S.STARTING):
-            if r.replicas[tag].spec.version == "bad":
-                r.fail_start(tag, "ModuleNotFoundError", "No module named 'nope'")
-            else:
-                r.finish_start(tag)
-        return False
-
     store = controller.MemoryStore()
+    no_module = failing_version("bad", "ModuleNotFoundError", "No module named 'nope'")
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(rt.wait_until, answer_starts)
+        nursery.start_soon(rt.wait_until, no_module)
         async with opened(rt, store) as ctl:
             await (await ctl.deploy("echo", config(num_replicas=2), RC)).wait()
             await (await ctl.deploy("greeter", config(num_replicas=1), RC)).wait()
