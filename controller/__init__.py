@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from ._errors import ManifestError as ManifestError
     from ._errors import ReplicaError as ReplicaError
     from ._errors import ReplicaGoneError as ReplicaGoneError
+    from ._errors import RouteConflictError as RouteConflictError
     from ._errors import StartupError as StartupError
     from ._errors import StoreError as StoreError
     from ._errors import UnknownBackendError as UnknownBackendError
@@ -43,13 +44,16 @@ if TYPE_CHECKING:
     from ._runtime import ReplicaSpec as ReplicaSpec
     from ._runtime import Runtime as Runtime
     from ._sqlite_store import SQLiteStore as SQLiteStore
+    from ._state import LOAD_TTL_S as LOAD_TTL_S
     from ._state import BackendEvent as BackendEvent
+    from ._state import BackendLoad as BackendLoad
     from ._state import BackendReason as BackendReason
     from ._state import BackendSnapshot as BackendSnapshot
     from ._state import BackendState as BackendState
     from ._state import BackendStatus as BackendStatus
     from ._state import ControllerStatus as ControllerStatus
     from ._state import GoalOutcome as GoalOutcome
+    from ._state import LoadReport as LoadReport
     from ._state import ReplicaState as ReplicaState
     from ._state import ReplicaStatus as ReplicaStatus
     from ._state import ServingReplica as ServingReplica
@@ -70,6 +74,7 @@ _HOME: dict[str, str] = {
     "InfeasibleError": "._errors",
     "ManifestError": "._errors",
     "ReplicaError": "._errors",
+    "RouteConflictError": "._errors",
     "ReplicaGoneError": "._errors",
     "StartupError": "._errors",
     "StoreError": "._errors",
@@ -84,13 +89,16 @@ _HOME: dict[str, str] = {
     "ReplicaSpec": "._runtime",
     "Runtime": "._runtime",
     "SQLiteStore": "._sqlite_store",
+    "LOAD_TTL_S": "._state",
     "BackendEvent": "._state",
+    "BackendLoad": "._state",
     "BackendReason": "._state",
     "BackendSnapshot": "._state",
     "BackendState": "._state",
     "BackendStatus": "._state",
     "ControllerStatus": "._state",
     "GoalOutcome": "._state",
+    "LoadReport": "._state",
     "ReplicaState": "._state",
     "ReplicaStatus": "._state",
     "ServingReplica": "._state",

@@ -22,6 +22,7 @@ from ._errors import (
     ControllerError,
     InfeasibleError,
     ManifestError,
+    RouteConflictError,
     StoreError,
     UnknownBackendError,
 )
@@ -40,6 +41,7 @@ from ._http import (
     path_of,
     read_body,
 )
+from ._load_wire import parse_load_body
 from ._manifest import BackendDecl, Manifest, parse_backend, parse_manifest
 from ._openapi import OPENAPI
 from ._state import BackendSnapshot, BackendStatus
@@ -66,6 +68,7 @@ _PATHS: list[tuple[re.Pattern[str], tuple[str, ...]]] = [
     (_LOGS_PATH, ("GET", "HEAD")),
     (re.compile(r"/api/v1/apply"), ("POST",)),
     (re.compile(r"/api/v1/watch"), ("GET", "HEAD")),
+    (re.compile(r"/api/v1/load"), ("POST",)),
     (re.compile(r"/api/v1/shutdown"), ("POST",)),
 ]
 
@@ -93,6 +96,8 @@ def _domain_error(exc: ControllerError) -> HTTPError:
         return HTTPError(404, "UnknownBackend", str(exc))
     if isinstance(exc, InfeasibleError):
         return HTTPError(409, "Infeasible", f"{exc} Nothing was applied.")
+    if isinstance(exc, RouteConflictError):
+        return HTTPError(409, "RouteConflict", str(exc))
     if isinstance(exc, ControllerClosedError):
         return HTTPError(503, "ShuttingDown", str(exc))
     if isinstance(exc, StoreError):
@@ -193,7 +198,7 @@ class Api:
         if head:
             method = "GET"
         # Only the two requests that carry a body read one: the others ignore what is sent.
-        takes_body = method == "PUT" or path == "/api/v1/apply"
+        takes_body = method == "PUT" or path in ("/api/v1/apply", "/api/v1/load")
         body = await read_body(scope, receive) if takes_body else b""
         query = parse_qs(scope.get("query_string", b"").decode(), keep_blank_values=True)
         if path == "/healthz":
@@ -231,10 +236,22 @@ class Api:
         if path == "/api/v1/watch":
             # HEAD: checked as a GET is, answered without the wait.
             return ok(await self._watch(query, wait=not head))
+        if path == "/api/v1/load":
+            return ok(self._take_load(parse_json(body)))
         if path == "/api/v1/shutdown":
             wait = flag(query, "wait", default=True)
             return ok(await self._shutdown(wait=wait), 200 if wait else 202)
         raise AssertionError(f"{method} {path} is in _PATHS but not routed")
+
+    def _take_load(self, data: Any) -> dict[str, Any]:
+        try:
+            reports = parse_load_body(data)
+        except ValueError as exc:
+            raise HTTPError(422, "InvalidLoad", str(exc)) from None
+        taken, unknown = [], []
+        for report in reports:
+            (taken if self._ctl.report_load(report) else unknown).append(report.backend)
+        return {"taken": taken, "unknown": unknown}
 
     def _check_accepting(self) -> None:
         if self._shutting_down:

@@ -35,12 +35,13 @@ from ._health import HealthChecks
 from ._history import Journal
 from ._intent import Intent
 from ._json import JSON
+from ._load import LoadBook
 from ._observe import Observer
 from ._policy import RestartPolicy
 from ._reconcile import decide
 from ._replica import UNKNOWN_CONFIG, Replica, ReplicaSet, Spec, new_tag
 from ._runtime import ReplicaInfo, Runtime
-from ._state import BackendReason, BackendState, BackendStatus, ReplicaState
+from ._state import BackendReason, BackendState, BackendStatus, LoadReport, ReplicaState
 from ._store import Store
 from ._watch import SnapshotHub
 
@@ -97,6 +98,8 @@ class Backend:
             self._failures, self.journal, self._set, lambda: (self.spec.generation, self.goal)
         )
         self._health = HealthChecks(self._tasks, self._check_failed, self._ready_changed)
+        self._load = LoadBook()
+        self._load_pending = False  # a LoadChanged is on its way to the loop
         self.journal.event("Delete" if spec.deleting else "Deploy", view.describe_new(spec))
 
     # -- called by the controller: it reads, and it sends events --
@@ -110,6 +113,13 @@ class Backend:
 
     def notify_died(self, tag: str, reason: str) -> None:
         self._send_nowait(ev.Died(tag, reason))
+
+    def report_load(self, report: LoadReport) -> None:
+        """Keep a source's latest load; the loop hears of it once however many arrive
+        before it runs."""
+        if self._load.take(report, trio.current_time()) and not self._load_pending:
+            self._load_pending = True
+            self._send_nowait(ev.LoadChanged())
 
     @property
     def blocked(self) -> bool:
@@ -198,6 +208,9 @@ class Backend:
             return
         if isinstance(event, ev.Written):
             self._intent.written(event.seq)
+            return
+        if isinstance(event, ev.LoadChanged):
+            self._load_pending = False  # nothing acts on load yet: status reads the book
             return
         replica = self.replicas.get(event.tag)
         if replica is None:
@@ -449,4 +462,5 @@ class Backend:
             change=self._change,
             last_error=(self.journal.last_error, self.journal.last_traceback),
             events=self.journal.log.events,
+            load=self._load.load(trio.current_time()),
         )

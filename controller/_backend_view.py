@@ -11,6 +11,7 @@ from ._history import plural
 from ._replica import Replica, Spec
 from ._state import (
     BackendEvent,
+    BackendLoad,
     BackendReason,
     BackendSnapshot,
     BackendState,
@@ -32,6 +33,7 @@ def status_of(
     change: tuple[BackendState, BackendReason],
     last_error: tuple[str | None, str | None],
     events: Iterable[BackendEvent],
+    load: BackendLoad,
 ) -> BackendStatus:
     """The frozen status of a backend (``ctl.status(name)``)."""
     views = tuple(
@@ -56,6 +58,8 @@ def status_of(
         replicas=views,
         events=tuple(events),
         last_traceback=last_error[1],
+        load=load,
+        version=spec.version,
     )
 
 
@@ -79,6 +83,7 @@ def snapshot_of(
         None if deleted else spec.backend_config,
         None if deleted else spec.replica_config,
         serving,
+        deleting=spec.deleting,
     )
 
 

@@ -9,7 +9,8 @@ Three keys per backend, each with one writer, so that writes can never interleav
   same batch as the replica record; nothing waits on it).
 
 Schema 2 added the events, each replica's creation time and a spec's rollback config; schema 3
-each serving replica's address and a failed deploy. Data of schemas 1 and 2 is still read.
+each serving replica's address and a failed deploy; schema 4 a spec's code generation and the
+backend config's routing fields. Data of schemas 1 to 3 is still read.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ from ._config import BackendConfig, ReplicaConfig
 from ._errors import CheckpointError, ControllerError
 
 #: Bumped when the stored shape changes; a controller refuses data written by a newer one.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: Older schemas this controller still reads (their records lack fields that have defaults).
-_READABLE = frozenset({1, 2, 3})
+_READABLE = frozenset({1, 2, 3, 4})
 
 SPEC_PREFIX = "spec/"
 REPLICAS_PREFIX = "replicas/"
@@ -49,6 +50,9 @@ class SpecRecord:
     rollback_config: str | None = None
     """For an in-place change of user config (same version): the config before it, as JSON
     text, to roll back to if the new one fails in a replica (None: nothing to roll back to)."""
+    code_generation: int | None = None
+    """For a config without a version: the generation whose code the replicas run (``gen-N``),
+    kept by deploys that change only the scale, limits, timeouts or routing. None: this one."""
     schema: int = SCHEMA_VERSION
 
 

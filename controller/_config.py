@@ -24,6 +24,10 @@ _NAME = re.compile(NAME_PATTERN)
 _ENTRYPOINT = re.compile(ENTRYPOINT_PATTERN)
 _KEYWORD = re.compile(_IDENTIFIER)
 _VERSION = re.compile(VERSION_PATTERN)
+#: A route: "/" or up to 16 segments of URL-safe characters, none empty, "." or "..", and none
+#: starting with "-" (the ingress keeps "/-/" for itself: ``/-/healthz``, ``/-/routes``).
+ROUTE_PATTERN = r"/|(?:/[A-Za-z0-9_~][A-Za-z0-9._~-]{0,62}){1,16}"
+_ROUTE = re.compile(ROUTE_PATTERN)
 
 # Beyond what JSON Schema can say (and so not checked by the document's tools): the server
 # refuses both with a 422 naming the rule.
@@ -38,6 +42,8 @@ MAX_REPLICAS = 1_000_000
 #: The most of one resource a replica may ask for: more is a typo, and would overflow placement's
 #: fixed-point arithmetic.
 MAX_RESOURCE = 1e15
+#: The most requests one replica may be sent at once, or one backend may queue at an ingress.
+MAX_REQUESTS = 1_000_000
 #: The longest timeout or period, in seconds (about 31 years): longer is a typo. A bound that a
 #: double holds exactly, so that the document's check and the model's agree at the edge.
 MAX_SECONDS = 1e9
@@ -177,6 +183,33 @@ def _version(value: object) -> str | None:
     return value
 
 
+def _route_prefix(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _ROUTE.fullmatch(value):
+        raise ConfigError(
+            "BackendConfig.route_prefix",
+            'must be None or a path like "/echo": "/" or segments of letters, digits and '
+            "'_.~-' (at most 16), none empty or starting with '.' or '-'",
+            value,
+        )
+    return value
+
+
+def _request_count(field: str, lowest: int) -> Any:
+    def convert(value: object) -> int:
+        count = _whole(value)
+        if count is None or not lowest <= count <= MAX_REQUESTS:
+            raise ConfigError(
+                f"BackendConfig.{field}",
+                f"must be a whole number from {lowest} to {MAX_REQUESTS}",
+                value,
+            )
+        return count
+
+    return convert
+
+
 def _resources(value: object) -> dict[str, float]:
     field = "BackendConfig.resources"
     if not isinstance(value, Mapping):
@@ -306,6 +339,34 @@ class BackendConfig:
         metadata=_schema(type="integer", minimum=1),
     )
     """Consecutive failed checks after which a replica is stopped and replaced."""
+
+    route_prefix: str | None = attrs.field(
+        default=None,
+        converter=_route_prefix,
+        metadata=_schema(type=["string", "null"], pattern=f"^(?:{ROUTE_PATTERN})$"),
+    )
+    """Where the ingress serves the backend: requests whose path is this prefix or below it
+    (``/echo`` takes ``/echo`` and ``/echo/x``, not ``/echoes``); the longest prefix wins.
+    None: not routed. Changing it never restarts replicas."""
+
+    max_ongoing_requests: int = attrs.field(
+        default=100,
+        converter=_request_count("max_ongoing_requests", 1),
+        metadata=_schema(type="integer", minimum=1, maximum=MAX_REQUESTS),
+    )
+    """How many requests one ingress sends one replica at once; more wait in the backend's
+    queue. 100 suits an HTTP service that handles requests concurrently; set it to what one
+    replica really runs at once (1 for a model that takes one request at a time)."""
+
+    max_queued_requests: int = attrs.field(
+        default=1000,
+        converter=_request_count("max_queued_requests", 0),
+        metadata=_schema(type="integer", minimum=0, maximum=MAX_REQUESTS),
+    )
+    """How many requests one ingress holds for the backend while every replica is at
+    `max_ongoing_requests` (first in, first out); beyond it, 503 with ``Retry-After``. 0: no
+    queue. There is no unbounded setting: a queue without a bound turns overload into
+    timeouts for everyone."""
 
     def __attrs_post_init__(self) -> None:
         if self.max_surge == 0 and self.max_unavailable == 0:

@@ -49,6 +49,11 @@ class InfeasibleError(ControllerError):
     """The runtime cannot place the replicas a deploy asks for; nothing was written or started."""
 
 
+class RouteConflictError(ControllerError):
+    """A deploy gives a backend a route another backend has; nothing was written. Each route
+    leads to one backend: delete the other's route first (or in the same apply)."""
+
+
 class GoalFailed(ControllerError):
     """A goal will not be reached: for a deploy, replicas kept failing to start."""
 

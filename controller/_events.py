@@ -94,6 +94,12 @@ class SpecChanged:
     applied: trio.Event
 
 
+@attrs.frozen
+class LoadChanged:
+    """A source reported new load for the backend (one event for any number of reports: the
+    loop reads the latest from the backend's load book)."""
+
+
 Event: TypeAlias = (
     Started
     | StartFailed
@@ -104,4 +110,5 @@ Event: TypeAlias = (
     | Tick
     | Written
     | SpecChanged
+    | LoadChanged
 )

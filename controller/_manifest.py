@@ -107,11 +107,21 @@ def parse_manifest(data: object, source: str) -> Manifest:
         problems.append("backends: must be a table of backend name to its fields")
         backends = {}
     decls = []
+    routes: dict[str, str] = {}
     for name, fields in backends.items():
         decl, found = parse_backend(name, fields)
         problems.extend(found)
-        if decl is not None:
-            decls.append(decl)
+        if decl is None:
+            continue
+        decls.append(decl)
+        route = decl.backend_config.route_prefix
+        if route is not None and route in routes:
+            problems.append(
+                f"backend {name!r}: route_prefix: {route!r} is backend {routes[route]!r}'s "
+                "route too; each route leads to one backend"
+            )
+        elif route is not None:
+            routes[route] = decl.name
     if problems:
         raise ManifestError(source, problems)
     return Manifest(tuple(decls))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._config import NAME_PATTERN, BackendConfig, ReplicaConfig, field_schemas
+from ._load_wire import MAX_LOAD_BACKENDS, MAX_LOAD_COUNT, MAX_LOAD_REPLICAS, SOURCE_PATTERN
 from ._state import BackendState, ReplicaState
 
 
@@ -41,8 +42,8 @@ _ERRORS = {
     "a parameter of the wrong type)",
     "401": "No token, or a wrong one",
     "404": "No such backend",
-    "409": "Valid, but it cannot be placed on the runtime (beside what runs already); "
-    "nothing was applied",
+    "409": "Valid, but it cannot be placed on the runtime (beside what runs already), or its "
+    "route leads to another backend (RouteConflict); nothing was applied",
     "413": "The body is over 1 MiB",
     "415": "The body is not sent as application/json",
     "422": "The body is JSON but breaks a rule; `problems` lists each, naming the field",
@@ -192,6 +193,54 @@ _SCHEMAS: dict[str, Any] = {
             "counts_by_version": {"type": "object", "additionalProperties": _COUNTS},
             "replicas": {"type": "array", "items": _ref("Replica")},
             "events": {"type": "array", "items": _ref("Event")},
+            "load": _ref("BackendLoad"),
+        }
+    ),
+    "BackendLoad": _obj(
+        {
+            "in_flight": {"type": "integer", "minimum": 0},
+            "queued": {"type": "integer", "minimum": 0},
+            "replicas": _COUNTS,
+            "sources": {"type": "integer", "minimum": 0},
+        }
+    ),
+    "LoadReport": _obj(
+        {
+            "source": {
+                "type": "string",
+                "pattern": f"^{SOURCE_PATTERN}$",
+                "description": "Who reports (one id per ingress process)",
+            },
+            "backends": {
+                "type": "object",
+                "propertyNames": {"pattern": f"^{NAME_PATTERN}$"},
+                "maxProperties": MAX_LOAD_BACKENDS,
+                "additionalProperties": _obj(
+                    {
+                        "in_flight": {
+                            "type": "object",
+                            "maxProperties": MAX_LOAD_REPLICAS,
+                            "additionalProperties": {
+                                "type": "integer",
+                                "minimum": 0,
+                                "maximum": MAX_LOAD_COUNT,
+                            },
+                        },
+                        "queued": {"type": "integer", "minimum": 0, "maximum": MAX_LOAD_COUNT},
+                    }
+                ),
+                "description": "Each backend's load: in flight per replica tag, and queued",
+            },
+        }
+    ),
+    "LoadTaken": _obj(
+        {
+            "taken": {"type": "array", "items": _STRING},
+            "unknown": {
+                "type": "array",
+                "items": _STRING,
+                "description": "Backends the daemon does not hold (their reports were dropped)",
+            },
         }
     ),
     "BackendList": _obj({"backends": {"type": "array", "items": _ref("BackendStatus")}}),
@@ -210,6 +259,7 @@ _SCHEMAS: dict[str, Any] = {
             "name": _STRING,
             "snapshot_id": _INT,
             "exists": _BOOL,
+            "deleting": _BOOL,
             "config": {"anyOf": [_ref("BackendConfig"), {"type": "null"}]},
             "replicas": {
                 "type": "array",
@@ -375,6 +425,17 @@ OPENAPI: dict[str, Any] = {
                 _json("200", "Stored", "Applied"),
                 *_WRITE_ERRORS,
                 body="Apply",
+            )
+        },
+        "/api/v1/load": {
+            "post": _op(
+                "Report an ingress's load (sent on change, and every 10 s while not zero)",
+                _json("200", "Taken", "LoadTaken"),
+                "400",
+                "413",
+                "415",
+                "422",
+                body="LoadReport",
             )
         },
         "/api/v1/watch": {

@@ -41,6 +41,8 @@ class Spec:
     version: str
     """The code version replicas must have (``gen-N`` when the config names none)."""
     config_digest: str
+    code_generation: int
+    """The generation whose code a config without a version runs (see ``version``)."""
     rollback: tuple[str, JSON] | None = None
     """For an in-place change of user config: the digest and value of the config the replicas
     had before it, to go back to if the new one fails in a replica."""
@@ -58,7 +60,12 @@ class Spec:
             replica_config=record.replica_config,
             deleting=record.deleting,
             force=record.force,
-            version=config.version if config.version is not None else f"gen-{record.generation}",
+            version=(
+                config.version
+                if config.version is not None
+                else f"gen-{record.code_generation or record.generation}"
+            ),
+            code_generation=record.code_generation or record.generation,
             config_digest=digest(config.user_config),
             rollback=rollback,
         )
@@ -125,7 +132,32 @@ def deploy_record(
         # (never one that failed already).
         rollback = json.dumps(before, separators=(",", ":"), allow_nan=False)
     generation = old.generation + 1 if old is not None else 1
-    return SpecRecord(name, generation, backend_config, replica_config, rollback_config=rollback)
+    code_generation = None
+    if old is not None and _same_code(old, backend_config, replica_config):
+        code_generation = old.code_generation
+    return SpecRecord(
+        name,
+        generation,
+        backend_config,
+        replica_config,
+        rollback_config=rollback,
+        code_generation=code_generation,
+    )
+
+
+def _same_code(old: Spec, backend_config: BackendConfig, replica_config: ReplicaConfig) -> bool:
+    """Without a version, whether replicas of `old` run what these configs ask: the same class,
+    arguments, user config and resources. Scale, rollout limits, timeouts, health checks and
+    routing are the controller's business, not the replica's."""
+    before = old.backend_config
+    return (
+        not old.deleting
+        and backend_config.version is None
+        and before.version is None
+        and replica_config == old.replica_config
+        and backend_config.resources == before.resources
+        and digest(backend_config.user_config) == old.config_digest
+    )
 
 
 def delete_record(name: str, old: Spec, *, force: bool) -> SpecRecord:
@@ -137,6 +169,7 @@ def delete_record(name: str, old: Spec, *, force: bool) -> SpecRecord:
         old.replica_config,
         deleting=True,
         force=force,
+        code_generation=old.code_generation,
     )
 
 

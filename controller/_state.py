@@ -116,6 +116,9 @@ class BackendSnapshot:
     """How its replicas are built; None once it is deleted."""
     replicas: tuple[ServingReplica, ...]
     """The replicas that serve now, by tag."""
+    deleting: bool = False
+    """Its delete was asked for: its replicas are draining. It keeps no route: a backend
+    deployed meanwhile may take it."""
 
     @property
     def exists(self) -> bool:
@@ -143,6 +146,46 @@ class ReplicaStatus:
     """The machine or cluster node it runs on, where the runtime says."""
     created_at: float | None = None
     """When the controller asked for it, by the wall clock (seconds since the epoch)."""
+
+
+@attrs.frozen
+class LoadReport:
+    """What one ingress (or any router) holds for one backend right now: what it sends to
+    replicas, and what waits in its queue. The controller keeps the latest report of each
+    `source` for `LOAD_TTL_S`: a source that goes quiet stops counting."""
+
+    source: str
+    """Who reports: one id per ingress process."""
+    backend: str
+    """The backend the load is for."""
+    in_flight: Mapping[str, int]
+    """Requests sent and not yet answered, by replica tag (replicas with none may be left out)."""
+    queued: int = 0
+    """Requests waiting at the ingress for a replica to have room."""
+
+
+#: How long a load report counts. Reports are sent on change; a source whose load is not zero
+#: sends its report again every third of this, so that one that dies stops counting.
+LOAD_TTL_S = 30.0
+
+
+@attrs.frozen
+class BackendLoad:
+    """The load of one backend, summed over the sources that reported within `LOAD_TTL_S`."""
+
+    in_flight: int
+    """Requests on their way to or in replicas."""
+    queued: int
+    """Requests waiting at ingresses for a replica to have room."""
+    replicas: Mapping[str, int]
+    """In flight per replica tag (those with none are left out)."""
+    sources: int
+    """How many sources reported."""
+
+    @property
+    def ongoing(self) -> int:
+        """In flight plus queued: what an autoscaler divides by the replicas."""
+        return self.in_flight + self.queued
 
 
 @attrs.frozen
@@ -177,6 +220,10 @@ class BackendStatus:
     """Its recent events, oldest first (kept across controller restarts)."""
     last_traceback: str | None = None
     """The replica's own traceback of `last_error`, where its runtime reported one."""
+    load: BackendLoad = attrs.field(factory=lambda: BackendLoad(0, 0, {}, 0))
+    """What the ingresses report sending to it and holding for it."""
+    version: str = ""
+    """The version its replicas must have: the config's, or ``gen-N`` when it names none."""
 
     @property
     def counts(self) -> Mapping[ReplicaState, int]:

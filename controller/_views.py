@@ -28,7 +28,7 @@ def status_json(status: BackendStatus) -> dict[str, Any]:
     counts_by_version: dict[str, dict[str, int]] = {}
     for (version, state), n in status.counts_by_version.items():
         counts_by_version.setdefault(version, {})[state.value] = n
-    version = status.backend_config.version or f"gen-{status.generation}"
+    version = status.version
     serving = [r for r in status.replicas if r.state in SERVING_STATES]
     now = time.time()
     return {
@@ -66,6 +66,12 @@ def status_json(status: BackendStatus) -> dict[str, Any]:
         "events": [
             {"time": iso(e.wall_time), "kind": e.kind, "message": e.message} for e in status.events
         ],
+        "load": {
+            "in_flight": status.load.in_flight,
+            "queued": status.load.queued,
+            "replicas": dict(status.load.replicas),
+            "sources": status.load.sources,
+        },
     }
 
 
@@ -74,6 +80,7 @@ def snapshot_json(snapshot: BackendSnapshot) -> dict[str, Any]:
         "name": snapshot.name,
         "snapshot_id": snapshot.snapshot_id,
         "exists": snapshot.exists,
+        "deleting": snapshot.deleting,
         "config": (
             None if snapshot.backend_config is None else config_to_dict(snapshot.backend_config)
         ),

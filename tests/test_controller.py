@@ -396,6 +396,23 @@ async def test_without_a_version_every_changed_deploy_replaces(
         (second,) = rt.tags()
         assert second != first
         assert ctl.status("a").replicas[0].version == "gen-2"
+        # What the controller alone acts on (scale, limits, timeouts, routing) is not code:
+        # such a deploy keeps every replica, even without a version.
+        await (
+            await ctl.deploy(
+                "a",
+                controller.BackendConfig(
+                    num_replicas=2,
+                    user_config=1,
+                    route_prefix="/a",
+                    max_ongoing_requests=3,
+                    graceful_shutdown_timeout_s=1,
+                ),
+                RC,
+            )
+        ).wait()
+        assert second in rt.tags()
+        assert {r.version for r in ctl.status("a").replicas} == {"gen-2"}
 
 
 async def test_closing_the_controller_leaves_replicas_running() -> None:

@@ -35,6 +35,9 @@ EXPECTED = {
     "StartupError",
     "Applied",
     "ReplicaInfo",
+    "RouteConflictError",
+    "LoadReport",
+    "BackendLoad",
 }
 
 
