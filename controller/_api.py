@@ -248,7 +248,8 @@ class Api:
             reports = parse_load_body(data)
         except ValueError as exc:
             raise HTTPError(422, "InvalidLoad", str(exc)) from None
-        taken, unknown = [], []
+        taken: list[str] = []
+        unknown: list[str] = []
         for report in reports:
             (taken if self._ctl.report_load(report) else unknown).append(report.backend)
         return {"taken": taken, "unknown": unknown}

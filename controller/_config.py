@@ -196,18 +196,23 @@ def _route_prefix(value: object) -> str | None:
     return value
 
 
-def _request_count(field: str, lowest: int) -> Any:
-    def convert(value: object) -> int:
-        count = _whole(value)
-        if count is None or not lowest <= count <= MAX_REQUESTS:
-            raise ConfigError(
-                f"BackendConfig.{field}",
-                f"must be a whole number from {lowest} to {MAX_REQUESTS}",
-                value,
-            )
-        return count
+def _request_count(field: str, lowest: int, value: object) -> int:
+    count = _whole(value)
+    if count is None or not lowest <= count <= MAX_REQUESTS:
+        raise ConfigError(
+            f"BackendConfig.{field}",
+            f"must be a whole number from {lowest} to {MAX_REQUESTS}",
+            value,
+        )
+    return count
 
-    return convert
+
+def _max_ongoing(value: object) -> int:
+    return _request_count("max_ongoing_requests", 1, value)
+
+
+def _max_queued(value: object) -> int:
+    return _request_count("max_queued_requests", 0, value)
 
 
 def _resources(value: object) -> dict[str, float]:
@@ -351,7 +356,7 @@ class BackendConfig:
 
     max_ongoing_requests: int = attrs.field(
         default=100,
-        converter=_request_count("max_ongoing_requests", 1),
+        converter=_max_ongoing,
         metadata=_schema(type="integer", minimum=1, maximum=MAX_REQUESTS),
     )
     """How many requests one ingress sends one replica at once; more wait in the backend's
@@ -360,7 +365,7 @@ class BackendConfig:
 
     max_queued_requests: int = attrs.field(
         default=1000,
-        converter=_request_count("max_queued_requests", 0),
+        converter=_max_queued,
         metadata=_schema(type="integer", minimum=0, maximum=MAX_REQUESTS),
     )
     """How many requests one ingress holds for the backend while every replica is at

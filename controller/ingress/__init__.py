@@ -1,0 +1,39 @@
+"""The ingress: an HTTP front door that routes each request to a replica of the backend whose
+``route_prefix`` the path falls under, by power of two choices over the requests it has in
+flight to each, with a bounded queue per backend, and reports its load to the controller.
+
+It follows a watch source: ``ControllerSource(ctl)`` for the controller in the same process,
+``HTTPSource(url, token)`` for a daemon's API (so it runs in processes of its own; several may
+share one port with ``reuse_port``)::
+
+    ingress = Ingress(ControllerSource(ctl))
+    await nursery.start(ingress.run)
+    listener = await open_listener("127.0.0.1", 8000)
+    await nursery.start(ingress.serve, [listener])
+"""
+
+from __future__ import annotations
+
+from ._config import IngressConfig as IngressConfig
+from ._ingress import Ingress as Ingress
+from ._ingress import listener_port as listener_port
+from ._ingress import open_listener as open_listener
+from ._routing import RouteTable as RouteTable
+from ._routing import choose as choose
+from ._sources import ControllerSource as ControllerSource
+from ._sources import HTTPSource as HTTPSource
+from ._sources import SourceError as SourceError
+from ._sources import WatchSource as WatchSource
+
+__all__ = [
+    "ControllerSource",
+    "HTTPSource",
+    "Ingress",
+    "IngressConfig",
+    "RouteTable",
+    "SourceError",
+    "WatchSource",
+    "choose",
+    "listener_port",
+    "open_listener",
+]

@@ -1,0 +1,48 @@
+"""How an ingress treats clients and replicas: its timeouts and limits (validated)."""
+
+from __future__ import annotations
+
+import attrs
+
+from .._errors import ConfigError
+
+
+def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1e9:
+        raise ConfigError(
+            f"IngressConfig.{attribute.name}", "must be a number > 0 and <= 1e9", value
+        )
+
+
+def _count(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1_000_000:
+        raise ConfigError(
+            f"IngressConfig.{attribute.name}", "must be a whole number from 0 to 1000000", value
+        )
+
+
+@attrs.frozen(kw_only=True)
+class IngressConfig:
+    """An ingress's timeouts and limits. The defaults suit HTTP services behind a proxy."""
+
+    request_timeout_s: float = attrs.field(default=60.0, validator=_positive)
+    """How long a replica may take to start its answer once the request is sent, and to send
+    each next part of it: past it the client gets 504 (or, mid-answer, a cut response)."""
+    queue_timeout_s: float = attrs.field(default=10.0, validator=_positive)
+    """How long a request may wait in its backend's queue for a replica with room: 503."""
+    header_timeout_s: float = attrs.field(default=10.0, validator=_positive)
+    """How long a client may take to send a request's head once it has begun: 408."""
+    body_timeout_s: float = attrs.field(default=30.0, validator=_positive)
+    """How long a client may leave the request body, or the response it is sent, without
+    progress: 408, or the connection is closed."""
+    keepalive_timeout_s: float = attrs.field(default=60.0, validator=_positive)
+    """How long an idle client connection is kept open for its next request."""
+    connect_timeout_s: float = attrs.field(default=5.0, validator=_positive)
+    """How long connecting to a replica may take before another is tried."""
+    max_header_bytes: int = attrs.field(default=65536, validator=_count)
+    """The largest request head (request line and headers): 431 beyond."""
+    max_retries: int = attrs.field(default=3, validator=_count)
+    """How many other replicas a request whose connection failed before it was sent is tried
+    on (each replica once)."""
+    access_log: bool = False
+    """Log one line per request (logger ``controller.ingress.access``)."""

@@ -1,0 +1,255 @@
+"""The ingress: follows a watch source, routes each request to a replica of its backend, and
+reports its load back. One object per process; serve it on as many listeners as you like."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import secrets
+import socket
+from collections.abc import Sequence
+from typing import final
+
+import attrs
+import trio
+from prometheus_client import generate_latest
+
+from .._state import LOAD_TTL_S, LoadReport
+from ._config import IngressConfig
+from ._metrics import IngressMetrics
+from ._proxy import Proxy
+from ._routing import RouteTable
+from ._sources import SourceError, WatchSource
+from ._table import BackendRoutes, RouteInfo
+from ._upstream import Pool
+
+logger = logging.getLogger("controller.ingress")
+
+#: Load reports per backend are sent at most this often (and only on change).
+REPORT_INTERVAL_S = 0.1
+_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+
+
+def _source_id() -> str:
+    return f"ingress-{socket.gethostname()[:40]}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+@final
+@attrs.define(eq=False)
+class Ingress:
+    """Routes HTTP requests to the replicas a watch source lists. Start ``run`` (it follows
+    the source and reports load) with ``nursery.start``; then ``serve`` on listeners."""
+
+    source: WatchSource
+    config: IngressConfig = attrs.field(factory=IngressConfig)
+    source_id: str = attrs.field(factory=_source_id)
+    """Who this ingress is in its load reports."""
+    rng: random.Random = attrs.field(factory=random.Random)
+    table: RouteTable = attrs.field(factory=RouteTable, init=False)
+    _backends: dict[str, BackendRoutes] = attrs.field(factory=dict, init=False)
+    _routed: dict[str, RouteInfo] = attrs.field(factory=dict, init=False)
+    _dirty: set[str] = attrs.field(factory=set, init=False)
+    _wake: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _sent: dict[str, LoadReport] = attrs.field(factory=dict, init=False)
+    _conflicts: frozenset[str] = attrs.field(factory=frozenset, init=False)
+    metrics: IngressMetrics = attrs.field(init=False)
+    proxy: Proxy = attrs.field(init=False)
+    connected: bool = attrs.field(default=False, init=False)
+    """Whether the last call to the source worked."""
+
+    def __attrs_post_init__(self) -> None:
+        self.metrics = IngressMetrics(self.load)
+        self.proxy = Proxy(self, Pool(self.config.connect_timeout_s), self.config, self.metrics)
+
+    # -- what the proxy reads --
+
+    def backend(self, name: str) -> BackendRoutes | None:
+        return self._backends.get(name)
+
+    def builtin(self, path: str) -> tuple[int, bytes, bytes] | None:
+        if path == "/-/healthz":
+            body = {"ok": True, "source": self.source.describe(), "connected": self.connected}
+            return 200, b"application/json", json.dumps(body).encode()
+        if path == "/-/routes":
+            return (
+                200,
+                b"application/json",
+                json.dumps(dict(sorted(self.table.routes.items()))).encode(),
+            )
+        if path == "/-/metrics":
+            return (
+                200,
+                b"text/plain; version=0.0.4; charset=utf-8",
+                generate_latest(self.metrics.registry),
+            )
+        return None
+
+    def load(self) -> dict[str, tuple[int, int]]:
+        """Per backend: requests in flight to its replicas, and requests queued."""
+        return {name: (sum(b.in_flight().values()), b.queued) for name, b in self._backends.items()}
+
+    # -- running --
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Follow the source and report load, until cancelled. Started once the first answer
+        of the source is taken (or it failed once: then routing begins with no routes)."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._report_load)
+            await self._follow(task_status)
+
+    async def serve(
+        self,
+        listeners: Sequence[trio.SocketListener],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Serve client connections on `listeners` until cancelled."""
+        try:
+            async with trio.open_nursery() as nursery:
+                for listener in listeners:
+                    nursery.start_soon(self._accept, listener, nursery)
+                task_status.started()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.proxy.pool.aclose()
+
+    async def _accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        # trio.serve_listeners, but without its sleep-and-retry when out of descriptors: here
+        # each connection task is the one place that can fail, and it closes what it opened.
+        async with listener:
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    logger.warning("ingress: accept failed (%s); pausing 0.1 s", exc)
+                    await trio.sleep(0.1)
+                    continue
+                nursery.start_soon(self.proxy.serve_connection, stream)
+
+    async def _follow(self, task_status: trio.TaskStatus[None]) -> None:
+        started = False
+        failures = 0
+        while True:
+            try:
+                infos, complete = await self.source.changes()
+            except SourceError as exc:
+                if self.connected or failures == 0:
+                    logger.warning(
+                        "ingress: %s is unreachable (%s); routing on the last snapshot and "
+                        "trying again",
+                        self.source.describe(),
+                        exc,
+                    )
+                self.connected = False
+                failures += 1
+                if not started:
+                    task_status.started()
+                    started = True
+                await trio.sleep(_BACKOFF_S[min(failures, len(_BACKOFF_S)) - 1])
+                continue
+            if not self.connected and failures:
+                logger.info("ingress: following %s again", self.source.describe())
+            self.connected, failures = True, 0
+            await self._take(infos, complete)
+            if not started:
+                task_status.started()
+                started = True
+
+    async def _take(self, infos: list[RouteInfo], complete: bool) -> None:
+        routed = {} if complete else dict(self._routed)
+        for info in infos:
+            routed.pop(info.name, None)
+            if info.exists and not info.deleting and info.route_prefix is not None:
+                routed[info.name] = info
+        left: list[str] = []
+        for name in [n for n in self._backends if n not in routed]:
+            gone = self._backends.pop(name)
+            left.extend(s.address for s in gone.slots)
+            gone.update(attrs.evolve(self._routed[name], replicas=()))  # wakes its queue
+            self._dirty.add(name)
+        for name, info in routed.items():
+            known = self._backends.get(name)
+            if known is None:
+                known = self._backends[name] = BackendRoutes(name, self.rng, self._changed)
+            if self._routed.get(name) != info:
+                left.extend(s.address for s in known.update(info))
+        self._routed = routed
+        table, losers = RouteTable.build((i.route_prefix or "/", n) for n, i in routed.items())
+        for name in sorted(set(losers) - self._conflicts):
+            logger.warning(
+                "ingress: backend %s's route %s is another backend's too; the lower name has it",
+                name,
+                routed[name].route_prefix,
+            )
+        self._conflicts = frozenset(losers)
+        self.table = table
+        for address in left:
+            await self.proxy.pool.forget(address)
+
+    # -- load reports --
+
+    def _changed(self, backend: BackendRoutes) -> None:
+        self._dirty.add(backend.name)
+        self._wake.set()
+
+    async def _report_load(self) -> None:
+        # Sent on change, at most every REPORT_INTERVAL_S; a report that is not zero is sent
+        # again every third of the controller's TTL, so that its load stays counted.
+        refresh_s = LOAD_TTL_S / 3
+        while True:
+            with trio.move_on_after(refresh_s) as idle:
+                await self._wake.wait()
+            self._wake = trio.Event()
+            names = set(self._dirty)
+            self._dirty.clear()
+            if idle.cancelled_caught:
+                names |= {n for n, r in self._sent.items() if r.in_flight or r.queued}
+            reports = []
+            for name in sorted(names):
+                routes = self._backends.get(name)
+                report = LoadReport(
+                    self.source_id,
+                    name,
+                    routes.in_flight() if routes is not None else {},
+                    routes.queued if routes is not None else 0,
+                )
+                if idle.cancelled_caught or self._sent.get(name) != report:
+                    reports.append(report)
+            if reports:
+                try:
+                    await self.source.report(reports)
+                except SourceError as exc:
+                    logger.debug("ingress: load report not sent: %s", exc)
+                    self._dirty.update(r.backend for r in reports)
+                else:
+                    for report in reports:
+                        if report.in_flight or report.queued:
+                            self._sent[report.backend] = report
+                        else:
+                            self._sent.pop(report.backend, None)
+            await trio.sleep(REPORT_INTERVAL_S)
+
+
+async def open_listener(host: str, port: int, *, reuse_port: bool = False) -> trio.SocketListener:
+    """A listening socket on `host`:`port` (port 0: any free one). With `reuse_port`, several
+    processes may listen on one port (``SO_REUSEPORT``) and the kernel spreads connections
+    over them. Not inheritable: a replica never holds it open."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = trio.socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        await sock.bind((host, port))
+        sock.listen(1024)
+    except BaseException:
+        sock.close()
+        raise
+    return trio.SocketListener(sock)
+
+
+def listener_port(listener: trio.SocketListener) -> int:
+    return int(listener.socket.getsockname()[1])

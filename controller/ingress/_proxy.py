@@ -1,0 +1,511 @@
+"""One client connection: read each request (h11), route it, hold a replica slot for it, send it
+on a pooled connection, and stream the answer back. Bodies stream both ways chunk by chunk; a
+client that hangs up cancels its request to the replica (its connection is closed)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Protocol, final
+
+import attrs
+import h11
+import trio
+
+from ._config import IngressConfig
+from ._metrics import IngressMetrics
+from ._routing import RouteTable
+from ._table import BackendRoutes, Rejected, Slot
+from ._upstream import NotSent, Pool, Upstream
+
+access_logger = logging.getLogger("controller.ingress.access")
+logger = logging.getLogger("controller.ingress")
+
+_READ_SIZE = 65536
+#: Not passed on: they describe one hop, not the request (RFC 9110 7.6.1), and h11 frames
+#: each side itself.
+_HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"proxy-authorization",
+        b"expect",
+    }
+)
+#: How soon a client told "no room" may try again, in seconds.
+RETRY_AFTER_S = 1
+
+
+class Routing(Protocol):
+    """What the proxy reads of its ingress."""
+
+    @property
+    def table(self) -> RouteTable: ...
+
+    def backend(self, name: str) -> BackendRoutes | None: ...
+
+    def builtin(self, path: str) -> tuple[int, bytes, bytes] | None:
+        """The answer to an ingress path (``/-/...``): status, content type, body."""
+        ...
+
+
+class _ClientGone(Exception):
+    """The client hung up (or stopped reading) mid-exchange."""
+
+
+class _Reply(Exception):
+    """Answer the client with this error (before any of the replica's answer was sent)."""
+
+    def __init__(self, status: int, kind: str, message: str, **extra: Any):
+        super().__init__(message)
+        self.status, self.kind, self.extra = status, kind, extra
+
+
+@final
+@attrs.define(eq=False)
+class Proxy:
+    routing: Routing
+    pool: Pool
+    config: IngressConfig
+    metrics: IngressMetrics
+
+    async def serve_connection(self, stream: trio.SocketStream) -> None:
+        """Serve one client connection until it closes, errs or idles out."""
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.config.max_header_bytes)
+        peer = _peer(stream)
+        try:
+            while True:
+                request = await self._read_head(stream, conn)
+                if request is None:
+                    return
+                await self._exchange(stream, conn, request, peer)
+                if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                    return
+                conn.start_next_cycle()
+        except (_ClientGone, trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+        except h11.ProtocolError as exc:
+            logger.debug("client %s: %s", peer, exc)
+        finally:
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+
+    # -- reading the request --
+
+    async def _read_head(
+        self, stream: trio.SocketStream, conn: h11.Connection
+    ) -> h11.Request | None:
+        """The next request's head, or None when the client is done (or idled out)."""
+        config = self.config
+        deadline = trio.current_time() + config.keepalive_timeout_s
+        begun = False
+        while True:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                status = exc.error_status_hint
+                kind = "HeadersTooLarge" if status == 431 else "BadRequest"
+                await self._fail(stream, conn, status, kind, f"malformed request: {exc}")
+                return None
+            if isinstance(event, h11.Request):
+                return event
+            if event is h11.NEED_DATA:
+                with trio.move_on_at(deadline):
+                    data = await stream.receive_some(_READ_SIZE)
+                    if data and not begun:
+                        # A head has begun: it must arrive whole within header_timeout_s.
+                        begun = True
+                        deadline = min(deadline, trio.current_time() + config.header_timeout_s)
+                    conn.receive_data(data)
+                    continue
+                if begun:
+                    message = (
+                        f"the request head did not arrive within {config.header_timeout_s:g} s"
+                    )
+                    await self._fail(stream, conn, 408, "RequestTimeout", message)
+                return None
+            return None  # ConnectionClosed, or PAUSED after a protocol switch
+
+    # -- one exchange --
+
+    async def _exchange(
+        self, stream: trio.SocketStream, conn: h11.Connection, request: h11.Request, peer: str
+    ) -> None:
+        started = trio.current_time()
+        target = request.target
+        path = _path_of(target)
+        table = self.routing.table
+        builtin = self.routing.builtin(path) if path.startswith("/-/") else None
+        if builtin is not None:
+            await _drain_body(stream, conn, self.config)
+            status, content_type, body = builtin
+            await _send_simple(stream, conn, status, content_type, body)
+            return
+        name = table.match(path)
+        backend = self.routing.backend(name) if name is not None else None
+        if name is None or backend is None:
+            await _drain_body(stream, conn, self.config)
+            routes = dict(sorted(table.routes.items()))
+            await self._fail(stream, conn, 404, "NoRoute", f"no route for {path}", routes=routes)
+            self._done(request, peer, "-", "-", 404, started)
+            return
+        route = backend.route_prefix
+        status = 502
+        try:
+            status = await self._forward(stream, conn, request, backend, route, peer)
+        except _ClientGone:
+            status = 499  # as nginx logs it: the client closed the connection first
+            raise
+        except _Reply as reply:
+            status = reply.status
+            if reply.status == 503:
+                self.metrics.rejected.labels(name, reply.extra.get("cause", "")).inc()
+            retry_after = RETRY_AFTER_S if reply.status == 503 else None
+            extra = {k: v for k, v in reply.extra.items() if k != "cause"}
+            await self._fail(
+                stream, conn, reply.status, reply.kind, str(reply), retry_after=retry_after, **extra
+            )
+        finally:
+            self._done(request, peer, name, route, status, started)
+
+    async def _forward(
+        self,
+        stream: trio.SocketStream,
+        conn: h11.Connection,
+        request: h11.Request,
+        backend: BackendRoutes,
+        route: str,
+        peer: str,
+    ) -> int:
+        config = self.config
+        head = _upstream_request(request, peer, route)
+        tried: set[str] = set()
+        while True:
+            slot = await self._acquire(backend, frozenset(tried))
+            try:
+                upstream = await self._send_head(slot, head)
+            except NotSent as exc:
+                backend.release(slot)
+                tried.add(slot.tag)
+                if len(tried) > config.max_retries:
+                    raise _Reply(502, "BadGateway", f"{exc}; tried {len(tried)} replicas") from None
+                self.metrics.retries.labels(backend.name).inc()
+                logger.info("backend %s: %s; trying another replica", backend.name, exc)
+                continue
+            break
+        kept = False
+        try:
+            status = await self._relay(stream, conn, upstream, backend.name)
+            if upstream.reusable and not slot.gone:
+                await self.pool.put(upstream)
+                kept = True
+            return status
+        finally:
+            if not kept:
+                await upstream.aclose()
+            backend.release(slot)
+
+    async def _acquire(self, backend: BackendRoutes, tried: frozenset[str]) -> Slot:
+        slot = backend.try_acquire(tried)
+        if slot is not None:
+            return slot
+        try:
+            with trio.fail_after(self.config.queue_timeout_s):
+                return await backend.acquire(tried)
+        except trio.TooSlowError:
+            message = (
+                f"no replica of backend {backend.name!r} had room within queue_timeout_s="
+                f"{self.config.queue_timeout_s:g}"
+            )
+            raise _Reply(503, "QueueTimeout", message, cause="queue_timeout") from None
+        except Rejected as exc:
+            if tried and exc.cause == "no_replicas":
+                message = f"every replica of backend {backend.name!r} tried refused the connection"
+                raise _Reply(502, "BadGateway", message) from None
+            kind = {"queue_full": "Overloaded", "no_replicas": "NoReplicas"}[exc.cause]
+            raise _Reply(503, kind, str(exc), cause=exc.cause) from None
+
+    async def _send_head(self, slot: Slot, head: h11.Request) -> Upstream:
+        """Open (or reuse) a connection to `slot` and send the request's head. Whatever fails
+        here reached no application: NotSent, and the caller tries another replica."""
+        upstream = await self.pool.get(slot.address)
+        try:
+            await upstream.send(head)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            await upstream.aclose()
+            raise NotSent(f"connection to {slot.address} lost: {exc}") from None
+        return upstream
+
+    async def _relay(
+        self, stream: trio.SocketStream, conn: h11.Connection, upstream: Upstream, name: str
+    ) -> int:
+        """The request's body up, then the answer down, while a watcher task notices a client
+        that hangs up (which cancels it all: the replica sees its connection close)."""
+        await self._send_body(stream, conn, upstream)
+        gone = _Watch()
+        failed: _Reply | _ClientGone | None = None
+        status = 0
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(gone.watch, stream, conn, nursery.cancel_scope)
+            # Caught here and raised below: out of a nursery it would come wrapped in a group.
+            try:
+                status = await self._send_answer(stream, conn, upstream, name)
+            except (_Reply, _ClientGone) as exc:
+                failed = exc
+            nursery.cancel_scope.cancel()
+        if gone.hung_up:
+            raise _ClientGone
+        if failed is not None:
+            raise failed
+        return status
+
+    async def _send_body(
+        self, stream: trio.SocketStream, conn: h11.Connection, upstream: Upstream
+    ) -> None:
+        config = self.config
+        if conn.they_are_waiting_for_100_continue:
+            await stream.send_all(
+                conn.send(h11.InformationalResponse(status_code=100, headers=[])) or b""
+            )
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                with trio.move_on_after(config.body_timeout_s) as waited:
+                    data = await stream.receive_some(_READ_SIZE)
+                if waited.cancelled_caught:
+                    message = f"the request body stalled for {config.body_timeout_s:g} s"
+                    raise _Reply(408, "RequestTimeout", message)
+                if not data:
+                    raise _ClientGone
+                conn.receive_data(data)
+                continue
+            if isinstance(event, h11.Data):
+                await self._up(upstream, event)
+            elif isinstance(event, h11.EndOfMessage):
+                await self._up(upstream, h11.EndOfMessage())
+                return
+            else:
+                raise _ClientGone  # closed mid-body
+
+    async def _up(self, upstream: Upstream, event: h11.Event) -> None:
+        try:
+            await upstream.send(event)
+        except (
+            trio.BrokenResourceError,
+            trio.ClosedResourceError,
+            OSError,
+            h11.LocalProtocolError,
+        ) as exc:
+            raise _Reply(
+                502,
+                "BadGateway",
+                f"the replica at {upstream.address} closed the connection "
+                f"while the request was sent: {exc}",
+            ) from None
+
+    async def _send_answer(
+        self, stream: trio.SocketStream, conn: h11.Connection, upstream: Upstream, name: str
+    ) -> int:
+        config = self.config
+        with trio.move_on_after(config.request_timeout_s) as waited:
+            response = await _upstream_event(upstream)
+            while isinstance(response, h11.InformationalResponse):
+                response = await _upstream_event(upstream)  # 1xx: not passed on
+        if waited.cancelled_caught:
+            message = (
+                f"backend {name!r}: the replica at {upstream.address} did not answer within "
+                f"request_timeout_s={config.request_timeout_s:g}"
+            )
+            raise _Reply(504, "GatewayTimeout", message)
+        if not isinstance(response, h11.Response):
+            message = f"the replica at {upstream.address} closed the connection without answering"
+            raise _Reply(502, "BadGateway", message)
+        headers = [(k, v) for k, v in response.headers if k not in _HOP_BY_HOP]
+        await _to_client(
+            stream,
+            conn,
+            h11.Response(status_code=response.status_code, headers=headers, reason=response.reason),
+            config,
+        )
+        # From here on the client has the head: a failure can only cut the response short.
+        while True:
+            with trio.move_on_after(config.request_timeout_s) as waited:
+                event = await _upstream_event(upstream)
+            if waited.cancelled_caught or not isinstance(event, (h11.Data, h11.EndOfMessage)):
+                raise _ClientGone  # close the client's connection: it sees a broken response
+            if isinstance(event, h11.Data):
+                await _to_client(stream, conn, h11.Data(data=event.data), config)
+            else:
+                await _to_client(stream, conn, h11.EndOfMessage(), config)
+                return response.status_code
+
+    # -- answers of our own --
+
+    async def _fail(
+        self,
+        stream: trio.SocketStream,
+        conn: h11.Connection,
+        status: int,
+        kind: str,
+        message: str,
+        *,
+        retry_after: int | None = None,
+        **extra: Any,
+    ) -> None:
+        if conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+            return  # a response is under way already: nothing more can be said
+        body = json.dumps({"error": {"type": kind, "message": message, **extra}}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        if retry_after is not None:
+            headers.append((b"retry-after", b"%d" % retry_after))
+        if status >= 400 and conn.their_state is not h11.DONE:
+            headers.append((b"connection", b"close"))  # the rest of its request is not read
+        try:
+            data = conn.send(h11.Response(status_code=status, headers=headers))
+            data += conn.send(h11.Data(data=body)) or b""
+            data += conn.send(h11.EndOfMessage()) or b""
+            with trio.move_on_after(self.config.body_timeout_s):
+                await stream.send_all(data)
+        except (h11.LocalProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    def _done(
+        self, request: h11.Request, peer: str, backend: str, route: str, status: int, started: float
+    ) -> None:
+        elapsed = trio.current_time() - started
+        if backend != "-":
+            self.metrics.requests.labels(backend, route, str(status)).inc()
+            self.metrics.latency.labels(backend).observe(elapsed)
+        if self.config.access_log:
+            access_logger.info(
+                "%s %s %s -> %s %d %.1f ms",
+                peer,
+                request.method.decode("latin-1"),
+                request.target.decode("latin-1"),
+                backend,
+                status,
+                elapsed * 1000,
+                extra={
+                    "peer": peer,
+                    "method": request.method.decode("latin-1"),
+                    "target": request.target.decode("latin-1"),
+                    "backend": backend,
+                    "status": status,
+                    "duration_ms": round(elapsed * 1000, 3),
+                },
+            )
+
+
+@final
+@attrs.define(eq=False)
+class _Watch:
+    """Notices a client that hangs up while its answer is awaited or sent."""
+
+    hung_up: bool = False
+
+    async def watch(
+        self, stream: trio.SocketStream, conn: h11.Connection, scope: trio.CancelScope
+    ) -> None:
+        try:
+            data = await stream.receive_some(_READ_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            data = b""
+        if data:
+            conn.receive_data(data)  # the next request, pipelined: h11 keeps it for later
+            return
+        self.hung_up = True
+        scope.cancel()
+
+
+async def _upstream_event(upstream: Upstream) -> h11.Event:
+    try:
+        return await upstream.next_event()
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, h11.RemoteProtocolError):
+        return h11.ConnectionClosed()
+
+
+async def _to_client(
+    stream: trio.SocketStream, conn: h11.Connection, event: h11.Event, config: IngressConfig
+) -> None:
+    data = conn.send(event)
+    if not data:
+        return
+    with trio.move_on_after(config.body_timeout_s) as waited:
+        await stream.send_all(data)
+    if waited.cancelled_caught:
+        raise _ClientGone  # it stopped reading: the replica's slot is not held for it
+
+
+async def _drain_body(
+    stream: trio.SocketStream, conn: h11.Connection, config: IngressConfig
+) -> None:
+    """Read and drop a small request body we answer ourselves (404, built-ins); a large one is
+    left unread and the connection closed after the answer."""
+    budget = 65536
+    while conn.their_state is h11.SEND_BODY and budget > 0:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            with trio.move_on_after(config.body_timeout_s):
+                data = await stream.receive_some(_READ_SIZE)
+                conn.receive_data(data)
+                if data:
+                    budget -= len(data)
+                    continue
+            return
+        if isinstance(event, h11.ConnectionClosed):
+            return
+
+
+async def _send_simple(
+    stream: trio.SocketStream, conn: h11.Connection, status: int, content_type: bytes, body: bytes
+) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", b"%d" % len(body))]
+    if conn.their_state is not h11.DONE:
+        headers.append((b"connection", b"close"))
+    data = conn.send(h11.Response(status_code=status, headers=headers))
+    data += conn.send(h11.Data(data=body)) or b""
+    data += conn.send(h11.EndOfMessage()) or b""
+    await stream.send_all(data)
+
+
+def _upstream_request(request: h11.Request, peer: str, route: str) -> h11.Request:
+    headers: list[tuple[bytes, bytes]] = []
+    forwarded_for = peer.encode()
+    chunked = False
+    for key, value in request.headers:
+        if key == b"transfer-encoding":
+            chunked = True
+        if key in _HOP_BY_HOP:
+            continue
+        if key == b"x-forwarded-for":
+            forwarded_for = value + b", " + forwarded_for
+            continue
+        headers.append((key, value))
+    if chunked:
+        headers.append((b"transfer-encoding", b"chunked"))
+    headers.append((b"x-forwarded-for", forwarded_for))
+    headers.append((b"x-forwarded-proto", b"http"))
+    headers.append((b"x-forwarded-prefix", route.encode()))
+    return h11.Request(method=request.method, target=request.target, headers=headers)
+
+
+def _path_of(target: bytes) -> str:
+    path = target.partition(b"?")[0].partition(b"#")[0]
+    if path.startswith((b"http://", b"https://")):
+        # The absolute form (RFC 9112 3.2.2): the path after the authority.
+        rest = path.partition(b"//")[2]
+        path = b"/" + rest.partition(b"/")[2]
+    return path.decode("latin-1") or "/"
+
+
+def _peer(stream: trio.SocketStream) -> str:
+    try:
+        host = stream.socket.getpeername()[0]
+    except OSError:
+        return "-"
+    return str(host)

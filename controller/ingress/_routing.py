@@ -1,0 +1,72 @@
+"""The ingress's decisions, as pure functions: which backend a path goes to, and which replica
+takes a request. No I/O and no trio: property-tested on their own."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping, Sequence
+
+import attrs
+
+
+@attrs.frozen
+class RouteTable:
+    """Route prefixes to backend names. A path goes to the longest prefix that is the path or
+    one of its ancestors by whole segments (``/echo`` takes ``/echo`` and ``/echo/x``, not
+    ``/echoes``); ``/`` takes whatever no other prefix does."""
+
+    routes: Mapping[str, str] = attrs.field(factory=dict)
+
+    @classmethod
+    def build(cls, claims: Iterable[tuple[str, str]]) -> tuple[RouteTable, list[str]]:
+        """A table from (prefix, backend) claims; a prefix claimed twice goes to the lower
+        name (deterministic in every ingress), and each loser is named in the list returned."""
+        routes: dict[str, str] = {}
+        losers: list[str] = []
+        for prefix, backend in sorted(claims, key=lambda claim: (claim[0], claim[1])):
+            if prefix in routes:
+                losers.append(backend)
+            else:
+                routes[prefix] = backend
+        return cls(routes), losers
+
+    def match(self, path: str) -> str | None:
+        """The backend for `path` (the request target without its query), or None."""
+        routes = self.routes
+        candidate = path.rstrip("/") or "/"
+        # Each ancestor by whole segments, longest first: one dict lookup per segment.
+        while True:
+            backend = routes.get(candidate)
+            if backend is not None:
+                return backend
+            if candidate == "/":
+                return None
+            candidate = candidate[: candidate.rfind("/")] or "/"
+
+
+def choose(
+    loads: Sequence[int],
+    limit: int,
+    rng: random.Random,
+    excluded: frozenset[int] = frozenset(),
+) -> int | None:
+    """Power of two choices: of two replicas drawn at random, the one with fewer requests in
+    flight. A replica at `limit` is never chosen; if both draws are full, the least loaded of
+    the others is (a scan, only when the backend is nearly full). None: every replica is at
+    `limit` (or excluded), so the request must wait."""
+    n = len(loads)
+    if n - len(excluded) <= 0:
+        return None
+    if not excluded and n >= 2:
+        i = rng.randrange(n)
+        j = rng.randrange(n - 1)
+        if j >= i:
+            j += 1  # two distinct replicas
+        best = i if loads[i] <= loads[j] else j
+        if loads[best] < limit:
+            return best
+    best_load, best = limit, -1
+    for index, load in enumerate(loads):
+        if load < best_load and index not in excluded:
+            best_load, best = load, index
+    return None if best < 0 else best

@@ -1,0 +1,216 @@
+"""Where an ingress learns which replicas serve, and where it reports its load: the controller
+in the same process, or a daemon's HTTP API (``/api/v1/watch`` and ``/api/v1/load``)."""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any, Protocol, final
+
+import attrs
+import h11
+import trio
+
+from .._config import BackendConfig
+from .._controller import Controller
+from .._errors import ControllerClosedError
+from .._load_wire import load_body
+from .._state import BackendSnapshot, LoadReport
+from ._table import RouteInfo
+
+
+class SourceError(Exception):
+    """The watch source cannot be reached (or answered nonsense); the ingress keeps routing on
+    what it last heard, and tries again."""
+
+
+class WatchSource(Protocol):
+    """What an ingress follows."""
+
+    def describe(self) -> str:
+        """Where it is, for logs."""
+        ...
+
+    async def changes(self) -> tuple[list[RouteInfo], bool]:
+        """Wait for the next change: the backends that changed (deleted ones with ``exists``
+        False) and whether the list is complete (then whatever it lacks is gone)."""
+        ...
+
+    async def report(self, reports: list[LoadReport]) -> None:
+        """Tell the controller this ingress's load (``SourceError`` if it cannot be told)."""
+        ...
+
+
+def route_info(snapshot: BackendSnapshot) -> RouteInfo:
+    config = snapshot.backend_config or BackendConfig()
+    return RouteInfo(
+        name=snapshot.name,
+        snapshot_id=snapshot.snapshot_id,
+        exists=snapshot.exists,
+        deleting=snapshot.deleting,
+        route_prefix=config.route_prefix,
+        max_ongoing_requests=config.max_ongoing_requests,
+        max_queued_requests=config.max_queued_requests,
+        replicas=tuple((r.tag, r.address) for r in snapshot.replicas if r.address),
+    )
+
+
+@final
+@attrs.define(eq=False)
+class ControllerSource:
+    """The controller in this process: snapshots as they are published, load as events."""
+
+    controller: Controller
+    _known: dict[str, int] = attrs.field(factory=dict, init=False)
+
+    def describe(self) -> str:
+        return "the controller in this process"
+
+    async def changes(self) -> tuple[list[RouteInfo], bool]:
+        try:
+            snapshots = await self.controller.listen_for_change(self._known, all_backends=True)
+        except ControllerClosedError as exc:
+            raise SourceError(str(exc)) from None
+        for name, snapshot in snapshots.items():
+            if snapshot.exists:
+                self._known[name] = snapshot.snapshot_id
+            else:
+                self._known.pop(name, None)  # a tombstone: nothing more to hear of it
+        return [route_info(s) for s in snapshots.values()], False
+
+    async def report(self, reports: list[LoadReport]) -> None:
+        try:
+            for report in reports:
+                self.controller.report_load(report)
+        except ControllerClosedError as exc:
+            raise SourceError(str(exc)) from None
+
+
+#: How long one long poll of a daemon's watch may wait for a change.
+WATCH_POLL_S = 30.0
+
+
+@final
+@attrs.define(eq=False)
+class HTTPSource:
+    """A daemon's API, by URL (``http://127.0.0.1:7070``) and token."""
+
+    url: str
+    token: str
+    _epoch: str = attrs.field(default="", init=False)
+    _cursor: int = attrs.field(default=0, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        parts = urllib.parse.urlsplit(self.url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"the daemon's URL must look like http://HOST:PORT (got {self.url!r})")
+
+    def describe(self) -> str:
+        return f"the daemon at {self.url}"
+
+    async def changes(self) -> tuple[list[RouteInfo], bool]:
+        query = urllib.parse.urlencode(
+            {"since": self._cursor, "epoch": self._epoch, "timeout_s": WATCH_POLL_S}
+        )
+        with trio.move_on_after(WATCH_POLL_S + 15) as waited:
+            status, data = await self._call("GET", f"/api/v1/watch?{query}")
+        if waited.cancelled_caught:
+            raise SourceError("the watch did not answer in time")
+        if status != 200 or not isinstance(data, dict):
+            raise SourceError(f"the watch answered {status}: {_error_of(data)}")
+        try:
+            infos = [_info_from_json(s) for s in data["snapshots"]]
+            epoch, cursor, complete = (
+                str(data["epoch"]),
+                int(data["cursor"]),
+                bool(data["complete"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SourceError(
+                f"the watch answered something else than snapshots: {exc!r}"
+            ) from None
+        self._epoch, self._cursor = epoch, cursor
+        return infos, complete
+
+    async def report(self, reports: list[LoadReport]) -> None:
+        source = reports[0].source if reports else ""
+        with trio.move_on_after(10) as waited:
+            status, data = await self._call("POST", "/api/v1/load", load_body(source, reports))
+        if waited.cancelled_caught or status != 200:
+            raise SourceError(f"the load report was refused ({status}): {_error_of(data)}")
+
+    async def _call(self, method: str, target: str, body: object = None) -> tuple[int, Any]:
+        parts = urllib.parse.urlsplit(self.url)
+        host, port = parts.hostname or "", parts.port or 80
+        payload = b"" if body is None else json.dumps(body).encode()
+        headers = [
+            ("Host", parts.netloc),
+            ("Authorization", f"Bearer {self.token}"),
+            ("Connection", "close"),
+            ("Content-Length", str(len(payload))),
+        ]
+        if body is not None:
+            headers.append(("Content-Type", "application/json"))
+        conn = h11.Connection(h11.CLIENT)
+        try:
+            stream = await trio.open_tcp_stream(host, port)
+        except OSError as exc:
+            raise SourceError(f"cannot connect to {self.url}: {exc}") from None
+        async with stream:
+            try:
+                data = conn.send(h11.Request(method=method, target=target, headers=headers))
+                data += conn.send(h11.Data(data=payload)) if payload else b""
+                data += conn.send(h11.EndOfMessage()) or b""
+                await stream.send_all(data)
+                return await _read_json(stream, conn)
+            except (OSError, trio.BrokenResourceError, h11.ProtocolError) as exc:
+                raise SourceError(f"{self.url}: {exc}") from None
+
+
+#: The largest watch answer read (a daemon with many thousands of backends stays well below).
+_MAX_ANSWER = 256 * 1024 * 1024
+
+
+async def _read_json(stream: trio.SocketStream, conn: h11.Connection) -> tuple[int, Any]:
+    status = 0
+    body = bytearray()
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(await stream.receive_some(65536))
+        elif isinstance(event, h11.Response):
+            status = event.status_code
+        elif isinstance(event, h11.Data):
+            body += event.data
+            if len(body) > _MAX_ANSWER:
+                raise SourceError("the answer is too large")
+        elif isinstance(event, h11.EndOfMessage):
+            try:
+                return status, json.loads(body)
+            except ValueError:
+                return status, None
+        else:
+            raise SourceError("the connection closed before the answer was complete")
+
+
+def _error_of(data: Any) -> str:
+    if isinstance(data, dict) and isinstance(data.get("error"), dict):
+        return str(data["error"].get("message", data["error"]))
+    return repr(data)[:200]
+
+
+def _info_from_json(data: Mapping[str, Any]) -> RouteInfo:
+    config = data.get("config") or {}
+    return RouteInfo(
+        name=str(data["name"]),
+        snapshot_id=int(data["snapshot_id"]),
+        exists=bool(data["exists"]),
+        deleting=bool(data.get("deleting", False)),
+        route_prefix=config.get("route_prefix"),
+        max_ongoing_requests=int(config.get("max_ongoing_requests", 100)),
+        max_queued_requests=int(config.get("max_queued_requests", 1000)),
+        replicas=tuple(
+            (str(r["tag"]), str(r["address"])) for r in data["replicas"] if r.get("address")
+        ),
+    )

@@ -1,0 +1,205 @@
+"""What one ingress knows of each routed backend: its replicas, with the requests this ingress
+has in flight to each, and its queue of requests waiting for room. Changed only by the
+ingress's own tasks (trio is single-threaded, so no locks)."""
+
+from __future__ import annotations
+
+import collections
+import random
+from collections.abc import Callable
+from typing import Literal, final
+
+import attrs
+import trio
+
+from ._routing import choose
+
+
+@attrs.frozen
+class RouteInfo:
+    """A backend as the ingress needs it, from a watch snapshot (in process or over HTTP)."""
+
+    name: str
+    snapshot_id: int
+    exists: bool
+    deleting: bool
+    route_prefix: str | None
+    max_ongoing_requests: int
+    max_queued_requests: int
+    replicas: tuple[tuple[str, str], ...]
+    """(tag, address) of each replica that serves."""
+
+
+@final
+@attrs.define(eq=False)
+class Slot:
+    """One replica, and the requests this ingress has sent it and not yet seen answered."""
+
+    tag: str
+    address: str
+    in_flight: int = 0
+    index: int = -1
+    """Where it is in its backend's list (kept by ``BackendRoutes.update``)."""
+    gone: bool = False
+    """It left the snapshot: it is chosen no more; requests already sent to it complete."""
+
+
+RejectCause = Literal["queue_full", "queue_timeout", "no_replicas"]
+
+
+class Rejected(Exception):
+    """No replica can take the request: 503 with Retry-After."""
+
+    def __init__(self, cause: RejectCause, message: str):
+        super().__init__(message)
+        self.cause = cause
+
+
+@final
+@attrs.define(eq=False)
+class _Waiter:
+    event: trio.Event = attrs.field(factory=trio.Event)
+    slot: Slot | None = None
+    excluded: frozenset[str] = frozenset()
+
+
+@final
+@attrs.define(eq=False)
+class BackendRoutes:
+    """One backend's replicas and queue at this ingress."""
+
+    name: str
+    rng: random.Random
+    on_change: Callable[[BackendRoutes], None]
+    """Called when in-flight or queued counts change (the load reporter coalesces)."""
+    max_ongoing: int = 100
+    max_queued: int = 1000
+    route_prefix: str = "-"
+    slots: list[Slot] = attrs.field(factory=list)
+    by_tag: dict[str, Slot] = attrs.field(factory=dict)
+    _queue: collections.deque[_Waiter] = attrs.field(factory=collections.deque)
+    _loads: list[int] = attrs.field(factory=list)  # slots' in_flight, for `choose`
+    _leaving: dict[str, Slot] = attrs.field(factory=dict)
+    """Replicas gone from the snapshot with requests still in flight."""
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def update(self, info: RouteInfo) -> list[Slot]:
+        """Take a new snapshot: replicas not in it leave the choice at once. Returns the slots
+        that left with nothing in flight (their idle connections can be closed)."""
+        self.max_ongoing = info.max_ongoing_requests
+        self.max_queued = info.max_queued_requests
+        self.route_prefix = info.route_prefix or "-"
+        fresh = dict(info.replicas)
+        closed: list[Slot] = []
+        for slot in self.slots:
+            if fresh.get(slot.tag) != slot.address:
+                slot.gone = True
+                del self.by_tag[slot.tag]
+                if slot.in_flight:
+                    self._leaving[slot.tag] = slot
+                else:
+                    closed.append(slot)
+        self.slots = [s for s in self.slots if not s.gone]
+        for tag, address in info.replicas:
+            if tag not in self.by_tag:
+                slot = Slot(tag, address)
+                self.by_tag[tag] = slot
+                self.slots.append(slot)
+        for index, slot in enumerate(self.slots):
+            slot.index = index
+        self._loads = [s.in_flight for s in self.slots]
+        self._serve_queue()
+        # A queue no replica will ever empty: those waiting hear so now, not at their timeout.
+        if not self.slots:
+            while self._queue:
+                self._queue.popleft().event.set()
+        self.on_change(self)
+        return closed
+
+    def try_acquire(self, excluded: frozenset[str] = frozenset()) -> Slot | None:
+        """A replica with room for one more request (counted as in flight), or None."""
+        if self._queue and not excluded:
+            return None  # first come, first served: those waiting go first
+        index = choose(self._loads, self.max_ongoing, self.rng, self._indices(excluded))
+        if index is None:
+            return None
+        return self._take(index)
+
+    async def acquire(self, excluded: frozenset[str] = frozenset()) -> Slot:
+        """A replica for one request: at once if one has room, else after waiting in the
+        queue (first in, first out). Raises `Rejected` if no replica serves, if the queue is
+        full, or if the caller's deadline cancels the wait (as queue_timeout)."""
+        slot = self.try_acquire(excluded)
+        if slot is not None:
+            return slot
+        if all(s.tag in excluded for s in self.slots):
+            raise Rejected("no_replicas", f"backend {self.name!r} has no replica that serves")
+        if len(self._queue) >= self.max_queued:
+            raise Rejected(
+                "queue_full",
+                f"backend {self.name!r} is at capacity: every replica has max_ongoing_requests="
+                f"{self.max_ongoing} in flight and max_queued_requests={self.max_queued} wait",
+            )
+        waiter = _Waiter(excluded=excluded)
+        self._queue.append(waiter)
+        self.on_change(self)
+        try:
+            await waiter.event.wait()
+        except BaseException:
+            if waiter.slot is not None:
+                self.release(waiter.slot)  # handed a replica just as it gave up
+            else:
+                self._remove(waiter)
+            raise
+        if waiter.slot is None:
+            raise Rejected("no_replicas", f"backend {self.name!r} has no replica that serves")
+        return waiter.slot
+
+    def release(self, slot: Slot) -> None:
+        """A request to `slot` ended (answered, failed or abandoned)."""
+        slot.in_flight -= 1
+        if slot.gone:
+            if slot.in_flight == 0:
+                self._leaving.pop(slot.tag, None)
+        else:
+            self._loads[slot.index] = slot.in_flight
+            self._serve_queue()
+        self.on_change(self)
+
+    def in_flight(self) -> dict[str, int]:
+        """Requests in flight per replica tag (replicas gone included until they finish)."""
+        out = {s.tag: s.in_flight for s in self.slots if s.in_flight}
+        out.update((s.tag, s.in_flight) for s in self._leaving.values())
+        return out
+
+    def _take(self, index: int) -> Slot:
+        slot = self.slots[index]
+        slot.in_flight += 1
+        self._loads[index] = slot.in_flight
+        self.on_change(self)
+        return slot
+
+    def _indices(self, excluded: frozenset[str]) -> frozenset[int]:
+        if not excluded:
+            return frozenset()
+        return frozenset(self.by_tag[t].index for t in excluded if t in self.by_tag)
+
+    def _serve_queue(self) -> None:
+        while self._queue:
+            waiter = self._queue[0]
+            index = choose(self._loads, self.max_ongoing, self.rng, self._indices(waiter.excluded))
+            if index is None:
+                return
+            self._queue.popleft()
+            waiter.slot = self._take(index)
+            waiter.event.set()
+
+    def _remove(self, waiter: _Waiter) -> None:
+        try:
+            self._queue.remove(waiter)
+        except ValueError:
+            return  # already handed nothing (no replicas left)
+        self.on_change(self)
