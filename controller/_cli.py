@@ -7,6 +7,7 @@ controller logs NAME [--replica TAG] [--follow] [--tail N]
 controller delete NAME [--wait] [--force]
 controller wait NAME
 controller shutdown
+controller ingress [--listen HOST:PORT] [--workers N]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ._cli_client import Client, CLIError, describe_error, make_client
+from ._cli_ingress import add_ingress_parser
 from ._cli_output import indent, print_backend, print_log, print_table
 from ._errors import CheckpointError, ManifestError, StartupError
 from ._statedir import STATE_DIR_ENV, default_state_dir
@@ -56,6 +58,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         allow_remote=args.allow_remote,
         max_replicas=args.max_replicas,
         forget_replicas=args.forget_replicas,
+        ingress_listen=None if args.no_ingress else args.ingress_listen,
+        access_log=args.access_log,
     )
     try:
         trio.run(run_daemon, options)
@@ -365,6 +369,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the store is lost for good: stop the replicas of an earlier daemon it no longer "
         "names (without this, an empty store beside live replicas stops the start)",
     )
+    run.add_argument(
+        "--ingress-listen",
+        default="127.0.0.1:8000",
+        help="HOST:PORT of the ingress, which routes traffic to the backends (%(default)s)",
+    )
+    run.add_argument("--no-ingress", action="store_true", help="serve no ingress")
+    run.add_argument("--access-log", action="store_true", help="the ingress logs each request")
     run.set_defaults(func=cmd_run)
 
     apply = sub.add_parser("apply", help="create or update the backends of a file")
@@ -401,6 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     shutdown = sub.add_parser("shutdown", help="drain and delete everything; stop the daemon")
     shutdown.add_argument("--timeout", type=float, default=180.0)
     shutdown.set_defaults(func=cmd_shutdown)
+    add_ingress_parser(sub)
     return parser
 
 

@@ -4,7 +4,7 @@ Start-up goes in an order that makes a failed start change nothing:
 
 1. the config file is checked in full (a fault: exit 2);
 2. the state dir is checked (ours, writable by no one else) and locked: one daemon per dir;
-3. the API's address is bound;
+3. the API's address is bound, and the ingress's;
 4. the store is opened and read, and the controller recovers: it adopts the live replicas;
 5. the config is applied, and the API serves.
 
@@ -15,9 +15,7 @@ is left exactly as it was (recovery is the first step that touches one).
 from __future__ import annotations
 
 import contextlib
-import errno
 import io
-import ipaddress
 import logging
 import logging.handlers
 import os
@@ -33,6 +31,7 @@ import attrs
 import hypercorn.config
 import hypercorn.trio
 import trio
+from prometheus_client import generate_latest
 
 from ._api import Api, LogSource, apply_manifest
 from ._controller import Controller, open_controller
@@ -47,6 +46,7 @@ from ._errors import (
 from ._files import create_private
 from ._history import plural
 from ._http import HTTPError
+from ._listen import bound
 from ._manifest import Manifest, load_manifest
 from ._metrics import Metrics
 from ._replica_tasks import KILL_TIMEOUT_S
@@ -64,6 +64,7 @@ from ._statedir import (
     write_token,
 )
 from ._store import Store
+from .ingress import ControllerSource, Ingress, IngressConfig
 
 logger = logging.getLogger("controller.daemon")
 
@@ -92,6 +93,10 @@ class DaemonOptions:
     """How many replicas the runtime holds (per node on Ray); None: the runtime's default."""
     forget_replicas: bool = False
     """Start even if the store names no backend while replicas live (they are stopped)."""
+    ingress_listen: str | None = "127.0.0.1:8000"
+    """Where the ingress serves traffic to the backends' routes (None: no ingress)."""
+    access_log: bool = False
+    """The ingress logs one line per request."""
 
 
 async def run_daemon(options: DaemonOptions) -> None:
@@ -105,7 +110,12 @@ async def run_daemon(options: DaemonOptions) -> None:
     given_token = (os.environ.pop(TOKEN_ENV, None) or "").strip()
     opened = False
     try:
-        with locked(options.state_dir) as state_dir, _file_log(state_dir), _bind(options) as sock:
+        with (
+            locked(options.state_dir) as state_dir,
+            _file_log(state_dir),
+            bound(options.listen, "--listen", warn_remote=not options.allow_remote) as sock,
+            _ingress_socket(options) as ingress_sock,
+        ):
             # The token outlives a restart, so that routers and watchers given it carry on.
             token = given_token or kept_token(state_dir) or secrets.token_urlsafe(32)
             metrics = Metrics()
@@ -128,7 +138,13 @@ async def run_daemon(options: DaemonOptions) -> None:
                         await _apply_at_start(ctl, manifest, options.config)
                     logs = _log_source(runtime)
                     epoch = secrets.token_hex(8)
-                    await _serve(ctl, options, sock, token, epoch, metrics, logs)
+                    ingress = None
+                    if ingress_sock is not None:
+                        ingress = Ingress(
+                            ControllerSource(ctl), IngressConfig(access_log=options.access_log)
+                        )
+                    serving = _Serving(sock, ingress_sock, ingress)
+                    await _serve(ctl, options, serving, token, epoch, metrics, logs)
     # The state dir's files, the store, a checkpoint this controller cannot read, the runtime's
     # directory, Ray missing: all found before recovery touched anything.
     except (StoreError, CheckpointError, ConfigError, OSError, ImportError) as exc:
@@ -185,64 +201,25 @@ async def _apply_at_start(ctl: Controller, manifest: Manifest, source: Path | No
 
 
 @contextlib.contextmanager
-def _bind(options: DaemonOptions) -> Iterator[socket.socket]:
-    """The API's listening socket, bound before anything else is opened: a port already in
-    use stops the start before it touches the store or any replica."""
-    host, _, port_text = options.listen.rpartition(":")
-    host = host.strip("[]") or "127.0.0.1"
-    try:
-        port = int(port_text)
-        if not 0 <= port <= 65535:
-            raise ValueError("a port is 0 to 65535")
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    except (ValueError, OSError) as exc:
-        reason = getattr(exc, "strerror", None) or exc
-        raise StartupError(
-            f"--listen {options.listen!r}: not a HOST:PORT this machine can use ({reason})"
-        ) from None
-    sock = socket.socket(family, kind, proto)  # close-on-exec: Python's default
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(128)
-    except OSError as exc:
-        sock.close()
-        advice = {
-            errno.EADDRINUSE: "another process holds the port (another daemon?): stop it, or "
-            "pick another port with --listen",
-            errno.EADDRNOTAVAIL: "this machine has no such address: pick one of its own with "
-            "--listen",
-            errno.EACCES: "ports below 1024 need privileges: pick a higher one with --listen",
-        }.get(exc.errno or 0, "pick another address with --listen")
-        raise StartupError(
-            f"cannot listen on {options.listen}: {exc.strerror or exc}; {advice}"
-        ) from None
-    if not options.allow_remote and not _is_loopback(sock.getsockname()[0]):
-        logger.warning(
-            "listening on %s, beyond loopback: the API is plain HTTP, so the bearer token and "
-            "every request cross the network unencrypted, and whoever holds the token runs code "
-            "as this user. Put TLS in front (a reverse proxy) or keep to a trusted network; "
-            "--allow-remote says it is meant and silences this warning",
-            options.listen,
-        )
-    try:
+def _ingress_socket(options: DaemonOptions) -> Iterator[socket.socket | None]:
+    if options.ingress_listen is None:
+        yield None
+        return
+    with bound(options.ingress_listen, "--ingress-listen", warn_remote=False) as sock:
         yield sock
-    finally:
-        if sock.fileno() != -1:
-            sock.close()
 
 
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+@attrs.frozen
+class _Serving:
+    api: socket.socket
+    ingress_socket: socket.socket | None
+    ingress: Ingress | None
 
 
 async def _serve(
     ctl: Controller,
     options: DaemonOptions,
-    sock: socket.socket,
+    serving: _Serving,
     token: str,
     epoch: str,
     metrics: Metrics,
@@ -257,18 +234,24 @@ async def _serve(
         await shutdown_over.wait()
         return left
 
+    ingress = serving.ingress
+
+    def render_metrics() -> bytes:
+        text = metrics.render()
+        return text if ingress is None else text + generate_latest(ingress.metrics.registry)
+
     app = Api(
         ctl,
         token=token,
         epoch=epoch,
-        render_metrics=metrics.render,
+        render_metrics=render_metrics,
         request_shutdown=shutdown_asked.set,
         shutdown_done=shutdown_done,
         logs=logs,
     )
     config = hypercorn.config.Config()
     # Our socket, bound already; hypercorn takes it over (and closes it when it stops).
-    fd = sock.detach()
+    fd = serving.api.detach()
     config.bind = [f"fd://{fd}"]
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")  # through our handlers, once
@@ -298,6 +281,15 @@ async def _serve(
 
             nursery.start_soon(on_signal)
             nursery.start_soon(on_shutdown)
+            if ingress is not None and serving.ingress_socket is not None:
+                # Routes are known before the first connection is taken.
+                await nursery.start(ingress.run)
+                listener = trio.SocketListener(
+                    trio.socket.from_stdlib_socket(serving.ingress_socket)
+                )
+                await nursery.start(ingress.serve, [listener])
+                host, port = serving.ingress_socket.getsockname()[:2]
+                logger.info("ingress serving routes on http://%s:%d", host, port)
             # Returns once `stop` is set and the server has closed its connections.
             async with trio.open_nursery() as server:
                 binds = await server.start(

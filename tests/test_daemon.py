@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -12,7 +13,7 @@ import sys
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,13 @@ class Daemon:
         self._grew = trio.Event()
 
     @property
+    def ingress_url(self) -> str:
+        """Where its ingress serves (it logs the address once bound)."""
+        found = re.search(rb"ingress serving routes on (http://[0-9.:]+)", self.log)
+        assert found is not None, self.log.decode()
+        return found.group(1).decode()
+
+    @property
     def url(self) -> str:
         url: str = json.loads((self.state_dir / "daemon.json").read_text())["url"]
         return url
@@ -84,7 +92,16 @@ class Daemon:
         """Start `controller run` and return once it listens (it says so on stderr), or has
         exited."""
         process = await trio.lowlevel.open_process(
-            [*self.cli_argv(), "run", "--listen", listen, "--pythonpath", str(HERE), *extra],
+            [
+                *self.cli_argv(),
+                "run",
+                "--listen",
+                listen,
+                "--pythonpath",
+                str(HERE),
+                *ingress_args(extra),
+                *list(extra),
+            ],
             stderr=subprocess.PIPE,
             env=env,
             cwd=cwd,
@@ -168,6 +185,13 @@ class Daemon:
         assert self.process is not None
         self.process.send_signal(sig)
         return await self.process.wait()
+
+
+def ingress_args(extra: Sequence[str]) -> list[str]:
+    """Tests run daemons side by side: each ingress on a port of its own, unless told."""
+    if "--no-ingress" in extra or "--ingress-listen" in extra:
+        return []
+    return ["--ingress-listen", "127.0.0.1:0"]
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from controller import BackendConfig, ReplicaConfig, SQLiteStore
 from controller._checkpoint import SpecRecord, dump, spec_key
 
 from .replicas import events
-from .test_daemon import LIMIT_S, Daemon, manifest, running, state_dir, trivial
+from .test_daemon import LIMIT_S, Daemon, ingress_args, manifest, running, state_dir, trivial
 from .test_local_runtime import worker_pids
 
 __all__ = ["state_dir"]  # the fixture, shared with test_daemon
@@ -71,7 +71,9 @@ async def failed_start(state_dir: Path, *args: str) -> str:
     """Run `controller run` that must fail at once; its one line."""
     with trio.fail_after(LIMIT_S):
         result = await trio.run_process(
-            [*Daemon(state_dir).cli_argv(), "run", *args], capture_stderr=True, check=False
+            [*Daemon(state_dir).cli_argv(), "run", *ingress_args(args), *args],
+            capture_stderr=True,
+            check=False,
         )
     assert result.returncode == 1, result.stderr.decode()
     return one_line(result.stderr)

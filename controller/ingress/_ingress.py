@@ -153,6 +153,8 @@ class Ingress:
                 logger.info("ingress: following %s again", self.source.describe())
             self.connected, failures = True, 0
             await self._take(infos, complete)
+            # A source that answers at once, again and again, must not starve the other tasks.
+            await trio.lowlevel.checkpoint()
             if not started:
                 task_status.started()
                 started = True

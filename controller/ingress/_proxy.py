@@ -91,6 +91,9 @@ class Proxy:
             return
         except h11.ProtocolError as exc:
             logger.debug("client %s: %s", peer, exc)
+        except Exception:
+            # One connection never takes the ingress down with it: it is closed, and logged.
+            logger.exception("ingress: connection from %s failed", peer)
         finally:
             with trio.CancelScope(shield=True):
                 await stream.aclose()
@@ -247,21 +250,23 @@ class Proxy:
         """The request's body up, then the answer down, while a watcher task notices a client
         that hangs up (which cancels it all: the replica sees its connection close)."""
         await self._send_body(stream, conn, upstream)
-        gone = _Watch()
-        failed: _Reply | _ClientGone | None = None
+        failed: Exception | None = None
         status = 0
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(gone.watch, stream, conn, nursery.cancel_scope)
+            nursery.start_soon(_watch_hangup, stream, conn, nursery.cancel_scope)
             # Caught here and raised below: out of a nursery it would come wrapped in a group.
             try:
                 status = await self._send_answer(stream, conn, upstream, name)
             except (_Reply, _ClientGone) as exc:
                 failed = exc
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                failed = _ClientGone()
             nursery.cancel_scope.cancel()
-        if gone.hung_up:
-            raise _ClientGone
         if failed is not None:
             raise failed
+        if status == 0:
+            raise _ClientGone  # the watcher cut the answer short: the client hung up
+        # A client that hangs up once it has the whole answer is no failure.
         return status
 
     async def _send_body(
@@ -401,25 +406,18 @@ class Proxy:
             )
 
 
-@final
-@attrs.define(eq=False)
-class _Watch:
-    """Notices a client that hangs up while its answer is awaited or sent."""
-
-    hung_up: bool = False
-
-    async def watch(
-        self, stream: trio.SocketStream, conn: h11.Connection, scope: trio.CancelScope
-    ) -> None:
-        try:
-            data = await stream.receive_some(_READ_SIZE)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            data = b""
-        if data:
-            conn.receive_data(data)  # the next request, pipelined: h11 keeps it for later
-            return
-        self.hung_up = True
-        scope.cancel()
+async def _watch_hangup(
+    stream: trio.SocketStream, conn: h11.Connection, scope: trio.CancelScope
+) -> None:
+    """Cancel `scope` if the client hangs up while its answer is awaited or sent."""
+    try:
+        data = await stream.receive_some(_READ_SIZE)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        data = b""
+    if data:
+        conn.receive_data(data)  # the next request, pipelined: h11 keeps it for later
+        return
+    scope.cancel()
 
 
 async def _upstream_event(upstream: Upstream) -> h11.Event:
@@ -436,7 +434,10 @@ async def _to_client(
     if not data:
         return
     with trio.move_on_after(config.body_timeout_s) as waited:
-        await stream.send_all(data)
+        try:
+            await stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise _ClientGone from None
     if waited.cancelled_caught:
         raise _ClientGone  # it stopped reading: the replica's slot is not held for it
 

@@ -4,6 +4,7 @@ in the same process, or a daemon's HTTP API (``/api/v1/watch`` and ``/api/v1/loa
 from __future__ import annotations
 
 import json
+import math
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any, Protocol, final
@@ -63,21 +64,25 @@ class ControllerSource:
 
     controller: Controller
     _known: dict[str, int] = attrs.field(factory=dict, init=False)
+    _asked: bool = attrs.field(default=False, init=False)
 
     def describe(self) -> str:
         return "the controller in this process"
 
     async def changes(self) -> tuple[list[RouteInfo], bool]:
-        try:
-            snapshots = await self.controller.listen_for_change(self._known, all_backends=True)
-        except ControllerClosedError as exc:
-            raise SourceError(str(exc)) from None
+        # The first answer comes at once, even with no backend at all: an ingress starts with
+        # what there is.
+        first, self._asked = not self._asked, True
+        snapshots = {}
+        with trio.CancelScope(deadline=-math.inf if first else math.inf):
+            try:
+                snapshots = await self.controller.listen_for_change(self._known, all_backends=True)
+            except ControllerClosedError as exc:
+                raise SourceError(str(exc)) from None
         for name, snapshot in snapshots.items():
-            if snapshot.exists:
-                self._known[name] = snapshot.snapshot_id
-            else:
-                self._known.pop(name, None)  # a tombstone: nothing more to hear of it
-        return [route_info(s) for s in snapshots.values()], False
+            # Tombstones too: a name left out would read as new (id 0) on every call.
+            self._known[name] = snapshot.snapshot_id
+        return [route_info(s) for s in snapshots.values()], first
 
     async def report(self, reports: list[LoadReport]) -> None:
         try:

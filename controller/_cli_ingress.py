@@ -1,0 +1,108 @@
+"""``controller ingress``: the ingress in processes of its own, following a daemon over HTTP.
+
+Several processes may serve one port (``--workers N``, or several commands with the same
+``--listen``): each binds it with ``SO_REUSEPORT`` and the kernel spreads connections over
+them, so the ingress uses every core. Each reports its own load; the daemon sums them."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+
+import trio
+
+from ._cli_client import CLIError, make_client
+from ._errors import StartupError
+
+
+def cmd_ingress(args: argparse.Namespace) -> int:
+    from .ingress import HTTPSource, Ingress, IngressConfig
+
+    client = make_client(args)
+    if client.token is None:
+        raise CLIError("controller ingress: no token (give --token or $CONTROLLER_TOKEN)", 1)
+    host, _, port_text = args.listen.rpartition(":")
+    try:
+        port = int(port_text)
+        source = HTTPSource(client.url, client.token)
+    except ValueError as exc:
+        raise CLIError(f"controller ingress: {exc}", 2) from None
+    children = _spawn_others(args.workers)
+    config = IngressConfig(access_log=args.access_log)
+
+    async def main() -> None:
+        from .ingress import listener_port, open_listener
+
+        try:
+            listener = await open_listener(host.strip("[]") or "127.0.0.1", port, reuse_port=True)
+        except OSError as exc:
+            raise StartupError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
+        ingress = Ingress(source, config)
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(ingress.run)
+                await nursery.start(ingress.serve, [listener])
+                print(
+                    f"ingress {os.getpid()} serving on http://{host}:{listener_port(listener)}, "
+                    f"following {client.url}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+                    break
+
+    try:
+        trio.run(main)
+    except StartupError as exc:
+        raise CLIError(f"controller ingress: {exc}", 1) from None
+    finally:
+        for child in children:
+            child.send_signal(signal.SIGTERM)
+        for child in children:
+            child.wait()
+    return 0
+
+
+def _spawn_others(workers: int) -> list[subprocess.Popen[bytes]]:
+    """`workers` - 1 more processes on the same port, with this command's own arguments."""
+    if workers <= 1:
+        return []
+    argv = [sys.executable, "-m", "controller", *_without_workers(sys.argv[1:])]
+    return [subprocess.Popen([*argv, "--workers", "1"]) for _ in range(workers - 1)]
+
+
+def _without_workers(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    skip = False
+    for item in argv:
+        if skip:
+            skip = False
+            continue
+        if item == "--workers":
+            skip = True
+            continue
+        if item.startswith("--workers="):
+            continue
+        out.append(item)
+    return out
+
+
+def add_ingress_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    ingress = sub.add_parser(
+        "ingress", help="route HTTP traffic to replicas, following a daemon (in its own process)"
+    )
+    ingress.add_argument(
+        "--listen", default="127.0.0.1:8000", help="HOST:PORT to serve (default %(default)s)"
+    )
+    ingress.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes serving the port (SO_REUSEPORT); one per core uses them all",
+    )
+    ingress.add_argument("--access-log", action="store_true", help="one line per request")
+    ingress.set_defaults(func=cmd_ingress)

@@ -1,0 +1,114 @@
+"""A small HTTP/1.1 client on trio and h11, for driving the ingress from tests: one request per
+connection by default, or several on a kept connection (``Conn``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any, final
+
+import attrs
+import h11
+import trio
+
+
+@attrs.frozen
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@final
+@attrs.define(eq=False)
+class Conn:
+    stream: trio.SocketStream
+    conn: h11.Connection = attrs.field(factory=lambda: h11.Connection(h11.CLIENT))
+
+    @classmethod
+    async def open(cls, port: int) -> Conn:
+        return cls(await trio.open_tcp_stream("127.0.0.1", port))
+
+    async def request(
+        self,
+        path: str,
+        *,
+        method: str = "GET",
+        body: bytes | AsyncIterator[bytes] | None = None,
+        headers: list[tuple[str, str]] | None = None,
+    ) -> Answer:
+        if self.conn.our_state is h11.DONE:
+            self.conn.start_next_cycle()
+        all_headers = [("Host", "test"), *(headers or [])]
+        if isinstance(body, bytes):
+            all_headers.append(("Content-Length", str(len(body))))
+        elif body is not None:
+            all_headers.append(("Transfer-Encoding", "chunked"))
+        await self._send(h11.Request(method=method, target=path, headers=all_headers))
+        if isinstance(body, bytes):
+            await self._send(h11.Data(data=body))
+        elif body is not None:
+            async for chunk in body:
+                await self._send(h11.Data(data=chunk))
+        await self._send(h11.EndOfMessage())
+        status, got, data = 0, {}, bytearray()
+        while True:
+            event = await self._next()
+            if isinstance(event, h11.Response):
+                status = event.status_code
+                got = {k.decode(): v.decode() for k, v in event.headers}
+            elif isinstance(event, h11.Data):
+                data += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                return Answer(status, got, bytes(data))
+            elif isinstance(event, h11.ConnectionClosed):
+                raise ConnectionError(f"closed mid-answer after {len(data)} bytes")
+
+    async def _send(self, event: h11.Event) -> None:
+        data = self.conn.send(event)
+        if data:
+            await self.stream.send_all(data)
+
+    async def _next(self) -> h11.Event:
+        while True:
+            try:
+                event = self.conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise ConnectionError(str(exc)) from None
+            if event is h11.NEED_DATA:
+                self.conn.receive_data(await self.stream.receive_some(65536))
+                continue
+            assert not isinstance(event, type)
+            return event
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+async def request(port: int, path: str, **kwargs: Any) -> Answer:
+    """One request on a connection of its own."""
+    conn = await Conn.open(port)
+    try:
+        return await conn.request(path, **kwargs)
+    finally:
+        await conn.aclose()
+
+
+async def raw(port: int, data: bytes, *, read: bool = True) -> bytes:
+    """Send raw bytes; everything the server answers until it closes."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(data)
+        out = bytearray()
+        while read:
+            try:
+                chunk = await stream.receive_some(65536)
+            except trio.BrokenResourceError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        return bytes(out)
