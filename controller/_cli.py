@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import time
@@ -29,6 +28,7 @@ from ._cli_client import Client, CLIError, describe_error, make_client
 from ._cli_ingress import add_ingress_parser
 from ._cli_output import indent, print_backend, print_log, print_table
 from ._errors import CheckpointError, ManifestError, StartupError
+from ._log_format import setup_logging
 from ._statedir import STATE_DIR_ENV, default_state_dir
 
 #: The longest a watch request waits before the CLI refreshes what it shows.
@@ -45,7 +45,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from ._daemon import DaemonOptions, run_daemon
 
-    _setup_logging(args.log_format)
+    setup_logging(args.log_format)
     options = DaemonOptions(
         state_dir=args.state_dir,
         listen=args.listen,
@@ -294,30 +294,6 @@ def _wait(
         )
         change = client.ok("GET", f"/api/v1/watch?{query}")
         cursor, epoch = change["cursor"], change["epoch"]
-
-
-class _JSONFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "time": self.formatTime(record),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
-
-
-def _setup_logging(fmt: str) -> None:
-    handler = logging.StreamHandler()
-    if fmt == "json":
-        handler.setFormatter(_JSONFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)
 
 
 # -- the parser --

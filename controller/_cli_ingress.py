@@ -16,11 +16,13 @@ import trio
 
 from ._cli_client import CLIError, make_client
 from ._errors import StartupError
+from ._log_format import setup_logging
 
 
 def cmd_ingress(args: argparse.Namespace) -> int:
     from .ingress import HTTPSource, Ingress, IngressConfig
 
+    setup_logging(args.log_format)
     client = make_client(args)
     if client.token is None:
         raise CLIError("controller ingress: no token (give --token or $CONTROLLER_TOKEN)", 1)
@@ -105,4 +107,5 @@ def add_ingress_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         help="processes serving the port (SO_REUSEPORT); one per core uses them all",
     )
     ingress.add_argument("--access-log", action="store_true", help="one line per request")
+    ingress.add_argument("--log-format", choices=["human", "json"], default="human")
     ingress.set_defaults(func=cmd_ingress)

@@ -70,7 +70,12 @@ class Ingress:
 
     def builtin(self, path: str) -> tuple[int, bytes, bytes] | None:
         if path == "/-/healthz":
-            body = {"ok": True, "source": self.source.describe(), "connected": self.connected}
+            body = {
+                "ok": True,
+                "pid": os.getpid(),
+                "source": self.source.describe(),
+                "connected": self.connected,
+            }
             return 200, b"application/json", json.dumps(body).encode()
         if path == "/-/routes":
             return (
@@ -186,6 +191,11 @@ class Ingress:
                 routed[name].route_prefix,
             )
         self._conflicts = frozenset(losers)
+        for prefix in sorted(self.table.routes.keys() - table.routes.keys()):
+            logger.info("ingress: route %s removed", prefix)
+        for prefix, name in sorted(table.routes.items()):
+            if self.table.routes.get(prefix) != name:
+                logger.info("ingress: route %s -> backend %s", prefix, name)
         self.table = table
         for address in left:
             await self.proxy.pool.forget(address)
@@ -217,7 +227,9 @@ class Ingress:
                     routes.in_flight() if routes is not None else {},
                     routes.queued if routes is not None else 0,
                 )
-                if idle.cancelled_caught or self._sent.get(name) != report:
+                # Only news: an idle backend never reported stays unreported (a zero).
+                last = self._sent.get(name, LoadReport(self.source_id, name, {}, 0))
+                if last != report or (idle.cancelled_caught and name in self._sent):
                     reports.append(report)
             if reports:
                 try:

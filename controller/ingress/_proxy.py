@@ -396,12 +396,14 @@ class Proxy:
                 status,
                 elapsed * 1000,
                 extra={
-                    "peer": peer,
-                    "method": request.method.decode("latin-1"),
-                    "target": request.target.decode("latin-1"),
-                    "backend": backend,
-                    "status": status,
-                    "duration_ms": round(elapsed * 1000, 3),
+                    "fields": {
+                        "peer": peer,
+                        "method": request.method.decode("latin-1"),
+                        "target": request.target.decode("latin-1"),
+                        "backend": backend,
+                        "status": status,
+                        "duration_ms": round(elapsed * 1000, 3),
+                    }
                 },
             )
 

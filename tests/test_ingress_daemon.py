@@ -1,0 +1,214 @@
+"""The ingress as a user meets it: the daemon's own (the README's main job), and standalone
+processes that follow a daemon over HTTP, outlive its restart, and share one port."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import trio
+
+import controller
+from controller.ingress import HTTPSource
+
+from .http_client import request
+from .test_daemon import LIMIT_S, Daemon, manifest, running, state_dir
+from .test_daemon_hardening import free_port
+
+__all__ = ["state_dir"]  # the fixture, shared with test_daemon
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+def app(n: int = 2, **extra: Any) -> dict[str, Any]:
+    return {
+        "entrypoint": "http_replica:HTTPReplica",
+        "num_replicas": n,
+        "version": "v1",
+        "route_prefix": "/app",
+        "graceful_shutdown_timeout_s": 5,
+        **extra,
+    }
+
+
+def port_of(url: str) -> int:
+    return int(url.rpartition(":")[2])
+
+
+async def test_the_readme_main_job_routes_through_the_daemon_s_ingress(state_dir: Path) -> None:
+    """`controller run --config examples/backends.toml`, then `curl 127.0.0.1:8000/echo`
+    (on a free port here), through a restart on the same ports."""
+    ingress_port = free_port()
+    args = (
+        *("--config", str(EXAMPLES / "backends.toml"), "--pythonpath", str(EXAMPLES)),
+        *("--ingress-listen", f"127.0.0.1:{ingress_port}"),
+    )
+    with trio.fail_after(LIMIT_S * 2):
+        async with trio.open_nursery() as nursery:
+            first = Daemon(state_dir)
+            await first.start(nursery, *args)
+            for name in ("echo", "greeter"):
+                assert (await first.cli("wait", name)).returncode == 0
+            echo = await request(ingress_port, "/echo")
+            assert echo.status == 200
+            assert echo.json()["greeting"] == "hello"
+            assert (await request(ingress_port, "/greeter/hi")).json()["greeting"] == "good day"
+            code, metrics = await first.http("GET", "/metrics")
+            assert code == 200
+            assert 'ingress_requests_total{backend="echo",code="200",route="/echo"} 1.0' in metrics
+            pids = {r["pid"] for r in (await first.status())["echo"]["replicas"]}
+            api = first.url.removeprefix("http://")
+            assert await first.stop(signal.SIGINT) == 0
+            # Started again at once, on the same ports: the same replicas answer.
+            second = Daemon(state_dir)
+            await second.start(nursery, *args, listen=api)
+            assert (await second.cli("wait", "echo")).returncode == 0
+            again = await request(ingress_port, "/echo")
+            assert again.json()["pid"] in pids
+            assert (await second.cli("shutdown")).returncode == 0
+            assert second.process is not None
+            assert await second.process.wait() == 0
+
+
+class Standalone:
+    """`controller ingress` processes, read as they log."""
+
+    def __init__(self, process: trio.Process):
+        self.process = process
+        self.log = bytearray()
+        self._grew = trio.Event()
+
+    async def read(self, started: trio.Event) -> None:
+        assert self.process.stderr is not None
+        async for chunk in self.process.stderr:
+            self.log += chunk
+            self._grew.set()
+            self._grew = trio.Event()
+            if b"serving on" in self.log:
+                started.set()
+        started.set()
+        await self.process.stderr.aclose()
+
+    async def logged(self, text: bytes, times: int = 1) -> None:
+        while self.log.count(text) < times:
+            assert self.process.returncode is None, self.log.decode()
+            await self._grew.wait()
+
+
+async def standalone(nursery: trio.Nursery, daemon: Daemon, port: int, *extra: str) -> Standalone:
+    process = await trio.lowlevel.open_process(
+        [
+            *daemon.cli_argv(),
+            *("--url", daemon.url, "--token", daemon.token),
+            *("ingress", "--listen", f"127.0.0.1:{port}", *extra),
+        ],
+        stderr=subprocess.PIPE,
+    )
+    ingress = Standalone(process)
+    started = trio.Event()
+    nursery.start_soon(ingress.read, started)
+    await started.wait()
+    return ingress
+
+
+async def test_a_standalone_ingress_follows_the_daemon_and_outlives_its_restart(
+    state_dir: Path,
+) -> None:
+    file = state_dir / "app.toml"
+    file.write_text(manifest(app=app(2)))
+    port = free_port()
+    with trio.fail_after(LIMIT_S * 3):
+        async with trio.open_nursery() as nursery:
+            daemon = Daemon(state_dir)
+            await daemon.start(nursery, "--config", str(file), "--no-ingress")
+            assert (await daemon.cli("wait", "app")).returncode == 0
+            ingress = await standalone(nursery, daemon, port, "--workers", "2")
+            await ingress.logged(b"serving on", times=2)
+            first = await request(port, "/app/x")
+            assert first.status == 200
+            assert first.json()["replica"].startswith("app#")
+            # Two processes serve the port: new connections reach both.
+            pids = {(await request(port, "/-/healthz")).json()["pid"] for _ in range(40)}
+            assert len(pids) == 2
+            # The daemon goes away: the ingress routes on what it last heard.
+            api = daemon.url.removeprefix("http://")
+            assert await daemon.stop(signal.SIGTERM) == 0
+            await ingress.logged(b"is unreachable")
+            assert (await request(port, "/app")).status == 200
+            # It comes back (a new epoch): the ingress follows it again, and still routes.
+            again = Daemon(state_dir)
+            await again.start(nursery, "--no-ingress", listen=api)
+            await ingress.logged(b"following the daemon")
+            assert (await request(port, "/app")).status == 200
+            # Deleting the backend takes its route away.
+            assert (await again.cli("delete", "app", "--wait")).returncode == 0
+            await ingress.logged(b"route /app removed")
+            assert (await request(port, "/app")).status == 404
+            ingress.process.send_signal(signal.SIGTERM)
+            assert await ingress.process.wait() == 0
+            assert (await again.cli("shutdown")).returncode == 0
+            assert again.process is not None
+            assert await again.process.wait() == 0
+
+
+async def test_load_reports_over_the_api_show_in_status_and_metrics(state_dir: Path) -> None:
+    file = state_dir / "app.toml"
+    file.write_text(manifest(app=app(1)))
+    with trio.fail_after(LIMIT_S):
+        async with running(state_dir, "--config", str(file)) as daemon:
+            assert (await daemon.cli("wait", "app")).returncode == 0
+            tag = (await daemon.status())["app"]["replicas"][0]["tag"]
+            source = HTTPSource(daemon.url, daemon.token)
+            await source.report(
+                [
+                    controller.LoadReport("ingress-a", "app", {tag: 3}, queued=2),
+                    controller.LoadReport("ingress-a", "nope", {}, queued=1),
+                ]
+            )
+            await source.report([controller.LoadReport("ingress-b", "app", {tag: 1})])
+            load = (await daemon.status())["app"]["load"]
+            assert load == {"in_flight": 4, "queued": 2, "replicas": {tag: 4}, "sources": 2}
+            body = json.dumps({"source": "x", "backends": {"app": {"in_flight": {}, "queued": -1}}})
+            code, answer = await daemon.http("POST", "/api/v1/load", body.encode())
+            assert code == 422
+            assert "queued" in answer["error"]["message"]
+            assert (await daemon.status())["app"]["load"]["sources"] == 2  # nothing taken
+
+
+async def test_a_route_leads_to_one_backend(state_dir: Path) -> None:
+    with trio.fail_after(LIMIT_S):
+        async with running(state_dir) as daemon:
+            a = json.dumps({**app(0)}).encode()
+            assert (await daemon.http("PUT", "/api/v1/backends/a", a))[0] == 200
+            code, answer = await daemon.http("PUT", "/api/v1/backends/b", a)
+            assert code == 409
+            assert answer["error"]["type"] == "RouteConflict"
+            assert "'a'" in answer["error"]["message"]
+            # In one file, both are named: refused before anything is applied.
+            file = daemon.state_dir / "two.toml"
+            file.write_text(manifest(c=app(0, route_prefix="/c"), d=app(0, route_prefix="/c")))
+            result = await daemon.cli("apply", "-f", str(file))
+            assert result.returncode == 2
+            assert b"route_prefix: '/c' is backend 'c'" in result.stderr
+            status = await daemon.status()
+            assert set(status) == {"a"}
+            # Once a is deleted, b may take its route.
+            assert (await daemon.cli("delete", "a", "--wait")).returncode == 0
+            assert (await daemon.http("PUT", "/api/v1/backends/b", a))[0] == 200
+
+
+def test_the_ingress_command_refuses_a_bad_url_at_once(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "controller", "--url", "ftp://x", "--token", "t", "ingress"],
+        capture_output=True,
+        check=False,
+        timeout=LIMIT_S,
+        env={**os.environ, "CONTROLLER_STATE_DIR": str(tmp_path)},
+    )
+    assert result.returncode != 0
+    assert b"Traceback" not in result.stderr
