@@ -70,6 +70,13 @@ def print_backend(b: dict[str, Any]) -> None:
     print(f"Message:     {b['message']}")
     print(f"Generation:  {b['generation']} (observed {b['observed_generation']})")
     print(f"Ready:       {ready_column(b)}")
+    load = b.get("load")
+    if load is not None:
+        route = b["config"].get("route_prefix")
+        print(
+            f"Route:       {route or '(none)'}; load {load['in_flight']} in flight, "
+            f"{load['queued']} queued ({load['sources']} ingress(es) reporting)"
+        )
     if b["last_error"]:
         print(f"Last error:  {b['last_error']}")
         if b.get("last_traceback"):
@@ -78,7 +85,8 @@ def print_backend(b: dict[str, Any]) -> None:
     for key, value in b["config"].items():
         print(f"  {key}: {json.dumps(value)}")
     print("Replicas:")
-    rows = [("TAG", "STATE", "VERSION", "ADDRESS", "PID", "NODE", "AGE", "")]
+    rows = [("TAG", "STATE", "VERSION", "ADDRESS", "PID", "NODE", "AGE", "IN FLIGHT", "")]
+    in_flight = (load or {}).get("replicas", {})
     for r in b["replicas"]:
         node = r["node"] or "-"
         rows.append(
@@ -90,6 +98,7 @@ def print_backend(b: dict[str, Any]) -> None:
                 str(r["pid"] or "-"),
                 node if len(node) <= 16 else node[:12] + "...",
                 age(r["age_s"]),
+                str(in_flight.get(r["tag"], 0)),
                 "" if r["healthy"] else "(unhealthy)",
             )
         )

@@ -128,7 +128,19 @@ class _ReplicaCollector(Collector):
             "Each backend's state: 1 for the one it is in, 0 for the others",
             labels=["backend", "state"],
         )
+        in_flight = GaugeMetricFamily(
+            "controller_backend_requests_in_flight",
+            "Requests the ingresses report in flight to the backend's replicas",
+            labels=["backend"],
+        )
+        queued = GaugeMetricFamily(
+            "controller_backend_requests_queued",
+            "Requests the ingresses report waiting for one of the backend's replicas",
+            labels=["backend"],
+        )
         for backend in self._status().backends:
+            in_flight.add_metric([backend.name], backend.load.in_flight)
+            queued.add_metric([backend.name], backend.load.queued)
             for (version, state), n in sorted(
                 backend.counts_by_version.items(), key=lambda item: (item[0][0], item[0][1].value)
             ):
@@ -141,6 +153,8 @@ class _ReplicaCollector(Collector):
         yield replicas
         yield desired
         yield states
+        yield in_flight
+        yield queued
 
 
 #: For each timed runtime call: its histogram's label when it returns, when it raises, and when

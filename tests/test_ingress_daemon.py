@@ -173,6 +173,9 @@ async def test_load_reports_over_the_api_show_in_status_and_metrics(state_dir: P
             await source.report([controller.LoadReport("ingress-b", "app", {tag: 1})])
             load = (await daemon.status())["app"]["load"]
             assert load == {"in_flight": 4, "queued": 2, "replicas": {tag: 4}, "sources": 2}
+            code, metrics = await daemon.http("GET", "/metrics")
+            assert 'controller_backend_requests_in_flight{backend="app"} 4.0' in metrics
+            assert 'controller_backend_requests_queued{backend="app"} 2.0' in metrics
             body = json.dumps({"source": "x", "backends": {"app": {"in_flight": {}, "queued": -1}}})
             code, answer = await daemon.http("POST", "/api/v1/load", body.encode())
             assert code == 422
