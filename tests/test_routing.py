@@ -95,6 +95,37 @@ def test_a_slow_replica_gets_a_smaller_share() -> None:
     assert picks[0] == 0  # power of two: the loaded one loses every draw it is in
 
 
+def test_a_replica_ten_times_slower_is_chosen_only_to_explore() -> None:
+    # Nothing in flight anywhere (a light load): the answer times decide.
+    rng = random.Random(2)
+    picks = [0, 0, 0, 0]
+    for _ in range(10_000):
+        picks[choose([0, 0, 0, 0], 100, rng, latencies=[0.020, 0.002, 0.002, 0.002]) or 0] += 1
+    assert picks[0] < 100  # under 1%: only when a choice goes by load alone (2% of them)
+    # Once the fast ones hold ten times its load, the slow one is worth it again.
+    picks = [0, 0, 0, 0]
+    for _ in range(1000):
+        picks[choose([0, 12, 12, 12], 100, rng, latencies=[0.020, 0.002, 0.002, 0.002]) or 0] += 1
+    assert picks[0] > 400
+
+
+@given(
+    loads=st.lists(st.integers(0, 10), min_size=2, max_size=12),
+    latencies=st.lists(st.floats(0, 1), min_size=12, max_size=12),
+    limit=st.integers(1, 10),
+    seed=st.integers(0, 2**32),
+)
+def test_weighted_choice_never_picks_a_full_replica(
+    loads: list[int], latencies: list[float], limit: int, seed: int
+) -> None:
+    index = choose(loads, limit, random.Random(seed), latencies=latencies[: len(loads)])
+    if all(load >= limit for load in loads):
+        assert index is None
+    else:
+        assert index is not None
+        assert loads[index] < limit
+
+
 def _info(replicas: list[str], *, ongoing: int = 1, queued: int = 2) -> RouteInfo:
     return RouteInfo(
         name="b",
@@ -219,3 +250,9 @@ async def test_a_new_replica_takes_the_queue_at_once(
         backend.update(_info(["r1", "r2"], ongoing=1, queued=5))
     assert got == ["r2"]
     assert changes  # every change of load was told
+
+
+def test_before_any_answer_the_load_decides() -> None:
+    rng = random.Random(3)
+    for _ in range(200):
+        assert choose([5, 0], 100, rng, latencies=[0.0, 0.0]) == 1

@@ -203,7 +203,7 @@ class Proxy:
             break
         kept = False
         try:
-            status = await self._relay(stream, conn, upstream, backend.name)
+            status = await self._relay(stream, conn, upstream, backend, slot)
             if upstream.reusable and not slot.gone:
                 await self.pool.put(upstream)
                 kept = True
@@ -245,7 +245,12 @@ class Proxy:
         return upstream
 
     async def _relay(
-        self, stream: trio.SocketStream, conn: h11.Connection, upstream: Upstream, name: str
+        self,
+        stream: trio.SocketStream,
+        conn: h11.Connection,
+        upstream: Upstream,
+        backend: BackendRoutes,
+        slot: Slot,
     ) -> int:
         """The request's body up, then the answer down, while a watcher task notices a client
         that hangs up (which cancels it all: the replica sees its connection close)."""
@@ -256,7 +261,7 @@ class Proxy:
             nursery.start_soon(_watch_hangup, stream, conn, nursery.cancel_scope)
             # Caught here and raised below: out of a nursery it would come wrapped in a group.
             try:
-                status = await self._send_answer(stream, conn, upstream, name)
+                status = await self._send_answer(stream, conn, upstream, backend, slot)
             except (_Reply, _ClientGone) as exc:
                 failed = exc
             except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -314,13 +319,21 @@ class Proxy:
             ) from None
 
     async def _send_answer(
-        self, stream: trio.SocketStream, conn: h11.Connection, upstream: Upstream, name: str
+        self,
+        stream: trio.SocketStream,
+        conn: h11.Connection,
+        upstream: Upstream,
+        backend: BackendRoutes,
+        slot: Slot,
     ) -> int:
         config = self.config
+        name = backend.name
+        sent = trio.current_time()
         with trio.move_on_after(config.request_timeout_s) as waited:
             response = await _upstream_event(upstream)
             while isinstance(response, h11.InformationalResponse):
                 response = await _upstream_event(upstream)  # 1xx: not passed on
+        backend.answered(slot, trio.current_time() - sent)  # a timeout counts: it was slow
         if waited.cancelled_caught:
             message = (
                 f"backend {name!r}: the replica at {upstream.address} did not answer within "

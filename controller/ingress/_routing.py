@@ -44,16 +44,27 @@ class RouteTable:
             candidate = candidate[: candidate.rfind("/")] or "/"
 
 
+#: How often a choice ignores the answer times and goes by requests in flight alone: a replica
+#: that was slow and is fast again gets requests, and so a fresh answer time, before long.
+EXPLORE = 0.02
+_UNTIMED_S = 1e-6
+
+
 def choose(
     loads: Sequence[int],
     limit: int,
     rng: random.Random,
     excluded: frozenset[int] = frozenset(),
+    latencies: Sequence[float] | None = None,
 ) -> int | None:
-    """Power of two choices: of two replicas drawn at random, the one with fewer requests in
-    flight. A replica at `limit` is never chosen; if both draws are full, the least loaded of
-    the others is (a scan, only when the backend is nearly full). None: every replica is at
-    `limit` (or excluded), so the request must wait."""
+    """Power of two choices: of two replicas drawn at random, the one a request would wait on
+    least. With `latencies` (each replica's recent answer time) that is the lower
+    ``(in flight + 1) * latency``, the expected wait (Finagle's and Linkerd's least-loaded
+    rule), so a replica ten times slower than the others is chosen only once they hold ten
+    times its load; without, the one with fewer requests in flight. A replica at `limit` is
+    never chosen; if both draws are full, the least loaded of the others is (a scan, only when
+    the backend is nearly full). None: every replica is at `limit` (or excluded), so the request
+    must wait."""
     n = len(loads)
     if n - len(excluded) <= 0:
         return None
@@ -62,9 +73,17 @@ def choose(
         j = rng.randrange(n - 1)
         if j >= i:
             j += 1  # two distinct replicas
-        best = i if loads[i] <= loads[j] else j
+        if latencies is not None and rng.random() >= EXPLORE:
+            # Not timed yet (0): as fast as can be, but still weighed by what it holds.
+            cost_i = (loads[i] + 1) * max(latencies[i], _UNTIMED_S)
+            cost_j = (loads[j] + 1) * max(latencies[j], _UNTIMED_S)
+        else:
+            cost_i, cost_j = loads[i], loads[j]
+        best, other = (i, j) if cost_i <= cost_j else (j, i)
         if loads[best] < limit:
             return best
+        if loads[other] < limit:
+            return other
     best_load, best = limit, -1
     for index, load in enumerate(loads):
         if load < best_load and index not in excluded:

@@ -38,6 +38,8 @@ class Slot:
     tag: str
     address: str
     in_flight: int = 0
+    latency_s: float = 0.0
+    """Its recent answer time (peak-sensitive average of the time to a response's head)."""
     index: int = -1
     """Where it is in its backend's list (kept by ``BackendRoutes.update``)."""
     gone: bool = False
@@ -79,6 +81,7 @@ class BackendRoutes:
     by_tag: dict[str, Slot] = attrs.field(factory=dict)
     _queue: collections.deque[_Waiter] = attrs.field(factory=collections.deque)
     _loads: list[int] = attrs.field(factory=list)  # slots' in_flight, for `choose`
+    _latencies: list[float] = attrs.field(factory=list)  # slots' latency_s, for `choose`
     _leaving: dict[str, Slot] = attrs.field(factory=dict)
     """Replicas gone from the snapshot with requests still in flight."""
 
@@ -103,14 +106,19 @@ class BackendRoutes:
                 else:
                     closed.append(slot)
         self.slots = [s for s in self.slots if not s.gone]
+        # A new replica starts at the others' average answer time: neither shunned nor sent
+        # every request until its first answer.
+        timed = [s.latency_s for s in self.slots if s.latency_s > 0]
+        start = sum(timed) / len(timed) if timed else 0.0
         for tag, address in info.replicas:
             if tag not in self.by_tag:
-                slot = Slot(tag, address)
+                slot = Slot(tag, address, latency_s=start)
                 self.by_tag[tag] = slot
                 self.slots.append(slot)
         for index, slot in enumerate(self.slots):
             slot.index = index
         self._loads = [s.in_flight for s in self.slots]
+        self._latencies = [s.latency_s for s in self.slots]
         self._serve_queue()
         # A queue no replica will ever empty: those waiting hear so now, not at their timeout.
         if not self.slots:
@@ -123,7 +131,9 @@ class BackendRoutes:
         """A replica with room for one more request (counted as in flight), or None."""
         if self._queue and not excluded:
             return None  # first come, first served: those waiting go first
-        index = choose(self._loads, self.max_ongoing, self.rng, self._indices(excluded))
+        index = choose(
+            self._loads, self.max_ongoing, self.rng, self._indices(excluded), self._latencies
+        )
         if index is None:
             return None
         return self._take(index)
@@ -168,6 +178,15 @@ class BackendRoutes:
             self._loads[slot.index] = slot.in_flight
             self._serve_queue()
         self.on_change(self)
+
+    def answered(self, slot: Slot, seconds: float) -> None:
+        """`slot` started an answer `seconds` after its request was sent. A slower answer
+        counts in full at once, a faster one a fifth at a time (peak EWMA): a replica that
+        turns slow is avoided at once, and trusted again gradually."""
+        latency = slot.latency_s
+        slot.latency_s = seconds if seconds > latency else latency + (seconds - latency) * 0.2
+        if not slot.gone:
+            self._latencies[slot.index] = slot.latency_s
 
     def in_flight(self) -> dict[str, int]:
         """Requests in flight per replica tag (replicas gone included until they finish)."""
