@@ -13,6 +13,8 @@ import h11
 import trio
 
 from ._config import IngressConfig
+from ._errors import ClientGone, Reply
+from ._exchange import HOP_BY_HOP, READ_SIZE, Exchange
 from ._metrics import IngressMetrics
 from ._routing import RouteTable
 from ._table import BackendRoutes, Rejected, Slot
@@ -21,22 +23,6 @@ from ._upstream import NotSent, Pool, Upstream
 access_logger = logging.getLogger("controller.ingress.access")
 logger = logging.getLogger("controller.ingress")
 
-_READ_SIZE = 65536
-#: Not passed on: they describe one hop, not the request (RFC 9110 7.6.1), and h11 frames
-#: each side itself.
-_HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-        b"proxy-authorization",
-        b"expect",
-    }
-)
 #: How soon a client told "no room" may try again, in seconds.
 RETRY_AFTER_S = 1
 
@@ -52,18 +38,6 @@ class Routing(Protocol):
     def builtin(self, path: str) -> tuple[int, bytes, bytes] | None:
         """The answer to an ingress path (``/-/...``): status, content type, body."""
         ...
-
-
-class _ClientGone(Exception):
-    """The client hung up (or stopped reading) mid-exchange."""
-
-
-class _Reply(Exception):
-    """Answer the client with this error (before any of the replica's answer was sent)."""
-
-    def __init__(self, status: int, kind: str, message: str, **extra: Any):
-        super().__init__(message)
-        self.status, self.kind, self.extra = status, kind, extra
 
 
 @final
@@ -87,7 +61,7 @@ class Proxy:
                 if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                     return
                 conn.start_next_cycle()
-        except (_ClientGone, trio.BrokenResourceError, trio.ClosedResourceError):
+        except (ClientGone, trio.BrokenResourceError, trio.ClosedResourceError):
             return
         except h11.ProtocolError as exc:
             logger.debug("client %s: %s", peer, exc)
@@ -119,7 +93,7 @@ class Proxy:
                 return event
             if event is h11.NEED_DATA:
                 with trio.move_on_at(deadline):
-                    data = await stream.receive_some(_READ_SIZE)
+                    data = await stream.receive_some(READ_SIZE)
                     if data and not begun:
                         # A head has begun: it must arrive whole within header_timeout_s.
                         begun = True
@@ -161,10 +135,10 @@ class Proxy:
         status = 502
         try:
             status = await self._forward(stream, conn, request, backend, route, peer)
-        except _ClientGone:
+        except ClientGone:
             status = 499  # as nginx logs it: the client closed the connection first
             raise
-        except _Reply as reply:
+        except Reply as reply:
             status = reply.status
             if reply.status == 503:
                 self.metrics.rejected.labels(name, reply.extra.get("cause", "")).inc()
@@ -196,14 +170,15 @@ class Proxy:
                 backend.release(slot)
                 tried.add(slot.tag)
                 if len(tried) > config.max_retries:
-                    raise _Reply(502, "BadGateway", f"{exc}; tried {len(tried)} replicas") from None
+                    raise Reply(502, "BadGateway", f"{exc}; tried {len(tried)} replicas") from None
                 self.metrics.retries.labels(backend.name).inc()
                 logger.info("backend %s: %s; trying another replica", backend.name, exc)
                 continue
             break
         kept = False
         try:
-            status = await self._relay(stream, conn, upstream, backend, slot)
+            exchange = Exchange(stream, conn, upstream, backend, slot, self.config)
+            status = await exchange.run()
             if upstream.reusable and not slot.gone:
                 await self.pool.put(upstream)
                 kept = True
@@ -225,13 +200,13 @@ class Proxy:
                 f"no replica of backend {backend.name!r} had room within queue_timeout_s="
                 f"{self.config.queue_timeout_s:g}"
             )
-            raise _Reply(503, "QueueTimeout", message, cause="queue_timeout") from None
+            raise Reply(503, "QueueTimeout", message, cause="queue_timeout") from None
         except Rejected as exc:
             if tried and exc.cause == "no_replicas":
                 message = f"every replica of backend {backend.name!r} tried refused the connection"
-                raise _Reply(502, "BadGateway", message) from None
+                raise Reply(502, "BadGateway", message) from None
             kind = {"queue_full": "Overloaded", "no_replicas": "NoReplicas"}[exc.cause]
-            raise _Reply(503, kind, str(exc), cause=exc.cause) from None
+            raise Reply(503, kind, str(exc), cause=exc.cause) from None
 
     async def _send_head(self, slot: Slot, head: h11.Request) -> Upstream:
         """Open (or reuse) a connection to `slot` and send the request's head. Whatever fails
@@ -243,126 +218,6 @@ class Proxy:
             await upstream.aclose()
             raise NotSent(f"connection to {slot.address} lost: {exc}") from None
         return upstream
-
-    async def _relay(
-        self,
-        stream: trio.SocketStream,
-        conn: h11.Connection,
-        upstream: Upstream,
-        backend: BackendRoutes,
-        slot: Slot,
-    ) -> int:
-        """The request's body up, then the answer down, while a watcher task notices a client
-        that hangs up (which cancels it all: the replica sees its connection close)."""
-        await self._send_body(stream, conn, upstream)
-        failed: Exception | None = None
-        status = 0
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_watch_hangup, stream, conn, nursery.cancel_scope)
-            # Caught here and raised below: out of a nursery it would come wrapped in a group.
-            try:
-                status = await self._send_answer(stream, conn, upstream, backend, slot)
-            except (_Reply, _ClientGone) as exc:
-                failed = exc
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                failed = _ClientGone()
-            nursery.cancel_scope.cancel()
-        if failed is not None:
-            raise failed
-        if status == 0:
-            raise _ClientGone  # the watcher cut the answer short: the client hung up
-        # A client that hangs up once it has the whole answer is no failure.
-        return status
-
-    async def _send_body(
-        self, stream: trio.SocketStream, conn: h11.Connection, upstream: Upstream
-    ) -> None:
-        config = self.config
-        if conn.they_are_waiting_for_100_continue:
-            await stream.send_all(
-                conn.send(h11.InformationalResponse(status_code=100, headers=[])) or b""
-            )
-        while True:
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                with trio.move_on_after(config.body_timeout_s) as waited:
-                    data = await stream.receive_some(_READ_SIZE)
-                if waited.cancelled_caught:
-                    message = f"the request body stalled for {config.body_timeout_s:g} s"
-                    raise _Reply(408, "RequestTimeout", message)
-                if not data:
-                    raise _ClientGone
-                conn.receive_data(data)
-                continue
-            if isinstance(event, h11.Data):
-                await self._up(upstream, event)
-            elif isinstance(event, h11.EndOfMessage):
-                await self._up(upstream, h11.EndOfMessage())
-                return
-            else:
-                raise _ClientGone  # closed mid-body
-
-    async def _up(self, upstream: Upstream, event: h11.Event) -> None:
-        try:
-            await upstream.send(event)
-        except (
-            trio.BrokenResourceError,
-            trio.ClosedResourceError,
-            OSError,
-            h11.LocalProtocolError,
-        ) as exc:
-            raise _Reply(
-                502,
-                "BadGateway",
-                f"the replica at {upstream.address} closed the connection "
-                f"while the request was sent: {exc}",
-            ) from None
-
-    async def _send_answer(
-        self,
-        stream: trio.SocketStream,
-        conn: h11.Connection,
-        upstream: Upstream,
-        backend: BackendRoutes,
-        slot: Slot,
-    ) -> int:
-        config = self.config
-        name = backend.name
-        sent = trio.current_time()
-        with trio.move_on_after(config.request_timeout_s) as waited:
-            response = await _upstream_event(upstream)
-            while isinstance(response, h11.InformationalResponse):
-                response = await _upstream_event(upstream)  # 1xx: not passed on
-        backend.answered(slot, trio.current_time() - sent)  # a timeout counts: it was slow
-        if waited.cancelled_caught:
-            message = (
-                f"backend {name!r}: the replica at {upstream.address} did not answer within "
-                f"request_timeout_s={config.request_timeout_s:g}"
-            )
-            raise _Reply(504, "GatewayTimeout", message)
-        if not isinstance(response, h11.Response):
-            message = f"the replica at {upstream.address} closed the connection without answering"
-            raise _Reply(502, "BadGateway", message)
-        headers = [(k, v) for k, v in response.headers if k not in _HOP_BY_HOP]
-        await _to_client(
-            stream,
-            conn,
-            h11.Response(status_code=response.status_code, headers=headers, reason=response.reason),
-            config,
-        )
-        # From here on the client has the head: a failure can only cut the response short.
-        while True:
-            with trio.move_on_after(config.request_timeout_s) as waited:
-                event = await _upstream_event(upstream)
-            if waited.cancelled_caught or not isinstance(event, (h11.Data, h11.EndOfMessage)):
-                raise _ClientGone  # close the client's connection: it sees a broken response
-            if isinstance(event, h11.Data):
-                await _to_client(stream, conn, h11.Data(data=event.data), config)
-            else:
-                await _to_client(stream, conn, h11.EndOfMessage(), config)
-                return response.status_code
-
-    # -- answers of our own --
 
     async def _fail(
         self,
@@ -421,42 +276,6 @@ class Proxy:
             )
 
 
-async def _watch_hangup(
-    stream: trio.SocketStream, conn: h11.Connection, scope: trio.CancelScope
-) -> None:
-    """Cancel `scope` if the client hangs up while its answer is awaited or sent."""
-    try:
-        data = await stream.receive_some(_READ_SIZE)
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        data = b""
-    if data:
-        conn.receive_data(data)  # the next request, pipelined: h11 keeps it for later
-        return
-    scope.cancel()
-
-
-async def _upstream_event(upstream: Upstream) -> h11.Event:
-    try:
-        return await upstream.next_event()
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, h11.RemoteProtocolError):
-        return h11.ConnectionClosed()
-
-
-async def _to_client(
-    stream: trio.SocketStream, conn: h11.Connection, event: h11.Event, config: IngressConfig
-) -> None:
-    data = conn.send(event)
-    if not data:
-        return
-    with trio.move_on_after(config.body_timeout_s) as waited:
-        try:
-            await stream.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            raise _ClientGone from None
-    if waited.cancelled_caught:
-        raise _ClientGone  # it stopped reading: the replica's slot is not held for it
-
-
 async def _drain_body(
     stream: trio.SocketStream, conn: h11.Connection, config: IngressConfig
 ) -> None:
@@ -467,7 +286,7 @@ async def _drain_body(
         event = conn.next_event()
         if event is h11.NEED_DATA:
             with trio.move_on_after(config.body_timeout_s):
-                data = await stream.receive_some(_READ_SIZE)
+                data = await stream.receive_some(READ_SIZE)
                 conn.receive_data(data)
                 if data:
                     budget -= len(data)
@@ -496,7 +315,7 @@ def _upstream_request(request: h11.Request, peer: str, route: str) -> h11.Reques
     for key, value in request.headers:
         if key == b"transfer-encoding":
             chunked = True
-        if key in _HOP_BY_HOP:
+        if key in HOP_BY_HOP:
             continue
         if key == b"x-forwarded-for":
             forwarded_for = value + b", " + forwarded_for
