@@ -344,6 +344,31 @@ async def test_bad_input_and_bad_replicas_get_clear_answers_not_hangs(runtime_di
             assert (await request(f.port, "/app")).status == 200  # and it still serves
 
 
+async def test_past_max_connections_new_clients_wait_for_one_to_end(runtime_dir: Path) -> None:
+    with trio.fail_after(LIMIT_S):
+        async with front(runtime_dir, IngressConfig(max_connections=2)) as f:
+            await f.deploy("app", routed(num_replicas=1))
+            idle = [await Conn.open(f.port), await Conn.open(f.port)]
+            assert (await idle[0].request("/app")).status == 200
+            third = await Conn.open(f.port)  # the kernel takes it; the ingress does not yet
+            answers: list[int] = []
+            answered = trio.Event()
+
+            async def ask() -> None:
+                answers.append((await third.request("/app")).status)
+                answered.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ask)
+                with trio.move_on_after(0.3):  # a bound on something that must not happen
+                    await answered.wait()
+                assert answers == []  # not served while two connections are open
+                await idle[1].aclose()
+            assert answers == [200]
+            await idle[0].aclose()
+            await third.aclose()
+
+
 async def test_the_controller_sees_the_load_and_metrics_count_it(runtime_dir: Path) -> None:
     with trio.fail_after(LIMIT_S):
         async with front(runtime_dir) as f:

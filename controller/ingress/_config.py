@@ -21,6 +21,12 @@ def _count(instance: object, attribute: attrs.Attribute[int], value: int) -> Non
         )
 
 
+def _at_least_one(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    _count(instance, attribute, value)
+    if value < 1:
+        raise ConfigError(f"IngressConfig.{attribute.name}", "must be at least 1", value)
+
+
 @attrs.frozen(kw_only=True)
 class IngressConfig:
     """An ingress's timeouts and limits. The defaults suit HTTP services behind a proxy."""
@@ -41,6 +47,8 @@ class IngressConfig:
     """How long connecting to a replica may take before another is tried."""
     max_header_bytes: int = attrs.field(default=65536, validator=_count)
     """The largest request head (request line and headers): 431 beyond."""
+    max_connections: int = attrs.field(default=10_000, validator=_at_least_one)
+    """Client connections served at once; more wait in the kernel's backlog until one ends."""
     max_retries: int = attrs.field(default=3, validator=_count)
     """How many other replicas a request whose connection failed before it was sent is tried
     on (each replica once)."""

@@ -56,11 +56,13 @@ class Ingress:
     _conflicts: frozenset[str] = attrs.field(factory=frozenset, init=False)
     metrics: IngressMetrics = attrs.field(init=False)
     proxy: Proxy = attrs.field(init=False)
+    _connections: trio.Semaphore = attrs.field(init=False)
     connected: bool = attrs.field(default=False, init=False)
     """Whether the last call to the source worked."""
 
     def __attrs_post_init__(self) -> None:
         self.metrics = IngressMetrics(self.load)
+        self._connections = trio.Semaphore(self.config.max_connections)
         self.proxy = Proxy(self, Pool(self.config.connect_timeout_s), self.config, self.metrics)
 
     # -- what the proxy reads --
@@ -121,17 +123,26 @@ class Ingress:
                 await self.proxy.pool.aclose()
 
     async def _accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
-        # trio.serve_listeners, but without its sleep-and-retry when out of descriptors: here
-        # each connection task is the one place that can fail, and it closes what it opened.
+        # Past max_connections, accepting waits: new clients queue in the kernel's backlog
+        # instead of each taking a descriptor (a flood of idle connections cannot exhaust them).
         async with listener:
             while True:
+                await self._connections.acquire()
                 try:
                     stream = await listener.accept()
                 except OSError as exc:
+                    self._connections.release()
+                    # Out of descriptors, say: give those open a moment to finish.
                     logger.warning("ingress: accept failed (%s); pausing 0.1 s", exc)
                     await trio.sleep(0.1)
                     continue
-                nursery.start_soon(self.proxy.serve_connection, stream)
+                nursery.start_soon(self._serve_one, stream)
+
+    async def _serve_one(self, stream: trio.SocketStream) -> None:
+        try:
+            await self.proxy.serve_connection(stream)
+        finally:
+            self._connections.release()
 
     async def _follow(self, task_status: trio.TaskStatus[None]) -> None:
         started = False
