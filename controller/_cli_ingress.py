@@ -100,6 +100,10 @@ def add_ingress_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     ingress.add_argument(
         "--listen", default="127.0.0.1:8000", help="HOST:PORT to serve (default %(default)s)"
     )
+    # Also after the command (`controller ingress --url ...`), as one would write it: given
+    # here, they override the global ones; left out, those stand.
+    ingress.add_argument("--url", default=argparse.SUPPRESS, help="the daemon's API")
+    ingress.add_argument("--token", default=argparse.SUPPRESS, help="the API token")
     ingress.add_argument(
         "--workers",
         type=int,

@@ -4,6 +4,7 @@ slow replica, a client that hangs up, streaming bodies, and every fault the issu
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -342,6 +343,49 @@ async def test_bad_input_and_bad_replicas_get_clear_answers_not_hangs(runtime_di
             assert empty.status == 503
             assert empty.json()["error"]["type"] == "NoReplicas"
             assert (await request(f.port, "/app")).status == 200  # and it still serves
+            # A head past the limit that arrives in one piece is measured too.
+            whole = b"GET /app HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 66_000 + b"\r\n\r\n"
+            assert (await raw(f.port, whole)).startswith(b"HTTP/1.1 431 ")
+            # A body that breaks its own chunked framing: 400, not a silent close.
+            for body in (b"zz\r\nhello\r\n0\r\n\r\n", b"3\r\nhello\r\n0\r\n\r\n"):
+                head = b"POST /app/sha HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                assert (await raw(f.port, head + body)).startswith(b"HTTP/1.1 400 ")
+            # An HTTP/1.0 request with no Host still reaches the replica.
+            old = await raw(f.port, b"GET /app HTTP/1.0\r\n\r\n")
+            assert old.startswith(b"HTTP/1.1 200 "), old
+            assert (await request(f.port, "/-/nope")).status == 404  # the ingress's own paths
+
+
+async def test_a_request_is_never_passed_on_two_ways_to_read(runtime_dir: Path) -> None:
+    """Transfer-Encoding and Content-Length together (request smuggling): the replica gets the
+    chunked framing only, so the smuggled request stays inside the body and no later client
+    gets its answer. Headers the Connection header names stay on the client's hop."""
+    with trio.fail_after(LIMIT_S):
+        async with front(runtime_dir) as f:
+            await f.deploy("app", routed(num_replicas=1))
+            inner = b"GET /app/SMUGGLED HTTP/1.1\r\nHost: x\r\nX-Pad: "
+            body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(inner), inner)
+            attack = (
+                b"POST /app/sha HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
+                b"Transfer-Encoding: chunked\r\nConnection: close, X-Secret\r\n"
+                b"X-Secret: s\r\n\r\n" + body
+            )
+            answer = await raw(f.port, attack)
+            assert answer.startswith(b"HTTP/1.1 200 ")
+            assert b'"length": %d' % len(inner) in answer  # the whole chunk reached it as body
+            for _ in range(5):
+                victim = await request(f.port, "/app/victim")
+                assert victim.json()["path"] == "/app/victim"
+                assert "x-secret" not in victim.json()["headers"]
+            seen = await raw(
+                f.port,
+                b"GET http://elsewhere.example/app/abs?q=1 HTTP/1.1\r\nHost: x\r\n"
+                b"Connection: close, X-Secret\r\nX-Secret: s\r\n\r\n",
+            )
+            payload = json.loads(seen.partition(b"\r\n\r\n")[2])
+            assert payload["path"] == "/app/abs?q=1"  # origin form
+            assert payload["headers"]["host"] == "elsewhere.example"
+            assert "x-secret" not in payload["headers"]
 
 
 async def test_past_max_connections_new_clients_wait_for_one_to_end(runtime_dir: Path) -> None:

@@ -76,7 +76,10 @@ class Exchange:
             go_on = h11.InformationalResponse(status_code=100, headers=[])
             await self.stream.send_all(conn.send(go_on) or b"")
         while True:
-            event = conn.next_event()
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise Reply(400, "BadRequest", f"malformed request body: {exc}") from None
             if event is h11.NEED_DATA:
                 with trio.move_on_after(timeout) as waited:
                     data = await self.stream.receive_some(READ_SIZE)

@@ -90,6 +90,12 @@ class Proxy:
                 await self._fail(stream, conn, status, kind, f"malformed request: {exc}")
                 return None
             if isinstance(event, h11.Request):
+                # h11 bounds a head that arrives in parts; one that arrives whole is measured.
+                size = len(event.target) + sum(len(k) + len(v) + 4 for k, v in event.headers)
+                if size > config.max_header_bytes:
+                    message = f"the request head is over {config.max_header_bytes} bytes"
+                    await self._fail(stream, conn, 431, "HeadersTooLarge", message)
+                    return None
                 return event
             if event is h11.NEED_DATA:
                 with trio.move_on_at(deadline):
@@ -118,6 +124,13 @@ class Proxy:
         path = _path_of(target)
         table = self.routing.table
         builtin = self.routing.builtin(path) if path.startswith("/-/") else None
+        if path.startswith("/-/") and builtin is None:
+            builtin = (
+                404,
+                b"application/json",
+                b'{"error": {"type": "NoRoute", "message": '
+                b'"paths under /-/ are the ingress\'s own"}}',
+            )
         if builtin is not None:
             await _drain_body(stream, conn, self.config)
             status, content_type, body = builtin
@@ -160,19 +173,20 @@ class Proxy:
         peer: str,
     ) -> int:
         config = self.config
-        head = _upstream_request(request, peer, route)
         tried: set[str] = set()
         while True:
             slot = await self._acquire(backend, frozenset(tried))
+            head = _upstream_request(request, peer, route, slot.address)
             try:
                 upstream = await self._send_head(slot, head)
             except NotSent as exc:
+                backend.refused(slot)
                 backend.release(slot)
                 tried.add(slot.tag)
                 if len(tried) > config.max_retries:
                     raise Reply(502, "BadGateway", f"{exc}; tried {len(tried)} replicas") from None
                 self.metrics.retries.labels(backend.name).inc()
-                logger.info("backend %s: %s; trying another replica", backend.name, exc)
+                logger.debug("backend %s: %s; trying another replica", backend.name, exc)
                 continue
             break
         kept = False
@@ -308,33 +322,62 @@ async def _send_simple(
     await stream.send_all(data)
 
 
-def _upstream_request(request: h11.Request, peer: str, route: str) -> h11.Request:
+def _upstream_request(request: h11.Request, peer: str, route: str, address: str) -> h11.Request:
+    """The head sent to the replica: the client's, less what belongs to the client's hop (and
+    the headers its Connection header names), in origin form, with a Host, and with where it
+    came from. A chunked body is sent chunked with no Content-Length beside it: a request that
+    carried both is never passed on two ways to read it (request smuggling)."""
     headers: list[tuple[bytes, bytes]] = []
     forwarded_for = peer.encode()
-    chunked = False
+    named = {
+        token.strip().lower()
+        for key, value in request.headers
+        if key == b"connection"
+        for token in value.split(b",")
+    }
+    chunked = any(key == b"transfer-encoding" for key, _ in request.headers)
+    target, authority = _origin_form(request.target)
+    host = authority
     for key, value in request.headers:
-        if key == b"transfer-encoding":
-            chunked = True
-        if key in HOP_BY_HOP:
+        if key in HOP_BY_HOP or key in named or key in _OURS:
+            continue
+        if key == b"content-length" and chunked:
+            continue
+        if key == b"host":
+            host = host or value  # the absolute form's authority wins (RFC 9112 3.2.2)
             continue
         if key == b"x-forwarded-for":
             forwarded_for = value + b", " + forwarded_for
             continue
         headers.append((key, value))
+    headers.insert(0, (b"host", host or address.encode()))  # HTTP/1.0 clients may send none
     if chunked:
         headers.append((b"transfer-encoding", b"chunked"))
     headers.append((b"x-forwarded-for", forwarded_for))
     headers.append((b"x-forwarded-proto", b"http"))
     headers.append((b"x-forwarded-prefix", route.encode()))
-    return h11.Request(method=request.method, target=request.target, headers=headers)
+    return h11.Request(method=request.method, target=target, headers=headers)
+
+
+#: Set by the ingress alone: a client's own are dropped.
+_OURS = frozenset({b"x-forwarded-proto", b"x-forwarded-prefix"})
+
+
+def _origin_form(target: bytes) -> tuple[bytes, bytes]:
+    """The target as a path (and query), and the authority if it came in absolute form."""
+    if target.startswith((b"http://", b"https://")):
+        rest = target.partition(b"//")[2]
+        authority, slash, path = rest.partition(b"/")
+        query = b""
+        if b"?" in authority:  # http://host?q
+            authority, _, query = authority.partition(b"?")
+            return b"/?" + query, authority
+        return slash + path if slash else b"/", authority
+    return target, b""
 
 
 def _path_of(target: bytes) -> str:
-    path = target.partition(b"?")[0].partition(b"#")[0]
-    if path.startswith((b"http://", b"https://")):
-        # The absolute form (RFC 9112 3.2.2): the path after the authority.
-        rest = path.partition(b"//")[2]
-        path = b"/" + rest.partition(b"/")[2]
+    path = _origin_form(target)[0].partition(b"?")[0].partition(b"#")[0]
     return path.decode("latin-1") or "/"
 
 

@@ -169,8 +169,8 @@ class HTTPSource:
                 data += conn.send(h11.EndOfMessage()) or b""
                 await stream.send_all(data)
                 return await _read_json(stream, conn)
-            except (OSError, trio.BrokenResourceError, h11.ProtocolError) as exc:
-                raise SourceError(f"{self.url}: {exc}") from None
+            except (OSError, trio.BrokenResourceError, h11.ProtocolError):
+                raise SourceError(f"{self.url} closed the connection before answering") from None
 
 
 #: The largest watch answer read (a daemon with many thousands of backends stays well below).

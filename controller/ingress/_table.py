@@ -46,6 +46,9 @@ class Slot:
     """It left the snapshot: it is chosen no more; requests already sent to it complete."""
 
 
+#: The answer time a refused connection counts as (see ``BackendRoutes.refused``).
+REFUSED_PENALTY_S = 10.0
+
 RejectCause = Literal["queue_full", "queue_timeout", "no_replicas"]
 
 
@@ -187,6 +190,13 @@ class BackendRoutes:
         slot.latency_s = seconds if seconds > latency else latency + (seconds - latency) * 0.2
         if not slot.gone:
             self._latencies[slot.index] = slot.latency_s
+
+    def refused(self, slot: Slot) -> None:
+        """A connection to `slot` failed before the request went out: it counts as a replica
+        that takes `REFUSED_PENALTY_S` to answer, so it is chosen only to explore (or when all
+        others are far busier) until answers bring its time down. A replica that died while
+        its controller is away is so left alone, without being dropped."""
+        self.answered(slot, REFUSED_PENALTY_S)
 
     def in_flight(self) -> dict[str, int]:
         """Requests in flight per replica tag (replicas gone included until they finish)."""
