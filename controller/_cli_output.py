@@ -75,7 +75,7 @@ def print_backend(b: dict[str, Any]) -> None:
         route = b["config"].get("route_prefix")
         print(
             f"Route:       {route or '(none)'}; load {load['in_flight']} in flight, "
-            f"{load['queued']} queued ({load['sources']} ingress(es) reporting)"
+            f"{load['queued']} queued ({load['sources']} reporting)"
         )
     if b["last_error"]:
         print(f"Last error:  {b['last_error']}")
