@@ -25,6 +25,7 @@ import select
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -628,24 +629,47 @@ def profile_ingress(pid: int, target: tuple[str, int, str], args: argparse.Names
         own: collections.Counter[str] = collections.Counter()
         inclusive: collections.Counter[str] = collections.Counter()
         threads: collections.Counter[str] = collections.Counter()
+        areas: collections.Counter[str] = collections.Counter()
         total = 0
         for line in out.read_text().splitlines():
             stack, _, count_text = line.rpartition(" ")
             count = int(count_text)
-            thread, *frames = [_short(f) for f in stack.split(";") if f]
+            raw = [f for f in stack.split(";") if f]
+            thread, *frames = [_short(f) for f in raw]
             total += count
             threads[thread] += count
             if frames:
                 own[frames[-1]] += count
+                areas[_area(raw[-1])] += count
             for frame in set(frames):
                 inclusive[frame] += count
     return {
         "rps_while_profiled": figures["rps"],
         "samples": total,
         "threads": [(t, c / total) for t, c in threads.most_common()],
+        "own_by_area": [(a, c / total) for a, c in areas.most_common()],
         "own": [(f, c / total) for f, c in own.most_common(25)],
         "inclusive": [(f, c / total) for f, c in inclusive.most_common(60)],
     }
+
+
+def _area(frame: str) -> str:
+    """Where a frame's own time goes: the socket calls (the kernel's send and receive, which
+    trio's wrapper makes), h11, trio, the ingress's own code, or the rest."""
+    name, _, where = frame.partition(" (")
+    if name.endswith(("._nonblocking_helper", "_make_simple_sock_method_wrapper.<locals>.wrapper")):
+        return "socket calls (send/recv, in the kernel)"
+    where = "/" + where  # py-spy gives site-packages files from the package down
+    for marker, area in (
+        ("/h11/", "h11 (HTTP parsing and framing)"),
+        ("/trio/", "trio (scheduling, cancel scopes, I/O waits)"),
+        ("/outcome/", "trio (scheduling, cancel scopes, I/O waits)"),
+        ("/controller/ingress/", "the ingress's own code"),
+        ("/prometheus_client/", "metrics (prometheus_client)"),
+    ):
+        if marker in where:
+            return area
+    return "other (stdlib: contextlib, attrs, ...)"
 
 
 def _short(frame: str) -> str:
@@ -729,31 +753,45 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for name, target, groups in plans:
             results["contenders"][name] = measure(name, target, groups, args)
 
-        # The skewed workload, through the daemon's ingress: open loop at a fixed rate.
+        # The skewed workload, through the daemon's ingress: open loop at a fixed rate, the
+        # two cases taking turns (so that a burst of load from elsewhere hits both alike).
         rate = args.skew_load * 4 * 1000 / FAST_MS
         results["skew"] = {"offered_rps": rate, "fast_ms": FAST_MS, "slow_ms": SLOW_MS}
-        for name in ("fast4", "skew4"):
-            prefix = "/fast" if name == "fast4" else "/skew"
+        rounds: dict[str, list[dict[str, Any]]] = {"fast4": [], "skew4": []}
+        for prefix in ("/fast", "/skew"):
             wait_answers(f"http://127.0.0.1:{daemon_port}{prefix}", times=4)
-            print(f"{name}: open loop at {rate:.0f} req/s ...", file=sys.stderr)
-            figures = load(
-                ("127.0.0.1", daemon_port, prefix),
-                conns=args.open_conns,
-                procs=1,
-                warmup_s=args.warmup,
-                seconds=args.skew_seconds,
-                rate=rate,
-                groups={
-                    "proxy": [daemon.proc.pid],
-                    "replicas": [pid for _, pid in replicas[name]],
+        for r in range(args.skew_rounds):
+            for name, prefix in (("fast4", "/fast"), ("skew4", "/skew")):
+                print(f"{name}: open loop at {rate:.0f} req/s, round {r + 1}", file=sys.stderr)
+                figures = load(
+                    ("127.0.0.1", daemon_port, prefix),
+                    conns=args.open_conns,
+                    procs=1,
+                    warmup_s=args.warmup,
+                    seconds=args.skew_seconds,
+                    rate=rate,
+                    groups={
+                        "proxy": [daemon.proc.pid],
+                        "replicas": [pid for _, pid in replicas[name]],
+                    },
+                )
+                print(
+                    f"  p50 {figures['p50_ms']:.2f} ms, p99 {figures['p99_ms']:.2f} ms, to the "
+                    f"slow replica {figures['slow_share']:.1%}; cores {_cores(figures)}",
+                    file=sys.stderr,
+                )
+                rounds[name].append(figures)
+        for name, runs in rounds.items():
+            results["skew"][name] = {
+                **{
+                    key: statistics.median(run[key] for run in runs)
+                    for key in ("rps", "p50_ms", "p90_ms", "p99_ms", "slow_share")
                 },
-            )
-            print(
-                f"  p50 {figures['p50_ms']:.2f} ms, p99 {figures['p99_ms']:.2f} ms, to the "
-                f"slow replica {figures['slow_share']:.1%}",
-                file=sys.stderr,
-            )
-            results["skew"][name] = figures
+                "max_ms": max(run["max_ms"] for run in runs),
+                "errors": sum(run["errors"] for run in runs),
+                "p99_ms_rounds": [run["p99_ms"] for run in runs],
+                "rounds": runs,
+            }
 
         if args.profile:
             print("profiling the 1-process ingress (py-spy) ...", file=sys.stderr)
@@ -835,9 +873,10 @@ def print_tables(results: dict[str, Any]) -> None:
     conns = results["config"]["conns"]
     print(
         f"| contender | req/s ({conns} conns) | p50 / p99 under load | p50 / p99, one connection "
-        "| cores used: proxy / replicas / generator / other / all |"
+        "| cores used: proxy / replicas / generator / other / all "
+        "| CPU per request: proxy / replicas |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     for name, figures in results["contenders"].items():
         lo, un = figures["loaded"], figures["unloaded"]
         cores = lo["cores_used"]
@@ -846,15 +885,16 @@ def print_tables(results: dict[str, Any]) -> None:
             f"| {LABELS[name]} | {lo['rps']:,.0f} | {lo['p50_ms']:.2f} / {lo['p99_ms']:.2f} ms | "
             f"{un['p50_ms']:.3f} / {un['p99_ms']:.3f} ms | {cores['proxy']:.2f} / "
             f"{cores['replicas']:.2f} / {cores['generator']:.2f} / {other:.2f} / "
-            f"{cores['machine']:.2f} |"
+            f"{cores['machine']:.2f} | {cores['proxy'] / lo['rps'] * 1e6:.0f} / "
+            f"{cores['replicas'] / lo['rps'] * 1e6:.0f} us |"
         )
     skew = results["skew"]
     print()
     print(
-        f"| 4 replicas, open loop at {skew['offered_rps']:,.0f} req/s | achieved req/s | "
-        "p50 | p99 | max | to the slow replica | errors |"
+        f"| 4 replicas, open loop at {skew['offered_rps']:,.0f} req/s (median of rounds) "
+        "| achieved req/s | p50 | p99 | p99 of each round | max | to the slow replica | errors |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for name, label in (
         ("fast4", f"all fast ({FAST_MS:g} ms each, one at a time)"),
         ("skew4", f"one slow ({SLOW_MS:g} ms), three fast"),
@@ -862,7 +902,8 @@ def print_tables(results: dict[str, Any]) -> None:
         f = skew[name]
         print(
             f"| {label} | {f['rps']:,.0f} | {f['p50_ms']:.2f} ms | {f['p99_ms']:.2f} ms | "
-            f"{f['max_ms']:.1f} ms | {f['slow_share']:.1%} | {f['errors']} |"
+            f"{' / '.join(f'{x:.1f}' for x in f['p99_ms_rounds'])} ms | {f['max_ms']:.1f} ms | "
+            f"{f['slow_share']:.1%} | {f['errors']} |"
         )
     print()
     print("| target | figure | met |")
@@ -873,8 +914,29 @@ def print_tables(results: dict[str, Any]) -> None:
     if profile and "own" in profile:
         print()
         print(f"py-spy, 1-process ingress ({profile['samples']} samples): own time")
-        for frame, share in profile["own"][:15]:
-            print(f"  {share:6.1%}  {frame}")
+        for area, share in profile["own_by_area"]:
+            print(f"  {share:6.1%}  {area}")
+
+
+def _provenance() -> dict[str, str]:
+    """What was measured (the commit, and whether the ingress's code differed from it) and
+    the scheduling group the run was in (``/proc/self/autogroup``: its nice value)."""
+    out: dict[str, str] = {}
+    with suppress(OSError, subprocess.SubprocessError):
+        out["commit"] = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "controller"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
+        out["controller_changed_since_commit"] = "yes" if changed.strip() else "no"
+    with suppress(OSError):
+        out["autogroup"] = Path("/proc/self/autogroup").read_text().strip()
+    return out
 
 
 def main() -> None:
@@ -888,13 +950,15 @@ def main() -> None:
     parser.add_argument("--conns", type=int, default=32, help="closed-loop connections")
     parser.add_argument("--gen-procs", type=int, default=2, help="load generator processes")
     parser.add_argument("--skew-load", type=float, default=0.6, help="of 4 fast replicas")
-    parser.add_argument("--skew-seconds", type=float, default=10.0)
+    parser.add_argument("--skew-seconds", type=float, default=5.0, help="each round")
+    parser.add_argument("--skew-rounds", type=int, default=3)
     parser.add_argument("--open-conns", type=int, default=128, help="open-loop connections")
     parser.add_argument("--no-serve", action="store_true", help="skip Ray Serve")
     parser.add_argument("--profile", action="store_true", help="py-spy the 1-process ingress")
     parser.add_argument("--out", type=Path, default=HERE / "ingress_results.json")
     args = parser.parse_args()
     started = time.monotonic()
+    before = _provenance()
     results = run(args)
     results["targets"] = targets(results)
     results["config"] = {
@@ -910,6 +974,10 @@ def main() -> None:
         import ray
 
         results["machine"]["ray"] = ray.__version__
+    results["machine"].update(_provenance())
+    results["machine"]["code_changed_during_run"] = (
+        "yes" if before != _provenance() else "no"  # the ingress under test moved mid-run
+    )
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print_tables(results)
 
