@@ -7,6 +7,7 @@ them, so the ingress uses every core. Each reports its own load; the daemon sums
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import signal
 import subprocess
@@ -74,7 +75,20 @@ def _spawn_others(workers: int) -> list[subprocess.Popen[bytes]]:
     if workers <= 1:
         return []
     argv = [sys.executable, "-m", "controller", *_without_workers(sys.argv[1:])]
-    return [subprocess.Popen([*argv, "--workers", "1"]) for _ in range(workers - 1)]
+    return [
+        subprocess.Popen([*argv, "--workers", "1"], preexec_fn=_die_with_parent)
+        for _ in range(workers - 1)
+    ]
+
+
+def _die_with_parent() -> None:
+    """In the child, before it runs: a SIGTERM when this process dies, however it dies (a
+    kill -9 included), so no worker is left holding the port. Linux's PR_SET_PDEATHSIG."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass  # not Linux: --workers children then outlive a killed parent
 
 
 def _without_workers(argv: list[str]) -> list[str]:

@@ -8,6 +8,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +118,21 @@ async def standalone(nursery: trio.Nursery, daemon: Daemon, port: int, *extra: s
     return ingress
 
 
+@asynccontextmanager
+async def standalone_ingress(daemon: Daemon, port: int, *extra: str) -> AsyncIterator[Standalone]:
+    """`controller ingress`, stopped (SIGTERM, which stops its --workers too) however the test
+    ends."""
+    async with trio.open_nursery() as nursery:
+        ingress = await standalone(nursery, daemon, port, *extra)
+        try:
+            yield ingress
+        finally:
+            if ingress.process.returncode is None:
+                ingress.process.send_signal(signal.SIGTERM)
+            with trio.move_on_after(10, shield=True):
+                await ingress.process.wait()
+
+
 async def test_a_standalone_ingress_follows_the_daemon_and_outlives_its_restart(
     state_dir: Path,
 ) -> None:
@@ -123,11 +140,13 @@ async def test_a_standalone_ingress_follows_the_daemon_and_outlives_its_restart(
     file.write_text(manifest(app=app(2)))
     port = free_port()
     with trio.fail_after(LIMIT_S * 3):
-        async with trio.open_nursery() as nursery:
+        async with trio.open_nursery() as nursery, AsyncExitStack() as stack:
             daemon = Daemon(state_dir)
             await daemon.start(nursery, "--config", str(file), "--no-ingress")
             assert (await daemon.cli("wait", "app")).returncode == 0
-            ingress = await standalone(nursery, daemon, port, "--workers", "2")
+            ingress = await stack.enter_async_context(
+                standalone_ingress(daemon, port, "--workers", "2")
+            )
             await ingress.logged(b"serving on", times=2)
             first = await request(port, "/app/x")
             assert first.status == 200
