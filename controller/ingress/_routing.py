@@ -46,7 +46,7 @@ class RouteTable:
 
 #: How often a choice ignores the answer times and goes by requests in flight alone: a replica
 #: that was slow and is fast again gets requests, and so a fresh answer time, before long.
-EXPLORE = 0.02
+EXPLORE = 0.005
 _UNTIMED_S = 1e-6
 
 
@@ -58,7 +58,7 @@ def choose(
     latencies: Sequence[float] | None = None,
 ) -> int | None:
     """Power of two choices: of two replicas drawn at random, the one a request would wait on
-    least. With `latencies` (each replica's recent answer time) that is the lower
+    least. With `latencies` (how fast each replica answers) that is the lower
     ``(in flight + 1) * latency``, the expected wait (Finagle's and Linkerd's least-loaded
     rule), so a replica ten times slower than the others is chosen only once they hold ten
     times its load; without, the one with fewer requests in flight. A replica at `limit` is

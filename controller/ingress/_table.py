@@ -183,11 +183,14 @@ class BackendRoutes:
         self.on_change(self)
 
     def answered(self, slot: Slot, seconds: float) -> None:
-        """`slot` started an answer `seconds` after its request was sent. A slower answer
-        counts in full at once, a faster one a fifth at a time (peak EWMA): a replica that
-        turns slow is avoided at once, and trusted again gradually."""
+        """`slot` started an answer `seconds` after its request was sent. The estimate is of
+        how fast the replica can answer, not of its queue (the requests in flight stand for
+        that): a faster answer moves it half way at once, a slower one a tenth of the way, so
+        an answer that waited behind others does not make a fast replica look slow, while one
+        that stays slow is found so within a few answers."""
         latency = slot.latency_s
-        slot.latency_s = seconds if seconds > latency else latency + (seconds - latency) * 0.2
+        weight = 0.5 if seconds < latency else 0.1
+        slot.latency_s = seconds if latency == 0 else latency + (seconds - latency) * weight
         if not slot.gone:
             self._latencies[slot.index] = slot.latency_s
 
