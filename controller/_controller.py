@@ -19,12 +19,7 @@ from ._backend import Backend, Shared
 from ._capacity import Reservations
 from ._checkpoint import SpecRecord, dump, spec_key
 from ._config import BackendConfig, ReplicaConfig, check_backend_name
-from ._errors import (
-    ConfigError,
-    ControllerClosedError,
-    RouteConflictError,
-    UnknownBackendError,
-)
+from ._errors import ConfigError, ControllerClosedError, UnknownBackendError
 from ._goal import Goal
 from ._history import plural
 from ._locks import NameLocks
@@ -32,6 +27,7 @@ from ._observe import NullObserver, Observer
 from ._policy import RestartPolicy
 from ._recovery import recover
 from ._replica import Spec, delete_record, deploy_record
+from ._routes import RouteClaims
 from ._runtime import Runtime
 from ._state import BackendSnapshot, BackendStatus, ControllerStatus, LoadReport
 from ._store import Store
@@ -139,8 +135,7 @@ class Controller:
         # Held by `apply`, which locks several names: two applies never wait on each other's
         # names, so they cannot deadlock. Single deploys and deletes lock one name only.
         self._apply_lock = trio.Lock()
-        # Routes of specs being written, not yet in `_requested` (see `_check_routes`).
-        self._route_claims: dict[str, str] = {}
+        self._routes = RouteClaims()
         self._reservations = Reservations(runtime, self._backends, self._requested_spec)
         # Hand-overs of new specs to their loops not acknowledged yet, released if we close.
         self._handovers: set[trio.Event] = set()
@@ -272,11 +267,11 @@ class Controller:
         if not records:
             return []
         specs = {name: Spec.from_record(record) for name, record in records.items()}
-        claims = self._check_routes(specs)
+        claims = self._routes.claim(specs, ((n, s) for n, (s, _) in self._requested.items()))
         try:
             reserved = await self._reservations.reserve(specs)
         except BaseException:
-            self._release_routes(claims)
+            self._routes.release(claims)
             raise
         handovers: list[trio.Event] = []
         new: list[Backend] = []
@@ -301,38 +296,8 @@ class Controller:
                     await self._nursery.start(backend.run)
         finally:
             self._reservations.release(reserved)
-            self._release_routes(claims)
+            self._routes.release(claims)
         return handovers
-
-    def _release_routes(self, claims: Mapping[str, str]) -> None:
-        for route in claims:
-            self._route_claims.pop(route, None)
-
-    def _check_routes(self, specs: Mapping[str, Spec]) -> dict[str, str]:
-        """Each route leads to one backend: refuse a spec whose route another backend keeps
-        (one not being deleted), counting the routes of commits still being written, so that
-        two deploys racing for one route cannot both pass. Returns the routes claimed, for the
-        caller to release once its specs are written (or not)."""
-        taken: dict[str, str] = dict(self._route_claims)
-        for name, (spec, _) in self._requested.items():
-            if name not in specs:
-                _claim(taken, name, spec)
-        for name in sorted(specs):
-            route = specs[name].backend_config.route_prefix
-            if not specs[name].deleting and route is not None and route in taken:
-                raise RouteConflictError(
-                    f"backend {name!r}: route_prefix {route!r} leads to backend "
-                    f"{taken[route]!r} already; each route leads to one backend. Nothing was "
-                    "applied."
-                )
-            _claim(taken, name, specs[name])
-        claims = {
-            route: name
-            for name, spec in specs.items()
-            if not spec.deleting and (route := spec.backend_config.route_prefix) is not None
-        }
-        self._route_claims.update(claims)
-        return claims
 
     async def _handed_over(self, handovers: list[trio.Event]) -> None:
         """Wait until each backend's loop has taken its new spec, so that what the caller reads
@@ -476,12 +441,6 @@ def _check_declared(name: str, backend_config: object, replica_config: object) -
         raise ConfigError("backend_config", "must be a controller.BackendConfig", backend_config)
     if not isinstance(replica_config, ReplicaConfig):
         raise ConfigError("replica_config", "must be a controller.ReplicaConfig", replica_config)
-
-
-def _claim(taken: dict[str, str], name: str, spec: Spec) -> None:
-    route = spec.backend_config.route_prefix
-    if not spec.deleting and route is not None:
-        taken.setdefault(route, name)
 
 
 def _log_change(name: str, spec: Spec) -> None:

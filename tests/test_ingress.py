@@ -180,7 +180,8 @@ async def test_a_replica_killed_mid_traffic_gives_answers_or_502s_and_never_a_ha
             async with trio.open_nursery() as nursery:
                 for _ in range(8):
                     nursery.start_soon(client)
-                await trio.sleep(0.3)  # traffic under way on both replicas
+                # Traffic under way on both replicas (the ingress reports it in flight).
+                await f.ctl.wait_until(lambda c: len(c.status("app").load.replicas) == 2)
                 os.kill(victim, signal.SIGKILL)
                 # Replaced (a new replica serves) while the traffic goes on.
                 await f.wait_routed("app", 1)
