@@ -6,6 +6,8 @@ GET /hang            never answers (until the client goes away)
 GET /cut             sends a head promising 1,000,000 bytes, 10 of them, then closes
 GET /stream?n=N      a chunked answer of N chunks of 64 KiB
 POST /sha            reads the whole body, answers its length and sha256
+GET /stray           answers "ok", then sends bytes that look like another answer
+POST /early          answers 413 without reading the body, and keeps the connection open
 GET /watch-cancel    waits until the client hangs up, then appends "cancelled" to ``record``
 """
 
@@ -92,6 +94,19 @@ class HTTPReplica:
             for _ in range(int(query.get("n", "16"))):
                 h.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
             h.wfile.write(b"0\r\n\r\n")
+            return
+        if path == "stray":
+            h.send_response(200)
+            h.send_header("Content-Length", "2")
+            h.end_headers()
+            h.wfile.write(b"ok" + b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nPOISONED")
+            return
+        if path == "early":
+            h.send_response(413)
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            h.wfile.flush()
+            _wait_for_hangup(h)  # reads nothing more: the body stays unread
             return
         if path == "sha":
             digest = hashlib.sha256()

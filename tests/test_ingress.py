@@ -4,6 +4,7 @@ slow replica, a client that hangs up, streaming bodies, and every fault the issu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -355,6 +356,24 @@ async def test_bad_input_and_bad_replicas_get_clear_answers_not_hangs(runtime_di
             old = await raw(f.port, b"GET /app HTTP/1.0\r\n\r\n")
             assert old.startswith(b"HTTP/1.1 200 "), old
             assert (await request(f.port, "/-/nope")).status == 404  # the ingress's own paths
+            # A head padded with spaces is measured as sent, not as parsed.
+            padded = b"GET /app HTTP/1.1\r\nHost: x\r\nX-Pad: a" + b" " * 70_000 + b"a\r\n\r\n"
+            assert (await raw(f.port, padded)).startswith(b"HTTP/1.1 431 ")
+            # Waiting for a 100 Continue that a 404 will not send: answered at once.
+            with trio.fail_after(2):
+                expecting = await raw(
+                    f.port,
+                    b"POST /nope HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                    b"Content-Length: 5\r\n\r\n",
+                )
+            assert expecting.startswith(b"HTTP/1.1 404 ")
+            # The headers that frame the request cannot be named away by Connection.
+            framed = await raw(
+                f.port,
+                b"POST /app/sha HTTP/1.1\r\nHost: x\r\nConnection: close, Content-Length\r\n"
+                b"Content-Length: 4\r\n\r\nabcd",
+            )
+            assert b'"length": 4' in framed
 
 
 async def test_a_request_is_never_passed_on_two_ways_to_read(runtime_dir: Path) -> None:
@@ -387,6 +406,55 @@ async def test_a_request_is_never_passed_on_two_ways_to_read(runtime_dir: Path) 
             assert payload["path"] == "/app/abs?q=1"  # origin form
             assert payload["headers"]["host"] == "elsewhere.example"
             assert "x-secret" not in payload["headers"]
+
+
+async def test_a_replica_that_leaves_bytes_unread_or_extra_never_mixes_up_clients(
+    runtime_dir: Path,
+) -> None:
+    """Connections to replicas are reused only when nothing was left unread on either side:
+    a body the replica did not read would be taken for the next request (smuggling), and bytes
+    it sent past its answer for the next answer."""
+    config = IngressConfig(body_timeout_s=0.5)
+    with trio.fail_after(LIMIT_S):
+        async with front(runtime_dir, config) as f:
+            await f.deploy("app", routed(num_replicas=1))
+            inner = b"GET /app/SMUGGLED HTTP/1.1\r\nHost: x\r\n\r\n"
+            answer = await request(f.port, "/app/any", method="POST", body=inner)
+            assert answer.status == 200  # the replica answered without reading the body
+            assert (await request(f.port, "/app/stray")).body == b"ok"
+            for n in range(5):
+                victim = await request(f.port, f"/app/victim{n}")
+                assert victim.status == 200
+                assert victim.json()["path"] == f"/app/victim{n}"
+            # A large upload to a replica that answered early and stopped reading: the client
+            # hears within body_timeout_s, and the replica's slot is free again.
+            assert await _upload_to_early(f.port) == b"HTTP/1.1 502 "
+            await f.ctl.wait_until(lambda c: c.status("app").load.in_flight == 0)
+
+
+async def _upload_to_early(port: int) -> bytes:
+    """POST 64 MiB to a replica that answers 413 at once and reads no more, reading the answer
+    while sending (as a browser does); the first bytes of the ingress's answer."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    size = 64 << 20
+    head = b"POST /app/early HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % size
+
+    async def send() -> None:
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await stream.send_all(head)
+            for _ in range(size >> 20):
+                await stream.send_all(b"x" * (1 << 20))
+
+    async with stream, trio.open_nursery() as nursery:
+        nursery.start_soon(send)
+        answer = bytearray()
+        while len(answer) < 13:
+            chunk = await stream.receive_some(100)
+            if not chunk:
+                break
+            answer += chunk
+        nursery.cancel_scope.cancel()
+    return bytes(answer[:13])
 
 
 async def test_past_max_connections_new_clients_wait_for_one_to_end(runtime_dir: Path) -> None:

@@ -99,14 +99,21 @@ class Exchange:
                 raise ClientGone  # closed mid-body
 
     async def _up(self, event: h11.Event) -> None:
-        try:
-            await self.upstream.send(event)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            message = (
-                f"the replica at {self.upstream.address} closed the connection while the "
-                f"request was sent: {exc}"
-            )
-            raise Reply(502, "BadGateway", message) from None
+        if isinstance(event, h11.Data) and event.data:
+            self.upstream.body_sent = True
+        address, timeout = self.upstream.address, self.config.body_timeout_s
+        with trio.move_on_after(timeout) as waited:
+            try:
+                await self.upstream.send(event)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                message = (
+                    f"the replica at {address} closed the connection while the request was "
+                    f"sent: {exc}"
+                )
+                raise Reply(502, "BadGateway", message) from None
+        if waited.cancelled_caught:
+            message = f"the replica at {address} stopped reading the request for {timeout:g} s"
+            raise Reply(502, "BadGateway", message)
 
     async def _send_answer(self) -> int:
         timeout, address = self.config.request_timeout_s, self.upstream.address
@@ -161,12 +168,17 @@ class Exchange:
             raise ClientGone  # it stopped reading: the replica's slot is not held for it
 
     async def _watch_hangup(self, scope: trio.CancelScope) -> None:
-        """Cancel `scope` if the client hangs up while its answer is awaited or sent."""
-        try:
-            data = await self.stream.receive_some(READ_SIZE)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            data = b""
-        if data:
-            self.conn.receive_data(data)  # its next request, pipelined: h11 keeps it for later
-            return
-        scope.cancel()
+        """Cancel `scope` if the client hangs up while its answer is awaited or sent. What it
+        sends meanwhile (its next requests, pipelined) is kept for later, up to a bound: a
+        client that sends more than that is watched no more."""
+        held = 0
+        while held <= 4 * self.config.max_header_bytes:
+            try:
+                data = await self.stream.receive_some(READ_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                data = b""
+            if not data:
+                scope.cancel()
+                return
+            self.conn.receive_data(data)
+            held += len(data)

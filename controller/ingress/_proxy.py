@@ -81,17 +81,19 @@ class Proxy:
         config = self.config
         deadline = trio.current_time() + config.keepalive_timeout_s
         begun = False
+        received = len(conn.trailing_data[0])  # a pipelined head may be held already
         while True:
             try:
                 event = conn.next_event()
             except h11.RemoteProtocolError as exc:
                 status = exc.error_status_hint
-                kind = "HeadersTooLarge" if status == 431 else "BadRequest"
+                kind = {431: "HeadersTooLarge", 501: "NotImplemented"}.get(status, "BadRequest")
                 await self._fail(stream, conn, status, kind, f"malformed request: {exc}")
                 return None
             if isinstance(event, h11.Request):
-                # h11 bounds a head that arrives in parts; one that arrives whole is measured.
-                size = len(event.target) + sum(len(k) + len(v) + 4 for k, v in event.headers)
+                # h11 bounds a head that arrives in parts; one that arrives whole is measured
+                # here, as the bytes it took (what h11 holds beyond it is the next request's).
+                size = received - len(conn.trailing_data[0])
                 if size > config.max_header_bytes:
                     message = f"the request head is over {config.max_header_bytes} bytes"
                     await self._fail(stream, conn, 431, "HeadersTooLarge", message)
@@ -105,6 +107,7 @@ class Proxy:
                         begun = True
                         deadline = min(deadline, trio.current_time() + config.header_timeout_s)
                     conn.receive_data(data)
+                    received += len(data)
                     continue
                 if begun:
                     message = (
@@ -295,6 +298,8 @@ async def _drain_body(
 ) -> None:
     """Read and drop a small request body we answer ourselves (404, built-ins); a large one is
     left unread and the connection closed after the answer."""
+    if conn.they_are_waiting_for_100_continue:
+        return  # it sends no body before a 100 it will not get: answered at once, then closed
     budget = 65536
     while conn.their_state is h11.SEND_BODY and budget > 0:
         event = conn.next_event()
@@ -329,12 +334,13 @@ def _upstream_request(request: h11.Request, peer: str, route: str, address: str)
     carried both is never passed on two ways to read it (request smuggling)."""
     headers: list[tuple[bytes, bytes]] = []
     forwarded_for = peer.encode()
+    # The headers that say how to read the request are never the client's hop's to drop.
     named = {
         token.strip().lower()
         for key, value in request.headers
         if key == b"connection"
         for token in value.split(b",")
-    }
+    } - _FRAMING
     chunked = any(key == b"transfer-encoding" for key, _ in request.headers)
     target, authority = _origin_form(request.target)
     host = authority
@@ -359,6 +365,7 @@ def _upstream_request(request: h11.Request, peer: str, route: str, address: str)
     return h11.Request(method=request.method, target=target, headers=headers)
 
 
+_FRAMING = frozenset({b"host", b"content-length", b"transfer-encoding"})
 #: Set by the ingress alone: a client's own are dropped.
 _OURS = frozenset({b"x-forwarded-proto", b"x-forwarded-prefix"})
 

@@ -46,9 +46,22 @@ class Upstream:
             data = await self.stream.receive_some(_READ_SIZE)
             self.conn.receive_data(data)
 
+    body_sent: bool = False
+    """A request body went out on it: the replica may have answered without reading it all
+    (an early 401 or 413), and what it left unread would be read as the next request."""
+
     @property
     def reusable(self) -> bool:
-        return self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
+        """Whether the next request may go on this connection: both sides done, nothing sent
+        that the replica may not have read, and nothing received past the answer (stray bytes
+        would be read as the next answer)."""
+        conn = self.conn
+        return (
+            conn.our_state is h11.DONE
+            and conn.their_state is h11.DONE
+            and not self.body_sent
+            and not conn.trailing_data[0]
+        )
 
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):
