@@ -99,12 +99,15 @@ class Exchange:
                 raise ClientGone  # closed mid-body
 
     async def _up(self, event: h11.Event) -> None:
-        if isinstance(event, h11.Data) and event.data:
+        data = self.upstream.conn.send(event)
+        if not data:
+            return  # the end of a request without a body: nothing goes out, nothing can stall
+        if isinstance(event, h11.Data):
             self.upstream.body_sent = True
         address, timeout = self.upstream.address, self.config.body_timeout_s
         with trio.move_on_after(timeout) as waited:
             try:
-                await self.upstream.send(event)
+                await self.upstream.stream.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 message = (
                     f"the replica at {address} closed the connection while the request was "
