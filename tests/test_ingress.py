@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -374,6 +375,26 @@ async def test_bad_input_and_bad_replicas_get_clear_answers_not_hangs(runtime_di
                 b"Content-Length: 4\r\n\r\nabcd",
             )
             assert b'"length": 4' in framed
+
+
+async def test_a_stalled_body_gets_408_and_the_access_log_says_so(
+    runtime_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = IngressConfig(body_timeout_s=0.3, access_log=True)
+    caplog.set_level(logging.INFO, logger="controller.ingress.access")
+    with trio.fail_after(LIMIT_S):
+        async with front(runtime_dir, config) as f:
+            await f.deploy("app", routed(num_replicas=1))
+            head = b"POST /app/sha HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc"
+            assert (await raw(f.port, head)).startswith(b"HTTP/1.1 408 ")
+            assert (await request(f.port, "/app/x")).status == 200
+            await trio.testing.wait_all_tasks_blocked()
+    lines = [r for r in caplog.records if r.name == "controller.ingress.access"]
+    fields = [r.__dict__["fields"] for r in lines]
+    assert [(x["method"], x["target"], x["backend"], x["status"]) for x in fields] == [
+        ("POST", "/app/sha", "app", 408),
+        ("GET", "/app/x", "app", 200),
+    ]
 
 
 async def test_a_request_is_never_passed_on_two_ways_to_read(runtime_dir: Path) -> None:

@@ -256,3 +256,16 @@ def test_before_any_answer_the_load_decides() -> None:
     rng = random.Random(3)
     for _ in range(200):
         assert choose([5, 0], 100, rng, latencies=[0.0, 0.0]) == 1
+
+
+def test_an_access_line_in_json_logs_has_its_fields_as_keys() -> None:
+    import json
+    import logging
+
+    from controller._log_format import JSONFormatter
+
+    record = logging.LogRecord("controller.ingress.access", logging.INFO, "", 0, "GET /x", (), None)
+    record.fields = {"method": "GET", "status": 200, "duration_ms": 1.5}
+    entry = json.loads(JSONFormatter().format(record))
+    assert entry["message"] == "GET /x"
+    assert (entry["method"], entry["status"], entry["duration_ms"]) == ("GET", 200, 1.5)
