@@ -137,20 +137,47 @@ class Exchange:
             raise Reply(502, "BadGateway", message)
         headers = [(k, v) for k, v in response.headers if k not in HOP_BY_HOP]
         code = response.status_code
-        await self._to_client(
-            h11.Response(status_code=code, headers=headers, reason=response.reason)
-        )
-        # From here on the client has the head: a failure can only cut the answer short.
+        head = h11.Response(status_code=code, headers=headers, reason=response.reason)
+        out = bytearray(self.conn.send(head) or b"")
+        # From here on the client gets the head: a failure can only cut the answer short. What
+        # the replica has sent already goes with it, in one write: a small answer is one.
         while True:
+            done = self._take_buffered(out)
+            await self._to_client(out)
+            if done:
+                return code
             with trio.move_on_after(timeout) as waited:
                 event = await self._from_replica()
-            if waited.cancelled_caught or not isinstance(event, (h11.Data, h11.EndOfMessage)):
+            if waited.cancelled_caught:
                 raise ClientGone  # its connection is closed: it sees a broken answer
-            if isinstance(event, h11.Data):
-                await self._to_client(h11.Data(data=event.data))
-            else:
-                await self._to_client(h11.EndOfMessage())
+            out = bytearray()
+            if self._pass_on(event, out):
+                await self._to_client(out)
                 return code
+
+    def _take_buffered(self, out: bytearray) -> bool:
+        """Add to `out` the events of the answer h11 holds already (no waiting); whether the
+        answer ended among them."""
+        while True:
+            try:
+                event = self.upstream.conn.next_event()
+            except h11.ProtocolError:
+                raise ClientGone from None
+            if event is h11.NEED_DATA:
+                return False
+            assert not isinstance(event, type)  # PAUSED is not possible for a client here
+            if self._pass_on(event, out):
+                return True
+
+    def _pass_on(self, event: h11.Event, out: bytearray) -> bool:
+        """Add the bytes of one event of the answer to `out`; whether it was the answer's end."""
+        if isinstance(event, h11.Data):
+            out += self.conn.send(h11.Data(data=event.data)) or b""
+            return False
+        if isinstance(event, h11.EndOfMessage):
+            out += self.conn.send(h11.EndOfMessage()) or b""
+            return True
+        raise ClientGone  # the replica closed mid-answer: the client sees a broken answer
 
     async def _from_replica(self) -> h11.Event:
         try:
@@ -158,8 +185,7 @@ class Exchange:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, h11.ProtocolError):
             return h11.ConnectionClosed()
 
-    async def _to_client(self, event: h11.Event) -> None:
-        data = self.conn.send(event)
+    async def _to_client(self, data: bytes | bytearray) -> None:
         if not data:
             return
         with trio.move_on_after(self.config.body_timeout_s) as waited:
