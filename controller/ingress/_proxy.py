@@ -126,18 +126,15 @@ class Proxy:
         target = request.target
         path = _path_of(target)
         table = self.routing.table
-        builtin = self.routing.builtin(path) if path.startswith("/-/") else None
-        if path.startswith("/-/") and builtin is None:
-            builtin = (
-                404,
-                b"application/json",
-                b'{"error": {"type": "NoRoute", "message": '
-                b'"paths under /-/ are the ingress\'s own"}}',
-            )
-        if builtin is not None:
+        if path.startswith("/-/"):
             await _drain_body(stream, conn, self.config)
-            status, content_type, body = builtin
-            await _send_simple(stream, conn, status, content_type, body)
+            builtin = self.routing.builtin(path)
+            if builtin is None:
+                await self._fail(
+                    stream, conn, 404, "NoRoute", "paths under /-/ are the ingress's own"
+                )
+            else:
+                await self._answer(stream, conn, *builtin)
             return
         name = table.match(path)
         backend = self.routing.backend(name) if name is not None else None
@@ -211,7 +208,7 @@ class Proxy:
             return slot
         try:
             with trio.fail_after(self.config.queue_timeout_s):
-                return await backend.acquire(tried)
+                return await backend.wait(tried)
         except trio.TooSlowError:
             message = (
                 f"no replica of backend {backend.name!r} had room within queue_timeout_s="
@@ -247,13 +244,29 @@ class Proxy:
         retry_after: int | None = None,
         **extra: Any,
     ) -> None:
+        body = json.dumps({"error": {"type": kind, "message": message, **extra}}).encode()
+        headers = [] if retry_after is None else [(b"retry-after", b"%d" % retry_after)]
+        await self._answer(stream, conn, status, b"application/json", body, headers)
+
+    async def _answer(
+        self,
+        stream: trio.SocketStream,
+        conn: h11.Connection,
+        status: int,
+        content_type: bytes,
+        body: bytes,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        """An answer of the ingress's own, whole, in one write (given up on if the client does
+        not take it within body_timeout_s)."""
         if conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return  # a response is under way already: nothing more can be said
-        body = json.dumps({"error": {"type": kind, "message": message, **extra}}).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-        if retry_after is not None:
-            headers.append((b"retry-after", b"%d" % retry_after))
-        if status >= 400 and conn.their_state is not h11.DONE:
+        headers = [
+            (b"content-type", content_type),
+            (b"content-length", b"%d" % len(body)),
+            *(headers or []),
+        ]
+        if conn.their_state is not h11.DONE:
             headers.append((b"connection", b"close"))  # the rest of its request is not read
         try:
             data = conn.send(h11.Response(status_code=status, headers=headers))
@@ -272,24 +285,19 @@ class Proxy:
             self.metrics.requests.labels(backend, route, str(status)).inc()
             self.metrics.latency.labels(backend).observe(elapsed)
         if self.config.access_log:
+            method, target = request.method.decode("latin-1"), request.target.decode("latin-1")
+            fields = {
+                "peer": peer,
+                "method": method,
+                "target": target,
+                "backend": backend,
+                "status": status,
+                "duration_ms": round(elapsed * 1000, 3),
+            }
             access_logger.info(
                 "%s %s %s -> %s %d %.1f ms",
-                peer,
-                request.method.decode("latin-1"),
-                request.target.decode("latin-1"),
-                backend,
-                status,
-                elapsed * 1000,
-                extra={
-                    "fields": {
-                        "peer": peer,
-                        "method": request.method.decode("latin-1"),
-                        "target": request.target.decode("latin-1"),
-                        "backend": backend,
-                        "status": status,
-                        "duration_ms": round(elapsed * 1000, 3),
-                    }
-                },
+                *(peer, method, target, backend, status, elapsed * 1000),
+                extra={"fields": fields},
             )
 
 
@@ -313,18 +321,6 @@ async def _drain_body(
             return
         if isinstance(event, h11.ConnectionClosed):
             return
-
-
-async def _send_simple(
-    stream: trio.SocketStream, conn: h11.Connection, status: int, content_type: bytes, body: bytes
-) -> None:
-    headers = [(b"content-type", content_type), (b"content-length", b"%d" % len(body))]
-    if conn.their_state is not h11.DONE:
-        headers.append((b"connection", b"close"))
-    data = conn.send(h11.Response(status_code=status, headers=headers))
-    data += conn.send(h11.Data(data=body)) or b""
-    data += conn.send(h11.EndOfMessage()) or b""
-    await stream.send_all(data)
 
 
 def _upstream_request(request: h11.Request, peer: str, route: str, address: str) -> h11.Request:

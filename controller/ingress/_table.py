@@ -148,6 +148,10 @@ class BackendRoutes:
         slot = self.try_acquire(excluded)
         if slot is not None:
             return slot
+        return await self.wait(excluded)
+
+    async def wait(self, excluded: frozenset[str] = frozenset()) -> Slot:
+        """`acquire` once ``try_acquire`` found no room: wait in the queue."""
         if all(s.tag in excluded for s in self.slots):
             raise Rejected("no_replicas", f"backend {self.name!r} has no replica that serves")
         if len(self._queue) >= self.max_queued:
