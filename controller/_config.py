@@ -321,13 +321,14 @@ class BackendConfig:
     health_check_period_s: float = attrs.field(
         default=10.0,
         converter=_health_check_period,
-        # Written as one number type with a gap (not as a choice of 0 or a range), so that
-        # client generators see a plain number.
+        # One number type with the gap as a further rule, so that client generators see a
+        # plain number; the gap is a choice, not a `not`, which schemathesis cannot draw from
+        # below the document's root (a manifest's backends).
         metadata=_schema(
             type="number",
             minimum=0,
             maximum=MAX_SECONDS,
-            **{"not": {"exclusiveMinimum": 0, "exclusiveMaximum": MIN_HEALTH_CHECK_PERIOD_S}},
+            anyOf=[{"const": 0}, {"minimum": MIN_HEALTH_CHECK_PERIOD_S}],
         ),
     )
     """How often each RUNNING replica's ``check_health`` is called (at least every 0.1 s). 0

@@ -94,8 +94,10 @@ def _format(path: Path) -> str:
     return "JSON" if path.suffix == ".json" else "TOML"
 
 
-def parse_manifest(data: object, source: str) -> Manifest:
-    """Check a manifest given as data: ``{"backends": {name: {field: value}}}``."""
+def parse_manifest(data: object, source: str, *, check_routes: bool = True) -> Manifest:
+    """Check a manifest given as data: ``{"backends": {name: {field: value}}}``. Without
+    `check_routes`, two backends with one route are left for the controller to refuse as a
+    conflict (``RouteConflictError``), as the API does: each backend is valid alone."""
     if not isinstance(data, Mapping):
         raise ManifestError(source, ["must be a table with a 'backends' table in it"])
     problems: list[str] = []
@@ -115,7 +117,7 @@ def parse_manifest(data: object, source: str) -> Manifest:
             continue
         decls.append(decl)
         route = decl.backend_config.route_prefix
-        if route is not None and route in routes:
+        if check_routes and route is not None and route in routes:
             problems.append(
                 f"backend {name!r}: route_prefix: {route!r} is backend {routes[route]!r}'s "
                 "route too; each route leads to one backend"

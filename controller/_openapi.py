@@ -114,11 +114,13 @@ _BACKEND = {
     "manifest's table); fields left out take their defaults",
 }
 _BACKEND["properties"] |= {**_BACKEND_FIELDS, **field_schemas(ReplicaConfig)}
-# The one rule that ties two fields: an update could never proceed.
-_BACKEND["not"] = {
-    "required": ["max_surge", "max_unavailable"],
-    "properties": {"max_surge": {"const": 0}, "max_unavailable": {"const": 0}},
-}
+# The one rule that ties two fields: an update could never proceed with both at 0. Written
+# without `not` (schemathesis cannot draw from one below the root, as in a manifest): either
+# is above 0, and a field left out takes its default, which is.
+_BACKEND["anyOf"] = [
+    {"properties": {"max_surge": {"exclusiveMinimum": 0}}},
+    {"properties": {"max_unavailable": {"exclusiveMinimum": 0}}},
+]
 
 _REPLICA = _obj(
     {

@@ -217,6 +217,12 @@ async def test_a_route_leads_to_one_backend(state_dir: Path) -> None:
             result = await daemon.cli("apply", "-f", str(file))
             assert result.returncode == 2
             assert b"route_prefix: '/c' is backend 'c'" in result.stderr
+            # Over the API each backend is valid alone: the pair is a conflict, as above.
+            both = {"c": app(0, route_prefix="/c"), "d": app(0, route_prefix="/c")}
+            body = json.dumps({"backends": both}).encode()
+            code, answer = await daemon.http("POST", "/api/v1/apply", body)
+            assert code == 409, answer
+            assert answer["error"]["type"] == "RouteConflict"
             status = await daemon.status()
             assert set(status) == {"a"}
             # Once a is deleted, b may take its route.
