@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 from ._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from ._autoscale import ScaleDecision as ScaleDecision
+    from ._autoscaling_config import AutoscalingConfig as AutoscalingConfig
     from ._checkpoint import SCHEMA_VERSION as SCHEMA_VERSION
     from ._config import BackendConfig as BackendConfig
     from ._config import ReplicaConfig as ReplicaConfig
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
     from ._runtime import Runtime as Runtime
     from ._sqlite_store import SQLiteStore as SQLiteStore
     from ._state import LOAD_TTL_S as LOAD_TTL_S
+    from ._state import AutoscalerStatus as AutoscalerStatus
     from ._state import BackendEvent as BackendEvent
     from ._state import BackendLoad as BackendLoad
     from ._state import BackendReason as BackendReason
@@ -62,6 +65,8 @@ if TYPE_CHECKING:
 _HOME: dict[str, str] = {
     "SCHEMA_VERSION": "._checkpoint",
     "BackendConfig": "._config",
+    "AutoscalingConfig": "._autoscaling_config",
+    "ScaleDecision": "._autoscale",
     "ReplicaConfig": "._config",
     "Applied": "._controller",
     "Controller": "._controller",
@@ -92,6 +97,7 @@ _HOME: dict[str, str] = {
     "LOAD_TTL_S": "._state",
     "BackendEvent": "._state",
     "BackendLoad": "._state",
+    "AutoscalerStatus": "._state",
     "BackendReason": "._state",
     "BackendSnapshot": "._state",
     "BackendState": "._state",

@@ -21,6 +21,7 @@ import trio
 from . import _backend_view as view
 from . import _events as ev
 from . import _replica_tasks as tasks
+from ._autoscaler import Autoscaler
 from ._checkpoint import (
     EventsRecord,
     ReplicasRecord,
@@ -100,6 +101,15 @@ class Backend:
         self._health = HealthChecks(self._tasks, self._check_failed, self._ready_changed)
         self._load = LoadBook()
         self._load_pending = False  # a LoadChanged is on its way to the loop
+        self._scaler = Autoscaler(
+            name,
+            changed=self._intent.changed,
+            touched=self._intent.touched,
+            event=self.journal.event,
+            decided=lambda d: shared.observer.autoscaled(name, d.previous, d.target),
+        )
+        self._set.autoscale = self._scaler.record
+        self._scaler.configure(spec.backend_config, trio.current_time())
         self.journal.event("Delete" if spec.deleting else "Deploy", view.describe_new(spec))
 
     # -- called by the controller: it reads, and it sends events --
@@ -145,6 +155,8 @@ class Backend:
         # Those not alive, the plan replaces.
         dropped = self._set.restore(record, live, graceful=not self.spec.force)
         self._reports.restore(record.failed if record is not None else None)
+        autoscale = record.autoscale if record is not None else None
+        self._scaler.restore(autoscale, self.spec.backend_config, trio.current_time())
         self._intent.restored(changed=bool(dropped))
         if not self.spec.deleting:
             self._change = (BackendState.UPDATING, "Recovering")
@@ -210,7 +222,7 @@ class Backend:
             self._intent.written(event.seq)
             return
         if isinstance(event, ev.LoadChanged):
-            self._load_pending = False  # nothing acts on load yet: status reads the book
+            self._load_pending = False  # the pass gives the autoscaler the book's new totals
             return
         replica = self.replicas.get(event.tag)
         if replica is None:
@@ -240,6 +252,7 @@ class Backend:
         self.journal.event("Delete" if spec.deleting else "Deploy", view.describe_change(old, spec))
         if spec.force:
             self._set.cut_drains()
+        self._scaler.configure(spec.backend_config, trio.current_time())
         period = spec.backend_config.health_check_period_s
         if period != old.backend_config.health_check_period_s:
             self._health.reschedule(self.replicas, trio.current_time(), period)
@@ -342,10 +355,13 @@ class Backend:
         config = spec.backend_config
         now = trio.current_time()
         config_digest, user_config = self._config_to_hold()
+        if self._scaler.target is not None and not spec.deleting:
+            self._scaler.evaluate(self._load.ongoing(now), self._not_ready(), now)
         target = spec.target(
             config_digest,
             blocked=self._failures.starts_blocked,
             deferred=self._failures.deferred(now),
+            replicas=self._scaler.target,
         )
         plan = decide(target, list(self.replicas.values()))
         self._observed_generation = spec.generation
@@ -397,9 +413,27 @@ class Backend:
     def _config_to_hold(self) -> tuple[str, JSON]:
         return self.spec.config_to_hold(rolled_back=self._failures.blocked == "ReconfigureFailed")
 
+    def _not_ready(self) -> int:
+        """Replicas of the target version asked for and not serving yet (the autoscaler counts
+        them as fully loaded before it scales down)."""
+        version, starting = self.spec.version, ReplicaState.STARTING
+        recovering = ReplicaState.RECOVERING
+        return sum(
+            1
+            for r in self.replicas.values()
+            if r.version == version
+            and (r.state is starting or (r.state is recovering and not r.served))
+        )
+
+    @property
+    def desired(self) -> int:
+        """The replica count it moves to: the autoscaler's, or the config's."""
+        target = self._scaler.target
+        return self.spec.backend_config.num_replicas if target is None else target
+
     def _arm_timer(self, now: float) -> None:
-        """Wake the loop at the next health check or backoff end."""
-        when = self._health.next_at
+        """Wake the loop at the next health check, backoff end or autoscaler window."""
+        when = min(self._health.next_at, self._scaler.next_at)
         if self._failures.backoff_until > now:
             when = min(when, self._failures.backoff_until)
         self._alarm.ask(when)
@@ -463,4 +497,6 @@ class Backend:
             last_error=(self.journal.last_error, self.journal.last_traceback),
             events=self.journal.log.events,
             load=self._load.load(trio.current_time()),
+            desired=self._scaler.target,
+            autoscaler=self._scaler.status(),
         )

@@ -10,6 +10,7 @@ from ._goal import Goal
 from ._history import plural
 from ._replica import Replica, Spec
 from ._state import (
+    AutoscalerStatus,
     BackendEvent,
     BackendLoad,
     BackendReason,
@@ -34,8 +35,11 @@ def status_of(
     last_error: tuple[str | None, str | None],
     events: Iterable[BackendEvent],
     load: BackendLoad,
+    desired: int | None = None,
+    autoscaler: AutoscalerStatus | None = None,
 ) -> BackendStatus:
-    """The frozen status of a backend (``ctl.status(name)``)."""
+    """The frozen status of a backend (``ctl.status(name)``); `desired`: the autoscaler's
+    count, if it is autoscaled."""
     views = tuple(
         ReplicaStatus(r.tag, r.state, r.version, r.address, r.healthy, r.pid, r.node, r.created_at)
         for r in replicas
@@ -47,7 +51,7 @@ def status_of(
         name=name,
         state=state,
         reason=reason,
-        message=describe(spec, views, failures, converged=converged),
+        message=describe(spec, views, failures, converged=converged, desired=desired),
         generation=spec.generation,
         observed_generation=observed_generation,
         backend_config=spec.backend_config,
@@ -60,6 +64,8 @@ def status_of(
         last_traceback=last_error[1],
         load=load,
         version=spec.version,
+        desired=desired,
+        autoscaler=autoscaler,
     )
 
 
@@ -117,6 +123,7 @@ def describe(
     failures: FailureBook,
     *,
     converged: bool,
+    desired: int | None = None,
 ) -> str:
     """``"2/5 replicas of version b running; 1 starting; 1 failed to start: ValueError: ..."``.
 
@@ -126,7 +133,8 @@ def describe(
     if spec.deleting:
         return f"deleting; {plural(len(replicas), 'replica')} left"
     version = spec.version
-    desired = spec.backend_config.num_replicas
+    if desired is None:
+        desired = spec.backend_config.num_replicas
     running = older = 0
     others: dict[str, int] = {}
     for r in replicas:

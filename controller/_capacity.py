@@ -79,7 +79,7 @@ def held(backend: Backend, requested: Spec) -> int:
     idle = requested.deleting or (
         backend.blocked and backend.spec.generation == requested.generation
     )
-    target = 0 if idle else requested.backend_config.num_replicas
+    target = 0 if idle else requested.backend_config.initial_replicas()
     return max(target, len(backend.replicas))
 
 
@@ -95,11 +95,14 @@ def extra_replicas(backend: Backend | None, requested: Spec | None, spec: Spec) 
 
 def _peak(requested: Spec | None, spec: Spec) -> int:
     # A rolling replacement holds up to max_surge replicas above num_replicas at its peak.
+    # An autoscaled backend is checked at the count it starts with; what it scales to later
+    # is bounded by what the runtime can place.
     config = spec.backend_config
+    count = config.initial_replicas()
     if requested is None or requested.version == spec.version:
-        return config.num_replicas
-    surge, _ = resolve_limits(config.num_replicas, config.max_surge, config.max_unavailable)
-    return config.num_replicas + surge
+        return count
+    surge, _ = resolve_limits(count, config.max_surge, config.max_unavailable)
+    return count + surge
 
 
 def demand(name: str, requested: Spec | None, spec: Spec, extra: int) -> Demand:

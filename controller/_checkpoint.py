@@ -22,13 +22,13 @@ import attrs
 import cattrs
 from cattrs.gen import make_dict_unstructure_fn
 
-from ._config import BackendConfig, ReplicaConfig
+from ._config import BackendConfig, ReplicaConfig, fields_of
 from ._errors import CheckpointError, ControllerError
 
 #: Bumped when the stored shape changes; a controller refuses data written by a newer one.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: Older schemas this controller still reads (their records lack fields that have defaults).
-_READABLE = frozenset({1, 2, 3, 4})
+_READABLE = frozenset({1, 2, 3, 4, 5})
 
 SPEC_PREFIX = "spec/"
 REPLICAS_PREFIX = "replicas/"
@@ -87,6 +87,22 @@ class FailureRecord:
 
 
 @attrs.frozen
+class AutoscaleRecord:
+    """An autoscaled backend's autoscaler: its target and what its windows hold, with times by
+    the wall clock in milliseconds since the epoch (the trio clock starts anew after a restart)."""
+
+    target: int
+    ups: list[tuple[int, int]] = attrs.field(factory=list)
+    """(time, count) recommendations that may still be the upscale window's lowest."""
+    downs: list[tuple[int, int]] = attrs.field(factory=list)
+    """(time, count) recommendations that may still be the downscale window's highest."""
+    changes: list[tuple[int, int]] = attrs.field(factory=list)
+    """(time, signed change) made within the rate limits' periods."""
+    busy_ms: int | None = None
+    """When a request was last seen ongoing (scale to zero counts from it)."""
+
+
+@attrs.frozen
 class ReplicasRecord:
     """Every replica tag of one backend, and what the controller means to do with it."""
 
@@ -94,6 +110,8 @@ class ReplicasRecord:
     replicas: list[ReplicaRecord]
     failed: FailureRecord | None = None
     """The current generation's deploy failed (DEPLOY_FAILED), and how."""
+    autoscale: AutoscaleRecord | None = None
+    """Its autoscaler's state, for an autoscaled backend."""
     schema: int = SCHEMA_VERSION
 
 
@@ -127,7 +145,7 @@ def _make_converter() -> cattrs.Converter:
     # constructors rather than cattrs' generic structuring of JSON unions.
     conv.register_structure_hook(BackendConfig, lambda data, _t: BackendConfig.from_dict(data))
     conv.register_structure_hook(ReplicaConfig, lambda data, _t: ReplicaConfig.from_dict(data))
-    conv.register_unstructure_hook(BackendConfig, lambda c: attrs.asdict(c, recurse=False))
+    conv.register_unstructure_hook(BackendConfig, fields_of)
     conv.register_unstructure_hook(
         ReplicaConfig,
         lambda c: {
@@ -158,12 +176,18 @@ def dump_replica(record: ReplicaRecord) -> str:
     return json.dumps(_converter.unstructure(record), separators=(",", ":"), allow_nan=False)
 
 
-def join_replicas(name: str, entries: list[str], failed: FailureRecord | None = None) -> str:
+def join_replicas(
+    name: str,
+    entries: list[str],
+    failed: FailureRecord | None = None,
+    autoscale: AutoscaleRecord | None = None,
+) -> str:
     """What ``dump(ReplicasRecord(name, ...))`` makes, from entries made by ``dump_replica``."""
     failure = json.dumps(_converter.unstructure(failed), separators=(",", ":"))
+    scale = json.dumps(_converter.unstructure(autoscale), separators=(",", ":"))
     return (
         f'{{"name":{json.dumps(name)},"replicas":[{",".join(entries)}],"failed":{failure},'
-        f'"schema":{SCHEMA_VERSION}}}'
+        f'"autoscale":{scale},"schema":{SCHEMA_VERSION}}}'
     )
 
 

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import attrs
 
+from ._autoscaling_config import AutoscalingConfig, autoscaling, autoscaling_schema
 from ._errors import ConfigError
 from ._json import JSON, MAX_JSON_DEPTH, check_json
 
@@ -243,6 +244,14 @@ def _schema(**schema: Any) -> dict[str, Any]:
     return {"schema": schema}
 
 
+def fields_of(config: BackendConfig | ReplicaConfig) -> dict[str, Any]:
+    """A config's fields by name, the autoscaling block as a plain mapping (or None)."""
+    out = attrs.asdict(config, recurse=False)
+    if out.get("autoscaling") is not None:
+        out["autoscaling"] = attrs.asdict(out["autoscaling"])
+    return out
+
+
 def field_schemas(cls: type[Any]) -> dict[str, dict[str, Any]]:
     """The JSON Schema of each field of `cls` (BackendConfig or ReplicaConfig)."""
     return {f.name: f.metadata["schema"] for f in attrs.fields(cls)}
@@ -374,6 +383,12 @@ class BackendConfig:
     queue. There is no unbounded setting: a queue without a bound turns overload into
     timeouts for everyone."""
 
+    autoscaling: AutoscalingConfig | None = attrs.field(
+        default=None, converter=autoscaling, metadata=_schema(**autoscaling_schema())
+    )
+    """Scale on load between bounds (see ``AutoscalingConfig``); `num_replicas` is then only
+    the count it starts with. None: exactly `num_replicas`."""
+
     def __attrs_post_init__(self) -> None:
         if self.max_surge == 0 and self.max_unavailable == 0:
             raise ConfigError(
@@ -381,6 +396,12 @@ class BackendConfig:
                 "max_surge and max_unavailable may not both be 0: an update could never proceed",
                 self.max_surge,
             )
+
+    def initial_replicas(self) -> int:
+        """The count the backend starts with: `num_replicas`, within the autoscaling bounds."""
+        if self.autoscaling is None:
+            return self.num_replicas
+        return self.autoscaling.initial(self.num_replicas)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> BackendConfig:

@@ -1,5 +1,5 @@
 """A backend's load book: the latest load report of each source (an ingress), for status,
-metrics and (later) the autoscaler. Written by the controller as reports arrive; read lazily,
+metrics and the autoscaler. Written by the controller as reports arrive; read lazily,
 so a source that goes quiet simply stops counting once its report is `LOAD_TTL_S` old."""
 
 from __future__ import annotations
@@ -21,23 +21,35 @@ MAX_SOURCES = 256
 class LoadBook:
     """Latest report per source, oldest first, with the trio time it arrived."""
 
-    _reports: collections.OrderedDict[str, tuple[float, LoadReport]] = attrs.field(
+    _reports: collections.OrderedDict[str, tuple[float, LoadReport, int]] = attrs.field(
         factory=collections.OrderedDict, init=False
     )
 
     def take(self, report: LoadReport, now: float) -> bool:
         """Keep `report` as its source's latest; whether it changed what the book says."""
         before = self._reports.pop(report.source, None)
-        self._reports[report.source] = (now, report)
+        # Summed once here: the autoscaler reads the totals on every pass.
+        total = sum(report.in_flight.values()) + report.queued
+        self._reports[report.source] = (now, report, total)
         while len(self._reports) > MAX_SOURCES:
             self._reports.popitem(last=False)
         return before is None or before[1] != report
+
+    def ongoing(self, now: float) -> int | None:
+        """In flight plus queued, over the reports younger than `LOAD_TTL_S`; None if there
+        are none (no signal, which is not the same as no load)."""
+        total, sources = 0, 0
+        for at, _, ongoing in self._reports.values():
+            if now - at <= LOAD_TTL_S:
+                total += ongoing
+                sources += 1
+        return total if sources else None
 
     def load(self, now: float) -> BackendLoad:
         """The sum of the reports younger than `LOAD_TTL_S`."""
         in_flight = queued = sources = 0
         replicas: dict[str, int] = {}
-        for at, report in self._reports.values():
+        for at, report, _ in self._reports.values():
             if now - at > LOAD_TTL_S:
                 continue
             sources += 1

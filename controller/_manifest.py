@@ -23,7 +23,7 @@ from typing import Any
 
 import attrs
 
-from ._config import BackendConfig, ReplicaConfig, check_backend_name
+from ._config import BackendConfig, ReplicaConfig, check_backend_name, fields_of
 from ._errors import ConfigError, ManifestError
 from ._json import JSON
 
@@ -61,7 +61,7 @@ class Manifest:
 def config_to_dict(config: BackendConfig | ReplicaConfig) -> dict[str, JSON]:
     """A config as JSON data, every field included (defaults too: they are part of the spec)."""
     out: dict[str, JSON] = {}
-    for name, value in attrs.asdict(config, recurse=False).items():
+    for name, value in fields_of(config).items():
         out[name] = list(value) if isinstance(value, tuple) else value
     return out
 

@@ -67,6 +67,13 @@ class Metrics:
             registry=r,
         )
         self._kinds: dict[str, set[str]] = {}  # failure kinds seen per backend
+        self.scalings = Counter(
+            "controller_autoscaler_decisions",
+            "Changes of replica count made by the autoscaler, by backend and direction",
+            ["backend", "direction"],
+            registry=r,
+        )
+        self._directions: dict[str, set[str]] = {}
         self.checkpoint_writes = Histogram(
             "controller_checkpoint_write_seconds",
             "Writes of intent to the store",
@@ -84,10 +91,18 @@ class Metrics:
         self.failures.labels(backend, kind).inc()
         self._kinds.setdefault(backend, set()).add(kind)
 
+    def autoscaled(self, backend: str, before: int, after: int) -> None:
+        direction = "up" if after > before else "down"
+        self.scalings.labels(backend, direction).inc()
+        self._directions.setdefault(backend, set()).add(direction)
+
     def forgotten(self, backend: str) -> None:
         # A deleted backend's series go with it: name churn must not grow the exposition.
         with contextlib.suppress(KeyError):
             self.events.remove(backend)
+        for direction in self._directions.pop(backend, ()):
+            with contextlib.suppress(KeyError):
+                self.scalings.remove(backend, direction)
         for kind in self._kinds.pop(backend, ()):
             with contextlib.suppress(KeyError):
                 self.failures.remove(backend, kind)
@@ -138,6 +153,16 @@ class _ReplicaCollector(Collector):
             "Requests the ingresses report waiting for one of the backend's replicas",
             labels=["backend"],
         )
+        target = GaugeMetricFamily(
+            "controller_autoscaler_target_replicas",
+            "The replica count each autoscaled backend's autoscaler set",
+            labels=["backend"],
+        )
+        load = GaugeMetricFamily(
+            "controller_autoscaler_ongoing_requests",
+            "The ongoing requests (in flight plus queued) the autoscaler last decided on",
+            labels=["backend"],
+        )
         for backend in self._status().backends:
             in_flight.add_metric([backend.name], backend.load.in_flight)
             queued.add_metric([backend.name], backend.load.queued)
@@ -145,8 +170,13 @@ class _ReplicaCollector(Collector):
                 backend.counts_by_version.items(), key=lambda item: (item[0][0], item[0][1].value)
             ):
                 replicas.add_metric([backend.name, state.value, version], n)
-            want = 0 if backend.deleting else backend.backend_config.num_replicas
-            desired.add_metric([backend.name], want)
+            desired.add_metric([backend.name], backend.desired_replicas)
+            scaler = backend.autoscaler
+            if scaler is not None:
+                target.add_metric([backend.name], scaler.target)
+                last = scaler.last
+                if last is not None and last.ongoing is not None:
+                    load.add_metric([backend.name], last.ongoing)
             # Every state, 1 for the one it is in (a state set): an alert can see one end.
             for each in BackendState:
                 states.add_metric([backend.name, each.value], int(each is backend.state))
@@ -155,6 +185,8 @@ class _ReplicaCollector(Collector):
         yield states
         yield in_flight
         yield queued
+        yield target
+        yield load
 
 
 #: For each timed runtime call: its histogram's label when it returns, when it raises, and when

@@ -22,6 +22,10 @@ class Observer(Protocol):
         ReconfigureFailed."""
         ...
 
+    def autoscaled(self, backend: str, before: int, after: int) -> None:
+        """`backend`'s autoscaler changed its replica count from `before` to `after`."""
+        ...
+
     def forgotten(self, backend: str) -> None:
         """`backend` was deleted: whatever is kept per backend can go."""
         ...
@@ -34,6 +38,9 @@ class NullObserver:
         pass
 
     def failure(self, backend: str, kind: str) -> None:
+        pass
+
+    def autoscaled(self, backend: str, before: int, after: int) -> None:
         pass
 
     def forgotten(self, backend: str) -> None:

@@ -136,6 +136,22 @@ _REPLICA = _obj(
     }
 )
 _COUNTS = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}}
+_DECISION = {
+    "oneOf": [
+        {"type": "null"},
+        _obj(
+            {
+                "time": {"type": ["string", "null"], "format": "date-time"},
+                "ongoing": {"type": ["number", "null"], "minimum": 0},
+                "not_ready": {"type": "integer", "minimum": 0},
+                "previous": {"type": "integer", "minimum": 0},
+                "recommended": {"type": "integer", "minimum": 0},
+                "target": {"type": "integer", "minimum": 0},
+                "reason": _STRING,
+            }
+        ),
+    ]
+}
 
 _SCHEMAS: dict[str, Any] = {
     "Error": {
@@ -196,6 +212,27 @@ _SCHEMAS: dict[str, Any] = {
             "replicas": {"type": "array", "items": _ref("Replica")},
             "events": {"type": "array", "items": _ref("Event")},
             "load": _ref("BackendLoad"),
+            "autoscaler": {
+                "oneOf": [{"type": "null"}, _ref("Autoscaler")],
+                "description": "Its autoscaler, if it is autoscaled",
+            },
+        }
+    ),
+    "Autoscaler": _obj(
+        {
+            "min_replicas": {"type": "integer", "minimum": 0},
+            "max_replicas": {"type": "integer", "minimum": 1},
+            "target_ongoing_requests": {"type": "number", "exclusiveMinimum": 0},
+            "target": {"type": "integer", "minimum": 0},
+            "last": {
+                **_DECISION,
+                "description": "Its latest evaluation: the load it saw (null: no signal), "
+                "what it recommended, what it set, and why",
+            },
+            "last_change": {
+                **_DECISION,
+                "description": "Its latest evaluation that changed the count",
+            },
         }
     ),
     "BackendLoad": _obj(

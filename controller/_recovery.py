@@ -102,7 +102,7 @@ async def _block_what_cannot_fit(runtime: Runtime, backends: Sequence[Backend]) 
 
 
 def _missing(backend: Backend) -> int:
-    return max(0, backend.spec.backend_config.num_replicas - len(backend.replicas))
+    return max(0, backend.desired - len(backend.replicas))
 
 
 def _resources(backend: Backend) -> Mapping[str, float]:

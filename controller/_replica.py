@@ -13,6 +13,7 @@ import attrs
 import trio
 
 from ._checkpoint import (
+    AutoscaleRecord,
     FailureRecord,
     ReplicaRecord,
     ReplicasRecord,
@@ -77,14 +78,16 @@ class Spec:
             return self.rollback
         return self.config_digest, self.backend_config.user_config
 
-    def target(self, config_digest: str, *, blocked: bool, deferred: bool) -> Target:
-        """What the decision works toward for this spec."""
+    def target(
+        self, config_digest: str, *, blocked: bool, deferred: bool, replicas: int | None = None
+    ) -> Target:
+        """What the decision works toward for this spec; `replicas`: the autoscaler's count,
+        which an autoscaled backend has instead of `num_replicas`."""
         config = self.backend_config
-        surge, unavailable = resolve_limits(
-            config.num_replicas, config.max_surge, config.max_unavailable
-        )
+        count = config.num_replicas if replicas is None else replicas
+        surge, unavailable = resolve_limits(count, config.max_surge, config.max_unavailable)
         return Target(
-            num_replicas=config.num_replicas,
+            num_replicas=count,
             version=self.version,
             config_digest=config_digest,
             max_surge=surge,
@@ -231,7 +234,12 @@ def new_tag(name: str, taken: Container[str]) -> str:
             return tag
 
 
-def record_text(name: str, replicas: Iterable[Replica], failed: FailureRecord | None = None) -> str:
+def record_text(
+    name: str,
+    replicas: Iterable[Replica],
+    failed: FailureRecord | None = None,
+    autoscale: AutoscaleRecord | None = None,
+) -> str:
     """The checkpoint of backend `name`'s replicas, from each one's cached entry (made anew only
     for those whose stored part changed: a record of 1,000 replicas does not re-encode 999)."""
     entries = []
@@ -246,7 +254,7 @@ def record_text(name: str, replicas: Iterable[Replica], failed: FailureRecord | 
                 )
             )
         entries.append(r.record_json)
-    return join_replicas(name, entries, failed)
+    return join_replicas(name, entries, failed, autoscale)
 
 
 @final
@@ -261,6 +269,8 @@ class ReplicaSet:
         self._seq = 0
         self.failed: FailureRecord | None = None
         """The current generation's deploy failed: stored, so that a restart does not retry it."""
+        self.autoscale: Callable[[], AutoscaleRecord | None] = lambda: None
+        """The autoscaler's state, stored with the replicas (set by an autoscaled backend)."""
 
     def add(
         self,
@@ -352,4 +362,4 @@ class ReplicaSet:
             self._changed()
 
     def record_text(self) -> str:
-        return record_text(self.name, self.by_tag.values(), self.failed)
+        return record_text(self.name, self.by_tag.values(), self.failed, self.autoscale())

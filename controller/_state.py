@@ -8,6 +8,8 @@ from typing import Literal
 
 import attrs
 
+from ._autoscale import ScaleDecision
+from ._autoscaling_config import AutoscalingConfig
 from ._config import BackendConfig, ReplicaConfig
 
 
@@ -189,6 +191,21 @@ class BackendLoad:
 
 
 @attrs.frozen
+class AutoscalerStatus:
+    """An autoscaled backend's autoscaler, as status reports it."""
+
+    config: AutoscalingConfig
+    """Its bounds, target load and pace."""
+    target: int
+    """The replica count it set."""
+    last: ScaleDecision | None
+    """Its latest evaluation: the load it saw, what it recommended, what it set, and why
+    (None before the first)."""
+    last_change: ScaleDecision | None = None
+    """Its latest evaluation that changed the count (None if none has yet)."""
+
+
+@attrs.frozen
 class BackendStatus:
     """A backend, as ``status(name)`` reports it."""
 
@@ -224,6 +241,17 @@ class BackendStatus:
     """What the ingresses report sending to it and holding for it."""
     version: str = ""
     """The version its replicas must have: the config's, or ``gen-N`` when it names none."""
+    desired: int | None = None
+    """The replica count it moves to: the autoscaler's, or `num_replicas` (None: read that)."""
+    autoscaler: AutoscalerStatus | None = None
+    """Its autoscaler, if it is autoscaled."""
+
+    @property
+    def desired_replicas(self) -> int:
+        """The replica count it moves to (0 once deleting)."""
+        if self.deleting:
+            return 0
+        return self.backend_config.num_replicas if self.desired is None else self.desired
 
     @property
     def counts(self) -> Mapping[ReplicaState, int]:

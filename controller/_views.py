@@ -6,8 +6,11 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+import trio
+
 from ._manifest import BackendDecl, config_to_dict
-from ._state import SERVING_STATES, BackendSnapshot, BackendStatus
+from ._autoscale import ScaleDecision
+from ._state import SERVING_STATES, AutoscalerStatus, BackendSnapshot, BackendStatus
 
 
 def iso(wall_time: float | None) -> str | None:
@@ -42,7 +45,7 @@ def status_json(status: BackendStatus) -> dict[str, Any]:
         "goal_done": status.goal_done,
         "last_error": status.last_error,
         "last_traceback": status.last_traceback,
-        "desired": 0 if status.deleting else status.backend_config.num_replicas,
+        "desired": status.desired_replicas,
         "version": version,
         "ready": len(serving),
         "ready_of_version": sum(1 for r in serving if r.version == version),
@@ -72,6 +75,36 @@ def status_json(status: BackendStatus) -> dict[str, Any]:
             "replicas": dict(status.load.replicas),
             "sources": status.load.sources,
         },
+        "autoscaler": _autoscaler_json(status.autoscaler, now),
+    }
+
+
+def _autoscaler_json(scaler: AutoscalerStatus | None, now: float) -> dict[str, Any] | None:
+    if scaler is None:
+        return None
+    config = scaler.config
+    return {
+        "min_replicas": config.min_replicas,
+        "max_replicas": config.max_replicas,
+        "target_ongoing_requests": config.target_ongoing_requests,
+        "target": scaler.target,
+        "last": _decision_json(scaler.last, now),
+        "last_change": _decision_json(scaler.last_change, now),
+    }
+
+
+def _decision_json(decision: ScaleDecision | None, now: float) -> dict[str, Any] | None:
+    if decision is None:
+        return None
+    return {
+        # Decisions are timed on the trio clock: put on the wall clock for people.
+        "time": iso(now - (trio.current_time() - decision.at)),
+        "ongoing": decision.ongoing,
+        "not_ready": decision.not_ready,
+        "previous": decision.previous,
+        "recommended": decision.recommended,
+        "target": decision.target,
+        "reason": decision.reason,
     }
 
 

@@ -191,7 +191,8 @@ async def test_load_reports_over_the_api_show_in_status_and_metrics(state_dir: P
             )
             await source.report([controller.LoadReport("ingress-b", "app", {tag: 1})])
             load = (await daemon.status())["app"]["load"]
-            assert load == {"in_flight": 4, "queued": 2, "replicas": {tag: 4}, "sources": 2}
+            # The third source is the daemon's own ingress: its zero is a signal too.
+            assert load == {"in_flight": 4, "queued": 2, "replicas": {tag: 4}, "sources": 3}
             code, metrics = await daemon.http("GET", "/metrics")
             assert 'controller_backend_requests_in_flight{backend="app"} 4.0' in metrics
             assert 'controller_backend_requests_queued{backend="app"} 2.0' in metrics
@@ -199,7 +200,7 @@ async def test_load_reports_over_the_api_show_in_status_and_metrics(state_dir: P
             code, answer = await daemon.http("POST", "/api/v1/load", body.encode())
             assert code == 422
             assert "queued" in answer["error"]["message"]
-            assert (await daemon.status())["app"]["load"]["sources"] == 2  # nothing taken
+            assert (await daemon.status())["app"]["load"]["sources"] == 3  # nothing taken
 
 
 async def test_a_route_leads_to_one_backend(state_dir: Path) -> None:

@@ -5,6 +5,9 @@ import controller.testing
 
 EXPECTED = {
     "BackendConfig",
+    "AutoscalingConfig",
+    "AutoscalerStatus",
+    "ScaleDecision",
     "ReplicaConfig",
     "open_controller",
     "Controller",

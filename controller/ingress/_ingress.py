@@ -218,8 +218,10 @@ class Ingress:
         self._wake.set()
 
     async def _report_load(self) -> None:
-        # Sent on change, at most every REPORT_INTERVAL_S; a report that is not zero is sent
-        # again every third of the controller's TTL, so that its load stays counted.
+        # Sent on change, at most every REPORT_INTERVAL_S; every routed backend's report, zeros
+        # included, is sent again every third of the controller's TTL, so that it stays
+        # counted: a live ingress's zero is a signal (an autoscaler may scale down on it), while
+        # a dead ingress's silence is none.
         refresh_s = LOAD_TTL_S / 3
         while True:
             with trio.move_on_after(refresh_s) as idle:
@@ -228,7 +230,7 @@ class Ingress:
             names = set(self._dirty)
             self._dirty.clear()
             if idle.cancelled_caught:
-                names |= {n for n, r in self._sent.items() if r.in_flight or r.queued}
+                names |= set(self._backends) | set(self._sent)
             reports = []
             for name in sorted(names):
                 routes = self._backends.get(name)
@@ -238,9 +240,7 @@ class Ingress:
                     routes.in_flight() if routes is not None else {},
                     routes.queued if routes is not None else 0,
                 )
-                # Only news: an idle backend never reported stays unreported (a zero).
-                last = self._sent.get(name, LoadReport(self.source_id, name, {}, 0))
-                if last != report or (idle.cancelled_caught and name in self._sent):
+                if self._sent.get(name) != report or idle.cancelled_caught:
                     reports.append(report)
             if reports:
                 try:
@@ -250,10 +250,10 @@ class Ingress:
                     self._dirty.update(r.backend for r in reports)
                 else:
                     for report in reports:
-                        if report.in_flight or report.queued:
+                        if report.backend in self._backends:
                             self._sent[report.backend] = report
                         else:
-                            self._sent.pop(report.backend, None)
+                            self._sent.pop(report.backend, None)  # gone: its last zero is sent
             await trio.sleep(REPORT_INTERVAL_S)
 
 

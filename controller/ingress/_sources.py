@@ -54,6 +54,7 @@ def route_info(snapshot: BackendSnapshot) -> RouteInfo:
         max_ongoing_requests=config.max_ongoing_requests,
         max_queued_requests=config.max_queued_requests,
         replicas=tuple((r.tag, r.address) for r in snapshot.replicas if r.address),
+        scales_from_zero=config.autoscaling is not None and config.autoscaling.min_replicas == 0,
     )
 
 
@@ -218,4 +219,5 @@ def _info_from_json(data: Mapping[str, Any]) -> RouteInfo:
         replicas=tuple(
             (str(r["tag"]), str(r["address"])) for r in data["replicas"] if r.get("address")
         ),
+        scales_from_zero=(config.get("autoscaling") or {}).get("min_replicas") == 0,
     )

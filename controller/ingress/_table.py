@@ -28,6 +28,9 @@ class RouteInfo:
     max_queued_requests: int
     replicas: tuple[tuple[str, str], ...]
     """(tag, address) of each replica that serves."""
+    scales_from_zero: bool = False
+    """Autoscaled down to 0 replicas when idle: with none, requests wait in the queue (their
+    load brings a replica up) instead of getting 503 at once."""
 
 
 @final
@@ -80,6 +83,7 @@ class BackendRoutes:
     max_ongoing: int = 100
     max_queued: int = 1000
     route_prefix: str = "-"
+    scales_from_zero: bool = False
     slots: list[Slot] = attrs.field(factory=list)
     by_tag: dict[str, Slot] = attrs.field(factory=dict)
     _queue: collections.deque[_Waiter] = attrs.field(factory=collections.deque)
@@ -98,6 +102,7 @@ class BackendRoutes:
         self.max_ongoing = info.max_ongoing_requests
         self.max_queued = info.max_queued_requests
         self.route_prefix = info.route_prefix or "-"
+        self.scales_from_zero = info.scales_from_zero
         fresh = dict(info.replicas)
         closed: list[Slot] = []
         for slot in self.slots:
@@ -124,7 +129,8 @@ class BackendRoutes:
         self._latencies = [s.latency_s for s in self.slots]
         self._serve_queue()
         # A queue no replica will ever empty: those waiting hear so now, not at their timeout.
-        if not self.slots:
+        # (One that scales from zero: their load is what brings its first replica.)
+        if not self.slots and not self.scales_from_zero:
             while self._queue:
                 self._queue.popleft().event.set()
         self.on_change(self)
@@ -152,7 +158,8 @@ class BackendRoutes:
 
     async def wait(self, excluded: frozenset[str] = frozenset()) -> Slot:
         """`acquire` once ``try_acquire`` found no room: wait in the queue."""
-        if all(s.tag in excluded for s in self.slots):
+        waits_for_first = self.scales_from_zero and not self.slots and not excluded
+        if all(s.tag in excluded for s in self.slots) and not waits_for_first:
             raise Rejected("no_replicas", f"backend {self.name!r} has no replica that serves")
         if len(self._queue) >= self.max_queued:
             raise Rejected(

@@ -1,0 +1,166 @@
+"""One backend's autoscaler: the thin part around the pure ``_autoscale.evaluate``.
+
+The backend's loop calls ``evaluate`` on each pass of an autoscaled backend (a load event, its
+timer, a replica becoming ready): nothing here loops over replicas or polls. The state goes to the
+store with the backend's replica record: a change of target as intent (the starts and stops it
+causes wait for it), a change of the windows with the next write.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import final
+
+import trio
+
+from ._autoscale import Entry, Inputs, ScaleDecision, ScaleState, evaluate, initial_state, restored
+from ._autoscaling_config import AutoscalingConfig
+from ._checkpoint import AutoscaleRecord
+from ._config import BackendConfig
+from ._state import AutoscalerStatus
+
+logger = logging.getLogger("controller")
+
+
+@final
+class Autoscaler:
+    """Holds the state, the last decision and the next wake-up of one backend's autoscaler."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        changed: Callable[[], None],
+        touched: Callable[[], None],
+        event: Callable[[str, str], None],
+        decided: Callable[[ScaleDecision], None],
+    ):
+        self._name = name
+        self._changed = changed
+        self._touched = touched
+        self._event = event
+        self._decided = decided
+        self._config: AutoscalingConfig | None = None
+        self.state: ScaleState | None = None
+        self.last: ScaleDecision | None = None
+        self.last_change: ScaleDecision | None = None
+        self.next_at = math.inf
+        """When the windows, the rate limits or the zero delay may change the outcome."""
+
+    @property
+    def target(self) -> int | None:
+        """The count it set; None for a backend that is not autoscaled."""
+        return None if self.state is None else self.state.target
+
+    def configure(self, config: BackendConfig, now: float) -> None:
+        """A new spec: start at its `num_replicas` (within bounds) if autoscaling begins now;
+        keep the target if it goes on (new bounds apply at the next evaluation)."""
+        self._config = config.autoscaling
+        if self._config is None:
+            if self.state is not None:
+                self._changed()  # the store forgets it too
+            self.state, self.last, self.last_change, self.next_at = None, None, None, math.inf
+            return
+        if self.state is None:
+            self.state = initial_state(self._config, config.num_replicas, now)
+            self._changed()
+
+    def evaluate(self, load: int | None, not_ready: int, now: float) -> bool:
+        """Decide with the load now (ongoing requests; None: no signal); True if the target
+        changed."""
+        if self._config is None or self.state is None:
+            return False
+        ongoing = None if load is None else float(load)
+        before = self.state
+        self.state, decision, wake = evaluate(self._config, before, Inputs(ongoing, not_ready), now)
+        self.next_at = math.inf if wake is None else wake
+        last, self.last = self.last, decision
+        if decision.changed:
+            self.last_change = decision
+            self._changed()
+            self._decided(decision)
+            self._event("Autoscale", describe(decision, self._config))
+            logger.info("backend %s: autoscaler: %s", self._name, describe(decision, self._config))
+        else:
+            if _values(before) != _values(self.state):
+                self._touched()  # the windows changed: stored with the next write
+            if last is None or last.reason != decision.reason:
+                logger.debug(
+                    "backend %s: autoscaler: %s", self._name, describe(decision, self._config)
+                )
+        return decision.changed
+
+    def status(self) -> AutoscalerStatus | None:
+        if self._config is None or self.state is None:
+            return None
+        return AutoscalerStatus(self._config, self.state.target, self.last, self.last_change)
+
+    # -- the store --
+
+    def record(self) -> AutoscaleRecord | None:
+        """The state as stored: trio times turned into wall-clock milliseconds."""
+        if self.state is None:
+            return None
+        state = self.state
+        offset = _wall_offset()
+
+        def ms(entries: tuple[Entry, ...]) -> list[tuple[int, int]]:
+            return [(round((t + offset) * 1000), v) for t, v in entries]
+
+        busy = None if state.busy_at is None else round((state.busy_at + offset) * 1000)
+        return AutoscaleRecord(
+            state.target, ms(state.ups), ms(state.downs), ms(state.changes), busy
+        )
+
+    def restore(self, record: AutoscaleRecord | None, config: BackendConfig, now: float) -> None:
+        """Before the loop runs: continue from what a previous controller stored (its target,
+        and no scale-down within the first window), or start afresh if it stored nothing."""
+        self._config = config.autoscaling
+        if self._config is None or record is None:
+            self.state = None
+            self.configure(config, now)
+            return
+        offset = _wall_offset()
+
+        def trio_times(entries: list[tuple[int, int]]) -> tuple[Entry, ...]:
+            return tuple((at / 1000 - offset, v) for at, v in entries)
+
+        busy = None if record.busy_ms is None else record.busy_ms / 1000 - offset
+        state = ScaleState(
+            record.target,
+            trio_times(record.ups),
+            trio_times(record.downs),
+            trio_times(record.changes),
+            busy,
+        )
+        self.state = restored(state, now)
+
+
+def describe(decision: ScaleDecision, config: AutoscalingConfig) -> str:
+    """``2 -> 5 replicas (ScaleUp): load 9 for 2 per replica, 0 not ready, recommended 5``."""
+    load = "no signal" if decision.ongoing is None else f"load {decision.ongoing:g}"
+    return (
+        f"{decision.previous} -> {decision.target} replicas ({decision.reason}): {load} for "
+        f"{config.target_ongoing_requests:g} per replica, {decision.not_ready} not ready, "
+        f"recommended {decision.recommended}"
+    )
+
+
+def _values(state: ScaleState) -> tuple[object, ...]:
+    # What a write is worth: the windows' counts and all but their newest times (which move
+    # with every evaluation), and the changes. A restart seeds the window with its target anyway.
+    return (
+        state.ups[:-1],
+        [v for _, v in state.ups],
+        state.downs[:-1],
+        [v for _, v in state.downs],
+        state.changes,
+    )
+
+
+def _wall_offset() -> float:
+    """Wall-clock seconds minus trio seconds, now."""
+    return time.time() - trio.current_time()

@@ -1,0 +1,345 @@
+"""Autoscaling through the controller, on FakeRuntime under MockClock: exact virtual times."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+import trio.testing
+
+import controller
+from controller import LOAD_TTL_S, AutoscalingConfig, GoalOutcome, LoadReport
+from controller.testing import FakeRuntime
+
+from .conftest import DEADLOCK_LIMIT_S, EXACT, RC, config, settle
+
+#: How often the fake ingress below repeats its report (as the real one does: a third of the TTL).
+REFRESH_S = LOAD_TTL_S / 3
+
+
+class Scalings:
+    """An observer that keeps each change the autoscaler makes, at its virtual time."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[float, int, int]] = []
+        self._new = trio.Event()
+
+    def autoscaled(self, backend: str, before: int, after: int) -> None:
+        self.seen.append((trio.current_time(), before, after))
+        self._new.set()
+
+    def events_handled(self, backend: str, count: int, latency_s: float) -> None:
+        pass
+
+    def failure(self, backend: str, kind: str) -> None:
+        pass
+
+    def forgotten(self, backend: str) -> None:
+        pass
+
+    async def next(self) -> tuple[float, int, int]:
+        """The next change: (virtual time, count before, count after)."""
+        count = len(self.seen)
+        while len(self.seen) == count:
+            self._new = trio.Event()
+            await self._new.wait()
+        return self.seen[count]
+
+
+@asynccontextmanager
+async def opened(
+    rt: FakeRuntime, store: controller.Store | None = None, scalings: Scalings | None = None
+) -> AsyncIterator[controller.Controller]:
+    with trio.fail_after(DEADLOCK_LIMIT_S):
+        async with controller.open_controller(
+            runtime=rt,
+            store=store if store is not None else controller.MemoryStore(),
+            restart_policy=EXACT,
+            seed=0,
+            observer=scalings,
+        ) as ctl:
+            yield ctl
+
+
+def auto(**kwargs: object) -> AutoscalingConfig:
+    kwargs.setdefault("max_replicas", 20)
+    kwargs.setdefault("target_ongoing_requests", 2)
+    return AutoscalingConfig(**kwargs)  # type: ignore[arg-type]  # test values
+
+
+class Ingress:
+    """Reports a backend's ongoing requests the way an ingress does: on change, and again every
+    `REFRESH_S` so that the signal stays alive."""
+
+    def __init__(self, ctl: controller.Controller, name: str = "a"):
+        self.ctl, self.name, self.load = ctl, name, 0
+        self.sent_at = 0.0
+
+    def set(self, load: int) -> None:
+        self.load = load
+        self._send()
+
+    def _send(self) -> None:
+        self.sent_at = trio.current_time()
+        self.ctl.report_load(LoadReport("ingress-1", self.name, {}, queued=self.load))
+
+    async def run(self) -> None:
+        while True:
+            await trio.sleep_until(self.sent_at + REFRESH_S)
+            if trio.current_time() >= self.sent_at + REFRESH_S:
+                self._send()
+
+
+@asynccontextmanager
+async def autoscaled(
+    scaling: AutoscalingConfig,
+    num_replicas: int = 1,
+    store: controller.Store | None = None,
+    runtime: FakeRuntime | None = None,
+    scalings: Scalings | None = None,
+) -> AsyncIterator[tuple[controller.Controller, Ingress, FakeRuntime]]:
+    rt = runtime if runtime is not None else FakeRuntime(auto_ready=True)
+    async with opened(rt, store, scalings) as ctl, trio.open_nursery() as nursery:
+        goal = await ctl.deploy("a", config(num_replicas=num_replicas, autoscaling=scaling), RC)
+        assert await goal.wait() is GoalOutcome.COMPLETED
+        ingress = Ingress(ctl)
+        ingress.set(0)
+        nursery.start_soon(ingress.run)
+        yield ctl, ingress, rt
+        nursery.cancel_scope.cancel()
+
+
+def desired(ctl: controller.Controller) -> int:
+    return ctl.status("a").desired_replicas
+
+
+async def until(check: Callable[[], bool]) -> None:
+    """Let virtual time run until `check` holds (checked on every change of the backend)."""
+    await settle()
+    while not check():
+        await trio.sleep(0.5)
+        await settle()
+
+
+async def test_step_load_scales_up_when_the_upscale_window_ends(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    scalings = Scalings()
+    scaling = auto(upscale_stabilization_s=30)
+    async with autoscaled(scaling, 2, scalings=scalings) as (ctl, ingress, _):
+        ingress.set(4)  # 2 per replica: on target
+        await settle()
+        assert desired(ctl) == 2
+        t0 = trio.current_time()
+        ingress.set(16)  # x4
+        await settle()
+        assert ctl.status("a").autoscaler.last.reason == "Stabilizing"  # type: ignore[union-attr]
+        # The lowest recommendation in the window is still 2, until the window has passed: then
+        # up by the rate limit (max(100 %, 4) per 15 s: 2 -> 6), and the rest 15 s later.
+        assert await scalings.next() == (t0 + 30, 2, 6)
+        last = ctl.status("a").autoscaler.last  # type: ignore[union-attr]
+        assert (last.reason, last.recommended, last.ongoing) == ("RateLimited", 8, 16.0)
+        assert await scalings.next() == (t0 + 45, 6, 8)
+        await until(lambda: len(ctl.snapshot("a").replicas) == 8)
+
+
+async def test_upscale_with_no_window_is_at_once(autojump_clock: trio.testing.MockClock) -> None:
+    scalings = Scalings()
+    async with autoscaled(auto(), 2, scalings=scalings) as (ctl, ingress, _):
+        t0 = trio.current_time()
+        ingress.set(9)
+        assert await scalings.next() == (t0, 2, 5)
+        kinds = [e.kind for e in ctl.status("a").events]
+        assert "Autoscale" in kinds
+
+
+async def test_downscale_waits_the_whole_window_and_a_burst_inside_it_holds(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    scalings = Scalings()
+    async with autoscaled(auto(min_replicas=1), 8, scalings=scalings) as (ctl, ingress, _):
+        ingress.set(16)
+        await settle()
+        assert desired(ctl) == 8
+        t0 = trio.current_time()
+        ingress.set(2)
+        await trio.sleep(100)
+        ingress.set(16)  # one burst, 100 s into the quiet
+        await trio.sleep(1)
+        ingress.set(2)
+        await trio.sleep(298)  # 399 s after the quiet began
+        assert desired(ctl) == 8
+        # The burst's recommendation of 8 holds until 300 s after it.
+        assert await scalings.next() == (pytest.approx(t0 + 400), 8, 1)
+
+
+async def test_no_signal_never_scales_down(autojump_clock: trio.testing.MockClock) -> None:
+    rt = FakeRuntime(auto_ready=True)
+    async with opened(rt) as ctl:
+        scaling = auto(downscale_stabilization_s=0)
+        await ctl.deploy("a", config(num_replicas=6, autoscaling=scaling), RC)
+        await settle()
+        # No ingress ever reports: an hour later it still holds what it started with.
+        await trio.sleep(3600)
+        assert desired(ctl) == 6
+        assert ctl.status("a").autoscaler.last.reason == "NoSignal"  # type: ignore[union-attr]
+        # A report that goes stale is no signal either: 12 is on target for 6, then the
+        # ingress that sent it is gone.
+        ctl.report_load(LoadReport("gone", "a", {}, queued=12))
+        await trio.sleep(LOAD_TTL_S + 60)
+        assert desired(ctl) == 6
+
+
+async def test_constant_load_with_noise_for_a_day_changes_at_most_once_after_settling(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rng = random.Random(7)
+    async with autoscaled(auto(), num_replicas=1) as (ctl, ingress, _):
+        changes: list[tuple[float, int]] = []
+        last = desired(ctl)
+        settled_at = trio.current_time() + 600
+        end = trio.current_time() + 24 * 3600
+        while trio.current_time() < end:
+            ingress.set(rng.randint(8, 12))  # 10 +- 20 %
+            await trio.sleep(5)
+            now = desired(ctl)
+            if now != last and trio.current_time() > settled_at:
+                changes.append((trio.current_time(), now))
+            last = now
+        assert len(changes) <= 1, changes
+        assert 4 <= desired(ctl) <= 6
+
+
+async def test_scale_to_zero_after_the_delay_and_back_on_the_first_request(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    scaling = auto(min_replicas=0, scale_to_zero_delay_s=60, downscale_stabilization_s=30)
+    scalings = Scalings()
+    async with autoscaled(scaling, 1, scalings=scalings) as (ctl, ingress, _rt):
+        # Idle since the deploy (counted busy then): the last replica goes 60 s later.
+        t0 = trio.current_time()
+        assert await scalings.next() == (pytest.approx(t0 + 60), 1, 0)
+        await until(lambda: not ctl.status("a").replicas)
+        assert ctl.status("a").autoscaler.last_change.reason == "ScaleToZero"  # type: ignore[union-attr]
+        # The first request, queued at the ingress: a replica at once, no window.
+        t1 = trio.current_time()
+        ingress.set(1)
+        assert await scalings.next() == (t1, 0, 1)
+        assert ctl.status("a").autoscaler.last_change.reason == "ScaleFromZero"  # type: ignore[union-attr]
+        await settle()
+        assert len(ctl.snapshot("a").replicas) == 1
+        assert trio.current_time() == t1
+
+
+async def test_a_steady_trickle_never_flaps_between_one_and_zero(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    scaling = auto(min_replicas=0, scale_to_zero_delay_s=60, downscale_stabilization_s=30)
+    async with autoscaled(scaling, num_replicas=1) as (ctl, ingress, _):
+        seen: set[int] = set()
+        for _ in range(200):  # a request every 50 s, each a second long, for ~3 hours
+            ingress.set(1)
+            await trio.sleep(1)
+            seen.add(desired(ctl))
+            ingress.set(0)
+            await trio.sleep(49)
+            seen.add(desired(ctl))
+        assert seen == {1}
+
+
+async def test_a_restart_keeps_the_target_and_does_not_scale_down_in_its_first_window(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, rt = controller.MemoryStore(), FakeRuntime(auto_ready=True)
+    async with autoscaled(auto(), 2, store=store, runtime=rt) as (ctl, ingress, _):
+        ingress.set(12)
+        await until(lambda: len(ctl.snapshot("a").replicas) == 6)
+    tags = sorted(rt.replicas)
+    # A new controller on the same store and runtime; its ingress reports an idle backend.
+    scalings = Scalings()
+    async with opened(rt, store, scalings) as ctl:
+        restarted = trio.current_time()
+        assert desired(ctl) == 6
+        await until(lambda: len(ctl.snapshot("a").replicas) == 6)
+        assert sorted(rt.replicas) == tags  # adopted, none restarted
+        ingress = Ingress(ctl)
+        async with trio.open_nursery() as nursery:
+            ingress.set(0)
+            nursery.start_soon(ingress.run)
+            assert await scalings.next() == (pytest.approx(restarted + 300), 6, 1)
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_deploy_of_only_the_autoscaling_block_restarts_nothing_and_keeps_the_target(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with autoscaled(auto(), num_replicas=1) as (ctl, ingress, rt):
+        ingress.set(8)
+        await until(lambda: len(ctl.snapshot("a").replicas) == 4)
+        tags = sorted(r.tag for r in ctl.status("a").replicas)
+        # The same manifest again (num_replicas 1 is only the initial count), and new bounds.
+        again = await ctl.deploy("a", config(num_replicas=1, autoscaling=auto(max_replicas=30)), RC)
+        assert await again.wait() is GoalOutcome.COMPLETED
+        assert desired(ctl) == 4
+        assert sorted(r.tag for r in ctl.status("a").replicas) == tags
+        # Bounds apply at once: a max below the target brings it down without waiting.
+        lower = await ctl.deploy("a", config(num_replicas=1, autoscaling=auto(max_replicas=3)), RC)
+        assert await lower.wait() is GoalOutcome.COMPLETED
+        assert desired(ctl) == 3
+        assert ctl.status("a").autoscaler.last_change.reason == "Bounds"  # type: ignore[union-attr]
+        # Without the block, num_replicas rules again.
+        plain = await ctl.deploy("a", config(num_replicas=2), RC)
+        assert await plain.wait() is GoalOutcome.COMPLETED
+        assert desired(ctl) == 2
+        assert ctl.status("a").autoscaler is None
+        assert len(rt.replicas) >= 2
+
+
+async def test_autoscaling_during_a_rolling_update_keeps_the_rollouts_bounds(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with autoscaled(auto(), num_replicas=1) as (ctl, ingress, _rt):
+        ingress.set(8)
+        await until(lambda: len(ctl.snapshot("a").replicas) == 4)
+        peak = 0
+
+        async def watch() -> None:
+            nonlocal peak
+            while True:
+                peak = max(peak, sum(1 for r in ctl.status("a").replicas))
+                await trio.sleep(0.01)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            new = config(num_replicas=1, version="v2", autoscaling=auto())
+            goal = await ctl.deploy("a", new, RC)
+            assert await goal.wait() is GoalOutcome.COMPLETED
+            nursery.cancel_scope.cancel()
+        status = ctl.status("a")
+        assert desired(ctl) == 4
+        assert {r.version for r in status.replicas} == {"v2"}
+        assert len(status.replicas) == 4
+        # max_surge 25 % of 4 is 1: never more than 5 replicas at once.
+        assert peak <= 5
+
+
+def test_contradictions_are_refused_with_the_field_and_the_rule() -> None:
+    cases = [
+        ({"max_replicas": 2, "min_replicas": 3}, "autoscaling.min_replicas", "<= max_replicas"),
+        ({"max_replicas": 2, "target_ongoing_requests": 0}, "target_ongoing_requests", "> 0"),
+        ({"min_replicas": 1}, "autoscaling.max_replicas", "required"),
+        ({"max_replicas": 2, "tolerance": 1.5}, "tolerance", "at most"),
+        ({"max_replicas": 2, "scale_up_percent": 0, "scale_up_replicas": 0}, "scale_up", "never"),
+        ({"max_replicas": 2, "min_replica": 1}, "min_replica", "unknown field"),
+    ]
+    for block, field, rule in cases:
+        with pytest.raises(controller.ConfigError) as info:
+            controller.BackendConfig.from_dict({"autoscaling": block})
+        assert field in str(info.value), (block, str(info.value))
+        assert rule in str(info.value), (block, str(info.value))
+    # num_replicas outside the bounds is the count it starts with, put within them.
+    cfg = controller.BackendConfig(num_replicas=0, autoscaling=auto(min_replicas=2))
+    assert cfg.initial_replicas() == 2
