@@ -26,7 +26,21 @@ def ready_column(b: dict[str, Any]) -> str:
     text = f"{b['ready']}/{b['desired']}"
     if b["ready_of_version"] != b["ready"]:
         text += f" ({b['ready_of_version']}/{b['desired']} {b['version']})"
+    scaler = b.get("autoscaler")
+    if scaler is not None:
+        text += f" ({autoscale_summary(scaler)})"
     return text
+
+
+def autoscale_summary(scaler: dict[str, Any]) -> str:
+    """``auto 1-10, load 5.2/2``: the bounds, and the load per replica over its target (the
+    load the autoscaler last saw, over the replicas it set; ``?`` with no signal)."""
+    last = scaler.get("last") or {}
+    ongoing = last.get("ongoing")
+    count = max(1, scaler["target"])
+    load = "?" if ongoing is None else f"{ongoing / count:.3g}"
+    bounds = f"{scaler['min_replicas']}-{scaler['max_replicas']}"
+    return f"auto {bounds}, load {load}/{scaler['target_ongoing_requests']:g}"
 
 
 def age(seconds: float | None) -> str:
@@ -77,6 +91,18 @@ def print_backend(b: dict[str, Any]) -> None:
             f"Route:       {route or '(none)'}; load {load['in_flight']} in flight, "
             f"{load['queued']} queued ({load['sources']} reporting)"
         )
+    scaler = b.get("autoscaler")
+    if scaler is not None:
+        print(f"Autoscaler:  {scaler['target']} replicas ({autoscale_summary(scaler)})")
+        for label, key in (("last", "last"), ("last change", "last_change")):
+            d = scaler.get(key)
+            if d is not None:
+                ongoing = "no signal" if d["ongoing"] is None else f"load {d['ongoing']:g}"
+                print(
+                    f"  {label}: {age(since(d['time']))} ago, {d['previous']} -> {d['target']} "
+                    f"({d['reason']}): {ongoing}, {d['not_ready']} not ready, "
+                    f"recommended {d['recommended']}"
+                )
     if b["last_error"]:
         print(f"Last error:  {b['last_error']}")
         if b.get("last_traceback"):
