@@ -68,29 +68,30 @@ class Autoscaler:
             self.state = initial_state(self._config, config.num_replicas, now)
             self._changed()
 
-    def evaluate(self, load: int | None, not_ready: int, now: float) -> bool:
+    def evaluate(self, load: int | None, not_ready: Callable[[], int], now: float) -> bool:
         """Decide with the load now (ongoing requests; None: no signal); True if the target
-        changed."""
-        if self._config is None or self.state is None:
+        changed. `not_ready` counts the replicas not serving yet: asked only when the load
+        points down, where they count (it walks the replicas)."""
+        config, before = self._config, self.state
+        if config is None or before is None:
             return False
         ongoing = None if load is None else float(load)
-        before = self.state
-        self.state, decision, wake = evaluate(self._config, before, Inputs(ongoing, not_ready), now)
+        fewer = ongoing is not None and ongoing / config.target_ongoing_requests < before.target
+        inputs = Inputs(ongoing, not_ready() if fewer else 0)
+        self.state, decision, wake = evaluate(config, before, inputs, now)
         self.next_at = math.inf if wake is None else wake
         last, self.last = self.last, decision
         if decision.changed:
             self.last_change = decision
             self._changed()
             self._decided(decision)
-            self._event("Autoscale", describe(decision, self._config))
-            logger.info("backend %s: autoscaler: %s", self._name, describe(decision, self._config))
+            self._event("Autoscale", describe(decision, config))
+            logger.info("backend %s: autoscaler: %s", self._name, describe(decision, config))
         else:
             if _values(before) != _values(self.state):
                 self._touched()  # the windows changed: stored with the next write
             if last is None or last.reason != decision.reason:
-                logger.debug(
-                    "backend %s: autoscaler: %s", self._name, describe(decision, self._config)
-                )
+                logger.debug("backend %s: autoscaler: %s", self._name, describe(decision, config))
         return decision.changed
 
     def status(self) -> AutoscalerStatus | None:

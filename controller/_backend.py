@@ -101,6 +101,7 @@ class Backend:
         self._health = HealthChecks(self._tasks, self._check_failed, self._ready_changed)
         self._load = LoadBook()
         self._load_pending = False  # a LoadChanged is on its way to the loop
+        self._load_only = False  # the events of this pass were all LoadChanged
         self._scaler = Autoscaler(
             name,
             changed=self._intent.changed,
@@ -190,7 +191,9 @@ class Backend:
                 taken_at = trio.current_time()
                 handled = 0
                 # Coalesce a burst: one pass for everything already queued.
+                self._load_only = True
                 while True:
+                    self._load_only &= isinstance(event, ev.LoadChanged)
                     self._apply(event)
                     handled += 1
                     try:
@@ -356,7 +359,12 @@ class Backend:
         now = trio.current_time()
         config_digest, user_config = self._config_to_hold()
         if self._scaler.target is not None and not spec.deleting:
-            self._scaler.evaluate(self._load.ongoing(now), self._not_ready(), now)
+            changed = self._scaler.evaluate(self._load.ongoing(now), self._not_ready, now)
+            if self._load_only and not changed:
+                # New load and the same count: nothing else moved, so the plan is the last
+                # one (a backend of 10,000 replicas is not walked ten times a second).
+                self._arm_timer(now)
+                return False
         target = spec.target(
             config_digest,
             blocked=self._failures.starts_blocked,

@@ -116,7 +116,7 @@ def _windowed(decisions: list[ScaleDecision], now: float, window: float) -> list
     return [
         x
         for x in decisions
-        if (x.at > now - window or x.at == now)
+        if (x.at > now - window or x is decisions[-1])
         and x.ongoing is not None
         and x.previous > 0
         and x.reason != "Bounds"
