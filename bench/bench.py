@@ -3,7 +3,9 @@
 Run with ``nox -s bench`` (or ``python bench/bench.py``); ``--quick`` shortens the idle
 measurement. Prints a table and writes the figures to ``bench/results.json``. Real clock
 throughout; the runtime is ``FakeRuntime`` (or a do-nothing runtime for memory), the store a
-SQLite file, so the figures are the controller's own cost.
+SQLite file, so the figures are the controller's own cost; but for sections 6 and 7, on real
+worker processes (7: a worker's start, forked by the fork server against spawned; ``--only
+fork-server`` runs it alone and updates only its figures).
 """
 
 from __future__ import annotations
@@ -341,8 +343,10 @@ async def local_processes(trials: int) -> dict[str, float]:
     via_controller: list[float] = []
     stop: list[float] = []
 
+    # Spawned workers, as this section has always measured: a fork server booting beside the
+    # 8 starts would only add noise (section 7 measures the fork server).
     async def run_direct(d: Path) -> None:
-        rt = controller.LocalRuntime(d / "d", pythonpath=[here])
+        rt = controller.LocalRuntime(d / "d", pythonpath=[here], fork_server=False)
         async with trio.open_nursery() as nursery:
             await nursery.start(rt.serve, lambda tag, reason: None)
             specs = [
@@ -360,7 +364,7 @@ async def local_processes(trials: int) -> dict[str, float]:
             nursery.cancel_scope.cancel()
 
     async def run_controller(d: Path) -> None:
-        rt = controller.LocalRuntime(d / "c", pythonpath=[here])
+        rt = controller.LocalRuntime(d / "c", pythonpath=[here], fork_server=False)
         with controller.SQLiteStore(d / "c.db") as store:
             async with controller.open_controller(runtime=rt, store=store) as ctl:
                 t0 = time.perf_counter()
@@ -385,6 +389,60 @@ async def local_processes(trials: int) -> dict[str, float]:
     }
 
 
+# -- 7. fork server vs spawn ---------------------------------------------------------------------
+
+
+async def fork_vs_spawn(starts: int) -> dict[str, Any]:
+    """One replica's start to ready (what the controller then marks RUNNING), directly through
+    LocalRuntime.start_replica (no controller): its worker spawned as a fresh Python, against
+    forked by the fork server. The no-op replica, one start at a time, each worker killed after
+    its start (untimed), spawn and fork alternating, after one untimed start of each."""
+    here = Path(__file__).parent
+    entry = controller.ReplicaConfig("noop_replica:Noop")
+    times: dict[str, list[float]] = {"spawn": [], "fork": []}
+    with tempfile.TemporaryDirectory(prefix="bench", dir="/tmp") as tmp:
+        runtimes = {
+            "spawn": controller.LocalRuntime(Path(tmp) / "s", pythonpath=[here], fork_server=False),
+            "fork": controller.LocalRuntime(Path(tmp) / "f", pythonpath=[here]),
+        }
+        async with trio.open_nursery() as nursery:
+            t0 = time.perf_counter()
+            await nursery.start(runtimes["fork"].serve, lambda tag, reason: None)
+            assert await runtimes["fork"].wait_fork_server_ready()
+            ready_s = time.perf_counter() - t0
+            await nursery.start(runtimes["spawn"].serve, lambda tag, reason: None)
+            for i in range(-1, starts):
+                for how, rt in runtimes.items():
+                    spec = controller.ReplicaSpec(f"{how}#{i}", how, "v1", entry, None, {})
+                    t0 = time.perf_counter()
+                    await rt.start_replica(spec)
+                    took = time.perf_counter() - t0
+                    if i >= 0:
+                        times[how].append(took)
+                    await rt.kill_replica(spec.tag)
+            nursery.cancel_scope.cancel()
+    figures: dict[str, Any] = {}
+    for how, samples in times.items():
+        figures[f"{how}_p50_ms"] = statistics.median(samples) * 1e3
+        figures[f"{how}_p90_ms"] = pct(samples, 0.9) * 1e3
+    figures["ratio_p50"] = figures["fork_p50_ms"] / figures["spawn_p50_ms"]
+    figures["fork_server_ready_ms"] = ready_s * 1e3
+    figures["starts"] = starts
+    figures["how"] = "LocalRuntime.start_replica directly, no controller; noop replica"
+    return figures
+
+
+def print_fork_table(f: dict[str, Any]) -> None:
+    rows = [
+        ("start, spawned p50 / p90", f"{f['spawn_p50_ms']:.1f} / {f['spawn_p90_ms']:.1f} ms", ""),
+        ("start, forked p50 / p90", f"{f['fork_p50_ms']:.1f} / {f['fork_p90_ms']:.1f} ms", ""),
+        ("forked / spawned (p50)", f"{f['ratio_p50']:.2f}", "<= 0.2"),
+        ("fork server ready after", f"{f['fork_server_ready_ms']:.0f} ms", ""),
+    ]
+    for name, figure, target in rows:
+        print(f"{name:<30} {figure:>22}  {target}")
+
+
 # -- main ----------------------------------------------------------------------------------------
 
 
@@ -392,9 +450,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="controller benchmark")
     parser.add_argument("--quick", action="store_true", help="2 s idle windows instead of 10 s")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"))
+    parser.add_argument(
+        "--only",
+        choices=["fork-server"],
+        help="run one section, and update its figures only in the results file",
+    )
     args = parser.parse_args()
     # The latency runs crash replicas on purpose; their warnings are not news here.
     logging.getLogger("controller").setLevel(logging.ERROR)
+    if args.only == "fork-server":
+        print("fork server vs spawn: 20 starts each ...", file=sys.stderr)
+        figures = trio.run(fork_vs_spawn, 20)
+        figures["command"] = "python bench/bench.py --only fork-server"
+        figures["date"] = time.strftime("%Y-%m-%d")
+        kept = json.loads(args.out.read_text()) if args.out.exists() else {}
+        kept["fork_server"] = figures
+        args.out.write_text(json.dumps(kept, indent=2) + "\n")
+        print(f"{'measure':<30} {'figure':>22}  target")
+        print_fork_table(figures)
+        return
     idle_s = 2.0 if args.quick else 10.0
     random.seed(1)
     results: dict[str, Any] = {}
@@ -419,6 +493,8 @@ def main() -> None:
         results["name_churn"] = trio.run(name_churn, 40_000 if args.quick else 100_000)
         print("local processes: 8 replicas ...", file=sys.stderr)
         results["local"] = trio.run(local_processes, 3 if args.quick else 7)
+        print("fork server vs spawn: 20 starts each ...", file=sys.stderr)
+        results["fork_server"] = trio.run(fork_vs_spawn, 20)
     results["machine"] = {
         "python": platform.python_version(),
         "trio": trio.__version__,
@@ -467,6 +543,7 @@ def print_table(r: dict[str, Any]) -> None:
     print(f"{'measure':<30} {'figure':>22}  target")
     for name, figure, target in rows:
         print(f"{name:<30} {figure:>22}  {target}")
+    print_fork_table(r["fork_server"])
 
 
 if __name__ == "__main__":

@@ -60,6 +60,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         forget_replicas=args.forget_replicas,
         ingress_listen=None if args.no_ingress else args.ingress_listen,
         access_log=args.access_log,
+        fork_server=not args.no_fork_server,
+        preload=tuple(args.preload),
     )
     try:
         trio.run(run_daemon, options)
@@ -352,6 +354,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--no-ingress", action="store_true", help="serve no ingress")
     run.add_argument("--access-log", action="store_true", help="the ingress logs each request")
+    run.add_argument(
+        "--no-fork-server",
+        action="store_true",
+        help="start each local worker as a fresh Python, not forked from a fork server",
+    )
+    run.add_argument(
+        "--preload",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="a module the fork server imports once for all local workers (repeatable)",
+    )
     run.set_defaults(func=cmd_run)
 
     apply = sub.add_parser("apply", help="create or update the backends of a file")

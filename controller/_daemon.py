@@ -97,6 +97,10 @@ class DaemonOptions:
     """Where the ingress serves traffic to the backends' routes (None: no ingress)."""
     access_log: bool = False
     """The ingress logs one line per request."""
+    fork_server: bool = True
+    """LocalRuntime forks workers from a fork server (False: each is a fresh Python)."""
+    preload: Sequence[str] = ()
+    """Modules LocalRuntime's fork server imports once for all its workers."""
 
 
 async def run_daemon(options: DaemonOptions) -> None:
@@ -410,6 +414,8 @@ def _runtime(options: DaemonOptions) -> Runtime:
         pythonpath=options.pythonpath,
         env=env,
         max_replicas=options.max_replicas,
+        fork_server=options.fork_server,
+        preload_modules=options.preload,
     )
 
 

@@ -34,12 +34,18 @@ def host_spec(spec: ReplicaSpec, pythonpath: Sequence[str]) -> dict[str, Any]:
     }
 
 
+def add_to_path(pythonpath: Sequence[str]) -> None:
+    """Put `pythonpath` in front of ``sys.path``, in its order (entries already there stay
+    where they are)."""
+    for entry in reversed(pythonpath):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+
+
 def construct(spec: dict[str, Any]) -> Any:
     """Import the entrypoint and build the user's class (blocking: the caller runs it in a
     thread, so that the host keeps answering while a slow import or constructor runs)."""
-    for entry in reversed(spec.get("pythonpath", [])):
-        if entry not in sys.path:
-            sys.path.insert(0, entry)
+    add_to_path(spec.get("pythonpath", []))
     module_name, _, attr_path = spec["entrypoint"].partition(":")
     obj: Any = importlib.import_module(module_name)
     for part in attr_path.split("."):

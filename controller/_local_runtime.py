@@ -1,16 +1,23 @@
 """LocalRuntime: each replica is a worker process on this machine, reached over a Unix socket.
 
 Layout of the runtime directory, per replica (``<id>`` is a digest of its tag, to keep socket
-paths short): ``<id>.spec.json`` (what the worker runs), ``<id>.sock`` (its socket), and
-``logs/<tag>.log`` (its stdout and stderr, kept after it is gone). Workers run in their own
-session and process group, so they outlive the controller and are killed as a group, and they
-inherit exactly three descriptors (stdin from /dev/null, the log, and their socket): nothing the
+paths short): ``<id>.spec.json`` (what the worker runs), ``<id>.sock`` (its socket),
+``<id>.pid`` (a forked worker's pid) and ``logs/<tag>.log`` (its stdout and stderr, kept after it
+is gone); and ``zygote.log``, the fork server's stderr. Workers run in their own session and
+process group, so they outlive the controller and are killed as a group, and they inherit
+exactly three descriptors (stdin from /dev/null, the log, and their socket): nothing the
 controller's process holds, such as a listening port, outlives it in a worker.
 
+How workers start: forked by the fork server (``_zygote``), a process that has imported the
+worker's code once, in milliseconds; or, while it is not ready (or if it is turned off or
+failed), spawned as ``python -m controller.worker``, in a hundred and more.
+
 How a restarted controller finds its workers: by their command lines in ``/proc``, which name the
-spec file, so even a worker started an instant before a crash is found. How death is noticed: a
-"monitor" connection per worker, which the worker never answers; it ends only when the process
-does. How exits are awaited: pidfds, which work for workers that are not our children too.
+spec file, so even a worker started an instant before a crash is found; a forked worker has the
+fork server's command line instead, and is found by the ``<id>.pid`` file it writes before
+anything else. How death is noticed: a "monitor" connection per worker, which the worker never
+answers; it ends only when the process does. How exits are awaited: pidfds, which work for
+workers that are not our children too.
 """
 
 from __future__ import annotations
@@ -35,10 +42,11 @@ from ._files import private_dir, write_private
 from ._hosting import host_spec
 from ._json import JSON
 from ._placement import SLOTS
-from ._procfs import describe_exit, exit_status, inheritable_fds, memory_bytes, scan_workers
+from ._procfs import describe_exit, exit_status, memory_bytes, scan_workers
 from ._runtime import DeathListener, ReplicaInfo, ReplicaSpec, Watchers
 from ._wire import LineStream, WireError
 from ._worker_logs import DEFAULT_MAX_BYTES, LogChunk, log_file, log_tags, prune_logs, read_log
+from ._zygote import ZYGOTE_MODULE, ForkLost, ForkServer, spawn_python
 
 _WORKER_MODULE = "controller.worker"
 # sockaddr_un.sun_path is 108 bytes on Linux, including the final NUL.
@@ -68,6 +76,9 @@ class _Worker:
     """Set when the stop is ours, so that the monitor does not report it as a death."""
     exit_status: int | None = None
     """Its wait status, once reaped by us (None if it was not our child)."""
+    forked_by: int | None = None
+    """The pid of our fork server, if it forked this worker (it is then the worker's parent,
+    which reaps it when asked); None if spawned, or forked by an earlier fork server."""
 
 
 @final
@@ -84,6 +95,20 @@ class LocalRuntime:
     A worker that does not exit within `term_timeout_s` of SIGTERM gets SIGKILL. Each worker's
     log is rotated past `log_max_bytes`; the logs of the newest `logs_kept` gone replicas are
     kept.
+
+    With `fork_server` (the default), ``serve`` starts a fork server in the background: a Python
+    process that imports the worker's code and the `preload_modules` once (with `pythonpath`
+    in front of its ``sys.path``), then forks each worker from itself, ready in milliseconds.
+    Its workers are what spawned ones are (a session and process group each, their own socket,
+    nothing inherited but their three descriptors, adopted by a later controller), except that
+    they share the fork server's environment, working directory and command line, taken when
+    it started, and its preloaded modules. Workers are spawned instead while it is not ready
+    yet (``open`` never waits for it) and when it is gone: if it fails to start (a preload
+    failing, or starting a thread or keeping a file open on import), a warning says why and
+    every worker is spawned for the runtime's life; if it dies later, a warning says so, the
+    start at hand spawns its worker, and it starts a new fork server for those after it. The
+    fork server dies with this process and is killed when the runtime closes; its workers live
+    on. ``wait_fork_server_ready`` waits for it.
     """
 
     def __init__(
@@ -98,6 +123,8 @@ class LocalRuntime:
         max_replicas: int | None = None,
         log_max_bytes: int = DEFAULT_MAX_BYTES,
         logs_kept: int = 50,
+        fork_server: bool = True,
+        preload_modules: Sequence[str] = (),
     ):
         self.runtime_dir = Path(runtime_dir).resolve()
         longest = self.runtime_dir / ("0" * 16 + ".sock")
@@ -127,6 +154,29 @@ class LocalRuntime:
         self.term_timeout_s = term_timeout_s
         self._workers: dict[str, _Worker] = {}
         self._watchers = Watchers("LocalRuntime")
+        if isinstance(preload_modules, str) or not all(
+            isinstance(name, str) and name for name in preload_modules
+        ):
+            raise ConfigError("preload_modules", "must be a list of module names", preload_modules)
+        if preload_modules and not fork_server:
+            raise ConfigError(
+                "preload_modules",
+                "needs the fork server (fork_server=True): only it preloads",
+                list(preload_modules),
+            )
+        self._fork_server = (
+            ForkServer(
+                self.runtime_dir,
+                python=python,
+                pythonpath=self._pythonpath,
+                env=self._worker_env,
+                preload=list(preload_modules),
+                # Beside the logs directory, which holds the replicas' logs only.
+                log_path=self.runtime_dir / "zygote.log",
+            )
+            if fork_server
+            else None
+        )
 
     # -- paths --
 
@@ -135,6 +185,9 @@ class LocalRuntime:
 
     def _socket_path(self, tag: str) -> str:
         return str(self._base(tag)) + ".sock"
+
+    def _worker_env(self) -> dict[str, str]:
+        return dict(os.environ if self._env is None else self._env)
 
     def log_path(self, tag: str) -> Path:
         """Where the worker of `tag` writes its stdout and stderr (``logs/<tag>.log``; past
@@ -161,7 +214,27 @@ class LocalRuntime:
     ) -> None:
         private_dir(self.runtime_dir, "runtime_dir")
         private_dir(self.logs_dir, "runtime_dir")
-        await self._watchers.serve(on_death, task_status, self._let_go)
+        async with trio.open_nursery() as nursery:
+            if self._fork_server is not None:
+                # It becomes ready in the background: a start meanwhile spawns its worker.
+                await nursery.start(self._fork_server.run)
+            try:
+                await self._watchers.serve(on_death, task_status, self._let_go)
+            finally:
+                nursery.cancel_scope.cancel()
+
+    @property
+    def fork_server_pid(self) -> int | None:
+        """The fork server's pid while it serves (workers it forks are its children)."""
+        return self._fork_server.pid if self._fork_server is not None else None
+
+    async def wait_fork_server_ready(self) -> bool:
+        """Wait until the fork server serves (starting a new one if the last died): True; or
+        False if there is none (``fork_server=False``, or it failed to start)."""
+        self._watchers.check_running()
+        if self._fork_server is None:
+            return False
+        return await self._fork_server.wait_ready()
 
     def _let_go(self) -> None:
         # The workers live on; a controller opened later adopts them.
@@ -177,7 +250,14 @@ class LocalRuntime:
         return sorted(found)
 
     def _scan(self) -> dict[str, set[int]]:
-        return scan_workers(self.runtime_dir, _WORKER_MODULE)
+        found = scan_workers(self.runtime_dir, _WORKER_MODULE, ZYGOTE_MODULE)
+        # Our own fork server has a forked worker's command line: never take it for one (a pid
+        # file naming it would have to be stale and its start time a match, but still).
+        zygote = self.fork_server_pid
+        if zygote is not None:
+            for pids in found.values():
+                pids.discard(zygote)
+        return {tag: pids for tag, pids in found.items() if pids}
 
     async def _pids(self, tag: str) -> set[int]:
         return (await trio.to_thread.run_sync(self._scan)).get(tag, set())
@@ -203,11 +283,31 @@ class LocalRuntime:
                 "log_max_bytes": self._log_max_bytes,
             }
             await trio.to_thread.run_sync(write_private, Path(spec_path), json.dumps(worker_spec))
-            env = dict(os.environ if self._env is None else self._env)
-            pid = self._spawn(spec_path, str(log_path), listener, env)
+            forked = None
+            if self._fork_server is not None:
+                try:
+                    forked = await self._fork_server.fork(
+                        spec_path, str(log_path), str(base) + ".pid", listener
+                    )
+                except ForkLost:
+                    # Not spawned instead: a worker we do not know of may hold the socket. The
+                    # controller stops the tag, which finds that worker if it is there.
+                    raise ReplicaError(
+                        spec.tag, "WorkerDied", "the fork server died while forking its worker"
+                    ) from None
+            if forked is None:
+                pid, forked_by = self._spawn(spec_path, str(log_path), listener), None
+            else:
+                pid, forked_by = forked
         finally:
             listener.close()  # the worker holds its own copy now
-        worker = _Worker(spec.tag, pid, os.pidfd_open(pid))
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            # Only a forked worker can be gone already (dead, and reaped by init after its fork
+            # server died): a spawned one stays our zombie.
+            raise ReplicaError(spec.tag, "WorkerDied", "its worker exited at once") from None
+        worker = _Worker(spec.tag, pid, pidfd, forked_by=forked_by)
         self._workers[spec.tag] = worker
         await self._attach(worker)
         await self._request(spec.tag, {"op": "wait_ready"})
@@ -226,7 +326,7 @@ class LocalRuntime:
         spec = json.loads(await trio.Path(str(self._base(tag)) + ".spec.json").read_text())
         port = int(spec["port"])
         try:
-            worker = _Worker(tag, pid, os.pidfd_open(pid))
+            worker = _Worker(tag, pid, os.pidfd_open(pid), forked_by=self._forked_by(pid))
         except ProcessLookupError:
             raise ReplicaGoneError(tag, "its worker exited during adoption") from None
         self._workers[tag] = worker
@@ -252,7 +352,7 @@ class LocalRuntime:
                 await self._gone(tag)
                 return
             try:
-                worker = _Worker(tag, pid, os.pidfd_open(pid))
+                worker = _Worker(tag, pid, os.pidfd_open(pid), forked_by=self._forked_by(pid))
             except ProcessLookupError:
                 await self._gone(tag)
                 return
@@ -283,6 +383,19 @@ class LocalRuntime:
             return None  # its socket is gone: the worker is, as far as we can tell
         return pid if isinstance(pid, int) and pid in pids else None
 
+    def _forked_by(self, pid: int) -> int | None:
+        """Our fork server's pid if it is the parent of `pid` (a worker found, not started, that
+        it forked in this runtime's life), so that it is asked to reap the worker; else None."""
+        zygote = self.fork_server_pid
+        if zygote is None:
+            return None
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                parent = int(f.read().rpartition(b")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+        return zygote if parent == zygote else None
+
     async def _attach(self, worker: _Worker) -> None:
         """Open the monitor connection, whose end means the process ended."""
         self._watchers.check_running()
@@ -310,44 +423,24 @@ class LocalRuntime:
         await self._gone(worker.tag)
         self._watchers.died(worker.tag, describe_exit(status))
 
-    def _spawn(
-        self, spec_path: str, log_path: str, listener: socket.socket, env: dict[str, str]
-    ) -> int:
-        # posix_spawn rather than subprocess: a Popen object warns when it is collected while its
-        # child runs, and outliving the controller is exactly what a worker is for.
-        fd = listener.fileno()
-        # Whatever else this process holds without close-on-exec (an embedding app's listening
-        # socket, say) is closed in the child: a worker holding the daemon's port would keep it
-        # in LISTEN after the daemon exits. Spawns run on the trio thread, one at a time, so no
-        # other spawn sees the listener inheritable.
-        closes = [(os.POSIX_SPAWN_CLOSE, other) for other in inheritable_fds({0, 1, 2, fd})]
-        os.set_inheritable(fd, True)
-        try:
-            return os.posix_spawn(
-                self._python,
-                # -P: the daemon's working directory is not put on the worker's sys.path, so
-                # that no file there can pose as the `controller` package.
-                [self._python, "-P", "-m", _WORKER_MODULE, spec_path],
-                env,
-                file_actions=[
-                    *closes,
-                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                    (
-                        os.POSIX_SPAWN_OPEN,
-                        1,
-                        log_path,
-                        os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
-                        0o600,
-                    ),
-                    (os.POSIX_SPAWN_DUP2, 1, 2),
-                ],
-                setsid=True,  # own session and process group: outlives us, dies as a group
-            )
-        finally:
-            os.set_inheritable(fd, False)
+    def _spawn(self, spec_path: str, log_path: str, listener: socket.socket) -> int:
+        return spawn_python(
+            self._python,
+            ["-m", _WORKER_MODULE, spec_path],
+            self._worker_env(),
+            keep_fd=listener.fileno(),
+            log_path=Path(log_path),
+        )
 
     async def _wait_exit(self, worker: _Worker) -> None:
         await trio.lowlevel.wait_readable(worker.pidfd)
+        if worker.forked_by is not None and self._fork_server is not None:
+            # Its fork server leaves it a zombie until asked: read how it ended first, while
+            # its /proc entry still says, then have it reaped.
+            status = exit_status(worker.pid, worker.pidfd)
+            reaped = await self._fork_server.reap(worker.pid, worker.forked_by)
+            worker.exit_status = status if status is not None else reaped
+            return
         # Reap it if it is our child (started here, or adopted by a controller reopened in the
         # same process); init reaps the others.
         with contextlib.suppress(ChildProcessError):
@@ -402,7 +495,7 @@ class LocalRuntime:
         """Remove what a worker that is gone leaves behind, but its log: that is kept for people
         to read, and only the oldest beyond `logs_kept` are deleted."""
         base = str(self._base(tag))
-        for suffix in (".sock", ".spec.json"):
+        for suffix in (".sock", ".spec.json", ".pid"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(base + suffix)
 

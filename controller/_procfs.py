@@ -82,18 +82,39 @@ def memory_bytes() -> int | None:
     return None
 
 
-def scan_workers(runtime_dir: Path, module: str) -> dict[str, set[int]]:
+def scan_workers(
+    runtime_dir: Path, module: str, zygote_module: str | None = None
+) -> dict[str, set[int]]:
     """The live workers of `runtime_dir`, from /proc: each tag with the pids that claim it (one,
     unless something poses as the worker: only the real one holds its socket, which is how
-    LocalRuntime tells them apart)."""
+    LocalRuntime tells them apart).
+
+    A spawned worker's command line names its spec file. A worker forked by the fork server
+    (`zygote_module`) has the fork server's command line, which names `runtime_dir`: it is found
+    by the ``<id>.pid`` file it wrote there, whose pid and start time it must match (a pid
+    reused since is not taken for it), and its tag is in ``<id>.spec.json`` beside it."""
     found: dict[str, set[int]] = {}
     prefix = str(runtime_dir) + os.sep
+    forked = _pid_files(runtime_dir) if zygote_module is not None else {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         pid = int(entry)
-        spec_path = _worker_spec_path(pid, module)
-        if spec_path is None or not spec_path.startswith(prefix):
+        args = _command_line(pid)
+        if args is None:
+            continue
+        if len(args) == 3 and args[:2] == [b"-m", module.encode()]:
+            spec_path = os.fsdecode(args[2])
+            if not spec_path.startswith(prefix):
+                continue
+        elif (
+            zygote_module is not None
+            and args[:3] == [b"-m", zygote_module.encode(), os.fsencode(runtime_dir)]
+            and pid in forked
+            and forked[pid][0] == _start_time(pid)
+        ):
+            spec_path = forked[pid][1]
+        else:
             continue
         try:
             with open(spec_path) as f:
@@ -103,10 +124,40 @@ def scan_workers(runtime_dir: Path, module: str) -> dict[str, set[int]]:
     return found
 
 
-def _worker_spec_path(pid: int, module: str) -> str | None:
-    """The spec file named by `pid`'s command line, if it is a worker of ours: our user in
-    every uid (a setuid program run by another user is not), a session leader (a worker's forked
-    children share its command line but not its session), ``python [-P] -m <module> SPEC``."""
+def _pid_files(runtime_dir: Path) -> dict[int, tuple[str, str]]:
+    """What the ``<id>.pid`` files of `runtime_dir` say: each pid with its start time and the
+    spec file beside it."""
+    found: dict[int, tuple[str, str]] = {}
+    # No directory (yet): no pid files; what is wrong with it is for its creation to say.
+    with (
+        contextlib.suppress(FileNotFoundError, NotADirectoryError),
+        os.scandir(runtime_dir) as entries,
+    ):
+        for entry in entries:
+            if not entry.name.endswith(".pid") or entry.name.startswith("."):
+                continue
+            try:
+                with open(entry.path) as f:
+                    pid, start = f.read().split()
+                found[int(pid)] = (start, entry.path[: -len(".pid")] + ".spec.json")
+            except (OSError, ValueError):
+                continue
+    return found
+
+
+def _start_time(pid: int) -> str | None:
+    """When `pid` started, in clock ticks after boot (``/proc/<pid>/stat``, field 22)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _command_line(pid: int) -> list[bytes] | None:
+    """The arguments of `pid` after the interpreter and its ``-P``, if it may be a worker of
+    ours: our user in every uid (a setuid program run by another user is not), and a session
+    leader (a worker's forked children share its command line but not its session)."""
     me = os.geteuid()
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -121,6 +172,4 @@ def _worker_spec_path(pid: int, module: str) -> str | None:
     args = argv[1:-1]
     if args[:1] == [b"-P"]:
         args = args[1:]
-    if len(args) != 3 or args[:2] != [b"-m", module.encode()]:
-        return None
-    return os.fsdecode(args[2])
+    return args

@@ -1,9 +1,11 @@
 """The worker process behind LocalRuntime: hosts one replica of a user's class.
 
-Started as ``python -m controller.worker SPEC_FILE``. It binds its Unix socket first, so the
-runtime can reach it while the class is still being built, then imports the entrypoint, builds
-the class and applies the user config. It answers requests (one JSON object per line) until it is
-killed; it never exits on its own, so a restarted controller can find it and adopt it.
+Started as ``python -m controller.worker SPEC_FILE``, or forked by the fork server
+(``_zygote_main``), which then calls `run` as that command would. The runtime binds its Unix
+socket first, so it can reach the worker while the class is still being built; the worker then
+imports the entrypoint, builds the class and applies the user config. It answers requests (one
+JSON object per line) until it is killed; it never exits on its own, so a restarted controller
+can find it and adopt it.
 """
 
 from __future__ import annotations
@@ -129,8 +131,17 @@ async def serve(spec: dict[str, Any]) -> None:
 def main() -> None:
     if len(sys.argv) != 2:
         sys.exit("usage: python -m controller.worker SPEC_FILE")
-    with open(sys.argv[1]) as f:
+    run(sys.argv[1])
+
+
+def run(spec_path: str, listen_fd: int | None = None) -> None:
+    """Host the replica that the spec file describes, until killed. `listen_fd` is the
+    listening socket if not the spec's (a worker forked by the fork server receives it under
+    a number of its own)."""
+    with open(spec_path) as f:
         spec = json.load(f)
+    if listen_fd is not None:
+        spec["listen_fd"] = listen_fd
     if spec.get("log"):
         capture_output(Path(spec["log"]), int(spec.get("log_max_bytes", DEFAULT_MAX_BYTES)))
     trio.run(serve, spec)

@@ -1,7 +1,11 @@
-"""LocalRuntime with real worker processes and the real clock; every wait bounded by fail_after."""
+"""LocalRuntime with real worker processes and the real clock; every wait bounded by fail_after.
+
+Workers are spawned here (``fork_server=False``), so that each test takes one path for sure;
+tests/test_fork_server.py runs workers forked by the fork server."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -28,7 +32,13 @@ LIMIT_S = 30  # generous: CI machines are slow at spawning Python
 
 
 def worker_pids(runtime_dir: Path) -> dict[int, str]:
-    """Every worker process of `runtime_dir` in the OS process table, with its state letter."""
+    """Every worker process of `runtime_dir` in the OS process table, with its state letter:
+    spawned ones by their command line, and forked ones (which have the fork server's command
+    line) by the pid files they write, which are removed when they are gone."""
+    forked = set()
+    for pid_file in runtime_dir.rglob("*.pid"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            forked.add(int(pid_file.read_text().split()[0]))
     found: dict[int, str] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -38,7 +48,10 @@ def worker_pids(runtime_dir: Path) -> dict[int, str]:
             status = Path(f"/proc/{entry}/status").read_text()
         except OSError:
             continue
-        if b"controller.worker" in cmdline and str(runtime_dir).encode() in cmdline:
+        ours = b"controller.worker" in cmdline or (
+            b"controller._zygote_main" in cmdline and int(entry) in forked
+        )
+        if ours and str(runtime_dir).encode() in cmdline:
             state = next(
                 line.split()[1] for line in status.splitlines() if line.startswith("State:")
             )
@@ -70,7 +83,9 @@ class Harness:
     def __init__(self, runtime_dir: Path, record: Path):
         self.runtime_dir = runtime_dir
         self.record = str(record)
-        self.runtime = controller.LocalRuntime(runtime_dir / "w", pythonpath=[HERE])
+        self.runtime = controller.LocalRuntime(
+            runtime_dir / "w", pythonpath=[HERE], fork_server=False
+        )
         self.store = controller.SQLiteStore(runtime_dir / "state.db")
 
     def recorder(self, **kwargs: object) -> controller.ReplicaConfig:
@@ -228,7 +243,9 @@ async def test_reopened_controller_adopts_live_workers(harness: Harness) -> None
             pids = worker_pids(harness.runtime_dir)
         # The controller is gone; its workers are not.
         assert set(worker_pids(harness.runtime_dir)) == set(pids)
-        runtime = controller.LocalRuntime(harness.runtime_dir / "w", pythonpath=[HERE])
+        runtime = controller.LocalRuntime(
+            harness.runtime_dir / "w", pythonpath=[HERE], fork_server=False
+        )
         async with controller.open_controller(runtime=runtime, store=harness.store) as ctl:
             await all_running(ctl, "a")
             now = worker_pids(harness.runtime_dir)
@@ -246,7 +263,9 @@ async def test_a_worker_no_intent_names_is_killed_on_reopen(harness: Harness) ->
             await (await ctl.deploy("a", cfg(num_replicas=1), harness.recorder())).wait()
         # Lose the intent: an empty store next to live workers.
         with controller.SQLiteStore(harness.runtime_dir / "other.db") as empty:
-            runtime = controller.LocalRuntime(harness.runtime_dir / "w", pythonpath=[HERE])
+            runtime = controller.LocalRuntime(
+                harness.runtime_dir / "w", pythonpath=[HERE], fork_server=False
+            )
             # Orphans are killed in shielded tasks, so closing the controller waits for them.
             async with controller.open_controller(runtime=runtime, store=empty):
                 pass
@@ -261,7 +280,9 @@ async def test_closing_while_adopting_kills_nothing(harness: Harness) -> None:
         # Closed at once, again and again, with the adoptions still in flight: the runtime
         # outlives the tasks that use it, so none mistakes the close for a failed replica.
         for _ in range(5):
-            runtime = controller.LocalRuntime(harness.runtime_dir / "w", pythonpath=[HERE])
+            runtime = controller.LocalRuntime(
+                harness.runtime_dir / "w", pythonpath=[HERE], fork_server=False
+            )
             async with controller.open_controller(runtime=runtime, store=harness.store):
                 pass
             assert set(worker_pids(harness.runtime_dir)) == set(pids)
@@ -294,7 +315,11 @@ async def test_a_worker_inherits_nothing_of_the_controller_s_process(harness: Ha
 
 async def test_logs_are_named_by_tag_rotated_and_kept_within_bounds(harness: Harness) -> None:
     runtime = controller.LocalRuntime(
-        harness.runtime_dir / "w", pythonpath=[HERE], log_max_bytes=1000, logs_kept=2
+        harness.runtime_dir / "w",
+        pythonpath=[HERE],
+        log_max_bytes=1000,
+        logs_kept=2,
+        fork_server=False,
     )
     with trio.fail_after(LIMIT_S):
         async with controller.open_controller(runtime=runtime, store=harness.store) as ctl:
@@ -354,7 +379,9 @@ async def test_a_process_of_another_user_posing_as_a_worker_is_ignored(
             user=65534,
         )
         try:
-            runtime = controller.LocalRuntime(harness.runtime_dir / "w", pythonpath=[HERE])
+            runtime = controller.LocalRuntime(
+                harness.runtime_dir / "w", pythonpath=[HERE], fork_server=False
+            )
             async with controller.open_controller(runtime=runtime, store=harness.store) as ctl:
                 await all_running(ctl, "a")
                 (replica,) = ctl.status("a").replicas
@@ -373,7 +400,9 @@ async def test_a_worker_whose_replica_forks_is_adopted_not_its_child(harness: Ha
             await (await ctl.deploy("a", cfg(), controller.ReplicaConfig("replicas:Forks"))).wait()
             (replica,) = ctl.status("a").replicas
         # The child shares the worker's command line; only the worker leads its session.
-        runtime = controller.LocalRuntime(harness.runtime_dir / "w", pythonpath=[HERE])
+        runtime = controller.LocalRuntime(
+            harness.runtime_dir / "w", pythonpath=[HERE], fork_server=False
+        )
         async with controller.open_controller(runtime=runtime, store=harness.store) as ctl:
             await all_running(ctl, "a")
             (adopted,) = ctl.status("a").replicas
@@ -392,7 +421,7 @@ async def test_a_worker_that_died_while_no_controller_ran_leaves_nothing_behind(
         os.kill(old.pid, signal.SIGKILL)
         await trio.to_thread.run_sync(os.waitpid, old.pid, 0)  # our child: reaped, as by init
         workdir = harness.runtime_dir / "w"
-        runtime = controller.LocalRuntime(workdir, pythonpath=[HERE])
+        runtime = controller.LocalRuntime(workdir, pythonpath=[HERE], fork_server=False)
         async with controller.open_controller(runtime=runtime, store=harness.store) as ctl:
             await serving(ctl, "a", 1)
             await trio.testing.wait_all_tasks_blocked()
@@ -422,7 +451,9 @@ async def test_local_runtime_conforms(
         await trio.lowlevel.checkpoint()
 
     subject = controller.testing.Subject(
-        runtime=lambda: controller.LocalRuntime(harness.runtime_dir / "w", pythonpath=[HERE]),
+        runtime=lambda: controller.LocalRuntime(
+            harness.runtime_dir / "w", pythonpath=[HERE], fork_server=False
+        ),
         store=harness.store,
         replica=harness.recorder(),
         ignores_drain=harness.recorder(drain_s=600),
@@ -466,7 +497,9 @@ async def test_closing_the_controller_during_a_kill_lets_the_kill_finish(
 async def test_a_worker_answers_while_a_slow_import_runs(runtime_dir: Path) -> None:
     barrier = runtime_dir / "imported"
     env = {**os.environ, "SLOW_IMPORT_BARRIER": str(barrier)}
-    runtime = controller.LocalRuntime(runtime_dir / "w", pythonpath=[HERE], env=env)
+    runtime = controller.LocalRuntime(
+        runtime_dir / "w", pythonpath=[HERE], env=env, fork_server=False
+    )
     store = controller.MemoryStore()
     with trio.fail_after(LIMIT_S):
         async with controller.open_controller(runtime=runtime, store=store) as ctl:
