@@ -97,8 +97,8 @@ async def autoscaler_cost(backends: int, per_backend: int, seconds: float, db: P
                 await trio.sleep_until(started + tick * 0.1)
             cpu = time.process_time() - cpu0
             wall = trio.current_time() - started
-            counts = {ctl.status(n).desired_replicas for n in names}
-            assert counts == {per_backend}, counts  # steady: the count held
+            held = {ctl.status(n).desired_replicas for n in names}
+            assert held == {per_backend}, held  # steady: the count held
     return cpu / wall
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import trio
 
-from ._manifest import BackendDecl, config_to_dict
 from ._autoscale import ScaleDecision
+from ._manifest import BackendDecl, config_to_dict
 from ._state import SERVING_STATES, AutoscalerStatus, BackendSnapshot, BackendStatus
 
 
