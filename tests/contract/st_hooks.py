@@ -27,9 +27,26 @@ def _names_no_real_module(value: Any) -> bool:
     return True
 
 
+def _bounds_in_order(value: Any) -> bool:
+    # The one rule JSON Schema cannot say (and the document says so in words): an autoscaling
+    # block's min_replicas <= max_replicas. A body that breaks it is refused with 422, rightly;
+    # schemathesis would take it for valid, so it is not sent.
+    if isinstance(value, dict):
+        block = value.get("autoscaling")
+        if isinstance(block, dict):
+            low, high = block.get("min_replicas", 1), block.get("max_replicas")
+            numbers = all(
+                isinstance(n, (int, float)) and not isinstance(n, bool) for n in (low, high)
+            )
+            if numbers and low > high:
+                return False
+        return all(_bounds_in_order(v) for v in value.values())
+    return True
+
+
 @schemathesis.hook
 def filter_body(ctx: Any, body: Any) -> bool:
-    return _names_no_real_module(body)
+    return _names_no_real_module(body) and _bounds_in_order(body)
 
 
 @schemathesis.hook
