@@ -128,7 +128,16 @@ class Backend:
     def report_load(self, report: LoadReport) -> None:
         """Keep a source's latest load; the loop hears of it once however many arrive
         before it runs."""
-        if self._load.take(report, trio.current_time()) and not self._load_pending:
+        if self._load.take(report, trio.current_time()):
+            self._load_changed()
+
+    def report_replica_load(self, tag: str, ongoing: int) -> None:
+        """Keep what a replica of this backend says of its own load (its ``load()``)."""
+        if tag in self.replicas and self._load.take_own(tag, ongoing):
+            self._load_changed()
+
+    def _load_changed(self) -> None:
+        if not self._load_pending:
             self._load_pending = True
             self._send_nowait(ev.LoadChanged())
 
@@ -236,6 +245,7 @@ class Backend:
             self._start_failed(replica, event.error, event.traceback)
         elif isinstance(event, ev.Stopped):
             self._set.remove(event.tag)
+            self._load.forget_own(event.tag)
             logger.info("replica %s stopped", replica.tag)
         elif isinstance(event, ev.Died):
             self._died(replica, event.reason)

@@ -74,7 +74,7 @@ async def open_controller(
         # that had not run yet when the close came cannot mistake a closed runtime for a
         # failed replica and kill it.
         async with trio.open_nursery() as outer:
-            await outer.start(runtime.serve, controller._on_death)
+            await outer.start(runtime.serve, _Listener(controller))
             try:
                 async with trio.open_nursery() as inner:
                     controller._nursery = inner
@@ -337,6 +337,11 @@ class Controller:
         if backend is not None:
             backend.notify_died(tag, reason)
 
+    def _on_replica_load(self, tag: str, ongoing: int) -> None:
+        backend = self._backends.get(tag.rpartition("#")[0])
+        if backend is not None and not backend.forgotten:
+            backend.report_replica_load(tag, ongoing)
+
     def _on_pass(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
@@ -455,3 +460,18 @@ def _log_change(name: str, spec: Spec) -> None:
         plural(spec.backend_config.num_replicas, "replica"),
         spec.version,
     )
+
+
+@final
+@attrs.frozen
+class _Listener:
+    """What the runtime tells the controller of its replicas on its own (``ReplicaListener``):
+    deaths, and the load replicas report of themselves."""
+
+    controller: Controller
+
+    def __call__(self, tag: str, reason: str) -> None:
+        self.controller._on_death(tag, reason)
+
+    def load(self, tag: str, ongoing: int) -> None:
+        self.controller._on_replica_load(tag, ongoing)

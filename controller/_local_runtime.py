@@ -405,7 +405,11 @@ class LocalRuntime:
 
     async def _monitor(self, worker: _Worker, lines: LineStream) -> None:
         try:
-            await lines.receive()
+            while True:
+                # Nothing but the replica's own load comes this way; the end is the news.
+                load = (await lines.receive()).get("load")
+                if isinstance(load, int) and not isinstance(load, bool) and load >= 0:
+                    self._watchers.load(worker.tag, load)
         except (WireError, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:

@@ -241,6 +241,7 @@ _SCHEMAS: dict[str, Any] = {
             "queued": {"type": "integer", "minimum": 0},
             "replicas": _COUNTS,
             "sources": {"type": "integer", "minimum": 0},
+            "self_reported": {"type": "integer", "minimum": 0},
         }
     ),
     "LoadReport": _obj(

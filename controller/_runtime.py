@@ -16,6 +16,20 @@ from ._json import JSON
 DeathListener = Callable[[str, str], None]
 
 
+class ReplicaListener(Protocol):
+    """What the controller hands ``serve``: a DeathListener that also takes the load a replica
+    reports of itself. A runtime that can carry a replica's ``load()`` calls ``load``; any
+    other treats it as a plain DeathListener."""
+
+    def __call__(self, tag: str, reason: str) -> None:
+        """`tag` died on its own, for `reason`."""
+        ...
+
+    def load(self, tag: str, ongoing: int) -> None:
+        """`tag`'s own ``load()`` now says `ongoing` (requests it holds); must not block."""
+        ...
+
+
 @attrs.frozen
 class ReplicaInfo:
     """What a runtime tells of a replica once it is ready (``start_replica``, ``adopt_replica``).
@@ -148,6 +162,12 @@ class Watchers:
         self.check_running()
         assert self._nursery is not None
         self._nursery.start_soon(fn, *args)
+
+    def load(self, tag: str, ongoing: int) -> None:
+        """Tell the controller, if one is listening and takes it, what `tag` reports of its load."""
+        take = getattr(self._on_death, "load", None)
+        if take is not None:
+            take(tag, ongoing)
 
     def died(self, tag: str, reason: str) -> None:
         """Tell the controller, if one is listening, that `tag` died on its own."""

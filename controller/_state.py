@@ -183,11 +183,14 @@ class BackendLoad:
     """In flight per replica tag (those with none are left out)."""
     sources: int
     """How many sources reported."""
+    self_reported: int = 0
+    """What the replicas say they hold, summed (from their ``load()``, where they have one)."""
 
     @property
     def ongoing(self) -> int:
-        """In flight plus queued: what an autoscaler divides by the replicas."""
-        return self.in_flight + self.queued
+        """In flight (as the ingresses or the replicas themselves count it, whichever is more)
+        plus queued: what the autoscaler divides by the replicas."""
+        return max(self.in_flight, self.self_reported) + self.queued
 
 
 @attrs.frozen

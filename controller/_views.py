@@ -74,6 +74,7 @@ def status_json(status: BackendStatus) -> dict[str, Any]:
             "queued": status.load.queued,
             "replicas": dict(status.load.replicas),
             "sources": status.load.sources,
+            "self_reported": status.load.self_reported,
         },
         "autoscaler": _autoscaler_json(status.autoscaler, now),
     }

@@ -10,6 +10,7 @@ can find it and adopt it.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
@@ -56,6 +57,9 @@ class Worker:
         # One reconfigure at a time: a controller restarted during one sends it again, and
         # user code must never see two at once.
         self.reconfiguring = trio.Lock()
+        self.monitors: set[LineStream] = set()
+        """The runtime's monitor connections: where the replica's own load is pushed."""
+        self.load: int | None = None
 
     async def build(self) -> None:
         try:
@@ -75,6 +79,9 @@ class Worker:
         try:
             while True:
                 request = await lines.receive()
+                if request.get("op") == "monitor":
+                    await self.monitor(lines)
+                    return
                 await lines.send(await self.answer(request))
         except (WireError, trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the runtime hung up; a monitor connection ends only this way
@@ -94,8 +101,6 @@ class Worker:
             if self.init_error is not None:
                 return {"ok": False, **self.init_error}
             return {"ok": True}
-        if op == "monitor":
-            await trio.sleep_forever()
         if op not in ("reconfigure", "check_health", "drain"):
             return {"ok": False, "error_type": "ProtocolError", "message": f"unknown op {op!r}"}
         await self.ready.wait()
@@ -114,6 +119,47 @@ class Worker:
             return {"ok": False, **_describe(exc)}
         return {"ok": True}
 
+    async def monitor(self, lines: LineStream) -> None:
+        """A monitor connection: never answered, so that its end tells the runtime the process
+        ended; it carries the replica's own load, when that changes. Returns when the runtime
+        hangs up (raising, as a closed connection does)."""
+        self.monitors.add(lines)
+        try:
+            if self.load is not None:
+                await lines.send({"load": self.load})
+            await lines.receive()  # the runtime sends nothing more: this waits for its hang-up
+        finally:
+            self.monitors.discard(lines)
+
+    async def push_load(self) -> None:
+        """For a replica with a ``load()`` method: call it every `LOAD_SAMPLE_S`, and push what
+        it returns (requests it holds, a whole number >= 0) to the runtime when it changes."""
+        method = getattr(self.instance, "load", None)
+        if not callable(method):
+            return
+        complained = False
+        while True:
+            try:
+                value = await _call(method)
+            except Exception as exc:
+                value = None
+                if not complained:
+                    complained = True
+                    _describe(exc)  # once, in the replica's log
+            count = value if isinstance(value, int) and not isinstance(value, bool) else None
+            if count is not None and count >= 0 and count != self.load:
+                self.load = count
+                for lines in list(self.monitors):
+                    with contextlib.suppress(
+                        WireError, trio.BrokenResourceError, trio.ClosedResourceError
+                    ):
+                        await lines.send({"load": count})
+            await trio.sleep(LOAD_SAMPLE_S)
+
+
+#: How often a replica's own ``load()`` is read (in its own process, on its own thread).
+LOAD_SAMPLE_S = 0.1
+
 
 async def serve(spec: dict[str, Any]) -> None:
     set_context(ReplicaContext(spec["tag"], spec["backend"], spec["version"], spec["port"]))
@@ -126,6 +172,8 @@ async def serve(spec: dict[str, Any]) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(trio.serve_listeners, worker.handle, [listener])
         await worker.build()
+        if worker.init_error is None:
+            nursery.start_soon(worker.push_load)
 
 
 def main() -> None:

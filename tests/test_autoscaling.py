@@ -362,3 +362,23 @@ def test_contradictions_are_refused_with_the_field_and_the_rule() -> None:
     # num_replicas outside the bounds is the count it starts with, put within them.
     cfg = controller.BackendConfig(num_replicas=0, autoscaling=auto(min_replicas=2))
     assert cfg.initial_replicas() == 2
+
+
+async def test_replicas_that_report_their_own_load_are_scaled_on_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime(auto_ready=True)
+    scalings = Scalings()
+    async with opened(rt, scalings=scalings) as ctl:
+        await ctl.deploy("a", config(num_replicas=2, autoscaling=auto()), RC)
+        await until(lambda: len(ctl.snapshot("a").replicas) == 2)
+        first, second = (r.tag for r in ctl.status("a").replicas)
+        t0 = trio.current_time()
+        rt.report_load(first, 6)  # no ingress: the replicas' own count is the signal
+        rt.report_load(second, 4)
+        assert approx(await scalings.next()) == approx((t0, 2, 5))
+        assert ctl.status("a").load.self_reported == 10
+        # A replica that goes takes its report with it.
+        await until(lambda: len(ctl.snapshot("a").replicas) == 5)
+        rt.crash(first)
+        await until(lambda: ctl.status("a").load.self_reported == 4)

@@ -10,6 +10,8 @@ from typing import Any
 
 import trio
 
+import controller
+
 from .http_client import request
 from .test_daemon import LIMIT_S, Daemon, manifest, running, state_dir
 from .test_daemon_hardening import free_port
@@ -121,3 +123,35 @@ async def _get(port: int, answers: list[int]) -> None:
 async def _hold(port: int) -> None:
     with contextlib.suppress(OSError, trio.BrokenResourceError, ValueError):
         await request(port, "/app/hang")  # until the daemon (and its ingress) is killed
+
+
+async def test_a_replica_s_own_load_reaches_the_autoscaler_through_local_runtime(
+    tmp_path: Path,
+) -> None:
+    here = Path(__file__).parent
+    load_file = tmp_path / "load"
+    runtime = controller.LocalRuntime(tmp_path / "w", pythonpath=[here])
+    scaling = controller.AutoscalingConfig(
+        max_replicas=4, target_ongoing_requests=2, downscale_stabilization_s=0
+    )
+    cfg = controller.BackendConfig(num_replicas=1, version="v1", autoscaling=scaling)
+    rc = controller.ReplicaConfig("replicas:SelfReporting", init_kwargs={"path": str(load_file)})
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(
+            runtime=runtime, store=controller.MemoryStore()
+        ) as ctl:
+            await (await ctl.deploy("own", cfg, rc)).wait()
+            snapshot = ctl.snapshot("own")
+            # Each replica says it holds 6 (2 are wanted per replica): 3 replicas, whose 18
+            # ask for 9, bounded by max_replicas.
+            load_file.write_text("6")
+            while len(snapshot.replicas) != 4:
+                snapshot = (await ctl.listen_for_change({"own": snapshot.snapshot_id}))["own"]
+            status = ctl.status("own")
+            assert status.autoscaler is not None
+            assert status.autoscaler.target == 4
+            assert status.load.self_reported in (18, 24)  # the fourth may not have said yet
+            load_file.write_text("0")  # idle: down to the minimum (no window here)
+            while len(snapshot.replicas) != 1:
+                snapshot = (await ctl.listen_for_change({"own": snapshot.snapshot_id}))["own"]
+            await (await ctl.delete("own")).wait()

@@ -213,6 +213,15 @@ class FakeRuntime:
         if self._listener is not None:
             self._listener(tag, reason)
 
+    def report_load(self, tag: str, ongoing: int) -> None:
+        """Have a live replica report its own load, as a replica's ``load()`` does through a
+        real runtime."""
+        if self.replicas[tag].state is FakeState.DEAD:
+            raise ValueError(f"replica {tag} is dead")
+        take = getattr(self._listener, "load", None)
+        if take is not None:
+            take(tag, ongoing)
+
     # -- the Runtime protocol --
 
     async def serve(
