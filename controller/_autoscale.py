@@ -58,6 +58,8 @@ class ScaleState:
     """The changes it made (time, signed delta) within the longer rate-limit period."""
     busy_at: float | None = None
     """When it last saw a request ongoing (or had no signal): scale to zero counts from it."""
+    busy: bool = True
+    """Its last input was a load above zero (or none): busy until this evaluation, then."""
 
 
 @attrs.frozen
@@ -94,8 +96,11 @@ class ScaleDecision:
 
 def initial_state(config: AutoscalingConfig, num_replicas: int, now: float) -> ScaleState:
     """The state of a backend that starts autoscaling now: at `num_replicas` (within bounds),
-    counted as busy now, so that it waits the whole delay before scaling to zero."""
-    return ScaleState(config.initial(num_replicas), busy_at=now)
+    as if that had just been recommended (so it holds for one downscale window: the deploy is
+    the one moment it has heard of), and counted as busy now (so it waits the whole delay
+    before scaling to zero)."""
+    start = config.initial(num_replicas)
+    return ScaleState(start, downs=((now, start),), busy_at=now)
 
 
 def restored(state: ScaleState, now: float) -> ScaleState:
@@ -114,9 +119,13 @@ def evaluate(
     current = state.target
     low, high = config.min_replicas, config.max_replicas
     ongoing = inputs.ongoing
-    busy_at = state.busy_at if ongoing == 0 else now
-    ups = _expire(state.ups, now - config.upscale_stabilization_s)
-    downs = _expire(state.downs, now - config.downscale_stabilization_s)
+    # Evaluations come on every change of load (and on timers), so the last input held until
+    # now: the last recommendation is in force until now, and a load seen then was there
+    # until now. (Windows count from when a load was last seen, not from when it arrived: a
+    # steady load an hour long holds a scale-down for the window after it ends.)
+    busy_at = now if ongoing != 0 or state.busy else state.busy_at
+    ups = _expire(_held_until(state.ups, now), now - config.upscale_stabilization_s)
+    downs = _expire(_held_until(state.downs, now), now - config.downscale_stabilization_s)
     longest = max(config.scale_up_period_s, config.scale_down_period_s)
     changes = tuple(c for c in state.changes if c[0] > now - longest)
 
@@ -124,7 +133,7 @@ def evaluate(
         target: int, recommended: int, reason: ScaleReason, wake: float | None
     ) -> tuple[ScaleState, ScaleDecision, float | None]:
         made = (*changes, (now, target - current)) if target != current else changes
-        new = ScaleState(target, ups, downs, made, busy_at)
+        new = ScaleState(target, ups, downs, made, busy_at, ongoing != 0)
         decision = ScaleDecision(
             now, ongoing, inputs.not_ready, current, recommended, target, reason
         )
@@ -141,7 +150,7 @@ def evaluate(
         if ongoing <= 0:
             return done(0, 0, "Steady", None)
         # Demand at zero: start at once, past every window (requests are waiting).
-        wanted = min(max(1, math.ceil(ongoing / config.target_ongoing_requests)), high)
+        wanted = min(max(1, _ceil(ongoing / config.target_ongoing_requests)), high)
         target = min(wanted, max(1, _up_limit(config, changes, now, 0)))
         return done(target, wanted, "ScaleFromZero", None)
 
@@ -191,11 +200,16 @@ def _recommend(config: AutoscalingConfig, current: int, ongoing: float, not_read
     ratio = ongoing / (per_replica * current)
     if abs(ratio - 1.0) <= config.tolerance:
         return current
-    wanted = math.ceil(ongoing / per_replica)
+    wanted = _ceil(ongoing / per_replica)
     if wanted < current:
         # Toward fewer: replicas not ready yet count as fully loaded; the direction never flips.
-        wanted = min(current, math.ceil(ongoing / per_replica + not_ready))
+        wanted = min(current, _ceil(ongoing / per_replica + not_ready))
     return wanted
+
+
+def _ceil(replicas: float) -> int:
+    # Past any bound (a count can be at most a million): never an overflow on a huge ratio.
+    return math.ceil(min(replicas, 1e12))
 
 
 def _direction(current: int, stable: int, raw: int, recommended: int) -> ScaleReason:
@@ -220,6 +234,11 @@ def _down_limit(
 ) -> int:
     removed = -sum(d for t, d in changes if d < 0 and t > now - config.scale_down_period_s)
     return config.down_limit(current + removed)
+
+
+def _held_until(entries: tuple[Entry, ...], now: float) -> tuple[Entry, ...]:
+    # The newest entry is the last recommendation, in force until this evaluation.
+    return (*entries[:-1], (now, entries[-1][1])) if entries else entries
 
 
 def _expire(entries: tuple[Entry, ...], cutoff: float) -> tuple[Entry, ...]:

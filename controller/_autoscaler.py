@@ -11,11 +11,12 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import final
 
 import trio
 
+from . import _events as ev
 from ._autoscale import Entry, Inputs, ScaleDecision, ScaleState, evaluate, initial_state, restored
 from ._autoscaling_config import AutoscalingConfig
 from ._checkpoint import AutoscaleRecord
@@ -94,10 +95,12 @@ class Autoscaler:
                 logger.debug("backend %s: autoscaler: %s", self._name, describe(decision, config))
         return decision.changed
 
-    def status(self) -> AutoscalerStatus | None:
+    def status(self, capped_at: int | None = None) -> AutoscalerStatus | None:
         if self._config is None or self.state is None:
             return None
-        return AutoscalerStatus(self._config, self.state.target, self.last, self.last_change)
+        return AutoscalerStatus(
+            self._config, self.state.target, self.last, self.last_change, capped_at
+        )
 
     # -- the store --
 
@@ -165,3 +168,56 @@ def _values(state: ScaleState) -> tuple[object, ...]:
 def _wall_offset() -> float:
     """Wall-clock seconds minus trio seconds, now."""
     return time.time() - trio.current_time()
+
+
+#: How often a backend held below its autoscaler's count by capacity asks the runtime again.
+RECHECK_ROOM_S = 1.0
+
+
+@final
+class Room:
+    """How far an autoscaled backend may grow on the runtime: the autoscaler's count is only
+    worked toward as far as it fits beside every other backend, as a deploy's would be (a load
+    spike must not start more workers than the machine holds). Asked of the runtime before a
+    scale-up past what was last found to fit, in a task, with the answer as an event."""
+
+    def __init__(
+        self,
+        check: Callable[[int], Awaitable[int]],
+        start: Callable[..., None],
+        send: Callable[[ev.Event], None],
+    ):
+        self._check = check
+        self._start = start
+        self._send = send
+        self.fits: int | None = None
+        """The most replicas that fit, by the last answer (None: not asked yet)."""
+        self._asked, self._asked_at, self._pending = 0, -math.inf, False
+
+    def count(self, wanted: int, held: int, now: float) -> int:
+        """The count to work toward now, for `wanted` with `held` replicas there already."""
+        if wanted <= held or (self.fits is not None and wanted <= self.fits):
+            return wanted
+        if not self._pending and (wanted != self._asked or now >= self._asked_at + RECHECK_ROOM_S):
+            self._pending, self._asked, self._asked_at = True, wanted, now
+            self._start(self._ask, wanted)
+        # Meanwhile (or when it does not all fit), only what is known to fit.
+        return max(held, min(wanted, self.fits or 0))
+
+    def checked(self, event: ev.RoomChecked) -> None:
+        self._pending = False
+        if event.wanted == self._asked:
+            self.fits = event.room
+
+    @property
+    def capped(self) -> bool:
+        """The last answer held the backend below what it wanted."""
+        return self.fits is not None and self.fits < self._asked
+
+    async def _ask(self, wanted: int) -> None:
+        try:
+            room = await self._check(wanted)
+        except Exception as exc:  # the runtime could not say: grow no further this time
+            logger.warning("capacity check failed (%s); not scaling up for now", exc)
+            room = 0
+        self._send(ev.RoomChecked(wanted, room))

@@ -24,8 +24,10 @@ MAX_REPLICAS = 1_000_000
 MAX_WINDOW_S = 3600.0
 #: The longest scale-to-zero delay (a day); longer is a typo.
 MAX_ZERO_DELAY_S = 86400.0
-#: The largest target per replica, as max_ongoing_requests.
+#: The largest target per replica, as max_ongoing_requests, and the smallest: a target of a
+#: hundredth of a request is already a hundred replicas per request in flight.
 MAX_TARGET = 1_000_000.0
+MIN_TARGET = 0.01
 
 
 def _count(field: str, value: object, lowest: int = 0) -> int:
@@ -85,8 +87,8 @@ class AutoscalingConfig:
     without a request, and back up on the first one (the ingress holds it meanwhile)."""
 
     target_ongoing_requests: float = _field(
-        lambda v: _number("target_ongoing_requests", v, 0, MAX_TARGET, open_low=True),
-        {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_TARGET},
+        lambda v: _number("target_ongoing_requests", v, MIN_TARGET, MAX_TARGET, open_low=False),
+        {"type": "number", "minimum": MIN_TARGET, "maximum": MAX_TARGET},
         2.0,
     )
     """The requests each replica should have ongoing: the backend wants
@@ -163,8 +165,9 @@ class AutoscalingConfig:
         return max(by_percent, start + self.scale_up_replicas)
 
     def down_limit(self, start: int) -> int:
-        """The fewest replicas one scale-down period may reach from `start` replicas."""
-        return math.ceil(start * (1 - self.scale_down_percent / 100))
+        """The fewest replicas one scale-down period may reach from `start` replicas (rounded
+        down, as HPA does: 50 % of 1 lets it reach 0)."""
+        return math.floor(start * (1 - self.scale_down_percent / 100))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> AutoscalingConfig:
@@ -180,6 +183,37 @@ class AutoscalingConfig:
         if "max_replicas" not in data:
             raise ConfigError(f"{_PREFIX}.max_replicas", "is required", show_value=False)
         return cls(**data)  # type: ignore[arg-type]  # keys checked against the fields above
+
+
+def problems_of(data: Mapping[str, object]) -> list[ConfigError]:
+    """Every fault of a block given as a mapping, each field checked alone first (as a
+    manifest's fields are), then the rules that tie them, if each is fine alone."""
+    fields = attrs.fields_dict(AutoscalingConfig)
+    found: list[ConfigError] = []
+    for key, value in data.items():
+        field = fields.get(key)
+        if field is None:
+            found.append(
+                ConfigError(
+                    f"{_PREFIX}.{key}",
+                    f"unknown field; known fields are {', '.join(sorted(fields))}",
+                    show_value=False,
+                )
+            )
+            continue
+        try:
+            convert: Any = field.converter  # every field here has one: a function of the value
+            convert(value)
+        except ConfigError as exc:
+            found.append(exc)
+    if "max_replicas" not in data:
+        found.append(ConfigError(f"{_PREFIX}.max_replicas", "is required", show_value=False))
+    if not found:
+        try:
+            AutoscalingConfig.from_dict(data)
+        except ConfigError as exc:
+            found.append(exc)
+    return found
 
 
 def autoscaling(value: object) -> AutoscalingConfig | None:

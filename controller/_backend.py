@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import final
 
 import attrs
@@ -21,7 +21,7 @@ import trio
 from . import _backend_view as view
 from . import _events as ev
 from . import _replica_tasks as tasks
-from ._autoscaler import Autoscaler
+from ._autoscaler import Autoscaler, Room
 from ._checkpoint import (
     EventsRecord,
     ReplicasRecord,
@@ -61,6 +61,8 @@ class Shared:
     observer: Observer
     requested: Callable[[str], int]
     """The generation last asked of a name: a deleted backend is forgotten only if still that."""
+    room: Callable[[str, int], Awaitable[int]]
+    """How many of so many replicas of a backend fit on the runtime beside the others."""
     on_pass: Callable[[], None]
     on_forgotten: Callable[[Backend], None]
 
@@ -102,6 +104,7 @@ class Backend:
         self._load = LoadBook()
         self._load_pending = False  # a LoadChanged is on its way to the loop
         self._load_only = False  # the events of this pass were all LoadChanged
+        self._desired: int | None = None  # the autoscaler's count, as far as it fits
         self._scaler = Autoscaler(
             name,
             changed=self._intent.changed,
@@ -110,6 +113,9 @@ class Backend:
             decided=lambda d: shared.observer.autoscaled(name, d.previous, d.target),
         )
         self._set.autoscale = self._scaler.record
+        self._room = Room(
+            lambda wanted: shared.room(name, wanted), self._tasks.start_task, self._send_nowait
+        )
         self._scaler.configure(spec.backend_config, trio.current_time())
         self.journal.event("Delete" if spec.deleting else "Deploy", view.describe_new(spec))
 
@@ -232,6 +238,9 @@ class Backend:
             return
         if isinstance(event, ev.Written):
             self._intent.written(event.seq)
+            return
+        if isinstance(event, ev.RoomChecked):
+            self._room.checked(event)
             return
         if isinstance(event, ev.LoadChanged):
             self._load_pending = False  # the pass gives the autoscaler the book's new totals
@@ -375,11 +384,15 @@ class Backend:
                 # one (a backend of 10,000 replicas is not walked ten times a second).
                 self._arm_timer(now)
                 return False
+        count = self._scaler.target
+        if count is not None and not spec.deleting:
+            count = self._room.count(count, self._held(), now)
+        self._desired = count
         target = spec.target(
             config_digest,
             blocked=self._failures.starts_blocked,
             deferred=self._failures.deferred(now),
-            replicas=self._scaler.target,
+            replicas=count,
         )
         plan = decide(target, list(self.replicas.values()))
         self._observed_generation = spec.generation
@@ -443,11 +456,17 @@ class Backend:
             and (r.state is starting or (r.state is recovering and not r.served))
         )
 
+    def _held(self) -> int:
+        stopping = ReplicaState.STOPPING
+        return sum(1 for r in self.replicas.values() if r.state is not stopping)
+
     @property
     def desired(self) -> int:
-        """The replica count it moves to: the autoscaler's, or the config's."""
-        target = self._scaler.target
-        return self.spec.backend_config.num_replicas if target is None else target
+        """The replica count it moves to: the autoscaler's (as far as it fits), or the
+        config's."""
+        if self._scaler.target is None or self._desired is None:
+            return self.spec.backend_config.num_replicas
+        return self._desired
 
     def _arm_timer(self, now: float) -> None:
         """Wake the loop at the next health check, backoff end or autoscaler window."""
@@ -515,6 +534,6 @@ class Backend:
             last_error=(self.journal.last_error, self.journal.last_traceback),
             events=self.journal.log.events,
             load=self._load.load(trio.current_time()),
-            desired=self._scaler.target,
-            autoscaler=self._scaler.status(),
+            desired=None if self._scaler.target is None else self.desired,
+            autoscaler=self._scaler.status(self._room.fits if self._room.capped else None),
         )

@@ -63,6 +63,24 @@ class Reservations:
             self._pending[want.name] = want
         return [want.name for want in wanted]
 
+    async def room(self, name: str, wanted: int) -> int:
+        """How many of `wanted` replicas of backend `name` (an autoscaled one growing) fit
+        beside what every other backend holds or is reserving."""
+        nodes = await self._runtime.capacity()
+        backend = self._backends.get(name)
+        if nodes is None or backend is None:
+            return wanted
+        have = []
+        for other, each in self._backends.items():
+            requested = self._requested(other)
+            if other != name and requested is not None:
+                have.append(
+                    Demand(other, each.spec.backend_config.resources, held(each, requested))
+                )
+        have += [d for d in self._pending.values() if d.name != name]
+        want = Demand(name, backend.spec.backend_config.resources, wanted)
+        return min(wanted, place(nodes, have, [want])[name])
+
     def release(self, names: Sequence[str]) -> None:
         """The backends now hold what was reserved for them (or the write failed)."""
         for name in names:
@@ -79,7 +97,12 @@ def held(backend: Backend, requested: Spec) -> int:
     idle = requested.deleting or (
         backend.blocked and backend.spec.generation == requested.generation
     )
-    target = 0 if idle else requested.backend_config.initial_replicas()
+    if idle:
+        target = 0
+    elif requested.generation == backend.spec.generation:
+        target = backend.desired  # the autoscaler's count, for an autoscaled backend
+    else:
+        target = requested.backend_config.initial_replicas()
     return max(target, len(backend.replicas))
 
 

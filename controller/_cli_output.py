@@ -40,7 +40,9 @@ def autoscale_summary(scaler: dict[str, Any]) -> str:
     count = max(1, scaler["target"])
     load = "?" if ongoing is None else f"{ongoing / count:.3g}"
     bounds = f"{scaler['min_replicas']}-{scaler['max_replicas']}"
-    return f"auto {bounds}, load {load}/{scaler['target_ongoing_requests']:g}"
+    capped = scaler.get("capped_at")
+    room = "" if capped is None else f", wants {scaler['target']}, room for {capped}"
+    return f"auto {bounds}, load {load}/{scaler['target_ongoing_requests']:g}{room}"
 
 
 def age(seconds: float | None) -> str:

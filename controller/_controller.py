@@ -149,6 +149,7 @@ class Controller:
             rng,
             observer,
             requested=lambda name: self._requested[name][0].generation,
+            room=self._reservations.room,
             on_pass=self._on_pass,
             on_forgotten=self._forgotten,
         )

@@ -100,6 +100,14 @@ class LoadChanged:
     loop reads the latest from the backend's load book)."""
 
 
+@attrs.frozen
+class RoomChecked:
+    """The runtime was asked how many of `wanted` replicas fit for the backend: `room` do."""
+
+    wanted: int
+    room: int
+
+
 Event: TypeAlias = (
     Started
     | StartFailed
@@ -111,4 +119,5 @@ Event: TypeAlias = (
     | Written
     | SpecChanged
     | LoadChanged
+    | RoomChecked
 )

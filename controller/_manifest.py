@@ -23,6 +23,7 @@ from typing import Any
 
 import attrs
 
+from ._autoscaling_config import problems_of
 from ._config import BackendConfig, ReplicaConfig, check_backend_name, fields_of
 from ._errors import ConfigError, ManifestError
 from ._json import JSON
@@ -146,6 +147,10 @@ def parse_backend(name: object, fields: object) -> tuple[BackendDecl | None, lis
     if "entrypoint" not in fields:
         problems.append(f"{label}: entrypoint: is required")
     for key, value in fields.items():
+        if key == "autoscaling" and isinstance(value, Mapping):
+            for fault in problems_of(value):
+                problems.append(f"{label}: {_field(fault)}: {_rule(fault)}")
+            continue
         try:
             if key in _BACKEND_FIELDS:
                 BackendConfig.from_dict({key: value})

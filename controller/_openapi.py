@@ -224,6 +224,12 @@ _SCHEMAS: dict[str, Any] = {
             "max_replicas": {"type": "integer", "minimum": 1},
             "target_ongoing_requests": {"type": "number", "exclusiveMinimum": 0},
             "target": {"type": "integer", "minimum": 0},
+            "capped_at": {
+                "type": ["integer", "null"],
+                "minimum": 0,
+                "description": "Set while the runtime fits fewer replicas than the target: "
+                "the most that fit, which the backend works toward meanwhile",
+            },
             "last": {
                 **_DECISION,
                 "description": "Its latest evaluation: the load it saw (null: no signal), "

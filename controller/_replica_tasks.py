@@ -146,6 +146,10 @@ class Launcher:
         assert self.nursery is not None, "the backend's task is not running"
         self.nursery.start_soon(fn, *args)
 
+    def start_task(self, fn: Callable[..., Coroutine[Any, Any, None]], *args: object) -> None:
+        """Run `fn` in the backend's nursery now (for work that acts on nothing stored)."""
+        self._start(fn, *args)
+
     def stop(self, replica: Replica, grace_s: float) -> None:
         """Stop `replica`: cancel what is in flight for it (its task then reports, and the loop
         calls this again), or drain (if graceful) and kill it."""

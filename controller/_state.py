@@ -206,6 +206,9 @@ class AutoscalerStatus:
     (None before the first)."""
     last_change: ScaleDecision | None = None
     """Its latest evaluation that changed the count (None if none has yet)."""
+    capped_at: int | None = None
+    """Set when the runtime fits fewer replicas than `target`: the most that fit, which is what
+    the backend works toward meanwhile (asked again on the next change, and every second)."""
 
 
 @attrs.frozen

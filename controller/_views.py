@@ -89,6 +89,7 @@ def _autoscaler_json(scaler: AutoscalerStatus | None, now: float) -> dict[str, A
         "max_replicas": config.max_replicas,
         "target_ongoing_requests": config.target_ongoing_requests,
         "target": scaler.target,
+        "capped_at": scaler.capped_at,
         "last": _decision_json(scaler.last, now),
         "last_change": _decision_json(scaler.last_change, now),
     }

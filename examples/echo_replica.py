@@ -57,7 +57,7 @@ class Echo:
             def log_message(self, format: str, *args: Any) -> None:
                 pass  # one line per request would drown the worker's log
 
-        self.server = ThreadingHTTPServer((context().host, context().port), Handler)
+        self.server = _Server((context().host, context().port), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
@@ -83,3 +83,9 @@ class Echo:
                     break
         self.server.shutdown()
         self.server.server_close()  # late clients now get a refusal (routers retry) at once
+
+
+class _Server(ThreadingHTTPServer):
+    # The standard library listens with a backlog of 5: a replica scaled up from zero that an
+    # ingress opens a hundred connections to at once would leave most of them unaccepted.
+    request_queue_size = 1024

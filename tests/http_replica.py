@@ -62,7 +62,7 @@ class HTTPReplica:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer((context().host, context().port), Handler)
+        self.server = _Server((context().host, context().port), Handler)
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -178,3 +178,9 @@ def _wait_for_hangup(h: BaseHTTPRequestHandler) -> None:
         readable, _, _ = select.select([sock], [], [], 1.0)
         if readable and not sock.recv(1, 0x2):  # MSG_PEEK: b"" is EOF
             return
+
+
+class _Server(ThreadingHTTPServer):
+    # The standard library listens with a backlog of 5: a replica scaled up from zero that an
+    # ingress opens a hundred connections to at once would leave most of them unaccepted.
+    request_queue_size = 1024

@@ -12,6 +12,7 @@ import trio.testing
 
 import controller
 from controller import LOAD_TTL_S, AutoscalingConfig, GoalOutcome, LoadReport
+from controller._manifest import parse_backend
 from controller.testing import FakeRuntime
 
 from .conftest import DEADLOCK_LIMIT_S, EXACT, RC, config, settle
@@ -191,8 +192,8 @@ async def test_downscale_waits_the_whole_window_and_a_burst_inside_it_holds(
         ingress.set(2)
         await trio.sleep(298)  # 399 s after the quiet began
         assert desired(ctl) == 8
-        # The burst's recommendation of 8 holds until 300 s after it.
-        assert approx(await scalings.next()) == approx((t0 + 400, 8, 1))
+        # The burst's recommendation of 8 holds until 300 s after it ended (at 101 s).
+        assert approx(await scalings.next()) == approx((t0 + 401, 8, 1))
 
 
 async def test_no_signal_never_scales_down(autojump_clock: trio.testing.MockClock) -> None:
@@ -348,7 +349,8 @@ async def test_autoscaling_during_a_rolling_update_keeps_the_rollouts_bounds(
 def test_contradictions_are_refused_with_the_field_and_the_rule() -> None:
     cases = [
         ({"max_replicas": 2, "min_replicas": 3}, "autoscaling.min_replicas", "<= max_replicas"),
-        ({"max_replicas": 2, "target_ongoing_requests": 0}, "target_ongoing_requests", "> 0"),
+        ({"max_replicas": 2, "target_ongoing_requests": 0}, "target_ongoing_requests", ">= 0.01"),
+        ({"max_replicas": 2, "target_ongoing_requests": 1e-310}, "target_ongoing", ">= 0.01"),
         ({"min_replicas": 1}, "autoscaling.max_replicas", "required"),
         ({"max_replicas": 2, "tolerance": 1.5}, "tolerance", "at most"),
         ({"max_replicas": 2, "scale_up_percent": 0, "scale_up_replicas": 0}, "scale_up", "never"),
@@ -382,3 +384,57 @@ async def test_replicas_that_report_their_own_load_are_scaled_on_it(
         await until(lambda: len(ctl.snapshot("a").replicas) == 5)
         rt.crash(first)
         await until(lambda: ctl.status("a").load.self_reported == 4)
+
+
+async def test_a_load_spike_grows_a_backend_only_as_far_as_the_runtime_fits_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Room for 6 replicas in all; another backend holds 2 of them.
+    rt = FakeRuntime(auto_ready=True, capacity={"CPU": 100}, max_replicas=6)
+    async with opened(rt) as ctl:
+        await (await ctl.deploy("other", config(num_replicas=2), RC)).wait()
+        scaling = auto(max_replicas=1000, target_ongoing_requests=1, scale_up_replicas=1000)
+        await (await ctl.deploy("a", config(num_replicas=1, autoscaling=scaling), RC)).wait()
+        ctl.report_load(LoadReport("ingress-1", "a", {}, queued=30))
+        await until(lambda: len(ctl.snapshot("a").replicas) == 4)
+        await trio.sleep(5)
+        status = ctl.status("a")
+        assert status.autoscaler is not None
+        assert status.autoscaler.target == 30  # what the load asks
+        assert status.autoscaler.capped_at == 4  # what fits
+        assert status.desired_replicas == 4
+        assert len(status.replicas) == 4
+        # Room made elsewhere is taken within a second or so.
+        await (await ctl.delete("other")).wait()
+        ctl.report_load(LoadReport("ingress-1", "a", {}, queued=31))
+        await until(lambda: len(ctl.snapshot("a").replicas) == 6)
+
+
+async def test_the_windows_count_from_when_a_steady_load_ends_not_from_when_it_began(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    scaling = auto(min_replicas=0, downscale_stabilization_s=10, scale_to_zero_delay_s=20)
+    scalings = Scalings()
+    async with autoscaled(scaling, 1, scalings=scalings) as (_, ingress, _rt):
+        ingress.set(4)  # steady for 25 s, longer than either window: one report, no change
+        assert approx(await scalings.next())[1:] == (1, 2)
+        await trio.sleep(25)
+        t0 = trio.current_time()
+        ingress.set(0)
+        # Down to 1 a whole window after the load ended, and to zero a whole delay after.
+        assert approx(await scalings.next()) == approx((t0 + 10, 2, 1))
+        assert approx(await scalings.next()) == approx((t0 + 20, 1, 0))
+
+
+async def test_a_bad_block_in_a_manifest_reports_every_fault_at_once() -> None:
+    decl, problems = parse_backend(
+        "a",
+        {
+            "entrypoint": "m:C",
+            "autoscaling": {"min_replicas": -1, "tolerance": 3, "target_ongoing_requests": -1},
+        },
+    )
+    assert decl is None
+    text = "\n".join(problems)
+    for field in ("min_replicas", "tolerance", "target_ongoing_requests", "max_replicas"):
+        assert f"autoscaling.{field}" in text, text

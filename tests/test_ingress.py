@@ -533,3 +533,38 @@ async def test_the_controller_sees_the_load_and_metrics_count_it(runtime_dir: Pa
                 'ingress_requests_total{backend="app",code="200",route="/app"}': 5,
                 'ingress_requests_total{backend="app",code="499",route="/app"}': 3,
             }
+
+
+async def test_connections_pooled_to_a_replica_that_left_mid_request_are_closed_after_it(
+    runtime_dir: Path,
+) -> None:
+    with trio.fail_after(LIMIT_S):
+        async with front(runtime_dir) as f:
+            await f.deploy("app", routed("/app", num_replicas=1))
+            (tag,) = f.pids("app")
+            address = f.ingress.backend("app").by_tag[tag].address  # type: ignore[union-attr]
+            # Several requests at once: their connections go to the pool when they end.
+            async with trio.open_nursery() as nursery:
+                for _ in range(4):
+                    nursery.start_soon(request, f.port, "/app/any")
+            assert f.ingress.proxy.pool._idle.get(address)
+            # One more, held while the replica leaves (scaled to 0; its drain waits for it).
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(request, f.port, "/app/slow?ms=1500")
+                await f.wait_routed("app", 1)
+                await _in_flight(f, tag)
+                await f.ctl.deploy("app", routed("/app", num_replicas=0), RC)
+                await f.wait_routed("app", 0)
+                # It left with one in flight: its pooled connections wait for that one.
+            await trio.testing.wait_all_tasks_blocked()  # the ingress is done with it too
+            assert not f.ingress.proxy.pool._idle.get(address)
+
+
+async def _in_flight(f: Front, tag: str) -> None:
+    """Wait until the ingress has a request in flight to `tag`."""
+    while True:
+        backend = f.ingress.backend("app")
+        assert backend is not None
+        if backend.by_tag[tag].in_flight:
+            return
+        await trio.testing.wait_all_tasks_blocked(cushion=0.01)

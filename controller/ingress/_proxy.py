@@ -201,6 +201,10 @@ class Proxy:
             if not kept:
                 await upstream.aclose()
             backend.release(slot)
+            if slot.gone and not slot.in_flight:
+                # The last request to a replica that left: what was pooled for it before it
+                # left goes too (the snapshot that took it away could not close those).
+                await self.pool.forget(slot.address)
 
     async def _acquire(self, backend: BackendRoutes, tried: frozenset[str]) -> Slot:
         slot = backend.try_acquire(tried)
