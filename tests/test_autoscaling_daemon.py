@@ -126,8 +126,9 @@ async def _hold(port: int) -> None:
 
 
 async def test_a_replica_s_own_load_reaches_the_autoscaler_through_local_runtime(
-    tmp_path: Path,
+    state_dir: Path,  # the fixture kills and reports workers left behind
 ) -> None:
+    tmp_path = state_dir
     here = Path(__file__).parent
     load_file = tmp_path / "load"
     runtime = controller.LocalRuntime(tmp_path / "w", pythonpath=[here])
@@ -152,6 +153,7 @@ async def test_a_replica_s_own_load_reaches_the_autoscaler_through_local_runtime
             assert status.autoscaler.target == 4
             assert status.load.self_reported in (18, 24)  # the fourth may not have said yet
             load_file.write_text("0")  # idle: down to the minimum (no window here)
+            snapshot = ctl.snapshot("own")
             while len(snapshot.replicas) != 1:
                 snapshot = (await ctl.listen_for_change({"own": snapshot.snapshot_id}))["own"]
             await (await ctl.delete("own")).wait()

@@ -192,7 +192,13 @@ async def test_load_reports_over_the_api_show_in_status_and_metrics(state_dir: P
             await source.report([controller.LoadReport("ingress-b", "app", {tag: 1})])
             load = (await daemon.status())["app"]["load"]
             # The third source is the daemon's own ingress: its zero is a signal too.
-            assert load == {"in_flight": 4, "queued": 2, "replicas": {tag: 4}, "sources": 3, "self_reported": 0}
+            assert load == {
+                "in_flight": 4,
+                "queued": 2,
+                "replicas": {tag: 4},
+                "sources": 3,
+                "self_reported": 0,
+            }
             code, metrics = await daemon.http("GET", "/metrics")
             assert 'controller_backend_requests_in_flight{backend="app"} 4.0' in metrics
             assert 'controller_backend_requests_queued{backend="app"} 2.0' in metrics
