@@ -29,7 +29,14 @@ from controller import GoalOutcome
 from controller._wrap import RuntimeWrapper
 
 from .replicas import events
-from .test_local_runtime import all_running, cfg, is_zombie_or_gone, serving, worker_pids
+from .test_local_runtime import (
+    Harness,
+    all_running,
+    cfg,
+    is_zombie_or_gone,
+    serving,
+    worker_pids,
+)
 
 HERE = Path(__file__).parent
 T = TypeVar("T")
@@ -98,33 +105,9 @@ def forked_pid(workdir: Path, tag: str) -> int:
     raise AssertionError(f"no spec has tag {tag}")
 
 
-class Harness:
-    def __init__(self, runtime_dir: Path, record: Path):
-        self.runtime_dir = runtime_dir
-        self.workdir = runtime_dir / "w"
-        self.record = str(record)
-        self.store = controller.SQLiteStore(runtime_dir / "state.db")
-        self.runtime = self.local()
-
-    def local(
-        self, *, fork_server: bool = True, term_timeout_s: float = 2.0
-    ) -> controller.LocalRuntime:
-        return controller.LocalRuntime(
-            self.workdir,
-            pythonpath=[HERE],
-            fork_server=fork_server,
-            term_timeout_s=term_timeout_s,
-        )
-
-    def recorder(self, **kwargs: object) -> controller.ReplicaConfig:
-        return controller.ReplicaConfig(
-            "replicas:Recorder", init_kwargs={"path": self.record, **kwargs}
-        )
-
-
 @pytest.fixture
 async def harness(runtime_dir: Path, tmp_path: Path) -> AsyncIterator[Harness]:
-    h = Harness(runtime_dir, tmp_path / "events.jsonl")
+    h = Harness(runtime_dir, tmp_path / "events.jsonl", fork_server=True)
     yield h
     h.store.close()
 

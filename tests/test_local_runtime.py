@@ -80,13 +80,27 @@ def runtime_dir() -> Iterator[Path]:
 
 
 class Harness:
-    def __init__(self, runtime_dir: Path, record: Path):
+    """A runtime dir, its store and a LocalRuntime on it: workers spawned here (this file tests
+    the spawn path), forked in tests/test_fork_server.py."""
+
+    def __init__(self, runtime_dir: Path, record: Path, *, fork_server: bool = False):
         self.runtime_dir = runtime_dir
+        self.workdir = runtime_dir / "w"
         self.record = str(record)
-        self.runtime = controller.LocalRuntime(
-            runtime_dir / "w", pythonpath=[HERE], fork_server=False
-        )
+        self.fork_server = fork_server
         self.store = controller.SQLiteStore(runtime_dir / "state.db")
+        self.runtime = self.local()
+
+    def local(
+        self, *, term_timeout_s: float = 2.0, fork_server: bool | None = None
+    ) -> controller.LocalRuntime:
+        """Another LocalRuntime on the same dir (a controller reopened there)."""
+        return controller.LocalRuntime(
+            self.workdir,
+            pythonpath=[HERE],
+            fork_server=self.fork_server if fork_server is None else fork_server,
+            term_timeout_s=term_timeout_s,
+        )
 
     def recorder(self, **kwargs: object) -> controller.ReplicaConfig:
         return controller.ReplicaConfig(
