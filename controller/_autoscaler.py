@@ -193,26 +193,37 @@ class Room:
         self.fits: int | None = None
         """The most replicas that fit, by the last answer (None: not asked yet)."""
         self._asked, self._asked_at, self._pending = 0, -math.inf, False
+        self._answered = 0  # the count the last answer was for
+        self._short = False  # the last count fell short of what was wanted, on an answer
 
     def count(self, wanted: int, held: int, now: float) -> int:
-        """The count to work toward now, for `wanted` with `held` replicas there already."""
-        if wanted <= held or (self.fits is not None and wanted <= self.fits):
+        """The count to work toward now, for `wanted` with `held` replicas there already: no
+        growth but on an answer to this very count, younger than `RECHECK_ROOM_S` (others
+        take room meanwhile: an older answer, or one for another count, is asked again)."""
+        self._short = False
+        if wanted <= held:
             return wanted
-        if not self._pending and (wanted != self._asked or now >= self._asked_at + RECHECK_ROOM_S):
+        fresh = self._answered == wanted and now < self._asked_at + RECHECK_ROOM_S
+        if fresh and self.fits is not None:
+            count = max(held, min(wanted, self.fits))
+            self._short = count < wanted
+            return count
+        if not self._pending:
             self._pending, self._asked, self._asked_at = True, wanted, now
+            self._answered = 0
             self._start(self._ask, wanted)
-        # Meanwhile (or when it does not all fit), only what is known to fit.
-        return max(held, min(wanted, self.fits or 0))
+        return held
+
+    @property
+    def next_at(self) -> float:
+        """When to ask again, while the last answer falls short of what is wanted (an answer
+        on its way wakes the loop itself)."""
+        return self._asked_at + RECHECK_ROOM_S if self._short else math.inf
 
     def checked(self, event: ev.RoomChecked) -> None:
         self._pending = False
         if event.wanted == self._asked:
-            self.fits = event.room
-
-    @property
-    def capped(self) -> bool:
-        """The last answer held the backend below what it wanted."""
-        return self.fits is not None and self.fits < self._asked
+            self.fits, self._answered = event.room, event.wanted
 
     async def _ask(self, wanted: int) -> None:
         try:

@@ -142,18 +142,8 @@ class AutoscalingConfig:
     last replica goes (separate from the downscale window, which governs down to 1)."""
 
     def __attrs_post_init__(self) -> None:
-        if self.min_replicas > self.max_replicas:
-            raise ConfigError(
-                f"{_PREFIX}.min_replicas",
-                f"must be <= max_replicas ({self.max_replicas})",
-                self.min_replicas,
-            )
-        if self.scale_up_percent == 0 and self.scale_up_replicas == 0:
-            raise ConfigError(
-                f"{_PREFIX}.scale_up_percent",
-                "scale_up_percent and scale_up_replicas may not both be 0: it could never scale up",
-                self.scale_up_percent,
-            )
+        for problem in _across(attrs.asdict(self)):
+            raise problem
 
     def initial(self, num_replicas: int) -> int:
         """The count a backend starts with: `num_replicas` within the bounds."""
@@ -185,11 +175,31 @@ class AutoscalingConfig:
         return cls(**data)  # type: ignore[arg-type]  # keys checked against the fields above
 
 
+def _across(values: Mapping[str, Any]) -> list[ConfigError]:
+    """The rules that tie fields, over `values` (the fields that are fine alone)."""
+    found = []
+    low, high = values.get("min_replicas", 1), values.get("max_replicas")
+    if high is not None and low > high:
+        found.append(
+            ConfigError(f"{_PREFIX}.min_replicas", f"must be <= max_replicas ({high})", low)
+        )
+    if values.get("scale_up_percent", 100.0) == 0 and values.get("scale_up_replicas", 4) == 0:
+        found.append(
+            ConfigError(
+                f"{_PREFIX}.scale_up_percent",
+                "scale_up_percent and scale_up_replicas may not both be 0: it could never scale up",
+                0,
+            )
+        )
+    return found
+
+
 def problems_of(data: Mapping[str, object]) -> list[ConfigError]:
-    """Every fault of a block given as a mapping, each field checked alone first (as a
-    manifest's fields are), then the rules that tie them, if each is fine alone."""
+    """Every fault of a block given as a mapping: each field checked alone (as a manifest's
+    fields are), and the rules that tie them over the fields that are fine alone."""
     fields = attrs.fields_dict(AutoscalingConfig)
     found: list[ConfigError] = []
+    fine: dict[str, Any] = {}
     for key, value in data.items():
         field = fields.get(key)
         if field is None:
@@ -203,17 +213,12 @@ def problems_of(data: Mapping[str, object]) -> list[ConfigError]:
             continue
         try:
             convert: Any = field.converter  # every field here has one: a function of the value
-            convert(value)
+            fine[key] = convert(value)
         except ConfigError as exc:
             found.append(exc)
     if "max_replicas" not in data:
         found.append(ConfigError(f"{_PREFIX}.max_replicas", "is required", show_value=False))
-    if not found:
-        try:
-            AutoscalingConfig.from_dict(data)
-        except ConfigError as exc:
-            found.append(exc)
-    return found
+    return found + _across(fine)
 
 
 def autoscaling(value: object) -> AutoscalingConfig | None:

@@ -105,6 +105,8 @@ class Backend:
         self._load_pending = False  # a LoadChanged is on its way to the loop
         self._load_only = False  # the events of this pass were all LoadChanged
         self._desired: int | None = None  # the autoscaler's count, as far as it fits
+        self._scaling: tuple[BackendState, BackendReason] | None = None
+        """The autoscaler changed the count and the replicas have not caught up yet."""
         self._scaler = Autoscaler(
             name,
             changed=self._intent.changed,
@@ -137,9 +139,13 @@ class Backend:
         if self._load.take(report, trio.current_time()):
             self._load_changed()
 
-    def report_replica_load(self, tag: str, ongoing: int) -> None:
-        """Keep what a replica of this backend says of its own load (its ``load()``)."""
-        if tag in self.replicas and self._load.take_own(tag, ongoing):
+    def report_replica_load(self, tag: str, ongoing: int | None) -> None:
+        """Keep what a replica of this backend says of its own load (its ``load()``; None:
+        it no longer says)."""
+        if tag not in self.replicas:
+            return
+        taken = self._load.forget_own(tag) if ongoing is None else self._load.take_own(tag, ongoing)
+        if taken:
             self._load_changed()
 
     def _load_changed(self) -> None:
@@ -387,6 +393,14 @@ class Backend:
         count = self._scaler.target
         if count is not None and not spec.deleting:
             count = self._room.count(count, self._held(), now)
+            if self._desired is not None and count != self._desired:
+                # The autoscaler moved it: a change under way until the replicas catch up.
+                up = count > self._desired
+                self._scaling = (
+                    (BackendState.UPSCALING, "ScaleUp")
+                    if up
+                    else (BackendState.DOWNSCALING, "ScaleDown")
+                )
         self._desired = count
         target = spec.target(
             config_digest,
@@ -397,6 +411,8 @@ class Backend:
         plan = decide(target, list(self.replicas.values()))
         self._observed_generation = spec.generation
         self._converged = plan.converged
+        if plan.converged:
+            self._scaling = None
 
         stops = [self.replicas[tag] for tag in plan.stop]
         for replica in stops:
@@ -456,6 +472,11 @@ class Backend:
             and (r.state is starting or (r.state is recovering and not r.served))
         )
 
+    def _capped_at(self) -> int | None:
+        """The count it works toward, when the runtime fits fewer than the autoscaler's."""
+        wanted = self._scaler.target
+        return self.desired if wanted is not None and self.desired < wanted else None
+
     def _held(self) -> int:
         stopping = ReplicaState.STOPPING
         return sum(1 for r in self.replicas.values() if r.state is not stopping)
@@ -470,7 +491,7 @@ class Backend:
 
     def _arm_timer(self, now: float) -> None:
         """Wake the loop at the next health check, backoff end or autoscaler window."""
-        when = min(self._health.next_at, self._scaler.next_at)
+        when = min(self._health.next_at, self._scaler.next_at, self._room.next_at)
         if self._failures.backoff_until > now:
             when = min(when, self._failures.backoff_until)
         self._alarm.ask(when)
@@ -535,5 +556,6 @@ class Backend:
             events=self.journal.log.events,
             load=self._load.load(trio.current_time()),
             desired=None if self._scaler.target is None else self.desired,
-            autoscaler=self._scaler.status(self._room.fits if self._room.capped else None),
+            autoscaler=self._scaler.status(self._capped_at()),
+            scaling=self._scaling,
         )

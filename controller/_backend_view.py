@@ -37,6 +37,7 @@ def status_of(
     load: BackendLoad,
     desired: int | None = None,
     autoscaler: AutoscalerStatus | None = None,
+    scaling: tuple[BackendState, BackendReason] | None = None,
 ) -> BackendStatus:
     """The frozen status of a backend (``ctl.status(name)``); `desired`: the autoscaler's
     count, if it is autoscaled."""
@@ -45,7 +46,13 @@ def status_of(
         for r in replicas
     )
     state, reason = state_of(
-        spec, views, failures, goal_done=goal.done, converged=converged, change=change
+        spec,
+        views,
+        failures,
+        goal_done=goal.done,
+        converged=converged,
+        change=change,
+        scaling=scaling,
     )
     return BackendStatus(
         name=name,
@@ -101,12 +108,16 @@ def state_of(
     goal_done: bool,
     converged: bool,
     change: tuple[BackendState, BackendReason],
+    scaling: tuple[BackendState, BackendReason] | None = None,
 ) -> tuple[BackendState, BackendReason]:
-    """What the backend is doing, in one word, and why."""
+    """What the backend is doing, in one word, and why. `scaling`: the autoscaler changed its
+    count, and the replicas have not caught up yet (a change under way, as a deploy's is)."""
     if spec.deleting:
         return BackendState.DELETING, "Deleting"
     if failures.blocked is not None:
         return BackendState.DEPLOY_FAILED, failures.blocked
+    if scaling is not None and goal_done and not converged:
+        goal_done, change = False, scaling
     if not goal_done:
         if failures.proven and failures.error is not None:
             # The new version has shown it can start; its replicas keep failing anyway.

@@ -7,8 +7,11 @@ resources is never refused.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import final
+
+import trio
 
 from ._backend import Backend
 from ._errors import InfeasibleError
@@ -17,6 +20,10 @@ from ._placement import SLOTS, Demand, need_of, place, total
 from ._reconcile import resolve_limits
 from ._replica import Spec
 from ._runtime import Runtime
+
+#: How long room granted to a growing backend counts as held by it for the others' checks: long
+#: enough for its loop to take it up (a pass), short enough not to matter once it has.
+GRANT_HELD_S = 1.0
 
 
 @final
@@ -34,6 +41,8 @@ class Reservations:
         self._backends = backends
         self._requested = requested
         self._pending: dict[str, Demand] = {}
+        self._granted: dict[str, tuple[int, float]] = {}
+        """Per autoscaled backend: the room last granted it, and when."""
 
     async def reserve(self, specs: Mapping[str, Spec]) -> list[str]:
         """Check that the scale-ups among `specs` fit together beside everything else held or
@@ -70,16 +79,27 @@ class Reservations:
         backend = self._backends.get(name)
         if nodes is None or backend is None:
             return wanted
+        now = trio.current_time()
         have = []
         for other, each in self._backends.items():
             requested = self._requested(other)
             if other != name and requested is not None:
-                have.append(
-                    Demand(other, each.spec.backend_config.resources, held(each, requested))
-                )
+                count = held(each, requested)
+                # Room granted a moment ago that its backend has not taken up yet is held too,
+                # so that two backends growing at once cannot both take the last of it.
+                granted, at = self._granted.get(other, (0, -math.inf))
+                if now - at < GRANT_HELD_S:
+                    count = max(count, granted)
+                have.append(Demand(other, each.spec.backend_config.resources, count))
         have += [d for d in self._pending.values() if d.name != name]
         want = Demand(name, backend.spec.backend_config.resources, wanted)
-        return min(wanted, place(nodes, have, [want])[name])
+        fits = min(wanted, place(nodes, have, [want])[name])
+        self._granted[name] = (fits, now)
+        return fits
+
+    def forget(self, name: str) -> None:
+        """A deleted backend holds no room."""
+        self._granted.pop(name, None)
 
     def release(self, names: Sequence[str]) -> None:
         """The backends now hold what was reserved for them (or the write failed)."""

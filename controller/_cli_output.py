@@ -28,16 +28,17 @@ def ready_column(b: dict[str, Any]) -> str:
         text += f" ({b['ready_of_version']}/{b['desired']} {b['version']})"
     scaler = b.get("autoscaler")
     if scaler is not None:
-        text += f" ({autoscale_summary(scaler)})"
+        text += f" ({autoscale_summary(scaler, b['desired'])})"
     return text
 
 
-def autoscale_summary(scaler: dict[str, Any]) -> str:
+def autoscale_summary(scaler: dict[str, Any], desired: int) -> str:
     """``auto 1-10, load 5.2/2``: the bounds, and the load per replica over its target (the
-    load the autoscaler last saw, over the replicas it set; ``?`` with no signal)."""
+    load the autoscaler last saw, over the replicas the backend moves to; ``?`` with no
+    signal)."""
     last = scaler.get("last") or {}
     ongoing = last.get("ongoing")
-    count = max(1, scaler["target"])
+    count = max(1, desired)
     load = "?" if ongoing is None else f"{ongoing / count:.3g}"
     bounds = f"{scaler['min_replicas']}-{scaler['max_replicas']}"
     capped = scaler.get("capped_at")
@@ -95,7 +96,8 @@ def print_backend(b: dict[str, Any]) -> None:
         )
     scaler = b.get("autoscaler")
     if scaler is not None:
-        print(f"Autoscaler:  {scaler['target']} replicas ({autoscale_summary(scaler)})")
+        summary = autoscale_summary(scaler, b["desired"])
+        print(f"Autoscaler:  {scaler['target']} replicas ({summary})")
         for label, key in (("last", "last"), ("last change", "last_change")):
             d = scaler.get(key)
             if d is not None:

@@ -22,6 +22,7 @@ from ._config import BackendConfig, ReplicaConfig, check_backend_name
 from ._errors import ConfigError, ControllerClosedError, UnknownBackendError
 from ._goal import Goal
 from ._history import plural
+from ._load_wire import MAX_LOAD_COUNT
 from ._locks import NameLocks
 from ._observe import NullObserver, Observer
 from ._policy import RestartPolicy
@@ -332,15 +333,20 @@ class Controller:
             del self._requested[name]
             # The forgetting loop holds it, and does nothing more under it.
             self._locks.drop([name], held_here=True)
+            self._reservations.forget(name)
 
     def _on_death(self, tag: str, reason: str) -> None:
         backend = self._backends.get(tag.rpartition("#")[0])
         if backend is not None:
             backend.notify_died(tag, reason)
 
-    def _on_replica_load(self, tag: str, ongoing: int) -> None:
+    def _on_replica_load(self, tag: str, ongoing: int | None) -> None:
         backend = self._backends.get(tag.rpartition("#")[0])
         if backend is not None and not backend.forgotten:
+            # The runtime passes on what the replica's code said: bounded here, as an
+            # ingress's report is (10**400 is a bug in a replica, not a load).
+            if ongoing is not None and not 0 <= ongoing <= MAX_LOAD_COUNT:
+                ongoing = None
             backend.report_replica_load(tag, ongoing)
 
     def _on_pass(self) -> None:
@@ -474,5 +480,5 @@ class _Listener:
     def __call__(self, tag: str, reason: str) -> None:
         self.controller._on_death(tag, reason)
 
-    def load(self, tag: str, ongoing: int) -> None:
+    def load(self, tag: str, ongoing: int | None) -> None:
         self.controller._on_replica_load(tag, ongoing)

@@ -46,10 +46,10 @@ class LoadBook:
         return before != ongoing
 
     def forget_own(self, tag: str) -> bool:
-        """Replica `tag` is gone: what it said no longer counts."""
+        """Replica `tag` is gone, or no longer says: what it said no longer counts."""
         before = self._own.pop(tag, None)
         self._own_total -= before or 0
-        return bool(before)
+        return before is not None
 
     def ongoing(self, now: float) -> int | None:
         """In flight plus queued: what the ingresses reported within `LOAD_TTL_S` sent to the

@@ -408,7 +408,7 @@ class LocalRuntime:
             while True:
                 # Nothing but the replica's own load comes this way; the end is the news.
                 load = (await lines.receive()).get("load")
-                if isinstance(load, int) and not isinstance(load, bool) and load >= 0:
+                if load is None or (isinstance(load, int) and not isinstance(load, bool)):
                     self._watchers.load(worker.tag, load)
         except (WireError, trio.BrokenResourceError, trio.ClosedResourceError):
             pass

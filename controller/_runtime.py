@@ -25,8 +25,9 @@ class ReplicaListener(Protocol):
         """`tag` died on its own, for `reason`."""
         ...
 
-    def load(self, tag: str, ongoing: int) -> None:
-        """`tag`'s own ``load()`` now says `ongoing` (requests it holds); must not block."""
+    def load(self, tag: str, ongoing: int | None) -> None:
+        """`tag`'s own ``load()`` now says `ongoing` (requests it holds; None: it no longer
+        says, and what it said stops counting); must not block."""
         ...
 
 
@@ -163,7 +164,7 @@ class Watchers:
         assert self._nursery is not None
         self._nursery.start_soon(fn, *args)
 
-    def load(self, tag: str, ongoing: int) -> None:
+    def load(self, tag: str, ongoing: int | None) -> None:
         """Tell the controller, if one is listening and takes it, what `tag` reports of its load."""
         take = getattr(self._on_death, "load", None)
         if take is not None:

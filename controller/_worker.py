@@ -126,28 +126,32 @@ class Worker:
         self.monitors.add(lines)
         try:
             if self.load is not None:
-                await lines.send({"load": self.load})
+                await lines.send({"load": self.load})  # a restarted controller hears it at once
             await lines.receive()  # the runtime sends nothing more: this waits for its hang-up
         finally:
             self.monitors.discard(lines)
 
     async def push_load(self) -> None:
         """For a replica with a ``load()`` method: call it every `LOAD_SAMPLE_S`, and push what
-        it returns (requests it holds, a whole number >= 0) to the runtime when it changes."""
+        it returns (requests it holds, a whole number >= 0, at most `MAX_LOAD`) to the runtime
+        when it changes; ``null`` once it raises or returns anything else, so that a stale
+        figure does not hold the backend where it was."""
         method = getattr(self.instance, "load", None)
         if not callable(method):
             return
         complained = False
         while True:
+            count: int | None = None
             try:
                 value = await _call(method)
             except Exception as exc:
-                value = None
                 if not complained:
                     complained = True
                     _describe(exc)  # once, in the replica's log
-            count = value if isinstance(value, int) and not isinstance(value, bool) else None
-            if count is not None and count >= 0 and count != self.load:
+            else:
+                if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                    count = min(value, MAX_LOAD)
+            if count != self.load:
                 self.load = count
                 for lines in list(self.monitors):
                     with contextlib.suppress(
@@ -157,8 +161,10 @@ class Worker:
             await trio.sleep(LOAD_SAMPLE_S)
 
 
-#: How often a replica's own ``load()`` is read (in its own process, on its own thread).
+#: How often a replica's own ``load()`` is read (in its own process, on its own thread), and
+#: the most it may say (as an ingress's report: past it is a bug, not a load).
 LOAD_SAMPLE_S = 0.1
+MAX_LOAD = 2**31 - 1
 
 
 async def serve(spec: dict[str, Any]) -> None:

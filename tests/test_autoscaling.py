@@ -6,6 +6,7 @@ import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -13,7 +14,7 @@ import trio.testing
 import controller
 from controller import LOAD_TTL_S, AutoscalingConfig, GoalOutcome, LoadReport
 from controller._manifest import parse_backend
-from controller.testing import FakeRuntime
+from controller.testing import FakeRuntime, FakeState
 
 from .conftest import DEADLOCK_LIMIT_S, EXACT, RC, config, settle
 
@@ -438,3 +439,95 @@ async def test_a_bad_block_in_a_manifest_reports_every_fault_at_once() -> None:
     text = "\n".join(problems)
     for field in ("min_replicas", "tolerance", "target_ongoing_requests", "max_replicas"):
         assert f"autoscaling.{field}" in text, text
+
+
+async def test_two_backends_growing_on_one_machine_never_hold_more_than_it_fits(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime(auto_ready=True, capacity={"CPU": 100}, max_replicas=4)
+    scaling = auto(
+        min_replicas=1, max_replicas=30, target_ongoing_requests=1, scale_up_replicas=1000
+    )
+    scaling = attrs.evolve(scaling, downscale_stabilization_s=0)
+    async with opened(rt) as ctl:
+        for name in ("a", "b"):
+            await (await ctl.deploy(name, config(num_replicas=1, autoscaling=scaling), RC)).wait()
+
+        def live() -> int:
+            return sum(1 for r in rt.replicas.values() if r.state is FakeState.READY)
+
+        ctl.report_load(LoadReport("i", "a", {}, queued=30))  # a takes what is left: 3
+        await until(lambda: len(ctl.snapshot("a").replicas) == 3)
+        ctl.report_load(LoadReport("i", "a", {}, queued=1))  # and gives it back
+        await until(lambda: len(ctl.snapshot("a").replicas) == 1)
+        ctl.report_load(LoadReport("i", "b", {}, queued=30))  # b takes it: 3
+        await until(lambda: len(ctl.snapshot("b").replicas) == 3)
+        ctl.report_load(LoadReport("i", "a", {}, queued=30))  # a's old answer said 3: stale
+        await trio.sleep(10)
+        assert live() <= 4
+        assert len(ctl.snapshot("a").replicas) == 1
+        a = ctl.status("a").autoscaler
+        assert a is not None
+        assert (a.target, a.capped_at) == (30, 1)
+        assert "ScaleUp" not in ctl.status("a").reason  # capped, not under way
+
+
+async def test_an_autoscaler_change_under_way_is_upscaling_or_downscaling_not_unhealthy(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime()  # starts wait for the test
+    async with opened(rt) as ctl:
+        goal = await ctl.deploy("a", config(num_replicas=1, autoscaling=auto()), RC)
+        await settle()
+        for tag in rt.tags(FakeState.STARTING):
+            rt.finish_start(tag)
+        await goal.wait()
+        ctl.report_load(LoadReport("i", "a", {}, queued=8))
+        await settle()
+        status = ctl.status("a")
+        assert (status.state, status.reason) == (controller.BackendState.UPSCALING, "ScaleUp")
+        for tag in rt.tags(FakeState.STARTING):
+            rt.finish_start(tag)
+        await settle()
+        assert ctl.status("a").state is controller.BackendState.HEALTHY
+
+
+async def test_a_replica_that_stops_saying_its_load_or_says_nonsense_stops_counting(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime(auto_ready=True)
+    async with opened(rt) as ctl:
+        await ctl.deploy("a", config(num_replicas=1, autoscaling=auto()), RC)
+        await until(lambda: len(ctl.snapshot("a").replicas) == 1)
+        (tag,) = (r.tag for r in ctl.status("a").replicas)
+        rt.report_load(tag, 2)
+        await settle()
+        assert ctl.status("a").load.self_reported == 2
+        rt.report_load(tag, None)  # its load() raised, or returned junk
+        await settle()
+        assert ctl.status("a").load.self_reported == 0
+        rt.report_load(tag, 10**400)  # a bug in a replica: dropped, never a crash
+        await settle()
+        assert ctl.status("a").load.self_reported == 0
+        assert ctl.status("a").autoscaler is not None
+
+
+def test_a_block_s_faults_across_fields_are_reported_together_and_beside_the_others() -> None:
+    decl, problems = parse_backend(
+        "a",
+        {
+            "entrypoint": "m:C",
+            "autoscaling": {
+                "min_replicas": 5,
+                "max_replicas": 2,
+                "scale_up_percent": 0,
+                "scale_up_replicas": 0,
+                "tolerance": 7,
+            },
+        },
+    )
+    assert decl is None
+    text = "\n".join(problems)
+    assert "autoscaling.tolerance" in text
+    assert "must be <= max_replicas (2)" in text
+    assert "may not both be 0" in text

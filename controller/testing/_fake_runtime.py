@@ -213,7 +213,7 @@ class FakeRuntime:
         if self._listener is not None:
             self._listener(tag, reason)
 
-    def report_load(self, tag: str, ongoing: int) -> None:
+    def report_load(self, tag: str, ongoing: int | None) -> None:
         """Have a live replica report its own load, as a replica's ``load()`` does through a
         real runtime."""
         if self.replicas[tag].state is FakeState.DEAD:
