@@ -383,25 +383,17 @@ class Backend:
         config = spec.backend_config
         now = trio.current_time()
         config_digest, user_config = self._config_to_hold()
-        if self._scaler.target is not None and not spec.deleting:
+        autoscaled = self._scaler.target is not None and not spec.deleting
+        if autoscaled:
             changed = self._scaler.evaluate(self._load.ongoing(now), self._not_ready, now)
             if self._load_only and not changed:
                 # New load and the same count: nothing else moved, so the plan is the last
                 # one (a backend of 10,000 replicas is not walked ten times a second).
                 self._arm_timer(now)
                 return False
-        count = self._scaler.target
-        if count is not None and not spec.deleting:
-            count = self._room.count(count, self._held(), now)
-            if self._desired is not None and count != self._desired:
-                # The autoscaler moved it: a change under way until the replicas catch up.
-                up = count > self._desired
-                self._scaling = (
-                    (BackendState.UPSCALING, "ScaleUp")
-                    if up
-                    else (BackendState.DOWNSCALING, "ScaleDown")
-                )
-        self._desired = count
+        count = self._autoscaled_count(now) if autoscaled else None
+        if count is None:
+            self._desired = None
         target = spec.target(
             config_digest,
             blocked=self._failures.starts_blocked,
@@ -471,6 +463,22 @@ class Backend:
             if r.version == version
             and (r.state is starting or (r.state is recovering and not r.served))
         )
+
+    def _autoscaled_count(self, now: float) -> int:
+        """The autoscaler's count, as far as the runtime fits it."""
+        wanted = self._scaler.target
+        assert wanted is not None
+        count = self._room.count(wanted, self._held(), now)
+        if self._desired is not None and count != self._desired:
+            # A change under way until the replicas catch up, as after a deploy.
+            up = count > self._desired
+            self._scaling = (
+                (BackendState.UPSCALING, "ScaleUp")
+                if up
+                else (BackendState.DOWNSCALING, "ScaleDown")
+            )
+        self._desired = count
+        return count
 
     def _capped_at(self) -> int | None:
         """The count it works toward, when the runtime fits fewer than the autoscaler's."""
