@@ -130,3 +130,19 @@ def test_the_hpa_defaults() -> None:
     # Up by max(100 %, 4) per 15 s; down by 100 % per 15 s.
     assert (config.up_limit(1), config.up_limit(10)) == (5, 20)
     assert config.down_limit(10) == 0
+
+
+def test_scale_down_by_a_percent_rounds_down_so_the_last_replica_can_go() -> None:
+    config = AutoscalingConfig(
+        min_replicas=0,
+        max_replicas=4,
+        scale_down_percent=50,
+        scale_to_zero_delay_s=5,
+        downscale_stabilization_s=0,
+    )
+    state = initial_state(config, 1, 0.0)
+    state, decision, _ = evaluate(config, state, Inputs(0.0), 0.0)  # idle from the start
+    assert decision.target == 1
+    state, decision, _ = evaluate(config, state, Inputs(0.0), 100.0)
+    assert (decision.target, decision.reason) == (0, "ScaleToZero")
+    assert config.down_limit(3) == 1  # HPA: 3 * 50 % = 1.5, truncated

@@ -470,6 +470,11 @@ async def test_two_backends_growing_on_one_machine_never_hold_more_than_it_fits(
         assert a is not None
         assert (a.target, a.capped_at) == (30, 1)
         assert "ScaleUp" not in ctl.status("a").reason  # capped, not under way
+        ctl.report_load(LoadReport("i", "a", {}, queued=1))  # wants 1: nothing capped now
+        await settle()
+        a = ctl.status("a").autoscaler
+        assert a is not None
+        assert (a.target, a.capped_at) == (1, None)
 
 
 async def test_an_autoscaler_change_under_way_is_upscaling_or_downscaling_not_unhealthy(
