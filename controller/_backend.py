@@ -21,7 +21,6 @@ import trio
 from . import _backend_view as view
 from . import _events as ev
 from . import _replica_tasks as tasks
-from ._autoscaler import Autoscaler, Room
 from ._checkpoint import (
     EventsRecord,
     ReplicasRecord,
@@ -36,12 +35,12 @@ from ._health import HealthChecks
 from ._history import Journal
 from ._intent import Intent
 from ._json import JSON
-from ._load import LoadBook
 from ._observe import Observer
 from ._policy import RestartPolicy
 from ._reconcile import decide
 from ._replica import UNKNOWN_CONFIG, Replica, ReplicaSet, Spec, new_tag
 from ._runtime import ReplicaInfo, Runtime
+from ._scaling import Scaling
 from ._state import BackendReason, BackendState, BackendStatus, LoadReport, ReplicaState
 from ._store import Store
 from ._watch import SnapshotHub
@@ -101,24 +100,18 @@ class Backend:
             self._failures, self.journal, self._set, lambda: (self.spec.generation, self.goal)
         )
         self._health = HealthChecks(self._tasks, self._check_failed, self._ready_changed)
-        self._load = LoadBook()
-        self._load_pending = False  # a LoadChanged is on its way to the loop
         self._load_only = False  # the events of this pass were all LoadChanged
-        self._desired: int | None = None  # the autoscaler's count, as far as it fits
-        self._scaling: tuple[BackendState, BackendReason] | None = None
-        """The autoscaler changed the count and the replicas have not caught up yet."""
-        self._scaler = Autoscaler(
+        self._scaling = Scaling(
             name,
-            changed=self._intent.changed,
-            touched=self._intent.touched,
-            event=self.journal.event,
-            decided=lambda d: shared.observer.autoscaled(name, d.previous, d.target),
+            room=shared.room,
+            observer=shared.observer,
+            intent=self._intent,
+            journal=self.journal,
+            start_task=self._tasks.start_task,
+            send=self._send_nowait,
         )
-        self._set.autoscale = self._scaler.record
-        self._room = Room(
-            lambda wanted: shared.room(name, wanted), self._tasks.start_task, self._send_nowait
-        )
-        self._scaler.configure(spec.backend_config, trio.current_time())
+        self._set.autoscale = self._scaling.record
+        self._scaling.configure(spec.backend_config, trio.current_time())
         self.journal.event("Delete" if spec.deleting else "Deploy", view.describe_new(spec))
 
     # -- called by the controller: it reads, and it sends events --
@@ -136,22 +129,13 @@ class Backend:
     def report_load(self, report: LoadReport) -> None:
         """Keep a source's latest load; the loop hears of it once however many arrive
         before it runs."""
-        if self._load.take(report, trio.current_time()):
-            self._load_changed()
+        self._scaling.report(report, trio.current_time())
 
     def report_replica_load(self, tag: str, ongoing: int | None) -> None:
         """Keep what a replica of this backend says of its own load (its ``load()``; None:
         it no longer says)."""
-        if tag not in self.replicas:
-            return
-        taken = self._load.forget_own(tag) if ongoing is None else self._load.take_own(tag, ongoing)
-        if taken:
-            self._load_changed()
-
-    def _load_changed(self) -> None:
-        if not self._load_pending:
-            self._load_pending = True
-            self._send_nowait(ev.LoadChanged())
+        if tag in self.replicas:
+            self._scaling.report_own(tag, ongoing)
 
     @property
     def blocked(self) -> bool:
@@ -178,7 +162,7 @@ class Backend:
         dropped = self._set.restore(record, live, graceful=not self.spec.force)
         self._reports.restore(record.failed if record is not None else None)
         autoscale = record.autoscale if record is not None else None
-        self._scaler.restore(autoscale, self.spec.backend_config, trio.current_time())
+        self._scaling.restore(autoscale, self.spec.backend_config, trio.current_time())
         self._intent.restored(changed=bool(dropped))
         if not self.spec.deleting:
             self._change = (BackendState.UPDATING, "Recovering")
@@ -246,10 +230,10 @@ class Backend:
             self._intent.written(event.seq)
             return
         if isinstance(event, ev.RoomChecked):
-            self._room.checked(event)
+            self._scaling.room_checked(event)
             return
         if isinstance(event, ev.LoadChanged):
-            self._load_pending = False  # the pass gives the autoscaler the book's new totals
+            self._scaling.heard()  # the pass gives the autoscaler the book's new totals
             return
         replica = self.replicas.get(event.tag)
         if replica is None:
@@ -260,7 +244,7 @@ class Backend:
             self._start_failed(replica, event.error, event.traceback)
         elif isinstance(event, ev.Stopped):
             self._set.remove(event.tag)
-            self._load.forget_own(event.tag)
+            self._scaling.gone(event.tag)
             logger.info("replica %s stopped", replica.tag)
         elif isinstance(event, ev.Died):
             self._died(replica, event.reason)
@@ -280,7 +264,7 @@ class Backend:
         self.journal.event("Delete" if spec.deleting else "Deploy", view.describe_change(old, spec))
         if spec.force:
             self._set.cut_drains()
-        self._scaler.configure(spec.backend_config, trio.current_time())
+        self._scaling.configure(spec.backend_config, trio.current_time())
         period = spec.backend_config.health_check_period_s
         if period != old.backend_config.health_check_period_s:
             self._health.reschedule(self.replicas, trio.current_time(), period)
@@ -383,17 +367,17 @@ class Backend:
         config = spec.backend_config
         now = trio.current_time()
         config_digest, user_config = self._config_to_hold()
-        autoscaled = self._scaler.target is not None and not spec.deleting
+        autoscaled = self._scaling.autoscaled and not spec.deleting
         if autoscaled:
-            changed = self._scaler.evaluate(self._load.ongoing(now), self._not_ready, now)
+            changed = self._scaling.evaluate(now, self._not_ready)
             if self._load_only and not changed:
                 # New load and the same count: nothing else moved, so the plan is the last
                 # one (a backend of 10,000 replicas is not walked ten times a second).
                 self._arm_timer(now)
                 return False
-        count = self._autoscaled_count(now) if autoscaled else None
+        count = self._scaling.count(self._held(), now) if autoscaled else None
         if count is None:
-            self._desired = None
+            self._scaling.not_autoscaled()
         target = spec.target(
             config_digest,
             blocked=self._failures.starts_blocked,
@@ -404,7 +388,7 @@ class Backend:
         self._observed_generation = spec.generation
         self._converged = plan.converged
         if plan.converged:
-            self._scaling = None
+            self._scaling.converged()
 
         stops = [self.replicas[tag] for tag in plan.stop]
         for replica in stops:
@@ -464,27 +448,6 @@ class Backend:
             and (r.state is starting or (r.state is recovering and not r.served))
         )
 
-    def _autoscaled_count(self, now: float) -> int:
-        """The autoscaler's count, as far as the runtime fits it."""
-        wanted = self._scaler.target
-        assert wanted is not None
-        count = self._room.count(wanted, self._held(), now)
-        if self._desired is not None and count != self._desired:
-            # A change under way until the replicas catch up, as after a deploy.
-            up = count > self._desired
-            self._scaling = (
-                (BackendState.UPSCALING, "ScaleUp")
-                if up
-                else (BackendState.DOWNSCALING, "ScaleDown")
-            )
-        self._desired = count
-        return count
-
-    def _capped_at(self) -> int | None:
-        """The count it works toward, when the runtime fits fewer than the autoscaler's."""
-        wanted = self._scaler.target
-        return self.desired if wanted is not None and self.desired < wanted else None
-
     def _held(self) -> int:
         stopping = ReplicaState.STOPPING
         return sum(1 for r in self.replicas.values() if r.state is not stopping)
@@ -493,13 +456,11 @@ class Backend:
     def desired(self) -> int:
         """The replica count it moves to: the autoscaler's (as far as it fits), or the
         config's."""
-        if self._scaler.target is None or self._desired is None:
-            return self.spec.backend_config.num_replicas
-        return self._desired
+        return self._scaling.desired(self.spec.backend_config.num_replicas)
 
     def _arm_timer(self, now: float) -> None:
         """Wake the loop at the next health check, backoff end or autoscaler window."""
-        when = min(self._health.next_at, self._scaler.next_at, self._room.next_at)
+        when = min(self._health.next_at, self._scaling.next_at)
         if self._failures.backoff_until > now:
             when = min(when, self._failures.backoff_until)
         self._alarm.ask(when)
@@ -562,8 +523,8 @@ class Backend:
             change=self._change,
             last_error=(self.journal.last_error, self.journal.last_traceback),
             events=self.journal.log.events,
-            load=self._load.load(trio.current_time()),
-            desired=None if self._scaler.target is None else self.desired,
-            autoscaler=self._scaler.status(self._capped_at()),
-            scaling=self._scaling,
+            load=self._scaling.load(trio.current_time()),
+            desired=self.desired if self._scaling.autoscaled else None,
+            autoscaler=self._scaling.status(self.spec.backend_config.num_replicas),
+            scaling=self._scaling.under_way,
         )
