@@ -161,18 +161,10 @@ class AutoscalingConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> AutoscalingConfig:
-        """Build from a mapping; unknown keys are errors that list the known ones."""
-        fields = attrs.fields_dict(cls)
-        for key in data:
-            if key not in fields:
-                raise ConfigError(
-                    f"{_PREFIX}.{key}",
-                    f"unknown field; known fields are {', '.join(sorted(fields))}",
-                    show_value=False,
-                )
-        if "max_replicas" not in data:
-            raise ConfigError(f"{_PREFIX}.max_replicas", "is required", show_value=False)
-        return cls(**data)  # type: ignore[arg-type]  # keys checked against the fields above
+        """Build from a mapping; the first of its faults (``problems_of``) is raised."""
+        for problem in problems_of(data):
+            raise problem
+        return cls(**data)  # type: ignore[arg-type]  # keys checked against the fields
 
 
 def _across(values: Mapping[str, Any]) -> list[ConfigError]:
