@@ -18,12 +18,14 @@ if TYPE_CHECKING:
     from ._autoscale import ScaleDecision as ScaleDecision
     from ._autoscaling_config import AutoscalingConfig as AutoscalingConfig
     from ._checkpoint import SCHEMA_VERSION as SCHEMA_VERSION
+    from ._code import CodeDigest as CodeDigest
     from ._config import BackendConfig as BackendConfig
     from ._config import ReplicaConfig as ReplicaConfig
     from ._controller import Applied as Applied
     from ._controller import Controller as Controller
     from ._controller import open_controller as open_controller
     from ._errors import CheckpointError as CheckpointError
+    from ._errors import CodeChangedError as CodeChangedError
     from ._errors import ConfigError as ConfigError
     from ._errors import ControllerClosedError as ControllerClosedError
     from ._errors import ControllerError as ControllerError
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
     from ._errors import ManifestError as ManifestError
     from ._errors import ReplicaError as ReplicaError
     from ._errors import ReplicaGoneError as ReplicaGoneError
+    from ._errors import RolloutError as RolloutError
     from ._errors import RouteConflictError as RouteConflictError
     from ._errors import StartupError as StartupError
     from ._errors import StoreError as StoreError
@@ -41,6 +44,9 @@ if TYPE_CHECKING:
     from ._local_runtime import LocalRuntime as LocalRuntime
     from ._memory_store import MemoryStore as MemoryStore
     from ._policy import RestartPolicy as RestartPolicy
+    from ._revisions import Cause as Cause
+    from ._revisions import Revision as Revision
+    from ._revisions import RevisionContent as RevisionContent
     from ._runtime import DeathListener as DeathListener
     from ._runtime import ReplicaInfo as ReplicaInfo
     from ._runtime import ReplicaSpec as ReplicaSpec
@@ -59,6 +65,7 @@ if TYPE_CHECKING:
     from ._state import LoadReport as LoadReport
     from ._state import ReplicaState as ReplicaState
     from ._state import ReplicaStatus as ReplicaStatus
+    from ._state import RolloutStatus as RolloutStatus
     from ._state import ServingReplica as ServingReplica
     from ._store import Store as Store
 
@@ -71,7 +78,10 @@ _HOME: dict[str, str] = {
     "Applied": "._controller",
     "Controller": "._controller",
     "open_controller": "._controller",
+    "CodeDigest": "._code",
     "CheckpointError": "._errors",
+    "CodeChangedError": "._errors",
+    "RolloutError": "._errors",
     "ConfigError": "._errors",
     "ControllerClosedError": "._errors",
     "ControllerError": "._errors",
@@ -89,6 +99,9 @@ _HOME: dict[str, str] = {
     "LocalRuntime": "._local_runtime",
     "MemoryStore": "._memory_store",
     "RestartPolicy": "._policy",
+    "Cause": "._revisions",
+    "Revision": "._revisions",
+    "RevisionContent": "._revisions",
     "DeathListener": "._runtime",
     "ReplicaInfo": "._runtime",
     "ReplicaSpec": "._runtime",
@@ -108,6 +121,7 @@ _HOME: dict[str, str] = {
     "ReplicaState": "._state",
     "ReplicaStatus": "._state",
     "ServingReplica": "._state",
+    "RolloutStatus": "._state",
     "Store": "._store",
 }
 

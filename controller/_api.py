@@ -16,12 +16,14 @@ from urllib.parse import parse_qs
 
 import trio
 
+from ._api_bodies import backend_from_body, cause_of, optional_json, undo_request
 from ._controller import Controller
 from ._errors import (
     ControllerClosedError,
     ControllerError,
     InfeasibleError,
     ManifestError,
+    RolloutError,
     RouteConflictError,
     StoreError,
     UnknownBackendError,
@@ -42,10 +44,12 @@ from ._http import (
     read_body,
 )
 from ._load_wire import parse_load_body
-from ._manifest import BackendDecl, Manifest, parse_backend, parse_manifest
+from ._manifest import BackendDecl, Manifest, parse_manifest
 from ._openapi import OPENAPI
+from ._revisions import Cause
+from ._rollouts import with_code_checked
 from ._state import BackendSnapshot, BackendStatus
-from ._views import snapshot_json, status_json
+from ._views import revision_json, snapshot_json, status_json
 from ._worker_logs import LogChunk
 
 logger = logging.getLogger("controller.api")
@@ -56,6 +60,8 @@ MAX_LOG_LINES = 10_000
 STORE_RETRY_AFTER_S = 5
 _BACKEND_PATH = re.compile(r"/api/v1/backends/([^/]+)")
 _LOGS_PATH = re.compile(r"/api/v1/backends/([^/]+)/logs")
+_REVISIONS_PATH = re.compile(r"/api/v1/backends/([^/]+)/revisions")
+_STEER_PATH = re.compile(r"/api/v1/backends/([^/]+)/(undo|pause|resume)")
 
 
 #: The methods each path takes (HEAD wherever GET is), so that any other gets 405 with Allow.
@@ -66,6 +72,8 @@ _PATHS: list[tuple[re.Pattern[str], tuple[str, ...]]] = [
     (re.compile(r"/api/v1/backends"), ("GET", "HEAD")),
     (_BACKEND_PATH, ("GET", "HEAD", "PUT", "DELETE")),
     (_LOGS_PATH, ("GET", "HEAD")),
+    (_REVISIONS_PATH, ("GET", "HEAD")),
+    (_STEER_PATH, ("POST",)),
     (re.compile(r"/api/v1/apply"), ("POST",)),
     (re.compile(r"/api/v1/watch"), ("GET", "HEAD")),
     (re.compile(r"/api/v1/load"), ("POST",)),
@@ -98,6 +106,11 @@ def _domain_error(exc: ControllerError) -> HTTPError:
         return HTTPError(409, "Infeasible", f"{exc} Nothing was applied.")
     if isinstance(exc, RouteConflictError):
         return HTTPError(409, "RouteConflict", str(exc))
+    if isinstance(exc, RolloutError):
+        # No such revision is a missing thing (404); the rest (paused, deleting, no good
+        # revision, the code changed) are refusals of what the backend is now (409).
+        status = 404 if exc.reason == "UnknownRevision" else 409
+        return HTTPError(status, exc.reason, str(exc))
     if isinstance(exc, ControllerClosedError):
         return HTTPError(503, "ShuttingDown", str(exc))
     if isinstance(exc, StoreError):
@@ -213,15 +226,31 @@ class Api:
         match = _LOGS_PATH.fullmatch(path)
         if match is not None:
             return ok(await self._read_logs(match.group(1), query))
+        match = _REVISIONS_PATH.fullmatch(path)
+        if match is not None:
+            return ok(await self._revisions(match.group(1)))
+        match = _STEER_PATH.fullmatch(path)
+        if match is not None:
+            name, what = match.groups()
+            if what == "undo":
+                to_revision, force, cause = undo_request(await optional_json(scope, receive))
+                self._check_accepting()
+                await self._ctl.undo(name, to_revision, force=force, cause=cause)
+            else:
+                # Nothing to say but the name: any body is ignored, as the shutdown's is.
+                self._check_accepting()
+                await (self._ctl.pause if what == "pause" else self._ctl.resume)(name)
+            return ok(self._steered(name), 202)
         match = _BACKEND_PATH.fullmatch(path)
         if match is not None:
             name = match.group(1)
             if method == "GET":
                 return ok(status_json(self._status(name)))
             if method == "PUT":
-                decl = _backend_from_body(name, parse_json(body))
+                decl = backend_from_body(name, parse_json(body))
+                cause = cause_of(via="api", message=query.get("message", [None])[-1])
                 self._check_accepting()
-                return ok(await self._deploy(decl), 200)
+                return ok(await self._deploy(decl, cause), 200)
             if method == "DELETE":
                 force = flag(query, "force", default=False)
                 if not force:
@@ -290,9 +319,36 @@ class Api:
     def _status(self, name: str) -> BackendStatus:
         return self._ctl.status(name)
 
-    async def _deploy(self, decl: BackendDecl) -> dict[str, Any]:
-        goal = await self._ctl.deploy(decl.name, decl.backend_config, decl.replica_config)
+    async def _deploy(self, decl: BackendDecl, cause: Cause) -> dict[str, Any]:
+        goal = await self._ctl.deploy(
+            decl.name, decl.backend_config, decl.replica_config, cause=cause
+        )
         return {"name": decl.name, "generation": goal.generation}
+
+    async def _revisions(self, name: str) -> dict[str, Any]:
+        # Reading the sources (a package's files) is not for the loop's thread.
+        kept = self._ctl.revisions(name, check_code=False)
+        revisions = await trio.to_thread.run_sync(with_code_checked, kept, self._ctl.code_path)
+        rollout = self._ctl.status(name).rollout
+        current = None if rollout is None else rollout.revision
+        return {
+            "name": name,
+            "revisions": [revision_json(r, current=r.number == current) for r in revisions],
+        }
+
+    def _steered(self, name: str) -> dict[str, Any]:
+        """What an undo, a pause or a resume left: the spec's generation (a goal to wait
+        for) and where the backend's rollout stands."""
+        status = self._ctl.status(name)
+        rollout = status.rollout
+        return {
+            "name": name,
+            "generation": status.generation,
+            "revision": None if rollout is None else rollout.revision,
+            "restores": None if rollout is None else rollout.restores,
+            "paused": rollout is not None and rollout.paused,
+            "pending_revision": None if rollout is None else rollout.pending_revision,
+        }
 
     async def _delete(self, name: str, force: bool) -> dict[str, Any]:
         goal = await self._ctl.delete(name, force=force)
@@ -346,7 +402,8 @@ class Api:
     async def _apply(self, data: Any) -> dict[str, Any]:
         if not isinstance(data, dict):
             raise HTTPError(422, "Invalid", "the body must be an object")
-        unknown = sorted(set(data) - {"backends", "prune", "source"})
+        fields = {"backends", "prune", "source", "message", "source_digest", "via"}
+        unknown = sorted(set(data) - fields)
         if unknown:
             raise HTTPError(422, "Invalid", f"unknown fields: {', '.join(unknown)}")
         prune = data.get("prune", False)
@@ -355,6 +412,14 @@ class Api:
         source = data.get("source", "the request body")
         if not isinstance(source, str):
             raise HTTPError(422, "Invalid", "source: must be a string")
+        # The manifest a person applied is named in its revisions' history: the file (as the
+        # CLI sends it) and the digest of its bytes, which tells two versions of it apart.
+        cause = cause_of(
+            via=data.get("via", "api"),
+            message=data.get("message"),
+            manifest=data.get("source"),
+            manifest_digest=data.get("source_digest"),
+        )
         try:
             # Two backends claiming one route is a conflict (409), as when the route is
             # another's already, not a fault of the body's shape: the schema holds each alone.
@@ -363,7 +428,7 @@ class Api:
             )
         except ManifestError as exc:
             raise HTTPError(422, "InvalidManifest", str(exc), problems=exc.problems) from None
-        return await apply_manifest(self._ctl, manifest, prune=prune)
+        return await apply_manifest(self._ctl, manifest, prune=prune, cause=cause)
 
     async def _watch(self, query: dict[str, list[str]], *, wait: bool = True) -> dict[str, Any]:
         since = int_param(query, "since", 0)
@@ -391,14 +456,17 @@ class Api:
         }
 
 
-async def apply_manifest(ctl: Controller, manifest: Manifest, *, prune: bool) -> dict[str, Any]:
+async def apply_manifest(
+    ctl: Controller, manifest: Manifest, *, prune: bool, cause: Cause | None = None
+) -> dict[str, Any]:
     """Deploy every backend of `manifest` (and, with `prune`, delete the others) as one change:
     all of it, or nothing if any backend cannot be placed beside the others (409). Deploys of
-    an unchanged spec change nothing."""
+    an unchanged spec change nothing. `cause` is why, for the revisions it makes."""
     try:
         applied = await ctl.apply(
             {d.name: (d.backend_config, d.replica_config) for d in manifest.backends},
             prune=prune,
+            cause=cause,
         )
     except ControllerError as exc:
         raise _domain_error(exc) from exc
@@ -415,10 +483,3 @@ async def apply_manifest(ctl: Controller, manifest: Manifest, *, prune: bool) ->
             {"name": name, "generation": goal.generation} for name, goal in applied.deleted.items()
         ],
     }
-
-
-def _backend_from_body(name: str, data: Any) -> BackendDecl:
-    decl, problems = parse_backend(name, data)
-    if decl is None:
-        raise HTTPError(422, "InvalidBackend", "; ".join(problems), problems=problems)
-    return decl

@@ -26,6 +26,7 @@ from ._checkpoint import (
     ReplicasRecord,
     events_key,
     replicas_key,
+    revisions_key,
     spec_key,
 )
 from ._failure_reports import FailureReports
@@ -39,6 +40,8 @@ from ._observe import Observer
 from ._policy import RestartPolicy
 from ._reconcile import decide
 from ._replica import UNKNOWN_CONFIG, Replica, ReplicaSet, Spec, new_tag
+from ._revisions import RevisionBook
+from ._rollout import Rollout
 from ._runtime import ReplicaInfo, Runtime
 from ._scaling import Scaling
 from ._state import BackendReason, BackendState, BackendStatus, LoadReport, ReplicaState
@@ -64,13 +67,24 @@ class Shared:
     """How many of so many replicas of a backend fit on the runtime beside the others."""
     on_pass: Callable[[], None]
     on_forgotten: Callable[[Backend], None]
+    roll_back: Callable[[str, int], None]
+    """Undo a backend's failed revision (given) to its last good one, in the controller's
+    nursery (the spec is the controller's to write)."""
 
 
 @final
 class Backend:
     """A backend's state and its task. Made by the controller; ``run`` is the task."""
 
-    def __init__(self, name: str, spec: Spec, goal: Goal, lock: trio.Lock, shared: Shared):
+    def __init__(
+        self,
+        name: str,
+        spec: Spec,
+        goal: Goal,
+        lock: trio.Lock,
+        shared: Shared,
+        revisions: RevisionBook,
+    ):
         self.name = name
         self.spec = spec
         self.goal = goal
@@ -97,8 +111,27 @@ class Backend:
         self._tasks = tasks.Launcher(shared.runtime, self._intent, self._send_nowait)
         self._alarm = tasks.Alarm(self._tasks)
         self._reports = FailureReports(
-            self._failures, self.journal, self._set, lambda: (self.spec.generation, self.goal)
+            self._failures,
+            self.journal,
+            self._set,
+            lambda: (self.spec.generation, self.goal),
+            lambda reason: self._rollout.failed(reason),
         )
+        self.revisions = revisions
+        """Its revisions: added by the controller, marked by the rollout."""
+        self._rollout = Rollout(
+            name,
+            revisions,
+            self.journal,
+            touched=self._intent.touched,
+            spec=lambda: self.spec,
+            failures=self._failures,
+            deploy_failed=self._reports.deploy_failed,
+            roll_back=shared.roll_back,
+            observer=shared.observer,
+        )
+        self._set.rollout = self._rollout.record
+        self._restored = False
         self._health = HealthChecks(self._tasks, self._check_failed, self._ready_changed)
         self._load_only = False  # the events of this pass were all LoadChanged
         self._scaling = Scaling(
@@ -161,6 +194,8 @@ class Backend:
         # Those not alive, the plan replaces.
         dropped = self._set.restore(record, live, graceful=not self.spec.force)
         self._reports.restore(record.failed if record is not None else None)
+        self._restored = True
+        self._rollout.restore(record.rollout if record is not None else None, trio.current_time())
         autoscale = record.autoscale if record is not None else None
         self._scaling.restore(autoscale, self.spec.backend_config, trio.current_time())
         self._intent.restored(changed=bool(dropped))
@@ -189,7 +224,10 @@ class Backend:
                     self._spawn_stop(replica)
             self._health.adopting(self.replicas, self.spec.backend_config)
             self._publish()  # watchers see the replicas that served before `open` returns
+            if not self._restored and not self.spec.deleting:
+                self._rollout.begin(self.spec.revision, trio.current_time())
             task_status.started()
+            self._rollout.started()
             done = await self._pass()
             while not done:
                 event = await self._receive.receive()
@@ -260,8 +298,9 @@ class Backend:
         # A new spec is a new attempt: the failures of the one it replaces do not carry over.
         self._failures.new_generation()
         self._set.set_failed(None)
-        self._change = view.classify(old, spec)
+        self._change = view.classify(old, spec, self.revisions.get(spec.revision))
         self.journal.event("Delete" if spec.deleting else "Deploy", view.describe_change(old, spec))
+        self._rollout.taken(old, spec, trio.current_time())
         if spec.force:
             self._set.cut_drains()
         self._scaling.configure(spec.backend_config, trio.current_time())
@@ -278,7 +317,10 @@ class Backend:
         if self._set.running(replica, info):
             self._intent.touched()  # stored with the next write; no action waits on it
         self._snapshot_dirty = True
-        self._failures.ready(replica.version == self.spec.version)
+        of_target = replica.version == self.spec.version
+        self._failures.ready(of_target)
+        if of_target:
+            self._rollout.ready(replica, trio.current_time())
         self._health.begin(replica, self.spec.backend_config)
         logger.info("replica %s RUNNING at %s", replica.tag, info.address)
 
@@ -302,6 +344,7 @@ class Backend:
     def _died(self, replica: Replica, reason: str) -> None:
         if replica.state is ReplicaState.STOPPING:
             return  # being stopped anyway; its stop task reports when it is gone
+        self._rollout.replica_failed(replica, f"died: {reason}", trio.current_time())
         if replica.state is ReplicaState.STARTING:
             of_target = replica.version == self.spec.version
             self._reports.start_failed(replica.tag, of_target, reason, None)
@@ -319,8 +362,13 @@ class Backend:
             error = "ReconfigureTimeout: no answer within start_timeout_s"
         if error is None:
             replica.state = ReplicaState.RUNNING
-            self._set.set_config(replica, event.config_digest)
-            self._health.begin(replica, self.spec.backend_config)
+            spec = self.spec
+            if event.config_digest == spec.config_digest:
+                self._set.set_config(replica, event.config_digest, spec.revision)
+                self._rollout.ready(replica, trio.current_time())
+            else:
+                self._set.set_config(replica, event.config_digest)
+            self._health.begin(replica, spec.backend_config)
             logger.info("replica %s reconfigured", replica.tag)
             return
         message = f"reconfigure failed: {error}"
@@ -350,6 +398,8 @@ class Backend:
         """A failed or late health check (the replica is out of the watch snapshot already):
         replaced after `health_check_failure_threshold` in a row (not live)."""
         threshold = self.spec.backend_config.health_check_failure_threshold
+        what = f"failed a health check: {error}"
+        self._rollout.replica_failed(replica, what, trio.current_time())
         self.journal.event(
             "Unhealthy",
             f"replica {replica.tag}: health check {replica.check_failures}/{threshold} "
@@ -367,6 +417,8 @@ class Backend:
         config = spec.backend_config
         now = trio.current_time()
         config_digest, user_config = self._config_to_hold()
+        # A deadline that passed fails the rollout before this pass decides anything.
+        self._rollout.check_deadline(now, self._converged)
         autoscaled = self._scaling.autoscaled and not spec.deleting
         if autoscaled:
             changed = self._scaling.evaluate(now, self._not_ready)
@@ -389,13 +441,19 @@ class Backend:
         self._converged = plan.converged
         if plan.converged:
             self._scaling.converged()
+            self._rollout.converged(now, target.num_replicas)
 
         stops = [self.replicas[tag] for tag in plan.stop]
         for replica in stops:
             graceful = not spec.force and replica.state is not ReplicaState.STARTING
             self._begin_stop(replica, graceful=graceful)
         starts = [
-            self._set.add(new_tag(self.name, self.replicas), spec.version, config_digest)
+            self._set.add(
+                new_tag(self.name, self.replicas),
+                spec.version,
+                config_digest,
+                revision=spec.revision,
+            )
             for _ in range(plan.start)
         ]
         updates = [self.replicas[tag] for tag in plan.reconfigure]
@@ -425,9 +483,10 @@ class Backend:
         if plan.converged:
             if spec.deleting:
                 return await self._forget()
-            if not self.goal.done:
-                self.journal.reached(spec.generation)
-            self.goal.complete()
+            if not self._rollout.active:  # nor within a new replica's min_ready_s
+                if not self.goal.done:
+                    self.journal.reached(spec.generation)
+                self.goal.complete()
         # Let the tasks just started (and watchers just woken) run before the next pass, so a
         # burst of events is coalesced instead of handled one pass each.
         await trio.lowlevel.checkpoint()
@@ -460,7 +519,8 @@ class Backend:
 
     def _arm_timer(self, now: float) -> None:
         """Wake the loop at the next health check, backoff end or autoscaler window."""
-        when = min(self._health.next_at, self._scaling.next_at)
+        rollout = self._rollout.next_at(self._converged)
+        when = min(self._health.next_at, self._scaling.next_at, rollout)
         if self._failures.backoff_until > now:
             when = min(when, self._failures.backoff_until)
         self._alarm.ask(when)
@@ -499,7 +559,8 @@ class Backend:
         async with self.lock:
             if self._shared.requested(self.name) != self.spec.generation or self.replicas:
                 return False  # a deploy came in while we waited for the lock: its spec is next
-            keys = (spec_key(self.name), replicas_key(self.name), events_key(self.name))
+            name = self.name
+            keys = (spec_key(name), replicas_key(name), events_key(name), revisions_key(name))
             await self._intent.forget(list(keys))
             self.forgotten = True
             self._snapshot_dirty = True
@@ -527,4 +588,5 @@ class Backend:
             desired=self.desired if self._scaling.autoscaled else None,
             autoscaler=self._scaling.status(self.spec.backend_config.num_replicas),
             scaling=self._scaling.under_way,
+            revisions=self.revisions,
         )

@@ -9,6 +9,7 @@ from ._failures import FailureBook
 from ._goal import Goal
 from ._history import plural
 from ._replica import Replica, Spec
+from ._revisions import Revision, RevisionBook
 from ._state import (
     AutoscalerStatus,
     BackendEvent,
@@ -19,6 +20,7 @@ from ._state import (
     BackendStatus,
     ReplicaState,
     ReplicaStatus,
+    RolloutStatus,
 )
 
 
@@ -38,6 +40,7 @@ def status_of(
     desired: int | None = None,
     autoscaler: AutoscalerStatus | None = None,
     scaling: tuple[BackendState, BackendReason] | None = None,
+    revisions: RevisionBook | None = None,
 ) -> BackendStatus:
     """The frozen status of a backend (``ctl.status(name)``); `desired`: the autoscaler's
     count, if it is autoscaled."""
@@ -58,7 +61,9 @@ def status_of(
         name=name,
         state=state,
         reason=reason,
-        message=describe(spec, views, failures, converged=converged, desired=desired),
+        message=describe(spec, views, failures, converged=converged, desired=desired)
+        + (f"; paused, revision {spec.pending} pending" if spec.paused and spec.pending else "")
+        + ("; paused" if spec.paused and not spec.pending else ""),
         generation=spec.generation,
         observed_generation=observed_generation,
         backend_config=spec.backend_config,
@@ -73,6 +78,22 @@ def status_of(
         version=spec.version,
         desired=desired,
         autoscaler=autoscaler,
+        rollout=None if revisions is None else rollout_of(spec, revisions),
+    )
+
+
+def rollout_of(spec: Spec, revisions: RevisionBook) -> RolloutStatus:
+    kept = revisions.get(spec.revision)
+    current = revisions.current()
+    return RolloutStatus(
+        revision=spec.revision,
+        current_revision=None if current is None else current.number,
+        outcome=None if kept is None else kept.outcome,
+        paused=spec.paused,
+        pending_revision=spec.pending,
+        error=None if kept is None else kept.error,
+        restores=None if kept is None else kept.restores,
+        automatic=kept is not None and kept.automatic,
     )
 
 
@@ -175,10 +196,15 @@ def describe(
     return "; ".join(parts)
 
 
-def classify(old: Spec, new: Spec) -> tuple[BackendState, BackendReason]:
-    """What kind of change a new spec is, for the status while it is under way."""
+def classify(
+    old: Spec, new: Spec, revision: Revision | None = None
+) -> tuple[BackendState, BackendReason]:
+    """What kind of change a new spec is, for the status while it is under way (`revision`:
+    the new spec's)."""
     if new.deleting:
         return BackendState.DELETING, "Deleting"
+    if revision is not None and new.revision != old.revision and revision.restores is not None:
+        return BackendState.UPDATING, "RollingBack" if revision.automatic else "Undo"
     if old.deleting or new.version != old.version:
         return BackendState.UPDATING, "NewVersion"
     if new.config_digest != old.config_digest:
@@ -192,9 +218,16 @@ def describe_change(old: Spec, new: Spec) -> str:
     """The event a new spec makes: ``generation 3: 4 replicas of version v2 (was 2 of v1)``."""
     if new.deleting:
         return f"generation {new.generation}: delete{' (forced)' if new.force else ''}"
+    revision = "" if new.revision == old.revision else f", revision {new.revision}"
+    paused = ""
+    if new.paused != old.paused:
+        paused = ", paused" if new.paused else ", resumed"
+    elif new.pending != old.pending and new.pending is not None:
+        paused = f", revision {new.pending} recorded while paused"
     return (
         f"generation {new.generation}: {plural(new.backend_config.num_replicas, 'replica')} of "
-        f"version {new.version} (was {old.backend_config.num_replicas} of {old.version})"
+        f"version {new.version}{revision}{paused} (was {old.backend_config.num_replicas} of "
+        f"{old.version})"
     )
 
 
@@ -203,4 +236,5 @@ def describe_new(spec: Spec) -> str:
     return (
         f"generation {spec.generation}: "
         f"{plural(spec.backend_config.num_replicas, 'replica')} of version {spec.version}"
+        f"{'' if spec.revision is None else f', revision {spec.revision}'}"
     )

@@ -1,16 +1,20 @@
 """Checkpoints: the controller's intent as JSON through cattrs, with a schema version. Never pickle.
 
-Three keys per backend, each with one writer, so that writes can never interleave badly:
+Four keys per backend, each with one writer, so that writes can never interleave badly:
 
 - ``spec/<name>``: what the user asked for (written by deploy and delete, before they return).
 - ``replicas/<name>``: which replica tags the controller means to run or stop (written only by
   the backend's writer task; the runtime is asked for nothing until the write has landed).
+- ``revisions/<name>``: the backend's revisions (written by deploys, undos, pauses and resumes,
+  in the same batch as the spec; how each rollout went is noted in the replica record).
 - ``events/<name>``: the backend's recent events, for people (written by the same task, in the
   same batch as the replica record; nothing waits on it).
 
 Schema 2 added the events, each replica's creation time and a spec's rollback config; schema 3
 each serving replica's address and a failed deploy; schema 4 a spec's code generation and the
-backend config's routing fields. Data of schemas 1 to 3 is still read.
+backend config's routing fields; schema 5 an autoscaler's state; schema 6 revisions (a fourth key
+per backend, ``revisions/<name>``, written by deploys with the spec), the revision of each replica
+and the pause of a spec. Data of schemas 1 to 5 is still read.
 """
 
 from __future__ import annotations
@@ -20,19 +24,21 @@ from typing import Any, Literal, TypeVar
 
 import attrs
 import cattrs
-from cattrs.gen import make_dict_unstructure_fn
+from cattrs.gen import make_dict_unstructure_fn, override
 
 from ._config import BackendConfig, ReplicaConfig, fields_of
 from ._errors import CheckpointError, ControllerError
+from ._revisions import Revision, RevisionContent, RevisionOutcome, content_of
 
 #: Bumped when the stored shape changes; a controller refuses data written by a newer one.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 #: Older schemas this controller still reads (their records lack fields that have defaults).
-_READABLE = frozenset({1, 2, 3, 4, 5})
+_READABLE = frozenset({1, 2, 3, 4, 5, 6})
 
 SPEC_PREFIX = "spec/"
 REPLICAS_PREFIX = "replicas/"
 EVENTS_PREFIX = "events/"
+REVISIONS_PREFIX = "revisions/"
 
 
 @attrs.frozen
@@ -53,6 +59,12 @@ class SpecRecord:
     code_generation: int | None = None
     """For a config without a version: the generation whose code the replicas run (``gen-N``),
     kept by deploys that change only the scale, limits, timeouts or routing. None: this one."""
+    revision: int | None = None
+    """The revision its replicas run (None before schema 6: recovery makes one)."""
+    paused: bool = False
+    """Rollouts are paused: later deploys are recorded as revisions, not rolled out."""
+    pending: int | None = None
+    """While paused: the revision recorded last, to roll out on resume (None: none)."""
     schema: int = SCHEMA_VERSION
 
 
@@ -74,6 +86,8 @@ class ReplicaRecord:
     address: str | None = None
     """Where it serves, once it has: a restarted controller lists it to watchers at once, as
     the replica it adopts may be serving still (None before schema 3)."""
+    revision: int | None = None
+    """The revision it was started with, or last reconfigured to (None before schema 6)."""
 
 
 @attrs.frozen
@@ -81,7 +95,9 @@ class FailureRecord:
     """The deploy of `generation` failed: what a restarted controller must not try again."""
 
     generation: int
-    reason: Literal["StartFailures", "ReconfigureFailed"]
+    reason: Literal[
+        "StartFailures", "ReconfigureFailed", "ProgressDeadlineExceeded", "UnhealthyAfterReady"
+    ]
     message: str
     """Why, as the goal and the status said it."""
 
@@ -103,6 +119,16 @@ class AutoscaleRecord:
 
 
 @attrs.frozen
+class RolloutRecord:
+    """How the rollout of a backend's revision went, as its loop last knew it."""
+
+    revision: int
+    outcome: RevisionOutcome
+    good: bool = False
+    error: str | None = None
+
+
+@attrs.frozen
 class ReplicasRecord:
     """Every replica tag of one backend, and what the controller means to do with it."""
 
@@ -112,6 +138,17 @@ class ReplicasRecord:
     """The current generation's deploy failed (DEPLOY_FAILED), and how."""
     autoscale: AutoscaleRecord | None = None
     """Its autoscaler's state, for an autoscaled backend."""
+    rollout: RolloutRecord | None = None
+    """How the rollout of its spec's revision went (None before schema 6)."""
+    schema: int = SCHEMA_VERSION
+
+
+@attrs.frozen
+class RevisionsRecord:
+    """A backend's revisions, oldest first."""
+
+    name: str
+    revisions: list[Revision]
     schema: int = SCHEMA_VERSION
 
 
@@ -146,23 +183,53 @@ def _make_converter() -> cattrs.Converter:
     conv.register_structure_hook(BackendConfig, lambda data, _t: BackendConfig.from_dict(data))
     conv.register_structure_hook(ReplicaConfig, lambda data, _t: ReplicaConfig.from_dict(data))
     conv.register_unstructure_hook(BackendConfig, fields_of)
+    conv.register_unstructure_hook(ReplicaConfig, _replica_config)
+    conv.register_unstructure_hook(RevisionContent, _content)
+    conv.register_structure_hook(RevisionContent, lambda data, _t: _content_from(data))
     conv.register_unstructure_hook(
-        ReplicaConfig,
-        lambda c: {
-            "entrypoint": c.entrypoint,
-            "init_args": list(c.init_args),
-            "init_kwargs": c.init_kwargs,
-        },
+        Revision, make_dict_unstructure_fn(Revision, conv, code_changed=override(omit=True))
     )
     return conv
 
 
+def _replica_config(config: ReplicaConfig) -> dict[str, Any]:
+    return {
+        "entrypoint": config.entrypoint,
+        "init_args": list(config.init_args),
+        "init_kwargs": config.init_kwargs,
+    }
+
+
+def _content(content: RevisionContent) -> dict[str, Any]:
+    return {
+        "replica_config": _replica_config(content.replica_config),
+        "version": content.version,
+        "user_config": content.user_config,
+        "resources": content.resources,
+    }
+
+
+def _content_from(data: Any) -> RevisionContent:
+    """A revision's content, checked by the configs' own rules (each names its field)."""
+    if not isinstance(data, dict) or set(data) != {
+        "replica_config",
+        "version",
+        "user_config",
+        "resources",
+    }:
+        raise ValueError("a revision's content has replica_config, version, user_config, resources")
+    backend = BackendConfig(
+        version=data["version"], user_config=data["user_config"], resources=data["resources"]
+    )
+    return content_of(backend, ReplicaConfig.from_dict(data["replica_config"]))
+
+
 _converter = _make_converter()
 
-_R = TypeVar("_R", SpecRecord, ReplicasRecord, EventsRecord)
+_R = TypeVar("_R", SpecRecord, ReplicasRecord, EventsRecord, RevisionsRecord)
 
 
-def dump(record: SpecRecord | ReplicasRecord | EventsRecord) -> str:
+def dump(record: SpecRecord | ReplicasRecord | EventsRecord | RevisionsRecord) -> str:
     """The record as compact JSON text."""
     return json.dumps(_converter.unstructure(record), separators=(",", ":"), allow_nan=False)
 
@@ -181,13 +248,16 @@ def join_replicas(
     entries: list[str],
     failed: FailureRecord | None = None,
     autoscale: AutoscaleRecord | None = None,
+    rollout: RolloutRecord | None = None,
 ) -> str:
     """What ``dump(ReplicasRecord(name, ...))`` makes, from entries made by ``dump_replica``."""
-    failure = json.dumps(_converter.unstructure(failed), separators=(",", ":"))
-    scale = json.dumps(_converter.unstructure(autoscale), separators=(",", ":"))
+    failure, scale, roll = (
+        json.dumps(_converter.unstructure(part), separators=(",", ":"))
+        for part in (failed, autoscale, rollout)
+    )
     return (
         f'{{"name":{json.dumps(name)},"replicas":[{",".join(entries)}],"failed":{failure},'
-        f'"autoscale":{scale},"schema":{SCHEMA_VERSION}}}'
+        f'"autoscale":{scale},"rollout":{roll},"schema":{SCHEMA_VERSION}}}'
     )
 
 
@@ -238,6 +308,7 @@ class Checkpoint:
     specs: dict[str, SpecRecord]
     replicas: dict[str, ReplicasRecord]
     events: dict[str, EventsRecord] = attrs.field(factory=dict)
+    revisions: dict[str, RevisionsRecord] = attrs.field(factory=dict)
 
 
 def parse_all(items: dict[str, str]) -> Checkpoint:
@@ -245,6 +316,7 @@ def parse_all(items: dict[str, str]) -> Checkpoint:
     specs: dict[str, SpecRecord] = {}
     replicas: dict[str, ReplicasRecord] = {}
     events: dict[str, EventsRecord] = {}
+    revisions: dict[str, RevisionsRecord] = {}
     for key, text in items.items():
         if key.startswith(SPEC_PREFIX):
             spec = load(key, text, SpecRecord)
@@ -259,8 +331,12 @@ def parse_all(items: dict[str, str]) -> Checkpoint:
             history = load(key, text, EventsRecord)
             _check_name(key, EVENTS_PREFIX, history.name)
             events[history.name] = history
+        elif key.startswith(REVISIONS_PREFIX):
+            kept = load(key, text, RevisionsRecord)
+            _check_name(key, REVISIONS_PREFIX, kept.name)
+            revisions[kept.name] = kept
         # Other keys belong to other users of a shared store (the daemon's own settings, say).
-    return Checkpoint(specs=specs, replicas=replicas, events=events)
+    return Checkpoint(specs=specs, replicas=replicas, events=events, revisions=revisions)
 
 
 def _check_rollback(key: str, spec: SpecRecord) -> None:
@@ -289,3 +365,7 @@ def replicas_key(name: str) -> str:
 
 def events_key(name: str) -> str:
     return EVENTS_PREFIX + name
+
+
+def revisions_key(name: str) -> str:
+    return REVISIONS_PREFIX + name

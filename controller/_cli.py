@@ -1,11 +1,12 @@
 """The ``controller`` command: ``run`` is the daemon; every other command talks to its HTTP API.
 
 controller run [--config FILE] [--listen HOST:PORT] [--runtime local|ray] [--store sqlite|ray]
-controller apply -f FILE [--prune] [--wait]
+controller apply -f FILE [--prune] [--wait] [--message TEXT]
 controller status [NAME] [--json]
 controller logs NAME [--replica TAG] [--follow] [--tail N]
 controller delete NAME [--wait] [--force]
-controller wait NAME
+controller rollout history|undo|pause|resume|status NAME
+controller wait NAME                (the same as `controller rollout status NAME`)
 controller shutdown
 controller ingress [--listen HOST:PORT] [--workers N]
 """
@@ -13,6 +14,7 @@ controller ingress [--listen HOST:PORT] [--workers N]
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -20,19 +22,18 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ._cli_client import Client, CLIError, describe_error, make_client
+from ._cli_client import CLIError, describe_error, make_client
 from ._cli_ingress import add_ingress_parser
-from ._cli_output import indent, print_backend, print_log, print_table
+from ._cli_output import print_backend, print_log, print_table
+from ._cli_rollout import add_rollout_parser, wait_for
 from ._errors import CheckpointError, ManifestError, StartupError
 from ._log_format import setup_logging
 from ._statedir import STATE_DIR_ENV, default_state_dir
 
-#: The longest a watch request waits before the CLI refreshes what it shows.
-_REFRESH_S = 1.0
 #: How often ``logs --follow`` asks for what is new.
 _FOLLOW_S = 0.5
 
@@ -85,12 +86,18 @@ def _one_of(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseE
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from ._manifest import load_manifest
+    from ._manifest import MAX_MANIFEST_BYTES, load_manifest
 
     try:
         manifest = load_manifest(args.file)
+        # The digest names the version of the file in its revisions' history. Read once more:
+        # a file rewritten in between is named by what this read saw, a moment later.
+        with args.file.open("rb") as f:
+            digest = hashlib.sha256(f.read(MAX_MANIFEST_BYTES + 1)).hexdigest()
     except ManifestError as exc:
         raise CLIError(str(exc), 2) from None
+    except OSError as exc:
+        raise CLIError(f"error: cannot read {args.file}: {exc.strerror or exc}", 2) from None
     client = make_client(args)
     result = client.ok(
         "POST",
@@ -98,7 +105,10 @@ def cmd_apply(args: argparse.Namespace) -> int:
         {
             "backends": {b.name: b.to_dict() for b in manifest.backends},
             "prune": args.prune,
-            "source": str(args.file),
+            "source": _one_line(str(args.file)),
+            "source_digest": digest,
+            "message": args.message,
+            "via": "cli",
         },
     )
     for item in result["applied"]:
@@ -111,7 +121,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     deleting = {item["name"] for item in result["deleted"]}
     names = [item["name"] for item in result["applied"]] + sorted(deleting)
     ours = {item["name"]: item["generation"] for item in result["applied"]}
-    return _wait(client, names, deleting, args.timeout, ours)
+    return wait_for(client, names, deleting, args.timeout, ours)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -185,13 +195,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
     if not args.wait:
         return 0
     ours = {args.name: result["generation"]}
-    return _wait(client, [args.name], {args.name}, args.timeout, ours)
-
-
-def cmd_wait(args: argparse.Namespace) -> int:
-    client = make_client(args)
-    client.ok("GET", f"/api/v1/backends/{urllib.parse.quote(args.name)}")  # 404 if unknown
-    return _wait(client, [args.name], set(), args.timeout)
+    return wait_for(client, [args.name], {args.name}, args.timeout, ours)
 
 
 def cmd_shutdown(args: argparse.Namespace) -> int:
@@ -226,76 +230,6 @@ def cmd_shutdown(args: argparse.Namespace) -> int:
             print("the controller has stopped")
             return 0
     raise CLIError(f"the controller is still running after {args.timeout:g}s")
-
-
-# -- waiting, like `kubectl rollout status` --
-
-
-def _wait(
-    client: Client,
-    names: Sequence[str],
-    deleting: set[str],
-    timeout: float,
-    ours: Mapping[str, int] | None = None,
-) -> int:
-    """Show each backend's progress until every goal resolves. 0 if all reached, 1 if any
-    backend is DEPLOY_FAILED, or was changed again by someone else (its generation moved past
-    `ours`), or the wait timed out."""
-    ours = ours or {}
-    deadline = time.monotonic() + timeout
-    shown: dict[str, str] = {}
-    tracebacks: dict[str, str | None] = {}
-    cursor, epoch = 0, ""
-    while True:
-        statuses = {b["name"]: b for b in client.ok("GET", "/api/v1/backends")["backends"]}
-        pending, failed = [], []
-        for name in names:
-            status = statuses.get(name)
-            if status is not None and status["generation"] > ours.get(name, status["generation"]):
-                failed.append(name)
-                line = f"superseded by generation {status['generation']}, a later change"
-            elif name in deleting:
-                if status is None:
-                    line = "deleted"
-                else:
-                    pending.append(name)
-                    line = f"deleting: {status['message']}"
-            elif status is None:
-                failed.append(name)
-                line = "not found (deleted meanwhile?)"
-            else:
-                ready = status["ready_of_version"]
-                line = f"{ready}/{status['desired']} ready, {status['state']}: {status['message']}"
-                if status["state"] == "DEPLOY_FAILED":
-                    failed.append(name)
-                    line += f" (last error: {status['last_error']})"
-                    tracebacks[name] = status.get("last_traceback")
-                elif not status["goal_done"]:
-                    pending.append(name)
-            if shown.get(name) != line:
-                shown[name] = line
-                print(f"backend/{name}: {line}", flush=True)
-        if not pending:
-            if failed:
-                for name in failed:
-                    if tracebacks.get(name):
-                        print(f"backend/{name}: the replica's traceback:", file=sys.stderr)
-                        print(indent(str(tracebacks[name])), file=sys.stderr)
-                print(f"failed: {', '.join(failed)}", file=sys.stderr)
-                return 1
-            print("done")
-            return 0
-        left = deadline - time.monotonic()
-        if left <= 0:
-            still = ", ".join(pending)
-            print(f"timed out after {timeout:g}s; still going: {still}", file=sys.stderr)
-            return 1
-        # Wake on any change of serving replicas, or after a moment for the rest (starts).
-        query = urllib.parse.urlencode(
-            {"since": cursor, "epoch": epoch, "timeout_s": min(_REFRESH_S, left)}
-        )
-        change = client.ok("GET", f"/api/v1/watch?{query}")
-        cursor, epoch = change["cursor"], change["epoch"]
 
 
 # -- the parser --
@@ -373,6 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
     apply.add_argument("--prune", action="store_true", help="delete backends not in the file")
     apply.add_argument("--wait", action="store_true", help="show progress until every goal ends")
     apply.add_argument("--timeout", type=float, default=600.0)
+    apply.add_argument(
+        "-m", "--message", metavar="TEXT", help="why, kept in the revisions the change makes"
+    )
     apply.set_defaults(func=cmd_apply)
 
     status = sub.add_parser("status", help="backends, states and replicas")
@@ -394,16 +331,20 @@ def build_parser() -> argparse.ArgumentParser:
     delete.add_argument("--timeout", type=float, default=600.0)
     delete.set_defaults(func=cmd_delete)
 
-    wait = sub.add_parser("wait", help="wait until a backend's latest goal ends")
-    wait.add_argument("name")
-    wait.add_argument("--timeout", type=float, default=600.0)
-    wait.set_defaults(func=cmd_wait)
-
     shutdown = sub.add_parser("shutdown", help="drain and delete everything; stop the daemon")
     shutdown.add_argument("--timeout", type=float, default=180.0)
     shutdown.set_defaults(func=cmd_shutdown)
+    add_rollout_parser(sub)
     add_ingress_parser(sub)
     return parser
+
+
+def _one_line(path: str) -> str:
+    """`path` as the history keeps a manifest's name, one line: a file name's control
+    characters (a newline, say) escaped as JSON escapes them."""
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+        return json.dumps(path)[1:-1]
+    return path
 
 
 def _positive_int(text: str) -> int:

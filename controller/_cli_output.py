@@ -46,6 +46,27 @@ def autoscale_summary(scaler: dict[str, Any], desired: int) -> str:
     return f"auto {bounds}, load {load}/{scaler['target_ongoing_requests']:g}{room}"
 
 
+def rollout_summary(rollout: dict[str, Any]) -> str:
+    """``4 (current 3), rollout in_progress``: the revision the backend rolls out (or runs),
+    the one it last finished, how the rollout goes; ``paused, revision 5 pending`` while
+    paused."""
+    revision, current = rollout["revision"], rollout["current_revision"]
+    text = str(revision)
+    if current != revision:
+        text += f" (current {'none' if current is None else current})"
+    text += f", rollout {rollout['outcome'] or 'unknown'}"
+    if rollout["automatic"]:
+        text += f", automatic rollback to revision {rollout['restores']}"
+    elif rollout["restores"] is not None:
+        text += f", undo to revision {rollout['restores']}"
+    if rollout["paused"]:
+        pending = rollout["pending_revision"]
+        text += "; paused, " + (
+            "nothing pending" if pending is None else f"revision {pending} pending"
+        )
+    return text
+
+
 def age(seconds: float | None) -> str:
     """``45s``, ``12m``, ``3h``, ``2d``: how long ago, as kubectl shows it."""
     if seconds is None:
@@ -87,6 +108,11 @@ def print_backend(b: dict[str, Any]) -> None:
     print(f"Message:     {b['message']}")
     print(f"Generation:  {b['generation']} (observed {b['observed_generation']})")
     print(f"Ready:       {ready_column(b)}")
+    rollout = b.get("rollout")
+    if rollout is not None and rollout["revision"] is not None:
+        print(f"Revision:    {rollout_summary(rollout)}")
+        if rollout["error"]:
+            print(f"  rollout error: {rollout['error']}")
     load = b.get("load")
     if load is not None:
         route = b["config"].get("route_prefix")

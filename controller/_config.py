@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from typing import Any, TypeVar
@@ -12,6 +11,16 @@ import attrs
 from ._autoscaling_config import AutoscalingConfig, autoscaling, autoscaling_schema
 from ._errors import ConfigError
 from ._json import JSON, MAX_JSON_DEPTH, check_json
+from ._numbers import MAX_SECONDS, finite, seconds, whole
+from ._rollout_fields import (
+    MAX_HISTORY,
+    ON_FAILURE,
+    OnFailure,
+    history_limit,
+    min_ready,
+    on_failure,
+    progress_deadline,
+)
 
 # Every rule below is written once more as JSON Schema (each field's ``metadata["schema"]``),
 # which the API's OpenAPI document is made from; tests/test_openapi.py checks that the two agree.
@@ -45,9 +54,6 @@ MAX_REPLICAS = 1_000_000
 MAX_RESOURCE = 1e15
 #: The most requests one replica may be sent at once, or one backend may queue at an ingress.
 MAX_REQUESTS = 1_000_000
-#: The longest timeout or period, in seconds (about 31 years): longer is a typo. A bound that a
-#: double holds exactly, so that the document's check and the model's agree at the edge.
-MAX_SECONDS = 1e9
 
 _SECONDS_SCHEMA: dict[str, Any] = {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_SECONDS}
 _LIMIT_SCHEMA: dict[str, Any] = {
@@ -72,18 +78,8 @@ def check_backend_name(name: object) -> str:
     return name
 
 
-def _whole(value: object) -> int | None:
-    """`value` as an int if it is a whole number: 3, or 3.0 (JSON does not tell them apart)."""
-    # bool is an int subclass, but `num_replicas=True` is a bug, not a count.
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value if isinstance(value, int) else None
-
-
 def _replica_count(value: object) -> int:
-    count = _whole(value)
+    count = whole(value)
     if count is None or not 0 <= count <= MAX_REPLICAS:
         raise ConfigError(
             "BackendConfig.num_replicas", f"must be a whole number from 0 to {MAX_REPLICAS}", value
@@ -91,37 +87,16 @@ def _replica_count(value: object) -> int:
     return count
 
 
-def _finite(value: int | float) -> float | None:
-    """`value` as a float, or None if it is not finite (an int too large for a float too)."""
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
-
-
-def _seconds(field: str, value: object, *, allow_zero: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(field, "must be a number of seconds", value)
-    # Compared as given (an int past a double's range included), converted once in range.
-    if not 0 <= value <= MAX_SECONDS or (value == 0 and not allow_zero):
-        rule = ">= 0" if allow_zero else "> 0"
-        raise ConfigError(
-            field, f"must be a finite number of seconds {rule} and at most {MAX_SECONDS:g}", value
-        )
-    return float(value)
-
-
 def _graceful_shutdown_timeout(value: object) -> float:
-    return _seconds("BackendConfig.graceful_shutdown_timeout_s", value, allow_zero=True)
+    return seconds("BackendConfig.graceful_shutdown_timeout_s", value, allow_zero=True)
 
 
 def _start_timeout(value: object) -> float:
-    return _seconds("BackendConfig.start_timeout_s", value, allow_zero=False)
+    return seconds("BackendConfig.start_timeout_s", value, allow_zero=False)
 
 
 def _failure_threshold(value: object) -> int:
-    count = _whole(value)
+    count = whole(value)
     if count is None or count < 1:
         raise ConfigError(
             "BackendConfig.health_check_failure_threshold", "must be a whole number >= 1", value
@@ -138,7 +113,7 @@ def _limit(field: str, value: object) -> int | float:
         if value < 0:
             raise ConfigError(field, "a count must be >= 0", value)
         return value
-    fraction = _finite(value)
+    fraction = finite(value)
     if fraction is not None and fraction > 1.0 and fraction.is_integer():
         # JSON (and so the API's schema) cannot tell 2.0 from 2: above 1 it can only be a count.
         return int(fraction)
@@ -162,7 +137,7 @@ MIN_HEALTH_CHECK_PERIOD_S = 0.1
 
 def _health_check_period(value: object) -> float:
     field = "BackendConfig.health_check_period_s"
-    period = _seconds(field, value, allow_zero=True)
+    period = seconds(field, value, allow_zero=True)
     if 0 < period < MIN_HEALTH_CHECK_PERIOD_S:
         raise ConfigError(
             field, f"must be 0 (off) or at least {MIN_HEALTH_CHECK_PERIOD_S:g}", value
@@ -171,7 +146,7 @@ def _health_check_period(value: object) -> float:
 
 
 def _health_check_timeout(value: object) -> float:
-    return _seconds("BackendConfig.health_check_timeout_s", value, allow_zero=False)
+    return seconds("BackendConfig.health_check_timeout_s", value, allow_zero=False)
 
 
 def _version(value: object) -> str | None:
@@ -198,7 +173,7 @@ def _route_prefix(value: object) -> str | None:
 
 
 def _request_count(field: str, lowest: int, value: object) -> int:
-    count = _whole(value)
+    count = whole(value)
     if count is None or not lowest <= count <= MAX_REQUESTS:
         raise ConfigError(
             f"BackendConfig.{field}",
@@ -229,7 +204,7 @@ def _resources(value: object) -> dict[str, float]:
         number = (
             None
             if isinstance(amount, bool) or not isinstance(amount, (int, float))
-            else _finite(amount)
+            else finite(amount)
         )
         if number is None or not 0 <= number <= MAX_RESOURCE:
             raise ConfigError(
@@ -388,6 +363,36 @@ class BackendConfig:
     )
     """Scale on load between bounds (see ``AutoscalingConfig``); `num_replicas` is then only
     the count it starts with. None: exactly `num_replicas`."""
+
+    progress_deadline_s: float = attrs.field(
+        default=600.0, converter=progress_deadline, metadata=_schema(**_SECONDS_SCHEMA)
+    )
+    """How long a rollout may go without a new replica becoming ready before it fails
+    (``ProgressDeadlineExceeded``), as Kubernetes' progressDeadlineSeconds."""
+
+    on_failure: OnFailure = attrs.field(
+        default="halt",
+        converter=on_failure,
+        metadata=_schema(type="string", enum=list(ON_FAILURE)),
+    )
+    """What a failed rollout does: ``"halt"`` stops it and keeps what serves; ``"rollback"``
+    also undoes to the last revision that completed."""
+
+    min_ready_s: float = attrs.field(
+        default=0.0,
+        converter=min_ready,
+        metadata=_schema(type="number", minimum=0, maximum=MAX_SECONDS),
+    )
+    """How long each new replica must stay healthy after it becomes ready before its rollout
+    counts as complete: a failed health check or a death within it fails the rollout."""
+
+    revision_history_limit: int = attrs.field(
+        default=10,
+        converter=history_limit,
+        metadata=_schema(type="integer", minimum=0, maximum=MAX_HISTORY),
+    )
+    """How many revisions are kept beyond the current one (those that live replicas run, the
+    one a rollout would go back to, and one paused are always kept)."""
 
     def __attrs_post_init__(self) -> None:
         if self.max_surge == 0 and self.max_unavailable == 0:

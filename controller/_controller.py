@@ -8,29 +8,40 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import AsyncIterator, Callable, Mapping
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import final, overload
 
 import attrs
 import trio
 
+from . import _rollouts as rollouts
 from ._backend import Backend, Shared
 from ._capacity import Reservations
-from ._checkpoint import SpecRecord, dump, spec_key
+from ._checkpoint import RevisionsRecord, dump, revisions_key, spec_key
+from ._code import CodeDigest, code_digest
 from ._config import BackendConfig, ReplicaConfig, check_backend_name
-from ._errors import ConfigError, ControllerClosedError, UnknownBackendError
+from ._errors import (
+    ConfigError,
+    ControllerClosedError,
+    UnknownBackendError,
+)
 from ._goal import Goal
 from ._history import plural
+from ._json import JSON
 from ._load_wire import MAX_LOAD_COUNT
 from ._locks import NameLocks
 from ._observe import NullObserver, Observer
 from ._policy import RestartPolicy
 from ._recovery import recover
-from ._replica import Spec, delete_record, deploy_record
+from ._replica import Spec, delete_record
+from ._revisions import Cause, Revision, RevisionBook
 from ._routes import RouteClaims
 from ._runtime import Runtime
 from ._state import BackendSnapshot, BackendStatus, ControllerStatus, LoadReport
+from ._steering import SpecChange, asked, deploy_change, restored
 from ._store import Store
 from ._watch import SnapshotHub, SnapshotStream
 
@@ -45,12 +56,15 @@ async def open_controller(
     restart_policy: RestartPolicy | None = None,
     seed: int | None = None,
     observer: Observer | None = None,
+    code_path: Sequence[str] | None = None,
 ) -> AsyncIterator[Controller]:
     """Open a controller over `runtime` and `store`; close it on exit.
 
     `restart_policy` sets the backoff after failures (``RestartPolicy()`` by default). `seed`
     fixes the backoff jitter, for reproducible tests (replica tags stay random: they must be
     unique across controller lifetimes). `observer` is told of the loops' work (for metrics).
+    `code_path` is where replicas import their code from (``sys.path`` by default): each
+    revision records a digest of its entrypoint's source found there, read without importing.
 
     Opening recovers: it reads the store, adopts the live replicas its intent names, stops those it
     meant to stop, kills replicas of the runtime that no intent names, and starts what is missing.
@@ -68,6 +82,7 @@ async def open_controller(
         restart_policy or RestartPolicy(),
         random.Random(seed),
         observer or NullObserver(),
+        list(sys.path if code_path is None else code_path),
     )
     try:
         # Lifetimes nest like ownership: the runtime outlives the backends that use it, so the
@@ -123,8 +138,12 @@ class Controller:
         restart_policy: RestartPolicy,
         rng: random.Random,
         observer: Observer,
+        code_path: list[str],
     ):
         self._runtime = runtime
+        self._code_path = code_path
+        # Each backend's revisions, shared with its loop (which notes how rollouts go).
+        self._books: dict[str, RevisionBook] = {}
         self._store = store
         self._nursery: trio.Nursery | None = None
         self._hub = SnapshotHub()
@@ -153,12 +172,18 @@ class Controller:
             room=self._reservations.room,
             on_pass=self._on_pass,
             on_forgotten=self._forgotten,
+            roll_back=self._roll_back_soon,
         )
 
     # -- changing specs --
 
     async def deploy(
-        self, name: str, backend_config: BackendConfig, replica_config: ReplicaConfig
+        self,
+        name: str,
+        backend_config: BackendConfig,
+        replica_config: ReplicaConfig,
+        *,
+        cause: Cause | None = None,
     ) -> Goal:
         """Make backend `name` run `backend_config.num_replicas` replicas built from
         `replica_config`. Returns once the intent is durable, with the goal to await.
@@ -166,9 +191,14 @@ class Controller:
         The same spec again returns the same goal and changes nothing. A different spec supersedes
         the pending goal. A scale-up the runtime cannot fit raises ``InfeasibleError`` and changes
         nothing.
+
+        A deploy that changes what replicas run (their class, arguments, version, user config or
+        resources) makes a new revision (see ``revisions``); `cause` says why, for its history.
         """
         _check_declared(name, backend_config, replica_config)
-        applied = await self._change_specs({name: (backend_config, replica_config)}, prune=False)
+        applied = await self._change_specs(
+            {name: (backend_config, replica_config)}, prune=False, cause=cause
+        )
         return applied.goals[name]
 
     async def apply(
@@ -176,6 +206,7 @@ class Controller:
         backends: Mapping[str, tuple[BackendConfig, ReplicaConfig]],
         *,
         prune: bool = False,
+        cause: Cause | None = None,
     ) -> Applied:
         """Deploy every backend of `backends` (name to its two configs) as one change: all of
         them, or, if any cannot be placed beside the others, none (``InfeasibleError``, nothing
@@ -188,7 +219,7 @@ class Controller:
                 )
             _check_declared(name, *configs)
         async with self._apply_lock:
-            return await self._change_specs(dict(backends), prune=prune)
+            return await self._change_specs(dict(backends), prune=prune, cause=cause)
 
     async def delete(self, name: str, *, force: bool = False) -> Goal:
         """Drain and stop every replica of `name`, then forget it. Returns once the intent is
@@ -201,17 +232,71 @@ class Controller:
             old, goal = self._requested[name]
             if old.deleting and (old.force or not force):
                 return goal
-            handovers = await self._commit({name: delete_record(name, old, force=force)})
+            handovers = await self._commit(
+                {name: SpecChange(delete_record(name, old, force=force))}
+            )
             goal = self._requested[name][1]
         await self._handed_over(handovers)
         return goal
+
+    # -- steering rollouts (the work is in ``_rollouts``) --
+
+    def revisions(self, name: str, *, check_code: bool = True) -> tuple[Revision, ...]:
+        """`name`'s revisions, oldest first (``UnknownBackendError`` if there is no such
+        backend). With `check_code`, each says whether its entrypoint's source on disk still
+        matches (``code_changed``): that reads the source files, on this thread."""
+        return rollouts.revisions(self, name, check_code=check_code)
+
+    @property
+    def code_path(self) -> tuple[str, ...]:
+        """Where replicas' code is looked for, to pin each revision's (see ``open_controller``)."""
+        return tuple(self._code_path)
+
+    async def undo(
+        self,
+        name: str,
+        to_revision: int | None = None,
+        *,
+        force: bool = False,
+        cause: Cause | None = None,
+    ) -> Goal:
+        """Roll `name` back: deploy an earlier revision's content as a new revision, with the
+        scale and settings it has now, through the usual rolling update. Plain undo goes back
+        to the newest revision that completed with every replica serving (not merely the one
+        before); `to_revision` names one. Returns the goal to await.
+
+        Refused (``RolloutError``, nothing written) if the revision is not kept, if none
+        completed, while paused or deleting; and (``CodeChangedError``) if the entrypoint's
+        source on disk differs from what the revision recorded, unless `force`. Undo to the
+        content that runs already changes nothing and returns the current goal.
+        """
+        return await rollouts.undo(self, name, to_revision, force=force, cause=cause)
+
+    async def pause(self, name: str) -> Goal:
+        """Record `name`'s later deploys as revisions without rolling them out (changes of
+        scale and settings still apply). A rollout under way goes on. Returns the goal."""
+        return await rollouts.steer(self, name, "pause")
+
+    async def resume(self, name: str) -> Goal:
+        """Roll out what was deployed while `name` was paused (its newest revision), if
+        anything, and stop pausing. Returns the goal."""
+        return await rollouts.steer(self, name, "resume")
+
+    def _roll_back_soon(self, name: str, failed: int) -> None:
+        """A backend's rollout of revision `failed` failed, with ``on_failure = "rollback"``."""
+        if self._nursery is not None and not self._closed:
+            self._nursery.start_soon(rollouts.roll_back, self, name, failed)
 
     def _check_open(self) -> None:
         if self._closed:
             raise ControllerClosedError("the controller is closed; open a new one")
 
     async def _change_specs(
-        self, declared: dict[str, tuple[BackendConfig, ReplicaConfig]], *, prune: bool
+        self,
+        declared: dict[str, tuple[BackendConfig, ReplicaConfig]],
+        *,
+        prune: bool,
+        cause: Cause | None,
     ) -> Applied:
         self._check_open()
         async with self._locks.hold(declared) as locks:
@@ -222,21 +307,25 @@ class Controller:
                 deletes = sorted(n for n in self._backends if n not in declared)
                 for name in deletes:
                     await locks.enter_async_context(self._locks[name])
-            records: dict[str, SpecRecord] = {}
-            for name, (backend_config, replica_config) in declared.items():
-                if not self._matches(name, backend_config, replica_config):
-                    old = self._requested_spec(name)
-                    backend = self._backends.get(name)
-                    # The config the replicas went back to, if `old`'s own change failed in one.
-                    held = None
-                    if backend is not None and old is not None and backend.spec is old:
-                        held = backend.config_gone_back_to
-                    records[name] = deploy_record(
-                        name, old, backend_config, replica_config, held=held
+            records: dict[str, SpecChange] = {}
+            now = time.time()
+            for name, configs in declared.items():
+                if not self._matches(name, *configs):
+                    records[name] = deploy_change(
+                        name,
+                        self._requested_spec(name),
+                        self._books.get(name) or RevisionBook(),
+                        configs,
+                        cause=cause or Cause(),
+                        code_of=self._code_of,
+                        now=now,
+                        held=self._held(name),
+                        live=self._live_revisions(name),
                     )
             for name in deletes:
                 if name in self._backends and not self._requested[name][0].deleting:
-                    records[name] = delete_record(name, self._requested[name][0], force=False)
+                    old = self._requested[name][0]
+                    records[name] = SpecChange(delete_record(name, old, force=False))
             handovers = await self._commit(records)
             applied = Applied(
                 goals={name: self._requested[name][1] for name in declared},
@@ -258,17 +347,37 @@ class Controller:
             not spec.deleting
             and goal.error is None
             and not self._backends[name].deploy_failed
-            and spec.backend_config == backend_config
-            and spec.replica_config == replica_config
+            and asked(spec, self._books[name]) == (backend_config, replica_config)
         )
 
-    async def _commit(self, records: Mapping[str, SpecRecord]) -> list[trio.Event]:
-        """Write `records` in one batch, after checking that every scale-up among them fits,
-        and hand each to its backend's loop (making new backends). The caller holds the lock
-        of every name involved. Returns the hand-overs to wait for."""
-        if not records:
+    def _held(self, name: str) -> tuple[str, JSON] | None:
+        """The config the replicas went back to, if the last spec's own change failed in one."""
+        backend, old = self._backends.get(name), self._requested_spec(name)
+        if backend is not None and old is not None and backend.spec is old:
+            return backend.config_gone_back_to
+        return None
+
+    def _live_revisions(self, name: str) -> set[int | None]:
+        """The revisions the backend's replicas run (none of them is trimmed from history)."""
+        backend = self._backends.get(name)
+        return set() if backend is None else {r.revision for r in backend.replicas.values()}
+
+    def _code_of(self, entrypoint: str) -> CodeDigest | None:
+        # Read on the loop's thread: only when a deploy makes a revision, or an undo checks
+        # one (a few files for most entrypoints; the API lists revisions from a thread).
+        return code_digest(entrypoint, self._code_path)
+
+    async def _commit(self, changes: Mapping[str, SpecChange]) -> list[trio.Event]:
+        """Write `changes` in one batch (each spec with its revisions), after checking that every
+        scale-up among them fits, and hand each to its backend's loop (making new backends).
+        The caller holds the lock of every name involved. Returns the hand-overs to wait for."""
+        if not changes:
             return []
-        specs = {name: Spec.from_record(record) for name, record in records.items()}
+        specs = {name: Spec.from_record(change.record) for name, change in changes.items()}
+        writes: dict[str, str | None] = {spec_key(n): dump(c.record) for n, c in changes.items()}
+        for name, change in changes.items():
+            if change.revisions is not None:
+                writes[revisions_key(name)] = dump(RevisionsRecord(name, change.revisions))
         claims = self._routes.claim(specs, ((n, s) for n, (s, _) in self._requested.items()))
         try:
             reserved = await self._reservations.reserve(specs)
@@ -281,14 +390,18 @@ class Controller:
             # One step, shielded: a caller cancelled once the write has begun must not leave a
             # spec durable but never handed to its loop (a phantom deploy at the next start).
             with trio.CancelScope(shield=True):
-                await self._store.write({spec_key(n): dump(r) for n, r in records.items()})
+                await self._store.write(writes)
+                for name, change in changes.items():
+                    book = self._books.setdefault(name, RevisionBook())
+                    if change.revisions is not None:
+                        book.revisions = change.revisions
                 for name, spec in specs.items():
                     goal = Goal(name, spec.generation, "delete" if spec.deleting else "deploy")
                     self._requested[name] = (spec, goal)
                     _log_change(name, spec)
                     backend = self._backends.get(name)
                     if backend is None:
-                        new.append(self._new_backend(name, spec, goal))
+                        new.append(self._new_backend(name, spec, goal, self._books[name]))
                     else:
                         handover = backend.request(spec, goal)
                         self._handovers.add(handover)
@@ -315,15 +428,17 @@ class Controller:
 
     # -- backends --
 
-    def _new_backend(self, name: str, spec: Spec, goal: Goal) -> Backend:
-        backend = Backend(name, spec, goal, self._locks[name], self._shared)
+    def _new_backend(self, name: str, spec: Spec, goal: Goal, book: RevisionBook) -> Backend:
+        backend = Backend(name, spec, goal, self._locks[name], self._shared, book)
         self._backends[name] = backend
         return backend
 
-    def _restored(self, name: str, spec: Spec) -> Backend:
+    def _restored(self, name: str, spec: Spec, kept: RevisionsRecord | None) -> Backend:
+        spec, book = restored(spec, kept, self._code_of, time.time())
+        self._books[name] = book
         goal = Goal(name, spec.generation, "delete" if spec.deleting else "deploy")
         self._requested[name] = (spec, goal)
-        return self._new_backend(name, spec, goal)
+        return self._new_backend(name, spec, goal, book)
 
     def _forgotten(self, backend: Backend) -> None:
         """A deleted backend is gone (its loop holds the name's lock)."""
@@ -331,6 +446,7 @@ class Controller:
         if self._backends.get(name) is backend:
             del self._backends[name]
             del self._requested[name]
+            self._books.pop(name, None)
             # The forgetting loop holds it, and does nothing more under it.
             self._locks.drop([name], held_here=True)
             self._reservations.forget(name)

@@ -15,6 +15,7 @@ is left exactly as it was (recovery is the first step that touches one).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import logging
 import logging.handlers
@@ -22,6 +23,7 @@ import os
 import secrets
 import signal
 import socket
+import sys
 from collections.abc import Iterator, Sequence
 from functools import partial
 from pathlib import Path
@@ -50,6 +52,7 @@ from ._listen import bound
 from ._manifest import Manifest, load_manifest
 from ._metrics import Metrics
 from ._replica_tasks import KILL_TIMEOUT_S
+from ._revisions import Cause
 from ._runtime import Runtime
 from ._statedir import (
     STATE_DIR_ENV,
@@ -134,6 +137,8 @@ async def run_daemon(options: DaemonOptions) -> None:
                     runtime=metrics.wrap_runtime(runtime),
                     store=metrics.wrap_store(store),
                     observer=metrics,
+                    # Where the workers import from: revisions pin the code found there.
+                    code_path=[*map(str, options.pythonpath), *sys.path],
                 ) as ctl:
                     opened = True
                     _write_token(state_dir, token)
@@ -195,8 +200,15 @@ def _write_token(state_dir: Path, token: str) -> None:
 
 
 async def _apply_at_start(ctl: Controller, manifest: Manifest, source: Path | None) -> None:
+    cause = Cause(via="cli")
+    if source is not None:
+        # The file as read at start (a path past the cause's rules is left out, not refused:
+        # the start goes on without it).
+        with contextlib.suppress(ConfigError, OSError):
+            digest = hashlib.sha256(await trio.Path(source).read_bytes()).hexdigest()
+            cause = Cause(via="cli", manifest=str(source), manifest_digest=digest)
     try:
-        result = await apply_manifest(ctl, manifest, prune=False)
+        result = await apply_manifest(ctl, manifest, prune=False, cause=cause)
     except HTTPError as exc:
         logger.error("applying %s: %s", source, exc)
     else:

@@ -128,3 +128,21 @@ class ManifestError(ControllerError, ValueError):
         listing = "\n".join(f"  - {p}" for p in problems)
         noun = "problem" if len(problems) == 1 else "problems"
         super().__init__(f"{len(problems)} {noun} in {source}; nothing was applied:\n{listing}")
+
+
+class RolloutError(ControllerError):
+    """A rollout command (undo, pause, resume) cannot be done as asked; nothing was written.
+    `reason` says why in one word: ``UnknownRevision``, ``NoGoodRevision``, ``Paused``,
+    ``Deleting`` or ``CodeChanged``."""
+
+    def __init__(self, reason: str, message: str):
+        self.reason = reason
+        super().__init__(message)
+
+
+class CodeChangedError(RolloutError):
+    """An undo would run today's code under an old revision's name: the entrypoint's source on
+    disk is not what the revision recorded. Pass ``force`` to undo anyway."""
+
+    def __init__(self, message: str):
+        super().__init__("CodeChanged", message)

@@ -16,13 +16,19 @@ from ._history import Journal
 from ._replica import ReplicaSet
 
 #: The failures a restart must remember (``Infeasible`` is checked afresh at every start).
-Stored = Literal["StartFailures", "ReconfigureFailed"]
+Stored = Literal[
+    "StartFailures", "ReconfigureFailed", "ProgressDeadlineExceeded", "UnhealthyAfterReady"
+]
+
+
+_DEPLOY = ("StartFailures", "ReconfigureFailed")
 
 
 @final
 class FailureReports:
     """One backend's failures, told and acted on. `current` gives the generation and the goal
-    the backend works toward now."""
+    the backend works toward now; `rollout_failed` is told of a failed deploy and says what
+    follows (halted, or rolling back)."""
 
     def __init__(
         self,
@@ -30,8 +36,10 @@ class FailureReports:
         journal: Journal,
         replicas: ReplicaSet,
         current: Callable[[], tuple[int, Goal]],
+        rollout_failed: Callable[[str], str] = lambda reason: "",
     ):
         self._book = book
+        self._rollout_failed = rollout_failed
         self._journal = journal
         self._replicas = replicas
         self._current = current
@@ -62,8 +70,12 @@ class FailureReports:
         replicas' record), so that a restart does not try it again."""
         generation, goal = self._current()
         self._book.blocked = kind
+        # What the rollout does next (halt, or roll back), said with the failure.
+        then = self._rollout_failed(reason)
+        if then:
+            reason = f"{reason.rstrip('.')}; {then}"
         self._replicas.set_failed(FailureRecord(generation, kind, reason))
-        self._journal.deploy_failed(reason)
+        self._journal.deploy_failed(reason, kind="DeployFailed" if kind in _DEPLOY else kind)
         goal.fail(reason, traceback)
 
     def infeasible(self, reason: str) -> None:

@@ -16,7 +16,13 @@ from ._policy import RestartPolicy
 
 #: Why a backend starts nothing new (or, for a failed reconfigure, changes no config) until the
 #: next deploy.
-Blocked = Literal["StartFailures", "Infeasible", "ReconfigureFailed"]
+Blocked = Literal[
+    "StartFailures",
+    "Infeasible",
+    "ReconfigureFailed",
+    "ProgressDeadlineExceeded",
+    "UnhealthyAfterReady",
+]
 
 
 @final

@@ -74,6 +74,13 @@ class Metrics:
             registry=r,
         )
         self._directions: dict[str, set[str]] = {}
+        self.rollouts = Counter(
+            "controller_rollouts",
+            "Rollouts of revisions that ended, by backend and outcome (complete or failed)",
+            ["backend", "outcome"],
+            registry=r,
+        )
+        self._outcomes: dict[str, set[str]] = {}
         self.checkpoint_writes = Histogram(
             "controller_checkpoint_write_seconds",
             "Writes of intent to the store",
@@ -96,6 +103,10 @@ class Metrics:
         self.scalings.labels(backend, direction).inc()
         self._directions.setdefault(backend, set()).add(direction)
 
+    def rollout(self, backend: str, outcome: str) -> None:
+        self.rollouts.labels(backend, outcome).inc()
+        self._outcomes.setdefault(backend, set()).add(outcome)
+
     def forgotten(self, backend: str) -> None:
         # A deleted backend's series go with it: name churn must not grow the exposition.
         with contextlib.suppress(KeyError):
@@ -106,6 +117,9 @@ class Metrics:
         for kind in self._kinds.pop(backend, ()):
             with contextlib.suppress(KeyError):
                 self.failures.remove(backend, kind)
+        for outcome in self._outcomes.pop(backend, ()):
+            with contextlib.suppress(KeyError):
+                self.rollouts.remove(backend, outcome)
 
     # -- wiring --
 
@@ -163,7 +177,28 @@ class _ReplicaCollector(Collector):
             "The ongoing requests (in flight plus queued) the autoscaler last decided on",
             labels=["backend"],
         )
+        revision = GaugeMetricFamily(
+            "controller_backend_revision",
+            "Each backend's revisions: the target (what it rolls out or runs), the current (the "
+            "newest whose rollout completed) and the pending one (recorded while paused)",
+            labels=["backend", "kind"],
+        )
+        paused = GaugeMetricFamily(
+            "controller_backend_paused",
+            "1 while a backend's rollouts are paused",
+            labels=["backend"],
+        )
         for backend in self._status().backends:
+            rollout = backend.rollout
+            if rollout is not None:
+                for kind, number in (
+                    ("target", rollout.revision),
+                    ("current", rollout.current_revision),
+                    ("pending", rollout.pending_revision),
+                ):
+                    if number is not None:
+                        revision.add_metric([backend.name, kind], number)
+                paused.add_metric([backend.name], int(rollout.paused))
             in_flight.add_metric([backend.name], backend.load.in_flight)
             queued.add_metric([backend.name], backend.load.queued)
             for (version, state), n in sorted(
@@ -187,6 +222,8 @@ class _ReplicaCollector(Collector):
         yield queued
         yield target
         yield load
+        yield revision
+        yield paused
 
 
 #: For each timed runtime call: its histogram's label when it returns, when it raises, and when

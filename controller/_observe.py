@@ -26,6 +26,10 @@ class Observer(Protocol):
         """`backend`'s autoscaler changed its replica count from `before` to `after`."""
         ...
 
+    def rollout(self, backend: str, outcome: str) -> None:
+        """A rollout of `backend` ended: `outcome` is complete or failed."""
+        ...
+
     def forgotten(self, backend: str) -> None:
         """`backend` was deleted: whatever is kept per backend can go."""
         ...
@@ -41,6 +45,9 @@ class NullObserver:
         pass
 
     def autoscaled(self, backend: str, before: int, after: int) -> None:
+        pass
+
+    def rollout(self, backend: str, outcome: str) -> None:
         pass
 
     def forgotten(self, backend: str) -> None:

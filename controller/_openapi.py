@@ -8,10 +8,11 @@ against a real daemon check both.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from ._config import NAME_PATTERN, BackendConfig, ReplicaConfig, field_schemas
 from ._load_wire import MAX_LOAD_BACKENDS, MAX_LOAD_COUNT, MAX_LOAD_REPLICAS, SOURCE_PATTERN
+from ._revisions import MAX_MANIFEST, MAX_MESSAGE, VIA, RevisionOutcome
 from ._state import BackendState, ReplicaState
 
 
@@ -35,6 +36,21 @@ _COUNT = {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}
 _BOOL = {"type": "boolean"}
 _NULLABLE_STRING = {"type": ["string", "null"]}
 _JSON_BODY = "application/json"
+#: The largest revision number a request may name (a signed 64-bit integer's, as for counts in
+#: a query): a larger one is a mistake, refused as such rather than looked for.
+MAX_REVISION = 2**63 - 1
+_REVISION = {"type": "integer", "minimum": 1}
+_NULLABLE_REVISION = {"type": ["integer", "null"], "minimum": 1}
+#: One line of text: no control characters (Cause's rule for its message and manifest).
+_ONE_LINE = r"^[^\x00-\x1f\x7f]*$"
+_MESSAGE_TEXT = {"type": "string", "maxLength": MAX_MESSAGE, "pattern": _ONE_LINE}
+_SAYS = (
+    "What the person says of the change, kept in the revision it makes (one line, at most "
+    f"{MAX_MESSAGE} characters)"
+)
+_MESSAGE = {**_MESSAGE_TEXT, "type": ["string", "null"], "description": _SAYS}
+#: Who asks, over HTTP: a client of the API, or the CLI through it.
+_VIA = {"enum": ["api", "cli"], "description": "Who asks: `api` (the default) or `cli`"}
 
 #: Why each error status comes: the same text wherever the status is documented.
 _ERRORS = {
@@ -42,8 +58,13 @@ _ERRORS = {
     "a parameter of the wrong type)",
     "401": "No token, or a wrong one",
     "404": "No such backend",
+    "404-revision": "No such backend, or it keeps no such revision (UnknownRevision)",
     "409": "Valid, but it cannot be placed on the runtime (beside what runs already), or its "
     "route leads to another backend (RouteConflict); nothing was applied",
+    "409-rollout": "Refused as the backend is now, with the reason as the error's type: Paused "
+    "(resume it first), Deleting, NoGoodRevision (no earlier revision completed: name one), or "
+    "CodeChanged (the entrypoint's source on disk is not the revision's: undo with force); "
+    "nothing was written",
     "413": "The body is over 1 MiB",
     "415": "The body is not sent as application/json",
     "422": "The body is JSON but breaks a rule; `problems` lists each, naming the field",
@@ -64,11 +85,15 @@ def _op(
     body: str | None = None,
     parameters: list[dict[str, Any]] | None = None,
     description: str | None = None,
+    body_required: bool = True,
 ) -> dict[str, Any]:
+    """An operation; each of `errors` is a status (``"409"``), or one with the reason it has
+    here (``"409-rollout"``: a key of ``_ERRORS``)."""
     responses = dict(ok)
-    for code in ("401", *errors):
+    for key in ("401", *errors):
+        code = key.partition("-")[0]
         response: dict[str, Any] = {
-            "description": _ERRORS[code],
+            "description": _ERRORS[key],
             "content": {_JSON_BODY: {"schema": _ref("Error")}},
         }
         if code == "401":
@@ -82,7 +107,10 @@ def _op(
     if parameters:
         op["parameters"] = parameters
     if body is not None:
-        op["requestBody"] = {"required": True, "content": {_JSON_BODY: {"schema": _ref(body)}}}
+        op["requestBody"] = {
+            "required": body_required,
+            "content": {_JSON_BODY: {"schema": _ref(body)}},
+        }
     return op
 
 
@@ -153,6 +181,15 @@ _DECISION = {
     ]
 }
 
+_OUTCOMES: tuple[str, ...] = get_args(RevisionOutcome)
+#: What a revision's replicas run, in the fields a deploy names them by.
+_REVISION_CONFIG = _obj(
+    {
+        **field_schemas(ReplicaConfig),
+        **{key: _BACKEND_FIELDS[key] for key in ("version", "user_config", "resources")},
+    }
+)
+
 _SCHEMAS: dict[str, Any] = {
     "Error": {
         "type": "object",
@@ -183,7 +220,129 @@ _SCHEMAS: dict[str, Any] = {
             "description": "The backends of a manifest, by name",
         },
         prune={**_BOOL, "description": "Delete every backend not named here"},
-        source={**_STRING, "description": "Where the manifest came from, for messages"},
+        source={
+            **_STRING,
+            "maxLength": MAX_MANIFEST,
+            "pattern": _ONE_LINE,
+            "description": "Where the manifest came from (the CLI sends its file's path): for "
+            "messages, and kept as the manifest of the revisions it makes",
+        },
+        source_digest={
+            "type": ["string", "null"],
+            "pattern": "^[0-9a-f]{1,128}$",
+            "description": "The SHA-256 of the manifest file's bytes, in lowercase hex, kept "
+            "beside `source` (two versions of one file tell apart)",
+        },
+        message=_MESSAGE,
+        via=_VIA,
+    ),
+    "Undo": _obj(
+        {},
+        to_revision={
+            **_NULLABLE_REVISION,
+            "maximum": MAX_REVISION,
+            "description": "The revision whose content to bring back (see its revisions); "
+            "left out or null: the newest that completed with every replica serving",
+        },
+        force={
+            **_BOOL,
+            "description": "Undo even if the entrypoint's source on disk is not what the "
+            "revision recorded (it would run today's code under the old config)",
+        },
+        message=_MESSAGE,
+        via=_VIA,
+    ),
+    "RolloutAccepted": _obj(
+        {
+            "name": _STRING,
+            "generation": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "The spec's generation: wait for its goal as after a deploy",
+            },
+            "revision": {
+                **_NULLABLE_REVISION,
+                "description": "The revision the backend rolls out, or runs",
+            },
+            "restores": {
+                **_NULLABLE_REVISION,
+                "description": "That revision came from an undo: the one it brings back",
+            },
+            "paused": _BOOL,
+            "pending_revision": {
+                **_NULLABLE_REVISION,
+                "description": "While paused: the revision a resume rolls out",
+            },
+        }
+    ),
+    "Rollout": _obj(
+        {
+            "revision": {
+                **_NULLABLE_REVISION,
+                "description": "The target: the revision it rolls out, or runs once that is done",
+            },
+            "current_revision": {
+                **_NULLABLE_REVISION,
+                "description": "The newest revision whose rollout completed",
+            },
+            "outcome": {"enum": [*_OUTCOMES, None]},
+            "paused": _BOOL,
+            "pending_revision": {
+                **_NULLABLE_REVISION,
+                "description": "While paused: the revision a resume rolls out",
+            },
+            "error": _NULLABLE_STRING,
+            "restores": _NULLABLE_REVISION,
+            "automatic": {**_BOOL, "description": "`revision` came from an automatic rollback"},
+        }
+    ),
+    "Cause": _obj(
+        {
+            "via": {"enum": list(VIA)},
+            "message": _NULLABLE_STRING,
+            "manifest": _NULLABLE_STRING,
+            "manifest_digest": _NULLABLE_STRING,
+        }
+    ),
+    "Revision": _obj(
+        {
+            "number": _REVISION,
+            "version": {
+                **_STRING,
+                "description": "Its replicas' version (`gen-N` when its config names none)",
+            },
+            "digest": {**_STRING, "description": "A fingerprint of what its replicas run"},
+            "created_at": {"type": ["string", "null"], "format": "date-time"},
+            "cause": _ref("Cause"),
+            "code": {
+                "oneOf": [
+                    {"type": "null"},
+                    _obj({"module": _STRING, "digest": _STRING, "files": _COUNT}),
+                ],
+                "description": "The entrypoint module's source when it was made (null: not "
+                "found on the controller's path, so not pinned)",
+            },
+            "code_changed": {
+                "type": ["boolean", "null"],
+                "description": "The source on disk is not `code` any more (null: cannot tell)",
+            },
+            "outcome": {"enum": list(_OUTCOMES)},
+            "error": _NULLABLE_STRING,
+            "good": {
+                **_BOOL,
+                "description": "It completed with replicas serving: a plain undo may go back to it",
+            },
+            "restores": {
+                **_NULLABLE_REVISION,
+                "description": "Made by an undo or a rollback: the revision it brings back",
+            },
+            "automatic": {**_BOOL, "description": "Made by an automatic rollback"},
+            "current": {**_BOOL, "description": "The one the backend rolls out, or runs"},
+            "config": _REVISION_CONFIG,
+        }
+    ),
+    "RevisionList": _obj(
+        {"name": _STRING, "revisions": {"type": "array", "items": _ref("Revision")}}
     ),
     "Replica": _REPLICA,
     "Event": _obj(
@@ -215,6 +374,10 @@ _SCHEMAS: dict[str, Any] = {
             "autoscaler": {
                 "oneOf": [{"type": "null"}, _ref("Autoscaler")],
                 "description": "Its autoscaler, if it is autoscaled",
+            },
+            "rollout": {
+                "oneOf": [{"type": "null"}, _ref("Rollout")],
+                "description": "Its revisions' rollout: the target and the current revision",
             },
         }
     ),
@@ -361,7 +524,12 @@ with the same headers and no body; a method a path does not take gets 405 with `
 Deploys and deletes are asynchronous: they answer once the change is stored, and the backend then
 converges. To wait, read `GET /api/v1/backends/{name}` until `goal_done` is true for the
 `generation` the change returned (after a delete, until the GET answers 404), or follow
-`GET /api/v1/watch`."""
+`GET /api/v1/watch`.
+
+A deploy that changes what replicas run makes a revision, with its cause (`api` or `cli`, the
+manifest and its digest, a `message`). `POST .../undo` brings an earlier revision's content back
+as a new revision; `POST .../pause` records later deploys without rolling them out, until
+`POST .../resume`. These answer 202 with a generation to wait for, as a deploy's."""
 
 OPENAPI: dict[str, Any] = {
     "openapi": "3.1.0",
@@ -418,6 +586,7 @@ OPENAPI: dict[str, Any] = {
                     _json("200", "Stored; the backend converges from here", "Accepted"),
                     *_WRITE_ERRORS,
                     body="Backend",
+                    parameters=[_query("message", _MESSAGE_TEXT, _SAYS)],
                 ),
                 "operationId": "deployBackend",
             },
@@ -462,6 +631,65 @@ OPENAPI: dict[str, Any] = {
                             "Only what was written after this offset (from an earlier answer)",
                         ),
                     ],
+                ),
+            },
+        },
+        "/api/v1/backends/{name}/revisions": {
+            "parameters": [_NAME],
+            "get": {
+                "operationId": "getRevisions",
+                **_op(
+                    "A backend's revisions, oldest first",
+                    _json("200", "Each kept revision, with its cause and outcome", "RevisionList"),
+                    "404",
+                ),
+            },
+        },
+        "/api/v1/backends/{name}/undo": {
+            "parameters": [_NAME],
+            "post": {
+                "operationId": "undoBackend",
+                **_op(
+                    "Undo: roll back to an earlier revision's content, as a new revision",
+                    _json("202", "Stored; the backend rolls back from here", "RolloutAccepted"),
+                    "400",
+                    "404-revision",
+                    "409-rollout",
+                    "413",
+                    "415",
+                    "422",
+                    "503",
+                    body="Undo",
+                    body_required=False,
+                    description="The scale and settings stay as they are now; only what the "
+                    "replicas run goes back. Undo to the content that runs already changes "
+                    "nothing. Without a body: to the last good revision.",
+                ),
+            },
+        },
+        "/api/v1/backends/{name}/pause": {
+            "parameters": [_NAME],
+            "post": {
+                "operationId": "pauseBackend",
+                **_op(
+                    "Pause: record later deploys as revisions without rolling them out",
+                    _json("202", "Stored (a rollout under way goes on)", "RolloutAccepted"),
+                    "404",
+                    "409-rollout",
+                    "503",
+                ),
+            },
+        },
+        "/api/v1/backends/{name}/resume": {
+            "parameters": [_NAME],
+            "post": {
+                "operationId": "resumeBackend",
+                **_op(
+                    "Resume: roll out what was deployed while paused, and stop pausing",
+                    _json("202", "Stored; the pending revision rolls out", "RolloutAccepted"),
+                    "404",
+                    "409-rollout",
+                    "503",
                 ),
             },
         },
@@ -519,5 +747,13 @@ OPENAPI: dict[str, Any] = {
 _deployed = OPENAPI["paths"]["/api/v1/backends/{name}"]["put"]["responses"]["200"]
 _deployed["links"] = {
     op: {"operationId": op, "parameters": {"name": "$response.body#/name"}}
-    for op in ("getBackend", "deleteBackend", "getLogs")
+    for op in (
+        "getBackend",
+        "deleteBackend",
+        "getLogs",
+        "getRevisions",
+        "undoBackend",
+        "pauseBackend",
+        "resumeBackend",
+    )
 }

@@ -15,7 +15,7 @@ import trio
 
 from ._backend import Backend
 from ._capacity import shortfalls
-from ._checkpoint import events_key, parse_all, replicas_key
+from ._checkpoint import RevisionsRecord, events_key, parse_all, replicas_key, revisions_key
 from ._history import plural
 from ._placement import Demand
 from ._replica import Spec
@@ -29,7 +29,7 @@ logger = logging.getLogger("controller")
 async def recover(
     store: Store,
     runtime: Runtime,
-    new_backend: Callable[[str, Spec], Backend],
+    new_backend: Callable[[str, Spec, RevisionsRecord | None], Backend],
     nursery: trio.Nursery,
 ) -> None:
     """Rebuild every stored backend with `new_backend`, and start their tasks in `nursery`."""
@@ -39,13 +39,17 @@ async def recover(
     named: set[str] = set()
     gone: list[str] = []
     for name, record in sorted(checkpoint.specs.items()):
-        backend = new_backend(name, Spec.from_record(record))
+        backend = new_backend(name, Spec.from_record(record), checkpoint.revisions.get(name))
         gone += backend.restore(checkpoint.replicas.get(name), live, checkpoint.events.get(name))
         named.update(backend.replicas)
         backends.append(backend)
     strays = [
         key(name)
-        for records, key in ((checkpoint.replicas, replicas_key), (checkpoint.events, events_key))
+        for records, key in (
+            (checkpoint.replicas, replicas_key),
+            (checkpoint.events, events_key),
+            (checkpoint.revisions, revisions_key),
+        )
         for name in records
         if name not in checkpoint.specs
     ]

@@ -17,6 +17,7 @@ from ._checkpoint import (
     FailureRecord,
     ReplicaRecord,
     ReplicasRecord,
+    RolloutRecord,
     SpecRecord,
     dump_replica,
     join_replicas,
@@ -47,6 +48,13 @@ class Spec:
     rollback: tuple[str, JSON] | None = None
     """For an in-place change of user config: the digest and value of the config the replicas
     had before it, to go back to if the new one fails in a replica."""
+    revision: int | None = None
+    """The revision its replicas run (None only for a spec read from an older store, until
+    recovery gives it one)."""
+    paused: bool = False
+    """Rollouts are paused: later deploys are recorded, not rolled out."""
+    pending: int | None = None
+    """While paused: the revision to roll out on resume."""
 
     @classmethod
     def from_record(cls, record: SpecRecord) -> Spec:
@@ -69,6 +77,9 @@ class Spec:
             code_generation=record.code_generation or record.generation,
             config_digest=digest(config.user_config),
             rollback=rollback,
+            revision=record.revision,
+            paused=record.paused,
+            pending=record.pending,
         )
 
     def config_to_hold(self, *, rolled_back: bool) -> tuple[str, JSON]:
@@ -108,6 +119,25 @@ class Spec:
             resources=self.backend_config.resources,
         )
 
+    def to_record(self, name: str) -> SpecRecord:
+        """The record this spec was read from (its rollback config as stored)."""
+        rollback = None
+        if self.rollback is not None:
+            rollback = json.dumps(self.rollback[1], separators=(",", ":"), allow_nan=False)
+        return SpecRecord(
+            name,
+            self.generation,
+            self.backend_config,
+            self.replica_config,
+            deleting=self.deleting,
+            force=self.force,
+            rollback_config=rollback,
+            code_generation=self.code_generation,
+            revision=self.revision,
+            paused=self.paused,
+            pending=self.pending,
+        )
+
 
 def deploy_record(
     name: str,
@@ -116,9 +146,15 @@ def deploy_record(
     replica_config: ReplicaConfig,
     *,
     held: tuple[str, JSON] | None = None,
+    code_generation: int | None = None,
+    revision: int | None = None,
+    paused: bool = False,
+    pending: int | None = None,
 ) -> SpecRecord:
     """The record of a deploy of these configs over `old` (the spec last asked, if any).
-    `held` is the config the replicas went back to when `old`'s own change of config failed."""
+    `held` is the config the replicas went back to when `old`'s own change of config failed.
+    `code_generation`: the generation whose code an unversioned config runs, when it brings
+    back a revision's (an undo); otherwise kept if the code is the same, else this one."""
     rollback = None
     version = backend_config.version
     digest_before, before = held or (
@@ -135,8 +171,11 @@ def deploy_record(
         # (never one that failed already).
         rollback = json.dumps(before, separators=(",", ":"), allow_nan=False)
     generation = old.generation + 1 if old is not None else 1
-    code_generation = None
-    if old is not None and _same_code(old, backend_config, replica_config):
+    if (
+        code_generation is None
+        and old is not None
+        and _same_code(old, backend_config, replica_config)
+    ):
         code_generation = old.code_generation
     return SpecRecord(
         name,
@@ -144,7 +183,10 @@ def deploy_record(
         backend_config,
         replica_config,
         rollback_config=rollback,
-        code_generation=code_generation,
+        code_generation=None if code_generation == generation else code_generation,
+        revision=revision,
+        paused=paused,
+        pending=pending,
     )
 
 
@@ -173,6 +215,7 @@ def delete_record(name: str, old: Spec, *, force: bool) -> SpecRecord:
         deleting=True,
         force=force,
         code_generation=old.code_generation,
+        revision=old.revision,
     )
 
 
@@ -216,6 +259,10 @@ class Replica:
     """When its next health check is due (inf: none scheduled)."""
     checking: bool = False
     """A health check is in flight (never more than one)."""
+    revision: int | None = None
+    """The revision it was started with, or last reconfigured to."""
+    ready_at: float = -math.inf
+    """When it last became ready (trio time): a rollout's ``min_ready_s`` counts from it."""
 
 
 #: The config digest of a replica whose reconfigure failed: what it holds is not known.
@@ -239,6 +286,7 @@ def record_text(
     replicas: Iterable[Replica],
     failed: FailureRecord | None = None,
     autoscale: AutoscaleRecord | None = None,
+    rollout: RolloutRecord | None = None,
 ) -> str:
     """The checkpoint of backend `name`'s replicas, from each one's cached entry (made anew only
     for those whose stored part changed: a record of 1,000 replicas does not re-encode 999)."""
@@ -250,11 +298,18 @@ def record_text(
             address = r.address if r.served else None
             r.record_json = dump_replica(
                 ReplicaRecord(
-                    r.tag, r.version, r.config_digest, stopping, created_ms, r.served, address
+                    r.tag,
+                    r.version,
+                    r.config_digest,
+                    stopping,
+                    created_ms,
+                    r.served,
+                    address,
+                    r.revision,
                 )
             )
         entries.append(r.record_json)
-    return join_replicas(name, entries, failed, autoscale)
+    return join_replicas(name, entries, failed, autoscale, rollout)
 
 
 @final
@@ -271,6 +326,8 @@ class ReplicaSet:
         """The current generation's deploy failed: stored, so that a restart does not retry it."""
         self.autoscale: Callable[[], AutoscaleRecord | None] = lambda: None
         """The autoscaler's state, stored with the replicas (set by an autoscaled backend)."""
+        self.rollout: Callable[[], RolloutRecord | None] = lambda: None
+        """How the rollout of the spec's revision goes, stored with the replicas."""
 
     def add(
         self,
@@ -279,9 +336,10 @@ class ReplicaSet:
         config_digest: str,
         state: ReplicaState = ReplicaState.STARTING,
         created_at: float | None = None,
+        revision: int | None = None,
     ) -> Replica:
         self._seq += 1
-        replica = Replica(tag, version, config_digest, state, self._seq)
+        replica = Replica(tag, version, config_digest, state, self._seq, revision=revision)
         replica.created_at = time.time() if state is ReplicaState.STARTING else created_at
         if state is not ReplicaState.STOPPING:
             # Made now, not when its task starts, so that a stop decided before the task runs
@@ -295,8 +353,11 @@ class ReplicaSet:
         del self.by_tag[tag]
         self._changed()
 
-    def set_config(self, replica: Replica, config_digest: str) -> None:
+    def set_config(self, replica: Replica, config_digest: str, revision: int | None = None) -> None:
+        """`replica` holds `config_digest` now (and runs `revision`, if given)."""
         replica.config_digest = config_digest
+        if revision is not None:
+            replica.revision = revision
         replica.record_json = None
         self._changed()
 
@@ -336,7 +397,9 @@ class ReplicaSet:
                 continue
             state = ReplicaState.STOPPING if rec.stopping else ReplicaState.RECOVERING
             created = None if rec.created_ms is None else rec.created_ms / 1000
-            replica = self.add(rec.tag, rec.version, rec.config_digest, state, created)
+            replica = self.add(
+                rec.tag, rec.version, rec.config_digest, state, created, rec.revision
+            )
             replica.adopted = True
             replica.served = rec.served
             if rec.served and rec.address is not None:
@@ -362,4 +425,6 @@ class ReplicaSet:
             self._changed()
 
     def record_text(self) -> str:
-        return record_text(self.name, self.by_tag.values(), self.failed, self.autoscale())
+        return record_text(
+            self.name, self.by_tag.values(), self.failed, self.autoscale(), self.rollout()
+        )

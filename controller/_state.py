@@ -63,6 +63,10 @@ BackendReason = Literal[
     "StartFailures",
     "Infeasible",
     "ReconfigureFailed",
+    "ProgressDeadlineExceeded",
+    "UnhealthyAfterReady",
+    "Undo",
+    "RollingBack",
     "Deleting",
 ]
 
@@ -212,6 +216,28 @@ class AutoscalerStatus:
 
 
 @attrs.frozen
+class RolloutStatus:
+    """A backend's rollouts, as status reports them."""
+
+    revision: int | None
+    """The revision it rolls out, or runs once that is complete (the target)."""
+    current_revision: int | None
+    """The newest revision whose rollout completed (what it last finished rolling out)."""
+    outcome: str | None
+    """How the rollout of `revision` goes: ``in_progress``, ``complete`` or ``failed``."""
+    paused: bool = False
+    """Later deploys are recorded, not rolled out, until a resume."""
+    pending_revision: int | None = None
+    """While paused: the revision a resume rolls out."""
+    error: str | None = None
+    """Why the rollout of `revision` failed, if it did."""
+    restores: int | None = None
+    """`revision` came from an undo or a rollback: the revision whose content it brings back."""
+    automatic: bool = False
+    """`revision` came from an automatic rollback."""
+
+
+@attrs.frozen
 class BackendStatus:
     """A backend, as ``status(name)`` reports it."""
 
@@ -251,6 +277,8 @@ class BackendStatus:
     """The replica count it moves to: the autoscaler's, or `num_replicas` (None: read that)."""
     autoscaler: AutoscalerStatus | None = None
     """Its autoscaler, if it is autoscaled."""
+    rollout: RolloutStatus | None = None
+    """Its revisions and their rollout."""
 
     @property
     def desired_replicas(self) -> int:

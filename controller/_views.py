@@ -10,7 +10,14 @@ import trio
 
 from ._autoscale import ScaleDecision
 from ._manifest import BackendDecl, config_to_dict
-from ._state import SERVING_STATES, AutoscalerStatus, BackendSnapshot, BackendStatus
+from ._revisions import Revision
+from ._state import (
+    SERVING_STATES,
+    AutoscalerStatus,
+    BackendSnapshot,
+    BackendStatus,
+    RolloutStatus,
+)
 
 
 def iso(wall_time: float | None) -> str | None:
@@ -77,6 +84,61 @@ def status_json(status: BackendStatus) -> dict[str, Any]:
             "self_reported": status.load.self_reported,
         },
         "autoscaler": _autoscaler_json(status.autoscaler, now),
+        "rollout": rollout_json(status.rollout),
+    }
+
+
+def rollout_json(rollout: RolloutStatus | None) -> dict[str, Any] | None:
+    if rollout is None:
+        return None
+    return {
+        "revision": rollout.revision,
+        "current_revision": rollout.current_revision,
+        "outcome": rollout.outcome,
+        "paused": rollout.paused,
+        "pending_revision": rollout.pending_revision,
+        "error": rollout.error,
+        "restores": rollout.restores,
+        "automatic": rollout.automatic,
+    }
+
+
+def revision_json(revision: Revision, *, current: bool) -> dict[str, Any]:
+    """One revision, as ``GET /api/v1/backends/{name}/revisions`` lists it; `current`: it is
+    the one the backend rolls out, or runs (its status's ``rollout.revision``)."""
+    content = revision.content
+    cause = revision.cause
+    code = revision.code
+    return {
+        "number": revision.number,
+        "version": revision.version,
+        "digest": revision.digest,
+        "created_at": iso(revision.created_at),
+        "cause": {
+            "via": cause.via,
+            "message": cause.message,
+            "manifest": cause.manifest,
+            "manifest_digest": cause.manifest_digest,
+        },
+        "code": (
+            None
+            if code is None
+            else {"module": code.module, "digest": code.digest, "files": code.files}
+        ),
+        "code_changed": revision.code_changed,
+        "outcome": revision.outcome,
+        "error": revision.error,
+        "good": revision.good,
+        "restores": revision.restores,
+        "automatic": revision.automatic,
+        "current": current,
+        # What its replicas run, in the fields a deploy names them by: what an undo brings back.
+        "config": {
+            **config_to_dict(content.replica_config),
+            "version": content.version,
+            "user_config": content.user_config,
+            "resources": dict(content.resources),
+        },
     }
 
 

@@ -46,7 +46,8 @@ async def test_apply_writes_every_spec_in_one_batch_and_prunes_in_it_too() -> No
     store = Batches()
     async with opened(FakeRuntime(auto_ready=True), store) as ctl:
         applied = await ctl.apply({"a": pair(1), "b": pair(2)})
-        assert {"spec/a", "spec/b"} in store.batches
+        # Each spec with the revision it makes, in the same batch.
+        assert {"spec/a", "spec/b", "revisions/a", "revisions/b"} in store.batches
         assert applied.changed == {"a", "b"}
         assert [await goal.wait() for goal in applied.goals.values()] == [
             controller.GoalOutcome.COMPLETED
@@ -56,7 +57,7 @@ async def test_apply_writes_every_spec_in_one_batch_and_prunes_in_it_too() -> No
         assert again.changed == {"c"}  # a is unchanged: the same goal, no write of its spec
         assert again.goals["a"] is applied.goals["a"]
         assert set(again.deleted) == {"b"}
-        assert {"spec/c", "spec/b"} in store.batches
+        assert {"spec/c", "revisions/c", "spec/b"} in store.batches
         assert not any("spec/a" in batch for batch in store.batches)
         await again.deleted["b"].wait()
         assert [b.name for b in ctl.status().backends] == ["a", "c"]

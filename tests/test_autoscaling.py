@@ -39,6 +39,9 @@ class Scalings:
     def failure(self, backend: str, kind: str) -> None:
         pass
 
+    def rollout(self, backend: str, outcome: str) -> None:
+        pass
+
     def forgotten(self, backend: str) -> None:
         pass
 

@@ -8,6 +8,7 @@ sweep runs in seconds. ``nox -s reliability`` prints the counts.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -29,6 +30,40 @@ def deploy(n: int, version: str = "v1", user_config: object = None) -> Op:
         await (await ctl.deploy("a", cfg, RC)).wait()
 
     op.__name__ = f"deploy({n}, {version}, {user_config})"
+    return op
+
+
+def undo(to_revision: int) -> Op:
+    async def op(ctl: controller.Controller) -> None:
+        # Named, so that the retry after a crash is the same undo (a plain one done twice
+        # would go back and forth).
+        await (await ctl.undo("a", to_revision=to_revision)).wait()
+
+    op.__name__ = f"undo(to_revision={to_revision})"
+    return op
+
+
+def failed_release(n: int, version: str) -> Op:
+    """A release whose replicas cannot start, with on_failure = "rollback": its goal fails,
+    and the backend goes back to what ran before by itself."""
+
+    async def op(ctl: controller.Controller) -> None:
+        cfg = config(num_replicas=n, version=version, on_failure="rollback")
+        with contextlib.suppress(controller.GoalFailed):
+            await (await ctl.deploy("a", cfg, RC)).wait()
+
+        def rolled_back(c: controller.Controller) -> bool:
+            status = c.status("a")
+            rollout = status.rollout
+            return (
+                status.state is controller.BackendState.HEALTHY
+                and rollout is not None
+                and rollout.automatic
+            )
+
+        await ctl.wait_until(rolled_back)
+
+    op.__name__ = f"failed_release({n}, {version})"
     return op
 
 
@@ -55,13 +90,22 @@ SCENARIOS = [
     Scenario("rolling update of 10", [deploy(10, "v1")], [deploy(10, "v2")], floor=8),
     Scenario("reconfigure 10", [deploy(10, user_config=1)], [deploy(10, user_config=2)]),
     Scenario("delete 5", [deploy(5)], [delete]),
+    # Back to revision 1 from 2: v1's replicas are started anew, v2's drained, as any update.
+    Scenario("undo of 10", [deploy(10, "v1"), deploy(10, "v2")], [undo(1)], floor=8),
+    # v2 never starts: nothing of v1 is stopped, before, during or after the rollback.
+    Scenario(
+        "automatic rollback of 10",
+        [deploy(10, "v1")],
+        [failed_release(10, "bad")],
+        floor=10,
+    ),
 ]
 
 
 async def run_scenario(
     scenario: Scenario, crash_at: int | None, after: bool
 ) -> tuple[FaultInjector, FakeRuntime, controller.MemoryStore]:
-    rt = FakeRuntime(auto_ready=True)
+    rt = FakeRuntime(auto_ready=True, failing_starts={"bad"})
     store = controller.MemoryStore()
     async with opened(rt, store) as ctl:
         for op in scenario.setup:

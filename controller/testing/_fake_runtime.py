@@ -94,6 +94,8 @@ class FakeRuntime:
     - ``auto_reconfigure=False``: reconfigures wait for ``finish_reconfigure(tag)`` or
       ``fail_reconfigure(tag, ...)``, so that UPDATING can be seen on purpose.
     - ``hung_drains``: entrypoints whose replicas never finish a drain on their own.
+    - ``failing_starts``: versions whose starts fail at once (a release that cannot start),
+      whatever ``auto_ready`` says.
     - ``crash(tag)``: a running replica dies on its own, and the controller is told.
     - ``capacity``: one mapping (one node) or a list of them (several nodes) for feasibility.
     - ``max_replicas``: how many replicas each node holds at all (its ``replica_slots``),
@@ -111,6 +113,7 @@ class FakeRuntime:
         auto_drain: bool = True,
         auto_reconfigure: bool = True,
         hung_drains: Collection[str] = (),
+        failing_starts: Collection[str] = (),
         capacity: Mapping[str, float] | Sequence[Mapping[str, float]] | None = None,
         max_replicas: int = 100_000,
         record_history: bool = True,
@@ -119,6 +122,7 @@ class FakeRuntime:
         self.auto_drain = auto_drain
         self.auto_reconfigure = auto_reconfigure
         self.hung_drains = frozenset(hung_drains)
+        self.failing_starts = frozenset(failing_starts)
         if capacity is None:
             nodes: list[dict[str, float]] = [{}]
         elif isinstance(capacity, Sequence):
@@ -253,7 +257,10 @@ class FakeRuntime:
         self.replicas[spec.tag] = replica
         self.start_calls += 1
         self._note(spec.tag, "start")
-        if self.auto_ready:
+        if spec.version in self.failing_starts:
+            await trio.lowlevel.checkpoint()
+            self.fail_start(spec.tag, "ValueError", f"version {spec.version} cannot start")
+        elif self.auto_ready:
             self._ready(replica)
             await trio.lowlevel.checkpoint()
         else:

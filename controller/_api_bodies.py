@@ -1,0 +1,79 @@
+"""The bodies and queries of the API's requests that change specs, parsed and checked before
+anything is written: each fault is a 422 (or 415) naming the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._errors import ConfigError
+from ._http import HTTPError, Receive, Scope, parse_json, read_body
+from ._manifest import BackendDecl, parse_backend
+from ._numbers import whole
+from ._openapi import MAX_REVISION
+from ._revisions import Cause
+
+#: Who may be named as asking, over HTTP: the API itself, or the CLI through it.
+_VIA = ("api", "cli")
+
+
+def backend_from_body(name: str, data: Any) -> BackendDecl:
+    decl, problems = parse_backend(name, data)
+    if decl is None:
+        raise HTTPError(422, "InvalidBackend", "; ".join(problems), problems=problems)
+    return decl
+
+
+def cause_of(
+    *,
+    via: object,
+    message: object = None,
+    manifest: object = None,
+    manifest_digest: object = None,
+) -> Cause:
+    """The cause of a change asked over HTTP, checked before anything is written (422 naming
+    the field: ``cause.message`` and the like)."""
+    if via not in _VIA:
+        # "python" is for calls in the controller's own process, which a request is not.
+        raise HTTPError(422, "Invalid", f'via: must be "api" or "cli" (got {via!r:.40})')
+    try:
+        return Cause(via=via, message=message, manifest=manifest, manifest_digest=manifest_digest)
+    except ConfigError as exc:
+        raise HTTPError(422, "Invalid", str(exc), problems=[str(exc)]) from None
+
+
+async def optional_json(scope: Scope, receive: Receive) -> Any:
+    """A body that may be left out: none at all (or an empty one) reads as ``{}``. One that is
+    sent must be JSON, sent as such."""
+    if not any(key == b"content-type" for key, _ in scope["headers"]):
+        # Read under the same bound as any body, only to learn that nothing was sent.
+        headers = [*scope["headers"], (b"content-type", b"application/json")]
+        if await read_body({**scope, "headers": headers}, receive):
+            raise HTTPError(
+                415, "UnsupportedMediaType", "the body must be sent as application/json"
+            )
+        return {}
+    body = await read_body(scope, receive)
+    return parse_json(body) if body else {}
+
+
+def undo_request(data: Any) -> tuple[int | None, bool, Cause]:
+    """An undo's body: ``{"to_revision": N | null, "force": bool, "message": str | null,
+    "via": "api" | "cli"}``, every field optional."""
+    if not isinstance(data, dict):
+        raise HTTPError(422, "Invalid", "the body must be an object")
+    unknown = sorted(set(data) - {"to_revision", "force", "message", "via"})
+    if unknown:
+        raise HTTPError(422, "Invalid", f"unknown fields: {', '.join(unknown)}")
+    to_revision = data.get("to_revision")
+    if to_revision is not None:
+        number = whole(to_revision)
+        if number is None or not 1 <= number <= MAX_REVISION:
+            raise HTTPError(
+                422, "Invalid", "to_revision: must be a revision's number (a whole number >= 1)"
+            )
+        to_revision = number
+    force = data.get("force", False)
+    if not isinstance(force, bool):
+        raise HTTPError(422, "Invalid", "force: must be true or false")
+    cause = cause_of(via=data.get("via", "api"), message=data.get("message"))
+    return to_revision, force, cause

@@ -1,0 +1,241 @@
+"""What each change of a backend's spec writes: the spec record, and its revisions when they
+change. Pure functions of the spec before, the revisions kept and the request; the controller
+checks and commits (one store batch for both keys).
+
+- A deploy whose replicas would run something new makes a revision (while paused, one that is
+  only recorded: the pending one); a deploy of the same content changes the spec only.
+- An undo deploys an earlier revision's content as a new revision (numbers only grow), with
+  the scale and settings of now.
+- A pause and a resume change the spec only; a resume rolls out the pending revision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import attrs
+
+from ._checkpoint import RevisionsRecord, SpecRecord
+from ._code import CodeDigest
+from ._config import BackendConfig, ReplicaConfig
+from ._json import JSON
+from ._replica import Spec, deploy_record
+from ._revisions import (
+    Cause,
+    Revision,
+    RevisionBook,
+    content_of,
+    make_revision,
+    superseded,
+    trim,
+    with_content,
+)
+
+
+@attrs.frozen
+class SpecChange:
+    """One backend's spec record to write, and its revisions, if they change."""
+
+    record: SpecRecord
+    revisions: list[Revision] | None = None
+
+
+#: How the controller reads the code of an entrypoint now (None: not found).
+CodeOf = Callable[[str], CodeDigest | None]
+
+
+def asked(old: Spec, book: RevisionBook) -> tuple[BackendConfig, ReplicaConfig]:
+    """The configs last asked of a backend: its spec's, but for the replicas of the revision
+    recorded while paused, if there is one."""
+    pending = book.get(old.pending)
+    if pending is None:
+        return old.backend_config, old.replica_config
+    content = pending.content
+    return with_content(old.backend_config, content), content.replica_config
+
+
+def deploy_change(
+    name: str,
+    old: Spec | None,
+    book: RevisionBook,
+    configs: tuple[BackendConfig, ReplicaConfig],
+    *,
+    cause: Cause,
+    code_of: CodeOf,
+    now: float,
+    held: tuple[str, JSON] | None,
+    live: Iterable[int | None],
+) -> SpecChange:
+    """A deploy of `configs` over `old` (None: a new backend)."""
+    backend_config, replica_config = configs
+    content = content_of(backend_config, replica_config)
+    revisions = list(book.revisions)
+    generation = 1 if old is None else old.generation + 1
+    running = None if old is None or old.deleting else book.get(old.revision)
+
+    def new(outcome: str) -> Revision:
+        return make_revision(
+            book.next_number,
+            content,
+            now=now,
+            cause=cause,
+            code=code_of(replica_config.entrypoint),
+            code_generation=generation,
+            outcome="pending" if outcome == "pending" else "in_progress",
+        )
+
+    if old is not None and running is not None and old.paused:
+        # Recorded, not rolled out: the replicas keep the running revision's content; the
+        # scale and settings of the deploy apply at once, as in Kubernetes.
+        pending = old.pending
+        kept = book.get(pending)
+        if content.digest == running.digest:
+            pending = None  # back to what runs: nothing left to roll out
+        elif kept is None or kept.digest != content.digest:
+            revisions.append(new("pending"))
+            pending = revisions[-1].number
+        if pending != old.pending:
+            revisions = superseded(revisions, [old.pending])
+        record = deploy_record(
+            name,
+            old,
+            with_content(backend_config, running.content),
+            running.content.replica_config,
+            held=held,
+            revision=old.revision,
+            paused=True,
+            pending=pending,
+        )
+        return _change(record, revisions, backend_config, live)
+    if old is not None and running is not None and running.digest == content.digest:
+        # The same replicas: a change of scale or settings, no revision.
+        record = deploy_record(
+            name, old, backend_config, replica_config, held=held, revision=old.revision
+        )
+        return SpecChange(record)
+    record = deploy_record(
+        name, old, backend_config, replica_config, held=held, revision=book.next_number
+    )
+    revision = attrs.evolve(new("in_progress"), code_generation=_code_generation(record))
+    revisions = [*superseded(revisions, [None if old is None else old.revision]), revision]
+    return _change(record, revisions, backend_config, live)
+
+
+def undo_change(
+    name: str,
+    old: Spec,
+    book: RevisionBook,
+    target: Revision,
+    *,
+    cause: Cause,
+    code_of: CodeOf,
+    now: float,
+    held: tuple[str, JSON] | None,
+    live: Iterable[int | None],
+    automatic: bool = False,
+) -> SpecChange:
+    """Back to `target`'s content as a new revision, with the scale and settings of now. An
+    unversioned revision keeps its ``gen-N``, so that replicas still running it are kept."""
+    content = target.content
+    record = deploy_record(
+        name,
+        old,
+        with_content(old.backend_config, content),
+        content.replica_config,
+        held=held,
+        code_generation=target.code_generation,
+        revision=book.next_number,
+    )
+    revision = make_revision(
+        book.next_number,
+        content,
+        now=now,
+        cause=cause,
+        code=code_of(content.replica_config.entrypoint),
+        code_generation=_code_generation(record),
+        restores=target.number,
+        automatic=automatic,
+    )
+    revisions = [*superseded(book.revisions, [old.revision]), revision]
+    return _change(record, revisions, record.backend_config, live)
+
+
+def pause_change(name: str, old: Spec) -> SpecChange:
+    return SpecChange(attrs.evolve(old.to_record(name), generation=old.generation + 1, paused=True))
+
+
+def resume_change(
+    name: str,
+    old: Spec,
+    book: RevisionBook,
+    *,
+    held: tuple[str, JSON] | None,
+    live: Iterable[int | None],
+) -> SpecChange:
+    """Unpaused; the pending revision, if any, is rolled out now."""
+    pending = book.get(old.pending)
+    if pending is None:
+        record = attrs.evolve(
+            old.to_record(name), generation=old.generation + 1, paused=False, pending=None
+        )
+        return SpecChange(record)
+    content = pending.content
+    record = deploy_record(
+        name,
+        old,
+        with_content(old.backend_config, content),
+        content.replica_config,
+        held=held,
+        code_generation=pending.code_generation,
+        revision=pending.number,
+    )
+    revisions = superseded(book.revisions, [old.revision])
+    revisions = [
+        attrs.evolve(r, outcome="in_progress") if r.number == pending.number else r
+        for r in revisions
+    ]
+    return _change(record, revisions, record.backend_config, live)
+
+
+def _code_generation(record: SpecRecord) -> int:
+    return record.code_generation or record.generation
+
+
+def _change(
+    record: SpecRecord,
+    revisions: list[Revision],
+    config: BackendConfig,
+    live: Iterable[int | None],
+) -> SpecChange:
+    """The change, with the history trimmed to the config's limit: never a revision a live
+    replica runs, the one the spec runs or holds pending, or the one an undo would go to."""
+    after = RevisionBook(revisions)
+    running = after.get(record.revision)
+    good = after.last_good(unlike=None if running is None else running.digest)
+    keep = {record.revision, record.pending, None if good is None else good.number, *live}
+    kept = (n for n in keep if n is not None)
+    return SpecChange(record, trim(revisions, config.revision_history_limit, kept))
+
+
+def restored(
+    spec: Spec, kept: RevisionsRecord | None, code_of: CodeOf, now: float
+) -> tuple[Spec, RevisionBook]:
+    """A stored spec and its revisions, as recovery holds them. A store from before revisions
+    (or one whose history lost the spec's) gets one for what runs, written with the next
+    change; a pending revision that is not kept is dropped."""
+    book = RevisionBook(() if kept is None else kept.revisions)
+    if book.get(spec.revision) is None:
+        replica_config = spec.replica_config
+        revision = make_revision(
+            book.next_number,
+            content_of(spec.backend_config, replica_config),
+            now=now,
+            cause=Cause("controller", "recorded at recovery: the store kept no revision of it"),
+            code=code_of(replica_config.entrypoint),
+            code_generation=spec.code_generation,
+        )
+        book.revisions.append(revision)
+        spec = attrs.evolve(spec, revision=revision.number)
+    if book.get(spec.pending) is None:
+        spec = attrs.evolve(spec, pending=None)
+    return spec, book

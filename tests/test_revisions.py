@@ -1,0 +1,81 @@
+"""Revisions as data: what a revision's content is, the cause's rules, and the history's trim."""
+
+from __future__ import annotations
+
+import pytest
+
+import controller
+from controller import Cause, ConfigError
+from controller._revisions import (
+    MAX_HISTORY_BYTES,
+    Revision,
+    content_of,
+    make_revision,
+    trim,
+)
+
+RC = controller.ReplicaConfig("app.replica:Echo")
+
+
+def revision(number: int, user_config: controller.JSON = None) -> Revision:
+    config = controller.BackendConfig(version=f"v{number}", user_config=user_config)
+    return make_revision(
+        number, content_of(config, RC), now=0.0, cause=Cause(), code=None, code_generation=1
+    )
+
+
+def test_content_is_what_replicas_run_and_nothing_else() -> None:
+    one = content_of(controller.BackendConfig(num_replicas=1, user_config={"a": 1, "b": 2}), RC)
+    other = content_of(
+        controller.BackendConfig(
+            num_replicas=9,
+            user_config={"b": 2, "a": 1},
+            max_surge=3,
+            route_prefix="/x",
+            progress_deadline_s=5,
+            on_failure="rollback",
+        ),
+        RC,
+    )
+    assert one.digest == other.digest  # scale, settings and key order do not count
+    for changed in (
+        controller.BackendConfig(version="v2"),
+        controller.BackendConfig(user_config=1),
+        controller.BackendConfig(resources={"CPU": 1}),
+    ):
+        assert content_of(changed, RC).digest != content_of(controller.BackendConfig(), RC).digest
+    args = controller.ReplicaConfig("app.replica:Echo", init_kwargs={"x": 1})
+    assert content_of(controller.BackendConfig(), args).digest != one.digest
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"via": "email"}, "cause.via"),
+        ({"message": "x" * 1001}, "cause.message"),
+        ({"message": "two\nlines"}, "cause.message"),
+        ({"message": 3}, "cause.message"),
+        ({"manifest": "\x00"}, "cause.manifest"),
+        ({"manifest_digest": "ABC"}, "cause.manifest_digest"),
+        ({"manifest_digest": "a" * 129}, "cause.manifest_digest"),
+    ],
+)
+def test_a_bad_cause_names_its_field(fields: dict[str, object], field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Cause(**fields)
+    assert info.value.field == field
+
+
+def test_trim_keeps_the_newest_and_what_it_must() -> None:
+    history = [revision(n) for n in range(1, 11)]
+    assert [r.number for r in trim(history, 2, keep={4})] == [4, 8, 9, 10]
+    assert [r.number for r in trim(history, 0, keep=set())] == [10]
+    assert [r.number for r in trim(history, 100, keep=set())] == list(range(1, 11))
+
+
+def test_trim_keeps_the_history_under_its_byte_budget() -> None:
+    big = "x" * (MAX_HISTORY_BYTES // 4)
+    history = [revision(n, big) for n in range(1, 6)]
+    kept = trim(history, 10, keep={1})
+    # Revision 1 must stay (a live replica runs it), and the newest always does.
+    assert [r.number for r in kept] == [1, 4, 5]

@@ -1,0 +1,193 @@
+"""Rollouts as a user steers them: a daemon with real workers and its ingress, a bad release
+undone under traffic without one failed request, and revisions that outlive a kill -9 and a
+restart."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from .http_client import request
+from .test_daemon import LIMIT_S, Daemon, manifest, running, state_dir
+from .test_daemon_hardening import free_port
+
+__all__ = ["state_dir"]  # the fixture, shared with test_daemon
+
+
+def app(**fields: Any) -> dict[str, Any]:
+    return {
+        "entrypoint": "http_replica:HTTPReplica",
+        "num_replicas": 2,
+        "version": "v1",
+        "route_prefix": "/app",
+        "max_surge": 1,
+        "max_unavailable": 0,
+        "graceful_shutdown_timeout_s": 5,
+        **fields,
+    }
+
+
+async def until(daemon: Daemon, name: str, check: Any) -> dict[str, Any]:
+    """Follow the daemon's watch until `check(status of name)` holds; return that status."""
+    cursor, epoch = 0, ""
+    while True:
+        status: dict[str, Any] = (await daemon.status())[name]
+        if check(status):
+            return status
+        code, data = await daemon.http(
+            "GET", f"/api/v1/watch?since={cursor}&timeout_s=1&epoch={epoch}"
+        )
+        assert code == 200, data
+        cursor, epoch = data["cursor"], data["epoch"]
+
+
+def settled(version: str) -> Any:
+    def check(status: dict[str, Any]) -> bool:
+        return bool(
+            status["state"] == "HEALTHY"
+            and status["version"] == version
+            and all(r["version"] == version for r in status["replicas"])
+        )
+
+    return check
+
+
+async def revisions(daemon: Daemon, name: str) -> list[dict[str, Any]]:
+    code, data = await daemon.http("GET", f"/api/v1/backends/{name}/revisions")
+    assert code == 200, data
+    found: list[dict[str, Any]] = data["revisions"]
+    return found
+
+
+async def test_a_bad_release_undone_under_traffic_fails_no_request(state_dir: Path) -> None:
+    good, bad = state_dir / "good.toml", state_dir / "bad.toml"
+    good.write_text(manifest(app=app()))
+    # The bad release answers, slowly: a latency regression someone wants gone at once.
+    bad.write_text(manifest(app=app(version="v2", init_kwargs={"delay_ms": 150})))
+    port = free_port()
+    with trio.fail_after(LIMIT_S * 3):
+        async with running(
+            state_dir, "--config", str(good), "--ingress-listen", f"127.0.0.1:{port}"
+        ) as daemon:
+            await until(daemon, "app", settled("v1"))
+            result = await daemon.cli("apply", "-f", str(bad), "--wait", "--message", "faster?")
+            assert result.returncode == 0, result.stderr
+            await until(daemon, "app", settled("v2"))
+            traffic = Traffic(port)
+            async with trio.open_nursery() as nursery:
+                for _ in range(4):
+                    nursery.start_soon(traffic.send)
+                await traffic.answered(20)
+                result = await daemon.cli("rollout", "undo", "app", "--wait", "-m", "too slow")
+                assert result.returncode == 0, result.stderr
+                await traffic.answered(len(traffic.answers) + 20)
+                traffic.stop.set()
+            answers = traffic.answers
+            status = await until(daemon, "app", settled("v1"))
+            assert [code for code, _ in answers if code != 200] == []
+            assert len(answers) >= 40
+            serving = {r["tag"] for r in status["replicas"]}
+            assert {tag for _, tag in answers[-4:]} <= serving  # the last ones from v1
+            kept = await revisions(daemon, "app")
+            assert [(r["number"], r["version"], r["outcome"]) for r in kept] == [
+                (1, "v1", "complete"),
+                (2, "v2", "complete"),
+                (3, "v1", "complete"),
+            ]
+            assert kept[1]["cause"]["message"] == "faster?"
+            assert kept[1]["cause"]["via"] == "cli"
+            assert kept[1]["cause"]["manifest"] == str(bad)
+            assert (kept[2]["restores"], kept[2]["cause"]["message"]) == (1, "too slow")
+            assert status["rollout"]["revision"] == 3
+            history = await daemon.cli("rollout", "history", "app")
+            assert history.returncode == 0, history.stderr
+            lines = history.stdout.decode().splitlines()
+            assert len([line for line in lines if "complete" in line]) == 3, lines
+            _, metrics = await daemon.http("GET", "/metrics")
+            assert 'controller_backend_revision{backend="app",kind="target"} 3.0' in metrics
+
+
+@attrs.define
+class Traffic:
+    """Requests sent through the ingress one after another by a few tasks, each answer kept."""
+
+    port: int
+    answers: list[tuple[int, str]] = attrs.field(factory=list)
+    stop: trio.Event = attrs.field(factory=trio.Event)
+    _grew: trio.Event = attrs.field(factory=trio.Event)
+
+    async def send(self) -> None:
+        while not self.stop.is_set():
+            answer = await request(self.port, "/app/any")
+            ok = answer.status == 200
+            self.answers.append((answer.status, answer.json()["replica"] if ok else ""))
+            self._grew.set()
+            self._grew = trio.Event()
+
+    async def answered(self, count: int) -> None:
+        """Wait until `count` requests in all have been answered."""
+        while len(self.answers) < count:
+            await self._grew.wait()
+
+
+async def test_revisions_outlive_a_kill_9_and_a_restart(state_dir: Path) -> None:
+    # No config file: one applied at each start would be a deploy of its own.
+    args = ("--no-ingress",)
+    with trio.fail_after(LIMIT_S * 3):
+        async with trio.open_nursery() as nursery:
+            first = Daemon(state_dir)
+            await first.start(nursery, *args)
+            code, data = await first.http(
+                "PUT", "/api/v1/backends/app", json.dumps(app(num_replicas=1)).encode()
+            )
+            assert code == 200, data
+            await until(first, "app", settled("v1"))
+            body = json.dumps(app(num_replicas=1, version="v2")).encode()
+            code, data = await first.http("PUT", "/api/v1/backends/app?message=second", body)
+            assert code == 200, data
+            await until(first, "app", settled("v2"))
+            code, data = await first.http("POST", "/api/v1/backends/app/pause", b"")
+            assert code == 202, data
+            third = json.dumps(app(num_replicas=1, version="v3")).encode()
+            code, data = await first.http("PUT", "/api/v1/backends/app", third)
+            assert code == 200, data
+            before = await revisions(first, "app")
+            pids = sorted(r["pid"] for r in (await first.status())["app"]["replicas"])
+            assert first.process is not None
+            first.process.send_signal(signal.SIGKILL)
+            await first.process.wait()
+            # Again, on the same state dir: nothing lost, nothing restarted.
+            second = Daemon(state_dir)
+            await second.start(nursery, *args)
+            status = await until(second, "app", settled("v2"))
+            assert await revisions(second, "app") == before
+            assert sorted(r["pid"] for r in status["replicas"]) == pids
+            assert status["rollout"]["paused"] is True
+            assert status["rollout"]["pending_revision"] == 3
+            assert second.process is not None
+            second.process.send_signal(signal.SIGINT)  # Ctrl-C: the replicas stay
+            assert await second.process.wait() == 0
+            nursery.cancel_scope.cancel()
+        async with running(state_dir, *args) as third_daemon:
+            status = await until(third_daemon, "app", settled("v2"))
+            assert sorted(r["pid"] for r in status["replicas"]) == pids
+            code, data = await third_daemon.http("POST", "/api/v1/backends/app/resume", b"")
+            assert code == 202, data
+            await until(third_daemon, "app", settled("v3"))
+            kept = await revisions(third_daemon, "app")
+            assert [(r["number"], r["outcome"]) for r in kept] == [
+                (1, "complete"),
+                (2, "complete"),
+                (3, "complete"),
+            ]
+            assert kept[1]["cause"] == {
+                "via": "api",
+                "message": "second",
+                "manifest": None,
+                "manifest_digest": None,
+            }
