@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from ._config import ReplicaConfig as ReplicaConfig
     from ._controller import Applied as Applied
     from ._controller import Controller as Controller
-    from ._controller import open_controller as open_controller
     from ._errors import CheckpointError as CheckpointError
     from ._errors import CodeChangedError as CodeChangedError
     from ._errors import ConfigError as ConfigError
@@ -43,6 +42,7 @@ if TYPE_CHECKING:
     from ._json import JSON as JSON
     from ._local_runtime import LocalRuntime as LocalRuntime
     from ._memory_store import MemoryStore as MemoryStore
+    from ._open import open_controller as open_controller
     from ._policy import RestartPolicy as RestartPolicy
     from ._revisions import Cause as Cause
     from ._revisions import Revision as Revision
@@ -77,7 +77,7 @@ _HOME: dict[str, str] = {
     "ReplicaConfig": "._config",
     "Applied": "._controller",
     "Controller": "._controller",
-    "open_controller": "._controller",
+    "open_controller": "._open",
     "CodeDigest": "._code",
     "CheckpointError": "._errors",
     "CodeChangedError": "._errors",

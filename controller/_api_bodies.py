@@ -9,7 +9,7 @@ from ._errors import ConfigError
 from ._http import HTTPError, Receive, Scope, parse_json, read_body
 from ._manifest import BackendDecl, parse_backend
 from ._numbers import whole
-from ._openapi import MAX_REVISION
+from ._openapi_schemas import MAX_REVISION
 from ._revisions import Cause
 
 #: Who may be named as asking, over HTTP: the API itself, or the CLI through it.

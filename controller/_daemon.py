@@ -36,7 +36,7 @@ import trio
 from prometheus_client import generate_latest
 
 from ._api import Api, LogSource, apply_manifest
-from ._controller import Controller, open_controller
+from ._controller import Controller
 from ._errors import (
     CheckpointError,
     ConfigError,
@@ -51,6 +51,7 @@ from ._http import HTTPError
 from ._listen import bound
 from ._manifest import Manifest, load_manifest
 from ._metrics import Metrics
+from ._open import open_controller
 from ._replica_tasks import KILL_TIMEOUT_S
 from ._revisions import Cause
 from ._runtime import Runtime

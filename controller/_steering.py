@@ -134,18 +134,9 @@ def undo_change(
     live: Iterable[int | None],
     automatic: bool = False,
 ) -> SpecChange:
-    """Back to `target`'s content as a new revision, with the scale and settings of now. An
-    unversioned revision keeps its ``gen-N``, so that replicas still running it are kept."""
+    """Back to `target`'s content as a new revision, with the scale and settings of now."""
     content = target.content
-    record = deploy_record(
-        name,
-        old,
-        with_content(old.backend_config, content),
-        content.replica_config,
-        held=held,
-        code_generation=target.code_generation,
-        revision=book.next_number,
-    )
+    record = _running(name, old, target, book.next_number, held)
     revision = make_revision(
         book.next_number,
         content,
@@ -179,22 +170,31 @@ def resume_change(
             old.to_record(name), generation=old.generation + 1, paused=False, pending=None
         )
         return SpecChange(record)
-    content = pending.content
-    record = deploy_record(
-        name,
-        old,
-        with_content(old.backend_config, content),
-        content.replica_config,
-        held=held,
-        code_generation=pending.code_generation,
-        revision=pending.number,
-    )
+    record = _running(name, old, pending, pending.number, held)
     revisions = superseded(book.revisions, [old.revision])
     revisions = [
         attrs.evolve(r, outcome="in_progress") if r.number == pending.number else r
         for r in revisions
     ]
     return _change(record, revisions, record.backend_config, live)
+
+
+def _running(
+    name: str, old: Spec, revision: Revision, number: int, held: tuple[str, JSON] | None
+) -> SpecRecord:
+    """`old`'s spec (its scale and settings) running `revision`'s content, as revision
+    `number`. An unversioned revision keeps its ``gen-N``: replicas still running it are
+    kept."""
+    content = revision.content
+    return deploy_record(
+        name,
+        old,
+        with_content(old.backend_config, content),
+        content.replica_config,
+        held=held,
+        code_generation=revision.code_generation,
+        revision=number,
+    )
 
 
 def _code_generation(record: SpecRecord) -> int:

@@ -17,9 +17,10 @@ from typing import Any, TypeVar, final, overload
 import trio
 
 from .._config import BackendConfig, ReplicaConfig
-from .._controller import Controller, open_controller
+from .._controller import Controller
 from .._errors import ControllerClosedError
 from .._goal import Goal
+from .._open import open_controller
 from .._policy import RestartPolicy
 from .._runtime import Runtime
 from .._state import BackendSnapshot, BackendStatus, ControllerStatus, GoalOutcome

@@ -21,7 +21,7 @@ import attrs
 import trio
 
 from .._config import BackendConfig, ReplicaConfig
-from .._controller import open_controller
+from .._open import open_controller
 from .._runtime import Runtime
 from .._store import Store
 from .._wrap import RuntimeWrapper
