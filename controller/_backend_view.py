@@ -61,9 +61,7 @@ def status_of(
         name=name,
         state=state,
         reason=reason,
-        message=describe(spec, views, failures, converged=converged, desired=desired)
-        + (f"; paused, revision {spec.pending} pending" if spec.paused and spec.pending else "")
-        + ("; paused" if spec.paused and not spec.pending else ""),
+        message=describe(spec, views, failures, converged=converged, desired=desired),
         generation=spec.generation,
         observed_generation=observed_generation,
         backend_config=spec.backend_config,
@@ -193,6 +191,10 @@ def describe(
         parts.append("the new user config failed; replicas keep the one before it")
     elif failures.blocked is not None and "until the next deploy" not in parts[-1]:
         parts.append("no new starts until the next deploy")
+    if spec.paused:
+        parts.append(
+            "paused" if spec.pending is None else f"paused, revision {spec.pending} pending"
+        )
     return "; ".join(parts)
 
 
