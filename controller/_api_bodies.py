@@ -5,13 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._checkpoint import MAX_REVISION
 from ._errors import ConfigError
 from ._http import HTTPError, Receive, Scope, parse_json, read_body
 from ._manifest import BackendDecl, parse_backend
 from ._numbers import whole
-from ._openapi_schemas import MAX_REVISION
 from ._revisions import Cause
 
+#: The cause's fields as a request names them.
+_REQUEST_NAMES = {
+    "cause.message": "message",
+    "cause.manifest": "source",
+    "cause.manifest_digest": "source_digest",
+}
 #: Who may be named as asking, over HTTP: the API itself, or the CLI through it.
 _VIA = ("api", "cli")
 
@@ -31,14 +37,16 @@ def cause_of(
     manifest_digest: object = None,
 ) -> Cause:
     """The cause of a change asked over HTTP, checked before anything is written (422 naming
-    the field: ``cause.message`` and the like)."""
+    the request's field: ``message``, ``source``, ``source_digest``)."""
     if via not in _VIA:
         # "python" is for calls in the controller's own process, which a request is not.
         raise HTTPError(422, "Invalid", f'via: must be "api" or "cli" (got {via!r:.40})')
     try:
         return Cause(via=via, message=message, manifest=manifest, manifest_digest=manifest_digest)
     except ConfigError as exc:
-        raise HTTPError(422, "Invalid", str(exc), problems=[str(exc)]) from None
+        # Named as the request names it: the body's `source`, not the cause's `manifest`.
+        said = str(exc).replace(exc.field, _REQUEST_NAMES.get(exc.field, exc.field), 1)
+        raise HTTPError(422, "Invalid", said, problems=[said]) from None
 
 
 async def optional_json(scope: Scope, receive: Receive) -> Any:

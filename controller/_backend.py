@@ -293,6 +293,11 @@ class Backend:
 
     def _take_spec(self, spec: Spec, goal: Goal) -> None:
         old = self.spec
+        if spec.generation == old.generation:
+            # Paused or resumed with nothing to roll out: the same spec and goal, noted.
+            self.spec = spec
+            self.journal.event("Paused" if spec.paused else "Resumed", view.describe_pause(spec))
+            return
         self.goal.supersede()
         self.spec, self.goal = spec, goal
         # A new spec is a new attempt: the failures of the one it replaces do not carry over.

@@ -222,8 +222,8 @@ def describe_change(old: Spec, new: Spec) -> str:
         return f"generation {new.generation}: delete{' (forced)' if new.force else ''}"
     revision = "" if new.revision == old.revision else f", revision {new.revision}"
     paused = ""
-    if new.paused != old.paused:
-        paused = ", paused" if new.paused else ", resumed"
+    if new.paused != old.paused and not new.paused:
+        paused = ", resumed"
     elif new.pending != old.pending and new.pending is not None:
         paused = f", revision {new.pending} recorded while paused"
     return (
@@ -240,3 +240,10 @@ def describe_new(spec: Spec) -> str:
         f"{plural(spec.backend_config.num_replicas, 'replica')} of version {spec.version}"
         f"{'' if spec.revision is None else f', revision {spec.revision}'}"
     )
+
+
+def describe_pause(spec: Spec) -> str:
+    """The event of a pause, or of a resume that rolls nothing out."""
+    if spec.paused:
+        return f"revision {spec.revision}: later deploys are recorded, not rolled out"
+    return f"revision {spec.revision}: deploys roll out again"

@@ -19,6 +19,7 @@ and the pause of a spec. Data of schemas 1 to 5 is still read.
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any, Literal, TypeVar
 
@@ -39,6 +40,8 @@ SPEC_PREFIX = "spec/"
 REPLICAS_PREFIX = "replicas/"
 EVENTS_PREFIX = "events/"
 REVISIONS_PREFIX = "revisions/"
+#: The largest revision number (what the API's document allows, a signed 64-bit integer).
+MAX_REVISION = 2**63 - 1
 
 
 @attrs.frozen
@@ -322,6 +325,12 @@ def parse_all(items: dict[str, str]) -> Checkpoint:
             spec = load(key, text, SpecRecord)
             _check_name(key, SPEC_PREFIX, spec.name)
             _check_rollback(key, spec)
+            for number in (spec.revision, spec.pending):
+                if number is not None and not 1 <= number <= MAX_REVISION:
+                    raise CheckpointError(
+                        f"store key {key!r} is corrupt: revision {number} is not a revision's "
+                        f"number; {_UNTOUCHED}"
+                    )
             specs[spec.name] = spec
         elif key.startswith(REPLICAS_PREFIX):
             record = load(key, text, ReplicasRecord)
@@ -334,6 +343,7 @@ def parse_all(items: dict[str, str]) -> Checkpoint:
         elif key.startswith(REVISIONS_PREFIX):
             kept = load(key, text, RevisionsRecord)
             _check_name(key, REVISIONS_PREFIX, kept.name)
+            _check_numbers(key, kept)
             revisions[kept.name] = kept
         # Other keys belong to other users of a shared store (the daemon's own settings, say).
     return Checkpoint(specs=specs, replicas=replicas, events=events, revisions=revisions)
@@ -348,6 +358,19 @@ def _check_rollback(key: str, spec: SpecRecord) -> None:
         raise CheckpointError(
             f"store key {key!r} is corrupt: rollback_config is not JSON ({exc}); {_UNTOUCHED}"
         ) from None
+
+
+def _check_numbers(key: str, kept: RevisionsRecord) -> None:
+    """Revision numbers only grow: a history whose numbers do not (out of order, repeated,
+    below 1 or past the largest) was not written by a controller."""
+    numbers = [r.number for r in kept.revisions]
+    if any(not 1 <= n <= MAX_REVISION for n in numbers) or any(
+        a >= b for a, b in itertools.pairwise(numbers)
+    ):
+        raise CheckpointError(
+            f"store key {key!r} is corrupt: revision numbers must grow from 1 (got "
+            f"{numbers[:10]}); {_UNTOUCHED}"
+        )
 
 
 def _check_name(key: str, prefix: str, name: str) -> None:

@@ -55,10 +55,9 @@ def rollout_summary(rollout: dict[str, Any]) -> str:
     if current != revision:
         text += f" (current {'none' if current is None else current})"
     text += f", rollout {rollout['outcome'] or 'unknown'}"
-    if rollout["automatic"]:
-        text += f", automatic rollback to revision {rollout['restores']}"
-    elif rollout["restores"] is not None:
-        text += f", undo to revision {rollout['restores']}"
+    if rollout["restores"] is not None:
+        how = "an automatic rollback" if rollout["automatic"] else "an undo"
+        text += f", revision {rollout['restores']}'s content brought back by {how}"
     if rollout["paused"]:
         pending = rollout["pending_revision"]
         text += "; paused, " + (

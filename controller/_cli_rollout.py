@@ -183,8 +183,8 @@ def wait_for(
                 if rollout.get("automatic"):
                     # The later change is the controller's own: the rollout failed.
                     line = (
-                        f"the rollout failed ({status['last_error']}); the controller rolls "
-                        f"back to revision {rollout['restores']}, as revision "
+                        f"the rollout failed ({_why_failed(client, name)}); the controller "
+                        f"rolls back to revision {rollout['restores']}, as revision "
                         f"{rollout['revision']} (`controller rollout status {name}` follows it)"
                     )
             elif name in deleting:
@@ -201,7 +201,11 @@ def wait_for(
                 line = f"{ready}/{status['desired']} ready, {status['state']}: {status['message']}"
                 if status["state"] == "DEPLOY_FAILED":
                     failed.append(name)
-                    line += f" (last error: {status['last_error']})"
+                    rollout = status.get("rollout") or {}
+                    if rollout.get("outcome") == "failed" and rollout.get("error"):
+                        line += f" (the rollout failed: {rollout['error']})"
+                    else:
+                        line += f" (last error: {status['last_error']})"
                     tracebacks[name] = status.get("last_traceback")
                 elif not status["goal_done"]:
                     pending.append(name)
@@ -229,6 +233,15 @@ def wait_for(
         )
         change = client.ok("GET", f"/api/v1/watch?{query}")
         cursor, epoch = change["cursor"], change["epoch"]
+
+
+def _why_failed(client: Client, name: str) -> str:
+    """The error of `name`'s newest failed revision (the one a rollback undid)."""
+    kept = client.ok("GET", f"/api/v1/backends/{urllib.parse.quote(name)}/revisions")
+    for revision in reversed(kept["revisions"]):
+        if revision["outcome"] == "failed":
+            return str(revision["error"])
+    return "see `controller rollout history`"
 
 
 # -- the parser --
@@ -261,7 +274,7 @@ def add_rollout_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "-m", "--message", metavar="TEXT", help="why, kept in the revision the undo makes"
     )
     undo.add_argument("--wait", action="store_true", help="show progress until it ends")
-    undo.add_argument("--timeout", type=float, default=600.0)
+    undo.add_argument("--timeout", type=_seconds, default=600.0)
     undo.set_defaults(func=cmd_undo)
 
     pause = verbs.add_parser("pause", help="record later deploys without rolling them out")
@@ -271,18 +284,32 @@ def add_rollout_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     resume = verbs.add_parser("resume", help="roll out what was deployed while paused")
     resume.add_argument("name")
     resume.add_argument("--wait", action="store_true", help="show progress until it ends")
-    resume.add_argument("--timeout", type=float, default=600.0)
+    resume.add_argument("--timeout", type=_seconds, default=600.0)
     resume.set_defaults(func=cmd_resume)
 
     for parent, command in ((verbs, "status"), (sub, "wait")):
         wait = parent.add_parser(command, help="wait until a backend's latest goal ends")
         wait.add_argument("name")
-        wait.add_argument("--timeout", type=float, default=600.0)
+        wait.add_argument("--timeout", type=_seconds, default=600.0)
         wait.set_defaults(func=cmd_wait)
 
 
 def _revision(text: str) -> int:
-    value = int(text)
+    # ArgumentTypeError, not ValueError: argparse would name this function in its message.
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a revision's number, >= 1 (got {text})")
+        raise argparse.ArgumentTypeError(f"must be a revision's number, >= 1 (got {text!r})")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0 (got {text!r})")
     return value

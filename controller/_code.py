@@ -18,8 +18,10 @@ import attrs
 # FileFinder's order within one directory: a compiled extension shadows a .py file of the same
 # name, and a .pyc one without source; both mean there is no source for us to pin.
 _SUFFIXES = (*EXTENSION_SUFFIXES, ".py", *BYTECODE_SUFFIXES)
-_MAX_FILES = 5_000
-_MAX_BYTES = 64 * 1024 * 1024
+# A deploy that makes a revision reads these on the controller's loop: bounded, so that a huge
+# package (a framework checked out beside the code) costs a deploy ~0.1 s at most, not seconds.
+_MAX_FILES = 1_000
+_MAX_BYTES = 16 * 1024 * 1024
 
 
 @attrs.frozen
@@ -51,9 +53,9 @@ def code_digest(entrypoint: str, search_path: Sequence[str]) -> CodeDigest | Non
     with every ``*.py`` file under its top-level package directory (the portion it was found in,
     for a namespace package), since its siblings are code it may import too; ``__pycache__``,
     dot-directories, dot-files (editor lock files) and symlinked directories are left out. The
-    files are read in the order of their paths relative to the package's parent, until 5,000
-    have been read or the next one would take the total past 64 MiB: a package that large is
-    rare, and `files` then says how many went in.
+    files are read in the order of their paths relative to the package's parent, until 1,000
+    have been read or the next one would take the total past 16 MiB: a package that large is
+    rare, and `files` then says how many went in (a change beyond them goes unseen).
 
     Returns None if the module is not found, is a compiled extension or bytecode only, is a
     namespace package (no source of its own), or cannot be read. Nothing is imported.

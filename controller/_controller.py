@@ -10,7 +10,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping
-from typing import final, overload
+from typing import Literal, final, overload
 
 import attrs
 import trio
@@ -326,9 +326,16 @@ class Controller:
                     if change.revisions is not None:
                         book.revisions = change.revisions
                 for name, spec in specs.items():
-                    goal = Goal(name, spec.generation, "delete" if spec.deleting else "deploy")
+                    before = self._requested.get(name)
+                    if before is not None and before[0].generation == spec.generation:
+                        # A pause or a resume that rolls nothing out: the same goal goes on.
+                        goal = before[1]
+                        logger.info("backend %s: %s", name, "paused" if spec.paused else "resumed")
+                    else:
+                        kind: Literal["delete", "deploy"] = "delete" if spec.deleting else "deploy"
+                        goal = Goal(name, spec.generation, kind)
+                        _log_change(name, spec)
                     self._requested[name] = (spec, goal)
-                    _log_change(name, spec)
                     backend = self._backends.get(name)
                     if backend is None:
                         new.append(self._new_backend(name, spec, goal, self._books[name]))

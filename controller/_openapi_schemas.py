@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, get_args
 
+from ._checkpoint import MAX_REVISION
 from ._config import NAME_PATTERN, BackendConfig, ReplicaConfig, field_schemas
 from ._load_wire import MAX_LOAD_BACKENDS, MAX_LOAD_COUNT, MAX_LOAD_REPLICAS, SOURCE_PATTERN
 from ._revisions import MAX_MANIFEST, MAX_MESSAGE, VIA, RevisionOutcome
@@ -33,7 +34,6 @@ _NULLABLE_STRING = {"type": ["string", "null"]}
 JSON_BODY = "application/json"
 #: The largest revision number a request may name (a signed 64-bit integer's, as for counts in
 #: a query): a larger one is a mistake, refused as such rather than looked for.
-MAX_REVISION = 2**63 - 1
 _REVISION = {"type": "integer", "minimum": 1}
 _NULLABLE_REVISION = {"type": ["integer", "null"], "minimum": 1}
 #: One line of text: no control characters (Cause's rule for its message and manifest).

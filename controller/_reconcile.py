@@ -56,7 +56,8 @@ class Target:
     """Of `num_replicas`, how many may be unavailable during an update (a resolved count)."""
     deleting: bool = False
     starts_blocked: bool = False
-    """The deploy failed: start nothing new, and replace no serving replica, until the next one."""
+    """The deploy failed: start nothing new (in a rollout, stop its starts under way too), and
+    replace no serving replica, until the next one."""
     starts_deferred: bool = False
     """Backing off after a failure: start nothing now (a timer wakes the backend later)."""
 
@@ -145,6 +146,11 @@ def decide(target: Target, replicas: Sequence[ReplicaView]) -> Plan:
     n = target.num_replicas
     can_start = not (target.starts_blocked or target.starts_deferred)
     stop: list[str] = []
+    if target.starts_blocked and old:
+        # A rollout failed: the starts of it still under way stop too, so that it stays where
+        # it halted (none comes up later to displace a replica of the version that serves).
+        stop.extend(r.tag for r in current if r.state is ReplicaState.STARTING)
+        current = [r for r in current if r.state is not ReplicaState.STARTING]
     excess = len(current) - n
     if excess > 0:
         ordered = stop_order(current, target.version)

@@ -35,8 +35,9 @@ Via = Literal["python", "api", "cli", "controller"]
 VIA: tuple[Via, ...] = ("python", "api", "cli", "controller")
 
 #: The most a backend's history keeps of revisions' content (arguments and user configs), in
-#: bytes of JSON, beyond the revisions it must keep.
-MAX_HISTORY_BYTES = 16 << 20
+#: bytes of JSON, beyond the revisions it must keep: the record is written whole with each
+#: revision, so a history of 1 MB user configs keeps four.
+MAX_HISTORY_BYTES = 4 << 20
 MAX_MESSAGE = 1000
 MAX_MANIFEST = 4096
 _PRINTABLE = re.compile(r"[^\x00-\x1f\x7f]*")

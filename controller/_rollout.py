@@ -20,7 +20,7 @@ from ._failures import FailureBook
 from ._history import Journal
 from ._observe import Observer
 from ._replica import Replica, Spec
-from ._revisions import RevisionBook
+from ._revisions import Revision, RevisionBook
 
 logger = logging.getLogger("controller")
 
@@ -193,20 +193,24 @@ class Rollout:
 
     def failed(self, reason: str) -> str:
         """The deploy failed: if its rollout was under way, it has failed. Returns what
-        follows, for the goal's error and the events."""
+        follows, for the goal's error, the events and the revision's own error."""
         revision = self.revision
         if not self.active or revision is None:
             return ""
         self.active = False
-        self.book.mark(revision, outcome="failed", error=reason)
+        then = self._then(revision)
+        self.book.mark(revision, outcome="failed", error=f"{reason.rstrip('.')}; {then}")
         self._touched()
         self._observer.rollout(self.name, "failed")
+        return then
+
+    def _then(self, revision: int) -> str:
+        """What a failed rollout of `revision` does: halt, or ask for a rollback."""
         if self._spec().backend_config.on_failure != "rollback":
             return "the rollout is halted (on_failure=halt): what serves keeps serving"
-        failed = self.book.get(revision)
-        target = self.book.last_good(unlike=None if failed is None else failed.digest)
-        if target is None:
-            return "no earlier revision completed, so there is none to roll back to: halted"
+        target = rollback_target(self.book, revision)
+        if isinstance(target, str):
+            return f"{target}: halted"
         self._roll_back(self.name, revision)
         return f"rolling back to revision {target.number} (on_failure=rollback)"
 
@@ -216,3 +220,19 @@ class Rollout:
         if kept is None or self.revision is None:
             return None
         return RolloutRecord(self.revision, kept.outcome, kept.good, kept.error)
+
+
+def rollback_target(book: RevisionBook, failed: int) -> Revision | str:
+    """Where an automatic rollback of revision `failed` goes: the newest revision that
+    completed with every replica serving, or why there is none. Never further back than that:
+    if the newest good revision is what failed (a rollback that failed too, or a good release
+    that fails now), the rollout halts rather than go to an older release."""
+    revision = book.get(failed)
+    if revision is not None and revision.automatic:
+        return "the automatic rollback failed too"
+    target = book.last_good()
+    if target is None:
+        return "no earlier revision completed, so there is none to roll back to"
+    if revision is not None and target.digest == revision.digest:
+        return "the last good revision is what failed"
+    return target

@@ -20,6 +20,7 @@ import trio
 from ._code import CodeDigest, code_digest
 from ._errors import (
     CodeChangedError,
+    ConfigError,
     ControllerClosedError,
     ControllerError,
     RolloutError,
@@ -28,6 +29,7 @@ from ._errors import (
 from ._goal import Goal
 from ._replica import Spec
 from ._revisions import Cause, Revision, RevisionBook
+from ._rollout import rollback_target
 from ._steering import SpecChange, pause_change, resume_change, undo_change
 
 if TYPE_CHECKING:
@@ -64,6 +66,10 @@ def with_code_checked(
 async def undo(
     ctl: Controller, name: str, to_revision: int | None, *, force: bool, cause: Cause | None
 ) -> Goal:
+    if to_revision is not None and (
+        isinstance(to_revision, bool) or not isinstance(to_revision, int) or to_revision < 1
+    ):
+        raise ConfigError("to_revision", "must be None or a revision's number (>= 1)", to_revision)
     ctl._check_open()
     async with ctl._locks.hold([name]):
         old, book = _steerable(ctl, name, "undo")
@@ -117,9 +123,8 @@ async def roll_back(ctl: Controller, name: str, failed: int) -> None:
                 if backend is None or old is None or old.deleting or old.revision != failed:
                     return  # superseded, deleted or forgotten meanwhile
                 book = ctl._books[name]
-                running = book.get(failed)
-                target = book.last_good(unlike=None if running is None else running.digest)
-                if target is None:
+                target = rollback_target(book, failed)
+                if isinstance(target, str):
                     return
                 cause = Cause("controller", f"revision {failed} failed (on_failure=rollback)")
                 change = _undo_change(ctl, name, old, book, target, cause, automatic=True)

@@ -112,7 +112,9 @@ def deploy_change(
         record = deploy_record(
             name, old, backend_config, replica_config, held=held, revision=old.revision
         )
-        return SpecChange(record)
+        # A smaller history limit takes effect at once; otherwise the history is not written.
+        trimmed = _change(record, revisions, backend_config, live)
+        return trimmed if trimmed.revisions != revisions else SpecChange(record)
     record = deploy_record(
         name, old, backend_config, replica_config, held=held, revision=book.next_number
     )
@@ -152,7 +154,9 @@ def undo_change(
 
 
 def pause_change(name: str, old: Spec) -> SpecChange:
-    return SpecChange(attrs.evolve(old.to_record(name), generation=old.generation + 1, paused=True))
+    """Paused: the same generation (what is asked of the replicas does not change, so the goal
+    of a rollout under way goes on)."""
+    return SpecChange(attrs.evolve(old.to_record(name), paused=True))
 
 
 def resume_change(
@@ -163,13 +167,11 @@ def resume_change(
     held: tuple[str, JSON] | None,
     live: Iterable[int | None],
 ) -> SpecChange:
-    """Unpaused; the pending revision, if any, is rolled out now."""
+    """Unpaused; the pending revision, if any, is rolled out now (a new generation; with none
+    pending, the same one)."""
     pending = book.get(old.pending)
     if pending is None:
-        record = attrs.evolve(
-            old.to_record(name), generation=old.generation + 1, paused=False, pending=None
-        )
-        return SpecChange(record)
+        return SpecChange(attrs.evolve(old.to_record(name), paused=False, pending=None))
     record = _running(name, old, pending, pending.number, held)
     revisions = superseded(book.revisions, [old.revision])
     revisions = [
@@ -226,8 +228,12 @@ def restored(
     book = RevisionBook(() if kept is None else kept.revisions)
     if book.get(spec.revision) is None:
         replica_config = spec.replica_config
+        # The number the spec names, if it still can be (numbers only grow), else the next.
+        number = book.next_number
+        if spec.revision is not None and spec.revision > number:
+            number = spec.revision
         revision = make_revision(
-            book.next_number,
+            number,
             content_of(spec.backend_config, replica_config),
             now=now,
             cause=Cause("controller", "recorded at recovery: the store kept no revision of it"),

@@ -3,6 +3,7 @@ automatic rollback, driven through FakeRuntime under trio's MockClock (exact tim
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,9 @@ async def test_undo_to_a_named_revision_and_what_is_refused() -> None:
         assert info.value.reason == "UnknownRevision"
         with pytest.raises(controller.UnknownBackendError):
             await ctl.undo("nope")
+        for bad in ("1", 0, True, 1.0):
+            with pytest.raises(controller.ConfigError, match="to_revision"):
+                await ctl.undo("a", to_revision=bad)  # type: ignore[arg-type]
         # Undo to what runs already changes nothing.
         same = await ctl.undo("a", to_revision=3)
         assert same.generation == 3
@@ -200,6 +204,26 @@ async def test_pause_then_three_deploys_then_resume_rolls_out_the_last_once() ->
         assert ctl.status("a").rollout.paused is False  # type: ignore[union-attr]
 
 
+async def test_a_pause_during_a_rollout_lets_it_finish_and_its_goal_stands() -> None:
+    rt = FakeRuntime()
+    async with opened(rt) as ctl:
+        await ready(ctl, rt, await ctl.deploy("a", config(num_replicas=2), RC))
+        goal = await ctl.deploy("a", config(num_replicas=2, version="v2"), RC)
+        await settle()
+        paused = await ctl.pause("a")
+        assert paused is goal  # the same generation: a pause asks nothing new of the replicas
+        status = ctl.status("a")
+        assert (status.generation, status.state, status.reason) == (
+            2,
+            BackendState.UPDATING,
+            "NewVersion",
+        )
+        await ready(ctl, rt, goal)
+        assert ctl.status("a").version == "v2"
+        assert (await ctl.resume("a")) is goal
+        assert [e.kind for e in ctl.status("a").events].count("Paused") == 1
+
+
 async def test_deploying_what_runs_while_paused_drops_the_pending_revision() -> None:
     rt = FakeRuntime(auto_ready=True)
     async with opened(rt) as ctl:
@@ -235,6 +259,10 @@ async def test_progress_deadline_halts_at_the_exact_time(
             "ProgressDeadlineExceeded",
         )
         assert running_tags(ctl) == v1  # what served keeps serving
+        await settle()
+        # Halted: the start still under way was stopped, so it cannot come up later and
+        # displace a replica of v1.
+        assert not rt.tags(FakeState.STARTING)
         assert summary(ctl)[-1][2] == "failed"
         assert status.rollout is not None
         assert "ProgressDeadlineExceeded" in (status.rollout.error or "")
@@ -293,6 +321,34 @@ async def test_a_failed_rollout_rolls_back_by_itself(
         kinds = [e.kind for e in status.events]
         assert "ProgressDeadlineExceeded" in kinds
         assert "RollingBack" in kinds
+
+
+async def test_a_rollback_that_fails_too_halts_and_never_goes_further_back(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime(auto_ready=True)
+    base = {"num_replicas": 2, "max_surge": 1, "max_unavailable": 0, "on_failure": "rollback"}
+    async with opened(rt) as ctl:
+        for version in ("a", "b"):
+            await (await ctl.deploy("a", config(**base, version=version), RC)).wait()
+        b = running_tags(ctl)
+        # An outage: neither c nor b can start any more. c fails, and so does the rollback to
+        # b (which needs one more replica, c's count): that halts, rather than go back to a.
+        rt.failing_starts = frozenset({"b", "c"})
+        goal = await ctl.deploy("a", config(**{**base, "num_replicas": 3}, version="c"), RC)
+        with pytest.raises(GoalFailed, match="rolling back to revision 2"):
+            await goal.wait()
+        await ctl.wait_until(lambda c: c.status("a").state is BackendState.DEPLOY_FAILED)
+        await trio.sleep(600)
+        assert [(r.number, r.version, r.outcome) for r in ctl.revisions("a")] == [
+            (1, "a", "complete"),
+            (2, "b", "complete"),
+            (3, "c", "failed"),
+            (4, "b", "failed"),
+        ]
+        assert "the automatic rollback failed too: halted" in (ctl.revisions("a")[3].error or "")
+        assert running_tags(ctl) == b  # what served keeps serving
+        assert not any(r.spec.version == "a" for r in list(rt.replicas.values())[4:])
 
 
 async def test_a_health_check_failing_within_min_ready_rolls_back(
@@ -375,6 +431,17 @@ async def test_history_is_trimmed_but_never_a_revision_that_runs() -> None:
         assert numbers == [3, 4, 6]
 
 
+async def test_a_smaller_history_limit_alone_trims_at_once() -> None:
+    rt = FakeRuntime(auto_ready=True)
+    async with opened(rt) as ctl:
+        for version in ("v1", "v2", "v3", "v4"):
+            await (await ctl.deploy("a", config(version=version), RC)).wait()
+        assert len(ctl.revisions("a")) == 4
+        await (await ctl.deploy("a", config(version="v4", revision_history_limit=0), RC)).wait()
+        # The current one, and the one a plain undo would go back to.
+        assert [r.number for r in ctl.revisions("a")] == [3, 4]
+
+
 async def test_undo_refused_when_the_code_changed_unless_forced(tmp_path: Path) -> None:
     (tmp_path / "shop.py").write_text("class App:\n    pass\n")
     rt = FakeRuntime(auto_ready=True)
@@ -440,3 +507,36 @@ async def test_a_store_without_revisions_gets_one_at_recovery() -> None:
         (revision,) = ctl.revisions("a")
         assert (revision.number, revision.version, revision.outcome) == (1, "v1", "complete")
         assert "recorded at recovery" in (revision.cause.message or "")
+
+
+@pytest.mark.parametrize(
+    "numbers", [[1, 1], [2, 1], [-5], [0], [10**30]], ids=["repeated", "down", "below", "0", "huge"]
+)
+async def test_a_history_whose_numbers_do_not_grow_is_refused(numbers: list[int]) -> None:
+    rt = FakeRuntime(auto_ready=True)
+    store = controller.MemoryStore()
+    async with opened(rt, store) as ctl:
+        await (await ctl.deploy("a", config(num_replicas=1), RC)).wait()
+    items = await store.read_all()
+    kept = json.loads(items["revisions/a"])
+    kept["revisions"] = [{**kept["revisions"][0], "number": n} for n in numbers]
+    await store.write({"revisions/a": json.dumps(kept)})
+    damaged = await store.read_all()
+    with pytest.raises(controller.CheckpointError, match="revision numbers must grow from 1"):
+        async with opened(rt, store):
+            pass
+    assert await store.read_all() == damaged
+
+
+async def test_a_lost_history_does_not_start_the_numbers_again() -> None:
+    rt = FakeRuntime(auto_ready=True)
+    store = controller.MemoryStore()
+    async with opened(rt, store) as ctl:
+        for version in ("v1", "v2", "v3"):
+            await (await ctl.deploy("a", config(num_replicas=1, version=version), RC)).wait()
+    await store.write({"revisions/a": None})
+    async with opened(rt, store) as ctl:
+        (revision,) = ctl.revisions("a")
+        assert (revision.number, revision.version) == (3, "v3")
+        await (await ctl.deploy("a", config(num_replicas=1, version="v4"), RC)).wait()
+        assert [r.number for r in ctl.revisions("a")] == [3, 4]
