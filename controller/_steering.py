@@ -24,6 +24,7 @@ from ._revisions import (
     Cause,
     Revision,
     RevisionBook,
+    RevisionOutcome,
     content_of,
     make_revision,
     superseded,
@@ -73,15 +74,15 @@ def deploy_change(
     generation = 1 if old is None else old.generation + 1
     running = None if old is None or old.deleting else book.get(old.revision)
 
-    def new(outcome: str) -> Revision:
+    def new(outcome: RevisionOutcome, code_generation: int) -> Revision:
         return make_revision(
             book.next_number,
             content,
             now=now,
             cause=cause,
             code=code_of(replica_config.entrypoint),
-            code_generation=generation,
-            outcome="pending" if outcome == "pending" else "in_progress",
+            code_generation=code_generation,
+            outcome=outcome,
         )
 
     if old is not None and running is not None and old.paused:
@@ -92,7 +93,8 @@ def deploy_change(
         if content.digest == running.digest:
             pending = None  # back to what runs: nothing left to roll out
         elif kept is None or kept.digest != content.digest:
-            revisions.append(new("pending"))
+            # Its replicas, once resumed, are this generation's code (`gen-N`).
+            revisions.append(new("pending", generation))
             pending = revisions[-1].number
         if pending != old.pending:
             revisions = superseded(revisions, [old.pending])
@@ -118,7 +120,7 @@ def deploy_change(
     record = deploy_record(
         name, old, backend_config, replica_config, held=held, revision=book.next_number
     )
-    revision = attrs.evolve(new("in_progress"), code_generation=_code_generation(record))
+    revision = new("in_progress", _code_generation(record))
     revisions = [*superseded(revisions, [None if old is None else old.revision]), revision]
     return _change(record, revisions, backend_config, live)
 
