@@ -440,6 +440,7 @@ class Backend:
             blocked=self._failures.starts_blocked,
             deferred=self._failures.deferred(now),
             replicas=count,
+            halted=self._failures.halted,
         )
         plan = decide(target, list(self.replicas.values()))
         self._observed_generation = spec.generation

@@ -176,6 +176,9 @@ class EventsRecord:
 
 def _make_converter() -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=True)
+    # JSON's true is not 1, nor 1.5 a count: cattrs' own int hook would take both.
+    conv.register_structure_hook(int, lambda data, _t: _strict(data, int))
+    conv.register_structure_hook(bool, lambda data, _t: _strict(data, bool))
     # A record per replica is kept in memory (cached) and in every write of its backend: the
     # fields at their defaults are left out, so most entries carry only what sets them apart.
     conv.register_unstructure_hook(
@@ -193,6 +196,13 @@ def _make_converter() -> cattrs.Converter:
         Revision, make_dict_unstructure_fn(Revision, conv, code_changed=override(omit=True))
     )
     return conv
+
+
+def _strict(data: object, kind: type[_T]) -> _T:
+    # The exact type: bool is an int subclass, and cattrs would make 1 of "1" or 1.5.
+    if type(data) is not kind:
+        raise ValueError(f"{data!r} is not {'true or false' if kind is bool else 'a whole number'}")
+    return data
 
 
 def _replica_config(config: ReplicaConfig) -> dict[str, Any]:
@@ -229,6 +239,7 @@ def _content_from(data: Any) -> RevisionContent:
 
 _converter = _make_converter()
 
+_T = TypeVar("_T")
 _R = TypeVar("_R", SpecRecord, ReplicasRecord, EventsRecord, RevisionsRecord)
 
 
@@ -346,6 +357,18 @@ def parse_all(items: dict[str, str]) -> Checkpoint:
             _check_numbers(key, kept)
             revisions[kept.name] = kept
         # Other keys belong to other users of a shared store (the daemon's own settings, say).
+    for name, spec in specs.items():
+        kept_of = revisions.get(name)
+        numbers = set() if kept_of is None else {r.number for r in kept_of.revisions}
+        for number in (spec.revision, spec.pending):
+            # Written in one batch with the spec, and never trimmed while the spec names it:
+            # a history without the spec's revision was not written by a controller. (No
+            # history at all is a store from before revisions: recovery makes one.)
+            if kept_of is not None and number is not None and number not in numbers:
+                raise CheckpointError(
+                    f"store key {revisions_key(name)!r} is corrupt: it lacks revision {number}, "
+                    f"which {spec_key(name)!r} names; {_UNTOUCHED}"
+                )
     return Checkpoint(specs=specs, replicas=replicas, events=events, revisions=revisions)
 
 
@@ -364,7 +387,7 @@ def _check_numbers(key: str, kept: RevisionsRecord) -> None:
     """Revision numbers only grow: a history whose numbers do not (out of order, repeated,
     below 1 or past the largest) was not written by a controller."""
     numbers = [r.number for r in kept.revisions]
-    if any(not 1 <= n <= MAX_REVISION for n in numbers) or any(
+    if any(type(n) is not int or not 1 <= n <= MAX_REVISION for n in numbers) or any(
         a >= b for a, b in itertools.pairwise(numbers)
     ):
         raise CheckpointError(

@@ -29,7 +29,7 @@ from typing import Any, NoReturn
 from ._cli_client import CLIError, describe_error, make_client
 from ._cli_ingress import add_ingress_parser
 from ._cli_output import print_backend, print_log, print_table
-from ._cli_rollout import add_rollout_parser, wait_for
+from ._cli_rollout import add_rollout_parser, seconds, wait_for
 from ._errors import CheckpointError, ManifestError, StartupError
 from ._log_format import setup_logging
 from ._statedir import STATE_DIR_ENV, default_state_dir
@@ -306,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     apply.add_argument("-f", "--file", type=Path, required=True)
     apply.add_argument("--prune", action="store_true", help="delete backends not in the file")
     apply.add_argument("--wait", action="store_true", help="show progress until every goal ends")
-    apply.add_argument("--timeout", type=float, default=600.0)
+    apply.add_argument("--timeout", type=seconds, default=600.0)
     apply.add_argument(
         "-m", "--message", metavar="TEXT", help="why, kept in the revisions the change makes"
     )
@@ -328,11 +328,11 @@ def build_parser() -> argparse.ArgumentParser:
     delete.add_argument("name")
     delete.add_argument("--wait", action="store_true")
     delete.add_argument("--force", action="store_true", help="skip the graceful drain")
-    delete.add_argument("--timeout", type=float, default=600.0)
+    delete.add_argument("--timeout", type=seconds, default=600.0)
     delete.set_defaults(func=cmd_delete)
 
     shutdown = sub.add_parser("shutdown", help="drain and delete everything; stop the daemon")
-    shutdown.add_argument("--timeout", type=float, default=180.0)
+    shutdown.add_argument("--timeout", type=seconds, default=180.0)
     shutdown.set_defaults(func=cmd_shutdown)
     add_rollout_parser(sub)
     add_ingress_parser(sub)

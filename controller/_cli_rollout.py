@@ -183,9 +183,9 @@ def wait_for(
                 if rollout.get("automatic"):
                     # The later change is the controller's own: the rollout failed.
                     line = (
-                        f"the rollout failed ({_why_failed(client, name)}); the controller "
-                        f"rolls back to revision {rollout['restores']}, as revision "
-                        f"{rollout['revision']} (`controller rollout status {name}` follows it)"
+                        f"the rollout failed: {_why_failed(client, name)}; the rollback is "
+                        f"revision {rollout['revision']} (`controller rollout status {name}` "
+                        "follows it)"
                     )
             elif name in deleting:
                 if status is None:
@@ -206,7 +206,9 @@ def wait_for(
                         line += f" (the rollout failed: {rollout['error']})"
                     else:
                         line += f" (last error: {status['last_error']})"
-                    tracebacks[name] = status.get("last_traceback")
+                    if status["reason"] in ("StartFailures", "ReconfigureFailed"):
+                        # The replica's own traceback is of that failure; not of a deadline's.
+                        tracebacks[name] = status.get("last_traceback")
                 elif not status["goal_done"]:
                     pending.append(name)
             if shown.get(name) != line:
@@ -244,6 +246,10 @@ def _why_failed(client: Client, name: str) -> str:
     return "see `controller rollout history`"
 
 
+#: The longest a CLI command waits (a year): past it, a typo.
+_MAX_TIMEOUT_S = 365 * 86400.0
+
+
 # -- the parser --
 
 
@@ -274,7 +280,7 @@ def add_rollout_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "-m", "--message", metavar="TEXT", help="why, kept in the revision the undo makes"
     )
     undo.add_argument("--wait", action="store_true", help="show progress until it ends")
-    undo.add_argument("--timeout", type=_seconds, default=600.0)
+    undo.add_argument("--timeout", type=seconds, default=600.0)
     undo.set_defaults(func=cmd_undo)
 
     pause = verbs.add_parser("pause", help="record later deploys without rolling them out")
@@ -284,13 +290,13 @@ def add_rollout_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     resume = verbs.add_parser("resume", help="roll out what was deployed while paused")
     resume.add_argument("name")
     resume.add_argument("--wait", action="store_true", help="show progress until it ends")
-    resume.add_argument("--timeout", type=_seconds, default=600.0)
+    resume.add_argument("--timeout", type=seconds, default=600.0)
     resume.set_defaults(func=cmd_resume)
 
     for parent, command in ((verbs, "status"), (sub, "wait")):
         wait = parent.add_parser(command, help="wait until a backend's latest goal ends")
         wait.add_argument("name")
-        wait.add_argument("--timeout", type=_seconds, default=600.0)
+        wait.add_argument("--timeout", type=seconds, default=600.0)
         wait.set_defaults(func=cmd_wait)
 
 
@@ -305,11 +311,15 @@ def _revision(text: str) -> int:
     return value
 
 
-def _seconds(text: str) -> float:
+def seconds(text: str) -> float:
+    """A ``--timeout``: a number of seconds > 0, and finite (a socket's timeout takes no
+    infinity; a day is as good)."""
     try:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0 (got {text!r})")
+    if not 0 < value <= _MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds > 0 and at most {_MAX_TIMEOUT_S:g} (got {text!r})"
+        )
     return value

@@ -108,6 +108,12 @@ class FailureBook:
         return now < self.backoff_until
 
     @property
+    def halted(self) -> bool:
+        """The deploy failed on its own (its starts, the deadline, its new replicas' health):
+        what it still has starting stops. Not a spec too large for the runtime at recovery."""
+        return self.blocked is not None and self.blocked not in ("Infeasible", "ReconfigureFailed")
+
+    @property
     def starts_blocked(self) -> bool:
         """No new start until the next deploy (a failed reconfigure still lets the replicas it
         stops be replaced, with the config before it)."""

@@ -56,8 +56,10 @@ class Target:
     """Of `num_replicas`, how many may be unavailable during an update (a resolved count)."""
     deleting: bool = False
     starts_blocked: bool = False
-    """The deploy failed: start nothing new (in a rollout, stop its starts under way too), and
-    replace no serving replica, until the next one."""
+    """The deploy failed: start nothing new, and replace no serving replica, until the next one."""
+    halted: bool = False
+    """The deploy failed in its rollout (not a spec found too large at recovery): its starts
+    under way stop too."""
     starts_deferred: bool = False
     """Backing off after a failure: start nothing now (a timer wakes the backend later)."""
 
@@ -146,11 +148,17 @@ def decide(target: Target, replicas: Sequence[ReplicaView]) -> Plan:
     n = target.num_replicas
     can_start = not (target.starts_blocked or target.starts_deferred)
     stop: list[str] = []
-    if target.starts_blocked and old:
-        # A rollout failed: the starts of it still under way stop too, so that it stays where
-        # it halted (none comes up later to displace a replica of the version that serves).
-        stop.extend(r.tag for r in current if r.state is ReplicaState.STARTING)
-        current = [r for r in current if r.state is not ReplicaState.STARTING]
+    if target.halted:
+        # The deploy failed: its starts still under way stop too (and, after a restart, those
+        # being adopted that never served), so that it stays where it halted: none comes up
+        # later to displace a replica that serves.
+        unconfirmed = [
+            r
+            for r in current
+            if r.state is ReplicaState.STARTING or (r.state is recovering and not r.served)
+        ]
+        stop.extend(r.tag for r in unconfirmed)
+        current = [r for r in current if r not in unconfirmed]
     excess = len(current) - n
     if excess > 0:
         ordered = stop_order(current, target.version)
@@ -193,6 +201,8 @@ def decide(target: Target, replicas: Sequence[ReplicaView]) -> Plan:
         proven = (serving_new > 0 or target.max_surge == 0) and not target.starts_blocked
         floor = max(0, n - target.max_unavailable) if proven else n
         removable = max(0, available_new + len(available_old) - floor)
+        if target.halted:
+            removable = 0  # a halted rollout stays as it is: no serving replica goes
         stop.extend(r.tag for r in stop_order(available_old, target.version)[:removable])
 
     # In-place reconfigures count against the same unavailability budget (at least one at a time,

@@ -90,7 +90,13 @@ class Spec:
         return self.config_digest, self.backend_config.user_config
 
     def target(
-        self, config_digest: str, *, blocked: bool, deferred: bool, replicas: int | None = None
+        self,
+        config_digest: str,
+        *,
+        blocked: bool,
+        deferred: bool,
+        replicas: int | None = None,
+        halted: bool = False,
     ) -> Target:
         """What the decision works toward for this spec; `replicas`: the autoscaler's count,
         which an autoscaled backend has instead of `num_replicas`."""
@@ -106,6 +112,7 @@ class Spec:
             deleting=self.deleting,
             starts_blocked=blocked,
             starts_deferred=deferred,
+            halted=halted,
         )
 
     def replica_spec(self, name: str, replica: Replica, user_config: JSON) -> ReplicaSpec:

@@ -207,7 +207,7 @@ class Rollout:
     def _then(self, revision: int) -> str:
         """What a failed rollout of `revision` does: halt, or ask for a rollback."""
         if self._spec().backend_config.on_failure != "rollback":
-            return "the rollout is halted (on_failure=halt): what serves keeps serving"
+            return "the rollout is halted where it is (on_failure=halt)"
         target = rollback_target(self.book, revision)
         if isinstance(target, str):
             return f"{target}: halted"

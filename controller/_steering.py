@@ -140,7 +140,11 @@ def undo_change(
 ) -> SpecChange:
     """Back to `target`'s content as a new revision, with the scale and settings of now."""
     content = target.content
-    record = _running(name, old, target, book.next_number, held)
+    # Only an automatic rollback comes while paused (a person's undo is refused then): the
+    # pause, and what it holds pending, stay.
+    record = _running(
+        name, old, target, book.next_number, held, paused=old.paused, pending=old.pending
+    )
     revision = make_revision(
         book.next_number,
         content,
@@ -184,7 +188,14 @@ def resume_change(
 
 
 def _running(
-    name: str, old: Spec, revision: Revision, number: int, held: tuple[str, JSON] | None
+    name: str,
+    old: Spec,
+    revision: Revision,
+    number: int,
+    held: tuple[str, JSON] | None,
+    *,
+    paused: bool = False,
+    pending: int | None = None,
 ) -> SpecRecord:
     """`old`'s spec (its scale and settings) running `revision`'s content, as revision
     `number`. An unversioned revision keeps its ``gen-N``: replicas still running it are
@@ -198,6 +209,8 @@ def _running(
         held=held,
         code_generation=revision.code_generation,
         revision=number,
+        paused=paused,
+        pending=pending,
     )
 
 

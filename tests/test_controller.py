@@ -255,8 +255,9 @@ async def test_repeated_start_failures_fail_the_goal_with_the_replica_error(
         assert status.last_error == "ValueError: bad port"
         assert status.state is controller.BackendState.DEPLOY_FAILED
         assert "3 failed to start: ValueError: bad port" in status.message
-        # No start after the goal failed: the one still starting is all there is.
-        assert len(rt.tags(FakeState.STARTING)) == 1
+        # No start after the goal failed, and the one still starting was stopped: a failed
+        # deploy halts where it is.
+        assert len(rt.tags(FakeState.STARTING)) == 0
         assert len(rt.replicas) == 4
         # Deploying again resets the failure count and starts again.
         again = await deploy_ready(ctl, rt, config(num_replicas=2))

@@ -72,6 +72,22 @@ def test_blocked_starts_leave_old_version_serving() -> None:
     assert decide(target(1, starts_blocked=True), old) == Plan()
 
 
+def test_a_halted_deploy_stops_what_it_still_has_starting() -> None:
+    replicas = [
+        R("o1", S.RUNNING, version="v0", served=True),
+        R("o2", S.RUNNING, version="v0", served=True),
+        R("s", S.STARTING, seq=1),
+        R("r", S.RECOVERING, seq=2),  # being adopted after a restart, never served
+        R("n", S.RUNNING, seq=3, served=True),
+    ]
+    plan = decide(target(2, starts_blocked=True, halted=True, max_surge=1), replicas)
+    # The old ones and the new one that serves all stay, a surge over n included.
+    assert set(plan.stop) == {"s", "r"}
+    assert plan.start == 0
+    # Blocked without halting (a spec too large for the runtime at recovery): a start goes on.
+    assert "s" not in decide(target(2, starts_blocked=True, max_surge=1), replicas).stop
+
+
 def test_changed_user_config_reconfigures_running_replicas_in_place() -> None:
     replicas = [R("a", S.RUNNING, config_digest="d0"), R("b", S.STARTING, config_digest="d0")]
     plan = decide(target(2), replicas)

@@ -252,7 +252,7 @@ async def test_progress_deadline_halts_at_the_exact_time(
         with pytest.raises(GoalFailed, match="ProgressDeadlineExceeded") as info:
             await goal.wait()
         assert trio.current_time() - began == 30.0
-        assert "halted (on_failure=halt)" in str(info.value)
+        assert "halted where it is (on_failure=halt)" in str(info.value)
         status = ctl.status("a")
         assert (status.state, status.reason) == (
             BackendState.DEPLOY_FAILED,
@@ -266,6 +266,29 @@ async def test_progress_deadline_halts_at_the_exact_time(
         assert summary(ctl)[-1][2] == "failed"
         assert status.rollout is not None
         assert "ProgressDeadlineExceeded" in (status.rollout.error or "")
+
+
+async def test_a_restart_during_a_start_then_a_halt_stops_the_start(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime()
+    store = controller.MemoryStore()
+    base = {"num_replicas": 2, "max_surge": 1, "max_unavailable": 0, "start_timeout_s": 120}
+    async with opened(rt, store) as ctl:
+        await ready(ctl, rt, await ctl.deploy("a", config(**base), RC))
+        v1 = running_tags(ctl)
+        await ctl.deploy("a", config(**base, version="v2", progress_deadline_s=5), RC)
+        await settle()
+        (starting,) = rt.tags(FakeState.STARTING)
+    # Restarted while v2's replica starts: it is adopted (RECOVERING), and the deadline halts
+    # the rollout 5 s later. The start is stopped, so it can never displace a v1 replica.
+    async with opened(rt, store) as ctl:
+        await ctl.wait_until(lambda c: c.status("a").state is BackendState.DEPLOY_FAILED)
+        await settle()
+        assert rt.replicas[starting].state is FakeState.DEAD
+        await trio.sleep(300)
+        assert running_tags(ctl) == v1
+        assert ctl.status("a").reason == "ProgressDeadlineExceeded"
 
 
 async def test_each_new_replica_ready_resets_the_deadline(
@@ -510,7 +533,9 @@ async def test_a_store_without_revisions_gets_one_at_recovery() -> None:
 
 
 @pytest.mark.parametrize(
-    "numbers", [[1, 1], [2, 1], [-5], [0], [10**30]], ids=["repeated", "down", "below", "0", "huge"]
+    "numbers",
+    [[1, 1], [2, 1], [-5], [0], [10**30], [True]],
+    ids=["repeated", "down", "below", "0", "huge", "bool"],
 )
 async def test_a_history_whose_numbers_do_not_grow_is_refused(numbers: list[int]) -> None:
     rt = FakeRuntime(auto_ready=True)
@@ -522,10 +547,27 @@ async def test_a_history_whose_numbers_do_not_grow_is_refused(numbers: list[int]
     kept["revisions"] = [{**kept["revisions"][0], "number": n} for n in numbers]
     await store.write({"revisions/a": json.dumps(kept)})
     damaged = await store.read_all()
-    with pytest.raises(controller.CheckpointError, match="revision numbers must grow from 1"):
+    with pytest.raises(
+        controller.CheckpointError, match=r"revision numbers must grow from 1|not a whole number"
+    ):
         async with opened(rt, store):
             pass
     assert await store.read_all() == damaged
+
+
+async def test_a_history_without_the_specs_revision_is_refused() -> None:
+    rt = FakeRuntime(auto_ready=True)
+    store = controller.MemoryStore()
+    async with opened(rt, store) as ctl:
+        for version in ("v1", "v2"):
+            await (await ctl.deploy("a", config(num_replicas=1, version=version), RC)).wait()
+    items = await store.read_all()
+    kept = json.loads(items["revisions/a"])
+    kept["revisions"] = kept["revisions"][:1]  # revision 2, which the spec runs, is gone
+    await store.write({"revisions/a": json.dumps(kept)})
+    with pytest.raises(controller.CheckpointError, match="lacks revision 2"):
+        async with opened(rt, store):
+            pass
 
 
 async def test_a_lost_history_does_not_start_the_numbers_again() -> None:
