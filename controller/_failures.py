@@ -75,11 +75,9 @@ class FailureBook:
         return f"next start in {delay:.3g}s"
 
     def why_blocked(self, error: str) -> str:
-        """Why the deploy failed, once `start_failed` said it did."""
-        return (
-            f"{self.consecutive} consecutive replica starts failed; last: {error}. No new "
-            "replica will start until the next deploy."
-        )
+        """Why the deploy failed, once `start_failed` said it did (what follows is said by the
+        rollout: halted, or rolling back; the status adds that nothing new starts)."""
+        return f"{self.consecutive} consecutive replica starts failed; last: {error}"
 
     def start_failed(self, of_target: bool, error: str) -> bool:
         """Count a failed start (of the target version or not); True if this one fails the

@@ -4,8 +4,10 @@ restart."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -138,9 +140,9 @@ class Traffic:
 async def test_revisions_outlive_a_kill_9_and_a_restart(state_dir: Path) -> None:
     # No config file: one applied at each start would be a deploy of its own.
     args = ("--no-ingress",)
-    with trio.fail_after(LIMIT_S * 3):
+    first, second = Daemon(state_dir), Daemon(state_dir)
+    with trio.fail_after(LIMIT_S * 3), _killed_at_exit(first, second):
         async with trio.open_nursery() as nursery:
-            first = Daemon(state_dir)
             await first.start(nursery, *args)
             code, data = await first.http(
                 "PUT", "/api/v1/backends/app", json.dumps(app(num_replicas=1)).encode()
@@ -162,7 +164,6 @@ async def test_revisions_outlive_a_kill_9_and_a_restart(state_dir: Path) -> None
             first.process.send_signal(signal.SIGKILL)
             await first.process.wait()
             # Again, on the same state dir: nothing lost, nothing restarted.
-            second = Daemon(state_dir)
             await second.start(nursery, *args)
             status = await until(second, "app", settled("v2"))
             assert await revisions(second, "app") == before
@@ -191,3 +192,15 @@ async def test_revisions_outlive_a_kill_9_and_a_restart(state_dir: Path) -> None
                 "manifest": None,
                 "manifest_digest": None,
             }
+
+
+@contextlib.contextmanager
+def _killed_at_exit(*daemons: Daemon) -> Iterator[None]:
+    """Whatever happens in the test, none of `daemons` outlives it (a failed assertion would
+    otherwise leave a `controller run` behind, with the state dir gone)."""
+    try:
+        yield
+    finally:
+        for daemon in daemons:
+            if daemon.process is not None and daemon.process.returncode is None:
+                daemon.process.kill()
