@@ -5,6 +5,15 @@ It is an async actor, so that its monitor call, health checks and drains are ans
 user's code works: sync user methods run in a thread. Everything crossing the wire is JSON text:
 the spec in, one reply object out (``{"ok": true, ...}`` or ``{"ok": false, "error_type",
 "message"}``), so that user errors arrive as data, never as pickled exceptions.
+
+Fencing (``Runtime.fence``): each command carries its controller's epoch; the actor remembers the
+highest one that has commanded it (its start and an adoption set it through ``ready``, any higher
+command raises it) and refuses readiness, reconfigure, health check, drain and stop from a lower
+one with ``{"ok": false, "fenced": <its epoch>}``. The check and the raise are one step of the
+actor's event loop (no await between them). A stop is the actor's own decision: once it has
+accepted one it is committed to ending (the runtime then kills it with ``ray.kill``, and it ends
+itself should that not come) and refuses every later command, adoption included, as
+``ReplicaStopping``.
 """
 
 from __future__ import annotations
@@ -25,6 +34,9 @@ from .._context import ReplicaContext, set_context
 from .._hosting import construct, describe_error
 
 _CONTRACT = ("reconfigure", "check_health", "drain")
+#: How long an actor that accepted a stop waits for the runtime's ``ray.kill`` before it ends
+#: itself (should the controller vanish in between).
+_SELF_EXIT_S = 30.0
 
 
 def _describe(exc: BaseException) -> dict[str, Any]:
@@ -64,9 +76,28 @@ class ReplicaHost:
         # One reconfigure at a time: a controller restarted during one sends it again, and
         # user code must never see two at once.
         self._reconfiguring = asyncio.Lock()
+        # The highest epoch that has commanded this actor (0: none fenced), and whether it has
+        # accepted a stop.
+        self._epoch = 0
+        self._stopping = False
 
-    async def ready(self) -> str:
-        """Build the replica once; the reply names where it serves."""
+    def _refused(self, epoch: int) -> str | None:
+        """None if a command from `epoch` may go on (raising the actor's epoch to it), else the
+        reply that refuses it."""
+        if self._stopping:
+            return json.dumps(
+                {"ok": False, "error_type": "ReplicaStopping", "message": "it accepted a stop"}
+            )
+        if epoch < self._epoch:
+            return json.dumps({"ok": False, "fenced": self._epoch})
+        self._epoch = epoch
+        return None
+
+    async def ready(self, epoch: int = 0) -> str:
+        """Build the replica once; the reply names where it serves. A start or an adoption."""
+        refused = self._refused(epoch)
+        if refused is not None:
+            return refused
         if self._build is None:
             self._build = asyncio.ensure_future(self._do_build())
         return json.dumps(await asyncio.shield(self._build))
@@ -110,14 +141,22 @@ class ReplicaHost:
             return json.dumps(_describe(exc))
         return json.dumps({"ok": True})
 
-    async def reconfigure(self, user_config_json: str) -> str:
+    async def reconfigure(self, user_config_json: str, epoch: int = 0) -> str:
         async with self._reconfiguring:
+            # Checked once it is this call's turn: an adoption may have come while it waited.
+            refused = self._refused(epoch)
+            if refused is not None:
+                return refused
             return await self._user("reconfigure", json.loads(user_config_json))
 
-    async def check_health(self) -> str:
-        return await self._user("check_health")
+    async def check_health(self, epoch: int = 0) -> str:
+        # Fenced as well: a stale leader learns at its next check that it is stale.
+        return self._refused(epoch) or await self._user("check_health")
 
-    async def drain(self) -> str:
+    async def drain(self, epoch: int = 0) -> str:
+        refused = self._refused(epoch)
+        if refused is not None:
+            return refused
         # Idempotent: a restarted controller finishing a stop waits for the drain in progress.
         if self._drain is None:
             self._drain = asyncio.ensure_future(self._drain_once())
@@ -126,6 +165,20 @@ class ReplicaHost:
     async def _drain_once(self) -> dict[str, Any]:
         reply: dict[str, Any] = json.loads(await self._user("drain"))
         return reply
+
+    async def stop(self, epoch: int = 0) -> str:
+        """Accept a stop from `epoch`, or refuse it. Accepted, the actor takes no other command
+        and ends itself after `_SELF_EXIT_S` unless the runtime's ``ray.kill`` comes first.
+        (``ray.actor.exit_actor`` would not do: it waits for the calls under way, and the
+        monitor's ``wait_until_dead`` never ends; and its caller gets no reply.)"""
+        if self._stopping:
+            return json.dumps({"ok": True})  # a stop said again: the runtime kills it
+        refused = self._refused(epoch)
+        if refused is not None:
+            return refused
+        self._stopping = True
+        asyncio.get_running_loop().call_later(_SELF_EXIT_S, os._exit, 0)
+        return json.dumps({"ok": True})
 
     async def wait_until_dead(self) -> None:
         """Never returns: the call fails with RayActorError when the actor dies, which is how

@@ -5,32 +5,56 @@ from one that died. The KV store writes one key atomically but not several, so a
 keys goes through a journal: the whole batch is put under one key first, then applied, then the
 journal is removed. A reader that finds a journal left by a crash applies it again (applying is
 idempotent), so a batch lands in full or not at all.
+
+It is a ``LeaseStore`` too. The key layout of a namespace::
+
+    k/<key>          the intent, one KV key per store key (all that read_all returns)
+    journal          a plain write's batch while it is applied (or after a crash)
+    lease            the lease (Lease.to_json), whose epoch fences the intent
+    fenced-journal   a fenced write's batch while it is applied (or after a crash)
+
+The KV store cannot compare and write in one step, so the lease and every fenced write go through
+one fencing actor per namespace (``_fence_actor``): a sync actor runs one call at a time, and each
+call reads the lease and writes in that one call. A stale leader's write is checked when the
+actor runs it, so it is refused if any claim ran before it, even one that arrived while the write
+was on its way; its fenced batch, if a crash cut it short, is finished by the actor itself before
+any later call. Plain ``write`` (for a controller that leads nobody) goes straight to the KV
+store as before; do not mix it with fenced writes on one namespace.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Mapping
-from typing import TypeVar, final
+from typing import Any, TypeVar, final
 
+import ray
+import ray.exceptions
 import trio
 from ray.exceptions import RayError
 from ray.experimental import internal_kv
 
-from .._errors import ConfigError, StoreError
+from .._errors import ConfigError, FencedError, StoreError
+from .._lease import Lease
+from ._await import wait_ref
+from ._fence_actor import ACTOR_NAMESPACE, DATA, FENCED_JOURNAL, LEASE, FenceActor, apply
 
 T = TypeVar("T")
 
-_DATA = b"k/"
 _JOURNAL = b"journal"
+
+_Fence = ray.remote(FenceActor)
 
 
 @final
 class RayKVStore:
-    """The Store protocol over Ray's GCS key-value store, in its own `namespace`.
+    """The Store protocol over Ray's GCS key-value store, in its own `namespace`; a LeaseStore.
 
     Needs a Ray connection (``ray.init``) before first use. Give each controller its own
-    namespace; the same namespace is how a new driver finds the intent of one that is gone.
+    namespace; the same namespace is how a new driver finds the intent of one that is gone. The
+    first lease call creates the namespace's fencing actor (or finds it): a detached actor of no
+    CPU, in the Ray namespace ``controller-fences``, named after this store's namespace.
     """
 
     def __init__(self, namespace: str = "controller"):
@@ -39,10 +63,23 @@ class RayKVStore:
         self.namespace = namespace
         # One write at a time: the journal is a single key.
         self._lock = trio.Lock()
+        self._fence: Any = None
+        # Fenced writes whose caller was cancelled while the actor still had them: the next
+        # read or write of this store waits for them, so that it never sees one halfway.
+        self._unsettled: list[ray.ObjectRef[str]] = []
 
     async def read_all(self) -> dict[str, str]:
         async with self._lock:
-            return await trio.to_thread.run_sync(_as_store_error, "reading", self._read_all)
+            await self._settle()
+            data, halfway = await trio.to_thread.run_sync(
+                _as_store_error, "reading", self._read_all
+            )
+            if halfway:
+                # A fenced batch a crash cut short: only the actor may finish it (in its own
+                # order), then the data are read again.
+                await self._ask("reading", "repair")
+                data, _ = await trio.to_thread.run_sync(_as_store_error, "reading", self._read_all)
+            return data
 
     async def write(self, changes: Mapping[str, str | None]) -> None:
         if not changes:
@@ -53,41 +90,124 @@ class RayKVStore:
             batch = dict(changes)
             await trio.to_thread.run_sync(_as_store_error, "writing", lambda: self._write(batch))
 
+    # -- the LeaseStore protocol --
+
+    async def read_lease(self) -> Lease | None:
+        # One key, put in one step by the actor: read straight from the KV store.
+        text = await trio.to_thread.run_sync(
+            _as_store_error, "reading the lease of", self._get_lease
+        )
+        return None if text is None else Lease.from_json(text)
+
+    async def claim_lease(self, seen: Lease | None, new: Lease) -> bool:
+        seen_json = None if seen is None else seen.to_json()
+        reply = await self._ask("claiming the lease of", "claim", seen_json, new.to_json())
+        return reply["claimed"] is True
+
+    async def renew_lease(self, lease: Lease) -> None:
+        reply = await self._ask("renewing the lease of", "renew", lease.to_json())
+        if "fenced" in reply:
+            raise FencedError("renewing the lease", lease.epoch, reply["fenced"])
+
+    async def write_fenced(self, epoch: int, changes: Mapping[str, str | None]) -> None:
+        # Even with nothing to write, the actor is asked: a stale leader learns it is stale.
+        text = json.dumps(dict(changes))
+        async with self._lock:
+            await self._settle()
+            reply = await self._ask("writing", "write", epoch, text, settle=True)
+        if "fenced" in reply:
+            raise FencedError("writing intent", epoch, reply["fenced"])
+
+    # -- the fencing actor --
+
+    async def _ask(
+        self, doing: str, method: str, *args: object, settle: bool = False
+    ) -> dict[str, Any]:
+        """Call `method` of the fencing actor; its reply, a refusal included (``fenced``).
+        Ray's failures are ``StoreError``: the call may or may not have run."""
+        if self._fence is None:
+            self._fence = await trio.to_thread.run_sync(
+                _as_store_error, f"starting the fencing actor of {self.namespace!r}:", self._make
+            )
+        fence = self._fence
+        try:
+            # Submitting a call to a known actor does not block (about 0.1 ms).
+            ref = getattr(fence, method).remote(*args)
+            try:
+                text = await wait_ref(ref)
+            except trio.Cancelled:
+                if settle:
+                    self._unsettled.append(ref)
+                raise
+        except ray.exceptions.ActorDiedError as exc:
+            # Gone for good (killed by hand): the next call finds or makes a new one.
+            if self._fence is fence:
+                self._fence = None
+            raise StoreError(f"{doing} Ray's KV store: the fencing actor died: {exc}") from exc
+        except ray.exceptions.RayTaskError:
+            raise  # a bug of ours in the actor: seen, never retried
+        except RayError as exc:  # unavailable for now (restarting, its node lost)
+            raise StoreError(f"{doing} Ray's KV store: {type(exc).__name__}: {exc}") from exc
+        reply: dict[str, Any] = json.loads(text)
+        if not reply["ok"] and "fenced" not in reply:
+            raise StoreError(f"{doing} Ray's KV store: {reply.get('error')}")
+        return reply
+
+    async def _settle(self) -> None:
+        """Wait for the fenced writes a cancelled caller left with the actor (see __init__)."""
+        while self._unsettled:
+            ref = self._unsettled[0]
+            # It failed (the actor died): nothing of it is left halfway but its journal.
+            with contextlib.suppress(RayError):
+                await wait_ref(ref)
+            del self._unsettled[0]
+
+    def _make(self) -> Any:
+        self._check()
+        options: dict[str, Any] = {
+            "name": self.namespace,
+            "namespace": ACTOR_NAMESPACE,
+            "lifetime": "detached",
+            "get_if_exists": True,  # one per namespace, whoever asks first makes it
+            "max_restarts": -1,  # it keeps nothing of its own: restarted, it goes on
+            "num_cpus": 0,
+        }
+        return _Fence.options(**options).remote(self.namespace)
+
     # -- blocking parts, run in a thread --
 
     def _check(self) -> None:
         if not internal_kv._internal_kv_initialized():  # type: ignore[no-untyped-call]
             raise StoreError("RayKVStore needs a Ray connection: call ray.init() first")
 
-    def _read_all(self) -> dict[str, str]:
+    def _get_lease(self) -> str | None:
+        self._check()
+        text = internal_kv._internal_kv_get(LEASE, namespace=self.namespace)
+        return None if text is None else text.decode()
+
+    def _read_all(self) -> tuple[dict[str, str], bool]:
+        """The data, and whether a fenced batch is halfway (the actor must finish it)."""
         self._check()
         journal = internal_kv._internal_kv_get(_JOURNAL, namespace=self.namespace)
         if journal is not None:
-            self._apply(json.loads(journal))
+            apply(self.namespace, json.loads(journal))
             internal_kv._internal_kv_del(_JOURNAL, namespace=self.namespace)
+        halfway = internal_kv._internal_kv_exists(FENCED_JOURNAL, namespace=self.namespace)
         out: dict[str, str] = {}
-        for key in internal_kv._internal_kv_list(_DATA, namespace=self.namespace):
+        for key in internal_kv._internal_kv_list(DATA, namespace=self.namespace):
             value = internal_kv._internal_kv_get(key, namespace=self.namespace)
             if value is not None:  # deleted meanwhile
-                out[key[len(_DATA) :].decode()] = value.decode()
-        return out
+                out[key[len(DATA) :].decode()] = value.decode()
+        return out, bool(halfway)
 
     def _write(self, changes: dict[str, str | None]) -> None:
         self._check()
         if len(changes) == 1:
-            self._apply(changes)  # one key: atomic as it is
+            apply(self.namespace, changes)  # one key: atomic as it is
             return
         internal_kv._internal_kv_put(_JOURNAL, json.dumps(changes), namespace=self.namespace)
-        self._apply(changes)
+        apply(self.namespace, changes)
         internal_kv._internal_kv_del(_JOURNAL, namespace=self.namespace)
-
-    def _apply(self, changes: Mapping[str, str | None]) -> None:
-        for key, value in changes.items():
-            raw = _DATA + key.encode()
-            if value is None:
-                internal_kv._internal_kv_del(raw, namespace=self.namespace)
-            else:
-                internal_kv._internal_kv_put(raw, value, namespace=self.namespace)
 
 
 def _as_store_error(doing: str, fn: Callable[[], T]) -> T:

@@ -1,4 +1,17 @@
-"""RayRuntime: each replica is a named, detached Ray actor hosting the user's class."""
+"""RayRuntime: each replica is a named, detached Ray actor hosting the user's class.
+
+Fencing (several controllers sharing one namespace, one of them the leader of an epoch; see
+``Runtime.fence``): every call to an actor carries this runtime's epoch, and the actor, which
+remembers the highest epoch that has commanded it, refuses one from a lower epoch (see ``_host``);
+the refusal is raised as ``FencedError``. Starts and adoptions (the actor's ``ready``) raise its
+epoch. Ray's ``ray.kill`` cannot be refused by the actor, so a kill first asks the actor to
+``stop``: only once it has accepted (and so is committed to ending, taking no other command) is
+it killed. An actor that does not answer within `_STOP_ANSWER_S` (hung: an event loop blocked by
+user code, a stopped process) cannot check anything and is killed all the same, as is one that
+Ray has not placed yet (no process, nothing to ask): the two cases in which a stale leader's kill
+may land. A start is not fenced here beyond its ``ready``: the store, which refuses the stale
+leader's intent before it asks for a start, does that.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +30,7 @@ import ray.util
 import trio
 from ray._private import state as ray_state
 
-from .._errors import ConfigError, ReplicaError, ReplicaGoneError
+from .._errors import ConfigError, FencedError, ReplicaError, ReplicaGoneError
 from .._hosting import host_spec
 from .._json import JSON
 from .._placement import SLOTS
@@ -40,6 +53,16 @@ _MEMORY_PER_REPLICA = 128 << 20
 # How long to wait before watching again an actor Ray calls unavailable (its node is unreachable
 # for now, which may pass) rather than dead.
 _UNAVAILABLE_RETRY_S = 1.0
+#: How long a kill waits for the actor to accept its stop before killing it unasked.
+_STOP_ANSWER_S = 5.0
+#: What an actor's method is called in a FencedError.
+_WHAT = {
+    "ready": "start or adoption",
+    "reconfigure": "reconfigure",
+    "check_health": "health check",
+    "drain": "drain",
+    "stop": "kill",
+}
 
 
 @final
@@ -98,6 +121,22 @@ class RayRuntime:
         self._replica_host = replica_host
         self._actors: dict[str, _Actor] = {}
         self._watchers = Watchers("RayRuntime")
+        self._epoch = 0
+
+    @property
+    def epoch(self) -> int:
+        """The epoch this runtime commands its actors with (0 until ``fence``)."""
+        return self._epoch
+
+    def fence(self, epoch: int) -> None:
+        """Command actors as the leader of `epoch` from now on (see the module's docstring)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError("epoch", "must be a whole number >= 0", epoch)
+        if epoch < self._epoch:
+            raise ConfigError(
+                "epoch", f"must not be lower than the one fenced before ({self._epoch})", epoch
+            )
+        self._epoch = epoch
 
     # -- the Runtime protocol --
 
@@ -180,21 +219,28 @@ class RayRuntime:
         return await self._await_ready(actor)
 
     async def reconfigure_replica(self, tag: str, user_config: JSON) -> None:
-        await self._call(tag, "reconfigure", json.dumps(user_config), optional=True)
+        await self._call(tag, "reconfigure", json.dumps(user_config), self._epoch, optional=True)
 
     async def check_health_replica(self, tag: str) -> None:
         # Asked even of a class without check_health: the answer shows the actor is responsive.
-        await self._call(tag, "check_health")
+        await self._call(tag, "check_health", self._epoch)
 
     async def drain_replica(self, tag: str) -> None:
-        await self._call(tag, "drain", optional=True)
+        await self._call(tag, "drain", self._epoch, optional=True)
 
     async def kill_replica(self, tag: str) -> None:
+        """Kill the actor of `tag` once it has accepted a stop from our epoch; raise
+        ``FencedError``, with nothing done, if it refuses (see the module's docstring)."""
         try:
             actor = await self._find(tag)
         except ReplicaGoneError:
             return  # no such actor: already gone
         actor.killing = True
+        try:
+            await self._ask_to_stop(actor)
+        except BaseException:
+            actor.killing = False  # it lives on: its death is news again
+            raise
         try:
             # A round trip to the control store: never on the trio thread.
             await trio.to_thread.run_sync(lambda: ray.kill(actor.handle, no_restart=True))
@@ -213,8 +259,26 @@ class RayRuntime:
 
     # -- internals --
 
+    async def _ask_to_stop(self, actor: _Actor) -> None:
+        """Have `actor` accept a stop from our epoch; raise ``FencedError`` if it refuses.
+        Returns too if it cannot say: Ray has not placed it, it has died, it has accepted a stop
+        already, or it does not answer within `_STOP_ANSWER_S`."""
+        alive = await trio.to_thread.run_sync(_is_alive, actor.handle)
+        if not alive:
+            await trio.lowlevel.checkpoint()
+            return
+        with trio.move_on_after(_STOP_ANSWER_S) as scope:
+            with contextlib.suppress(ReplicaError):  # FencedError is not one
+                await self._request(actor, "stop", self._epoch)
+        if scope.cancelled_caught:
+            logger.warning(
+                "replica %s: no answer to its stop within %gs; killed unasked",
+                actor.tag,
+                _STOP_ANSWER_S,
+            )
+
     async def _await_ready(self, actor: _Actor) -> ReplicaInfo:
-        reply = await self._request(actor, "ready")
+        reply = await self._request(actor, "ready", self._epoch)
         actor.node_id = reply.get("node_id")
         actor.resources = reply.get("resources") or {}
         actor.methods = frozenset(reply.get("methods", ()))
@@ -240,15 +304,21 @@ class RayRuntime:
             raise ReplicaGoneError(tag, "no actor has this name") from None
         return self._actors.setdefault(tag, _Actor(tag, handle, {}))
 
-    async def _call(self, tag: str, method: str, *args: str, optional: bool = False) -> None:
+    async def _call(self, tag: str, method: str, *args: str | int, optional: bool = False) -> None:
         actor = await self._find(tag)
-        if optional and actor.methods is not None and method not in actor.methods:
+        # Fenced, the actor is asked even so: it checks our epoch, and raises its own to it.
+        if (
+            optional
+            and self._epoch == 0
+            and actor.methods is not None
+            and method not in actor.methods
+        ):
             # A round trip to learn that there is nothing to do would only delay the stop.
             await trio.lowlevel.checkpoint()
             return
         await self._request(actor, method, *args)
 
-    async def _request(self, actor: _Actor, method: str, *args: str) -> dict[str, Any]:
+    async def _request(self, actor: _Actor, method: str, *args: str | int) -> dict[str, Any]:
         try:
             call = await trio.to_thread.run_sync(
                 lambda: getattr(actor.handle, method).remote(*args)
@@ -260,6 +330,11 @@ class RayRuntime:
             raise ReplicaError(actor.tag, type(exc).__name__, _first_line(exc)) from None
         reply: dict[str, Any] = json.loads(text)
         if not reply.get("ok"):
+            newer = reply.get("fenced")
+            if isinstance(newer, int) and not isinstance(newer, bool):
+                raise FencedError(f"{_WHAT[method]} of replica {actor.tag}", self._epoch, newer)
+            if reply.get("error_type") == "ReplicaStopping":
+                raise ReplicaGoneError(actor.tag, "its actor accepted a stop and is ending")
             traceback = reply.get("traceback")
             raise ReplicaError(
                 actor.tag,
@@ -301,6 +376,13 @@ def _resources_per_node() -> tuple[dict[str, dict[str, float]], dict[str, dict[s
     totals = ray_state.total_resources_per_node()  # type: ignore[no-untyped-call]
     available = ray_state.available_resources_per_node()  # type: ignore[no-untyped-call]
     return totals, available
+
+
+def _is_alive(handle: Any) -> bool:
+    """Whether Ray has the actor running (not waiting to be placed, restarting or dead)."""
+    # A developer API of Ray, straight to the control store (no dashboard needed).
+    info = ray_state.actors(actor_id=handle._actor_id.hex())
+    return isinstance(info, dict) and info.get("State") == "ALIVE"
 
 
 def _first_line(exc: BaseException) -> str:
