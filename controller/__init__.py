@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ._errors import ConfigError as ConfigError
     from ._errors import ControllerClosedError as ControllerClosedError
     from ._errors import ControllerError as ControllerError
+    from ._errors import FencedError as FencedError
     from ._errors import GoalFailed as GoalFailed
     from ._errors import InfeasibleError as InfeasibleError
     from ._errors import ManifestError as ManifestError
@@ -85,6 +86,7 @@ _HOME: dict[str, str] = {
     "ConfigError": "._errors",
     "ControllerClosedError": "._errors",
     "ControllerError": "._errors",
+    "FencedError": "._errors",
     "GoalFailed": "._errors",
     "InfeasibleError": "._errors",
     "ManifestError": "._errors",

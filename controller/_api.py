@@ -48,6 +48,7 @@ from ._manifest import BackendDecl, Manifest, parse_manifest
 from ._openapi import OPENAPI
 from ._revisions import Cause
 from ._rollouts import with_code_checked
+from ._serving import Serving
 from ._state import BackendSnapshot, BackendStatus
 from ._views import revision_json, snapshot_json, status_json
 from ._worker_logs import LogChunk
@@ -136,18 +137,20 @@ class Api:
 
     def __init__(
         self,
-        controller: Controller,
+        controller: Controller | None,
         *,
         token: str,
-        epoch: str,
+        epoch: str = "",
         render_metrics: Callable[[], bytes],
         request_shutdown: Callable[[], None],
         shutdown_done: Callable[[], Awaitable[list[str]]] | None = None,
         logs: LogSource | None = None,
+        serving: Serving | None = None,
     ):
-        self._ctl = controller
+        # A daemon with standbys serves what `serving` holds now (its controller while it
+        # leads, its view of the store while it stands by); else the one controller given.
+        self._serving = serving if serving is not None else Serving.fixed(controller, epoch)
         self._token = token.encode()
-        self._epoch = epoch
         self._render_metrics = render_metrics
         self._request_shutdown = request_shutdown
         self._shutdown_done = shutdown_done
@@ -162,6 +165,7 @@ class Api:
             return
         retry_after: int | None = None
         allow: tuple[str, ...] = ()
+        location: str | None = None
         try:
             try:
                 status, body, content_type = await self._route(scope, receive)
@@ -169,7 +173,7 @@ class Api:
                 raise _domain_error(exc) from exc
         except HTTPError as exc:
             status, body, content_type = exc.status, dump(exc.body), "application/json"
-            retry_after, allow = exc.retry_after, exc.allow
+            retry_after, allow, location = exc.retry_after, exc.allow, exc.location
             if status >= 500:
                 logger.error("API: %s %s: %s", scope["method"], scope["path"], exc)
         except Exception:
@@ -187,10 +191,48 @@ class Api:
             headers.append((b"retry-after", b"%d" % retry_after))
         if allow:
             headers.append((b"allow", ", ".join(allow).encode()))
+        if location is not None:
+            headers.append((b"location", location.encode()))
         head = scope["method"] == "HEAD"
         await send({"type": "http.response.start", "status": status, "headers": headers})
         # HEAD: the headers a GET would get (its length too), and no body.
         await send({"type": "http.response.body", "body": b"" if head else body})
+
+    @property
+    def _ctl(self) -> Controller:
+        ctl = self._serving.ctl
+        if ctl is None:
+            raise HTTPError(503, "Starting", "the daemon is starting; try again", retry_after=1)
+        return ctl
+
+    @property
+    def _epoch(self) -> str:
+        return self._serving.epoch
+
+    def _check_leading(self, scope: Scope) -> None:
+        """Changes go to the leader: a standby sends the client there (307, same method and
+        body), or says that no daemon leads just now (503)."""
+        if self._serving.leading:
+            return
+        leader = self._serving.leader_url()
+        if leader is None:
+            raise HTTPError(
+                503,
+                "NoLeader",
+                "this daemon is a standby and no daemon leads just now (a takeover is under "
+                "way); nothing was changed, try again",
+                retry_after=1,
+            )
+        query = scope.get("query_string", b"").decode()
+        target = scope.get("raw_path", b"").decode() or path_of(scope)
+        location = leader.rstrip("/") + target + (f"?{query}" if query else "")
+        raise HTTPError(
+            307,
+            "NotLeader",
+            f"this daemon is a standby; changes go to the leader at {leader}",
+            location=location,
+            leader=leader,
+        )
 
     async def _route(self, scope: Scope, receive: Receive) -> tuple[int, bytes, str]:
         method: str = scope["method"]
@@ -207,6 +249,8 @@ class Api:
                 f"{method} is not allowed on {path}; allowed: {', '.join(allowed)}",
                 allow=allowed,
             )
+        if method not in ("GET", "HEAD"):
+            self._check_leading(scope)
         head = method == "HEAD"
         if head:
             method = "GET"
@@ -222,7 +266,10 @@ class Api:
             return 200, dump(OPENAPI), "application/json"
         if path == "/api/v1/backends" and method == "GET":
             backends = [status_json(b) for b in self._ctl.status().backends]
-            return ok({"backends": backends})
+            leadership = self._serving.leadership_json()
+            if leadership is None:
+                return ok({"backends": backends})
+            return ok({"backends": backends, "leadership": leadership})
         match = _LOGS_PATH.fullmatch(path)
         if match is not None:
             return ok(await self._read_logs(match.group(1), query))
@@ -437,22 +484,27 @@ class Api:
             raise HTTPError(400, "BadQuery", f"timeout_s must be in [0, {MAX_WATCH_TIMEOUT_S:g}]")
         if not wait:
             timeout = 0.0
-        if query.get("epoch", [self._epoch])[0] != self._epoch:
+        ctl, epoch = self._ctl, self._epoch
+        if query.get("epoch", [epoch])[0] != epoch:
             since = 0  # a restarted daemon counts afresh: the caller gets everything
         # Only the newest deletions are kept: a cursor older than that gets every backend,
         # marked complete, so that the watcher drops what it holds and the answer omits.
         # A cursor from the future (never handed out by this daemon) is treated like one from
         # before a restart: the caller gets everything, rather than nothing until it is reached.
-        complete = not self._ctl.watch_floor <= since <= self._ctl.watch_cursor or since == 0
-        snapshots: list[BackendSnapshot] = []
+        complete = not ctl.watch_floor <= since <= ctl.watch_cursor or since == 0
+        found: list[BackendSnapshot] | None = []
         with trio.move_on_after(timeout):
-            snapshots = await self._ctl.changes_since(0 if complete else since)
-        cursor = max([0 if complete else since, *(s.snapshot_id for s in snapshots)])
+            found = await self._serving.changes_since(ctl, 0 if complete else since)
+        if found is None:
+            # The daemon began or stopped leading meanwhile: nothing from here, and the
+            # watcher's next call (with this epoch, no longer the daemon's) gets everything.
+            return {"epoch": epoch, "cursor": since, "complete": False, "snapshots": []}
+        cursor = max([0 if complete else since, *(s.snapshot_id for s in found)])
         return {
-            "epoch": self._epoch,
+            "epoch": epoch,
             "cursor": cursor,
             "complete": complete,
-            "snapshots": [snapshot_json(s) for s in snapshots],
+            "snapshots": [snapshot_json(s) for s in found],
         }
 
 

@@ -205,6 +205,12 @@ class Backend:
         self.journal.recovered(self.spec.generation, len(self.replicas))
         return dropped
 
+    def show_as_stored(self) -> None:
+        """After ``restore``, for a standby's view (which never runs): publish the replicas that
+        served, and say the backend is what its spec and replicas make it, not recovering."""
+        self._change = view.classify(self.spec, self.spec)
+        self._publish()
+
     def block_starts(self, reason: str) -> None:
         """Before ``run``: start nothing new until the next deploy, because the spec cannot be
         placed (a spec stored before the runtime shrank). Replicas already there stay."""

@@ -30,7 +30,8 @@ from ._cli_client import CLIError, describe_error, make_client
 from ._cli_ingress import add_ingress_parser
 from ._cli_output import print_backend, print_log, print_table
 from ._cli_rollout import add_rollout_parser, seconds, wait_for
-from ._errors import CheckpointError, ManifestError, StartupError
+from ._errors import CheckpointError, ConfigError, ManifestError, StartupError
+from ._lease import DURATION_S, RENEW_S, LeaseTiming
 from ._log_format import setup_logging
 from ._statedir import STATE_DIR_ENV, default_state_dir
 
@@ -47,6 +48,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ._daemon import DaemonOptions, run_daemon
 
     setup_logging(args.log_format)
+    try:
+        lease = LeaseTiming(duration_s=args.lease_duration, renew_s=args.lease_renew)
+    except ConfigError as exc:
+        option = {"lease_duration_s": "--lease-duration"}.get(exc.field, "--lease-renew")
+        raise CLIError(f"controller run: {option}: {exc.rule} (got {exc.value!r})", 2) from None
     options = DaemonOptions(
         state_dir=args.state_dir,
         listen=args.listen,
@@ -63,6 +69,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         access_log=args.access_log,
         fork_server=not args.no_fork_server,
         preload=tuple(args.preload),
+        shared_dir=args.shared_dir,
+        lease=lease,
     )
     try:
         trio.run(run_daemon, options)
@@ -133,14 +141,34 @@ def cmd_status(args: argparse.Namespace) -> int:
         else:
             print_backend(status)
         return 0
-    backends = client.ok("GET", "/api/v1/backends")["backends"]
+    answer = client.ok("GET", "/api/v1/backends")
+    backends = answer["backends"]
     if args.json:
         print(json.dumps(backends, indent=2))
-    elif not backends:
+        return 0
+    if not backends:
         print("no backends")
     else:
         print_table(backends)
+    leadership = answer.get("leadership")
+    if isinstance(leadership, dict):
+        print(describe_leadership(leadership))
     return 0
+
+
+def describe_leadership(leadership: dict[str, Any]) -> str:
+    """One line: who leads, since when, and what this daemon is."""
+    if leadership.get("leader") is None:
+        return f"leader: none just now (epoch {leadership.get('epoch')}); this daemon stands by"
+    role = "this daemon" if leadership.get("role") == "leader" else "another daemon"
+    line = (
+        f"leader: {role}, {leadership['leader']} (pid {leadership.get('pid')}), epoch "
+        f"{leadership.get('epoch')}, since {leadership.get('since')}, "
+        f"at {leadership.get('address')}"
+    )
+    if leadership.get("role") == "standby":
+        line += "\nthis daemon stands by: the above is the store as the leader last wrote it"
+    return line
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
@@ -287,6 +315,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="HOST:PORT of the ingress, which routes traffic to the backends (%(default)s)",
     )
     run.add_argument("--no-ingress", action="store_true", help="serve no ingress")
+    run.add_argument(
+        "--shared-dir",
+        type=Path,
+        help="the store and the local workers, shared by daemons on this host: one leads, the "
+        "others stand by and take over (default: the state dir)",
+    )
+    run.add_argument(
+        "--lease-duration",
+        type=seconds,
+        default=DURATION_S,
+        help="how long a leader may go without renewing its lease before a standby takes over "
+        "(%(default)ss)",
+    )
+    run.add_argument(
+        "--lease-renew",
+        type=seconds,
+        default=RENEW_S,
+        help="how often the leader renews and standbys read the lease (%(default)ss; at most "
+        "a third of --lease-duration)",
+    )
     run.add_argument("--access-log", action="store_true", help="the ingress logs each request")
     run.add_argument(
         "--no-fork-server",

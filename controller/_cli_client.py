@@ -35,8 +35,17 @@ class Client:
     def call(
         self, method: str, path: str, body: Any = None, *, timeout: float = 30.0
     ) -> tuple[int, Any]:
+        status, payload = self._call(self.url, method, path, body, timeout)
+        leader = _leader_of(status, payload)
+        if leader is not None:
+            # A standby: the same request goes to the leader it names (once; the leader's own
+            # answer is final, whatever it is).
+            status, payload = self._call(leader, method, path, body, timeout)
+        return status, payload
+
+    def _call(self, url: str, method: str, path: str, body: Any, timeout: float) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, method=method)
+        request = urllib.request.Request(url + path, data=data, method=method)
         request.add_header("Content-Type", "application/json")
         if self.token is not None:
             request.add_header("Authorization", f"Bearer {self.token}")
@@ -59,7 +68,7 @@ class Client:
         except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
             reason = getattr(exc, "reason", exc)
             raise CLIError(
-                f"cannot reach the controller at {self.url} ({reason}); is `controller run` "
+                f"cannot reach the controller at {url} ({reason}); is `controller run` "
                 "running, and is --url or --state-dir right?"
             ) from None
 
@@ -70,6 +79,17 @@ class Client:
             code = 2 if status in (400, 409, 413, 422) else 1
             raise CLIError(describe_error(status, payload), code)
         return payload
+
+
+def _leader_of(status: int, payload: Any) -> str | None:
+    """The leader a standby's 307 names, if it names one by a URL."""
+    if status != 307 or not isinstance(payload, dict):
+        return None
+    error = payload.get("error")
+    leader = error.get("leader") if isinstance(error, dict) else None
+    if isinstance(leader, str) and leader.startswith("http://"):
+        return leader.rstrip("/")
+    return None
 
 
 def describe_error(status: int, payload: Any) -> str:

@@ -24,7 +24,7 @@ import secrets
 import signal
 import socket
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -45,20 +45,27 @@ from ._errors import (
     StoreError,
     UnknownBackendError,
 )
+from ._fencing import FencedRuntime, FencedStore
 from ._files import create_private
 from ._history import plural
 from ._http import HTTPError
+from ._leadership import Leadership, holder_name
+from ._lease import Lease, LeaseTiming
 from ._listen import bound
 from ._manifest import Manifest, load_manifest
 from ._metrics import Metrics
-from ._open import open_controller
+from ._open import _only_error, open_controller
 from ._replica_tasks import KILL_TIMEOUT_S
 from ._revisions import Cause
 from ._runtime import Runtime
+from ._serving import Serving
+from ._standby import store_view
+from ._state import ControllerStatus
 from ._statedir import (
     STATE_DIR_ENV,
     TOKEN_ENV,
     address_path,
+    check_private,
     kept_token,
     locked,
     log_path,
@@ -67,8 +74,8 @@ from ._statedir import (
     write_address,
     write_token,
 )
-from ._store import Store
-from .ingress import ControllerSource, Ingress, IngressConfig
+from ._store import LeaseStore, Store
+from .ingress import Ingress, IngressConfig, ServingSource
 
 logger = logging.getLogger("controller.daemon")
 
@@ -105,18 +112,26 @@ class DaemonOptions:
     """LocalRuntime forks workers from a fork server (False: each is a fresh Python)."""
     preload: Sequence[str] = ()
     """Modules LocalRuntime's fork server imports once for all its workers."""
+    shared_dir: Path | None = None
+    """Where the SQLite store and the local workers are, for daemons that share them (one
+    leads, the others stand by); None: the state dir."""
+    lease: LeaseTiming = attrs.field(factory=LeaseTiming)
+    """How the leader keeps its lease, and how soon a standby takes over."""
 
 
 async def run_daemon(options: DaemonOptions) -> None:
     """Run until SIGINT or SIGTERM (replicas keep running, for the next start to adopt) or until
-    ``POST /api/v1/shutdown`` (every backend drained and deleted first)."""
+    ``POST /api/v1/shutdown`` (every backend drained and deleted first).
+
+    Daemons sharing one store (``shared_dir``, or Ray's KV) elect a leader through a lease in
+    it: one leads (runs the controller), the others stand by (serve the store's view, send
+    changes to the leader) and take over when the lease lapses."""
     # Checked before anything is opened: a bad file changes nothing.
     manifest = load_manifest(options.config) if options.config is not None else None
     # Taken out of the environment at once: no child of ours (a worker, a Ray process started
     # here) may inherit it.
     # Stripped, as a client's is: a token with a stray newline would lock everyone out.
     given_token = (os.environ.pop(TOKEN_ENV, None) or "").strip()
-    opened = False
     try:
         with (
             locked(options.state_dir) as state_dir,
@@ -124,43 +139,188 @@ async def run_daemon(options: DaemonOptions) -> None:
             bound(options.listen, "--listen", warn_remote=not options.allow_remote) as sock,
             _ingress_socket(options) as ingress_sock,
         ):
-            # The token outlives a restart, so that routers and watchers given it carry on.
-            token = given_token or kept_token(state_dir) or secrets.token_urlsafe(32)
+            shared = _shared_dir(options, state_dir)
+            # The token outlives a restart, so that routers and watchers given it carry on;
+            # daemons of one shared dir take its token, so that any of them takes a client's.
+            token = (
+                given_token
+                or kept_token(shared)
+                or kept_token(state_dir)
+                or secrets.token_urlsafe(32)
+            )
             metrics = Metrics()
             if "ray" in (options.runtime, options.store):
                 # Joining (or starting) a cluster takes seconds: not on the trio thread.
                 await trio.to_thread.run_sync(_connect_ray, options)
-            with _store(options) as store:
-                runtime = _runtime(options)
-                if not options.forget_replicas:
-                    await _refuse_a_lost_store(store, runtime)
-                async with open_controller(
-                    runtime=metrics.wrap_runtime(runtime),
-                    store=metrics.wrap_store(store),
-                    observer=metrics,
-                    # Where the workers import from: revisions pin the code found there.
-                    code_path=[*map(str, options.pythonpath), *sys.path],
-                ) as ctl:
-                    opened = True
-                    _write_token(state_dir, token)
-                    metrics.watch_status(ctl.status)
-                    if manifest is not None:
-                        await _apply_at_start(ctl, manifest, options.config)
-                    logs = _log_source(runtime)
-                    epoch = secrets.token_hex(8)
-                    ingress = None
-                    if ingress_sock is not None:
-                        ingress = Ingress(
-                            ControllerSource(ctl), IngressConfig(access_log=options.access_log)
-                        )
-                    serving = _Serving(sock, ingress_sock, ingress)
-                    await _serve(ctl, options, serving, token, epoch, metrics, logs)
+            with _store(options, shared) as store:
+                runtime = _runtime(options, shared)
+                host, port = sock.getsockname()[:2]
+                leadership = Leadership(
+                    store,
+                    holder_name(socket.gethostname(), str(state_dir.resolve())),
+                    options.lease,
+                    address=f"http://{_url_host(host)}:{port}",
+                )
+                serving = Serving(leadership)
+                metrics.watch_status(lambda: _leader_status(serving))
+                metrics.watch_leadership(leadership)
+                ingress = None
+                if ingress_sock is not None:
+                    ingress = Ingress(
+                        ServingSource(serving), IngressConfig(access_log=options.access_log)
+                    )
+                roles = _Roles(
+                    options, manifest, store, runtime, leadership, serving, metrics, shared
+                )
+                try:
+                    await _serve(
+                        roles,
+                        options,
+                        _Serving(sock, ingress_sock, ingress),
+                        token,
+                        metrics,
+                        _log_source(runtime),
+                        _keep_token(state_dir, shared, token),
+                    )
+                finally:
+                    # The controller is closed (it acts no more), however the daemon ends: a
+                    # standby may take over at once.
+                    with trio.move_on_after(options.lease.renew_s * 2, shield=True):
+                        await leadership.release()
     # The state dir's files, the store, a checkpoint this controller cannot read, the runtime's
     # directory, Ray missing: all found before recovery touched anything.
-    except (StoreError, CheckpointError, ConfigError, OSError, ImportError) as exc:
-        if opened:
-            raise
+    except _STARTUP_ERRORS as exc:
         raise StartupError(f"{_reason(exc)}; no replica was touched") from None
+
+
+_STARTUP_ERRORS = (StoreError, CheckpointError, ConfigError, OSError, ImportError)
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _shared_dir(options: DaemonOptions, state_dir: Path) -> Path:
+    """Where the store and the workers are: the state dir, or one daemons share."""
+    if options.shared_dir is None:
+        return state_dir
+    check_private(options.shared_dir, create=True)
+    return options.shared_dir
+
+
+def _keep_token(state_dir: Path, shared: Path, token: str) -> Callable[[], None]:
+    def keep() -> None:
+        # Written only once the start is past what can fail before serving: a failed start
+        # leaves the token of the last good one in place.
+        _write_token(state_dir, token)
+        if shared != state_dir and kept_token(shared) is None:
+            _write_token(shared, token)
+
+    return keep
+
+
+def _leader_status(serving: Serving) -> ControllerStatus:
+    # Only the leader exports its backends: a standby's view would count them twice.
+    if serving.leading and serving.ctl is not None:
+        return serving.ctl.status()
+    return ControllerStatus(())
+
+
+@attrs.define(eq=False)
+class _Roles:
+    """Stand by, lead, stand by again: the daemon's roles in turn, for as long as it runs."""
+
+    options: DaemonOptions
+    manifest: Manifest | None
+    store: LeaseStore
+    runtime: Runtime
+    leadership: Leadership
+    serving: Serving
+    metrics: Metrics
+    shared: Path
+    _applied: bool = False
+    _view_of: dict[str, str] | None = None
+    _up: bool = False
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Started once this daemon serves something: as leader, its controller open; as a
+        standby, its first view of the store built."""
+        status: trio.TaskStatus[None] | None = task_status
+
+        def up() -> None:
+            nonlocal status
+            if status is not None:
+                status.started()
+                status = None
+                self._up = True
+
+        try:
+            while True:
+                self._view_of = None
+
+                async def stand_by() -> None:
+                    await self._refresh_view()
+                    up()
+
+                lease = await self.leadership.campaign(on_read=stand_by)
+                await self._lead(lease, up)
+        except BaseException as exc:
+            found = _only_error(exc) if isinstance(exc, BaseExceptionGroup) else exc
+            if status is not None and isinstance(found, _STARTUP_ERRORS):
+                # Found before recovery touched anything: the start fails in one line.
+                raise StartupError(f"{_reason(found)}; no replica was touched") from None
+            raise
+
+    async def _refresh_view(self) -> None:
+        """A standby's view, rebuilt when the store changed since the last."""
+        try:
+            data = await self.store.read_all()
+        except StoreError as exc:
+            logger.debug("standby: reading the store: %s", exc)
+            return
+        if data == self._view_of:
+            return
+        try:
+            view = store_view(data, self._code_path())
+        except CheckpointError as exc:
+            logger.error("standby: the store cannot be read (%s); serving the last view", exc)
+            return
+        self._view_of = data
+        self.serving.switch(view, leading=False)
+
+    def _code_path(self) -> list[str]:
+        # Where the workers import from: revisions pin the code found there.
+        return [*map(str, self.options.pythonpath), *sys.path]
+
+    async def _lead(self, lease: Lease, up: Callable[[], None]) -> None:
+        leadership = self.leadership
+        with leadership.leading_scope():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(leadership.keep)
+                if not self.options.forget_replicas:
+                    await _refuse_a_lost_store(self.store, self.runtime)
+                store = FencedStore(self.store, lease.epoch, leadership.fenced)
+                runtime = FencedRuntime(self.runtime, lease.epoch, leadership.fenced)
+                async with open_controller(
+                    runtime=self.metrics.wrap_runtime(runtime),
+                    store=self.metrics.wrap_store(store),
+                    observer=self.metrics,
+                    code_path=self._code_path(),
+                ) as ctl:
+                    self.serving.switch(ctl, leading=True)
+                    if self._up:
+                        # A takeover (at the start, the line that says the daemon listens
+                        # says it leads).
+                        logger.info("leading as epoch %d: %s", lease.epoch, leadership.how)
+                    try:
+                        if self.manifest is not None and not self._applied:
+                            # Once per daemon: a later takeover finds it in the store already.
+                            self._applied = True
+                            await _apply_at_start(ctl, self.manifest, self.options.config)
+                        up()
+                        await trio.sleep_forever()
+                    finally:
+                        self.serving.stop_leading()
 
 
 async def _refuse_a_lost_store(store: Store, runtime: Runtime) -> None:
@@ -234,18 +394,19 @@ class _Serving:
 
 
 async def _serve(
-    ctl: Controller,
+    roles: _Roles,
     options: DaemonOptions,
     serving: _Serving,
     token: str,
-    epoch: str,
     metrics: Metrics,
     logs: LogSource | None,
+    keep_token: Callable[[], None],
 ) -> None:
     stop = trio.Event()
     shutdown_asked = trio.Event()
     shutdown_over = trio.Event()
     left: list[str] = []
+    current = roles.serving
 
     async def shutdown_done() -> list[str]:
         await shutdown_over.wait()
@@ -258,13 +419,13 @@ async def _serve(
         return text if ingress is None else text + generate_latest(ingress.metrics.registry)
 
     app = Api(
-        ctl,
+        None,
         token=token,
-        epoch=epoch,
         render_metrics=render_metrics,
         request_shutdown=shutdown_asked.set,
         shutdown_done=shutdown_done,
         logs=logs,
+        serving=current,
     )
     config = hypercorn.config.Config()
     # Our socket, bound already; hypercorn takes it over (and closes it when it stops).
@@ -289,7 +450,8 @@ async def _serve(
 
             async def on_shutdown() -> None:
                 await shutdown_asked.wait()
-                left.extend(await _wait_deleted(ctl))
+                if current.ctl is not None:
+                    left.extend(await _wait_deleted(current.ctl))
                 shutdown_over.set()
                 mark_stopping(options.state_dir)
                 # The request waiting for this answers at once; the server's graceful stop
@@ -298,6 +460,10 @@ async def _serve(
 
             nursery.start_soon(on_signal)
             nursery.start_soon(on_shutdown)
+            # Leads (recovered, the config applied) or stands by (the store's view built)
+            # before anything is served.
+            await nursery.start(roles.run)
+            keep_token()
             if ingress is not None and serving.ingress_socket is not None:
                 # Routes are known before the first connection is taken.
                 await nursery.start(ingress.run)
@@ -317,11 +483,25 @@ async def _serve(
                 # must not be, or a child could keep the port open after we exit.
                 os.set_inheritable(fd, False)
                 url = binds[0]
-                write_address(options.state_dir, url, epoch)
-                logger.info("listening on %s (token in %s)", url, token_path(options.state_dir))
+                write_address(options.state_dir, url, secrets.token_hex(8))
+                logger.info(
+                    "listening on %s (token in %s), %s",
+                    url,
+                    token_path(options.state_dir),
+                    _role_of(roles.leadership),
+                )
             nursery.cancel_scope.cancel()
     with contextlib.suppress(FileNotFoundError):
         address_file.unlink()
+
+
+def _role_of(leadership: Leadership) -> str:
+    lease = leadership.seen
+    if leadership.leading and lease is not None:
+        return f"leading as epoch {lease.epoch} ({leadership.how})"
+    if lease is None or lease.released:
+        return "standing by"
+    return f"standing by (epoch {lease.epoch} leads, at {lease.address})"
 
 
 async def _wait_deleted(ctl: Controller) -> list[str]:
@@ -392,7 +572,7 @@ class _PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
 
 
 @contextlib.contextmanager
-def _store(options: DaemonOptions) -> Iterator[Store]:
+def _store(options: DaemonOptions, shared: Path) -> Iterator[LeaseStore]:
     if options.store == "ray":
         from .ray import RayKVStore
 
@@ -400,7 +580,7 @@ def _store(options: DaemonOptions) -> Iterator[Store]:
         return
     from ._sqlite_store import SQLiteStore
 
-    path = options.state_dir / "controller.db"
+    path = shared / "controller.db"
     try:
         create_private(path)
     except (OSError, ConfigError) as exc:
@@ -409,7 +589,7 @@ def _store(options: DaemonOptions) -> Iterator[Store]:
         yield store
 
 
-def _runtime(options: DaemonOptions) -> Runtime:
+def _runtime(options: DaemonOptions, shared: Path) -> Runtime:
     if options.runtime == "ray":
         from .ray import RayRuntime
 
@@ -423,7 +603,7 @@ def _runtime(options: DaemonOptions) -> Runtime:
     # Replicas get this process's environment, less what is the daemon's own business.
     env = {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV, STATE_DIR_ENV)}
     return LocalRuntime(
-        options.state_dir / "w",
+        shared / "w",
         pythonpath=options.pythonpath,
         env=env,
         max_replicas=options.max_replicas,

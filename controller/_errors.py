@@ -146,3 +146,20 @@ class CodeChangedError(RolloutError):
 
     def __init__(self, message: str):
         super().__init__("CodeChanged", message)
+
+
+class FencedError(ControllerError):
+    """A newer leader has taken over: the store or a replica refused a command from this
+    controller's `epoch`, which is no longer the newest. Nothing of the command took effect; a
+    controller that meets this stops acting at once and steps down."""
+
+    def __init__(self, what: str, epoch: int, newer: int | None = None):
+        self.what = what
+        self.epoch = epoch
+        self.newer = newer
+        """The epoch that fenced it, where the refuser said."""
+        by = f" (epoch {newer} leads now)" if newer is not None else ""
+        super().__init__(
+            f"{what}: refused, epoch {epoch} is no longer the leader's{by}; this controller "
+            "steps down"
+        )

@@ -25,12 +25,14 @@ class HTTPError(Exception):
         *,
         retry_after: int | None = None,
         allow: tuple[str, ...] = (),
+        location: str | None = None,
         **extra: Any,
     ):
         self.status = status
         self.body = {"error": {"type": kind, "message": message, **extra}}
         self.retry_after = retry_after
         self.allow = allow
+        self.location = location
         super().__init__(message)
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, TypeVar, final
 
 import trio
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ._runtime import Runtime
@@ -18,6 +18,7 @@ from ._store import Store
 from ._wrap import RuntimeWrapper, StoreWrapper
 
 if TYPE_CHECKING:
+    from ._leadership import Leadership
     from ._state import ControllerStatus
 
 T = TypeVar("T")
@@ -127,6 +128,10 @@ class Metrics:
         """Export replica counts, read from `status` at each scrape (no copy to keep fresh)."""
         self.registry.register(_ReplicaCollector(status))
 
+    def watch_leadership(self, leadership: Leadership) -> None:
+        """Export whether this daemon leads, the epoch, and the lease's counters."""
+        self.registry.register(_LeadershipCollector(leadership))
+
     def wrap_runtime(self, runtime: Runtime) -> Runtime:
         return _TimedRuntime(runtime, self)
 
@@ -233,6 +238,43 @@ _OUTCOMES = {
     "adopt": ("adopted", "adoption_failed", "cancelled"),
     "check_health": ("ok", "failed", "timed_out"),
 }
+
+
+@final
+class _LeadershipCollector(Collector):
+    def __init__(self, leadership: Leadership):
+        self._leadership = leadership
+
+    def collect(self) -> Iterator[Metric]:
+        lead = self._leadership
+        seen = lead.seen
+        yield GaugeMetricFamily(
+            "controller_leader", "1 while this daemon leads, 0 while it stands by", lead.leading
+        )
+        yield GaugeMetricFamily(
+            "controller_leader_epoch",
+            "The epoch of the lease as this daemon last saw it (0: never claimed)",
+            seen.epoch if seen is not None else 0,
+        )
+        for name, text, value in (
+            ("controller_lease_renewals", "Renewals of the lease by this daemon", lead.renewals),
+            (
+                "controller_lease_renew_failures",
+                "Renewals that failed (the store did not answer)",
+                lead.renew_failures,
+            ),
+            (
+                "controller_leadership_transitions",
+                "Times this daemon began or stopped leading",
+                lead.transitions,
+            ),
+            (
+                "controller_fenced_refusals",
+                "Commands of this daemon refused by the store or a replica as from a stale epoch",
+                lead.refusals,
+            ),
+        ):
+            yield CounterMetricFamily(name, text, value)
 
 
 @final

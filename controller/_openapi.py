@@ -40,8 +40,14 @@ _ERRORS = {
     "422": "The body is JSON but breaks a rule; `problems` lists each, naming the field",
     "501": "This runtime keeps no replica logs the daemon can read (Ray)",
     "503": "The daemon is shutting down and takes no more changes, or the store cannot be "
-    "written (then with Retry-After); nothing was applied",
+    "written, or it is a standby while no daemon leads (NoLeader) (then with Retry-After); "
+    "nothing was applied",
 }
+_STANDBY = (
+    "This daemon is a standby (NotLeader): changes go to the leader, whose URL for the same "
+    "request is in Location (and its API's address in the error's `leader`); nothing was "
+    "applied here"
+)
 
 
 _WRITE_ERRORS = ("400", "409", "413", "415", "422", "503")
@@ -70,6 +76,13 @@ def _op(
         if code == "503":
             response["headers"] = {"Retry-After": {"schema": INT}}
         responses[code] = response
+    if "503" in errors:
+        # Every change is taken by the leader only.
+        responses["307"] = {
+            "description": _STANDBY,
+            "headers": {"Location": {"schema": STRING, "required": True}},
+            "content": {JSON_BODY: {"schema": ref("Error")}},
+        }
     op: dict[str, Any] = {"summary": summary, "responses": responses}
     if description is not None:
         op["description"] = description
@@ -151,7 +164,12 @@ OPENAPI: dict[str, Any] = {
             )
         },
         "/api/v1/backends": {
-            "get": _op("Every backend's status", _json("200", "By name", "BackendList"))
+            "get": _op(
+                "Every backend's status, and who leads",
+                _json("200", "By name", "BackendList"),
+                description="From a standby: the backends as the leader last wrote them to "
+                "the store (replicas as its intent names them, unchecked).",
+            )
         },
         "/api/v1/backends/{name}": {
             "parameters": [NAME],

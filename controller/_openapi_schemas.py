@@ -374,7 +374,34 @@ SCHEMAS: dict[str, Any] = {
             },
         }
     ),
-    "BackendList": _obj({"backends": {"type": "array", "items": ref("BackendStatus")}}),
+    "BackendList": _obj(
+        {"backends": {"type": "array", "items": ref("BackendStatus")}},
+        leadership=ref("Leadership"),
+    ),
+    "Leadership": _obj(
+        {
+            "role": {
+                "enum": ["leader", "standby"],
+                "description": "This daemon's role: it leads (acts), or stands by (reads)",
+            },
+            "holder": STRING,
+        },
+        epoch={"type": "integer", "minimum": 0, "description": "The lease's epoch, as seen"},
+        leader={
+            "type": ["string", "null"],
+            "description": "Who leads (host:state dir); null while none does",
+        },
+        address={"type": ["string", "null"], "description": "The leader's API"},
+        pid={"type": ["integer", "null"]},
+        since={
+            "type": ["string", "null"],
+            "description": "When the leader began to lead (ISO 8601, UTC)",
+        },
+        renewed={
+            "type": ["string", "null"],
+            "description": "When the leader last renewed the lease (ISO 8601, UTC)",
+        },
+    ),
     "Accepted": _obj({"name": STRING, "generation": {"type": "integer", "minimum": 1}}),
     "Applied": _obj(
         {

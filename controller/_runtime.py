@@ -128,6 +128,17 @@ class Runtime(Protocol):
         """Stop a replica for sure and return when it is gone. Idempotent: a missing tag is fine."""
         ...
 
+    def fence(self, epoch: int) -> None:
+        """Command replicas as the leader of `epoch` from now on (called once a daemon wins the
+        lease, before it recovers; epochs only grow).
+
+        Each replica remembers the highest epoch that has commanded it (its start, its adoption,
+        any command) and refuses drain, reconfigure and kill from a lower one by raising
+        ``FencedError``: nothing of such a command takes effect. Adoption raises a replica's
+        epoch to this one. A runtime never fenced commands with epoch 0, which any fenced
+        command outranks."""
+        ...
+
 
 @final
 class Watchers:

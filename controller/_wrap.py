@@ -37,6 +37,9 @@ class RuntimeWrapper:
     async def capacity(self) -> Sequence[Mapping[str, float]] | None:
         return await self.inner.capacity()
 
+    def fence(self, epoch: int) -> None:
+        self.inner.fence(epoch)
+
     async def list_replicas(self) -> Sequence[str]:
         return await self.around("list_replicas", None, self.inner.list_replicas)
 

@@ -1,0 +1,206 @@
+"""Leadership, the trio part: stand by until the lease is ours, then keep it, and stop leading
+the moment it is lost (``_lease`` holds the decisions, ``_fencing`` the refusals).
+
+A leader runs inside ``leading()``, a cancel scope whose deadline is the last renewal that
+succeeded plus the renew deadline: a leader whose renewals stall (a hung store, a paused
+process) is cancelled by trio's own clock, whatever its tasks are doing, and one the store or a
+replica refuses is cancelled at once. Its replicas are left as they are, as after a crash.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import final
+
+import trio
+
+from ._errors import FencedError, StoreError
+from ._lease import Lease, LeaseTiming, Watched, claim_at, claimed, renewed, watch
+from ._store import LeaseStore
+
+logger = logging.getLogger("controller.leadership")
+
+
+@final
+class Leadership:
+    """The lease of `store`, as `holder` (a daemon's host and state dir) campaigns for it and
+    keeps it. `address` is this daemon's API, put in the lease for standbys to send writes to.
+
+    Counters for metrics: `renewals`, `renew_failures`, `transitions` (times it started or
+    stopped leading), `refusals`."""
+
+    def __init__(
+        self, store: LeaseStore, holder: str, timing: LeaseTiming, *, address: str | None = None
+    ):
+        self.store = store
+        self.holder = holder
+        self.timing = timing
+        self.address = address
+        self.seen: Lease | None = None
+        """The lease as last read or written: who leads."""
+        self.held: Lease | None = None
+        """Ours, while this daemon leads."""
+        self.leading_since: float | None = None
+        """When this daemon last began to lead, by the wall clock."""
+        self.renewals = 0
+        self.renew_failures = 0
+        self.transitions = 0
+        self.refusals = 0
+        """How many of this daemon's commands the store or a replica refused as stale."""
+        self.how = ""
+        """How this daemon came to lead, for the log: who led before, and why it no longer does."""
+        self._scope: trio.CancelScope | None = None
+        self._store_down = False
+
+    @property
+    def leading(self) -> bool:
+        return self.held is not None
+
+    async def campaign(self, on_read: Callable[[], Awaitable[None]] | None = None) -> Lease:
+        """Stand by until the lease is ours; return it. `on_read` runs after each read of the
+        lease while standing by (a standby refreshes its view of the store then)."""
+        seen: Watched | None = None
+        while True:
+            try:
+                lease = await self.store.read_lease()
+            except StoreError as exc:
+                self._store_failed("reading the lease", exc)
+                await trio.sleep(self.timing.renew_s)
+                continue
+            self._store_back()
+            self.seen = lease
+            now = trio.current_time()
+            seen = watch(seen, lease, now)
+            if now >= claim_at(seen, self.holder):
+                new = claimed(
+                    lease,
+                    holder=self.holder,
+                    duration_s=self.timing.duration_s,
+                    pid=os.getpid(),
+                    wall=time.time(),
+                    address=self.address,
+                )
+                try:
+                    won = await self.store.claim_lease(lease, new)
+                except StoreError as exc:
+                    self._store_failed("claiming the lease", exc)
+                    await trio.sleep(self.timing.renew_s)
+                    continue
+                if won:
+                    self._began(new, lease)
+                    return new
+                continue  # another claimed or renewed it meanwhile: read it again at once
+            if on_read is not None:
+                await on_read()
+            await trio.sleep_until(min(claim_at(seen, self.holder), now + self.timing.renew_s))
+
+    def _began(self, lease: Lease, before: Lease | None) -> None:
+        self.held = self.seen = lease
+        self.leading_since = lease.acquired_at
+        self.transitions += 1
+        if before is None:
+            how = "no daemon led before"
+        elif before.released:
+            how = f"epoch {before.epoch} was released"
+        elif before.holder == self.holder:
+            how = f"epoch {before.epoch} was this state dir's, from an earlier run"
+        else:
+            how = (
+                f"epoch {before.epoch} ({before.holder}, pid {before.pid}) was not renewed for "
+                f"{before.duration_s:g}s"
+            )
+        self.how = how
+
+    @contextmanager
+    def leading_scope(self) -> Iterator[trio.CancelScope]:
+        """The scope a leader acts in: cancelled when the lease is lost, or, without renewals,
+        at its renew deadline."""
+        assert self.held is not None, "campaign() first"
+        with trio.CancelScope(deadline=trio.current_time() + self.timing.renew_deadline_s) as scope:
+            self._scope = scope
+            try:
+                yield scope
+            finally:
+                self._scope = None
+                if scope.cancelled_caught or scope.cancel_called:
+                    self._ended()
+
+    def fenced(self, exc: FencedError) -> None:
+        """The store or a replica refused this leader's epoch: stop acting now."""
+        self.refusals += 1
+        if self._scope is not None and not self._scope.cancel_called:
+            logger.warning("fenced: %s", exc)
+            self._scope.cancel()
+
+    async def keep(self) -> None:
+        """Renew the lease every period, while leading; moving the leading scope's deadline on
+        with each renewal. Returns once the lease is lost (the scope is then cancelled)."""
+        scope = self._scope
+        assert scope is not None, "keep() runs inside leading_scope()"
+        began = trio.current_time()
+        while True:
+            await trio.sleep_until(began + self.timing.renew_s)
+            began = trio.current_time()
+            lease = self.held
+            if lease is None:
+                return  # released
+            new = renewed(lease, wall=time.time(), address=self.address)
+            try:
+                await self.store.renew_lease(new)
+            except FencedError as exc:
+                self.fenced(exc)
+                return
+            except StoreError as exc:
+                self.renew_failures += 1
+                self._store_failed("renewing the lease", exc)
+                continue  # the scope's deadline stops the leader if this lasts
+            self._store_back()
+            self.renewals += 1
+            self.held = self.seen = new
+            # A standby may claim `duration_s` after it saw this renewal, which it cannot
+            # have seen before the renewal began: the leader stops before then.
+            scope.deadline = began + self.timing.renew_deadline_s
+
+    def _ended(self) -> None:
+        lease = self.held
+        self.held = None
+        self.leading_since = None
+        self.transitions += 1
+        if lease is not None:
+            logger.warning("stopped leading (epoch %d); standing by", lease.epoch)
+
+    async def release(self) -> None:
+        """Give the lease up (a clean stop), so that a standby takes over at once. A lease lost
+        already is left as it is."""
+        lease = self.held
+        if lease is None:
+            return
+        self.held = None
+        try:
+            await self.store.renew_lease(
+                renewed(lease, wall=time.time(), address=None, released=True)
+            )
+        except (FencedError, StoreError) as exc:
+            logger.debug("the lease was not released (%s); it lapses on its own", exc)
+            return
+        # Quiet: a failed start releases too, and says why in its one line.
+        logger.debug("released the lease (epoch %d)", lease.epoch)
+
+    def _store_failed(self, doing: str, exc: StoreError) -> None:
+        if not self._store_down:
+            self._store_down = True
+            logger.error("%s: %s; trying again every %gs", doing, exc, self.timing.renew_s)
+
+    def _store_back(self) -> None:
+        if self._store_down:
+            self._store_down = False
+            logger.info("the store answers again")
+
+
+def holder_name(host: str, state_dir: str) -> str:
+    """A daemon's name in the lease: the same for a restart on the same state dir."""
+    return f"{host}:{state_dir}"

@@ -1,0 +1,105 @@
+"""What a daemon's API and ingress serve from: the controller while the daemon leads, a view of
+the store while it stands by. Each switch starts a new watch epoch, so that watchers take a
+complete list from what serves now."""
+
+from __future__ import annotations
+
+import secrets
+from typing import TYPE_CHECKING, Any, final
+
+import trio
+
+from ._errors import ControllerClosedError
+from ._state import BackendSnapshot
+from ._views import iso
+
+if TYPE_CHECKING:
+    from ._controller import Controller
+    from ._leadership import Leadership
+
+
+@final
+class Serving:
+    """The daemon's current source of answers. `leadership` (None: a daemon that always leads,
+    or a test's fixed controller) says who leads, for redirects and status."""
+
+    def __init__(self, leadership: Leadership | None = None):
+        self.ctl: Controller | None = None
+        self.epoch = ""
+        self.leading = False
+        self.leadership = leadership
+        self._switched = trio.Event()
+
+    @classmethod
+    def fixed(cls, ctl: Controller | None, epoch: str) -> Serving:
+        """One controller for good, which leads (an embedding, or a test)."""
+        serving = cls()
+        serving.ctl, serving.epoch, serving.leading = ctl, epoch, True
+        return serving
+
+    def switch(self, ctl: Controller, *, leading: bool) -> None:
+        """Serve from `ctl` from now on."""
+        self.ctl, self.leading = ctl, leading
+        self.epoch = secrets.token_hex(8)
+        self._switched.set()
+        self._switched = trio.Event()
+
+    def stop_leading(self) -> None:
+        """The controller closed: take no more changes until the next switch (a standby's
+        view, or leading again)."""
+        self.leading = False
+
+    async def wait_switched(self) -> None:
+        await self._switched.wait()
+
+    def leader_url(self) -> str | None:
+        """Where the leader's API is, as its lease says (None: none leads, or it is us)."""
+        if self.leadership is None or self.leading:
+            return None
+        lease = self.leadership.seen
+        if lease is None or lease.released or lease.holder == self.leadership.holder:
+            return None
+        return lease.address
+
+    def leadership_json(self) -> dict[str, Any] | None:
+        """Who leads, for ``GET /api/v1/backends`` (None: no leadership, one controller)."""
+        leadership = self.leadership
+        if leadership is None:
+            return None
+        lease = leadership.seen
+        live = lease is not None and not lease.released
+        return {
+            "role": "leader" if self.leading else "standby",
+            "holder": leadership.holder,
+            "epoch": lease.epoch if lease is not None else 0,
+            "leader": lease.holder if live and lease is not None else None,
+            "address": lease.address if live and lease is not None else None,
+            "pid": lease.pid if live and lease is not None else None,
+            "since": iso(lease.acquired_at) if live and lease is not None else None,
+            "renewed": iso(lease.renewed_at) if live and lease is not None else None,
+        }
+
+    async def changes_since(
+        self, ctl: Controller, snapshot_id: int
+    ) -> list[BackendSnapshot] | None:
+        """`ctl`'s changes after `snapshot_id`, or None once the daemon serves from another
+        (the watcher's next call, with the old epoch, then gets everything from the new one)."""
+        found: list[BackendSnapshot] | None = None
+        switched = self._switched
+        async with trio.open_nursery() as nursery:
+
+            async def changes() -> None:
+                nonlocal found
+                try:
+                    found = await ctl.changes_since(snapshot_id)
+                except ControllerClosedError:
+                    return  # it stopped leading: the switch comes next
+                nursery.cancel_scope.cancel()
+
+            async def switch() -> None:
+                await switched.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(changes)
+            nursery.start_soon(switch)
+        return found
