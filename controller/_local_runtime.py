@@ -3,10 +3,11 @@
 Layout of the runtime directory, per replica (``<id>`` is a digest of its tag, to keep socket
 paths short): ``<id>.spec.json`` (what the worker runs), ``<id>.sock`` (its socket),
 ``<id>.pid`` (a forked worker's pid) and ``logs/<tag>.log`` (its stdout and stderr, kept after it
-is gone); and ``zygote.log``, the fork server's stderr. Workers run in their own session and
-process group, so they outlive the controller and are killed as a group, and they inherit
-exactly three descriptors (stdin from /dev/null, the log, and their socket): nothing the
-controller's process holds, such as a listening port, outlives it in a worker.
+is gone); ``zygote.log``, the fork server's stderr; and ``fence``, the highest epoch fenced
+over the directory (see Fencing below). Workers run in their own session and process group, so
+they outlive the controller and are killed as a group, and they inherit exactly three
+descriptors (stdin from /dev/null, the log, and their socket): nothing the controller's process
+holds, such as a listening port, outlives it in a worker.
 
 How workers start: forked by the fork server (``_zygote``), a process that has imported the
 worker's code once, in milliseconds; or, while it is not ready (or if it is turned off or
@@ -18,12 +19,30 @@ fork server's command line instead, and is found by the ``<id>.pid`` file it wri
 anything else. How death is noticed: a "monitor" connection per worker, which the worker never
 answers; it ends only when the process does. How exits are awaited: pidfds, which work for
 workers that are not our children too.
+
+Fencing (several daemons over one directory, one of them the leader of an epoch; see
+``Runtime.fence``): every request to a worker carries this runtime's epoch, and the worker, which
+remembers the highest epoch that has commanded it, refuses one from a lower epoch (see
+``_worker``); the refusal is raised as ``FencedError``. An adoption raises the worker's epoch.
+A kill goes through the worker too: it is asked to ``stop``, and only once it has accepted is its
+group signalled (SIGTERM, then SIGKILL); a worker that accepted a stop is committed to ending
+and takes no adoption, so the check and the kill are one act against a newer leader's adoption.
+A worker that does not answer at all (its socket gone, or no reply within `term_timeout_s`: hung,
+or stopped) cannot check anything, and is signalled as before fencing, as is a worker started
+before fencing existed (it knows no ``stop``): the only cases in which a stale leader's kill may
+land. Health checks from a lower epoch are refused as well, so that a
+stale leader learns it is stale at its next check. Starts are checked against ``fence``, a file
+in the directory that ``fence`` raises to the highest epoch fenced there: a start from a lower
+epoch is refused before anything is written. That check is not atomic with a newer leader's
+fencing and recovery (a start under way as it fences may still land, unseen by its recovery);
+the store, which refuses the stale leader's intent before it asks for a start, closes that.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -37,7 +56,7 @@ from typing import Any, final
 import attrs
 import trio
 
-from ._errors import ConfigError, ReplicaError, ReplicaGoneError
+from ._errors import ConfigError, FencedError, ReplicaError, ReplicaGoneError
 from ._files import private_dir, write_private
 from ._hosting import host_spec
 from ._json import JSON
@@ -152,6 +171,7 @@ class LocalRuntime:
         self._python = python
         self._env = dict(env) if env is not None else None
         self.term_timeout_s = term_timeout_s
+        self._epoch = 0
         self._workers: dict[str, _Worker] = {}
         self._watchers = Watchers("LocalRuntime")
         if isinstance(preload_modules, str) or not all(
@@ -236,6 +256,44 @@ class LocalRuntime:
             return False
         return await self._fork_server.wait_ready()
 
+    @property
+    def epoch(self) -> int:
+        """The epoch this runtime commands its workers with (0 until ``fence``)."""
+        return self._epoch
+
+    def fence(self, epoch: int) -> None:
+        """Command workers as the leader of `epoch` from now on, and raise the directory's
+        ``fence`` file to it (under an exclusive ``flock``), so that starts from a lower epoch
+        are refused (see the module's docstring)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError("epoch", "must be a whole number >= 0", epoch)
+        private_dir(self.runtime_dir, "runtime_dir")
+        fd = os.open(
+            self.runtime_dir / _FENCE_FILE,
+            os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+        )
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # held for a read and a write of a few bytes
+            if _read_epoch(fd) < epoch:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, str(epoch).encode(), 0)
+        finally:
+            os.close(fd)
+        self._epoch = epoch
+
+    def _fenced_at(self) -> int:
+        """The highest epoch fenced in this directory (0 if none was); blocking."""
+        try:
+            fd = os.open(self.runtime_dir / _FENCE_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return 0
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            return _read_epoch(fd)
+        finally:
+            os.close(fd)
+
     def _let_go(self) -> None:
         # The workers live on; a controller opened later adopts them.
         for worker in self._workers.values():
@@ -264,6 +322,9 @@ class LocalRuntime:
 
     async def start_replica(self, spec: ReplicaSpec) -> ReplicaInfo:
         self._watchers.check_running()
+        newer = await trio.to_thread.run_sync(self._fenced_at)
+        if newer > self._epoch:
+            raise FencedError(f"start of replica {spec.tag}", self._epoch, newer)
         base = self._base(spec.tag)
         sock_path = self._socket_path(spec.tag)
         port = _free_port()
@@ -281,6 +342,7 @@ class LocalRuntime:
                 "listen_fd": listener.fileno(),
                 "log": str(log_path),
                 "log_max_bytes": self._log_max_bytes,
+                "epoch": self._epoch,
             }
             await trio.to_thread.run_sync(write_private, Path(spec_path), json.dumps(worker_spec))
             forked = None
@@ -318,8 +380,9 @@ class LocalRuntime:
         pids = await self._pids(tag)
         if not pids:
             raise ReplicaGoneError(tag, "no worker process has this tag")
-        # The socket decides which process is the worker: only the real one holds it.
-        hello = await self._request(tag, {"op": "hello"})
+        # The socket decides which process is the worker: only the real one holds it. This hello
+        # is the adoption: it raises the worker's epoch to ours, or is refused.
+        hello = await self._request(tag, {"op": "hello", "adopt": True})
         pid = hello.get("pid")
         if not isinstance(pid, int) or pid not in pids:
             raise ReplicaGoneError(tag, f"its socket answered for pid {pid}, not one of {pids}")
@@ -345,7 +408,11 @@ class LocalRuntime:
         await self._request(tag, {"op": "drain"})
 
     async def kill_replica(self, tag: str) -> None:
+        """Stop the worker of `tag`: ask it to ``stop`` (raising ``FencedError``, with nothing
+        done, if it refuses), then SIGTERM its group and SIGKILL it after `term_timeout_s`. A
+        worker that does not answer is signalled all the same (see the module's docstring)."""
         worker = self._workers.get(tag)
+        held = worker is not None
         if worker is None:
             pid = await self._which(tag)
             if pid is None:
@@ -356,6 +423,13 @@ class LocalRuntime:
             except ProcessLookupError:
                 await self._gone(tag)
                 return
+        try:
+            await self._ask_to_stop(tag)
+        except BaseException:
+            if not held:
+                os.close(worker.pidfd)
+            raise
+        if not held:
             self._workers[tag] = worker
         worker.killing = True
         try:
@@ -368,6 +442,18 @@ class LocalRuntime:
         finally:
             self._forget(worker)
             await self._gone(tag)
+
+    async def _ask_to_stop(self, tag: str) -> None:
+        """Have the worker of `tag` accept a stop from our epoch; raise ``FencedError`` if it
+        refuses. Returns too if it cannot say: its socket does not answer, it fails, or it has
+        not replied within `term_timeout_s` (a hung or stopped worker, which is then signalled:
+        it can check nothing), or it already accepted a stop, or it predates ``stop``."""
+        with trio.move_on_after(self.term_timeout_s):
+            # FencedError is neither; OSError: a socket that takes no more connections.
+            with contextlib.suppress(ReplicaError, OSError):
+                await self._request(
+                    tag, {"op": "stop", "grace_s": 2 * self.term_timeout_s + _STOP_MARGIN_S}
+                )
 
     # -- internals --
 
@@ -469,9 +555,11 @@ class LocalRuntime:
         return LineStream(stream)
 
     async def _request(self, tag: str, request: dict[str, Any]) -> dict[str, Any]:
+        """Send `request` (with our epoch) to the worker of `tag` and return its reply; raise
+        ``FencedError`` if the worker refuses our epoch, ``ReplicaError`` if it fails."""
         lines = await self._connect(tag)
         try:
-            await lines.send(request)
+            await lines.send({**request, "epoch": self._epoch})
             reply = await lines.receive()
         except (WireError, trio.BrokenResourceError) as exc:
             tail = await trio.to_thread.run_sync(self._log_tail, tag)
@@ -480,6 +568,15 @@ class LocalRuntime:
             with trio.CancelScope(shield=True):
                 await lines.aclose()
         if not reply.get("ok"):
+            if reply.get("fenced") is True:
+                newer = reply.get("epoch")
+                raise FencedError(
+                    f"{_WHAT.get(str(request.get('op')), request.get('op'))} of replica {tag}",
+                    self._epoch,
+                    newer if isinstance(newer, int) and not isinstance(newer, bool) else None,
+                )
+            if reply.get("error_type") == "WorkerStopping":
+                raise ReplicaGoneError(tag, "its worker accepted a stop and is ending")
             traceback = reply.get("traceback")
             raise ReplicaError(
                 tag,
@@ -511,6 +608,30 @@ class LocalRuntime:
         # kill's cleanup is.
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(prune_logs, self.logs_dir, is_live, self._logs_kept)
+
+
+#: The directory's fence file: the highest epoch fenced over it, as decimal text.
+_FENCE_FILE = "fence"
+#: How much longer than our own SIGTERM-then-SIGKILL a worker that accepted a stop waits before
+#: ending itself (should this runtime vanish in between).
+_STOP_MARGIN_S = 5.0
+#: What a request is called in a FencedError.
+_WHAT = {
+    "hello": "adoption",
+    "wait_ready": "start",
+    "reconfigure": "reconfigure",
+    "check_health": "health check",
+    "drain": "drain",
+    "stop": "kill",
+}
+
+
+def _read_epoch(fd: int) -> int:
+    text = os.pread(fd, 64, 0).strip()
+    try:
+        return max(0, int(text)) if text else 0
+    except ValueError:
+        return 0  # not ours; overwritten by the next fence
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -1,6 +1,7 @@
 """Tools for testing code that uses the controller, like ``trio.testing`` is for trio code."""
 
 from ._conformance import CONFORMANCE_CHECKS as CONFORMANCE_CHECKS
+from ._conformance import FENCING_CHECKS as FENCING_CHECKS
 from ._conformance import Subject as Subject
 from ._fake_runtime import FakeReplica as FakeReplica
 from ._fake_runtime import FakeRuntime as FakeRuntime

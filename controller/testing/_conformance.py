@@ -10,6 +10,10 @@ runtime gets them for free::
 
 They use the real clock (bound them with ``trio.fail_after`` for real runtimes); they leave no
 replica behind when they pass.
+
+``FENCING_CHECKS`` check ``Runtime.fence``: they drive two or three runtimes over the same
+replicas at once, so ``Subject.runtime`` must return a new runtime on each call (for a
+FakeRuntime, ``rt.view``).
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ import attrs
 import trio
 
 from .._config import BackendConfig, ReplicaConfig
+from .._errors import FencedError
 from .._open import open_controller
-from .._runtime import Runtime
+from .._runtime import ReplicaSpec, Runtime
 from .._store import Store
 from .._wrap import RuntimeWrapper
 
@@ -157,3 +162,66 @@ CONFORMANCE_CHECKS: Sequence[Callable[[Subject], Awaitable[None]]] = (
     check_death_is_reported,
     check_adoption,
 )
+
+
+async def check_fencing(subject: Subject) -> None:
+    """A runtime fenced at epoch 2 that adopted a replica outranks one fenced at 1 over the same
+    replica, which started it, and one never fenced: their drain, reconfigure and kill are
+    refused with ``FencedError`` and change nothing (the replica is still listed and answers
+    the new leader); the new leader's reconfigure, drain and kill work."""
+    stale, leader, unfenced = subject.runtime(), subject.runtime(), subject.runtime()
+    assert len({id(stale), id(leader), id(unfenced)}) == 3, (
+        "Subject.runtime must return a new runtime on each call for the fencing checks"
+    )
+    tag = "conf-fence#0"
+    spec = ReplicaSpec(
+        tag=tag,
+        backend="conf-fence",
+        version="v1",
+        replica_config=subject.replica,
+        user_config=None,
+        resources={},
+    )
+    async with trio.open_nursery() as nursery:
+        for runtime in (stale, leader, unfenced):
+            await nursery.start(runtime.serve, _no_deaths)
+        stale.fence(1)
+        await stale.start_replica(spec)
+        leader.fence(2)
+        assert tag in await leader.list_replicas()
+        await leader.adopt_replica(tag)
+        for runtime, epoch in ((stale, 1), (unfenced, 0)):
+            await _refused(runtime, epoch, tag)
+            assert tag in await leader.list_replicas(), f"epoch {epoch}'s refused kill killed it"
+        await leader.check_health_replica(tag)
+        await leader.reconfigure_replica(tag, {"from": 2})
+        await leader.drain_replica(tag)
+        await leader.kill_replica(tag)
+        assert tag not in await leader.list_replicas()
+        nursery.cancel_scope.cancel()
+
+
+def _no_deaths(tag: str, reason: str) -> None:
+    pass
+
+
+async def _refused(runtime: Runtime, epoch: int, tag: str) -> None:
+    """Check that `runtime`, at `epoch`, is refused the drain, reconfigure and kill of `tag`."""
+    for what in ("drain", "reconfigure", "kill"):
+        refusal: FencedError | None = None
+        try:
+            if what == "drain":
+                await runtime.drain_replica(tag)
+            elif what == "reconfigure":
+                await runtime.reconfigure_replica(tag, {"from": epoch})
+            else:
+                await runtime.kill_replica(tag)
+        except FencedError as exc:
+            refusal = exc
+        assert refusal is not None, f"{what} from epoch {epoch}: not refused after epoch 2 adopted"
+        assert refusal.epoch == epoch, f"{what} from epoch {epoch}: refused as {refusal.epoch}'s"
+        assert refusal.newer in (2, None), f"{what}: refused for epoch {refusal.newer}, not 2"
+
+
+#: The checks of ``Runtime.fence`` (see the module's docstring).
+FENCING_CHECKS: Sequence[Callable[[Subject], Awaitable[None]]] = (check_fencing,)

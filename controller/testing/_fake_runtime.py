@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import final
+from typing import NoReturn, final
 
 import attrs
 import trio
 
-from .._errors import ReplicaError, ReplicaGoneError
+from .._errors import FencedError, ReplicaError, ReplicaGoneError
 from .._json import JSON
 from .._placement import SLOTS
 from .._runtime import DeathListener, ReplicaSpec
@@ -66,6 +66,10 @@ class FakeReplica:
     adoption_hangs: bool = False
     """Make a controller's adoption of it never answer (a process hung while no controller
     ran)."""
+    epoch: int = 0
+    """The highest epoch that has commanded it: its start's, then raised by an adoption or a
+    command from a higher one. Drains, reconfigures, health checks, kills and adoptions from a
+    lower epoch are refused (``FencedError``)."""
     _start_done: trio.Event = attrs.field(factory=trio.Event)
     _start_error: ReplicaError | None = None
     _drain_done: trio.Event = attrs.field(factory=trio.Event)
@@ -104,6 +108,14 @@ class FakeRuntime:
     The same instance outlives a controller, like real processes do: hand it to a new controller
     over the same store to test recovery. Times are ``trio.current_time()``, so under
     ``autojump_clock`` they are exact.
+
+    Fencing (``fence(epoch)``): each replica remembers the highest epoch that has commanded it
+    (``FakeReplica.epoch``) and refuses drain, reconfigure, health check, kill and adoption from
+    a lower one with ``FencedError``, changing nothing; each refusal is appended to ``fenced``.
+    A start from an epoch lower than the highest any view was fenced at is refused too. For two
+    controllers at once over the same replicas (a stale leader and a new one), give the second
+    ``rt.view()``: a FakeRuntime of its own epoch and its own ``serve``, over the same replicas,
+    flags, counters and history.
     """
 
     def __init__(
@@ -118,27 +130,107 @@ class FakeRuntime:
         max_replicas: int = 100_000,
         record_history: bool = True,
     ):
-        self.auto_ready = auto_ready
-        self.auto_drain = auto_drain
-        self.auto_reconfigure = auto_reconfigure
-        self.hung_drains = frozenset(hung_drains)
-        self.failing_starts = frozenset(failing_starts)
         if capacity is None:
             nodes: list[dict[str, float]] = [{}]
         elif isinstance(capacity, Sequence):
             nodes = [dict(node) for node in capacity]
         else:
             nodes = [dict(capacity)]
-        self._nodes = [{**node, SLOTS: float(max_replicas)} for node in nodes]
-        self.replicas: dict[str, FakeReplica] = {}
+        self._shared = _Shared(
+            auto_ready=auto_ready,
+            auto_drain=auto_drain,
+            auto_reconfigure=auto_reconfigure,
+            hung_drains=frozenset(hung_drains),
+            failing_starts=frozenset(failing_starts),
+            nodes=[{**node, SLOTS: float(max_replicas)} for node in nodes],
+            record_history=record_history,
+        )
+        self.epoch = 0
+        """The epoch this view commands replicas with (0 until ``fence``)."""
+
+    def view(self) -> FakeRuntime:
+        """Another FakeRuntime over the same replicas (and flags, ``start_calls``,
+        ``history``, ``fenced``): a second controller's, with its own ``fence`` epoch (0 at
+        first) and its own ``serve``. The test's calls (``finish_start``, ``crash``...) work
+        through any view. A replica's death (``crash``) and load are told to every view that
+        serves at the time, as every controller watching a process would hear of its end."""
+        other = FakeRuntime.__new__(FakeRuntime)
+        other._shared = self._shared
+        other.epoch = 0
+        return other
+
+    # -- the settings and records every view shares --
+
+    @property
+    def auto_ready(self) -> bool:
+        """Starts succeed at once."""
+        return self._shared.auto_ready
+
+    @auto_ready.setter
+    def auto_ready(self, value: bool) -> None:
+        self._shared.auto_ready = value
+
+    @property
+    def auto_drain(self) -> bool:
+        """Drains return at once (but ``hung_drains``)."""
+        return self._shared.auto_drain
+
+    @auto_drain.setter
+    def auto_drain(self, value: bool) -> None:
+        self._shared.auto_drain = value
+
+    @property
+    def auto_reconfigure(self) -> bool:
+        """Reconfigures succeed at once."""
+        return self._shared.auto_reconfigure
+
+    @auto_reconfigure.setter
+    def auto_reconfigure(self, value: bool) -> None:
+        self._shared.auto_reconfigure = value
+
+    @property
+    def hung_drains(self) -> frozenset[str]:
+        """Entrypoints whose replicas never finish a drain on their own."""
+        return self._shared.hung_drains
+
+    @hung_drains.setter
+    def hung_drains(self, value: Collection[str]) -> None:
+        self._shared.hung_drains = frozenset(value)
+
+    @property
+    def failing_starts(self) -> frozenset[str]:
+        """Versions whose starts fail at once."""
+        return self._shared.failing_starts
+
+    @failing_starts.setter
+    def failing_starts(self, value: Collection[str]) -> None:
+        self._shared.failing_starts = frozenset(value)
+
+    @property
+    def replicas(self) -> dict[str, FakeReplica]:
         """Every replica ever started, dead ones included, by tag."""
-        self.start_calls = 0
-        """How many starts the controller asked for."""
-        self.history: list[tuple[float, str, str]] = []
+        return self._shared.replicas
+
+    @property
+    def start_calls(self) -> int:
+        """How many starts the controllers asked for (refused ones too)."""
+        return self._shared.start_calls
+
+    @start_calls.setter
+    def start_calls(self, value: int) -> None:
+        self._shared.start_calls = value
+
+    @property
+    def history(self) -> list[tuple[float, str, str]]:
         """``(time, tag, what)`` for each call and transition, in order."""
-        self._record_history = record_history
-        self._listener: DeathListener | None = None
-        self._changed = trio.Event()
+        return self._shared.history
+
+    @property
+    def fenced(self) -> list[tuple[str, str, int]]:
+        """``(op, tag, epoch)`` of each command refused for its epoch, in order: op is
+        ``"start"``, ``"adopt"``, ``"reconfigure"``, ``"check_health"``, ``"drain"`` or
+        ``"kill"`` (the names of ``RuntimeWrapper``), epoch the refused caller's."""
+        return self._shared.fenced
 
     # -- what a test reads --
 
@@ -153,9 +245,10 @@ class FakeRuntime:
         ]
 
     async def wait_until(self, predicate: Callable[[FakeRuntime], bool]) -> None:
-        """Wait until `predicate(self)` holds; it is checked after every change of this runtime."""
+        """Wait until `predicate(self)` holds; it is checked after every change of this runtime
+        (through any of its views)."""
         while not predicate(self):
-            await self._changed.wait()
+            await self._shared.changed.wait()
 
     # -- what a test does --
 
@@ -214,17 +307,18 @@ class FakeRuntime:
         replica.state = FakeState.DEAD
         replica.stopped_at = trio.current_time()
         self._note(tag, f"crashed: {reason}")
-        if self._listener is not None:
-            self._listener(tag, reason)
+        for listener in list(self._shared.listeners):
+            listener(tag, reason)
 
     def report_load(self, tag: str, ongoing: int | None) -> None:
         """Have a live replica report its own load, as a replica's ``load()`` does through a
         real runtime."""
         if self.replicas[tag].state is FakeState.DEAD:
             raise ValueError(f"replica {tag} is dead")
-        take = getattr(self._listener, "load", None)
-        if take is not None:
-            take(tag, ongoing)
+        for listener in list(self._shared.listeners):
+            take = getattr(listener, "load", None)
+            if take is not None:
+                take(tag, ongoing)
 
     # -- the Runtime protocol --
 
@@ -234,15 +328,21 @@ class FakeRuntime:
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        self._listener = on_death
+        self._shared.listeners.append(on_death)
         try:
             task_status.started()
             await trio.sleep_forever()
         finally:
-            self._listener = None
+            self._shared.listeners.remove(on_death)
 
     async def capacity(self) -> Sequence[Mapping[str, float]] | None:
-        return self._nodes
+        return self._shared.nodes
+
+    def fence(self, epoch: int) -> None:
+        """Command replicas as the leader of `epoch` from now on (this view only); starts from
+        a lower epoch are refused from now on, through any view."""
+        self.epoch = epoch
+        self._shared.fenced_at = max(self._shared.fenced_at, epoch)
 
     async def list_replicas(self) -> Sequence[str]:
         await trio.lowlevel.checkpoint()
@@ -251,11 +351,18 @@ class FakeRuntime:
     async def start_replica(self, spec: ReplicaSpec) -> str | None:
         if spec.tag in self.replicas and self.replicas[spec.tag].state is not FakeState.DEAD:
             raise AssertionError(f"controller bug: started {spec.tag} twice")
+        self.start_calls += 1
+        if self.epoch < self._shared.fenced_at:
+            await trio.lowlevel.checkpoint()
+            self._refuse("start", spec.tag, self._shared.fenced_at)
         replica = FakeReplica(
-            spec.tag, spec, user_config=spec.user_config, started_at=trio.current_time()
+            spec.tag,
+            spec,
+            user_config=spec.user_config,
+            started_at=trio.current_time(),
+            epoch=self.epoch,
         )
         self.replicas[spec.tag] = replica
-        self.start_calls += 1
         self._note(spec.tag, "start")
         if spec.version in self.failing_starts:
             await trio.lowlevel.checkpoint()
@@ -273,6 +380,7 @@ class FakeRuntime:
         replica = self.replicas.get(tag)
         if replica is None or replica.state is FakeState.DEAD:
             raise ReplicaGoneError(tag)
+        self._admit("adopt", replica)
         self._note(tag, "adopt")
         if replica.adoption_hangs:
             await trio.sleep_forever()
@@ -282,6 +390,7 @@ class FakeRuntime:
         return replica.address
 
     async def reconfigure_replica(self, tag: str, user_config: JSON) -> None:
+        self._admit("reconfigure", self.replicas.get(tag))
         replica = self._get(tag, FakeState.READY)
         replica.reconfigure_calls += 1
         error = replica.reconfigure_error
@@ -303,6 +412,7 @@ class FakeRuntime:
         self._note(tag, "reconfigured")
 
     async def check_health_replica(self, tag: str) -> None:
+        self._admit("check_health", self.replicas.get(tag))
         replica = self._get(tag, FakeState.READY)
         replica.health_checks.append(trio.current_time())
         if replica.health_hangs:
@@ -313,6 +423,7 @@ class FakeRuntime:
 
     async def drain_replica(self, tag: str) -> None:
         replica = self.replicas.get(tag)
+        self._admit("drain", replica)
         if replica is None or replica.state is not FakeState.DRAINING:
             # Draining again (a restarted controller finishing a stop) waits for the same drain.
             replica = self._get(tag, FakeState.READY)
@@ -328,6 +439,7 @@ class FakeRuntime:
         replica = self.replicas.get(tag)
         if replica is None or replica.state is FakeState.DEAD:
             return
+        self._admit("kill", replica)
         if replica.state is FakeState.STARTING:
             replica._start_error = ReplicaError(tag, "Killed", "killed while starting")
             replica._start_done.set()
@@ -336,6 +448,20 @@ class FakeRuntime:
         self._note(tag, "killed")
 
     # -- internals --
+
+    def _admit(self, op: str, replica: FakeReplica | None) -> None:
+        """Refuse `op` on a live `replica` that a higher epoch than ours has commanded; else
+        raise its epoch to ours."""
+        if replica is None or replica.state is FakeState.DEAD:
+            return
+        if self.epoch < replica.epoch:
+            self._refuse(op, replica.tag, replica.epoch)
+        replica.epoch = self.epoch
+
+    def _refuse(self, op: str, tag: str, newer: int) -> NoReturn:
+        self.fenced.append((op, tag, self.epoch))
+        self._note(tag, f"{op} fenced: epoch {self.epoch} < {newer}")
+        raise FencedError(f"{op} of replica {tag}", self.epoch, newer)
 
     def _get(self, tag: str, state: FakeState) -> FakeReplica:
         replica = self.replicas.get(tag)
@@ -352,7 +478,32 @@ class FakeRuntime:
         self._note(replica.tag, "ready")
 
     def _note(self, tag: str, what: str) -> None:
-        if self._record_history:
-            self.history.append((trio.current_time(), tag, what))
-        self._changed.set()
-        self._changed = trio.Event()
+        shared = self._shared
+        if shared.record_history:
+            shared.history.append((trio.current_time(), tag, what))
+        shared.changed.set()
+        shared.changed = trio.Event()
+
+
+@final
+@attrs.define(eq=False)
+class _Shared:
+    """What the views of one FakeRuntime share: the replicas, the test's settings, the
+    records."""
+
+    auto_ready: bool
+    auto_drain: bool
+    auto_reconfigure: bool
+    hung_drains: frozenset[str]
+    failing_starts: frozenset[str]
+    nodes: list[dict[str, float]]
+    record_history: bool
+    replicas: dict[str, FakeReplica] = attrs.field(factory=dict)
+    start_calls: int = 0
+    history: list[tuple[float, str, str]] = attrs.field(factory=list)
+    fenced: list[tuple[str, str, int]] = attrs.field(factory=list)
+    fenced_at: int = 0
+    """The highest epoch any view was fenced at: starts from a lower one are refused."""
+    listeners: list[DeathListener] = attrs.field(factory=list)
+    """The death listeners of the views that serve now."""
+    changed: trio.Event = attrs.field(factory=trio.Event)
