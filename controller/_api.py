@@ -21,6 +21,7 @@ from ._controller import Controller
 from ._errors import (
     ControllerClosedError,
     ControllerError,
+    FencedError,
     InfeasibleError,
     ManifestError,
     RolloutError,
@@ -112,6 +113,10 @@ def _domain_error(exc: ControllerError) -> HTTPError:
         # revision, the code changed) are refusals of what the backend is now (409).
         status = 404 if exc.reason == "UnknownRevision" else 409
         return HTTPError(status, exc.reason, str(exc))
+    if isinstance(exc, FencedError):
+        # A leader that slept through its lease: another leads now, and this one stands by
+        # within a moment. The client tries again (here, it is then sent to the leader).
+        return HTTPError(503, "NoLeader", f"{exc}; nothing was changed, try again", retry_after=1)
     if isinstance(exc, ControllerClosedError):
         return HTTPError(503, "ShuttingDown", str(exc))
     if isinstance(exc, StoreError):

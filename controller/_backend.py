@@ -208,7 +208,18 @@ class Backend:
     def show_as_stored(self) -> None:
         """After ``restore``, for a standby's view (which never runs): publish the replicas that
         served, and say the backend is what its spec and replicas make it, not recovering."""
+        for replica in self.replicas.values():
+            # As the leader last wrote it: those that served, serve (a standby does not look).
+            if replica.state is ReplicaState.RECOVERING and replica.view is not None:
+                replica.state = ReplicaState.RUNNING
         self._change = view.classify(self.spec, self.spec)
+        running = [r for r in self.replicas.values() if r.state is ReplicaState.RUNNING]
+        if len(running) == len(self.replicas) == self.desired and all(
+            r.version == self.spec.version for r in running
+        ):
+            # All there, as asked: what the leader reported as its goal reached.
+            self._converged = True
+            self.goal.complete()
         self._publish()
 
     def block_starts(self, reason: str) -> None:

@@ -39,7 +39,9 @@ class Client:
         leader = _leader_of(status, payload)
         if leader is not None:
             # A standby: the same request goes to the leader it names (once; the leader's own
-            # answer is final, whatever it is).
+            # answer is final, whatever it is), and so does the rest of the command (an
+            # `apply --wait` follows its change where it is made, not in a standby's copy).
+            self.url = leader
             status, payload = self._call(leader, method, path, body, timeout)
         return status, payload
 

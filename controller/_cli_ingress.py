@@ -30,7 +30,7 @@ def cmd_ingress(args: argparse.Namespace) -> int:
     host, _, port_text = args.listen.rpartition(":")
     try:
         port = int(port_text)
-        source = HTTPSource(client.url, client.token)
+        source = HTTPSource(client.url, client.token, tuple(args.also_url))
     except ValueError as exc:
         raise CLIError(f"controller ingress: {exc}", 2) from None
     children = _spawn_others(args.workers)
@@ -50,7 +50,7 @@ def cmd_ingress(args: argparse.Namespace) -> int:
                 await nursery.start(ingress.serve, [listener])
                 print(
                     f"ingress {os.getpid()} serving on http://{host}:{listener_port(listener)}, "
-                    f"following {client.url}",
+                    f"following {source.describe().removeprefix('the daemon at ')}",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -118,6 +118,14 @@ def add_ingress_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     # here, they override the global ones; left out, those stand.
     ingress.add_argument("--url", default=argparse.SUPPRESS, help="the daemon's API")
     ingress.add_argument("--token", default=argparse.SUPPRESS, help="the API token")
+    ingress.add_argument(
+        "--also-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="another daemon of the same store (a standby), followed while --url cannot be "
+        "reached (repeatable)",
+    )
     ingress.add_argument(
         "--workers",
         type=int,

@@ -84,6 +84,13 @@ class Serving:
     ) -> list[BackendSnapshot] | None:
         """`ctl`'s changes after `snapshot_id`, or None once the daemon serves from another
         (the watcher's next call, with the old epoch, then gets everything from the new one)."""
+        if ctl.watch_cursor > snapshot_id:
+            # Newer ones are there already: taken at once, even under a zero timeout (a
+            # complete list must never come back empty for want of a wait).
+            try:
+                return await ctl.changes_since(snapshot_id)
+            except ControllerClosedError:
+                return None
         found: list[BackendSnapshot] | None = None
         switched = self._switched
         async with trio.open_nursery() as nursery:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import controller
 from controller._errors import FencedError
+from controller._leadership import Leadership
 from controller._lease import (
     Lease,
     LeaseTiming,
@@ -24,7 +25,6 @@ from controller._lease import (
     same_grant,
     watch,
 )
-from controller._leadership import Leadership
 from controller._sqlite_store import SQLiteStore
 from controller._store import LeaseStore
 
@@ -49,9 +49,14 @@ def test_timing_refuses_a_renewal_too_slow_for_the_lease() -> None:
 
 
 def test_a_damaged_lease_is_a_store_error() -> None:
-    for text in ("[]", "{}", '{"epoch": -1, "holder": "a", "duration_s": 1}',
-                 '{"epoch": true, "holder": "a", "duration_s": 1}',
-                 '{"epoch": 1, "holder": "a", "duration_s": "inf"}', "not json"):
+    for text in (
+        "[]",
+        "{}",
+        '{"epoch": -1, "holder": "a", "duration_s": 1}',
+        '{"epoch": true, "holder": "a", "duration_s": 1}',
+        '{"epoch": 1, "holder": "a", "duration_s": "inf"}',
+        "not json",
+    ):
         with pytest.raises(controller.StoreError, match="the stored lease cannot be read"):
             Lease.from_json(text)
     original = lease(3, address="http://127.0.0.1:7070", pid=12)
@@ -183,6 +188,10 @@ async def test_many_claims_at_once_make_one_leader(tmp_path: Path) -> None:
 # -- Leadership, under MockClock --
 
 
+def leads(leadership: Leadership) -> bool:
+    return leadership.leading
+
+
 async def test_a_standby_takes_over_once_the_leader_stops_renewing(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -251,7 +260,7 @@ async def test_a_leader_that_cannot_renew_stops_before_a_standby_may_claim(
         with a.leading_scope() as scope:
             async with trio.open_nursery() as inner:
                 inner.start_soon(a.keep)
-                await trio.sleep_forever()
+                await trio.Event().wait()  # until the scope is cancelled
         stopped_at = trio.current_time()
         assert scope.cancelled_caught
         assert not a.leading
@@ -277,7 +286,7 @@ async def test_a_fenced_renewal_stops_the_leader_at_once(
             assert await store.claim_lease(
                 seen, claimed(seen, holder="host:/b", duration_s=2, pid=2, wall=0)
             )
-            await trio.sleep_forever()
+            await trio.Event().wait()  # until the scope is cancelled
     assert scope.cancelled_caught
     assert trio.current_time() == 1.0  # the next renewal found it
     assert a.refusals == 1
@@ -310,7 +319,7 @@ async def test_a_released_lease_is_taken_at_once(autojump_clock: trio.testing.Mo
                 inner.cancel_scope.cancel()
         await a.release()
         released_at = trio.current_time()
-    assert b.leading
+    assert leads(b)
     assert trio.current_time() - released_at <= 0.5
     seen = await store.read_lease()
     assert seen is not None

@@ -154,27 +154,54 @@ WATCH_POLL_S = 30.0
 @final
 @attrs.define(eq=False)
 class HTTPSource:
-    """A daemon's API, by URL (``http://127.0.0.1:7070``) and token."""
+    """A daemon's API, by URL (``http://127.0.0.1:7070``) and token.
+
+    `also` names other daemons of the same store (standbys): when the one followed cannot be
+    reached, the next is tried, in turn. Any of them answers the watch (a standby from the
+    store), and a standby sends load reports on to the leader (307), which this follows."""
 
     url: str
     token: str
+    also: tuple[str, ...] = ()
     _epoch: str = attrs.field(default="", init=False)
     _cursor: int = attrs.field(default=0, init=False)
+    _at: int = attrs.field(default=0, init=False)
 
     def __attrs_post_init__(self) -> None:
-        parts = urllib.parse.urlsplit(self.url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"the daemon's URL must look like http://HOST:PORT (got {self.url!r})")
+        for url in (self.url, *self.also):
+            parts = urllib.parse.urlsplit(url)
+            if parts.scheme != "http" or not parts.hostname:
+                raise ValueError(f"the daemon's URL must look like http://HOST:PORT (got {url!r})")
+
+    @property
+    def following(self) -> str:
+        """The daemon followed now."""
+        urls = (self.url, *self.also)
+        return urls[self._at % len(urls)]
 
     def describe(self) -> str:
-        return f"the daemon at {self.url}"
+        if not self.also:
+            return f"the daemon at {self.url}"
+        return f"the daemon at {self.following} (or {', '.join(self._others())})"
+
+    def _others(self) -> list[str]:
+        return [u for u in (self.url, *self.also) if u != self.following]
+
+    def _next_daemon(self) -> None:
+        # Another daemon counts its watch afresh (its own epoch): the next answer is complete.
+        self._at += 1
 
     async def changes(self) -> tuple[list[RouteInfo], bool]:
         query = urllib.parse.urlencode(
             {"since": self._cursor, "epoch": self._epoch, "timeout_s": WATCH_POLL_S}
         )
         with trio.move_on_after(WATCH_POLL_S + 15) as waited:
-            status, data = await self._call("GET", f"/api/v1/watch?{query}")
+            try:
+                status, data = await self._call("GET", f"/api/v1/watch?{query}")
+            except SourceError:
+                if self.also:
+                    self._next_daemon()
+                raise
         if waited.cancelled_caught:
             raise SourceError("the watch did not answer in time")
         if status != 200 or not isinstance(data, dict):
@@ -195,13 +222,20 @@ class HTTPSource:
 
     async def report(self, reports: list[LoadReport]) -> None:
         source = reports[0].source if reports else ""
+        body = load_body(source, reports)
         with trio.move_on_after(10) as waited:
-            status, data = await self._call("POST", "/api/v1/load", load_body(source, reports))
+            status, data = await self._call("POST", "/api/v1/load", body)
+            leader = _leader_of(status, data)
+            if leader is not None:
+                status, data = await self._call("POST", "/api/v1/load", body, url=leader)
         if waited.cancelled_caught or status != 200:
             raise SourceError(f"the load report was refused ({status}): {_error_of(data)}")
 
-    async def _call(self, method: str, target: str, body: object = None) -> tuple[int, Any]:
-        parts = urllib.parse.urlsplit(self.url)
+    async def _call(
+        self, method: str, target: str, body: object = None, *, url: str | None = None
+    ) -> tuple[int, Any]:
+        url = url or self.following
+        parts = urllib.parse.urlsplit(url)
         host, port = parts.hostname or "", parts.port or 80
         payload = b"" if body is None else json.dumps(body).encode()
         headers = [
@@ -216,7 +250,7 @@ class HTTPSource:
         try:
             stream = await trio.open_tcp_stream(host, port)
         except OSError as exc:
-            raise SourceError(f"cannot connect to {self.url}: {exc}") from None
+            raise SourceError(f"cannot connect to {url}: {exc}") from None
         async with stream:
             try:
                 data = conn.send(h11.Request(method=method, target=target, headers=headers))
@@ -225,7 +259,7 @@ class HTTPSource:
                 await stream.send_all(data)
                 return await _read_json(stream, conn)
             except (OSError, trio.BrokenResourceError, h11.ProtocolError):
-                raise SourceError(f"{self.url} closed the connection before answering") from None
+                raise SourceError(f"{url} closed the connection before answering") from None
 
 
 #: The largest watch answer read (a daemon with many thousands of backends stays well below).
@@ -252,6 +286,14 @@ async def _read_json(stream: trio.SocketStream, conn: h11.Connection) -> tuple[i
                 return status, None
         else:
             raise SourceError("the connection closed before the answer was complete")
+
+
+def _leader_of(status: int, data: Any) -> str | None:
+    """The leader a standby's 307 names."""
+    if status != 307 or not isinstance(data, dict) or not isinstance(data.get("error"), dict):
+        return None
+    leader = data["error"].get("leader")
+    return leader if isinstance(leader, str) and leader.startswith("http://") else None
 
 
 def _error_of(data: Any) -> str:

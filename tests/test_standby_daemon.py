@@ -1,0 +1,287 @@
+"""Standby daemons on one host, as a user runs them: daemons sharing one SQLite store and one
+worker dir (``--shared-dir``), real workers, a standalone ingress in front. The leader killed
+(-9) under traffic, or paused past its lease and woken after another took over; a clean stop;
+a standby's read-only view and its redirect of changes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from .test_daemon import LIMIT_S, Daemon, state_dir
+from .test_daemon_hardening import free_port
+from .test_ingress_daemon import standalone
+from .test_rollout_daemon import Traffic, app, settled, until
+
+__all__ = ["state_dir"]  # the fixture, shared with test_daemon
+
+#: The documented failover on one host: the lease (2 s) and one read of it (0.5 s) past the
+#: leader's last renewal, then the recovery.
+FAILOVER_S = 3.0
+RENEW_S = 0.5
+
+
+def dirs(root: Path, *names: str) -> list[Path]:
+    made = []
+    for name in names:
+        path = root / name
+        path.mkdir(mode=0o700)
+        made.append(path)
+    return made
+
+
+@contextlib.contextmanager
+def killed_at_exit(*daemons: Daemon) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for daemon in daemons:
+            if daemon.process is not None and daemon.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(daemon.process.pid, signal.SIGCONT)
+                daemon.process.kill()
+
+
+async def start_all(
+    nursery: trio.Nursery, root: Path, names: str, *extra: str
+) -> tuple[Path, list[Daemon]]:
+    """Daemons named by the letters of `names`, each with its own state dir, sharing one; the
+    first leads (it is started first and waits for nothing)."""
+    shared, *own = dirs(root, "shared", *names)
+    daemons = [Daemon(path) for path in own]
+    for daemon in daemons:
+        await daemon.start(nursery, "--shared-dir", str(shared), "--no-ingress", *extra)
+        assert daemon.process is not None
+        assert daemon.process.returncode is None, daemon.log.decode()
+    return shared, daemons
+
+
+async def role(daemon: Daemon) -> dict[str, Any]:
+    code, data = await daemon.http("GET", "/api/v1/backends")
+    assert code == 200, data
+    leadership: dict[str, Any] = data["leadership"]
+    return leadership
+
+
+async def role_at(daemon: Daemon, epoch: int) -> dict[str, Any]:
+    """The daemon's leadership once it has seen `epoch` (a standby reads the lease every renew
+    period): waited for on its watch's long poll, not by sleeping."""
+    while (found := await role(daemon))["epoch"] < epoch:
+        code, data = await daemon.http("GET", "/api/v1/watch?since=0&timeout_s=0.2&epoch=x")
+        assert code == 200, data
+        code, data = await daemon.http(
+            "GET", f"/api/v1/watch?since={data['cursor']}&timeout_s=0.2&epoch={data['epoch']}"
+        )
+        assert code == 200, data
+    return found
+
+
+async def stopped(leader: Daemon, *standbys: Daemon) -> None:
+    """The leader exits after its shutdown; the standbys are stopped (SIGTERM); all waited for."""
+    for daemon in (leader, *standbys):
+        assert daemon.process is not None
+        if daemon is not leader:
+            daemon.process.send_signal(signal.SIGTERM)
+        assert await daemon.process.wait() == 0, daemon.log.decode()
+
+
+async def shown(daemon: Daemon, name: str, check: Any) -> dict[str, Any]:
+    """`until`, for a standby: the backend may not be in its view of the store yet."""
+    cursor, epoch = 0, ""
+    while True:
+        status: dict[str, Any] | None = (await daemon.status()).get(name)
+        if status is not None and check(status):
+            return status
+        code, data = await daemon.http(
+            "GET", f"/api/v1/watch?since={cursor}&timeout_s=1&epoch={epoch}"
+        )
+        assert code == 200, data
+        cursor, epoch = data["cursor"], data["epoch"]
+
+
+def tags(status: dict[str, Any]) -> list[str]:
+    return sorted(r["tag"] for r in status["replicas"])
+
+
+def pids(status: dict[str, Any]) -> list[int]:
+    return sorted(r["pid"] for r in status["replicas"])
+
+
+async def deploy(daemon: Daemon, name: str, **fields: Any) -> None:
+    code, data = await daemon.http(
+        "PUT", f"/api/v1/backends/{name}", json.dumps(app(**fields)).encode()
+    )
+    assert code == 200, data
+
+
+async def test_kill_9_of_the_leader_under_traffic_fails_no_request(state_dir: Path) -> None:
+    port = free_port()
+    with trio.fail_after(LIMIT_S * 3):
+        async with trio.open_nursery() as nursery:
+            _, daemons = await start_all(nursery, state_dir, "abc")
+            a, b, c = daemons
+            with killed_at_exit(a, b, c):
+                assert (await role(a))["role"] == "leader"
+                assert [(await role(d))["role"] for d in (b, c)] == ["standby", "standby"]
+                await deploy(a, "app", num_replicas=3)
+                before = await until(a, "app", settled("v1"))
+                # The ingress follows the leader, and the standbys when it cannot reach it.
+                ingress = await standalone(
+                    nursery, a, port, "--also-url", b.url, "--also-url", c.url
+                )
+                traffic = Traffic(port)
+                async with trio.open_nursery() as senders:
+                    for _ in range(4):
+                        senders.start_soon(traffic.send)
+                    await traffic.answered(40)
+                    assert a.process is not None
+                    killed_at = trio.current_time()
+                    a.process.send_signal(signal.SIGKILL)
+                    await a.process.wait()
+                    # One of the two standbys leads (each logs it when it does).
+                    async with trio.open_nursery() as first:
+                        for standby in (b, c):
+
+                            async def wait(d: Daemon = standby) -> None:
+                                await d.logged(b"leading as epoch 2")
+                                first.cancel_scope.cancel()
+
+                            first.start_soon(wait)
+                    took = trio.current_time() - killed_at
+                    leader, other = (b, c) if b"leading as epoch 2" in b.log else (c, b)
+                    status = await until(leader, "app", settled("v1"))
+                    await traffic.answered(len(traffic.answers) + 40)
+                    traffic.stop.set()
+                answers = traffic.answers
+                assert took <= FAILOVER_S, f"failover took {took:.2f}s"
+                assert [code for code, _ in answers if code != 200] == []
+                assert pids(status) == pids(before)  # adopted, none restarted
+                assert (await role(leader))["role"] == "leader"
+                seen = await role_at(other, 2)
+                assert (seen["role"], seen["epoch"], seen["address"]) == (
+                    "standby",
+                    2,
+                    leader.url,
+                )
+                assert b"leading" not in other.log
+                # The new leader acts: it replaces a replica that dies.
+                victim = status["replicas"][0]["pid"]
+                os.kill(victim, signal.SIGKILL)
+                after = await until(
+                    leader,
+                    "app",
+                    lambda s: settled("v1")(s) and victim not in pids(s) and len(pids(s)) == 3,
+                )
+                assert len(set(pids(after)) & set(pids(status))) == 2
+                ingress.process.send_signal(signal.SIGTERM)
+                await ingress.process.wait()
+                result = await leader.cli("shutdown")
+                assert result.returncode == 0, result.stderr
+                await stopped(leader, other)
+
+
+async def test_a_leader_paused_past_its_lease_wakes_fenced_and_stands_by(
+    state_dir: Path,
+) -> None:
+    with trio.fail_after(LIMIT_S * 3):
+        async with trio.open_nursery() as nursery:
+            _, (a, b) = await start_all(nursery, state_dir, "ab")
+            with killed_at_exit(a, b):
+                await deploy(a, "app", num_replicas=2, user_config={"greeting": "one"})
+                await until(a, "app", settled("v1"))
+                assert a.process is not None
+                a.process.send_signal(signal.SIGSTOP)
+                await b.logged(b"leading as epoch 2")
+                # The new leader changes the backend while the old one sleeps.
+                await deploy(b, "app", num_replicas=3, user_config={"greeting": "two"})
+                wanted = await until(
+                    b, "app", lambda s: settled("v1")(s) and len(s["replicas"]) == 3
+                )
+                _, spec_before = await b.http("GET", "/api/v1/backends/app")
+                a.process.send_signal(signal.SIGCONT)
+                woke_at = trio.current_time()
+                # At once, a change through the old leader's API: it must not land, whether
+                # the old one still thinks it leads (its write is fenced at the store) or
+                # already stands by (then the change goes to the new leader: 307).
+                body = json.dumps(app(num_replicas=1, user_config={"greeting": "stale"}))
+                code, data = await a.http("PUT", "/api/v1/backends/app", body.encode())
+                assert code in (307, 503), (code, data)
+                await a.logged(b"stopped leading (epoch 1)")
+                assert trio.current_time() - woke_at <= RENEW_S + 0.5
+                assert (await role(a))["role"] == "standby"
+                # Nothing of the old epoch took effect: the store and the replicas are as the
+                # new leader made them.
+                status = await until(b, "app", settled("v1"))
+                assert pids(status) == pids(wanted)
+                assert status["generation"] == wanted["generation"]
+                assert status["config"]["user_config"] == {"greeting": "two"}
+                assert all(r["state"] == "RUNNING" for r in status["replicas"])
+                _, spec_after = await b.http("GET", "/api/v1/backends/app")
+                assert spec_after["generation"] == spec_before["generation"]
+                assert b"stale" not in json.dumps(spec_after).encode()
+                # The old one's view, read from the store, agrees (once it has read it).
+                await shown(a, "app", lambda s: tags(s) == tags(wanted))
+                assert (await role(a))["address"] == b.url
+                result = await b.cli("shutdown")
+                assert result.returncode == 0, result.stderr
+                await stopped(b, a)
+
+
+async def test_a_standby_reads_the_store_and_sends_changes_to_the_leader(
+    state_dir: Path,
+) -> None:
+    with trio.fail_after(LIMIT_S * 3):
+        async with trio.open_nursery() as nursery:
+            _, (a, b) = await start_all(nursery, state_dir, "ab")
+            with killed_at_exit(a, b):
+                # Both take the shared dir's token: a client of either is a client of both.
+                assert a.token == b.token
+                file = state_dir / "app.toml"
+                file.write_text(
+                    "[backends.app]\n"
+                    + "".join(f"{k} = {json.dumps(v)}\n" for k, v in app(num_replicas=2).items())
+                )
+                # The CLI pointed at the standby: the change goes to the leader.
+                result = await b.cli("apply", "-f", str(file), "--wait")
+                assert result.returncode == 0, result.stderr
+                leader_status = await until(a, "app", settled("v1"))
+                # The standby shows the store as the leader wrote it.
+                standby_status = await shown(b, "app", settled("v1"))
+                assert tags(standby_status) == tags(leader_status)
+                printed = await b.cli("status")
+                out = printed.stdout.decode()
+                assert "app" in out
+                assert "leader: another daemon, " in out
+                assert "this daemon stands by" in out
+                # A raw write to the standby is sent on, naming the leader.
+                code, data, headers = await b.http_with_headers(
+                    "DELETE", "/api/v1/backends/app?force=false"
+                )
+                assert code == 307, data
+                assert headers["location"] == f"{a.url}/api/v1/backends/app?force=false"
+                assert data["error"]["leader"] == a.url
+                # Its watch serves the replicas that serve.
+                code, watch = await b.http("GET", "/api/v1/watch?since=0&timeout_s=0")
+                assert code == 200, watch
+                [snapshot] = watch["snapshots"]
+                assert len(snapshot["replicas"]) == 2
+                # A clean stop of the leader hands over at once (the lease is released).
+                assert a.process is not None
+                stopped_at = trio.current_time()
+                a.process.send_signal(signal.SIGINT)
+                assert await a.process.wait() == 0
+                await b.logged(b"leading as epoch 2")
+                assert trio.current_time() - stopped_at <= 1.5
+                assert b"was released" in b.log
+                status = await until(b, "app", settled("v1"))
+                assert pids(status) == pids(leader_status)
+                result = await b.cli("shutdown")
+                assert result.returncode == 0, result.stderr
+                await stopped(b)
