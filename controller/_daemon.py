@@ -255,11 +255,14 @@ class _Roles:
                 self._up = True
 
         try:
+            # A store that cannot be read fails the start in one line, as a leader's recovery
+            # would, rather than a campaign that retries for ever.
+            await self.store.read_lease()
             while True:
                 self._view_of = None
 
                 async def stand_by() -> None:
-                    await self._refresh_view()
+                    await self._refresh_view(strict=status is not None)
                     up()
 
                 lease = await self.leadership.campaign(on_read=stand_by)
@@ -271,11 +274,14 @@ class _Roles:
                 raise StartupError(f"{_reason(found)}; no replica was touched") from None
             raise
 
-    async def _refresh_view(self) -> None:
-        """A standby's view, rebuilt when the store changed since the last."""
+    async def _refresh_view(self, *, strict: bool) -> None:
+        """A standby's view, rebuilt when the store changed since the last. `strict` (at the
+        start): a store that cannot be read fails the start."""
         try:
             data = await self.store.read_all()
         except StoreError as exc:
+            if strict:
+                raise
             logger.debug("standby: reading the store: %s", exc)
             return
         if data == self._view_of:
@@ -283,6 +289,8 @@ class _Roles:
         try:
             view = store_view(data, self._code_path())
         except CheckpointError as exc:
+            if strict:
+                raise
             logger.error("standby: the store cannot be read (%s); serving the last view", exc)
             return
         self._view_of = data
@@ -435,6 +443,7 @@ async def _serve(
     config.errorlog = logging.getLogger("hypercorn.error")  # through our handlers, once
     config.graceful_timeout = 2.0  # long polls end at once; nothing else takes long
     address_file = address_path(options.state_dir)
+    serving_api = False
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
 
@@ -446,6 +455,9 @@ async def _serve(
                         signal.Signals(signum).name,
                     )
                     stop.set()
+                    if not serving_api:
+                        # Still starting (recovering, or waiting on the store): stop here.
+                        nursery.cancel_scope.cancel()
                     return
 
             async def on_shutdown() -> None:
@@ -474,6 +486,7 @@ async def _serve(
                 host, port = serving.ingress_socket.getsockname()[:2]
                 logger.info("ingress serving routes on http://%s:%d", host, port)
             # Returns once `stop` is set and the server has closed its connections.
+            serving_api = True
             async with trio.open_nursery() as server:
                 binds = await server.start(
                     # hypercorn types the app as its own ASGI union; ours is plain dicts.

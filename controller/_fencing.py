@@ -8,7 +8,9 @@ wrappers only hand the epoch on and tell the leader when it was refused.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TypeVar, final
+from typing import NoReturn, TypeVar, final
+
+import trio
 
 from ._errors import FencedError
 from ._runtime import Runtime
@@ -35,8 +37,7 @@ class FencedStore(StoreWrapper):
         try:
             await self._lease_store.write_fenced(self.epoch, changes)
         except FencedError as exc:
-            self._on_fenced(exc)
-            raise
+            await _step_down(self._on_fenced, exc)
 
 
 @final
@@ -53,5 +54,13 @@ class FencedRuntime(RuntimeWrapper):
         try:
             return await work()
         except FencedError as exc:
-            self._on_fenced(exc)
-            raise
+            await _step_down(self._on_fenced, exc)
+
+
+async def _step_down(on_fenced: OnFenced, exc: FencedError) -> NoReturn:
+    """Tell the leader, whose scope then cancels: the caller unwinds as cancelled (a controller
+    closing, which leaves every replica as it is), not as failed. Where it is shielded (a kill
+    under way), it gets the refusal itself."""
+    on_fenced(exc)
+    await trio.lowlevel.checkpoint_if_cancelled()
+    raise exc

@@ -582,7 +582,10 @@ async def test_a_token_with_a_stray_newline_works_for_everyone(state_dir: Path) 
                 [*daemon.cli_argv(), "status"], capture_stdout=True, env=env, check=False
             )
             assert result.returncode == 0
-            assert result.stdout == b"no backends\n"
+            lines = result.stdout.decode().splitlines()
+            assert lines[0] == "no backends"
+            assert lines[1].startswith("leader: this daemon, ")
+            assert len(lines) == 2
 
 
 def _slow_drains(state_dir: Path, *, drain_s: float, grace_s: float) -> Path:

@@ -39,6 +39,10 @@ class FaultInjector:
         self.steps = 0
         self.log: list[str] = []
         self.crashed = False
+        self.outcomes: list[tuple[int, str, str | None]] = []
+        """Each step that ended: its number (in the order steps began), what it was, and the
+        name of what it raised (None: it took effect), in the order they ended. A stale
+        leader's refused commands show as ``FencedError``."""
 
     def store(self, inner: Store) -> Store:
         return _Store(inner, self)
@@ -55,7 +59,12 @@ class FaultInjector:
         if this == self.crash_at and not self.after:
             self.crashed = True
             raise ControllerCrash(f"crashed before step {this}: {what}")
-        result = await work()
+        try:
+            result = await work()
+        except Exception as exc:
+            self.outcomes.append((this, what, type(exc).__name__))
+            raise
+        self.outcomes.append((this, what, None))
         if this == self.crash_at and self.after:
             self.crashed = True
             raise ControllerCrash(f"crashed after step {this}: {what}")
