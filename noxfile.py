@@ -43,6 +43,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "bench/ray_race.py", env={"RAY_AUTH_MODE": "disabled"})
     session.run("python", "bench/ingress_bench.py", env={"RAY_AUTH_MODE": "disabled"})
     session.run("python", "bench/autoscale_bench.py", env={"RAY_AUTH_MODE": "disabled"})
+    session.run("python", "bench/failover_bench.py", env={"RAY_AUTH_MODE": "disabled"})
 
 
 @nox.session
