@@ -271,6 +271,9 @@ class NullRuntime:
     async def kill_replica(self, tag: str) -> None:
         await trio.lowlevel.checkpoint()
 
+    def fence(self, epoch: int) -> None:
+        pass
+
 
 async def memory_per_replica(replicas: int) -> float:
     store = controller.MemoryStore()

@@ -179,7 +179,10 @@ class Api:
         except HTTPError as exc:
             status, body, content_type = exc.status, dump(exc.body), "application/json"
             retry_after, allow, location = exc.retry_after, exc.allow, exc.location
-            if status >= 500:
+            if exc.body["error"]["type"] == "NoLeader":
+                # A takeover under way: a moment's answer, not a fault of this daemon.
+                logger.info("API: %s %s: %s", scope["method"], scope["path"], exc)
+            elif status >= 500:
                 logger.error("API: %s %s: %s", scope["method"], scope["path"], exc)
         except Exception:
             logger.exception("API error on %s %s", scope["method"], scope["path"])

@@ -213,6 +213,8 @@ class Backend:
             if replica.state is ReplicaState.RECOVERING and replica.view is not None:
                 replica.state = ReplicaState.RUNNING
         self._change = view.classify(self.spec, self.spec)
+        # The leader writes a spec before it acts on it: the stored spec is the one it follows.
+        self._observed_generation = self.spec.generation
         running = [r for r in self.replicas.values() if r.state is ReplicaState.RUNNING]
         if len(running) == len(self.replicas) == self.desired and all(
             r.version == self.spec.version for r in running
