@@ -61,6 +61,8 @@ def reliability(session: nox.Session) -> None:
         "tests/test_histories.py",
         "tests/test_hostile_input.py",
         "tests/test_kill9.py",
+        "tests/test_fencing.py",
+        "tests/test_standby_daemon.py",
         "tests/test_ray_runtime.py::test_a_driver_killed_mid_rollout_is_taken_over",
         env={"RELIABILITY_SCALE": "10", "RAY_AUTH_MODE": "disabled"},
     )

@@ -6,12 +6,9 @@ Against a real local Ray cluster started here. Real clock, every wait bounded by
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
-import shutil
 import signal
 import statistics
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -35,31 +32,17 @@ from controller.ray import RayKVStore, RayRuntime  # noqa: E402
 from controller.ray import _runtime as ray_runtime  # noqa: E402
 from controller.ray._fence_actor import ACTOR_NAMESPACE  # noqa: E402
 
+from .ray_cluster import local_cluster  # noqa: E402
+
 HERE = Path(__file__).parent
 LIMIT_S = 60  # generous: a Ray worker process takes a while to start on a busy machine
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    """One node on this machine, its files in a short temporary RAY_TMPDIR."""
-    tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths
-    saved = {key: os.environ.get(key) for key in ("RAY_TMPDIR", "RAY_AUTH_MODE")}
-    os.environ["RAY_TMPDIR"] = tmp
-    os.environ["RAY_AUTH_MODE"] = "disabled"  # no token file in the user's home
-    head = {"num_cpus": 2, "include_dashboard": False}
-    ray_cluster = Cluster(initialize_head=True, head_node_args=head)
-    try:
-        ray.init(address=ray_cluster.address, logging_level=logging.WARNING)
+    """One node on this machine."""
+    with local_cluster({"num_cpus": 2}) as ray_cluster:
         yield ray_cluster
-    finally:
-        ray.shutdown()
-        ray_cluster.shutdown()  # type: ignore[no-untyped-call]
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 _namespaces = iter(range(10**6))

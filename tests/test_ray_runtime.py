@@ -6,7 +6,6 @@ Real clock (Ray's calls are real I/O), every wait bounded by fail_after.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import shutil
@@ -32,6 +31,8 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from controller.ray import RayKVStore, RayRuntime  # noqa: E402
 
+from .ray_cluster import local_cluster  # noqa: E402
+
 HERE = Path(__file__).parent
 LIMIT_S = 60  # generous: a Ray worker process takes a while to start on a busy machine
 FAST_RESTARTS = controller.RestartPolicy(initial_delay_s=0.1, max_delay_s=0.2, jitter=0)
@@ -40,26 +41,9 @@ FAST_RESTARTS = controller.RestartPolicy(initial_delay_s=0.1, max_delay_s=0.2, j
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     """Two nodes on this machine, 2 CPUs and one "slot" each, so that placement is per node."""
-    tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths
-    saved = {key: os.environ.get(key) for key in ("RAY_TMPDIR", "RAY_AUTH_MODE")}
-    os.environ["RAY_TMPDIR"] = tmp
-    os.environ["RAY_AUTH_MODE"] = "disabled"  # no token file in the user's home
-    head = {"num_cpus": 2, "resources": {"slot": 1}, "include_dashboard": False}
-    ray_cluster = Cluster(initialize_head=True, head_node_args=head)
-    try:
-        ray_cluster.add_node(num_cpus=2, resources={"slot": 1})
-        ray_cluster.wait_for_nodes()
-        ray.init(address=ray_cluster.address, logging_level=logging.WARNING)
+    node = {"num_cpus": 2, "resources": {"slot": 1}}
+    with local_cluster(node, [node]) as ray_cluster:
         yield ray_cluster
-    finally:
-        ray.shutdown()
-        ray_cluster.shutdown()  # type: ignore[no-untyped-call]
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 _namespaces = iter(range(10**6))
@@ -406,7 +390,11 @@ async def test_the_daemon_on_ray_keeps_its_replicas_across_a_restart(
         shutil.rmtree(state, ignore_errors=True)
 
 
-@pytest.mark.parametrize("check", controller.testing.CONFORMANCE_CHECKS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "check",
+    [*controller.testing.CONFORMANCE_CHECKS, *controller.testing.FENCING_CHECKS],
+    ids=lambda c: c.__name__,
+)
 async def test_ray_runtime_conforms(
     harness: Harness, check: Callable[[controller.testing.Subject], Awaitable[None]]
 ) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import re
 import shutil
@@ -38,12 +37,15 @@ from controller._standby import store_view
 from .http_client import request
 from .replicas import events
 from .test_daemon import Daemon
+from .test_standby_daemon import shown as until
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from controller.ray import RayKVStore  # noqa: E402
 from controller.ray._fence_actor import ACTOR_NAMESPACE  # noqa: E402
+
+from .ray_cluster import local_cluster  # noqa: E402
 
 HERE = Path(__file__).parent
 LIMIT_S = 90  # generous: each daemon is a Ray driver, and Ray workers take a while to start
@@ -58,27 +60,9 @@ POLL_S = 0.02
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    """Two nodes on this machine, 2 CPUs each, its files in a short temporary RAY_TMPDIR."""
-    tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths
-    saved = {key: os.environ.get(key) for key in ("RAY_TMPDIR", "RAY_AUTH_MODE")}
-    os.environ["RAY_TMPDIR"] = tmp
-    os.environ["RAY_AUTH_MODE"] = "disabled"  # no token file in the user's home
-    head = {"num_cpus": 2, "include_dashboard": False}
-    ray_cluster = Cluster(initialize_head=True, head_node_args=head)
-    try:
-        ray_cluster.add_node(num_cpus=2)
-        ray_cluster.wait_for_nodes()
-        ray.init(address=ray_cluster.address, logging_level=logging.WARNING)
+    """Two nodes on this machine, 2 CPUs each."""
+    with local_cluster({"num_cpus": 2}, [{"num_cpus": 2}]) as ray_cluster:
         yield ray_cluster
-    finally:
-        ray.shutdown()
-        ray_cluster.shutdown()  # type: ignore[no-untyped-call]
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 _namespaces = iter(range(10**6))
@@ -218,21 +202,6 @@ def healthy(n: int, *, view: bool = False) -> Any:
         )
 
     return check
-
-
-async def until(daemon: Daemon, name: str, check: Any) -> dict[str, Any]:
-    """Follow the daemon's watch until `check(status of name)` holds; return that status. (A
-    standby's view may not have `name` yet: it reads the store every renew period.)"""
-    cursor, epoch = 0, ""
-    while True:
-        status: dict[str, Any] | None = (await daemon.status()).get(name)
-        if status is not None and check(status):
-            return status
-        code, data = await daemon.http(
-            "GET", f"/api/v1/watch?since={cursor}&timeout_s=1&epoch={epoch}"
-        )
-        assert code == 200, data
-        cursor, epoch = data["cursor"], data["epoch"]
 
 
 def serving(status: dict[str, Any]) -> dict[str, int]:
