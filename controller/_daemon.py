@@ -15,7 +15,6 @@ is left exactly as it was (recovery is the first step that touches one).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import logging
 import logging.handlers
@@ -35,32 +34,24 @@ import hypercorn.trio
 import trio
 from prometheus_client import generate_latest
 
-from ._api import Api, LogSource, apply_manifest
+from ._api import Api, LogSource
 from ._controller import Controller
 from ._errors import (
-    CheckpointError,
     ConfigError,
     ControllerError,
     StartupError,
-    StoreError,
     UnknownBackendError,
 )
-from ._fencing import FencedRuntime, FencedStore
 from ._files import create_private
-from ._history import plural
-from ._http import HTTPError
 from ._leadership import Leadership, holder_name
-from ._lease import Lease, LeaseTiming
+from ._lease import LeaseTiming
 from ._listen import bound
-from ._manifest import Manifest, load_manifest
+from ._manifest import load_manifest
 from ._metrics import Metrics
-from ._open import _only_error, open_controller
 from ._replica_tasks import KILL_TIMEOUT_S
-from ._revisions import Cause
+from ._roles import STARTUP_ERRORS, Roles, leader_status, role_of, startup_reason
 from ._runtime import Runtime
 from ._serving import Serving
-from ._standby import store_view
-from ._state import ControllerStatus
 from ._statedir import (
     STATE_DIR_ENV,
     TOKEN_ENV,
@@ -74,7 +65,7 @@ from ._statedir import (
     write_address,
     write_token,
 )
-from ._store import LeaseStore, Store
+from ._store import LeaseStore
 from .ingress import Ingress, IngressConfig, ServingSource
 
 logger = logging.getLogger("controller.daemon")
@@ -162,15 +153,23 @@ async def run_daemon(options: DaemonOptions) -> None:
                     address=f"http://{_url_host(host)}:{port}",
                 )
                 serving = Serving(leadership)
-                metrics.watch_status(lambda: _leader_status(serving))
+                metrics.watch_status(lambda: leader_status(serving))
                 metrics.watch_leadership(leadership)
                 ingress = None
                 if ingress_sock is not None:
                     ingress = Ingress(
                         ServingSource(serving), IngressConfig(access_log=options.access_log)
                     )
-                roles = _Roles(
-                    options, manifest, store, runtime, leadership, serving, metrics, shared
+                roles = Roles(
+                    manifest,
+                    options.config,
+                    [*map(str, options.pythonpath), *sys.path],
+                    options.forget_replicas,
+                    store,
+                    runtime,
+                    leadership,
+                    serving,
+                    metrics,
                 )
                 try:
                     await _serve(
@@ -189,11 +188,8 @@ async def run_daemon(options: DaemonOptions) -> None:
                         await leadership.release()
     # The state dir's files, the store, a checkpoint this controller cannot read, the runtime's
     # directory, Ray missing: all found before recovery touched anything.
-    except _STARTUP_ERRORS as exc:
-        raise StartupError(f"{_reason(exc)}; no replica was touched") from None
-
-
-_STARTUP_ERRORS = (StoreError, CheckpointError, ConfigError, OSError, ImportError)
+    except STARTUP_ERRORS as exc:
+        raise StartupError(f"{startup_reason(exc)}; no replica was touched") from None
 
 
 def _url_host(host: str) -> str:
@@ -219,143 +215,6 @@ def _keep_token(state_dir: Path, shared: Path, token: str) -> Callable[[], None]
     return keep
 
 
-def _leader_status(serving: Serving) -> ControllerStatus:
-    # Only the leader exports its backends: a standby's view would count them twice.
-    if serving.leading and serving.ctl is not None:
-        return serving.ctl.status()
-    return ControllerStatus(())
-
-
-@attrs.define(eq=False)
-class _Roles:
-    """Stand by, lead, stand by again: the daemon's roles in turn, for as long as it runs."""
-
-    options: DaemonOptions
-    manifest: Manifest | None
-    store: LeaseStore
-    runtime: Runtime
-    leadership: Leadership
-    serving: Serving
-    metrics: Metrics
-    shared: Path
-    _applied: bool = False
-    _view_of: dict[str, str] | None = None
-    _up: bool = False
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Started once this daemon serves something: as leader, its controller open; as a
-        standby, its first view of the store built."""
-        status: trio.TaskStatus[None] | None = task_status
-
-        def up() -> None:
-            nonlocal status
-            if status is not None:
-                status.started()
-                status = None
-                self._up = True
-
-        try:
-            # A store that cannot be read fails the start in one line, as a leader's recovery
-            # would, rather than a campaign that retries for ever.
-            await self.store.read_lease()
-            while True:
-                self._view_of = None
-
-                async def stand_by() -> None:
-                    await self._refresh_view(strict=status is not None)
-                    up()
-
-                lease = await self.leadership.campaign(on_read=stand_by)
-                await self._lead(lease, up)
-        except BaseException as exc:
-            found = _only_error(exc) if isinstance(exc, BaseExceptionGroup) else exc
-            if status is not None and isinstance(found, _STARTUP_ERRORS):
-                # Found before recovery touched anything: the start fails in one line.
-                raise StartupError(f"{_reason(found)}; no replica was touched") from None
-            raise
-
-    async def _refresh_view(self, *, strict: bool) -> None:
-        """A standby's view, rebuilt when the store changed since the last. `strict` (at the
-        start): a store that cannot be read fails the start."""
-        try:
-            data = await self.store.read_all()
-        except StoreError as exc:
-            if strict:
-                raise
-            logger.debug("standby: reading the store: %s", exc)
-            return
-        if data == self._view_of:
-            return
-        try:
-            view = store_view(data, self._code_path())
-        except CheckpointError as exc:
-            if strict:
-                raise
-            logger.error("standby: the store cannot be read (%s); serving the last view", exc)
-            return
-        self._view_of = data
-        self.serving.switch(view, leading=False)
-
-    def _code_path(self) -> list[str]:
-        # Where the workers import from: revisions pin the code found there.
-        return [*map(str, self.options.pythonpath), *sys.path]
-
-    async def _lead(self, lease: Lease, up: Callable[[], None]) -> None:
-        leadership = self.leadership
-        with leadership.leading_scope():
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(leadership.keep)
-                if not self.options.forget_replicas:
-                    await _refuse_a_lost_store(self.store, self.runtime)
-                store = FencedStore(self.store, lease.epoch, leadership.fenced)
-                runtime = FencedRuntime(self.runtime, lease.epoch, leadership.fenced)
-                async with open_controller(
-                    runtime=self.metrics.wrap_runtime(runtime),
-                    store=self.metrics.wrap_store(store),
-                    observer=self.metrics,
-                    code_path=self._code_path(),
-                ) as ctl:
-                    self.serving.switch(ctl, leading=True)
-                    if self._up:
-                        # A takeover (at the start, the line that says the daemon listens
-                        # says it leads).
-                        logger.info("leading as epoch %d: %s", lease.epoch, leadership.how)
-                    try:
-                        if self.manifest is not None and not self._applied:
-                            # Once per daemon: a later takeover finds it in the store already.
-                            self._applied = True
-                            await _apply_at_start(ctl, self.manifest, self.options.config)
-                        up()
-                        await trio.sleep_forever()
-                    finally:
-                        self.serving.stop_leading()
-
-
-async def _refuse_a_lost_store(store: Store, runtime: Runtime) -> None:
-    """An empty store beside live replicas was lost (deleted, emptied, or another one): the
-    recovery would take every replica for an orphan and stop it, an outage. Refuse instead."""
-    if await store.read_all():
-        return
-    live = await runtime.list_replicas()
-    if live:
-        raise StartupError(
-            f"the store names no backend, but {plural(len(live), 'replica')} of an earlier "
-            "daemon still run: was the store deleted or emptied? Put it back; or, to start "
-            "over, `controller run --forget-replicas` stops them; no replica was touched"
-        )
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, ImportError):
-        return (
-            f"{exc}: the ray runtime and store need Ray "
-            "(`pip install 'trio-replica-controller[ray]'`)"
-        )
-    if isinstance(exc, OSError) and exc.filename:
-        return f"{exc.filename}: {exc.strerror or exc}"
-    return str(exc)
-
-
 def _write_token(state_dir: Path, token: str) -> None:
     # Written only once the start is past what can fail before serving: a failed start leaves
     # the token of the last good one in place.
@@ -366,23 +225,6 @@ def _write_token(state_dir: Path, token: str) -> None:
             f"cannot write the token {token_path(state_dir)}: {exc.strerror or exc}; the "
             "replicas were adopted and keep running for the next start"
         ) from None
-
-
-async def _apply_at_start(ctl: Controller, manifest: Manifest, source: Path | None) -> None:
-    cause = Cause(via="cli")
-    if source is not None:
-        # The file as read at start (a path past the cause's rules is left out, not refused:
-        # the start goes on without it).
-        with contextlib.suppress(ConfigError, OSError):
-            digest = hashlib.sha256(await trio.Path(source).read_bytes()).hexdigest()
-            cause = Cause(via="cli", manifest=str(source), manifest_digest=digest)
-    try:
-        result = await apply_manifest(ctl, manifest, prune=False, cause=cause)
-    except HTTPError as exc:
-        logger.error("applying %s: %s", source, exc)
-    else:
-        names = ", ".join(a["name"] for a in result["applied"])
-        logger.info("applied %s: %s", source, names)
 
 
 @contextlib.contextmanager
@@ -402,7 +244,7 @@ class _Serving:
 
 
 async def _serve(
-    roles: _Roles,
+    roles: Roles,
     options: DaemonOptions,
     serving: _Serving,
     token: str,
@@ -501,20 +343,11 @@ async def _serve(
                     "listening on %s (token in %s), %s",
                     url,
                     token_path(options.state_dir),
-                    _role_of(roles.leadership),
+                    role_of(roles.leadership),
                 )
             nursery.cancel_scope.cancel()
     with contextlib.suppress(FileNotFoundError):
         address_file.unlink()
-
-
-def _role_of(leadership: Leadership) -> str:
-    lease = leadership.seen
-    if leadership.leading and lease is not None:
-        return f"leading as epoch {lease.epoch} ({leadership.how})"
-    if lease is None or lease.released:
-        return "standing by"
-    return f"standing by (epoch {lease.epoch} leads, at {lease.address})"
 
 
 async def _wait_deleted(ctl: Controller) -> list[str]:
