@@ -215,6 +215,7 @@ class Backend:
         self._change = view.classify(self.spec, self.spec)
         # The leader writes a spec before it acts on it: the stored spec is the one it follows.
         self._observed_generation = self.spec.generation
+        self._scaling.as_stored()
         running = [r for r in self.replicas.values() if r.state is ReplicaState.RUNNING]
         if len(running) == len(self.replicas) == self.desired and all(
             r.version == self.spec.version for r in running

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -22,6 +23,10 @@ class CLIError(Exception):
         super().__init__(message)
 
 
+class Unreachable(CLIError):
+    """The daemon did not answer at all (not running, or gone mid-command)."""
+
+
 # -- talking to the daemon --
 
 
@@ -30,6 +35,8 @@ class Client:
         if not url.startswith(("http://", "https://")):
             raise CLIError(f"error: --url {url!r} is not a URL; the daemon's is http://HOST:PORT")
         self.url = url.rstrip("/")
+        self.origin = self.url
+        """The daemon the command was pointed at (``url`` may move to the leader)."""
         self.token = token
 
     def call(
@@ -69,7 +76,7 @@ class Client:
             return exc.code, payload
         except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise CLIError(
+            raise Unreachable(
                 f"cannot reach the controller at {url} ({reason}); is `controller run` "
                 "running, and is --url or --state-dir right?"
             ) from None
@@ -81,6 +88,39 @@ class Client:
             code = 2 if status in (400, 409, 413, 422) else 1
             raise CLIError(describe_error(status, payload), code)
         return payload
+
+
+def leader_answer(client: Client, path: str, deadline: float) -> Any:
+    """`path` (a GET) as the leader answers it, for commands that wait on what the leader does:
+    a standby's answer (its copy of the store) is not taken, and a leader that is gone is
+    waited out until another leads (a takeover), or until `deadline` (``time.monotonic``)."""
+    while True:
+        try:
+            status, payload = client.call("GET", path)
+        except Unreachable:
+            if time.monotonic() >= deadline:
+                raise
+            # The leader the command followed is gone: back to the daemon it was pointed at,
+            # which answers (or sends on to) whoever leads now.
+            client.url = client.origin
+            time.sleep(_TAKEOVER_POLL_S)
+            continue
+        leadership = payload.get("leadership") if isinstance(payload, dict) else None
+        if status == 200 and (leadership is None or leadership.get("role") == "leader"):
+            return payload
+        if status not in (200, 503):
+            raise CLIError(describe_error(status, payload), 2 if status == 422 else 1)
+        if time.monotonic() >= deadline:
+            raise CLIError("error: no daemon leads (a takeover has not ended in time)")
+        address = leadership.get("address") if isinstance(leadership, dict) else None
+        if isinstance(address, str) and address.startswith("http://") and address != client.url:
+            client.url = address.rstrip("/")
+            continue
+        time.sleep(_TAKEOVER_POLL_S)
+
+
+#: How often a waiting command asks again while a takeover is under way.
+_TAKEOVER_POLL_S = 0.25
 
 
 def _leader_of(status: int, payload: Any) -> str | None:

@@ -18,7 +18,7 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._cli_client import Client, make_client
+from ._cli_client import Client, CLIError, leader_answer, make_client
 from ._cli_output import age, indent, since
 
 #: The longest a watch request waits before the CLI refreshes what it shows.
@@ -172,7 +172,10 @@ def wait_for(
     tracebacks: dict[str, str | None] = {}
     cursor, epoch = 0, ""
     while True:
-        statuses = {b["name"]: b for b in client.ok("GET", "/api/v1/backends")["backends"]}
+        # The leader's own word only: a standby's copy lags, and a leader that stepped down
+        # may still show its closed controller's last state.
+        answer = leader_answer(client, "/api/v1/backends", deadline)
+        statuses = {b["name"]: b for b in answer["backends"]}
         pending, failed = [], []
         for name in names:
             status = statuses.get(name)
@@ -233,7 +236,13 @@ def wait_for(
         query = urllib.parse.urlencode(
             {"since": cursor, "epoch": epoch, "timeout_s": min(_REFRESH_S, left)}
         )
-        change = client.ok("GET", f"/api/v1/watch?{query}")
+        try:
+            change = client.ok("GET", f"/api/v1/watch?{query}")
+        except CLIError:
+            # The daemon went away or stopped leading under the wait: the next status
+            # (above) finds whoever leads now.
+            cursor, epoch = 0, ""
+            continue
         cursor, epoch = change["cursor"], change["epoch"]
 
 

@@ -131,6 +131,14 @@ async def run_daemon(options: DaemonOptions) -> None:
             _ingress_socket(options) as ingress_sock,
         ):
             shared = _shared_dir(options, state_dir)
+            shared_token = kept_token(shared) if shared != state_dir else None
+            if given_token and shared_token is not None and given_token != shared_token:
+                raise StartupError(
+                    f"${TOKEN_ENV} is not the token of the shared dir {shared}: daemons of one "
+                    "store take one token (a client of one is a client of all, and standbys "
+                    "send changes and load on to the leader with it); unset it, or give the "
+                    "shared dir's"
+                )
             # The token outlives a restart, so that routers and watchers given it carry on;
             # daemons of one shared dir take its token, so that any of them takes a client's.
             token = (
@@ -158,7 +166,8 @@ async def run_daemon(options: DaemonOptions) -> None:
                 ingress = None
                 if ingress_sock is not None:
                     ingress = Ingress(
-                        ServingSource(serving), IngressConfig(access_log=options.access_log)
+                        ServingSource(serving, token),
+                        IngressConfig(access_log=options.access_log),
                     )
                 roles = Roles(
                     manifest,
@@ -200,7 +209,7 @@ def _shared_dir(options: DaemonOptions, state_dir: Path) -> Path:
     """Where the store and the workers are: the state dir, or one daemons share."""
     if options.shared_dir is None:
         return state_dir
-    check_private(options.shared_dir, create=True)
+    check_private(options.shared_dir, create=True, what="shared dir")
     return options.shared_dir
 
 
@@ -286,6 +295,8 @@ async def _serve(
     config.graceful_timeout = 2.0  # long polls end at once; nothing else takes long
     address_file = address_path(options.state_dir)
     serving_api = False
+    roles_scope = trio.CancelScope()
+    roles_done = trio.Event()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
 
@@ -296,27 +307,46 @@ async def _serve(
                         "%s: stopping; replicas keep running for the next start to adopt",
                         signal.Signals(signum).name,
                     )
-                    stop.set()
                     if not serving_api:
                         # Still starting (recovering, or waiting on the store): stop here.
+                        stop.set()
                         nursery.cancel_scope.cancel()
+                        return
+                    await hand_over()
+                    stop.set()
                     return
 
             async def on_shutdown() -> None:
                 await shutdown_asked.wait()
                 if current.ctl is not None:
                     left.extend(await _wait_deleted(current.ctl))
-                shutdown_over.set()
                 mark_stopping(options.state_dir)
+                await hand_over()
+                shutdown_over.set()
                 # The request waiting for this answers at once; the server's graceful stop
                 # gives it the time to.
                 stop.set()
+
+            async def run_roles(*, task_status: trio.TaskStatus[None]) -> None:
+                try:
+                    with roles_scope:
+                        await roles.run(task_status=task_status)
+                finally:
+                    roles_done.set()
+
+            async def hand_over() -> None:
+                """Stop leading (the controller closes) and release the lease before the API's
+                connections (long polls) are closed: a standby takes over at once."""
+                roles_scope.cancel()
+                await roles_done.wait()
+                with trio.move_on_after(roles.leadership.timing.renew_s * 2, shield=True):
+                    await roles.leadership.release()
 
             nursery.start_soon(on_signal)
             nursery.start_soon(on_shutdown)
             # Leads (recovered, the config applied) or stands by (the store's view built)
             # before anything is served.
-            await nursery.start(roles.run)
+            await nursery.start(run_roles)
             keep_token()
             if ingress is not None and serving.ingress_socket is not None:
                 # Routes are known before the first connection is taken.

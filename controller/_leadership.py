@@ -106,6 +106,8 @@ class Leadership:
             how = "no daemon led before"
         elif before.released:
             how = f"epoch {before.epoch} was released"
+        elif before.holder == self.holder and self.transitions > 1:
+            how = f"epoch {before.epoch} was this daemon's, and no other claimed it meanwhile"
         elif before.holder == self.holder:
             how = f"epoch {before.epoch} was this state dir's, from an earlier run"
         else:

@@ -24,6 +24,12 @@ from ._numbers import seconds
 #: renewal, and then recovers (adopts every replica) in well under a second on one host.
 DURATION_S = 2.0
 RENEW_S = 0.5
+#: The shortest lease: shorter, an ordinary pause (a collection, a slow disk) loses it, and a
+#: leader could lose it within its own recovery.
+MIN_DURATION_S = 0.5
+#: The largest epoch or renewal count a lease may hold: far beyond any real count, and below
+#: SQLite's integer range, so that the next one always fits.
+MAX_COUNT = 2**62
 
 
 @attrs.frozen
@@ -62,8 +68,8 @@ class Lease:
                 raise TypeError("not an object")
             epoch, renewals = data["epoch"], data.get("renewals", 0)
             for name, value in (("epoch", epoch), ("renewals", renewals)):
-                if type(value) is not int or value < 0:
-                    raise ValueError(f"{name} must be a whole number >= 0")
+                if type(value) is not int or not 0 <= value <= MAX_COUNT:
+                    raise ValueError(f"{name} must be a whole number from 0 to 2**62")
             duration = data["duration_s"]
             if isinstance(duration, bool) or not isinstance(duration, (int, float)):
                 raise ValueError("duration_s must be a number")
@@ -110,6 +116,13 @@ class LeaseTiming:
     """How often the leader renews and a standby reads the lease."""
 
     def __attrs_post_init__(self) -> None:
+        if self.duration_s < MIN_DURATION_S:
+            raise ConfigError(
+                "lease_duration_s",
+                f"must be at least {MIN_DURATION_S:g}s: an ordinary pause would cost a leader "
+                "a shorter lease",
+                self.duration_s,
+            )
         if self.renew_s * 3 > self.duration_s:
             raise ConfigError(
                 "lease_renew_s",

@@ -82,7 +82,17 @@ class Roles:
                 self._view_of = None
 
                 async def stand_by() -> None:
-                    await self._refresh_view(strict=status is not None)
+                    first = status is not None
+                    await self._refresh_view(strict=first)
+                    if first and self.manifest is not None:
+                        # The store holds what runs, as the leader made it: a file applied at
+                        # a later takeover would undo every change made since.
+                        self._applied = True
+                        logger.warning(
+                            "%s not applied: this daemon starts as a standby, and the store "
+                            "holds what runs (`controller apply -f` sends it to the leader)",
+                            self.config,
+                        )
                     up()
 
                 lease = await self.leadership.campaign(on_read=stand_by)
@@ -138,7 +148,8 @@ class Roles:
                         logger.info("leading as epoch %d: %s", lease.epoch, leadership.how)
                     try:
                         if self.manifest is not None and not self._applied:
-                            # Once per daemon: a later takeover finds it in the store already.
+                            # Only by a daemon that leads from its start (as one daemon
+                            # always has), once.
                             self._applied = True
                             await apply_at_start(ctl, self.manifest, self.config)
                         up()

@@ -118,6 +118,11 @@ class Scaling:
         self._desired = count
         return count
 
+    def as_stored(self) -> None:
+        """For a standby's view: the stored target, as the leader had it (a standby asks the
+        runtime for no room)."""
+        self._desired = self.scaler.target
+
     def not_autoscaled(self) -> None:
         self._desired = None
 

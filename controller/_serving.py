@@ -67,7 +67,12 @@ class Serving:
         if leadership is None:
             return None
         lease = leadership.seen
-        live = lease is not None and not lease.released
+        # A lease in this daemon's name while it does not lead has lapsed: none leads now.
+        live = (
+            lease is not None
+            and not lease.released
+            and (self.leading or lease.holder != leadership.holder)
+        )
         return {
             "role": "leader" if self.leading else "standby",
             "holder": leadership.holder,

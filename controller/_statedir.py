@@ -64,17 +64,17 @@ def read_address(state_dir: Path) -> dict[str, object]:
     return data if isinstance(data, dict) else {}
 
 
-def check_private(state_dir: Path, *, create: bool) -> None:
-    """Refuse (``StartupError``) a state dir that another user owns or may write in, or one
-    reached through another user's symlink: its files (the token, the address) are not to be
-    trusted, nor written. With `create`, make it (0700) if missing."""
+def check_private(state_dir: Path, *, create: bool, what: str = "state dir") -> None:
+    """Refuse (``StartupError``) a state dir (or `what` else) that another user owns or may
+    write in, or one reached through another user's symlink: its files (the token, the
+    address) are not to be trusted, nor written. With `create`, make it (0700) if missing."""
     try:
         if create or state_dir.exists():
-            private_dir(state_dir, "--state-dir", create=create)
+            private_dir(state_dir, f"--{what.replace(' ', '-')}", create=create)
     except ConfigError as exc:
-        raise StartupError(f"state dir {state_dir}: {exc.rule}") from None
+        raise StartupError(f"{what} {state_dir}: {exc.rule}") from None
     except OSError as exc:
-        raise StartupError(f"cannot use state dir {state_dir}: {exc.strerror or exc}") from None
+        raise StartupError(f"cannot use {what} {state_dir}: {exc.strerror or exc}") from None
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -26,7 +27,11 @@ from controller._lease import (
     watch,
 )
 from controller._sqlite_store import SQLiteStore
+from controller._standby import store_view
 from controller._store import LeaseStore
+from controller.testing import FakeRuntime
+
+from .conftest import RC
 
 TIMING = LeaseTiming(duration_s=2.0, renew_s=0.5)
 
@@ -324,3 +329,46 @@ async def test_a_released_lease_is_taken_at_once(autojump_clock: trio.testing.Mo
     seen = await store.read_lease()
     assert seen is not None
     assert (seen.epoch, seen.holder) == (2, "host:/b")
+
+
+# -- a standby's view of the store --
+
+
+async def test_a_standby_s_view_shows_what_the_leader_wrote(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime(auto_ready=True)
+    store = controller.MemoryStore()
+    auto = controller.AutoscalingConfig(min_replicas=3, max_replicas=8)
+    async with controller.open_controller(runtime=rt, store=store) as ctl:
+        plain = controller.BackendConfig(num_replicas=2, version="v1", route_prefix="/p")
+        await (await ctl.deploy("plain", plain, RC)).wait()
+        scaled = controller.BackendConfig(version="v1", autoscaling=auto)
+        await (await ctl.deploy("auto", scaled, RC)).wait()
+        await trio.sleep(1)  # the addresses reach the store after the replicas serve
+        view = store_view(store.data, [])
+        for name in ("plain", "auto"):
+            leader, seen = ctl.status(name), view.status(name)
+            assert (seen.state, seen.desired, seen.goal_done) == (
+                leader.state,
+                leader.desired,
+                True,
+            )
+            assert seen.observed_generation == seen.generation == leader.generation
+            assert {r.tag for r in seen.replicas} == {r.tag for r in leader.replicas}
+            assert ctl.snapshot(name).replicas == view.snapshot(name).replicas
+        assert view.status("auto").autoscaler is not None
+        assert view.status("auto").autoscaler.capped_at is None  # type: ignore[union-attr]
+        # Mid-rollout, as the leader last wrote it: not converged, not done.
+        rt.auto_ready = False
+        await ctl.deploy("plain", attrs.evolve(plain, version="v2", max_surge=1), RC)
+        await trio.testing.wait_all_tasks_blocked()
+        during = store_view(store.data, []).status("plain")
+        assert not during.goal_done
+        assert during.state is not controller.BackendState.HEALTHY
+        assert len(store_view(store.data, []).snapshot("plain").replicas) == 2
+
+
+async def test_a_view_of_a_damaged_store_is_refused() -> None:
+    with pytest.raises(controller.CheckpointError):
+        store_view({"spec/a": "{not json"}, [])

@@ -9,14 +9,16 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from .http_client import request
 from .test_daemon import LIMIT_S, Daemon, state_dir
-from .test_daemon_hardening import free_port
+from .test_daemon_hardening import free_port, one_line
 from .test_ingress_daemon import standalone
 from .test_rollout_daemon import Traffic, app, settled, until
 
@@ -282,6 +284,129 @@ async def test_a_standby_reads_the_store_and_sends_changes_to_the_leader(
                 assert b"was released" in b.log
                 status = await until(b, "app", settled("v1"))
                 assert pids(status) == pids(leader_status)
+                result = await b.cli("shutdown")
+                assert result.returncode == 0, result.stderr
+                await stopped(b)
+
+
+async def test_a_standby_leaves_its_config_alone_and_its_ingress_reports_to_the_leader(
+    state_dir: Path,
+) -> None:
+    shared, own_a, own_b = dirs(state_dir, "shared", "a", "b")
+    a, b = Daemon(own_a), Daemon(own_b)
+    # A backend that scales from zero: only the load an ingress reports brings a replica.
+    zero = app(
+        num_replicas=1,
+        route_prefix="/zero",
+        autoscaling={"min_replicas": 0, "max_replicas": 2, "scale_to_zero_delay_s": 60},
+    )
+    stale = state_dir / "stale.toml"
+    stale.write_text(
+        "[backends.zero]\n"
+        + "".join(f"{k} = {json.dumps(v)}\n" for k, v in app(num_replicas=3).items())
+    )
+    port = free_port()
+    with trio.fail_after(LIMIT_S * 3), killed_at_exit(a, b):
+        async with trio.open_nursery() as nursery:
+            await a.start(nursery, "--shared-dir", str(shared), "--no-ingress")
+            code, data = await a.http("PUT", "/api/v1/backends/zero", json.dumps(zero).encode())
+            assert code == 200, data
+            generation = data["generation"]
+            # A standby started with an old file: applied at a takeover, it would undo the
+            # leader's changes.
+            await b.start(
+                nursery,
+                "--shared-dir",
+                str(shared),
+                "--config",
+                str(stale),
+                "--ingress-listen",
+                f"127.0.0.1:{port}",
+            )
+            await b.logged(b"not applied: this daemon starts as a standby")
+            # Through the standby's own ingress, a request to a backend at zero: the standby
+            # sends the load on, the leader starts a replica, the standby's view routes to it.
+            answer = await request(port, "/zero/x")
+            assert answer.status == 200, answer.body
+            leader_status = await until(a, "zero", lambda s: len(s["replicas"]) >= 1)
+            assert a.process is not None
+            a.process.send_signal(signal.SIGKILL)
+            await a.process.wait()
+            await b.logged(b"leading as epoch 2")
+            status = await until(b, "zero", lambda s: s["goal_done"])
+            assert status["generation"] == generation  # nothing of the stale file
+            assert tags(status) == tags(leader_status)
+            result = await b.cli("shutdown")
+            assert result.returncode == 0, result.stderr
+            await stopped(b)
+
+
+async def test_a_daemon_with_another_token_than_its_shared_dir_is_refused(
+    state_dir: Path,
+) -> None:
+    shared, own_a, own_b = dirs(state_dir, "shared", "a", "b")
+    a = Daemon(own_a)
+    with trio.fail_after(LIMIT_S), killed_at_exit(a):
+        async with trio.open_nursery() as nursery:
+            await a.start(nursery, "--shared-dir", str(shared), "--no-ingress")
+            result = await trio.run_process(
+                [*Daemon(own_b).cli_argv(), "run", "--shared-dir", str(shared), "--no-ingress"],
+                capture_stderr=True,
+                check=False,
+                env={**os.environ, "CONTROLLER_TOKEN": "another-token-0123456789"},
+            )
+            assert result.returncode == 1
+            line = one_line(result.stderr)
+            assert "$CONTROLLER_TOKEN is not the token of the shared dir" in line
+            assert (await role(a))["role"] == "leader"
+            await stopped_by_signal(a)
+
+
+async def stopped_by_signal(daemon: Daemon) -> None:
+    assert daemon.process is not None
+    daemon.process.send_signal(signal.SIGTERM)
+    assert await daemon.process.wait() == 0
+
+
+async def test_apply_wait_through_a_standby_outlasts_the_leader_s_death(state_dir: Path) -> None:
+    """`apply --wait` follows its change at the leader; killed mid-rollout, the wait goes on at
+    whoever leads next, and says done only once that one has finished it."""
+    slow = {"entrypoint": "replicas:SlowInit", "max_surge": 1, "max_unavailable": 0}
+    first, second = state_dir / "v1.toml", state_dir / "v2.toml"
+    for file, version in ((first, "v1"), (second, "v2")):
+        fields = {**slow, "num_replicas": 3, "version": version, "init_args": [0.6]}
+        file.write_text(
+            "[backends.slow]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in fields.items())
+        )
+    with trio.fail_after(LIMIT_S * 3):
+        async with trio.open_nursery() as nursery:
+            _, (a, b) = await start_all(nursery, state_dir, "ab")
+            with killed_at_exit(a, b):
+                result = await b.cli("apply", "-f", str(first), "--wait")
+                assert result.returncode == 0, result.stderr
+                waited: list[subprocess.CompletedProcess[bytes]] = []
+                async with trio.open_nursery() as cli:
+
+                    async def apply_and_wait() -> None:
+                        waited.append(await b.cli("apply", "-f", str(second), "--wait"))
+
+                    cli.start_soon(apply_and_wait)
+                    # Mid-rollout (a new replica up, the rest on their way): the leader dies.
+                    await until(
+                        a, "slow", lambda s: s["ready_of_version"] >= 1 and not s["goal_done"]
+                    )
+                    assert a.process is not None
+                    a.process.send_signal(signal.SIGKILL)
+                    await a.process.wait()
+                [done] = waited
+                assert done.returncode == 0, (done.stdout, done.stderr)
+                assert done.stdout.decode().rstrip().endswith("done")
+                # It said done once the new leader had finished: the rollout is whole.
+                assert b"goal of generation 2 reached" in b.log
+                status = (await b.status())["slow"]
+                assert status["goal_done"]
+                assert {r["version"] for r in status["replicas"]} == {"v2"}
+                assert len(status["replicas"]) == 3
                 result = await b.cli("shutdown")
                 assert result.returncode == 0, result.stderr
                 await stopped(b)

@@ -102,7 +102,10 @@ class ServingSource:
     new one; until then it routes on what it has."""
 
     serving: Serving
+    token: str | None = None
+    """The API token, for reports sent on to the leader while this daemon stands by."""
     _source: ControllerSource | None = attrs.field(default=None, init=False)
+    _leader: HTTPSource | None = attrs.field(default=None, init=False)
 
     def describe(self) -> str:
         return "this daemon (leader or standby)"
@@ -141,10 +144,17 @@ class ServingSource:
         return answer
 
     async def report(self, reports: list[LoadReport]) -> None:
-        # A standby's view runs no backend: what it is told counts for nothing, and the
-        # leader's own ingress and replicas report there.
         if self.serving.leading and self._source is not None:
             await self._source.report(reports)
+            return
+        # A standby's view runs no backend: the load this ingress carries goes to the leader,
+        # whose autoscaler counts it (scale from zero through a standby's ingress included).
+        leader = self.serving.leader_url()
+        if leader is None or self.token is None:
+            raise SourceError("no daemon leads just now: the load report waits for one")
+        if self._leader is None or self._leader.url != leader:
+            self._leader = HTTPSource(leader, self.token)
+        await self._leader.report(reports)
 
 
 #: How long one long poll of a daemon's watch may wait for a change.
