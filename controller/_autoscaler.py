@@ -215,6 +215,11 @@ class Room:
         return held
 
     @property
+    def asking(self) -> bool:
+        """Whether a question of room is on its way: the count is not final until it answers."""
+        return self._pending
+
+    @property
     def next_at(self) -> float:
         """When to ask again, while the last answer falls short of what is wanted (an answer
         on its way wakes the loop itself)."""

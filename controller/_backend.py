@@ -464,8 +464,11 @@ class Backend:
         )
         plan = decide(target, list(self.replicas.values()))
         self._observed_generation = spec.generation
-        self._converged = plan.converged
-        if plan.converged:
+        # A count held back until the runtime says whether there is room is not the goal: a
+        # new autoscaled backend at 0 of its 1 is not done.
+        converged = plan.converged and not (autoscaled and self._scaling.asking_room)
+        self._converged = converged
+        if converged:
             self._scaling.converged()
             self._rollout.converged(now, target.num_replicas)
 
@@ -506,7 +509,7 @@ class Backend:
         self._publish()  # a late health check may have taken a replica out
         self._arm_timer(now)
 
-        if plan.converged:
+        if converged:
             if spec.deleting:
                 return await self._forget()
             if not self._rollout.active:  # nor within a new replica's min_ready_s

@@ -118,6 +118,12 @@ class Scaling:
         self._desired = count
         return count
 
+    @property
+    def asking_room(self) -> bool:
+        """Whether the runtime is being asked for room: until it answers, the count is what is
+        held, not what the autoscaler wants, and nothing has converged."""
+        return self._room.asking
+
     def as_stored(self) -> None:
         """For a standby's view: the stored target, as the leader had it (a standby asks the
         runtime for no room)."""

@@ -539,3 +539,28 @@ def test_a_block_s_faults_across_fields_are_reported_together_and_beside_the_oth
     assert "autoscaling.tolerance" in text
     assert "must be <= max_replicas (2)" in text
     assert "may not both be 0" in text
+
+
+async def test_a_new_autoscaled_backend_is_not_done_before_its_replicas_run(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Found by an outside attack: while the runtime was asked for room, the count was what
+    was held (0), which converged at once: the goal was reached, and `apply --wait` said done,
+    before a replica started."""
+    rt = FakeRuntime()
+    async with controller.open_controller(
+        runtime=rt, store=controller.MemoryStore(), restart_policy=EXACT
+    ) as ctl:
+        cfg = controller.BackendConfig(
+            version="v1", autoscaling=AutoscalingConfig(min_replicas=2, max_replicas=4)
+        )
+        goal = await ctl.deploy("a", cfg, RC)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not goal.done
+        assert not ctl.status("a").goal_done
+        starting = rt.tags(FakeState.STARTING)
+        assert len(starting) == 2
+        for tag in starting:
+            rt.finish_start(tag)
+        assert await goal.wait() is GoalOutcome.COMPLETED
+        assert len(rt.tags(FakeState.READY)) == 2
