@@ -88,15 +88,18 @@ class SQLiteStore:
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
             if self.path != ":memory:" and not os.path.exists(self.path):
-                # Checkpoints name what runs where: private from the first byte.
-                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+                # Checkpoints name what runs where: private from the first byte. Another
+                # daemon sharing the file may create it first: then it is there, as wanted.
+                with contextlib.suppress(FileExistsError):
+                    os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             # isolation_level=None: transactions are begun and committed explicitly below.
             # check_same_thread=False: trio's worker threads vary; the limiter serializes use.
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             try:
+                # First: the daemons sharing the file may hold its lock while this one opens.
+                conn.execute("PRAGMA busy_timeout=5000")
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute(f"PRAGMA synchronous={self._synchronous}")
-                conn.execute("PRAGMA busy_timeout=5000")
                 conn.execute(
                     "CREATE TABLE IF NOT EXISTS checkpoints "
                     "(key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID"
