@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Mapping
 from typing import Literal, TypeVar, final
 
@@ -15,6 +16,10 @@ from ._errors import FencedError, StoreError
 from ._lease import Lease, same_grant
 
 T = TypeVar("T")
+
+#: Opening a file others open at the same moment: how often, and how far apart, to try.
+_SETUP_ATTEMPTS = 100
+_SETUP_PAUSE_S = 0.01
 
 
 @attrs.define(eq=False)
@@ -98,17 +103,16 @@ class SQLiteStore:
             try:
                 # First: the daemons sharing the file may hold its lock while this one opens.
                 conn.execute("PRAGMA busy_timeout=5000")
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute(f"PRAGMA synchronous={self._synchronous}")
-                conn.execute(
-                    "CREATE TABLE IF NOT EXISTS checkpoints "
-                    "(key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID"
-                )
-                # One row: the lease, its epoch apart so that a fenced write reads one integer.
-                conn.execute(
-                    "CREATE TABLE IF NOT EXISTS lease (id INTEGER PRIMARY KEY CHECK (id = 1), "
-                    "epoch INTEGER NOT NULL, body TEXT NOT NULL)"
-                )
+                for attempt in range(_SETUP_ATTEMPTS):
+                    try:
+                        self._set_up(conn)
+                        break
+                    except sqlite3.OperationalError as exc:
+                        # Daemons opening a new shared file at once: the switch to WAL
+                        # answers "locked" without waiting; it is over in a moment.
+                        if "locked" not in str(exc) or attempt == _SETUP_ATTEMPTS - 1:
+                            raise
+                        time.sleep(_SETUP_PAUSE_S)  # a worker thread's: trio is not blocked
             except BaseException:
                 conn.close()
                 raise
@@ -116,6 +120,19 @@ class SQLiteStore:
             if self.path != ":memory:":
                 self._inode = os.stat(self.path).st_ino
         return self._conn
+
+    def _set_up(self, conn: sqlite3.Connection) -> None:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={self._synchronous}")
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS checkpoints "
+            "(key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID"
+        )
+        # One row: the lease, its epoch apart so that a fenced write reads one integer.
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS lease (id INTEGER PRIMARY KEY CHECK (id = 1), "
+            "epoch INTEGER NOT NULL, body TEXT NOT NULL)"
+        )
 
     def _check_file(self) -> None:
         """Refuse to write when the files we opened are no longer the ones at our path (the
