@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import final
 
@@ -566,7 +567,12 @@ class Backend:
         self._spawn_stop(replica)
 
     def _spawn_stop(self, replica: Replica) -> None:
-        self._tasks.stop(replica, self.spec.backend_config.graceful_shutdown_timeout_s)
+        grace = self.spec.backend_config.graceful_shutdown_timeout_s
+        if replica.resumed_stop and replica.stopping_since is not None:
+            # A stop begun before (by a controller that crashed or lost its lease): only what
+            # is left of its deadline, or a takeover after another would drain for ever.
+            grace = max(0.0, replica.stopping_since + grace - time.time())
+        self._tasks.stop(replica, grace)
 
     def _spawn_bring_up(self, replica: Replica, *, adopt: bool) -> None:
         spec = None

@@ -91,6 +91,10 @@ class ReplicaRecord:
     the replica it adopts may be serving still (None before schema 3)."""
     revision: int | None = None
     """The revision it was started with, or last reconfigured to (None before schema 6)."""
+    stopping_ms: int | None = None
+    """When its stop began, by the wall clock in milliseconds (None: not stopping, or stored
+    by a controller that did not say): a controller that takes over counts what is left of
+    the drain's deadline from there, rather than granting a whole one again."""
 
 
 @attrs.frozen

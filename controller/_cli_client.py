@@ -44,13 +44,27 @@ class Client:
     ) -> tuple[int, Any]:
         status, payload = self._call(self.url, method, path, body, timeout)
         leader = _leader_of(status, payload)
-        if leader is not None:
-            # A standby: the same request goes to the leader it names (once; the leader's own
-            # answer is final, whatever it is), and so does the rest of the command (an
-            # `apply --wait` follows its change where it is made, not in a standby's copy).
+        if leader is None:
+            return status, payload
+        # A standby: the same request goes to the leader it names, and so does the rest of the
+        # command (an `apply --wait` follows its change where it is made, not in a standby's
+        # copy). The leader's answer is final, whatever it is; but a leader that does not
+        # answer (paused past its lease, or gone) is asked no more: the daemon this command
+        # was pointed at is asked again once, and sends it to whoever leads by then. (Sent
+        # twice, a change is still made once: a stale leader's writes are refused, and the
+        # same spec deployed again changes nothing.)
+        self.url = leader
+        try:
+            return self._call(leader, method, path, body, min(timeout, _LEADER_TIMEOUT_S))
+        except Unreachable:
+            time.sleep(_TAKEOVER_POLL_S)
+            status, payload = self._call(self.origin, method, path, body, timeout)
+            leader = _leader_of(status, payload)
+            if leader is None:
+                self.url = self.origin
+                return status, payload
             self.url = leader
-            status, payload = self._call(leader, method, path, body, timeout)
-        return status, payload
+            return self._call(leader, method, path, body, timeout)
 
     def _call(self, url: str, method: str, path: str, body: Any, timeout: float) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body).encode()
@@ -96,7 +110,7 @@ def leader_answer(client: Client, path: str, deadline: float) -> Any:
     waited out until another leads (a takeover), or until `deadline` (``time.monotonic``)."""
     while True:
         try:
-            status, payload = client.call("GET", path)
+            status, payload = client.call("GET", path, timeout=_LEADER_TIMEOUT_S)
         except Unreachable:
             if time.monotonic() >= deadline:
                 raise
@@ -121,6 +135,9 @@ def leader_answer(client: Client, path: str, deadline: float) -> Any:
 
 #: How often a waiting command asks again while a takeover is under way.
 _TAKEOVER_POLL_S = 0.25
+#: How long a leader found through a standby has to answer: a read or a change takes it
+#: milliseconds, and one paused past its lease (then superseded) must not hold the command.
+_LEADER_TIMEOUT_S = 10.0
 
 
 def _leader_of(status: int, payload: Any) -> str | None:

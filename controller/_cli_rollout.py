@@ -237,7 +237,8 @@ def wait_for(
             {"since": cursor, "epoch": epoch, "timeout_s": min(_REFRESH_S, left)}
         )
         try:
-            change = client.ok("GET", f"/api/v1/watch?{query}")
+            # Bounded near the long poll's own wait: a paused leader must not hold it.
+            change = client.ok("GET", f"/api/v1/watch?{query}", timeout=min(_REFRESH_S, left) + 5)
         except CLIError:
             # The daemon went away or stopped leading under the wait: the next status
             # (above) finds whoever leads now.

@@ -51,6 +51,8 @@ class Leadership:
         self.transitions = 0
         self.refusals = 0
         """How many of this daemon's commands the store or a replica refused as stale."""
+        self.floor = 0
+        """The highest epoch a refusal named: the next claim goes above it."""
         self.how = ""
         """How this daemon came to lead, for the log: who led before, and why it no longer does."""
         self._scope: trio.CancelScope | None = None
@@ -76,15 +78,16 @@ class Leadership:
             now = trio.current_time()
             seen = watch(seen, lease, now)
             if now >= claim_at(seen, self.holder):
-                new = claimed(
-                    lease,
-                    holder=self.holder,
-                    duration_s=self.timing.duration_s,
-                    pid=os.getpid(),
-                    wall=time.time(),
-                    address=self.address,
-                )
                 try:
+                    new = claimed(
+                        lease,
+                        holder=self.holder,
+                        duration_s=self.timing.duration_s,
+                        pid=os.getpid(),
+                        wall=time.time(),
+                        address=self.address,
+                        floor=self.floor,
+                    )
                     won = await self.store.claim_lease(lease, new)
                 except StoreError as exc:
                     self._store_failed("claiming the lease", exc)
@@ -134,6 +137,8 @@ class Leadership:
     def fenced(self, exc: FencedError) -> None:
         """The store or a replica refused this leader's epoch: stop acting now."""
         self.refusals += 1
+        if exc.newer is not None:
+            self.floor = max(self.floor, exc.newer)
         if self._scope is not None and not self._scope.cancel_called:
             logger.warning("fenced: %s", exc)
             self._scope.cancel()

@@ -27,6 +27,8 @@ RENEW_S = 0.5
 #: The shortest lease: shorter, an ordinary pause (a collection, a slow disk) loses it, and a
 #: leader could lose it within its own recovery.
 MIN_DURATION_S = 0.5
+#: The shortest renew period: shorter, a standby's reads of the lease are a busy loop.
+MIN_RENEW_S = 0.05
 #: The largest epoch or renewal count a lease may hold: far beyond any real count, and below
 #: SQLite's integer range, so that the next one always fits.
 MAX_COUNT = 2**62
@@ -70,6 +72,8 @@ class Lease:
             for name, value in (("epoch", epoch), ("renewals", renewals)):
                 if type(value) is not int or not 0 <= value <= MAX_COUNT:
                     raise ValueError(f"{name} must be a whole number from 0 to 2**62")
+            if epoch == MAX_COUNT:
+                raise ValueError("epoch is at its limit (2**62): no claim can follow it")
             duration = data["duration_s"]
             if isinstance(duration, bool) or not isinstance(duration, (int, float)):
                 raise ValueError("duration_s must be a number")
@@ -122,6 +126,12 @@ class LeaseTiming:
                 f"must be at least {MIN_DURATION_S:g}s: an ordinary pause would cost a leader "
                 "a shorter lease",
                 self.duration_s,
+            )
+        if self.renew_s < MIN_RENEW_S:
+            raise ConfigError(
+                "lease_renew_s",
+                f"must be at least {MIN_RENEW_S:g}s: shorter, reading the lease is a busy loop",
+                self.renew_s,
             )
         if self.renew_s * 3 > self.duration_s:
             raise ConfigError(
@@ -179,10 +189,16 @@ def claimed(
     pid: int,
     wall: float,
     address: str | None = None,
+    floor: int = 0,
 ) -> Lease:
-    """The lease a claim over `seen` stores: the next epoch."""
+    """The lease a claim over `seen` stores: the next epoch, and above `floor` (the highest
+    epoch a replica has said it was commanded by: a store put back from a backup may hold a
+    lower one than the replicas have seen). ``StoreError`` past the epochs' limit."""
+    epoch = max(seen.epoch if seen is not None else 0, floor) + 1
+    if epoch >= MAX_COUNT:
+        raise StoreError(f"the lease's next epoch ({epoch}) is past the limit of 2**62")
     return Lease(
-        epoch=(seen.epoch if seen is not None else 0) + 1,
+        epoch=epoch,
         holder=holder,
         duration_s=duration_s,
         address=address,

@@ -253,6 +253,11 @@ class Replica:
     scope: trio.CancelScope | None = None
     """The scope of its in-flight start, adoption or reconfigure, so that a stop can cancel it."""
     drain_scope: trio.CancelScope | None = None
+    resumed_stop: bool = False
+    """Its stop was begun by an earlier controller (restored STOPPING, with its time)."""
+    stopping_since: float | None = None
+    """When its stop began, by the wall clock (stored, so that a controller that takes over
+    grants the drain only what is left of its deadline)."""
     """Once stopping: cancelled to cut its drain short (a forced delete that comes meanwhile)."""
     view: ServingReplica | None = None
     """Its entry in watch snapshots, made once when it starts serving."""
@@ -313,6 +318,7 @@ def record_text(
                     r.served,
                     address,
                     r.revision,
+                    None if r.stopping_since is None else round(r.stopping_since * 1000),
                 )
             )
         entries.append(r.record_json)
@@ -376,6 +382,8 @@ class ReplicaSet:
         replica.state = ReplicaState.STOPPING
         replica.graceful = graceful
         replica.drain_scope = trio.CancelScope() if graceful else None
+        if replica.stopping_since is None:
+            replica.stopping_since = time.time()
         replica.record_json = None
         self._changed()
         return serving
@@ -414,6 +422,9 @@ class ReplicaSet:
                 replica.address = rec.address
                 replica.view = ServingReplica(rec.tag, rec.version, rec.address)
             replica.graceful = graceful
+            if rec.stopping and rec.stopping_ms is not None:
+                replica.stopping_since = rec.stopping_ms / 1000
+                replica.resumed_stop = True
             if rec.stopping and graceful:
                 replica.drain_scope = trio.CancelScope()
         return dropped

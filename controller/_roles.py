@@ -97,6 +97,9 @@ class Roles:
 
                 lease = await self.leadership.campaign(on_read=stand_by)
                 await self._lead(lease, up)
+                # Lost: a moment before claiming again, so that a lease lost over and over (a
+                # store put back from a backup, under replicas commanded since) is no busy loop.
+                await trio.sleep(self.leadership.timing.renew_s)
         except BaseException as exc:
             found = _only_error(exc) if isinstance(exc, BaseExceptionGroup) else exc
             if status is not None and isinstance(found, STARTUP_ERRORS):

@@ -86,7 +86,11 @@ class Worker:
         self.stopping = False
         """Set once a stop is accepted: the worker is ending and takes no other command."""
         self.nursery: trio.Nursery | None = None
-        """Where the worker's own tasks run (the stop's safety net)."""
+        """Where the worker's own tasks run (the stop's safety net, the drain)."""
+        self.drained: trio.Event | None = None
+        self.drain_answer: dict[str, Any] = {"ok": True}
+        """One drain for the worker's life: a controller that takes over a stop under way asks
+        again, and waits for the one running (user code never sees two at once)."""
 
     async def build(self) -> None:
         try:
@@ -178,6 +182,8 @@ class Worker:
         method = getattr(self.instance, op, None)
         if method is None:
             return {"ok": True}  # every method of the contract is optional
+        if op == "drain":
+            return await self.drain_once(method)
         try:
             if op == "reconfigure":
                 async with self.reconfiguring:
@@ -190,6 +196,28 @@ class Worker:
         except Exception as exc:
             return {"ok": False, **_describe(exc)}
         return {"ok": True}
+
+    async def drain_once(self, method: Any) -> dict[str, Any]:
+        """Run the replica's drain once (in the worker's nursery, so that a controller that
+        goes away mid-drain does not cut it), and answer every request for it when it ends."""
+        if self.drained is None:
+            self.drained = trio.Event()
+            done = self.drained
+
+            async def drain() -> None:
+                try:
+                    await _call(method)
+                except Exception as exc:
+                    self.drain_answer = {"ok": False, **_describe(exc)}
+                finally:
+                    done.set()
+
+            if self.nursery is None:
+                await drain()
+            else:
+                self.nursery.start_soon(drain)
+        await self.drained.wait()
+        return self.drain_answer
 
     def check(self, request: dict[str, Any]) -> dict[str, Any] | None:
         """`admit`; or, once a stop was accepted, refuse (and raise the epoch by nothing)."""

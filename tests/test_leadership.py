@@ -17,6 +17,7 @@ import controller
 from controller._errors import FencedError
 from controller._leadership import Leadership
 from controller._lease import (
+    MAX_COUNT,
     Lease,
     LeaseTiming,
     Watched,
@@ -29,6 +30,8 @@ from controller._lease import (
 from controller._sqlite_store import SQLiteStore
 from controller._standby import store_view
 from controller._store import LeaseStore
+from controller.ingress import HTTPSource
+from controller.ingress._sources import REPORT_TIMEOUT_S, SourceError
 from controller.testing import FakeRuntime
 
 from .conftest import RC
@@ -372,3 +375,45 @@ async def test_a_standby_s_view_shows_what_the_leader_wrote(
 async def test_a_view_of_a_damaged_store_is_refused() -> None:
     with pytest.raises(controller.CheckpointError):
         store_view({"spec/a": "{not json"}, [])
+
+
+def test_a_claim_goes_above_what_the_replicas_saw_and_stops_at_the_limit() -> None:
+    # A store put back from a backup holds epoch 3; the replicas were commanded by 9 since.
+    assert claimed(lease(3), holder="b", duration_s=2, pid=1, wall=0, floor=9).epoch == 10
+    assert claimed(lease(3), holder="b", duration_s=2, pid=1, wall=0, floor=1).epoch == 4
+    with pytest.raises(controller.StoreError, match="past the limit"):
+        claimed(lease(MAX_COUNT - 1), holder="b", duration_s=2, pid=1, wall=0)
+    with pytest.raises(controller.StoreError, match="at its limit"):
+        Lease.from_json(lease(MAX_COUNT).to_json())
+
+
+async def test_a_leader_refused_by_a_replica_claims_above_the_replica_s_epoch(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = controller.MemoryStore()
+    a = Leadership(store, "host:/a", TIMING)
+    first = await a.campaign()
+    with a.leading_scope() as scope:
+        # A replica says a newer epoch commanded it than the store holds (a store put back).
+        a.fenced(FencedError("drain of replica x", first.epoch, 41))
+        await trio.sleep(1)
+    assert scope.cancelled_caught
+    assert (await a.campaign()).epoch == 42
+
+
+async def test_a_load_report_to_a_daemon_that_never_answers_fails_in_time() -> None:
+    """Found by an outside attack: a report to a stalled leader (a standby's ingress sends its
+    load there) timed out into an UnboundLocalError that killed the whole process."""
+    async with trio.open_nursery() as nursery:
+
+        async def stalled(stream: trio.SocketStream) -> None:
+            await trio.sleep_forever()  # takes the connection, never answers
+
+        listeners = await nursery.start(trio.serve_tcp, stalled, 0)
+        port = listeners[0].socket.getsockname()[1]
+        source = HTTPSource(f"http://127.0.0.1:{port}", "token")
+        report = controller.LoadReport("ingress-1", "a", {}, 0)
+        with trio.fail_after(REPORT_TIMEOUT_S + 5):
+            with pytest.raises(SourceError, match="not answered within"):
+                await source.report([report])
+        nursery.cancel_scope.cancel()

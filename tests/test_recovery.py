@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -269,3 +270,30 @@ async def test_nothing_starts_until_its_intent_is_durable(
         assert await goal.wait() is GoalOutcome.COMPLETED
         assert len(rt.tags()) == 1
         assert trio.current_time() <= 30 + 5.0  # retried with backoff capped at 5 s
+
+
+async def test_a_stop_taken_over_gets_only_what_is_left_of_its_drain_deadline(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Found by an outside attack on standbys: each takeover granted a stop's drain a whole new
+    deadline, so takeovers in a row could drain for ever. The stop's start is stored."""
+    rt = FakeRuntime(auto_ready=True, auto_drain=False)  # drains never finish on their own
+    store = controller.MemoryStore()
+    cfg = controller.BackendConfig(num_replicas=1, graceful_shutdown_timeout_s=20)
+    async with controller.open_controller(runtime=rt, store=store) as ctl:
+        await (await ctl.deploy("a", cfg, RC)).wait()
+        await ctl.delete("a")
+        await trio.testing.wait_all_tasks_blocked()
+    (tag,) = rt.tags(FakeState.DRAINING)
+    record = json.loads(store.data["replicas/a"])
+    [entry] = record["replicas"]
+    assert entry["stopping"] is True
+    # As if the stop had begun 15 s before the next controller took over.
+    entry["stopping_ms"] = round((time.time() - 15) * 1000)
+    store.data["replicas/a"] = json.dumps(record)
+    async with controller.open_controller(runtime=rt, store=store) as ctl:
+        began = trio.current_time()
+        await rt.wait_until(lambda r: r.replicas[tag].state is FakeState.DEAD)
+        killed = rt.replicas[tag].killed_at
+        assert killed is not None
+        assert 4.5 <= killed - began <= 5.0  # 20 - 15, less the real time the test took

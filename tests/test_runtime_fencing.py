@@ -439,3 +439,22 @@ async def test_fake_runtime_passes_the_fencing_checks(
     await check(subject)
     assert rt.tags() == []
     assert [op for op, _, _ in rt.fenced] == ["drain", "reconfigure", "kill"] * 2
+
+
+async def test_a_drain_asked_again_runs_once(harness: Harness) -> None:
+    """Found by an outside attack: a leader that took over a stop under way asked the worker to
+    drain again, and the replica's drain ran twice at once. A second ask now waits for the
+    drain under way (which runs in the worker, whoever asked and whether they are still there)."""
+    record = Path(harness.record)
+    runtime = harness.local()
+    with trio.fail_after(LIMIT_S):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(runtime.serve, _ignore)
+            runtime.fence(2)
+            await runtime.start_replica(_spec("a#1", harness.recorder(drain_s=0.5)))
+            async with trio.open_nursery() as drains:
+                for _ in range(2):  # the old leader's ask, and the new one's
+                    drains.start_soon(runtime.drain_replica, "a#1")
+            assert [e["what"] for e in _events(record)] == ["init", "drain", "drained"]
+            await runtime.kill_replica("a#1")
+            nursery.cancel_scope.cancel()

@@ -29,6 +29,8 @@ logger = logging.getLogger("controller.ingress")
 
 #: Load reports per backend are sent at most this often (and only on change).
 REPORT_INTERVAL_S = 0.1
+#: How soon a report that did not go through is sent again.
+RETRY_REPORT_S = 0.5
 _BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 
 
@@ -223,8 +225,11 @@ class Ingress:
         # counted: a live ingress's zero is a signal (an autoscaler may scale down on it), while
         # a dead ingress's silence is none.
         refresh_s = LOAD_TTL_S / 3
+        retry = False
         while True:
-            with trio.move_on_after(refresh_s) as idle:
+            # After a report that did not go through, try again soon: a queued request of a
+            # backend at zero waits on it (the daemon restarting, or a takeover under way).
+            with trio.move_on_after(RETRY_REPORT_S if retry else refresh_s) as idle:
                 await self._wake.wait()
             self._wake = trio.Event()
             names = set(self._dirty)
@@ -248,7 +253,9 @@ class Ingress:
                 except SourceError as exc:
                     logger.debug("ingress: load report not sent: %s", exc)
                     self._dirty.update(r.backend for r in reports)
+                    retry = True
                 else:
+                    retry = False
                     for report in reports:
                         if report.backend in self._backends:
                             self._sent[report.backend] = report

@@ -157,6 +157,10 @@ class ServingSource:
         await self._leader.report(reports)
 
 
+#: How long a load report may take: a stalled daemon must not hold back the next report (a
+#: standby sends its ingress's load on to the leader, which may be one paused past its lease).
+REPORT_TIMEOUT_S = 2.0
+
 #: How long one long poll of a daemon's watch may wait for a change.
 WATCH_POLL_S = 30.0
 
@@ -233,12 +237,16 @@ class HTTPSource:
     async def report(self, reports: list[LoadReport]) -> None:
         source = reports[0].source if reports else ""
         body = load_body(source, reports)
-        with trio.move_on_after(10) as waited:
+        status, data = 0, None
+        with trio.move_on_after(REPORT_TIMEOUT_S) as waited:
             status, data = await self._call("POST", "/api/v1/load", body)
             leader = _leader_of(status, data)
             if leader is not None:
                 status, data = await self._call("POST", "/api/v1/load", body, url=leader)
-        if waited.cancelled_caught or status != 200:
+        if waited.cancelled_caught:
+            # A daemon that takes the connection and never answers: a stalled one.
+            raise SourceError(f"the load report was not answered within {REPORT_TIMEOUT_S:g}s")
+        if status != 200:
             raise SourceError(f"the load report was refused ({status}): {_error_of(data)}")
 
     async def _call(
