@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import statistics
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -408,42 +407,3 @@ async def test_an_actor_that_does_not_answer_is_killed_unasked(
             finally:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(info.pid, signal.SIGKILL)
-
-
-# -- the cost of fencing (not run by default) --
-
-
-@pytest.mark.skipif(
-    not os.environ.get("CONTROLLER_BENCH_FENCING"),
-    reason="a measurement: set CONTROLLER_BENCH_FENCING=1 and pass -s to see it",
-)
-async def test_measure_write_against_write_fenced(namespace: str) -> None:
-    store = RayKVStore(namespace)
-    rounds = 300
-    with trio.fail_after(10 * LIMIT_S):
-        assert await store.claim_lease(None, lease_after(None, "a"))
-        await store.write_fenced(1, {"warm": "up"})
-        for keys in (1, 10):
-            changes = {f"key{i}": "x" * 200 for i in range(keys)}
-            for fenced in (False, True):
-                took = []
-                for _ in range(rounds):
-                    start = time.perf_counter()
-                    if fenced:
-                        await store.write_fenced(1, changes)
-                    else:
-                        await store.write(changes)
-                    took.append((time.perf_counter() - start) * 1000)
-                took.sort()
-                name = "write_fenced" if fenced else "write"
-                print(
-                    f"{name:13} {keys:2} key(s): p50 {statistics.median(took):.2f} ms, "
-                    f"p90 {took[int(rounds * 0.9)]:.2f} ms, mean {statistics.mean(took):.2f} ms"
-                )
-        for name in ("read_lease", "read_all"):
-            took = []
-            for _ in range(rounds):
-                start = time.perf_counter()
-                await (store.read_lease() if name == "read_lease" else store.read_all())
-                took.append((time.perf_counter() - start) * 1000)
-            print(f"{name:13}: p50 {statistics.median(took):.2f} ms")

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,10 +23,12 @@ import controller
 import controller.testing
 from controller import FencedError, ReplicaGoneError
 from controller._wire import LineStream
-from controller._wrap import RuntimeWrapper
 from controller.testing import FakeRuntime, FakeState
 
-from .test_local_runtime import LIMIT_S, Harness, worker_pids
+from .test_fork_server import WaitsForTheForkServer
+from .test_local_runtime import LIMIT_S, Harness, harness, runtime_dir, worker_pids
+
+__all__ = ["harness", "runtime_dir"]  # the fixtures, shared with test_local_runtime
 
 T = TypeVar("T")
 
@@ -79,24 +79,6 @@ def _alive(pid: int) -> bool:
 
 
 # -- LocalRuntime --
-
-
-@pytest.fixture
-def runtime_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="rf", dir="/tmp"))
-    yield path
-    leftovers = worker_pids(path)
-    for pid in leftovers:
-        os.killpg(pid, signal.SIGKILL)
-    shutil.rmtree(path, ignore_errors=True)
-    assert leftovers == {}, "a test left worker processes behind"
-
-
-@pytest.fixture
-async def harness(runtime_dir: Path, tmp_path: Path) -> AsyncIterator[Harness]:
-    h = Harness(runtime_dir, tmp_path / "events.jsonl")
-    yield h
-    h.store.close()
 
 
 async def test_a_stale_leader_is_refused_and_the_worker_serves_on(harness: Harness) -> None:
@@ -265,19 +247,6 @@ async def test_a_worker_that_accepted_a_stop_takes_no_adoption_and_ends_itself(
             assert deaths.seen == [("a#1", "worker process killed by SIGKILL")]
             assert not _alive(pid)
             nursery.cancel_scope.cancel()
-
-
-class WaitsForTheForkServer(RuntimeWrapper):
-    """Starts only once the fork server serves, so that every worker is forked."""
-
-    def __init__(self, inner: controller.LocalRuntime) -> None:
-        super().__init__(inner)
-        self.local = inner
-
-    async def around(self, op: str, tag: str | None, work: Callable[[], Awaitable[T]]) -> T:
-        if op == "start":
-            assert await self.local.wait_fork_server_ready()
-        return await work()
 
 
 @pytest.mark.parametrize("forked", [False, True], ids=["spawned", "forked"])
