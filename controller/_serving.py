@@ -66,22 +66,23 @@ class Serving:
         leadership = self.leadership
         if leadership is None:
             return None
-        lease = leadership.seen
-        # A lease in this daemon's name while it does not lead has lapsed: none leads now.
-        live = (
-            lease is not None
-            and not lease.released
-            and (self.leading or lease.holder != leadership.holder)
-        )
+        seen = leadership.seen
+        live = seen
+        if seen is not None and (
+            seen.released
+            # A lease in this daemon's name while it does not lead has lapsed: none leads.
+            or (not self.leading and seen.holder == leadership.holder)
+        ):
+            live = None
         return {
             "role": "leader" if self.leading else "standby",
             "holder": leadership.holder,
-            "epoch": lease.epoch if lease is not None else 0,
-            "leader": lease.holder if live and lease is not None else None,
-            "address": lease.address if live and lease is not None else None,
-            "pid": lease.pid if live and lease is not None else None,
-            "since": iso(lease.acquired_at) if live and lease is not None else None,
-            "renewed": iso(lease.renewed_at) if live and lease is not None else None,
+            "epoch": seen.epoch if seen is not None else 0,
+            "leader": live.holder if live is not None else None,
+            "address": live.address if live is not None else None,
+            "pid": live.pid if live is not None else None,
+            "since": iso(live.acquired_at) if live is not None else None,
+            "renewed": iso(live.renewed_at) if live is not None else None,
         }
 
     async def changes_since(
