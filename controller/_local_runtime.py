@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -57,6 +56,7 @@ import attrs
 import trio
 
 from ._errors import ConfigError, FencedError, ReplicaError, ReplicaGoneError
+from ._fence_file import fenced_at, raise_fence
 from ._files import private_dir, write_private
 from ._hosting import host_spec
 from ._json import JSON
@@ -268,31 +268,8 @@ class LocalRuntime:
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ConfigError("epoch", "must be a whole number >= 0", epoch)
         private_dir(self.runtime_dir, "runtime_dir")
-        fd = os.open(
-            self.runtime_dir / _FENCE_FILE,
-            os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o600,
-        )
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # held for a read and a write of a few bytes
-            if _read_epoch(fd) < epoch:
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, str(epoch).encode(), 0)
-        finally:
-            os.close(fd)
+        raise_fence(self.runtime_dir, epoch)
         self._epoch = epoch
-
-    def _fenced_at(self) -> int:
-        """The highest epoch fenced in this directory (0 if none was); blocking."""
-        try:
-            fd = os.open(self.runtime_dir / _FENCE_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return 0
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            return _read_epoch(fd)
-        finally:
-            os.close(fd)
 
     def _let_go(self) -> None:
         # The workers live on; a controller opened later adopts them.
@@ -322,7 +299,7 @@ class LocalRuntime:
 
     async def start_replica(self, spec: ReplicaSpec) -> ReplicaInfo:
         self._watchers.check_running()
-        newer = await trio.to_thread.run_sync(self._fenced_at)
+        newer = await trio.to_thread.run_sync(fenced_at, self.runtime_dir)
         if newer > self._epoch:
             raise FencedError(f"start of replica {spec.tag}", self._epoch, newer)
         base = self._base(spec.tag)
@@ -610,8 +587,6 @@ class LocalRuntime:
             await trio.to_thread.run_sync(prune_logs, self.logs_dir, is_live, self._logs_kept)
 
 
-#: The directory's fence file: the highest epoch fenced over it, as decimal text.
-_FENCE_FILE = "fence"
 #: How much longer than our own SIGTERM-then-SIGKILL a worker that accepted a stop waits before
 #: ending itself (should this runtime vanish in between).
 _STOP_MARGIN_S = 5.0
@@ -624,14 +599,6 @@ _WHAT = {
     "drain": "drain",
     "stop": "kill",
 }
-
-
-def _read_epoch(fd: int) -> int:
-    text = os.pread(fd, 64, 0).strip()
-    try:
-        return max(0, int(text)) if text else 0
-    except ValueError:
-        return 0  # not ours; overwritten by the next fence
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
