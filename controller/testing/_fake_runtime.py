@@ -437,7 +437,13 @@ class FakeRuntime:
     async def kill_replica(self, tag: str) -> None:
         await trio.lowlevel.checkpoint()
         replica = self.replicas.get(tag)
-        if replica is None or replica.state is FakeState.DEAD:
+        if replica is None:
+            return
+        if replica.state is FakeState.DEAD:
+            # Gone already: nothing to do, but a stale leader is told so all the same (the
+            # newer one killed it), so that no command of a stale epoch ever passes.
+            if self.epoch < replica.epoch:
+                self._refuse("kill", tag, replica.epoch)
             return
         self._admit("kill", replica)
         if replica.state is FakeState.STARTING:
