@@ -201,6 +201,10 @@ async def run_daemon(options: DaemonOptions) -> None:
 
 
 def _url_host(host: str) -> str:
+    """The API's host as others reach it (put in the lease for standbys to send clients to):
+    a daemon listening on every interface is reached by its host name."""
+    if host in ("0.0.0.0", "::"):
+        return socket.gethostname()
     return f"[{host}]" if ":" in host else host
 
 
