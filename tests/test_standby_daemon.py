@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,6 +64,33 @@ async def start_all(
         assert daemon.process is not None
         assert daemon.process.returncode is None, daemon.log.decode()
     return shared, daemons
+
+
+async def paused_between_writes(daemon: Daemon, store: Path) -> None:
+    """SIGSTOP `daemon`, not inside a write transaction of the SQLite store: a leader paused
+    there holds the file's write lock, and no standby can write until it wakes or dies (a
+    limit the README states). The test holds the write lock itself while it sends the signal,
+    so the daemon is between writes, or waiting for the lock (holding none)."""
+
+    def hold_and_stop() -> None:
+        conn = sqlite3.connect(store, isolation_level=None, timeout=30)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            assert daemon.process is not None
+            daemon.process.send_signal(signal.SIGSTOP)
+            conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+
+    await trio.to_thread.run_sync(hold_and_stop)
+
+
+async def logged_within(daemon: Daemon, text: bytes, seconds: float) -> None:
+    """`daemon.logged`, failing with the daemon's log if it takes longer than `seconds`."""
+    with trio.move_on_after(seconds):
+        await daemon.logged(text)
+        return
+    raise AssertionError(f"not logged within {seconds:g}s: {text!r}\n{daemon.log.decode()}")
 
 
 async def role(daemon: Daemon) -> dict[str, Any]:
@@ -194,13 +222,13 @@ async def test_a_leader_paused_past_its_lease_wakes_fenced_and_stands_by(
 ) -> None:
     with trio.fail_after(LIMIT_S * 3):
         async with trio.open_nursery() as nursery:
-            _, (a, b) = await start_all(nursery, state_dir, "ab")
+            shared, (a, b) = await start_all(nursery, state_dir, "ab")
             with killed_at_exit(a, b):
                 await deploy(a, "app", num_replicas=2, user_config={"greeting": "one"})
                 await until(a, "app", settled("v1"))
                 assert a.process is not None
-                a.process.send_signal(signal.SIGSTOP)
-                await b.logged(b"leading as epoch 2")
+                await paused_between_writes(a, shared / "controller.db")
+                await logged_within(b, b"leading as epoch 2", FAILOVER_S * 3)
                 # The new leader changes the backend while the old one sleeps.
                 await deploy(b, "app", num_replicas=3, user_config={"greeting": "two"})
                 wanted = await until(
