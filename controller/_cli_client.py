@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import StartupError
+from ._http import leader_of
 from ._statedir import TOKEN_ENV, check_private, daemon_running, read_address, token_path
 
 
@@ -43,7 +44,7 @@ class Client:
         self, method: str, path: str, body: Any = None, *, timeout: float = 30.0
     ) -> tuple[int, Any]:
         status, payload = self._call(self.url, method, path, body, timeout)
-        leader = _leader_of(status, payload)
+        leader = leader_of(status, payload)
         if leader is None:
             return status, payload
         # A standby: the same request goes to the leader it names, and so does the rest of the
@@ -59,7 +60,7 @@ class Client:
         except Unreachable:
             time.sleep(_TAKEOVER_POLL_S)
             status, payload = self._call(self.origin, method, path, body, timeout)
-            leader = _leader_of(status, payload)
+            leader = leader_of(status, payload)
             if leader is None:
                 self.url = self.origin
                 return status, payload
@@ -138,17 +139,6 @@ _TAKEOVER_POLL_S = 0.25
 #: How long a leader found through a standby has to answer: a read or a change takes it
 #: milliseconds, and one paused past its lease (then superseded) must not hold the command.
 _LEADER_TIMEOUT_S = 10.0
-
-
-def _leader_of(status: int, payload: Any) -> str | None:
-    """The leader a standby's 307 names, if it names one by a URL."""
-    if status != 307 or not isinstance(payload, dict):
-        return None
-    error = payload.get("error")
-    leader = error.get("leader") if isinstance(error, dict) else None
-    if isinstance(leader, str) and leader.startswith("http://"):
-        return leader.rstrip("/")
-    return None
 
 
 def describe_error(status: int, payload: Any) -> str:

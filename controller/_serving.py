@@ -16,6 +16,7 @@ from ._views import iso
 if TYPE_CHECKING:
     from ._controller import Controller
     from ._leadership import Leadership
+    from ._lease import Lease
 
 
 @final
@@ -54,29 +55,29 @@ class Serving:
 
     def leader_url(self) -> str | None:
         """Where the leader's API is, as its lease says (None: none leads, or it is us)."""
-        if self.leadership is None or self.leading:
+        live = self._live_lease()
+        return None if live is None or self.leading else live.address
+
+    def _live_lease(self) -> Lease | None:
+        """The lease as last seen, if someone holds it: not released, and not this daemon's
+        own while it does not lead (then it has lapsed)."""
+        if self.leadership is None:
             return None
-        lease = self.leadership.seen
-        if lease is None or lease.released or lease.holder == self.leadership.holder:
+        seen = self.leadership.seen
+        if seen is None or seen.released:
             return None
-        return lease.address
+        if not self.leading and seen.holder == self.leadership.holder:
+            return None
+        return seen
 
     def leadership_json(self) -> dict[str, Any] | None:
         """Who leads, for ``GET /api/v1/backends`` (None: no leadership, one controller)."""
-        leadership = self.leadership
-        if leadership is None:
+        if self.leadership is None:
             return None
-        seen = leadership.seen
-        live = seen
-        if seen is not None and (
-            seen.released
-            # A lease in this daemon's name while it does not lead has lapsed: none leads.
-            or (not self.leading and seen.holder == leadership.holder)
-        ):
-            live = None
+        seen, live = self.leadership.seen, self._live_lease()
         return {
             "role": "leader" if self.leading else "standby",
-            "holder": leadership.holder,
+            "holder": self.leadership.holder,
             "epoch": seen.epoch if seen is not None else 0,
             "leader": live.holder if live is not None else None,
             "address": live.address if live is not None else None,

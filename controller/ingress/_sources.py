@@ -16,6 +16,7 @@ import trio
 from .._config import BackendConfig
 from .._controller import Controller
 from .._errors import ControllerClosedError
+from .._http import leader_of
 from .._load_wire import load_body
 from .._serving import Serving
 from .._state import BackendSnapshot, LoadReport
@@ -240,7 +241,7 @@ class HTTPSource:
         status, data = 0, None
         with trio.move_on_after(REPORT_TIMEOUT_S) as waited:
             status, data = await self._call("POST", "/api/v1/load", body)
-            leader = _leader_of(status, data)
+            leader = leader_of(status, data)
             if leader is not None:
                 status, data = await self._call("POST", "/api/v1/load", body, url=leader)
         if waited.cancelled_caught:
@@ -304,14 +305,6 @@ async def _read_json(stream: trio.SocketStream, conn: h11.Connection) -> tuple[i
                 return status, None
         else:
             raise SourceError("the connection closed before the answer was complete")
-
-
-def _leader_of(status: int, data: Any) -> str | None:
-    """The leader a standby's 307 names."""
-    if status != 307 or not isinstance(data, dict) or not isinstance(data.get("error"), dict):
-        return None
-    leader = data["error"].get("leader")
-    return leader if isinstance(leader, str) and leader.startswith("http://") else None
 
 
 def _error_of(data: Any) -> str:
