@@ -14,11 +14,20 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, final
 from urllib.parse import parse_qs
 
+import attrs
 import trio
 
-from ._api_bodies import backend_from_body, cause_of, optional_json, undo_request
+from ._api_bodies import (
+    backend_from_body,
+    cause_of,
+    optional_json,
+    scale_request,
+    undo_request,
+)
+from ._console import Console
 from ._controller import Controller
 from ._errors import (
+    ConfigError,
     ControllerClosedError,
     ControllerError,
     FencedError,
@@ -51,6 +60,7 @@ from ._revisions import Cause
 from ._rollouts import with_code_checked
 from ._serving import Serving
 from ._state import BackendSnapshot, BackendStatus
+from ._timeline import Timelines
 from ._views import revision_json, snapshot_json, status_json
 from ._worker_logs import LogChunk
 
@@ -64,6 +74,8 @@ _BACKEND_PATH = re.compile(r"/api/v1/backends/([^/]+)")
 _LOGS_PATH = re.compile(r"/api/v1/backends/([^/]+)/logs")
 _REVISIONS_PATH = re.compile(r"/api/v1/backends/([^/]+)/revisions")
 _STEER_PATH = re.compile(r"/api/v1/backends/([^/]+)/(undo|pause|resume)")
+_SCALE_PATH = re.compile(r"/api/v1/backends/([^/]+)/scale")
+_HISTORY_PATH = re.compile(r"/api/v1/backends/([^/]+)/history")
 
 
 #: The methods each path takes (HEAD wherever GET is), so that any other gets 405 with Allow.
@@ -76,6 +88,10 @@ _PATHS: list[tuple[re.Pattern[str], tuple[str, ...]]] = [
     (_LOGS_PATH, ("GET", "HEAD")),
     (_REVISIONS_PATH, ("GET", "HEAD")),
     (_STEER_PATH, ("POST",)),
+    (_SCALE_PATH, ("POST",)),
+    (_HISTORY_PATH, ("GET", "HEAD")),
+    (re.compile(r"/api/v1/changes"), ("GET", "HEAD")),
+    (re.compile(r"/api/v1/console/links"), ("POST",)),
     (re.compile(r"/api/v1/apply"), ("POST",)),
     (re.compile(r"/api/v1/watch"), ("GET", "HEAD")),
     (re.compile(r"/api/v1/load"), ("POST",)),
@@ -104,6 +120,9 @@ def _domain_error(exc: ControllerError) -> HTTPError:
     """The status code of each error the controller raises on purpose."""
     if isinstance(exc, UnknownBackendError):
         return HTTPError(404, "UnknownBackend", str(exc))
+    if isinstance(exc, ConfigError):
+        # Checked by the controller against what the backend is (a scale's count).
+        return HTTPError(422, "Invalid", str(exc), problems=[str(exc)])
     if isinstance(exc, InfeasibleError):
         return HTTPError(409, "Infeasible", f"{exc} Nothing was applied.")
     if isinstance(exc, RouteConflictError):
@@ -151,6 +170,8 @@ class Api:
         shutdown_done: Callable[[], Awaitable[list[str]]] | None = None,
         logs: LogSource | None = None,
         serving: Serving | None = None,
+        console: Console | None = None,
+        timelines: Timelines | None = None,
     ):
         # A daemon with standbys serves what `serving` holds now (its controller while it
         # leads, its view of the store while it stands by); else the one controller given.
@@ -161,12 +182,17 @@ class Api:
         self._shutdown_done = shutdown_done
         self._shutting_down = False
         self._logs = logs
+        self._console = console if console is not None else Console(token)
+        self._timelines = timelines if timelines is not None else Timelines()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await lifespan(receive, send)
             return
         if scope["type"] != "http":
+            return
+        if self._console.owns(path_of(scope)):
+            await self._console(scope, receive, send)
             return
         retry_after: int | None = None
         allow: tuple[str, ...] = ()
@@ -192,6 +218,7 @@ class Api:
         headers = [
             (b"content-type", content_type.encode()),
             (b"content-length", b"%d" % len(body)),
+            (b"x-content-type-options", b"nosniff"),
         ]
         if status == 401:
             headers.append((b"www-authenticate", b'Bearer realm="controller"'))
@@ -246,8 +273,9 @@ class Api:
         method: str = scope["method"]
         path = path_of(scope)
         allowed = _allowed(path)
+        by_session = False
         if path != "/healthz":
-            self._authenticate(scope)
+            by_session = self._authenticate(scope)
         if allowed is None:
             raise HTTPError(404, "NotFound", f"no such endpoint: {path}")
         if method not in allowed:
@@ -257,7 +285,8 @@ class Api:
                 f"{method} is not allowed on {path}; allowed: {', '.join(allowed)}",
                 allow=allowed,
             )
-        if method not in ("GET", "HEAD"):
+        if method not in ("GET", "HEAD") and path != "/api/v1/console/links":
+            # (A login link is this daemon's own: a standby's console shows the store.)
             self._check_leading(scope)
         head = method == "HEAD"
         if head:
@@ -272,6 +301,27 @@ class Api:
             return 200, self._render_metrics(), "text/plain; version=0.0.4; charset=utf-8"
         if path == "/openapi.json" and method == "GET":
             return 200, dump(OPENAPI), "application/json"
+        if path == "/api/v1/changes":
+            return ok(await self._changes(query, wait=not head))
+        match = _HISTORY_PATH.fullmatch(path)
+        if match is not None:
+            self._status(match.group(1))  # 404 for no such backend
+            return ok(self._timelines.json(match.group(1)))
+        match = _SCALE_PATH.fullmatch(path)
+        if match is not None:
+            name = match.group(1)
+            replicas, bounds, message = scale_request(await optional_json(scope, receive))
+            cause = _by(cause_of(via="api", message=message), by_session)
+            self._check_accepting()
+            goal = await self._ctl.scale(name, replicas, cause=cause, **bounds)
+            return ok({"name": name, "generation": goal.generation})
+        if path == "/api/v1/console/links":
+            if by_session:
+                raise HTTPError(
+                    403, "TokenNeeded", "a login link is made with the token, not a session"
+                )
+            code = self._console.sessions.new_link_code()
+            return ok({"code": code, "path": f"/login#code={code}"}, 201)
         if path == "/api/v1/backends" and method == "GET":
             backends = [status_json(b) for b in self._ctl.status().backends]
             leadership = self._serving.leadership_json()
@@ -289,6 +339,7 @@ class Api:
             name, what = match.groups()
             if what == "undo":
                 to_revision, force, cause = undo_request(await optional_json(scope, receive))
+                cause = _by(cause, by_session)
                 self._check_accepting()
                 await self._ctl.undo(name, to_revision, force=force, cause=cause)
             else:
@@ -362,14 +413,28 @@ class Api:
         left = await self._shutdown_done()
         return {"shutting_down": True, "deleting": deleting, "left": left}
 
-    def _authenticate(self, scope: Scope) -> None:
+    def _authenticate(self, scope: Scope) -> bool:
+        """The token, or the console's session cookie (True): with the cookie, a change must
+        also carry the session's CSRF token (the cookie alone is what a forged request has)."""
         for key, value in scope["headers"]:
             if key == b"authorization":
                 scheme, _, token = bytes(value).partition(b" ")
                 if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._token):
-                    return
+                    return False
                 raise HTTPError(401, "Unauthorized", "the token is wrong")
-        raise HTTPError(401, "Unauthorized", "an 'Authorization: Bearer <token>' header is needed")
+        session = self._console.session_of(scope)
+        if session is None:
+            raise HTTPError(
+                401, "Unauthorized", "an 'Authorization: Bearer <token>' header is needed"
+            )
+        if scope["method"] not in ("GET", "HEAD") and not self._console.csrf_ok(scope, session):
+            raise HTTPError(
+                403,
+                "CSRFRejected",
+                "a change made with the console's session needs its X-CSRF-Token header, from "
+                "one of the console's own pages",
+            )
+        return True
 
     def _status(self, name: str) -> BackendStatus:
         return self._ctl.status(name)
@@ -485,6 +550,21 @@ class Api:
             raise HTTPError(422, "InvalidManifest", str(exc), problems=exc.problems) from None
         return await apply_manifest(self._ctl, manifest, prune=prune, cause=cause)
 
+    async def _changes(self, query: dict[str, list[str]], *, wait: bool) -> dict[str, Any]:
+        """The console's long poll: answers once anything a status shows may have changed
+        after the caller's cursor (a pass of any backend's loop, or a switch of what this
+        daemon serves from: a new epoch), or at the timeout with the cursor unchanged."""
+        since = int_param(query, "since", None)
+        timeout = number_param(query, "timeout_s", 30.0)
+        if not 0 <= timeout <= MAX_WATCH_TIMEOUT_S:
+            raise HTTPError(400, "BadQuery", f"timeout_s must be in [0, {MAX_WATCH_TIMEOUT_S:g}]")
+        ctl, epoch = self._ctl, self._epoch
+        if wait and since == ctl.passes and query.get("epoch", [None])[0] == epoch:
+            with trio.move_on_after(timeout):
+                await self._serving.wait_changed(ctl, since)
+        now = self._ctl
+        return {"epoch": self._epoch, "cursor": now.passes}
+
     async def _watch(self, query: dict[str, list[str]], *, wait: bool = True) -> dict[str, Any]:
         since = int_param(query, "since", 0)
         timeout = number_param(query, "timeout_s", 30.0)
@@ -514,6 +594,11 @@ class Api:
             "complete": complete,
             "snapshots": [snapshot_json(s) for s in found],
         }
+
+
+def _by(cause: Cause, by_session: bool) -> Cause:
+    """A change asked from the console says so in its revision's history."""
+    return attrs.evolve(cause, via="console") if by_session else cause
 
 
 async def apply_manifest(

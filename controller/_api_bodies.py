@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._checkpoint import MAX_REVISION
+from ._config import MAX_REPLICAS
 from ._errors import ConfigError
 from ._http import HTTPError, Receive, Scope, parse_json, read_body
 from ._manifest import BackendDecl, parse_backend
@@ -85,3 +86,28 @@ def undo_request(data: Any) -> tuple[int | None, bool, Cause]:
         raise HTTPError(422, "Invalid", "force: must be true or false")
     cause = cause_of(via=data.get("via", "api"), message=data.get("message"))
     return to_revision, force, cause
+
+
+def scale_request(data: Any) -> tuple[int | None, dict[str, int], str | None]:
+    """A scale's body: ``{"replicas": N}`` for a fixed backend, ``{"min_replicas": A,
+    "max_replicas": B}`` (either or both) for an autoscaled one, and an optional ``message``.
+    The counts are checked against the backend by the controller (``ConfigError``: 422)."""
+    if not isinstance(data, dict):
+        raise HTTPError(422, "Invalid", "the body must be an object")
+    unknown = sorted(set(data) - {"replicas", "min_replicas", "max_replicas", "message"})
+    if unknown:
+        raise HTTPError(422, "Invalid", f"unknown fields: {', '.join(unknown)}")
+    counts: dict[str, int | None] = {}
+    for field in ("replicas", "min_replicas", "max_replicas"):
+        value = data.get(field)
+        number = None if value is None else whole(value)
+        if value is not None and (number is None or not 0 <= number <= MAX_REPLICAS):
+            said = f"{field}: must be a whole number from 0 to {MAX_REPLICAS}"
+            raise HTTPError(422, "Invalid", said, problems=[said])
+        counts[field] = number
+    if all(n is None for n in counts.values()):
+        said = "replicas (or, for an autoscaled backend, min_replicas and max_replicas): needed"
+        raise HTTPError(422, "Invalid", said, problems=[said])
+    message = data.get("message")
+    bounds = {k: n for k in ("min_replicas", "max_replicas") if (n := counts[k]) is not None}
+    return counts["replicas"], bounds, message

@@ -9,6 +9,8 @@ controller rollout history|undo|pause|resume|status NAME
 controller wait NAME                (the same as `controller rollout status NAME`)
 controller shutdown
 controller ingress [--listen HOST:PORT] [--workers N]
+controller scale NAME REPLICAS | --min N --max N [--wait]
+controller console [--no-open]       (a one-time login link to the web console)
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ._cli_client import CLIError, describe_error, make_client
+from ._cli_console import add_console_parsers
 from ._cli_ingress import add_ingress_parser
 from ._cli_output import print_backend, print_log, print_table
 from ._cli_rollout import add_rollout_parser, seconds, wait_for
@@ -384,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     shutdown.set_defaults(func=cmd_shutdown)
     add_rollout_parser(sub)
     add_ingress_parser(sub)
+    add_console_parsers(sub)
     return parser
 
 

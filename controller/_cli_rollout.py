@@ -25,7 +25,7 @@ from ._cli_output import age, indent, since
 _REFRESH_S = 1.0
 
 
-def _backend_path(name: str, *rest: str) -> str:
+def backend_path(name: str, *rest: str) -> str:
     return "/".join([f"/api/v1/backends/{urllib.parse.quote(name, safe='')}", *rest])
 
 
@@ -34,7 +34,7 @@ def _backend_path(name: str, *rest: str) -> str:
 
 def cmd_history(args: argparse.Namespace) -> int:
     client = make_client(args)
-    revisions = client.ok("GET", _backend_path(args.name, "revisions"))["revisions"]
+    revisions = client.ok("GET", backend_path(args.name, "revisions"))["revisions"]
     if args.json:
         print(json.dumps(revisions, indent=2))
     else:
@@ -44,14 +44,14 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 def cmd_undo(args: argparse.Namespace) -> int:
     client = make_client(args)
-    before = client.ok("GET", _backend_path(args.name))
+    before = client.ok("GET", backend_path(args.name))
     body = {
         "to_revision": args.to_revision,
         "force": args.force,
         "message": args.message,
         "via": "cli",
     }
-    result = client.ok("POST", _backend_path(args.name, "undo"), body)
+    result = client.ok("POST", backend_path(args.name, "undo"), body)
     if result["generation"] == before["generation"]:
         # An undo to the content that runs already writes nothing.
         print(f"backend/{args.name}: revision {result['revision']} runs that content already")
@@ -67,7 +67,7 @@ def cmd_undo(args: argparse.Namespace) -> int:
 
 def cmd_pause(args: argparse.Namespace) -> int:
     client = make_client(args)
-    result = client.ok("POST", _backend_path(args.name, "pause"))
+    result = client.ok("POST", backend_path(args.name, "pause"))
     print(
         f"backend/{args.name} paused at revision {result['revision']}: later deploys are "
         "recorded, not rolled out, until `controller rollout resume`"
@@ -77,9 +77,9 @@ def cmd_pause(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     client = make_client(args)
-    before = client.ok("GET", _backend_path(args.name))
+    before = client.ok("GET", backend_path(args.name))
     pending = (before.get("rollout") or {}).get("pending_revision")
-    result = client.ok("POST", _backend_path(args.name, "resume"))
+    result = client.ok("POST", backend_path(args.name, "resume"))
     if pending is not None and result["revision"] == pending:
         print(f"backend/{args.name} resumed: rolling out revision {pending}")
     else:
@@ -91,7 +91,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_wait(args: argparse.Namespace) -> int:
     client = make_client(args)
-    client.ok("GET", _backend_path(args.name))  # 404 if unknown
+    client.ok("GET", backend_path(args.name))  # 404 if unknown
     return wait_for(client, [args.name], set(), args.timeout)
 
 

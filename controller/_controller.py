@@ -20,10 +20,11 @@ from ._backend import Backend, Shared
 from ._capacity import Reservations
 from ._checkpoint import RevisionsRecord, dump, revisions_key, spec_key
 from ._code import CodeDigest, code_digest
-from ._config import BackendConfig, ReplicaConfig, check_backend_name
+from ._config import BackendConfig, ReplicaConfig, check_backend_name, scaled
 from ._errors import (
     ConfigError,
     ControllerClosedError,
+    RolloutError,
     UnknownBackendError,
 )
 from ._goal import Goal
@@ -41,6 +42,9 @@ from ._state import BackendSnapshot, BackendStatus, ControllerStatus, LoadReport
 from ._steering import SpecChange, asked, deploy_change, restored
 from ._store import Store
 from ._watch import SnapshotHub, SnapshotStream
+
+#: A backend's two configs, as a deploy names them.
+Configs = tuple[BackendConfig, ReplicaConfig]
 
 logger = logging.getLogger("controller")
 
@@ -90,6 +94,7 @@ class Controller:
         # Hand-overs of new specs to their loops not acknowledged yet, released if we close.
         self._handovers: set[trio.Event] = set()
         self._changed = trio.Event()
+        self._passes = 0
         self._closed = False
         self._shared = Shared(
             runtime,
@@ -129,6 +134,35 @@ class Controller:
         applied = await self._change_specs(
             {name: (backend_config, replica_config)}, prune=False, cause=cause
         )
+        return applied.goals[name]
+
+    async def scale(
+        self,
+        name: str,
+        replicas: int | None = None,
+        *,
+        min_replicas: int | None = None,
+        max_replicas: int | None = None,
+        cause: Cause | None = None,
+    ) -> Goal:
+        """Set how many replicas `name` runs and change nothing else (``kubectl scale``):
+        `replicas` for a fixed backend; `min_replicas`, `max_replicas` or both for an autoscaled
+        one. The spec is read and written under the name's lock, so that a deploy under way is
+        never undone by a scale that read the spec before it. ``ConfigError`` names a count that
+        does not fit the backend; ``RolloutError`` (Deleting) if it is being deleted."""
+
+        def scaled_spec(spec: Spec | None) -> tuple[BackendConfig, ReplicaConfig]:
+            if spec is None:
+                raise UnknownBackendError(name)
+            if spec.deleting:
+                raise RolloutError("Deleting", f"backend {name!r} is being deleted: no scale")
+            config = scaled(
+                spec.backend_config, replicas, min_replicas=min_replicas, max_replicas=max_replicas
+            )
+            return config, spec.replica_config
+
+        check_backend_name(name)
+        applied = await self._change_specs({name: scaled_spec}, prune=False, cause=cause)
         return applied.goals[name]
 
     async def apply(
@@ -223,13 +257,19 @@ class Controller:
 
     async def _change_specs(
         self,
-        declared: dict[str, tuple[BackendConfig, ReplicaConfig]],
+        wanted: Mapping[str, Configs | Callable[[Spec | None], Configs]],
         *,
         prune: bool,
         cause: Cause | None,
     ) -> Applied:
+        """Write the specs `wanted` (each given, or made from the spec requested last, read
+        under its name's lock) and hand them to their loops."""
         self._check_open()
-        async with self._locks.hold(declared) as locks:
+        async with self._locks.hold(wanted) as locks:
+            declared = {
+                name: configs(self._requested_spec(name)) if callable(configs) else configs
+                for name, configs in wanted.items()
+            }
             deletes: list[str] = []
             if prune:
                 # Locked after the named ones, which is safe: only `apply` locks several names,
@@ -403,6 +443,7 @@ class Controller:
             backend.report_replica_load(tag, ongoing)
 
     def _on_pass(self) -> None:
+        self._passes += 1
         self._changed.set()
         self._changed = trio.Event()
 
@@ -439,6 +480,12 @@ class Controller:
         while not predicate(self):
             self._check_open()
             await self._changed.wait()
+
+    @property
+    def passes(self) -> int:
+        """How many passes its backends' loops have made: anything in `status` may have changed
+        when this has grown (a cursor for ``wait_until(lambda c: c.passes > cursor)``)."""
+        return self._passes
 
     def report_load(self, report: LoadReport) -> bool:
         """Take a router's latest load for one backend (``LoadReport``): status and metrics show

@@ -65,6 +65,8 @@ from ._statedir import (
     write_token,
 )
 from ._store import LeaseStore
+from ._timeline import Timelines
+from ._timeline import record as record_timelines
 from .ingress import Ingress, IngressConfig, ServingSource
 
 logger = logging.getLogger("controller.daemon")
@@ -280,6 +282,7 @@ async def _serve(
         text = metrics.render()
         return text if ingress is None else text + generate_latest(ingress.metrics.registry)
 
+    timelines = Timelines()
     app = Api(
         None,
         token=token,
@@ -288,6 +291,7 @@ async def _serve(
         shutdown_done=shutdown_done,
         logs=logs,
         serving=current,
+        timelines=timelines,
     )
     config = hypercorn.config.Config()
     # Our socket, bound already; hypercorn takes it over (and closes it when it stops).
@@ -350,6 +354,7 @@ async def _serve(
             # Leads (recovered, the config applied) or stands by (the store's view built)
             # before anything is served.
             await nursery.start(run_roles)
+            nursery.start_soon(record_timelines, current, timelines)
             keep_token()
             if ingress is not None and serving.ingress_socket is not None:
                 # Routes are known before the first connection is taken.

@@ -38,6 +38,8 @@ _ERRORS = {
     "413": "The body is over 1 MiB",
     "415": "The body is not sent as application/json",
     "422": "The body is JSON but breaks a rule; `problems` lists each, naming the field",
+    "403": "A console session may not do this (make a login link), or its change lacks the "
+    "session's X-CSRF-Token header",
     "501": "This runtime keeps no replica logs the daemon can read (Ray)",
     "503": "The daemon is shutting down and takes no more changes, or the store cannot be "
     "written, or it is a standby while no daemon leads (NoLeader) (then with Retry-After); "
@@ -123,7 +125,12 @@ converges. To wait, read `GET /api/v1/backends/{name}` until `goal_done` is true
 A deploy that changes what replicas run makes a revision, with its cause (`api` or `cli`, the
 manifest and its digest, a `message`). `POST .../undo` brings an earlier revision's content back
 as a new revision; `POST .../pause` records later deploys without rolling them out, until
-`POST .../resume`. These answer 202 with a generation to wait for, as a deploy's."""
+`POST .../resume`. These answer 202 with a generation to wait for, as a deploy's.
+
+The web console (`/`) uses this API with its session cookie instead of the token (HttpOnly,
+SameSite=Strict, made by its login form or a link from `POST /api/v1/console/links`). A change
+made with the cookie must carry the session's `X-CSRF-Token` header, which only the console's own
+pages hold, and come from the same origin: else 403 (CSRFRejected)."""
 
 OPENAPI: dict[str, Any] = {
     "openapi": "3.1.0",
@@ -264,6 +271,41 @@ OPENAPI: dict[str, Any] = {
                 ),
             },
         },
+        "/api/v1/backends/{name}/scale": {
+            "parameters": [NAME],
+            "post": {
+                "operationId": "scaleBackend",
+                **_op(
+                    "Scale: set how many replicas run, and change nothing else",
+                    _json("200", "Stored; the backend scales from here", "Accepted"),
+                    "400",
+                    "404",
+                    "409",
+                    "413",
+                    "415",
+                    "422",
+                    "503",
+                    body="Scale",
+                    description="`replicas` for a backend without autoscaling; `min_replicas` "
+                    "and `max_replicas` (either or both) for an autoscaled one: the other kind "
+                    "is refused with 422, as is a `min_replicas` above `max_replicas`. The "
+                    "spec is read and written under the backend's lock: a deploy under way is "
+                    "never undone. The same count again changes nothing. No revision is made "
+                    "(what the replicas run is unchanged).",
+                ),
+            },
+        },
+        "/api/v1/backends/{name}/history": {
+            "parameters": [NAME],
+            "get": {
+                "operationId": "getHistory",
+                **_op(
+                    "The last hour of the backend's desired and ready replicas and its load",
+                    _json("200", "Points, oldest first (kept in the daemon's memory)", "History"),
+                    "404",
+                ),
+            },
+        },
         "/api/v1/backends/{name}/pause": {
             "parameters": [NAME],
             "post": {
@@ -323,6 +365,34 @@ OPENAPI: dict[str, Any] = {
                         "How long to wait for a change (30 if not given)",
                     ),
                 ],
+            )
+        },
+        "/api/v1/changes": {
+            "get": _op(
+                "Long poll: answers once anything a status shows may have changed",
+                _json("200", "The cursor now (the same one if timeout_s passed first)", "Changes"),
+                "400",
+                parameters=[
+                    _query("since", COUNT, "The cursor of the last answer (none: answer at once)"),
+                    _query("epoch", STRING, "The epoch of the last answer"),
+                    _query(
+                        "timeout_s",
+                        {"type": "number", "minimum": 0, "maximum": 60},
+                        "How long to wait for a change (30 if not given)",
+                    ),
+                ],
+                description="What the web console follows: after each answer with a new "
+                "cursor or epoch, it reads what it shows again. Any pass of a backend's loop "
+                "moves the cursor (a health check's too), so a reader should not read more "
+                "than a few times a second.",
+            )
+        },
+        "/api/v1/console/links": {
+            "post": _op(
+                "A one-time login link to the web console (`controller console`)",
+                _json("201", "Made: open the daemon's URL with `path`", "LoginLink"),
+                "403",
+                description="Only with the token: a console session cannot make links.",
             )
         },
         "/api/v1/shutdown": {

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, get_args
 
 from ._checkpoint import MAX_REVISION
-from ._config import NAME_PATTERN, BackendConfig, ReplicaConfig, field_schemas
+from ._config import MAX_REPLICAS, NAME_PATTERN, BackendConfig, ReplicaConfig, field_schemas
 from ._load_wire import MAX_LOAD_BACKENDS, MAX_LOAD_COUNT, MAX_LOAD_REPLICAS, SOURCE_PATTERN
 from ._revisions import MAX_MANIFEST, MAX_MESSAGE, VIA, RevisionOutcome
 from ._state import BackendState, ReplicaState
@@ -58,6 +58,7 @@ NAME = {
 }
 
 _BACKEND_FIELDS = field_schemas(BackendConfig)
+_REPLICA_COUNT = {"type": "integer", "minimum": 0, "maximum": MAX_REPLICAS}
 _BACKEND = {
     **_obj({"entrypoint": field_schemas(ReplicaConfig)["entrypoint"]}),
     "description": "BackendConfig and ReplicaConfig fields side by side (the flat form of a "
@@ -434,6 +435,59 @@ SCHEMAS: dict[str, Any] = {
                 "description": "The snapshots are every backend there is: drop any other",
             },
             "snapshots": {"type": "array", "items": ref("Snapshot")},
+        }
+    ),
+    "Changes": _obj(
+        {
+            "epoch": STRING,
+            "cursor": {
+                **COUNT,
+                "description": "Grows with every pass of any backend's loop: send it back as "
+                "`since` to wait for the next",
+            },
+        }
+    ),
+    "History": _obj(
+        {
+            "name": STRING,
+            "window_s": {"type": "number", "description": "How far back the points go"},
+            "points": {
+                "type": "array",
+                "description": "Oldest first, one whenever a number changed (at most one per "
+                "5 s); each value holds until the next point",
+                "items": _obj(
+                    {
+                        "time": {**STRING, "description": "ISO 8601, UTC"},
+                        "desired": COUNT,
+                        "ready": COUNT,
+                        "in_flight": COUNT,
+                        "queued": COUNT,
+                    }
+                ),
+            },
+        }
+    ),
+    "Scale": {
+        **_obj(
+            {},
+            replicas={
+                **_REPLICA_COUNT,
+                "description": "How many replicas a backend without autoscaling runs",
+            },
+            min_replicas={**_REPLICA_COUNT, "description": "An autoscaled backend's lower bound"},
+            max_replicas={**_REPLICA_COUNT, "description": "An autoscaled backend's upper bound"},
+            message=_MESSAGE,
+        ),
+        "anyOf": [
+            {"required": ["replicas"]},
+            {"required": ["min_replicas"]},
+            {"required": ["max_replicas"]},
+        ],
+    },
+    "LoginLink": _obj(
+        {
+            "code": {**STRING, "description": "Good for one login, within a minute"},
+            "path": {**STRING, "description": "The console's login page, the code in its fragment"},
         }
     ),
     "Logs": _obj(

@@ -31,8 +31,8 @@ from ._json import JSON, canonical
 RevisionOutcome = Literal["pending", "in_progress", "complete", "failed", "superseded"]
 #: Who asked: a Python call, the HTTP API, the CLI (through the API), or the controller itself
 #: (an automatic rollback, a revision recorded at recovery).
-Via = Literal["python", "api", "cli", "controller"]
-VIA: tuple[Via, ...] = ("python", "api", "cli", "controller")
+Via = Literal["python", "api", "cli", "console", "controller"]
+VIA: tuple[Via, ...] = ("python", "api", "cli", "console", "controller")
 
 #: The most a backend's history keeps of revisions' content (arguments and user configs), in
 #: bytes of JSON, beyond the revisions it must keep: the record is written whole with each
@@ -48,7 +48,9 @@ def _via(value: object) -> Via:
     for choice in VIA:
         if value == choice and isinstance(value, str):
             return choice
-    raise ConfigError("cause.via", 'must be "python", "api", "cli" or "controller"', value)
+    raise ConfigError(
+        "cause.via", 'must be "python", "api", "cli", "console" or "controller"', value
+    )
 
 
 def _text(field: str, limit: int, value: object) -> str | None:

@@ -5,13 +5,17 @@ complete list from what serves now."""
 from __future__ import annotations
 
 import secrets
-from typing import TYPE_CHECKING, Any, final
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar, final
 
 import trio
 
 from ._errors import ControllerClosedError
 from ._state import BackendSnapshot
 from ._views import iso
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from ._controller import Controller
@@ -98,22 +102,39 @@ class Serving:
                 return await ctl.changes_since(snapshot_id)
             except ControllerClosedError:
                 return None
-        found: list[BackendSnapshot] | None = None
+        return await self._unless_switched(partial(ctl.changes_since, snapshot_id))
+
+    async def wait_changed(self, ctl: Controller, passes: int) -> None:
+        """Wait until `ctl` has made a pass after its `passes`th, or the daemon serves from
+        another (a new epoch: everything may differ)."""
+        if ctl.passes > passes:
+            return
+
+        async def passed() -> bool:
+            await ctl.wait_until(lambda c: c.passes > passes)
+            return True
+
+        await self._unless_switched(passed)
+
+    async def _unless_switched(self, wait: Callable[[], Awaitable[T]]) -> T | None:
+        """What `wait` returns, or None if the daemon switches first. A controller that
+        closes meanwhile has stopped leading: the switch comes next, and ends the wait."""
+        found: T | None = None
         switched = self._switched
         async with trio.open_nursery() as nursery:
 
-            async def changes() -> None:
+            async def waiting() -> None:
                 nonlocal found
                 try:
-                    found = await ctl.changes_since(snapshot_id)
+                    found = await wait()
                 except ControllerClosedError:
-                    return  # it stopped leading: the switch comes next
+                    return
                 nursery.cancel_scope.cancel()
 
             async def switch() -> None:
                 await switched.wait()
                 nursery.cancel_scope.cancel()
 
-            nursery.start_soon(changes)
+            nursery.start_soon(waiting)
             nursery.start_soon(switch)
         return found

@@ -60,9 +60,12 @@ class Echo:
         self.server = _Server((context().host, context().port), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+        # Its log (`controller logs`, the console's log page) says what it is doing.
+        print(f"{self.tag}: serving HTTP on {context().host}:{context().port}", flush=True)
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         self.greeting = user_config.get("greeting", self.greeting)
+        print(f"{self.tag}: greeting is now {self.greeting!r}", flush=True)
 
     def check_health(self) -> None:
         if not self.thread.is_alive():
@@ -83,6 +86,7 @@ class Echo:
                     break
         self.server.shutdown()
         self.server.server_close()  # late clients now get a refusal (routers retry) at once
+        print(f"{self.tag}: drained after {self.served} requests", flush=True)
 
 
 class _Server(ThreadingHTTPServer):
