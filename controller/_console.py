@@ -36,7 +36,9 @@ _CSP = (
 _PAGE_HEADERS = [
     (b"content-security-policy", _CSP.encode()),
     (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
+    # Not no-referrer: under it a browser sends `Origin: null` with a form, which the login's
+    # same-origin check must then refuse.
+    (b"referrer-policy", b"same-origin"),
     (b"cache-control", b"no-store"),
 ]
 #: The console's page paths: the overview, a backend, a replica's log.

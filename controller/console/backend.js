@@ -1,0 +1,278 @@
+// A backend's page (/backends/{name}): its summary, actions, rollout, replicas, chart,
+// events and revisions.
+
+import { getJSON, isAbort, pages, paths } from "./api.js";
+import * as actions from "./actions.js";
+import { drawChart } from "./chart.js";
+import {
+  age, append, badge, dash, el, link, loadText, range, syncRows, table, timeAgo,
+} from "./dom.js";
+import { live } from "./live.js";
+import { disableActions, setLeadership } from "./ui.js";
+
+// A read that may fail without failing the page: the chart and the revisions say so
+// in their own place. An aborted read still stops the refresh.
+async function optional(promise) {
+  try {
+    return { value: await promise };
+  } catch (error) {
+    if (isAbort(error)) throw error;
+    return { error };
+  }
+}
+
+function health(healthy) {
+  if (healthy === true) return "ok";
+  if (healthy === false) return "failing";
+  return "-";
+}
+
+function yesNo(value) {
+  if (value === true) return "yes";
+  if (value === false) return "no";
+  return "-";
+}
+
+function countsText(counts) {
+  const parts = Object.entries(counts ?? {}).map(([state, n]) => `${n} ${state}`);
+  return parts.length ? parts.join(", ") : "none";
+}
+
+/** Newest first (of events at the same time, the later in the list first). */
+function newestFirst(events) {
+  return (events ?? [])
+    .map((event, i) => ({ event, i, t: Date.parse(event.time) || 0 }))
+    .sort((a, b) => b.t - a.t || b.i - a.i)
+    .map(({ event }) => event);
+}
+
+function canUndo(revisions) {
+  if (revisions.length < 2) return false;
+  const current = revisions.find((r) => r.current);
+  const oldest = Math.min(...revisions.map((r) => r.number));
+  return current !== undefined && current.number !== oldest;
+}
+
+/** Replaces a node's children only when what they show changed (no flicker, no lost focus). */
+function update(node, signature, build) {
+  if (node._sig === signature) return;
+  node._sig = signature;
+  node.replaceChildren();
+  append(node, [build()]);
+}
+
+export function backendPage(main, signal, name) {
+  document.title = `${name} - trio-replica-controller`;
+  let view = null; // the page's parts, built at the first answer naming the backend
+  let status = null; // the latest status: what the buttons act on
+
+  function missing() {
+    if (view === null && main.querySelector("#missing")) return; // already says so
+    view = null;
+    main.replaceChildren(
+      el("h1", {}, name),
+      el("p", { id: "missing", className: "empty" },
+        `Backend ${name} does not exist (deleted?) `,
+        link(pages.overview(), "Back to the overview"),
+      ),
+    );
+  }
+
+  function build() {
+    const button = (id, text, action, onclick, className = "") =>
+      el("button", { type: "button", id, className, dataset: { action }, onclick }, text);
+    const replicas = table("replicas", [
+      "Replica", "State", "Version", "Address", "PID", "Node", "Age", "Health", "",
+    ]);
+    const events = table("events", ["Time", "Kind", "Message"]);
+    const revisions = table("revisions", [
+      "#", "Version", "Created", "Cause", "Outcome", "Good", "Current", "",
+    ]);
+    view = {
+      state: el("span", { className: "title-badge" }),
+      reason: el("p", { className: "reason" }),
+      summary: el("dl", { id: "summary", className: "summary" }),
+      undo: button("undo", "Undo", "undo", () => actions.undo(name)),
+      rollout: el("section", { id: "rollout", className: "rollout", hidden: true }),
+      replicas: replicas.tbody,
+      noReplicas: el("p", { className: "empty", hidden: true }, "No replicas."),
+      chart: el("div", { id: "chart", className: "chart-box" }),
+      events: events.tbody,
+      revisions: revisions.tbody,
+      revisionsNote: el("p", { className: "muted", hidden: true }),
+    };
+    view.undo.hidden = true;
+    main.replaceChildren(
+      el("p", { className: "crumbs" }, link(pages.overview(), "Backends"), " / "),
+      el("h1", {}, name, " ", view.state),
+      view.reason,
+      view.summary,
+      el("div", { className: "buttons" },
+        button("scale", "Scale", "scale", () => actions.scale(status)),
+        button("delete", "Delete", "delete", () => actions.remove(name), "danger"),
+        view.undo,
+      ),
+      view.rollout,
+      el("h2", {}, "Replicas"), replicas.table, view.noReplicas,
+      el("h2", {}, "Replicas and load, last hour"), view.chart,
+      el("h2", {}, "Events"), events.table,
+      el("h2", {}, "Revisions"), revisions.table, view.revisionsNote,
+    );
+  }
+
+  function showStatus(s) {
+    update(view.state, s.state, () => badge(s.state));
+    update(view.reason, JSON.stringify([s.message, s.reason]), () => [
+      el("span", { className: "message" }, dash(s.message)),
+      s.reason ? el("span", { className: "muted" }, ` (${s.reason})`) : null,
+    ]);
+
+    const auto = s.config?.autoscaling;
+    const scaler = s.autoscaler;
+    let autoscaling = range(auto);
+    if (auto && scaler) {
+      autoscaling += `, target ${dash(scaler.target)}`;
+      if (scaler.capped_at !== null && scaler.capped_at !== undefined) {
+        autoscaling += ` (capped at ${scaler.capped_at})`;
+      }
+    }
+    const rows = [
+      ["Ready", `${s.ready}/${s.desired}`, "ready"],
+      ["Version", dash(s.version)],
+      ["Revision", dash(s.rollout?.revision)],
+      ["Route", dash(s.config?.route_prefix)],
+      ["Autoscaling", autoscaling],
+      ["Load", loadText(s.load)],
+    ];
+    update(view.summary, JSON.stringify(rows), () => rows.map(([term, value, id]) =>
+      el("div", {}, el("dt", {}, term), el("dd", id ? { id } : {}, value))));
+
+    showRollout(s);
+
+    syncRows(view.replicas, s.replicas ?? [], {
+      key: (r) => r.tag,
+      // Not the age: it counts up by itself (dom.js tick), no need to redraw the row for it.
+      sig: (r) => JSON.stringify([r.state, r.version, r.address, r.pid, r.node, r.healthy]),
+      render: (r) => el("tr", { dataset: { replica: r.tag } },
+        el("td", { className: "tag" }, r.tag),
+        el("td", {}, badge(r.state)),
+        el("td", {}, dash(r.version)),
+        el("td", {}, dash(r.address)),
+        el("td", {}, dash(r.pid)),
+        el("td", {}, dash(r.node)),
+        el("td", {}, age(r.age_s)),
+        el("td", { className: `health ${health(r.healthy)}` }, health(r.healthy)),
+        el("td", {}, link(pages.log(name, r.tag), "log")),
+      ),
+    });
+    view.noReplicas.hidden = (s.replicas ?? []).length !== 0;
+
+    const events = newestFirst(s.events);
+    update(view.events, JSON.stringify(events), () => events.map((e) =>
+      el("tr", {},
+        el("td", {}, timeAgo(e.time)),
+        el("td", {}, dash(e.kind)),
+        el("td", { className: "message" }, dash(e.message)),
+      )));
+  }
+
+  function showRollout(s) {
+    const r = s.rollout;
+    const shown = r !== null && r !== undefined && (r.outcome !== "complete" || r.paused);
+    view.rollout.hidden = !shown;
+    if (!shown) return;
+    const versions = Object.entries(s.counts_by_version ?? {});
+    const signature = JSON.stringify([r, versions, s.version, s.config?.max_surge, s.config?.max_unavailable]);
+    update(view.rollout, signature, () => [
+      el("h2", {}, `Rollout of revision ${dash(r.revision)}`),
+      el("p", {},
+        `From revision ${dash(r.current_revision)} to ${dash(r.revision)}: ${dash(r.outcome)}`,
+        r.paused ? el("strong", { className: "paused" }, " (paused)") : null,
+        r.automatic ? " (automatic)" : null,
+      ),
+      el("div", { className: "table-scroll" },
+        el("table", { className: "versions" },
+          el("thead", {}, el("tr", {},
+            el("th", { scope: "col" }, "Version"), el("th", { scope: "col" }, ""),
+            el("th", { scope: "col" }, "Replicas"))),
+          el("tbody", {}, versions.map(([version, counts]) =>
+            el("tr", { dataset: { version } },
+              el("td", {}, version),
+              el("td", {}, version === s.version ? "new" : "old"),
+              el("td", {}, countsText(counts)),
+            ))),
+        )),
+      el("p", { className: "muted" },
+        `max surge ${dash(s.config?.max_surge)}, max unavailable ${dash(s.config?.max_unavailable)}`,
+        r.pending_revision !== null && r.pending_revision !== undefined
+          ? `, revision ${r.pending_revision} waiting` : null),
+      r.error ? el("p", { className: "error" }, `Error: ${r.error}`) : null,
+    ]);
+  }
+
+  function showRevisions(answer) {
+    let list = [];
+    if (answer.error) {
+      // 404: no revisions (yet); anything else is said where the table is.
+      if (answer.error.status !== 404) {
+        view.revisionsNote.textContent = `Revisions unavailable: ${answer.error.message}`;
+      }
+    } else {
+      list = answer.value?.revisions ?? [];
+    }
+    view.revisionsNote.hidden = !answer.error || answer.error.status === 404;
+    list = [...list].sort((a, b) => b.number - a.number);
+    syncRows(view.revisions, list, {
+      key: (r) => String(r.number),
+      sig: (r) => JSON.stringify([r.version, r.created_at, r.cause, r.outcome, r.good, r.current]),
+      render: (r) => {
+        const cause = r.cause ? [r.cause.via, r.cause.message].filter(Boolean).join(": ") : "-";
+        return el("tr", { dataset: { revision: String(r.number) }, className: r.current ? "current" : "" },
+          el("td", {}, String(r.number)),
+          el("td", {}, dash(r.version)),
+          el("td", {}, timeAgo(r.created_at)),
+          el("td", { className: "message" }, cause),
+          el("td", {}, dash(r.outcome)),
+          el("td", {}, yesNo(r.good)),
+          el("td", { className: "current-mark" }, r.current ? "current" : ""),
+          el("td", {}, r.good && !r.current
+            ? el("button", {
+              type: "button",
+              dataset: { action: "rollback", revision: String(r.number) },
+              onclick: () => actions.undo(name, r.number),
+            }, "Roll back to this")
+            : null),
+        );
+      },
+    });
+    view.undo.hidden = !canUndo(list);
+  }
+
+  async function refresh() {
+    // The list, not GET /api/v1/backends/{name}: it has the same status objects and the
+    // `leadership` the header needs, and a backend that is gone is then no 404 (which
+    // Chromium would log in the console at every update of this page).
+    const all = await getJSON(paths.backends(), signal);
+    setLeadership(all.leadership);
+    const found = (all.backends ?? []).find((b) => b.name === name);
+    if (found === undefined) {
+      missing();
+      return;
+    }
+    const [revisions, history] = await Promise.all([
+      optional(getJSON(paths.revisions(name), signal)),
+      optional(getJSON(paths.history(name), signal)),
+    ]);
+    status = found;
+    if (view === null) build();
+    showStatus(status);
+    showRevisions(revisions);
+    view.chart.replaceChildren(drawChart(history.value, {
+      width: view.chart.clientWidth,
+      error: history.error ? `History unavailable: ${history.error.message}` : null,
+    }));
+    disableActions(main);
+  }
+
+  live(signal, refresh);
+}

@@ -1,0 +1,68 @@
+// The overview (/): one row per backend, with its Scale and Delete buttons.
+
+import { getJSON, pages, paths } from "./api.js";
+import * as actions from "./actions.js";
+import { badge, dash, el, link, loadText, range, syncRows, table, versionText } from "./dom.js";
+import { live } from "./live.js";
+import { disableActions, setLeadership } from "./ui.js";
+
+export function overviewPage(main, signal) {
+  document.title = "Backends - trio-replica-controller";
+  const { table: backends, tbody } = table("backends", [
+    "Name", "State", "Ready", "Version", "Load", "Autoscaling", "Route", "Message", "",
+  ]);
+  backends.hidden = true;
+  const empty = el("p", { className: "empty", hidden: true },
+    "No backends. Apply some with ", el("code", {}, "controller apply -f FILE"), ".");
+  main.replaceChildren(el("h1", {}, "Backends"), backends, empty);
+
+  // The latest status of each backend: a button acts on what the page shows now.
+  let latest = new Map();
+
+  function row(status) {
+    const name = status.name;
+    return el("tr", { dataset: { backend: name } },
+      el("td", { className: "name" }, link(pages.backend(name), name)),
+      el("td", {}, badge(status.state)),
+      el("td", { className: "ready" }, `${status.ready}/${status.desired}`),
+      el("td", {}, versionText(status)),
+      el("td", { className: "load" }, loadText(status.load)),
+      el("td", {}, range(status.config?.autoscaling)),
+      el("td", {}, dash(status.config?.route_prefix)),
+      el("td", { className: "message" }, dash(status.message)),
+      el("td", { className: "actions" },
+        el("button", {
+          type: "button",
+          dataset: { action: "scale" },
+          onclick: () => actions.scale(latest.get(name) ?? status),
+        }, "Scale"),
+        el("button", {
+          type: "button",
+          className: "danger",
+          dataset: { action: "delete" },
+          onclick: () => actions.remove(name),
+        }, "Delete"),
+      ),
+    );
+  }
+
+  async function refresh() {
+    const data = await getJSON(paths.backends(), signal);
+    setLeadership(data.leadership);
+    const list = data.backends ?? [];
+    latest = new Map(list.map((s) => [s.name, s]));
+    syncRows(tbody, list, {
+      key: (s) => s.name,
+      sig: (s) => JSON.stringify([
+        s.state, s.ready, s.desired, versionText(s), loadText(s.load),
+        range(s.config?.autoscaling), s.config?.route_prefix, s.message,
+      ]),
+      render: row,
+    });
+    backends.hidden = list.length === 0;
+    empty.hidden = list.length !== 0;
+    disableActions(main);
+  }
+
+  live(signal, refresh);
+}
