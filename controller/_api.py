@@ -414,8 +414,9 @@ class Api:
         return {"shutting_down": True, "deleting": deleting, "left": left}
 
     def _authenticate(self, scope: Scope) -> bool:
-        """The token, or the console's session cookie (True): with the cookie, a change must
-        also carry the session's CSRF token (the cookie alone is what a forged request has)."""
+        """The token, or the console's session (True): its cookie and its key, which the
+        console's pages send in a header. The cookie alone is what another port of this host,
+        or a forged request, would have: a read without the key is 401, a change 403."""
         for key, value in scope["headers"]:
             if key == b"authorization":
                 scheme, _, token = bytes(value).partition(b" ")
@@ -423,18 +424,21 @@ class Api:
                     return False
                 raise HTTPError(401, "Unauthorized", "the token is wrong")
         session = self._console.session_of(scope)
-        if session is None:
-            raise HTTPError(
-                401, "Unauthorized", "an 'Authorization: Bearer <token>' header is needed"
-            )
-        if scope["method"] not in ("GET", "HEAD") and not self._console.csrf_ok(scope, session):
+        if session is not None and self._console.key_ok(scope, session):
+            return True
+        if session is not None and scope["method"] not in ("GET", "HEAD"):
             raise HTTPError(
                 403,
                 "CSRFRejected",
-                "a change made with the console's session needs its X-CSRF-Token header, from "
-                "one of the console's own pages",
+                "a change made with the console's session needs its X-Console-Key header, "
+                "from one of the console's own pages",
             )
-        return True
+        raise HTTPError(
+            401,
+            "Unauthorized",
+            "an 'Authorization: Bearer <token>' header is needed (or the console's session: "
+            "its cookie and its X-Console-Key header)",
+        )
 
     def _status(self, name: str) -> BackendStatus:
         return self._ctl.status(name)

@@ -11,15 +11,14 @@ import importlib.resources
 import logging
 import re
 from typing import final
-from urllib.parse import parse_qs, quote
+from urllib.parse import quote
 
-from ._console_auth import CSRF_HEADER, SESSION_S, Session, Sessions, cookie_name
+from ._console_auth import KEY_HEADER, SESSION_S, Session, Sessions, cookie_name
 from ._http import HTTPError, Receive, Scope, Send, dump, parse_json, path_of, read_body
 
 logger = logging.getLogger("controller.api")
 
-#: A login form's body, at most: a token and a path.
-MAX_FORM_BYTES = 8192
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
 _ASSET_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}\.(?:js|css|html|svg)")
 _CONTENT_TYPES = {
     "js": "text/javascript; charset=utf-8",
@@ -74,19 +73,6 @@ def same_origin(scope: Scope) -> bool:
     return origin in (b"http://" + host, b"https://" + host)
 
 
-def _safe_next(value: str | None) -> str:
-    """Where a login goes on to: a path of this daemon only (``//evil`` is another host)."""
-    if (
-        value is None
-        or not value.startswith("/")
-        or value.startswith(("//", "/\\"))
-        or len(value) > 2000
-        or not value.isprintable()
-    ):
-        return "/"
-    return value
-
-
 @final
 class Console:
     """Serves the console's paths (`owns`) for the daemon's ASGI app, and tells it which
@@ -116,9 +102,11 @@ class Console:
                 return self.sessions.check(value)
         return None
 
-    def csrf_ok(self, scope: Scope, session: Session) -> bool:
-        sent = _header(scope, CSRF_HEADER)
-        return same_origin(scope) and self.sessions.csrf_ok(
+    def key_ok(self, scope: Scope, session: Session) -> bool:
+        """The request carries the session's key (which only the console's pages hold, in
+        their origin's storage) and comes from this origin."""
+        sent = _header(scope, KEY_HEADER)
+        return same_origin(scope) and self.sessions.key_ok(
             session, None if sent is None else sent.decode("latin-1")
         )
 
@@ -140,9 +128,7 @@ class Console:
             {"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body}
         )
 
-    async def _route(
-        self, scope: Scope, receive: Receive
-    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    async def _route(self, scope: Scope, receive: Receive) -> Answer:
         path, method = path_of(scope), scope["method"]
         if path.startswith("/console/") or path == "/favicon.ico":
             _methods(method, ("GET", "HEAD"), path)
@@ -151,7 +137,7 @@ class Console:
             _methods(method, ("GET", "HEAD", "POST"), path)
             if method == "POST":
                 return await self._log_in(scope, receive)
-            return self._login_page(200, "")
+            return self._page("login.html")
         if path == "/login/link":
             _methods(method, ("POST",), path)
             return await self._log_in_by_link(scope, receive)
@@ -161,18 +147,21 @@ class Console:
         _methods(method, ("GET", "HEAD"), path)
         if _PAGE.fullmatch(path) is None:
             raise HTTPError(404, "NotFound", f"no such page: {path}")
-        session = self.session_of(scope)
-        if session is None:
+        if self.session_of(scope) is None:
             query = scope.get("query_string", b"").decode("latin-1")
             where = path + (f"?{query}" if query else "")
             return 303, [(b"location", b"/login?next=" + quote(where, safe="/").encode())], b""
-        shell = self._assets.get("index.html")
-        if shell is None:
+        # The shell holds no data and no secret: the cookie alone (which a browser sends to
+        # every port of this host, not only to this daemon's) loads nothing more than this.
+        return self._page("index.html")
+
+    def _page(self, name: str) -> Answer:
+        page = self._assets.get(name)
+        if page is None:
             raise HTTPError(503, "ConsoleMissing", "the console's files are not installed")
-        page = shell.replace(b"{{csrf}}", session.csrf.encode())
         return 200, [(b"content-type", b"text/html; charset=utf-8"), *_PAGE_HEADERS], page
 
-    def _asset(self, name: str, scope: Scope) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    def _asset(self, name: str, scope: Scope) -> Answer:
         data = self._assets.get(name) if _ASSET_NAME.fullmatch(name) else None
         if data is None:
             raise HTTPError(404, "NotFound", f"no such file: /console/{name}")
@@ -188,55 +177,46 @@ class Console:
             return 304, headers, b""
         return 200, headers, data
 
-    def _login_page(self, status: int, error: str) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        page = self._assets.get("login.html")
-        if page is None:
-            raise HTTPError(503, "ConsoleMissing", "the console's files are not installed")
-        # The error is one of our own sentences, but escaped all the same: it lands in markup.
-        text = error.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-        page = page.replace(b"{{error}}", text.encode())
-        return status, [(b"content-type", b"text/html; charset=utf-8"), *_PAGE_HEADERS], page
-
-    async def _log_in(
-        self, scope: Scope, receive: Receive
-    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    async def _log_in(self, scope: Scope, receive: Receive) -> Answer:
+        """``{"token": ...}`` from the login page's script."""
         if not same_origin(scope):
             raise HTTPError(403, "CrossOrigin", "a login must come from this daemon's own page")
-        form = await _read_form(scope, receive)
-        token = form.get("token", [""])[-1].strip().encode()
-        if not token or not hmac.compare_digest(token, self._token):
+        data = parse_json(await read_body(scope, receive))
+        token = data.get("token") if isinstance(data, dict) else None
+        if not isinstance(token, str) or not hmac.compare_digest(
+            token.strip().encode(), self._token
+        ):
             logger.warning("console: a login with a wrong token")
-            return self._login_page(401, "That is not the daemon's token.")
-        return self._start_session(scope, _safe_next(form.get("next", [None])[-1]))
+            raise HTTPError(401, "Unauthorized", "that is not the daemon's token")
+        return self._start_session(scope)
 
-    async def _log_in_by_link(
-        self, scope: Scope, receive: Receive
-    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    async def _log_in_by_link(self, scope: Scope, receive: Receive) -> Answer:
+        """``{"code": ...}``: a one-time link's code, from the login page's script."""
         if not same_origin(scope):
             raise HTTPError(403, "CrossOrigin", "a login must come from this daemon's own page")
         data = parse_json(await read_body(scope, receive))
         code = data.get("code") if isinstance(data, dict) else None
         if not isinstance(code, str) or not self.sessions.take_link_code(code):
             raise HTTPError(403, "LinkSpent", "this login link is used or expired")
-        _, headers, _ = self._start_session(scope, "/")
-        return 204, [h for h in headers if h[0] != b"location"], b""
+        return self._start_session(scope)
 
-    def _start_session(
-        self, scope: Scope, then: str
-    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        value, _ = self.sessions.new_session()
+    def _start_session(self, scope: Scope) -> Answer:
+        """The cookie, and in the body the session's key, which the page keeps in its own
+        origin's storage (this scheme, host and port only) and sends with every call."""
+        value, session = self.sessions.new_session()
         cookie = (
             f"{cookie_name(_port(scope))}={value}; Path=/; Max-Age={SESSION_S}; "
             "HttpOnly; SameSite=Strict"
         )
         logger.info("console: logged in")
-        return 303, [(b"set-cookie", cookie.encode()), (b"location", then.encode())], b""
+        headers = [(b"set-cookie", cookie.encode()), (b"content-type", b"application/json")]
+        return 200, headers, dump({"key": session.key, "expires_in_s": SESSION_S})
 
-    def _log_out(self, scope: Scope) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    def _log_out(self, scope: Scope) -> Answer:
         session = self.session_of(scope)
         if session is not None:
-            if not self.csrf_ok(scope, session):
-                raise HTTPError(403, "CSRFRejected", "the X-CSRF-Token header is missing or wrong")
+            if not self.key_ok(scope, session):
+                raise HTTPError(403, "CSRFRejected", "the X-Console-Key header is missing or wrong")
             self.sessions.revoke(session)
         gone = f"{cookie_name(_port(scope))}=; Path=/; Max-Age=0; HttpOnly; SameSite=Strict"
         return 204, [(b"set-cookie", gone.encode())], b""
@@ -255,23 +235,3 @@ def _methods(method: str, allowed: tuple[str, ...], path: str) -> None:
             f"{method} is not allowed on {path}; allowed: {', '.join(allowed)}",
             allow=allowed,
         )
-
-
-async def _read_form(scope: Scope, receive: Receive) -> dict[str, list[str]]:
-    kind = (_header(scope, b"content-type") or b"").split(b";")[0].strip().lower()
-    if kind != b"application/x-www-form-urlencoded":
-        raise HTTPError(415, "UnsupportedMediaType", "the login form is sent form-encoded")
-    body = bytearray()
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise HTTPError(400, "Disconnected", "the client went away")
-        body += message.get("body", b"")
-        if len(body) > MAX_FORM_BYTES:
-            raise HTTPError(413, "TooLarge", f"a login form is at most {MAX_FORM_BYTES} bytes")
-        if not message.get("more_body", False):
-            break
-    try:
-        return parse_qs(body.decode(), keep_blank_values=True, max_num_fields=10)
-    except (UnicodeDecodeError, ValueError):
-        raise HTTPError(400, "BadForm", "the login form could not be read") from None

@@ -1,11 +1,17 @@
 """Who may use the console: a signed session cookie, the CSRF token tied to it, one-time links.
 
 The API token is the one secret. A person proves they hold it (the login form, or a one-time
-link that `controller console` asks for with it) and gets a session cookie: HttpOnly (no script
-reads it), SameSite=Strict (no other site's page sends it). The cookie is signed with a key
-derived from the token, so it needs no table: it outlives a daemon restart, every daemon sharing
-the token accepts it, and a new token ends every session at once. A change asked with the cookie
-must also carry the session's CSRF token in a header, which only the console's own pages hold.
+link that `controller console` asks for with it) and gets two halves of a session:
+
+- a cookie: HttpOnly (no script reads it), SameSite=Strict (no other site's page sends it);
+- the session's key, in the login's answer, which the page keeps in its origin's storage and
+  sends in a header with every call (it is also what makes a change CSRF-safe).
+
+Both are needed. A browser sends a host's cookies to every port of it, so the cookie alone
+reaches any other server on this host (another user's, or the ingress's replicas); the key is
+kept per origin (scheme, host and port), so no other port's page can read it. Both are signed
+with a key derived from the token, so they need no table: a session outlives a daemon restart,
+every daemon sharing the token accepts it, and a new token ends every session at once.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ LINK_S = 60.0
 MAX_LINKS = 100
 #: Logged-out sessions remembered until they would have expired anyway.
 MAX_REVOKED = 10_000
-CSRF_HEADER = b"x-csrf-token"
+KEY_HEADER = b"x-console-key"
 
 
 def cookie_name(port: int | None) -> str:
@@ -40,7 +46,8 @@ def cookie_name(port: int | None) -> str:
 class Session:
     nonce: str
     expires: int
-    csrf: str
+    key: str
+    """Sent by the page with every call (``X-Console-Key``)."""
 
 
 @final
@@ -68,7 +75,8 @@ class Sessions:
     def check(self, cookie: str) -> Session | None:
         """The session a cookie value holds, if it is one of ours, unexpired, not logged out."""
         parts = cookie.split(".")
-        if len(parts) != 3 or not parts[0].isdigit() or len(parts[0]) > 12:
+        # Written one way only ("0123" is not 123): a session has one cookie value.
+        if len(parts) != 3 or not parts[0].isdigit() or len(parts[0]) > 12 or parts[0][0] == "0":
             return None
         expires, nonce, mac = int(parts[0]), parts[1], parts[2]
         if not hmac.compare_digest(mac, self._sign("session", expires, nonce)):
@@ -77,8 +85,8 @@ class Sessions:
             return None
         return self._session(nonce, expires)
 
-    def csrf_ok(self, session: Session, sent: str | None) -> bool:
-        return sent is not None and hmac.compare_digest(sent, session.csrf)
+    def key_ok(self, session: Session, sent: str | None) -> bool:
+        return sent is not None and hmac.compare_digest(sent, session.key)
 
     def revoke(self, session: Session) -> None:
         """Logged out: this cookie is refused from now on (by this process: the cookie is also
@@ -110,7 +118,7 @@ class Sessions:
     # -- signatures --
 
     def _session(self, nonce: str, expires: int) -> Session:
-        return Session(nonce, expires, self._sign("csrf", expires, nonce)[:32])
+        return Session(nonce, expires, self._sign("key", expires, nonce)[:32])
 
     def _sign(self, purpose: str, expires: int, nonce: str) -> str:
         message = f"{purpose}.{expires}.{nonce}".encode()

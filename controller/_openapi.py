@@ -39,7 +39,7 @@ _ERRORS = {
     "415": "The body is not sent as application/json",
     "422": "The body is JSON but breaks a rule; `problems` lists each, naming the field",
     "403": "A console session may not do this (make a login link), or its change lacks the "
-    "session's X-CSRF-Token header",
+    "session's X-Console-Key header",
     "501": "This runtime keeps no replica logs the daemon can read (Ray)",
     "503": "The daemon is shutting down and takes no more changes, or the store cannot be "
     "written, or it is a standby while no daemon leads (NoLeader) (then with Retry-After); "
@@ -127,10 +127,11 @@ manifest and its digest, a `message`). `POST .../undo` brings an earlier revisio
 as a new revision; `POST .../pause` records later deploys without rolling them out, until
 `POST .../resume`. These answer 202 with a generation to wait for, as a deploy's.
 
-The web console (`/`) uses this API with its session cookie instead of the token (HttpOnly,
-SameSite=Strict, made by its login form or a link from `POST /api/v1/console/links`). A change
-made with the cookie must carry the session's `X-CSRF-Token` header, which only the console's own
-pages hold, and come from the same origin: else 403 (CSRFRejected)."""
+The web console (`/`) uses this API with its session instead of the token: a cookie (HttpOnly,
+SameSite=Strict, made by its login or a link from `POST /api/v1/console/links`) and the
+session's key in an `X-Console-Key` header, which only the console's own pages hold (in their
+origin's storage). Without the key, a read is 401 and a change 403 (CSRFRejected), as is a
+change from another origin."""
 
 OPENAPI: dict[str, Any] = {
     "openapi": "3.1.0",

@@ -10,6 +10,8 @@ Skipped, saying why, where Chromium or Playwright is missing; ``.ci/run`` instal
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import re
@@ -20,6 +22,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -113,6 +117,16 @@ class Daemon:
         with urllib.request.urlopen(request, timeout=LIMIT_S) as response:
             return json.loads(response.read())
 
+    def fetch(self, path: str, headers: dict[str, str]) -> tuple[int, str]:
+        """A GET with exactly these headers (no token): its status and body."""
+        request = urllib.request.Request(self.url + path, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=LIMIT_S) as response:
+                return int(response.status), response.read().decode()
+        except urllib.error.HTTPError as exc:
+            with exc:
+                return exc.code, exc.read().decode()
+
     def status(self, name: str) -> dict[str, Any]:
         found: dict[str, Any] = self.api("GET", f"/api/v1/backends/{name}")
         return found
@@ -154,7 +168,13 @@ def browser() -> Iterator[Browser]:
         from playwright.sync_api import sync_playwright
     except ImportError:
         _unavailable("Playwright is not installed (`pip install playwright`)")
-    with sync_playwright() as playwright:
+    # trio-asyncio, once imported (by the asyncio embedding's tests), makes every new asyncio
+    # loop one of its own, and Playwright's driver must run on a plain one: set the standard
+    # policy for this thread while the browser runs (trio-asyncio then gets out of the way).
+    asyncio.set_event_loop_policy(asyncio.DefaultEventLoopPolicy())
+    with contextlib.ExitStack() as stack:
+        stack.callback(asyncio.set_event_loop_policy, None)
+        playwright = stack.enter_context(sync_playwright())
         launched = playwright.chromium.launch(
             executable_path=executable,
             # The machine's network is closed: Chromium's own calls home would only fail.
@@ -167,10 +187,8 @@ def browser() -> Iterator[Browser]:
                 "--no-first-run",
             ],
         )
-        try:
-            yield launched
-        finally:
-            launched.close()
+        stack.callback(launched.close)
+        yield launched
 
 
 @pytest.fixture(scope="module")
@@ -238,8 +256,10 @@ def test_log_in_with_the_token_and_see_the_example_backends(tab: Tab) -> None:
     with tab.page.expect_response(lambda r: r.request.method == "POST") as answer:
         tab.page.press("#token", "Enter")
     assert answer.value.status == 401
-    assert "not the daemon" in tab.page.inner_text("#login-error")
-    # Chromium reports the refused form's 401 as a failed load: it is the test's own doing.
+    tab.page.wait_for_function(
+        "() => document.querySelector('#login-error').textContent.includes('not the daemon')"
+    )
+    # Chromium reports the refused login's 401 as a failed load: it is the test's own doing.
     tab.errors = [e for e in tab.errors if "401" not in e]
 
     tab.page.fill("#token", tab.daemon.token)
@@ -249,7 +269,19 @@ def test_log_in_with_the_token_and_see_the_example_backends(tab: Tab) -> None:
     assert len(cookies) == 1
     assert cookies[0]["httpOnly"]
     assert cookies[0]["sameSite"] == "Strict"
-    assert tab.page.evaluate("document.cookie") == ""  # no script can read it
+    assert tab.page.evaluate("() => document.cookie") == ""  # no script can read it
+    key = tab.page.evaluate("() => localStorage.getItem('controller-console-key')")
+    assert re.fullmatch(r"[0-9a-f]{32}", key)
+
+    # The cookie alone, as another server on this host would receive it: the shell, no data.
+    cookie = f"{cookies[0]['name']}={cookies[0]['value']}"
+    assert tab.daemon.fetch("/api/v1/backends", {"Cookie": cookie})[0] == 401
+    status, page = tab.daemon.fetch("/backends/echo", {"Cookie": cookie})
+    assert status == 200
+    assert key not in page
+    assert tab.daemon.token not in page
+    status, _ = tab.daemon.fetch("/api/v1/backends", {"Cookie": cookie, "X-Console-Key": key})
+    assert status == 200
 
     tab.go("/")
     tab.page.wait_for_selector('tr[data-backend="greeter"]')
@@ -263,6 +295,20 @@ def test_log_in_with_the_token_and_see_the_example_backends(tab: Tab) -> None:
     assert tab.ready_text("greeter") == "1/1"
     assert "/echo" in tab.page.inner_text('tr[data-backend="echo"]')
     tab.shot("overview")
+
+
+def test_a_login_goes_on_only_to_a_page_of_this_daemon(browser: Browser, daemon: Daemon) -> None:
+    for asked in ["//example.com/x", "/\\example.com", "https://example.com/", "/\t/example.com"]:
+        tab = Tab(browser, daemon)
+        try:
+            tab.page.goto(f"{daemon.url}/login?next={urllib.parse.quote(asked)}")
+            tab.page.fill("#token", daemon.token)
+            tab.page.press("#token", "Enter")
+            tab.page.wait_for_url(daemon.url + "/")
+            tab.page.wait_for_selector('tr[data-backend="echo"]')
+            assert tab.errors == []
+        finally:
+            tab.close()
 
 
 def test_a_one_time_link_logs_in_once_and_leaves_no_code_in_the_address(
@@ -300,7 +346,8 @@ def test_a_scale_from_the_cli_shows_on_the_open_page_within_a_second(tab: Tab) -
         tab.daemon.cli("scale", "echo", "3")
         said = time.monotonic()
         tab.page.wait_for_function(
-            "() => document.querySelector('tr[data-backend=\"echo\"] .ready').textContent.endsWith('/3')",
+            "() => document.querySelector('tr[data-backend=\"echo\"] .ready')"
+            ".textContent.endsWith('/3')",
             timeout=LIVE_MS,
         )
         FIGURES["console: a CLI scale shown on the open overview after"] = (
@@ -334,8 +381,8 @@ def test_the_scale_action_asks_first_and_a_forged_change_is_refused(tab: Tab) ->
     assert tab.daemon.status("greeter")["desired"] == 2
     assert "greeter" in tab.page.inner_text("#notice")
 
-    # What another site's page (or a script without the page's token) could send: the cookie
-    # goes along, the CSRF header does not.
+    # What another site's page (or a script without the session's key) could send: the cookie
+    # goes along, the key does not.
     forged = tab.page.evaluate(
         """async () => {
             const r = await fetch('/api/v1/backends/greeter/scale', {
@@ -347,7 +394,7 @@ def test_the_scale_action_asks_first_and_a_forged_change_is_refused(tab: Tab) ->
     assert forged == [403, "CSRFRejected"]
     wrong = tab.page.evaluate(
         """async () => (await fetch('/api/v1/backends/greeter', {
-                method: 'DELETE', headers: {'x-csrf-token': '0'.repeat(32)}})).status"""
+                method: 'DELETE', headers: {'x-console-key': '0'.repeat(32)}})).status"""
     )
     assert wrong == 403
     assert tab.daemon.status("greeter")["desired"] == 2

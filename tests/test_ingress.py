@@ -109,6 +109,15 @@ async def test_routes_lead_to_their_backends_and_unknown_ones_list_the_routes(
             assert seen["path"] == "/app/x?q=1"  # passed on whole, as Kubernetes does
             assert seen["headers"]["x-forwarded-prefix"] == "/app"
             assert seen["headers"]["x-forwarded-for"] == "10.0.0.1, 127.0.0.1"
+            # The daemon's console session is sent by browsers to every port of the host, this
+            # one too: it never reaches a replica; the site's own cookies do.
+            cookies = "a=1; controller_session_7070=s.e.c; controller_session=x; b=2"
+            seen = (await request(f.port, "/app/c", headers=[("Cookie", cookies)])).json()
+            assert seen["headers"]["cookie"] == "a=1; b=2"
+            seen = (
+                await request(f.port, "/app/c", headers=[("Cookie", "controller_session_1=s")])
+            ).json()
+            assert "cookie" not in seen["headers"]
             assert (await request(f.port, "/app/v1/y")).json()["replica"].startswith("v1#")
             assert (await request(f.port, "/app/v10")).json()["replica"].startswith("app#")
             missing = await request(f.port, "/nope")

@@ -2,7 +2,7 @@
 // what it did in the notice or what went wrong in the banner. The live loop of the
 // page then shows the change itself.
 
-import { ApiError, paths, send } from "./api.js";
+import { ApiError, forgetSessionKey, paths, send } from "./api.js";
 import { ask } from "./dialog.js";
 import { clearBanner, showBanner, showNotice } from "./ui.js";
 
@@ -104,5 +104,6 @@ export async function logout() {
     showBanner("action", `Logging out failed: ${error.message}`);
     return;
   }
+  forgetSessionKey();
   location.assign("/login");
 }

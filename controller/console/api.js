@@ -21,9 +21,21 @@ export function isAbort(error) {
   return error?.name === "AbortError";
 }
 
-/** The session's CSRF token, put in the page by the server. */
-export function csrfToken() {
-  return document.querySelector('meta[name="csrf-token"]')?.content ?? "";
+// The session's key, given by the login and kept in this origin's storage: the browser sends
+// the session cookie to every port of this host, but only this origin's pages can read this,
+// and the daemon answers a call only with both. It is also what makes an action CSRF-safe.
+const KEY = "controller-console-key";
+
+export function sessionKey() {
+  return localStorage.getItem(KEY);
+}
+
+export function keepSessionKey(key) {
+  localStorage.setItem(KEY, key);
+}
+
+export function forgetSessionKey() {
+  localStorage.removeItem(KEY);
 }
 
 let leaving = false;
@@ -39,10 +51,11 @@ function toLogin() {
   return new Promise(() => {});
 }
 
-async function call(method, url, { body, signal, csrf = false } = {}) {
-  const headers = { accept: "application/json" };
+async function call(method, url, { body, signal } = {}) {
+  const key = sessionKey();
+  if (key === null) return toLogin(); // logged in elsewhere, or storage cleared
+  const headers = { accept: "application/json", "x-console-key": key };
   if (body !== undefined) headers["content-type"] = "application/json";
-  if (csrf) headers["x-csrf-token"] = csrfToken();
   let response;
   try {
     response = await fetch(url, {
@@ -56,7 +69,10 @@ async function call(method, url, { body, signal, csrf = false } = {}) {
     if (isAbort(error)) throw error;
     throw new ApiError(0, "NetworkError", "cannot reach the daemon");
   }
-  if (response.status === 401) return toLogin();
+  if (response.status === 401) {
+    forgetSessionKey();
+    return toLogin();
+  }
   // 204 and the like have no body; an error page that is not JSON still gets a message.
   const text = await response.text();
   let data = null;
@@ -82,9 +98,9 @@ export function getJSON(url, signal) {
   return call("GET", url, { signal });
 }
 
-/** An action: always with the CSRF header. */
+/** An action (with the session's key, as every call). */
 export function send(method, url, body) {
-  return call(method, url, { body, csrf: true });
+  return call(method, url, { body });
 }
 
 /** Waits `ms`, or rejects with an AbortError as soon as `signal` aborts. */

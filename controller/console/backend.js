@@ -259,13 +259,19 @@ export function backendPage(main, signal, name) {
       missing();
       return;
     }
+    status = found;
+    if (view === null) build();
+    showStatus(status);
+    if (status.deleting) {
+      // Its revisions and history go with it, any moment now: asked for, they would answer
+      // 404 once it is gone (a failed load in the browser's console). The last ones stay.
+      disableActions(main);
+      return;
+    }
     const [revisions, history] = await Promise.all([
       optional(getJSON(paths.revisions(name), signal)),
       optional(getJSON(paths.history(name), signal)),
     ]);
-    status = found;
-    if (view === null) build();
-    showStatus(status);
     showRevisions(revisions);
     view.chart.replaceChildren(drawChart(history.value, {
       width: view.chart.clientWidth,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any, Protocol, final
 
 import attrs
@@ -355,6 +356,10 @@ def _upstream_request(request: h11.Request, peer: str, route: str, address: str)
         if key == b"x-forwarded-for":
             forwarded_for = value + b", " + forwarded_for
             continue
+        if key == b"cookie":
+            value = _without_console_session(value)
+            if not value:
+                continue
         headers.append((key, value))
     headers.insert(0, (b"host", host or address.encode()))  # HTTP/1.0 clients may send none
     if chunked:
@@ -366,6 +371,15 @@ def _upstream_request(request: h11.Request, peer: str, route: str, address: str)
 
 
 _FRAMING = frozenset({b"host", b"content-length", b"transfer-encoding"})
+#: The daemon's console session cookies (``controller_session_PORT``): a browser sends them to
+#: every port of the host, this one included, and they are nothing a replica should see.
+_CONSOLE_COOKIE = re.compile(rb"\s*controller_session(?:_[0-9]+)?=")
+
+
+def _without_console_session(cookies: bytes) -> bytes:
+    return b"; ".join(c.strip() for c in cookies.split(b";") if not _CONSOLE_COOKIE.match(c))
+
+
 #: Set by the ingress alone: a client's own are dropped.
 _OURS = frozenset({b"x-forwarded-proto", b"x-forwarded-prefix"})
 
