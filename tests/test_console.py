@@ -77,8 +77,9 @@ class Browser:
         sent = list(headers)
         if self.cookie is not None:
             sent.append((b"cookie", f"other=1; {self.cookie}".encode()))
-        if key is not None and (key != "mine" or self.key is not None):
-            sent.append((b"x-console-key", (self.key if key == "mine" else key or "").encode()))
+        sending = self.key if key == "mine" else key
+        if sending is not None:
+            sent.append((b"x-console-key", sending.encode()))
         status, answered, data = await call(
             self.app,
             method,
