@@ -14,16 +14,29 @@ from typing import final
 from urllib.parse import quote
 
 from ._console_auth import KEY_HEADER, SESSION_S, Session, Sessions, cookie_name
-from ._http import HTTPError, Receive, Scope, Send, dump, parse_json, path_of, read_body
+from ._http import (
+    HTTPError,
+    Receive,
+    Scope,
+    Send,
+    check_method,
+    dump,
+    parse_json,
+    path_of,
+    read_body,
+)
 
 logger = logging.getLogger("controller.api")
 
 Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
-_ASSET_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}\.(?:js|css|html|svg)")
+#: Served under /console/ as they are. Not the pages (.html): those are served at their own
+#: paths only, with the headers that forbid framing them (a page framed by another port of
+#: this host would have the session, since ports do not make sites).
+_ASSET_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}\.(?:js|css|svg)")
+_PAGE_NAME = re.compile(r"[a-z]+\.html")
 _CONTENT_TYPES = {
     "js": "text/javascript; charset=utf-8",
     "css": "text/css; charset=utf-8",
-    "html": "text/html; charset=utf-8",
     "svg": "image/svg+xml",
 }
 #: Nothing but the console's own files runs or loads: a backend's name or a log line that looks
@@ -49,7 +62,11 @@ def _load_assets() -> dict[str, bytes]:
     folder = importlib.resources.files("controller") / "console"
     if not folder.is_dir():
         return {}
-    return {f.name: f.read_bytes() for f in folder.iterdir() if _ASSET_NAME.fullmatch(f.name)}
+    return {
+        f.name: f.read_bytes()
+        for f in folder.iterdir()
+        if _ASSET_NAME.fullmatch(f.name) or _PAGE_NAME.fullmatch(f.name)
+    }
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -96,10 +113,14 @@ class Console:
         if raw is None:
             return None
         wanted = cookie_name(_port(scope))
+        # Every cookie of that name is tried: another port of this host may set one with a
+        # longer path, which the browser then sends first (to shadow the real one).
         for part in raw.decode("latin-1").split(";"):
             name, _, value = part.strip().partition("=")
             if name == wanted:
-                return self.sessions.check(value)
+                session = self.sessions.check(value)
+                if session is not None:
+                    return session
         return None
 
     def key_ok(self, scope: Scope, session: Session) -> bool:
@@ -131,20 +152,20 @@ class Console:
     async def _route(self, scope: Scope, receive: Receive) -> Answer:
         path, method = path_of(scope), scope["method"]
         if path.startswith("/console/") or path == "/favicon.ico":
-            _methods(method, ("GET", "HEAD"), path)
+            check_method(method, ("GET", "HEAD"), path)
             return self._asset("favicon.svg" if path == "/favicon.ico" else path[9:], scope)
         if path == "/login":
-            _methods(method, ("GET", "HEAD", "POST"), path)
+            check_method(method, ("GET", "HEAD", "POST"), path)
             if method == "POST":
                 return await self._log_in(scope, receive)
             return self._page("login.html")
         if path == "/login/link":
-            _methods(method, ("POST",), path)
+            check_method(method, ("POST",), path)
             return await self._log_in_by_link(scope, receive)
         if path == "/logout":
-            _methods(method, ("POST",), path)
+            check_method(method, ("POST",), path)
             return self._log_out(scope)
-        _methods(method, ("GET", "HEAD"), path)
+        check_method(method, ("GET", "HEAD"), path)
         if _PAGE.fullmatch(path) is None:
             raise HTTPError(404, "NotFound", f"no such page: {path}")
         if self.session_of(scope) is None:
@@ -225,13 +246,3 @@ class Console:
 def _port(scope: Scope) -> int | None:
     server = scope.get("server")
     return None if not server or server[1] is None else int(server[1])
-
-
-def _methods(method: str, allowed: tuple[str, ...], path: str) -> None:
-    if method not in allowed:
-        raise HTTPError(
-            405,
-            "MethodNotAllowed",
-            f"{method} is not allowed on {path}; allowed: {', '.join(allowed)}",
-            allow=allowed,
-        )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import time
 from collections.abc import Callable
@@ -34,6 +35,12 @@ MAX_LINKS = 100
 #: Logged-out sessions remembered until they would have expired anyway.
 MAX_REVOKED = 10_000
 KEY_HEADER = b"x-console-key"
+_EXPIRES = re.compile(r"[1-9][0-9]{0,11}")
+
+
+def _same(sent: str, expected: str) -> bool:
+    """In constant time, whatever was sent: compare_digest takes non-ASCII text only as bytes."""
+    return hmac.compare_digest(sent.encode("utf-8", "surrogateescape"), expected.encode())
 
 
 def cookie_name(port: int | None) -> str:
@@ -75,18 +82,18 @@ class Sessions:
     def check(self, cookie: str) -> Session | None:
         """The session a cookie value holds, if it is one of ours, unexpired, not logged out."""
         parts = cookie.split(".")
-        # Written one way only ("0123" is not 123): a session has one cookie value.
-        if len(parts) != 3 or not parts[0].isdigit() or len(parts[0]) > 12 or parts[0][0] == "0":
+        # ASCII digits, written one way only ("0123" is not 123): one session, one value.
+        if len(parts) != 3 or not _EXPIRES.fullmatch(parts[0]):
             return None
         expires, nonce, mac = int(parts[0]), parts[1], parts[2]
-        if not hmac.compare_digest(mac, self._sign("session", expires, nonce)):
+        if not _same(mac, self._sign("session", expires, nonce)):
             return None
         if expires <= self._clock() or nonce in self._revoked:
             return None
         return self._session(nonce, expires)
 
     def key_ok(self, session: Session, sent: str | None) -> bool:
-        return sent is not None and hmac.compare_digest(sent, session.key)
+        return sent is not None and _same(sent, session.key)
 
     def revoke(self, session: Session) -> None:
         """Logged out: this cookie is refused from now on (by this process: the cookie is also

@@ -294,6 +294,30 @@ async def test_forged_expired_and_logged_out_sessions_are_refused() -> None:
         assert status == 401
 
 
+async def test_a_tossed_cookie_does_not_shadow_the_session_and_odd_bytes_are_refused() -> None:
+    """Another port of this host may set a cookie of the same name with a longer path, which
+    the browser sends first; odd bytes in a cookie or a key are a 401, never a 500."""
+    async with console(a=config(num_replicas=1)) as browser:
+        await browser.log_in()
+        assert browser.cookie is not None
+        name, _, good = browser.cookie.partition("=")
+        browser.cookie = f"{name}=1.x.y; {name}={good}"
+        status, _, _ = await browser("GET", "/api/v1/backends")
+        assert status == 200
+        for odd in ["\u00b2.a.b", "\u0661\u0662.a.b", "01.a.b", f"{good[:-1]}\u00e9"]:
+            browser.cookie = f"{name}={odd}"
+            for method, path in [("GET", "/api/v1/backends"), ("GET", "/"), ("POST", "/logout")]:
+                status, _, _ = await browser(method, path)
+                assert status in (303, 401, 204), (odd, path, status)
+        browser.cookie = f"{name}={good}"
+        status, _, _ = await browser("GET", "/api/v1/backends", key="\u00e9" * 32)
+        assert status == 401
+        status, _ = await browser.change(
+            "POST", "/api/v1/backends/a/scale", {"replicas": 2}, key="\u00e9"
+        )
+        assert status == 403
+
+
 async def test_a_login_link_is_made_with_the_token_and_works_once_within_a_minute() -> None:
     async with console() as browser:
         status, _, answer = await browser("POST", "/api/v1/console/links", token=TOKEN)
@@ -366,6 +390,9 @@ async def test_the_console_files_are_served_with_their_types_and_nothing_else() 
             "/console/nope.js",
             "/console/",
             "/console/INDEX.HTML",
+            # The pages only at their own paths, with the headers that forbid framing them.
+            "/console/index.html",
+            "/console/login.html",
             "/backends/a/b/c/d",
         ]:
             status, _, _ = await browser("GET", path)
@@ -396,6 +423,7 @@ async def test_the_long_poll_answers_at_a_change_and_at_its_timeout(
             found: dict[str, Any] = json.loads(answer)
             return found
 
+        await settle()  # the deploy's last pass is over
         first = await changes("")
         cursor, epoch = first["cursor"], first["epoch"]
         assert first == {"epoch": "e", "cursor": browser.ctl.passes}
