@@ -43,6 +43,7 @@ from ._http import (
     Receive,
     Scope,
     Send,
+    check_method,
     dump,
     flag,
     int_param,
@@ -278,13 +279,7 @@ class Api:
             by_session = self._authenticate(scope)
         if allowed is None:
             raise HTTPError(404, "NotFound", f"no such endpoint: {path}")
-        if method not in allowed:
-            raise HTTPError(
-                405,
-                "MethodNotAllowed",
-                f"{method} is not allowed on {path}; allowed: {', '.join(allowed)}",
-                allow=allowed,
-            )
+        check_method(method, allowed, path)
         if method not in ("GET", "HEAD") and path != "/api/v1/console/links":
             # (A login link is this daemon's own: a standby's console shows the store.)
             self._check_leading(scope)

@@ -36,6 +36,17 @@ class HTTPError(Exception):
         super().__init__(message)
 
 
+def check_method(method: str, allowed: tuple[str, ...], path: str) -> None:
+    """405, with Allow, for a method `path` does not take."""
+    if method not in allowed:
+        raise HTTPError(
+            405,
+            "MethodNotAllowed",
+            f"{method} is not allowed on {path}; allowed: {', '.join(allowed)}",
+            allow=allowed,
+        )
+
+
 _INTEGER = re.compile(r"-?[0-9]{1,30}")
 #: The largest cursor, offset or count a query may carry (a signed 64-bit integer's).
 MAX_QUERY_INT = 2**63 - 1

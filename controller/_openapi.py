@@ -106,6 +106,19 @@ def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any
     return {"name": name, "in": "query", "schema": schema, "description": description}
 
 
+def _long_poll(since: str) -> list[dict[str, Any]]:
+    """The query of a long poll: a cursor (`since` says what none means), its epoch, a wait."""
+    return [
+        _query("since", COUNT, since),
+        _query("epoch", STRING, "The epoch of the last answer"),
+        _query(
+            "timeout_s",
+            {"type": "number", "minimum": 0, "maximum": 60},
+            "How long to wait for a change (30 if not given)",
+        ),
+    ]
+
+
 def _flag(name: str, description: str) -> dict[str, Any]:
     # Sent as the words true or false; anything else is a 400.
     return _query(name, BOOL, description)
@@ -357,15 +370,7 @@ OPENAPI: dict[str, Any] = {
                 "Long poll: the snapshots newer than `since`",
                 _json("200", "Snapshots, or none if timeout_s passed first", "Watch"),
                 "400",
-                parameters=[
-                    _query("since", COUNT, "The cursor of the last answer (0: everything)"),
-                    _query("epoch", STRING, "The epoch of the last answer"),
-                    _query(
-                        "timeout_s",
-                        {"type": "number", "minimum": 0, "maximum": 60},
-                        "How long to wait for a change (30 if not given)",
-                    ),
-                ],
+                parameters=_long_poll("The cursor of the last answer (0: everything)"),
             )
         },
         "/api/v1/changes": {
@@ -373,15 +378,7 @@ OPENAPI: dict[str, Any] = {
                 "Long poll: answers once anything a status shows may have changed",
                 _json("200", "The cursor now (the same one if timeout_s passed first)", "Changes"),
                 "400",
-                parameters=[
-                    _query("since", COUNT, "The cursor of the last answer (none: answer at once)"),
-                    _query("epoch", STRING, "The epoch of the last answer"),
-                    _query(
-                        "timeout_s",
-                        {"type": "number", "minimum": 0, "maximum": 60},
-                        "How long to wait for a change (30 if not given)",
-                    ),
-                ],
+                parameters=_long_poll("The cursor of the last answer (none: answer at once)"),
                 description="What the web console follows: after each answer with a new "
                 "cursor or epoch, it reads what it shows again. Any pass of a backend's loop "
                 "moves the cursor (a health check's too), so a reader should not read more "
