@@ -24,18 +24,12 @@ from ._api_bodies import (
     scale_request,
     undo_request,
 )
+from ._api_errors import domain_error
 from ._console import Console
 from ._controller import Controller
 from ._errors import (
-    ConfigError,
-    ControllerClosedError,
     ControllerError,
-    FencedError,
-    InfeasibleError,
     ManifestError,
-    RolloutError,
-    RouteConflictError,
-    StoreError,
     UnknownBackendError,
 )
 from ._http import (
@@ -69,8 +63,6 @@ logger = logging.getLogger("controller.api")
 
 MAX_WATCH_TIMEOUT_S = 60.0
 MAX_LOG_LINES = 10_000
-#: How soon a client may try again after the store failed (it is retried meanwhile).
-STORE_RETRY_AFTER_S = 5
 _BACKEND_PATH = re.compile(r"/api/v1/backends/([^/]+)")
 _LOGS_PATH = re.compile(r"/api/v1/backends/([^/]+)/logs")
 _REVISIONS_PATH = re.compile(r"/api/v1/backends/([^/]+)/revisions")
@@ -115,38 +107,6 @@ class LogSource(Protocol):
     def read_log(
         self, tag: str, *, offset: int | None = None, tail: int = 100
     ) -> LogChunk | None: ...
-
-
-def _domain_error(exc: ControllerError) -> HTTPError:
-    """The status code of each error the controller raises on purpose."""
-    if isinstance(exc, UnknownBackendError):
-        return HTTPError(404, "UnknownBackend", str(exc))
-    if isinstance(exc, ConfigError):
-        # Checked by the controller against what the backend is (a scale's count).
-        return HTTPError(422, "Invalid", str(exc), problems=[str(exc)])
-    if isinstance(exc, InfeasibleError):
-        return HTTPError(409, "Infeasible", f"{exc} Nothing was applied.")
-    if isinstance(exc, RouteConflictError):
-        return HTTPError(409, "RouteConflict", str(exc))
-    if isinstance(exc, RolloutError):
-        # No such revision is a missing thing (404); the rest (paused, deleting, no good
-        # revision, the code changed) are refusals of what the backend is now (409).
-        status = 404 if exc.reason == "UnknownRevision" else 409
-        return HTTPError(status, exc.reason, str(exc))
-    if isinstance(exc, FencedError):
-        # A leader that slept through its lease: another leads now, and this one stands by
-        # within a moment. The client tries again (here, it is then sent to the leader).
-        return HTTPError(503, "NoLeader", f"{exc}; nothing was changed, try again", retry_after=1)
-    if isinstance(exc, ControllerClosedError):
-        return HTTPError(503, "ShuttingDown", str(exc))
-    if isinstance(exc, StoreError):
-        return HTTPError(
-            503,
-            "StoreUnavailable",
-            f"{exc}; nothing was changed. Try again once the store can be written.",
-            retry_after=STORE_RETRY_AFTER_S,
-        )
-    return HTTPError(500, type(exc).__name__, str(exc))
 
 
 # -- the application --
@@ -202,7 +162,7 @@ class Api:
             try:
                 status, body, content_type = await self._route(scope, receive)
             except ControllerError as exc:
-                raise _domain_error(exc) from exc
+                raise domain_error(exc) from exc
         except HTTPError as exc:
             status, body, content_type = exc.status, dump(exc.body), "application/json"
             retry_after, allow, location = exc.retry_after, exc.allow, exc.location
@@ -613,7 +573,7 @@ async def apply_manifest(
             cause=cause,
         )
     except ControllerError as exc:
-        raise _domain_error(exc) from exc
+        raise domain_error(exc) from exc
     return {
         "applied": [
             {

@@ -20,7 +20,7 @@ from ._backend import Backend, Shared
 from ._capacity import Reservations
 from ._checkpoint import RevisionsRecord, dump, revisions_key, spec_key
 from ._code import CodeDigest, code_digest
-from ._config import BackendConfig, ReplicaConfig, check_backend_name, scaled
+from ._config import BackendConfig, ReplicaConfig, check_backend_name
 from ._errors import (
     ConfigError,
     ControllerClosedError,
@@ -38,6 +38,7 @@ from ._replica import Spec, delete_record
 from ._revisions import Cause, Revision, RevisionBook
 from ._routes import RouteClaims
 from ._runtime import Runtime
+from ._scale import scaled
 from ._state import BackendSnapshot, BackendStatus, ControllerStatus, LoadReport
 from ._steering import SpecChange, asked, deploy_change, restored
 from ._store import Store

@@ -107,6 +107,8 @@ async def record(serving: Serving, timelines: Timelines) -> None:
             await serving.wait_switched()
             continue
         cursor = ctl.passes
+        # The wall clock, not trio's: the points are shown as times of day, and a daemon's
+        # chart is not driven by a test's MockClock.
         timelines.sample(ctl.status().backends, time.time())
         await trio.sleep(SAMPLE_GAP_S)
         await serving.wait_changed(ctl, cursor)
