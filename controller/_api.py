@@ -25,6 +25,7 @@ from ._api_bodies import (
     undo_request,
 )
 from ._api_errors import domain_error
+from ._api_list import list_backends
 from ._console import Console
 from ._controller import Controller
 from ._errors import (
@@ -278,11 +279,11 @@ class Api:
             code = self._console.sessions.new_link_code()
             return ok({"code": code, "path": f"/login#code={code}"}, 201)
         if path == "/api/v1/backends" and method == "GET":
-            backends = [status_json(b) for b in self._ctl.status().backends]
+            listed = list_backends(self._ctl, query)
             leadership = self._serving.leadership_json()
-            if leadership is None:
-                return ok({"backends": backends})
-            return ok({"backends": backends, "leadership": leadership})
+            if leadership is not None:
+                listed["leadership"] = leadership
+            return ok(listed)
         match = _LOGS_PATH.fullmatch(path)
         if match is not None:
             return ok(await self._read_logs(match.group(1), query))

@@ -475,6 +475,10 @@ class Controller:
             return backend.status()
         return ControllerStatus(tuple(self._backends[n].status() for n in sorted(self._backends)))
 
+    def backend_names(self) -> list[str]:
+        """The names of every backend held (deleting ones too), sorted."""
+        return sorted(self._backends)
+
     async def wait_until(self, predicate: Callable[[Controller], bool]) -> None:
         """Wait until `predicate(controller)` holds, checked after every pass of any backend's
         loop (for tests: wait for a controller-side condition without polling)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._api_list import MAX_LIMIT
 from ._openapi_schemas import (
     BOOL,
     COUNT,
@@ -22,6 +23,7 @@ from ._openapi_schemas import (
     STRING,
     ref,
 )
+from ._state import BackendState
 
 _ERRORS = {
     "400": "The body or a query parameter is malformed (not JSON, empty, nested too deeply, or "
@@ -186,8 +188,27 @@ OPENAPI: dict[str, Any] = {
         },
         "/api/v1/backends": {
             "get": _op(
-                "Every backend's status, and who leads",
+                "Every backend's status (or a page of them), and who leads",
                 _json("200", "By name", "BackendList"),
+                "400",
+                parameters=[
+                    _query(
+                        "limit",
+                        {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT},
+                        "At most this many (then `next` says where the next page starts)",
+                    ),
+                    _query("after", STRING, "Only the backends named after this (a page's `next`)"),
+                    _query(
+                        "state",
+                        {"type": "array", "items": {"enum": [s.value for s in BackendState]}},
+                        "Only the backends in these states (repeated, or comma-separated)",
+                    ),
+                    _query(
+                        "view",
+                        {"enum": ["full", "summary"]},
+                        "summary: without each backend's replicas and events",
+                    ),
+                ],
                 description="From a standby: the backends as the leader last wrote them to "
                 "the store (replicas as its intent names them, unchecked).",
             )

@@ -291,8 +291,6 @@ SCHEMAS: dict[str, Any] = {
             "config": ref("Backend"),
             "counts": _COUNTS,
             "counts_by_version": {"type": "object", "additionalProperties": _COUNTS},
-            "replicas": {"type": "array", "items": ref("Replica")},
-            "events": {"type": "array", "items": ref("Event")},
             "load": ref("BackendLoad"),
             "autoscaler": {
                 "oneOf": [{"type": "null"}, ref("Autoscaler")],
@@ -302,7 +300,17 @@ SCHEMAS: dict[str, Any] = {
                 "oneOf": [{"type": "null"}, ref("Rollout")],
                 "description": "Its revisions' rollout: the target and the current revision",
             },
-        }
+        },
+        replicas={
+            "type": "array",
+            "items": ref("Replica"),
+            "description": "Left out of a listing with view=summary",
+        },
+        events={
+            "type": "array",
+            "items": ref("Event"),
+            "description": "Left out of a listing with view=summary",
+        },
     ),
     "Autoscaler": _obj(
         {
@@ -378,6 +386,10 @@ SCHEMAS: dict[str, Any] = {
     "BackendList": _obj(
         {"backends": {"type": "array", "items": ref("BackendStatus")}},
         leadership=ref("Leadership"),
+        next={
+            "type": ["string", "null"],
+            "description": "With limit: the `after` of the next page (null: this is the last)",
+        },
     ),
     "Leadership": _obj(
         {

@@ -34,14 +34,16 @@ def iso(wall_time: float | None) -> str | None:
 # -- JSON views --
 
 
-def status_json(status: BackendStatus) -> dict[str, Any]:
+def status_json(status: BackendStatus, *, summary: bool = False) -> dict[str, Any]:
+    """A backend's status; a `summary` leaves out its replicas and events (a listing of many
+    backends needs their counts, which stay)."""
     counts_by_version: dict[str, dict[str, int]] = {}
     for (version, state), n in status.counts_by_version.items():
         counts_by_version.setdefault(version, {})[state.value] = n
     version = status.version
     serving = [r for r in status.replicas if r.state in SERVING_STATES]
     now = time.time()
-    return {
+    out: dict[str, Any] = {
         "name": status.name,
         "state": status.state.value,
         "reason": status.reason,
@@ -59,7 +61,18 @@ def status_json(status: BackendStatus) -> dict[str, Any]:
         "config": BackendDecl(status.name, status.backend_config, status.replica_config).to_dict(),
         "counts": {state.value: n for state, n in status.counts.items()},
         "counts_by_version": counts_by_version,
-        "replicas": [
+        "load": {
+            "in_flight": status.load.in_flight,
+            "queued": status.load.queued,
+            "replicas": dict(status.load.replicas),
+            "sources": status.load.sources,
+            "self_reported": status.load.self_reported,
+        },
+        "autoscaler": _autoscaler_json(status.autoscaler, now),
+        "rollout": rollout_json(status.rollout),
+    }
+    if not summary:
+        out["replicas"] = [
             {
                 "tag": r.tag,
                 "state": r.state.value,
@@ -72,20 +85,11 @@ def status_json(status: BackendStatus) -> dict[str, Any]:
                 "age_s": None if r.created_at is None else round(max(0.0, now - r.created_at), 3),
             }
             for r in status.replicas
-        ],
-        "events": [
+        ]
+        out["events"] = [
             {"time": iso(e.wall_time), "kind": e.kind, "message": e.message} for e in status.events
-        ],
-        "load": {
-            "in_flight": status.load.in_flight,
-            "queued": status.load.queued,
-            "replicas": dict(status.load.replicas),
-            "sources": status.load.sources,
-            "self_reported": status.load.self_reported,
-        },
-        "autoscaler": _autoscaler_json(status.autoscaler, now),
-        "rollout": rollout_json(status.rollout),
-    }
+        ]
+    return out
 
 
 def rollout_json(rollout: RolloutStatus | None) -> dict[str, Any] | None:
