@@ -463,7 +463,7 @@ class Backend:
             replicas=count,
             halted=self._failures.halted,
         )
-        plan = decide(target, list(self.replicas.values()))
+        plan = decide(target, self.replicas.values(), self._set.census)
         self._observed_generation = spec.generation
         # A count held back until the runtime says whether there is room is not the goal: a
         # new autoscaled backend at 0 of its 1 is not done.
@@ -528,18 +528,11 @@ class Backend:
     def _not_ready(self) -> int:
         """Replicas of the target version asked for and not serving yet (the autoscaler counts
         them as fully loaded before it scales down)."""
-        version, starting = self.spec.version, ReplicaState.STARTING
-        recovering = ReplicaState.RECOVERING
-        return sum(
-            1
-            for r in self.replicas.values()
-            if r.version == version
-            and (r.state is starting or (r.state is recovering and not r.served))
-        )
+        return self._set.census.not_ready(self.spec.version)
 
     def _held(self) -> int:
-        stopping = ReplicaState.STOPPING
-        return sum(1 for r in self.replicas.values() if r.state is not stopping)
+        census = self._set.census
+        return census.total - census.count(ReplicaState.STOPPING)
 
     @property
     def desired(self) -> int:
@@ -585,7 +578,9 @@ class Backend:
             self._snapshot_dirty = False
             hub = self._shared.hub
             hub.publish(
-                view.snapshot_of(self.name, hub.next_id(), self.spec, self.replicas, self.forgotten)
+                view.snapshot_of(
+                    self.name, hub.next_id(), self.spec, self._set.serving, self.forgotten
+                )
             )
 
     async def _forget(self) -> bool:

@@ -21,6 +21,7 @@ from ._state import (
     ReplicaState,
     ReplicaStatus,
     RolloutStatus,
+    ServingReplica,
 )
 
 
@@ -96,25 +97,22 @@ def rollout_of(spec: Spec, revisions: RevisionBook) -> RolloutStatus:
 
 
 def snapshot_of(
-    name: str, snapshot_id: int, spec: Spec, replicas: Mapping[str, Replica], forgotten: bool
+    name: str,
+    snapshot_id: int,
+    spec: Spec,
+    serving: Mapping[str, ServingReplica],
+    forgotten: bool,
 ) -> BackendSnapshot:
-    """What watchers see: the replicas that serve. A replica has a view from its first RUNNING
-    on; of those, the ones stopping and the ones whose latest health check failed do not
-    serve."""
-    # Identity checks, not `in SERVING_STATES`: this runs over every replica.
-    stopping = ReplicaState.STOPPING
-    serving = tuple(
-        r.view
-        for r in replicas.values()
-        if r.view is not None and r.state is not stopping and r.healthy
-    )
+    """What watchers see: the replicas that serve (``ReplicaSet.serving``: a replica has a view
+    from its first RUNNING on; of those, the ones stopping and the ones whose latest health
+    check failed do not serve)."""
     deleted = spec.deleting and forgotten
     return BackendSnapshot(
         name,
         snapshot_id,
         None if deleted else spec.backend_config,
         None if deleted else spec.replica_config,
-        serving,
+        tuple(serving.values()),
         deleting=spec.deleting,
     )
 

@@ -7,11 +7,12 @@ A pure function: no I/O, no clock, no trio. The backend task applies events to i
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Protocol
 
 import attrs
 
+from ._census import Census
 from ._state import ReplicaState
 
 
@@ -113,10 +114,48 @@ def stop_order(replicas: Sequence[ReplicaView], version: str) -> list[ReplicaVie
     return sorted(replicas, key=key)
 
 
-def decide(target: Target, replicas: Sequence[ReplicaView]) -> Plan:
-    """The plan that moves `replicas` toward `target`."""
-    # Runs on every event, over every replica of the backend: single passes and identity
-    # checks on the states (an Enum's hash is Python code; `in frozenset` would call it).
+def decide(target: Target, replicas: Collection[ReplicaView], census: Census | None = None) -> Plan:
+    """The plan that moves `replicas` toward `target`. `census` counts them (``Census.of``
+    if not given): when the counts are enough to decide, no replica is looked at."""
+    settled = _settled(target, census if census is not None else Census.of(replicas))
+    if settled is not None:
+        return settled
+    return _walked(target, replicas)
+
+
+def _settled(target: Target, census: Census) -> Plan | None:
+    """The plan, from the counts alone, for a backend with one version and one config: it
+    starts what is missing, or nothing (what `_walked` gives there too). None when replicas
+    must be picked: some to stop (too many, an older version, a delete, a halt), or to
+    reconfigure."""
+    if target.deleting or target.halted:
+        return None
+    stopping, running = ReplicaState.STOPPING, ReplicaState.RUNNING
+    version, digest = target.version, target.config_digest
+    n_stopping = current = settled = 0
+    for (state, v, d, _), n in census.items():
+        if v != version:
+            return None  # an older version, here or on its way out: a rollout
+        if state is stopping:
+            n_stopping += n
+            continue
+        current += n
+        if state is running:
+            if d != digest:
+                return None  # to reconfigure
+            settled += n
+    if current > target.num_replicas:
+        return None  # too many: which to stop is picked by walking
+    can_start = not (target.starts_blocked or target.starts_deferred)
+    start = target.num_replicas - current if can_start else 0
+    converged = n_stopping == 0 and start == 0 and settled == current == target.num_replicas
+    return Plan(start=start, converged=converged)
+
+
+def _walked(target: Target, replicas: Collection[ReplicaView]) -> Plan:
+    """The plan, looking at every replica."""
+    # Single passes and identity checks on the states (an Enum's hash is Python code; `in
+    # frozenset` would call it).
     running, updating, stopping = ReplicaState.RUNNING, ReplicaState.UPDATING, ReplicaState.STOPPING
     recovering = ReplicaState.RECOVERING
     current: list[ReplicaView] = []

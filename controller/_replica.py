@@ -7,11 +7,12 @@ import math
 import random
 import time
 from collections.abc import Callable, Container, Iterable
-from typing import final
+from typing import Any, final
 
 import attrs
 import trio
 
+from ._census import Census, key_of
 from ._checkpoint import (
     AutoscaleRecord,
     FailureRecord,
@@ -226,21 +227,32 @@ def delete_record(name: str, old: Spec, *, force: bool) -> SpecRecord:
     )
 
 
+def _told(replica: Replica, attribute: attrs.Attribute[Any], value: Any) -> Any:
+    owner = replica.owner
+    if owner is not None:
+        owner.changing(replica, attribute.name, value)
+    return value
+
+
 @final
 @attrs.define(eq=False)
 class Replica:
-    """One replica as the loop tracks it. Slotted and small: a controller may hold 10,000s."""
+    """One replica as the loop tracks it. Slotted and small: a controller may hold 10,000s.
+
+    What its set counts of it (state, version, config digest, served) and whether it serves
+    (its view, its state, its health) are told to the set as they change (`_told`), so the set
+    keeps its census and the watch's serving replicas without walking them."""
 
     tag: str
-    version: str
-    config_digest: str
+    version: str = attrs.field(on_setattr=_told)
+    config_digest: str = attrs.field(on_setattr=_told)
     """Digest of the user config it holds (``UNKNOWN_CONFIG`` after a failed reconfigure)."""
-    state: ReplicaState
-    seq: int
+    state: ReplicaState = attrs.field(on_setattr=_told)
+    seq: int = attrs.field()
     """Start order within the backend: larger started later."""
     adopted: bool = False
     """Found alive at recovery rather than started by this controller."""
-    served: bool = False
+    served: bool = attrs.field(default=False, on_setattr=_told)
     """It has been ready at some point (kept in the checkpoint, so that after a restart a
     replica being adopted that had served counts as serving)."""
     address: str | None = None
@@ -259,11 +271,11 @@ class Replica:
     """When its stop began, by the wall clock (stored, so that a controller that takes over
     grants the drain only what is left of its deadline)."""
     """Once stopping: cancelled to cut its drain short (a forced delete that comes meanwhile)."""
-    view: ServingReplica | None = None
+    view: ServingReplica | None = attrs.field(default=None, on_setattr=_told)
     """Its entry in watch snapshots, made once when it starts serving."""
     record_json: str | None = None
     """Its entry in the checkpoint, cached; reset whenever what is stored of it changes."""
-    healthy: bool = True
+    healthy: bool = attrs.field(default=True, on_setattr=_told)
     """False while its latest health check failed (it is out of the watch snapshot then)."""
     check_failures: int = 0
     """Consecutive failed (or late) health checks."""
@@ -275,6 +287,8 @@ class Replica:
     """The revision it was started with, or last reconfigured to."""
     ready_at: float = -math.inf
     """When it last became ready (trio time): a rollout's ``min_ready_s`` counts from it."""
+    owner: ReplicaSet | None = attrs.field(default=None, repr=False)
+    """The set it is in, told of its changes (None once removed)."""
 
 
 #: The config digest of a replica whose reconfigure failed: what it holds is not known.
@@ -333,6 +347,9 @@ class ReplicaSet:
     def __init__(self, name: str, changed: Callable[[], None]):
         self.name = name
         self.by_tag: dict[str, Replica] = {}
+        self.census = Census()
+        self.serving: dict[str, ServingReplica] = {}
+        """The replicas watchers are told of (listed, not stopping, healthy), by tag."""
         self._changed = changed
         self._seq = 0
         self.failed: FailureRecord | None = None
@@ -359,12 +376,36 @@ class ReplicaSet:
             # can already cancel it.
             replica.scope = trio.CancelScope()
         self.by_tag[tag] = replica
+        self.census.add(key_of(replica))
+        replica.owner = self
         self._changed()
         return replica
 
     def remove(self, tag: str) -> None:
-        del self.by_tag[tag]
+        replica = self.by_tag.pop(tag)
+        replica.owner = None
+        self.census.remove(key_of(replica))
+        self.serving.pop(tag, None)
         self._changed()
+
+    def changing(self, replica: Replica, field: str, value: Any) -> None:
+        """`replica`'s `field` becomes `value` (it has not yet): counted and listed anew."""
+        state = value if field == "state" else replica.state
+        self.census.move(
+            key_of(replica),
+            (
+                state,
+                value if field == "version" else replica.version,
+                value if field == "config_digest" else replica.config_digest,
+                value if field == "served" else replica.served,
+            ),
+        )
+        view = value if field == "view" else replica.view
+        healthy = value if field == "healthy" else replica.healthy
+        if view is not None and healthy and state is not ReplicaState.STOPPING:
+            self.serving[replica.tag] = view  # a replica listed already keeps its place
+        else:
+            self.serving.pop(replica.tag, None)
 
     def set_config(self, replica: Replica, config_digest: str, revision: int | None = None) -> None:
         """`replica` holds `config_digest` now (and runs `revision`, if given)."""

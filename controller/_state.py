@@ -121,7 +121,7 @@ class BackendSnapshot:
     replica_config: ReplicaConfig | None
     """How its replicas are built; None once it is deleted."""
     replicas: tuple[ServingReplica, ...]
-    """The replicas that serve now, by tag."""
+    """The replicas that serve now, in no particular order (each once, by its tag)."""
     deleting: bool = False
     """Its delete was asked for: its replicas are draining. It keeps no route: a backend
     deployed meanwhile may take it."""

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import controller
+from controller._census import Census
 from controller.testing import FakeRuntime, FakeState
 
 from .conftest import DEADLOCK_LIMIT_S, EXACT, FIGURES, RC
@@ -70,6 +71,16 @@ def check_agreement(ctl: controller.Controller, rt: FakeRuntime) -> None:
     serving = {r.tag for b in ctl.status().backends for r in ctl.snapshot(b.name).replicas}
     dead = {tag for tag in serving if rt.replicas[tag].state is FakeState.DEAD}
     assert not dead, f"the watch routes to dead replicas: {dead}"
+    # What each backend keeps counted as its replicas change is what counting them gives.
+    for backend in ctl._backends.values():
+        kept = backend._set
+        assert dict(kept.census.items()) == dict(Census.of(kept.by_tag.values()).items())
+        listed = [
+            r.tag
+            for r in kept.by_tag.values()
+            if r.view is not None and r.healthy and r.state is not controller.ReplicaState.STOPPING
+        ]
+        assert sorted(kept.serving) == sorted(listed)
 
 
 async def quiet(ctl: controller.Controller, rt: FakeRuntime, latest: dict[str, object]) -> None:

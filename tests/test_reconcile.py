@@ -6,7 +6,8 @@ import attrs
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller._reconcile import Plan, Target, decide, resolve_limits, stop_order
+from controller._census import Census
+from controller._reconcile import Plan, Target, _walked, decide, resolve_limits, stop_order
 from controller._state import ReplicaState
 
 S = ReplicaState
@@ -222,3 +223,31 @@ def test_rolling_update_guarantees(
     # Reconfigures: target-version RUNNING replicas only, at most max(1, unavailable) at a time.
     updating = sum(1 for r in live if r.version == "v1" and r.state is S.UPDATING)
     assert len(plan.reconfigure) <= max(0, max(1, unavailable) - updating)
+
+
+@given(
+    n=st.integers(0, 6),
+    replicas=st.lists(
+        st.tuples(
+            states,
+            st.sampled_from(["v0", "v1"]),
+            st.sampled_from(["d0", "d1"]),
+            st.booleans(),
+            st.booleans(),
+        ),
+        max_size=10,
+    ),
+    flags=st.sets(st.sampled_from(["starts_blocked", "starts_deferred", "halted", "deleting"])),
+)
+def test_deciding_from_the_counts_is_deciding_from_the_replicas(
+    n: int, replicas: list[tuple[ReplicaState, str, str, bool, bool]], flags: set[str]
+) -> None:
+    """The counts decide alone where they can (a settled backend's events: no replica is
+    looked at); wherever they do, the plan is the one walking every replica gives."""
+    views = [
+        R(f"r{i}", s, v, d, seq=i, healthy=h, served=sv)
+        for i, (s, v, d, h, sv) in enumerate(replicas)
+    ]
+    chosen = target(n, **{flag: True for flag in flags})
+    assert decide(chosen, views) == _walked(chosen, views)
+    assert decide(chosen, views, Census.of(views)) == _walked(chosen, views)
