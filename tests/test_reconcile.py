@@ -248,6 +248,6 @@ def test_deciding_from_the_counts_is_deciding_from_the_replicas(
         R(f"r{i}", s, v, d, seq=i, healthy=h, served=sv)
         for i, (s, v, d, h, sv) in enumerate(replicas)
     ]
-    chosen = target(n, **{flag: True for flag in flags})
+    chosen = target(n, **dict.fromkeys(flags, True))
     assert decide(chosen, views) == _walked(chosen, views)
     assert decide(chosen, views, Census.of(views)) == _walked(chosen, views)
