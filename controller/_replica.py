@@ -6,7 +6,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Container
 from typing import Any, final
 
 import attrs
@@ -273,7 +273,7 @@ class Replica:
     """Once stopping: cancelled to cut its drain short (a forced delete that comes meanwhile)."""
     view: ServingReplica | None = attrs.field(default=None, on_setattr=_told)
     """Its entry in watch snapshots, made once when it starts serving."""
-    record_json: str | None = None
+    record_json: str | None = attrs.field(default=None, on_setattr=_told)
     """Its entry in the checkpoint, cached; reset whenever what is stored of it changes."""
     healthy: bool = attrs.field(default=True, on_setattr=_told)
     """False while its latest health check failed (it is out of the watch snapshot then)."""
@@ -307,36 +307,27 @@ def new_tag(name: str, taken: Container[str]) -> str:
             return tag
 
 
-def record_text(
-    name: str,
-    replicas: Iterable[Replica],
-    failed: FailureRecord | None = None,
-    autoscale: AutoscaleRecord | None = None,
-    rollout: RolloutRecord | None = None,
-) -> str:
-    """The checkpoint of backend `name`'s replicas, from each one's cached entry (made anew only
-    for those whose stored part changed: a record of 1,000 replicas does not re-encode 999)."""
-    entries = []
-    for r in replicas:
-        if r.record_json is None:
-            created_ms = None if r.created_at is None else round(r.created_at * 1000)
-            stopping = r.state is ReplicaState.STOPPING
-            address = r.address if r.served else None
-            r.record_json = dump_replica(
-                ReplicaRecord(
-                    r.tag,
-                    r.version,
-                    r.config_digest,
-                    stopping,
-                    created_ms,
-                    r.served,
-                    address,
-                    r.revision,
-                    None if r.stopping_since is None else round(r.stopping_since * 1000),
-                )
+def entry_of(r: Replica) -> str:
+    """`r`'s entry in its backend's checkpoint: cached, made anew only once what is stored of
+    it changed (its `record_json` was reset)."""
+    if r.record_json is None:
+        created_ms = None if r.created_at is None else round(r.created_at * 1000)
+        stopping = r.state is ReplicaState.STOPPING
+        address = r.address if r.served else None
+        r.record_json = dump_replica(
+            ReplicaRecord(
+                r.tag,
+                r.version,
+                r.config_digest,
+                stopping,
+                created_ms,
+                r.served,
+                address,
+                r.revision,
+                None if r.stopping_since is None else round(r.stopping_since * 1000),
             )
-        entries.append(r.record_json)
-    return join_replicas(name, entries, failed, autoscale, rollout)
+        )
+    return r.record_json
 
 
 @final
@@ -350,6 +341,10 @@ class ReplicaSet:
         self.census = Census()
         self.serving: dict[str, ServingReplica] = {}
         """The replicas watchers are told of (listed, not stopping, healthy), by tag."""
+        # Each replica's checkpoint entry, in the order of `by_tag`, and the tags whose entry
+        # must be made anew: a checkpoint re-encodes only what changed, and joins the rest.
+        self._entries: dict[str, str] = {}
+        self._stale: set[str] = set()
         self._changed = changed
         self._seq = 0
         self.failed: FailureRecord | None = None
@@ -377,6 +372,8 @@ class ReplicaSet:
             replica.scope = trio.CancelScope()
         self.by_tag[tag] = replica
         self.census.add(key_of(replica))
+        self._entries[tag] = ""
+        self._stale.add(tag)
         replica.owner = self
         self._changed()
         return replica
@@ -386,10 +383,16 @@ class ReplicaSet:
         replica.owner = None
         self.census.remove(key_of(replica))
         self.serving.pop(tag, None)
+        del self._entries[tag]
+        self._stale.discard(tag)
         self._changed()
 
     def changing(self, replica: Replica, field: str, value: Any) -> None:
         """`replica`'s `field` becomes `value` (it has not yet): counted and listed anew."""
+        if field == "record_json":
+            if value is None:
+                self._stale.add(replica.tag)
+            return
         state = value if field == "state" else replica.state
         self.census.move(
             key_of(replica),
@@ -484,6 +487,10 @@ class ReplicaSet:
             self._changed()
 
     def record_text(self) -> str:
-        return record_text(
-            self.name, self.by_tag.values(), self.failed, self.autoscale(), self.rollout()
-        )
+        """The checkpoint of the replicas: the entries that changed made anew, the rest
+        joined as they are."""
+        for tag in self._stale:
+            self._entries[tag] = entry_of(self.by_tag[tag])
+        self._stale.clear()
+        entries = list(self._entries.values())
+        return join_replicas(self.name, entries, self.failed, self.autoscale(), self.rollout())
