@@ -55,9 +55,11 @@ def place(
     """
     free = [{key: _units(amount) for key, amount in node.items()} for node in nodes]
     # Larger replicas first: first fit decreasing packs what is already there most tightly.
-    for demand in sorted(held, key=lambda d: sum(d.resources.values()), reverse=True):
-        need = {key: _units(amount) for key, amount in need_of(demand.resources).items()}
-        left = _fill(free, need, demand.count)
+    for resources, count in _runs(
+        sorted(held, key=lambda d: sum(d.resources.values()), reverse=True)
+    ):
+        need = {key: _units(amount) for key, amount in need_of(resources).items()}
+        left = _fill(free, need, count)
         if left:
             for key, amount in need.items():
                 node = max(free, key=lambda n: n.get(key, 0))
@@ -68,6 +70,19 @@ def place(
         need = {key: _units(amount) for key, amount in need_of(demand.resources).items()}
         placed[demand.name] = demand.count - _fill(free, need, demand.count)
     return placed
+
+
+def _runs(demands: Sequence[Demand]) -> list[tuple[Mapping[str, float], int]]:
+    """Consecutive demands of the same resources as one: first fit places `a` then `b` of one
+    kind exactly as it places `a + b` (the nodes the first filled have no room for the second),
+    so a thousand backends of the same shape cost one fill, not a thousand."""
+    runs: list[tuple[Mapping[str, float], int]] = []
+    for demand in demands:
+        if runs and runs[-1][0] == demand.resources:
+            runs[-1] = (runs[-1][0], runs[-1][1] + demand.count)
+        else:
+            runs.append((demand.resources, demand.count))
+    return runs
 
 
 def _fill(free: list[dict[str, int]], need: Mapping[str, int], count: int) -> int:
