@@ -75,7 +75,8 @@ def place(
 def _runs(demands: Sequence[Demand]) -> list[tuple[Mapping[str, float], int]]:
     """Consecutive demands of the same resources as one: first fit places `a` then `b` of one
     kind exactly as it places `a + b` (the nodes the first filled have no room for the second),
-    so a thousand backends of the same shape cost one fill, not a thousand."""
+    so a thousand backends of the same shape cost one fill, not a thousand. (What does not fit
+    at all is then counted against one node, the one with the most, rather than possibly two.)"""
     runs: list[tuple[Mapping[str, float], int]] = []
     for demand in demands:
         if runs and runs[-1][0] == demand.resources:
