@@ -1,7 +1,7 @@
-"""The Ray Serve application of the race's declarative variant: the trivial class, as a
+"""The Ray Serve application of the race's declarative variant: the race's class, as a
 deployment. Kept apart from noop_replica.py so that the other contenders never import Serve."""
 
-from noop_replica import Noop
+from noop_replica import DrainingNoop
 from ray import serve
 
-app = serve.deployment(name="Noop")(Noop).bind()
+app = serve.deployment(name="Noop")(DrainingNoop).bind()
