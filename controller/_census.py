@@ -22,6 +22,8 @@ Key = tuple[ReplicaState, str, str, bool]
 
 
 class Counted(Protocol):
+    """What the census reads of a replica."""
+
     @property
     def state(self) -> ReplicaState: ...
     @property
@@ -29,7 +31,10 @@ class Counted(Protocol):
     @property
     def config_digest(self) -> str: ...
     @property
-    def served(self) -> bool: ...
+    def served(self) -> bool:
+        """It has been ready (RUNNING) at some point: a replica being adopted after a restart
+        that had, may be serving routers still."""
+        ...
 
 
 def key_of(replica: Counted) -> Key:

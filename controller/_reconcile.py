@@ -12,30 +12,19 @@ from typing import Protocol
 
 import attrs
 
-from ._census import Census
+from ._census import Census, Counted
 from ._state import ReplicaState
 
 
-class ReplicaView(Protocol):
-    """What the decision reads of one replica."""
+class ReplicaView(Counted, Protocol):
+    """What the decision reads of one replica: what the census counts (state, version, config
+    digest, served), and what picking some of them needs."""
 
     @property
     def tag(self) -> str: ...
     @property
-    def state(self) -> ReplicaState: ...
-    @property
-    def version(self) -> str: ...
-    @property
-    def config_digest(self) -> str: ...
-    @property
     def healthy(self) -> bool:
         """False while its latest health check failed."""
-        ...
-
-    @property
-    def served(self) -> bool:
-        """It has been ready (RUNNING) at some point: a replica being adopted after a restart
-        that had, may be serving routers still."""
         ...
 
     @property
