@@ -1,6 +1,6 @@
 """Schemathesis against a real daemon (real workers, the example backends): requests generated
 from ``/openapi.json``, valid and invalid, one by one and chained (stateful), with every check
-on (schemathesis's default; tests/contract/schemathesis.toml turns one off for two reads, and
+on (schemathesis's default; tests/contract/schemathesis.toml turns one off for some reads, and
 says why). It must find nothing. Bounded to a few seconds; ``CONTRACT_EXAMPLES`` raises the
 count for a longer run."""
 
