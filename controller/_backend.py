@@ -45,7 +45,14 @@ from ._revisions import RevisionBook
 from ._rollout import Rollout
 from ._runtime import ReplicaInfo, Runtime
 from ._scaling import Scaling
-from ._state import BackendReason, BackendState, BackendStatus, LoadReport, ReplicaState
+from ._state import (
+    BackendNumbers,
+    BackendReason,
+    BackendState,
+    BackendStatus,
+    LoadReport,
+    ReplicaState,
+)
 from ._store import Store
 from ._watch import SnapshotHub
 
@@ -601,6 +608,14 @@ class Backend:
             return True
 
     # -- views --
+
+    def numbers(self) -> BackendNumbers:
+        """Its counts, from the census and the load book: no replica is walked."""
+        census = self._set.census
+        load = self._scaling.load(trio.current_time())
+        desired = 0 if self.spec.deleting else self.desired
+        ready = census.count(ReplicaState.RUNNING) + census.count(ReplicaState.UPDATING)
+        return BackendNumbers(self.name, desired, ready, load.in_flight, load.queued)
 
     def status(self) -> BackendStatus:
         return view.status_of(

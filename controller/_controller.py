@@ -39,7 +39,13 @@ from ._revisions import Cause, Revision, RevisionBook
 from ._routes import RouteClaims
 from ._runtime import Runtime
 from ._scale import scaled
-from ._state import BackendSnapshot, BackendStatus, ControllerStatus, LoadReport
+from ._state import (
+    BackendNumbers,
+    BackendSnapshot,
+    BackendStatus,
+    ControllerStatus,
+    LoadReport,
+)
 from ._steering import SpecChange, asked, deploy_change, restored
 from ._store import Store
 from ._watch import SnapshotHub, SnapshotStream
@@ -474,6 +480,10 @@ class Controller:
                 raise UnknownBackendError(name)
             return backend.status()
         return ControllerStatus(tuple(self._backends[n].status() for n in sorted(self._backends)))
+
+    def numbers(self) -> list[BackendNumbers]:
+        """Every backend's counts (desired, ready, load), without building their statuses."""
+        return [backend.numbers() for backend in self._backends.values()]
 
     def backend_names(self) -> list[str]:
         """The names of every backend held (deleting ones too), sorted."""

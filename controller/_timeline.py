@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, final
 import attrs
 import trio
 
-from ._state import SERVING_STATES, BackendStatus
+from ._state import BackendNumbers
 from ._views import iso
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 WINDOW_S = 3600.0
 RESOLUTION_S = 5.0
 #: The least time between two samples of every backend: a controller passes many times a second
-#: (every health check is a pass), and a sample reads every backend's status.
+#: (every health check is a pass), and a sample reads every backend's counts.
 SAMPLE_GAP_S = 2.0
 
 
@@ -51,16 +51,12 @@ class Timelines:
     def __init__(self) -> None:
         self._points: dict[str, collections.deque[Point]] = {}
 
-    def sample(self, statuses: Iterable[BackendStatus], now: float) -> None:
+    def sample(self, numbers: Iterable[BackendNumbers], now: float) -> None:
         """Take every backend's numbers at wall time `now`; forget backends no longer there."""
         seen: set[str] = set()
-        for status in statuses:
-            seen.add(status.name)
-            ready = sum(1 for r in status.replicas if r.state in SERVING_STATES)
-            point = Point(
-                now, status.desired_replicas, ready, status.load.in_flight, status.load.queued
-            )
-            self._add(status.name, point)
+        for n in numbers:
+            seen.add(n.name)
+            self._add(n.name, Point(now, n.desired, n.ready, n.in_flight, n.queued))
         for gone in self._points.keys() - seen:
             del self._points[gone]
 
@@ -109,6 +105,6 @@ async def record(serving: Serving, timelines: Timelines) -> None:
         cursor = ctl.passes
         # The wall clock, not trio's: the points are shown as times of day, and a daemon's
         # chart is not driven by a test's MockClock.
-        timelines.sample(ctl.status().backends, time.time())
+        timelines.sample(ctl.numbers(), time.time())
         await trio.sleep(SAMPLE_GAP_S)
         await serving.wait_changed(ctl, cursor)

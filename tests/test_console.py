@@ -20,6 +20,7 @@ from controller._api import Api
 from controller._console import Console
 from controller._console_auth import LINK_S, SESSION_S, Sessions
 from controller._openapi import OPENAPI
+from controller._state import BackendNumbers
 from controller._timeline import RESOLUTION_S, WINDOW_S, Timelines
 from controller.testing import FakeRuntime
 
@@ -460,8 +461,8 @@ async def test_the_long_poll_answers_at_a_change_and_at_its_timeout(
 def test_the_history_keeps_a_point_per_change_at_most_one_per_resolution_for_an_hour() -> None:
     timelines = Timelines()
 
-    def status(name: str, desired: int) -> Any:
-        return _Status(name, desired)  # what `sample` reads of a BackendStatus
+    def status(name: str, desired: int) -> BackendNumbers:
+        return BackendNumbers(name, desired, 0, 0, 0)
 
     t = 1_800_000_000.0
     timelines.sample([status("a", 1), status("b", 2)], t)
@@ -483,21 +484,6 @@ def test_the_history_keeps_a_point_per_change_at_most_one_per_resolution_for_an_
     assert timelines.json("a")["points"] == []
     assert len(timelines.json("b")["points"]) == 1
     assert timelines.json("a")["window_s"] == WINDOW_S
-
-
-class _Status:
-    """What `Timelines.sample` reads of a status."""
-
-    def __init__(self, name: str, desired: int):
-        self.name = name
-        self.desired_replicas = desired
-        self.replicas: list[Any] = []
-        self.load = _Load()
-
-
-class _Load:
-    in_flight = 0
-    queued = 0
 
 
 async def test_the_history_endpoint_names_the_backend() -> None:

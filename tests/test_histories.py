@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 import controller
 from controller._census import Census
+from controller._state import SERVING_STATES
 from controller.testing import FakeRuntime, FakeState
 
 from .conftest import DEADLOCK_LIMIT_S, EXACT, FIGURES, RC
@@ -71,6 +72,12 @@ def check_agreement(ctl: controller.Controller, rt: FakeRuntime) -> None:
     serving = {r.tag for b in ctl.status().backends for r in ctl.snapshot(b.name).replicas}
     dead = {tag for tag in serving if rt.replicas[tag].state is FakeState.DEAD}
     assert not dead, f"the watch routes to dead replicas: {dead}"
+    # The chart's cheap counts are what the full status says.
+    counted = {n.name: (n.desired, n.ready) for n in ctl.numbers()}
+    assert counted == {
+        b.name: (b.desired_replicas, sum(1 for r in b.replicas if r.state in SERVING_STATES))
+        for b in ctl.status().backends
+    }
     # What each backend keeps counted as its replicas change is what counting them gives.
     for backend in ctl._backends.values():
         kept = backend._set
