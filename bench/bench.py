@@ -160,21 +160,27 @@ class SeedPoller:
             await asyncio.sleep(0.1)
 
 
+def seed_poller(replicas: int, *, at_rest: bool) -> SeedPoller:
+    """`at_rest`: `replicas` running over 100 backends, nothing pending; else `replicas` start
+    futures pending at once (the seed during a mass start). Call from the running loop."""
+    if at_rest:
+        return SeedPoller({f"b{i:03d}": replicas // 100 for i in range(100)})
+    poller = SeedPoller()
+    loop = asyncio.get_running_loop()
+    for i in range(replicas):
+        poller.starting[loop.create_future()] = f"r{i}"
+    return poller
+
+
 async def poller_latency(replicas: int, samples: int, *, at_rest: bool) -> dict[str, float]:
     """`at_rest`: `replicas` running over 100 backends and one start pending at a time (the seed
     replacing one replica); else `replicas` starts pending at once (the seed during a mass
     start)."""
-    loop = asyncio.get_running_loop()
-    if at_rest:
-        poller = SeedPoller({f"b{i:03d}": replicas // 100 for i in range(100)})
-    else:
-        poller = SeedPoller()
-        for i in range(replicas):
-            poller.starting[loop.create_future()] = f"r{i}"
+    poller = seed_poller(replicas, at_rest=at_rest)
     task = asyncio.ensure_future(poller.loop())
     out: list[float] = []
     for _ in range(samples):
-        fut: asyncio.Future[None] = loop.create_future()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         poller.starting[fut] = "again"
         await asyncio.sleep(random.uniform(0, 0.1))  # arrive at a random point of the period
         if not at_rest:
@@ -337,13 +343,7 @@ async def poller_idle(replicas: int, seconds: float, *, at_rest: bool) -> float:
     """`at_rest`: the seed holding `replicas` running over 100 backends, nothing starting or
     stopping (its tick: the goal check of 100 backends, no wait). Else the seed during a mass
     start: `replicas` start futures pending, every one waited on each tick."""
-    loop = asyncio.get_running_loop()
-    if at_rest:
-        poller = SeedPoller({f"b{i:03d}": replicas // 100 for i in range(100)})
-    else:
-        poller = SeedPoller()
-        for i in range(replicas):
-            poller.starting[loop.create_future()] = f"r{i}"
+    poller = seed_poller(replicas, at_rest=at_rest)
     task = asyncio.ensure_future(poller.loop())
     await asyncio.sleep(0.2)
     c0, t0 = time.process_time(), time.perf_counter()
