@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import trio
 
 from controller._api import Api
+
+# What RFC 3986 lets a path carry unencoded ("/" and its pchar set), and "%": a test's path may
+# hold an escape it means to send as written.
+_PCHAR = "/!$&'()*+,;=:@-._~%"
 
 
 async def call(
@@ -22,7 +27,8 @@ async def call(
     raw_path: bytes | None = None,
 ) -> tuple[int, dict[str, str], bytes]:
     """One request; its (status, headers, body). `path` is as the server decodes it, `raw_path`
-    as it was sent (the same, encoded, if not given)."""
+    as it was sent (if not given, `path` encoded as a client would: a "?" in it is part of the
+    path, never the start of a query)."""
     incoming = [{"type": "http.request", "body": body, "more_body": False}]
     sent: list[dict[str, Any]] = []
 
@@ -43,7 +49,7 @@ async def call(
         "type": "http",
         "method": method,
         "path": path,
-        "raw_path": raw_path if raw_path is not None else path.encode(),
+        "raw_path": raw_path if raw_path is not None else quote(path, safe=_PCHAR).encode(),
         "query_string": query,
         "headers": sent_headers,
     }

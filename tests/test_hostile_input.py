@@ -16,7 +16,7 @@ import attrs
 import pytest
 import trio
 import trio.testing
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 import controller
@@ -193,6 +193,8 @@ def state_of(ctl: controller.Controller, store: controller.MemoryStore) -> tuple
 
 @settings(max_examples=300 * SCALE, deadline=None)
 @given(st.lists(requests, min_size=1, max_size=4))
+# A "?" inside a path (sent as %3F) is not the start of a query: found in CI.
+@example([("GET", "/?", b"", TOKEN, b"")])
 def test_the_api_never_fails_and_rejections_change_nothing(batch: list[tuple[Any, ...]]) -> None:
     async def main() -> None:
         store = controller.MemoryStore()
