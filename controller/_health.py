@@ -112,6 +112,7 @@ class HealthChecks:
         if period <= 0:
             self.schedule.clear()  # turned off by a redeploy: drop what the old spec scheduled
             return
+        wave: list[str] = []
         for replica in self.schedule.due(now, replicas):
             # The next check is due one period on, whatever this one does: a check still in
             # flight then is late, and counts as failed.
@@ -121,7 +122,9 @@ class HealthChecks:
                 self._fail(replica, late)
             else:
                 replica.checking = True
-                self._launcher.check(replica.tag, config.health_check_timeout_s)
+                wave.append(replica.tag)
+        if wave:
+            self._launcher.checks(wave, config.health_check_timeout_s)
 
     def reported(self, replica: Replica, error: str | None) -> None:
         """A check of `replica` returned (failed if `error`)."""

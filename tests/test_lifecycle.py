@@ -339,6 +339,37 @@ async def test_no_health_check_before_ready_and_never_two_at_once(
         assert status.state is BackendState.UNHEALTHY
 
 
+async def test_checks_due_together_answer_each_on_its_own(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Replicas that started together are checked in one wave, which shares a deadline: a hung
+    # check must not hold back the verdict on the others.
+    rt = FakeRuntime(auto_ready=True)
+    cfg = config(num_replicas=3, health_check_period_s=10, health_check_timeout_s=5)
+    async with opened(rt) as ctl:
+        t0 = trio.current_time()
+        await (await ctl.deploy("a", cfg, RC)).wait()
+        hung, sick, well = rt.tags()
+        rt.replicas[hung].health_hangs = True
+        rt.replicas[sick].health_error = ("RuntimeError", "disk full")
+
+        def serving() -> set[str]:
+            return {r.tag for r in ctl.snapshot("a").replicas}
+
+        await trio.sleep_until(t0 + 10)
+        await settle()
+        assert all(rt.replicas[t].health_checks == [t0 + 10] for t in (hung, sick, well))
+        assert serving() == {hung, well}  # the failure is acted on at once
+        await trio.sleep_until(t0 + 14.9)
+        await settle()
+        assert serving() == {hung, well}
+        await trio.sleep_until(t0 + 15)
+        await settle()
+        assert serving() == {well}  # the hung one at its own timeout
+        status = {r.tag: r.healthy for r in ctl.status("a").replicas}
+        assert status == {hung: False, sick: False, well: True}
+
+
 async def test_health_checks_can_be_turned_off(autojump_clock: trio.testing.MockClock) -> None:
     rt = FakeRuntime(auto_ready=True)
     async with opened(rt) as ctl:
