@@ -34,7 +34,7 @@ def list_backends(ctl: Controller, query: dict[str, list[str]]) -> dict[str, Any
     for name in ctl.backend_names():
         if after is not None and name <= after:
             continue
-        status = ctl.status(name)
+        status = ctl.summary(name) if view == "summary" else ctl.status(name)
         if states is not None and status.state not in states:
             continue
         if limit is not None and len(page) == limit:

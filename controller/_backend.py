@@ -617,11 +617,13 @@ class Backend:
         ready = census.count(ReplicaState.RUNNING) + census.count(ReplicaState.UPDATING)
         return BackendNumbers(self.name, desired, ready, load.in_flight, load.queued)
 
-    def status(self) -> BackendStatus:
+    def status(self, *, summary: bool = False) -> BackendStatus:
+        """Its status; a `summary` leaves out replicas and events, and walks no replica."""
         return view.status_of(
             self.name,
             self.spec,
-            self.replicas.values(),
+            None if summary else self.replicas.values(),
+            view.Tally.of(self._set.census, self._set.unhealthy),
             self._failures,
             goal=self.goal,
             observed_generation=self._observed_generation,

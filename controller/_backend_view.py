@@ -3,8 +3,12 @@ the words of its decisions. Pure functions of what the loop holds."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
+from typing import final
 
+import attrs
+
+from ._census import Census
 from ._failures import FailureBook
 from ._goal import Goal
 from ._history import plural
@@ -25,10 +29,32 @@ from ._state import (
 )
 
 
+@final
+@attrs.frozen
+class Tally:
+    """A backend's replicas counted for its status: by version and state, and how many are
+    unhealthy. Read off the census kept as replicas change, so a summary walks none."""
+
+    by_version: Mapping[tuple[str, ReplicaState], int]
+    unhealthy: int
+
+    @classmethod
+    def of(cls, census: Census, unhealthy: int) -> Tally:
+        by_version: dict[tuple[str, ReplicaState], int] = {}
+        for (state, version, _, _), n in census.items():
+            by_version[version, state] = by_version.get((version, state), 0) + n
+        return cls(by_version, unhealthy)
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_version.values())
+
+
 def status_of(
     name: str,
     spec: Spec,
-    replicas: Iterable[Replica],
+    replicas: Iterable[Replica] | None,
+    tally: Tally,
     failures: FailureBook,
     *,
     goal: Goal,
@@ -44,14 +70,15 @@ def status_of(
     revisions: RevisionBook | None = None,
 ) -> BackendStatus:
     """The frozen status of a backend (``ctl.status(name)``); `desired`: the autoscaler's
-    count, if it is autoscaled."""
+    count, if it is autoscaled. Without `replicas`, a summary: no replicas and no events, its
+    counts from the `tally` alone."""
     views = tuple(
         ReplicaStatus(r.tag, r.state, r.version, r.address, r.healthy, r.pid, r.node, r.created_at)
-        for r in replicas
+        for r in replicas or ()
     )
     state, reason = state_of(
         spec,
-        views,
+        tally.unhealthy == 0,
         failures,
         goal_done=goal.done,
         converged=converged,
@@ -62,7 +89,7 @@ def status_of(
         name=name,
         state=state,
         reason=reason,
-        message=describe(spec, views, failures, converged=converged, desired=desired),
+        message=describe(spec, tally, failures, converged=converged, desired=desired),
         generation=spec.generation,
         observed_generation=observed_generation,
         backend_config=spec.backend_config,
@@ -71,13 +98,14 @@ def status_of(
         goal_done=goal.done,
         last_error=last_error[0],
         replicas=views,
-        events=tuple(events),
+        events=() if replicas is None else tuple(events),
         last_traceback=last_error[1],
         load=load,
         version=spec.version,
         desired=desired,
         autoscaler=autoscaler,
         rollout=None if revisions is None else rollout_of(spec, revisions),
+        tally=tally.by_version if replicas is None else None,
     )
 
 
@@ -119,7 +147,7 @@ def snapshot_of(
 
 def state_of(
     spec: Spec,
-    replicas: Sequence[ReplicaStatus],
+    all_healthy: bool,
     failures: FailureBook,
     *,
     goal_done: bool,
@@ -140,14 +168,14 @@ def state_of(
             # The new version has shown it can start; its replicas keep failing anyway.
             return BackendState.UNHEALTHY, "ReplicaFailures"
         return change
-    if converged and all(r.healthy for r in replicas):
+    if converged and all_healthy:
         return BackendState.HEALTHY, "Converged"
     return BackendState.UNHEALTHY, "ReplicaFailures"
 
 
 def describe(
     spec: Spec,
-    replicas: Sequence[ReplicaStatus],
+    tally: Tally,
     failures: FailureBook,
     *,
     converged: bool,
@@ -159,28 +187,27 @@ def describe(
     does not show what went wrong with the one before it.
     """
     if spec.deleting:
-        return f"deleting; {plural(len(replicas), 'replica')} left"
+        return f"deleting; {plural(tally.total, 'replica')} left"
     version = spec.version
     if desired is None:
         desired = spec.backend_config.num_replicas
     running = older = 0
     others: dict[str, int] = {}
-    for r in replicas:
-        if r.version != version and r.state is not ReplicaState.STOPPING:
-            older += 1
-        elif r.state is ReplicaState.RUNNING:
-            running += 1
+    for (replica_version, state), n in tally.by_version.items():
+        if replica_version != version and state is not ReplicaState.STOPPING:
+            older += n
+        elif state is ReplicaState.RUNNING:
+            running += n
         else:
-            key = r.state.value.lower()
-            others[key] = others.get(key, 0) + 1
+            key = state.value.lower()
+            others[key] = others.get(key, 0) + n
     noun = "replica" if desired == 1 else "replicas"
     parts = [f"{running}/{desired} {noun} of version {version} running"]
     parts += [f"{n} {state}" for state, n in sorted(others.items())]
     if older:
         parts.append(f"{older} of {'an older version' if older == 1 else 'older versions'}")
-    unhealthy = sum(1 for r in replicas if not r.healthy)
-    if unhealthy:
-        parts.append(f"{unhealthy} unhealthy")
+    if tally.unhealthy:
+        parts.append(f"{tally.unhealthy} unhealthy")
     if failures.failed_starts:
         parts.append(f"{failures.failed_starts} failed to start: {failures.start_error}")
     if failures.error not in (None, failures.start_error) and not converged:

@@ -481,6 +481,15 @@ class Controller:
             return backend.status()
         return ControllerStatus(tuple(self._backends[n].status() for n in sorted(self._backends)))
 
+    def summary(self, name: str) -> BackendStatus:
+        """`name`'s status without its replicas and events (``replicas`` and ``events`` empty,
+        ``tally`` set): what a listing of many backends shows, at a cost that does not grow
+        with the number of replicas."""
+        backend = self._backends.get(name)
+        if backend is None:
+            raise UnknownBackendError(name)
+        return backend.status(summary=True)
+
     def numbers(self) -> list[BackendNumbers]:
         """Every backend's counts (desired, ready, load), without building their statuses."""
         return [backend.numbers() for backend in self._backends.values()]

@@ -341,6 +341,8 @@ class ReplicaSet:
         self.census = Census()
         self.serving: dict[str, ServingReplica] = {}
         """The replicas watchers are told of (listed, not stopping, healthy), by tag."""
+        self.unhealthy = 0
+        """How many of its replicas' latest health check failed."""
         # Each replica's checkpoint entry, in the order of `by_tag`, and the tags whose entry
         # must be made anew: a checkpoint re-encodes only what changed, and joins the rest.
         self._entries: dict[str, str] = {}
@@ -382,6 +384,7 @@ class ReplicaSet:
         replica = self.by_tag.pop(tag)
         replica.owner = None
         self.census.remove(key_of(replica))
+        self.unhealthy -= not replica.healthy
         self.serving.pop(tag, None)
         del self._entries[tag]
         self._stale.discard(tag)
@@ -405,6 +408,7 @@ class ReplicaSet:
         )
         view = value if field == "view" else replica.view
         healthy = value if field == "healthy" else replica.healthy
+        self.unhealthy += replica.healthy - healthy
         if view is not None and healthy and state is not ReplicaState.STOPPING:
             self.serving[replica.tag] = view  # a replica listed already keeps its place
         else:

@@ -292,6 +292,9 @@ class BackendStatus:
     """Its autoscaler, if it is autoscaled."""
     rollout: RolloutStatus | None = None
     """Its revisions and their rollout."""
+    tally: Mapping[tuple[str, ReplicaState], int] | None = None
+    """Set when `replicas` and `events` were left out (``Controller.summary``): how many
+    replicas of each version are in each state, which `counts_by_version` then reads."""
 
     @property
     def desired_replicas(self) -> int:
@@ -304,13 +307,15 @@ class BackendStatus:
     def counts(self) -> Mapping[ReplicaState, int]:
         """How many replicas are in each state."""
         out: dict[ReplicaState, int] = {}
-        for replica in self.replicas:
-            out[replica.state] = out.get(replica.state, 0) + 1
+        for (_, state), n in self.counts_by_version.items():
+            out[state] = out.get(state, 0) + n
         return out
 
     @property
     def counts_by_version(self) -> Mapping[tuple[str, ReplicaState], int]:
         """How many replicas of each version are in each state."""
+        if self.tally is not None:
+            return self.tally
         out: dict[tuple[str, ReplicaState], int] = {}
         for replica in self.replicas:
             key = (replica.version, replica.state)

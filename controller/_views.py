@@ -37,11 +37,16 @@ def iso(wall_time: float | None) -> str | None:
 def status_json(status: BackendStatus, *, summary: bool = False) -> dict[str, Any]:
     """A backend's status; a `summary` leaves out its replicas and events (a listing of many
     backends needs their counts, which stay)."""
-    counts_by_version: dict[str, dict[str, int]] = {}
-    for (version, state), n in status.counts_by_version.items():
-        counts_by_version.setdefault(version, {})[state.value] = n
     version = status.version
-    serving = [r for r in status.replicas if r.state in SERVING_STATES]
+    counts: dict[str, int] = {}
+    counts_by_version: dict[str, dict[str, int]] = {}
+    ready = ready_of_version = 0
+    for (replica_version, state), n in status.counts_by_version.items():
+        counts[state.value] = counts.get(state.value, 0) + n
+        counts_by_version.setdefault(replica_version, {})[state.value] = n
+        if state in SERVING_STATES:
+            ready += n
+            ready_of_version += n if replica_version == version else 0
     now = time.time()
     out: dict[str, Any] = {
         "name": status.name,
@@ -56,10 +61,10 @@ def status_json(status: BackendStatus, *, summary: bool = False) -> dict[str, An
         "last_traceback": status.last_traceback,
         "desired": status.desired_replicas,
         "version": version,
-        "ready": len(serving),
-        "ready_of_version": sum(1 for r in serving if r.version == version),
+        "ready": ready,
+        "ready_of_version": ready_of_version,
         "config": BackendDecl(status.name, status.backend_config, status.replica_config).to_dict(),
-        "counts": {state.value: n for state, n in status.counts.items()},
+        "counts": counts,
         "counts_by_version": counts_by_version,
         "load": {
             "in_flight": status.load.in_flight,

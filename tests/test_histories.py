@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 
+import attrs
 import trio
 import trio.testing
 from hypothesis import HealthCheck, given, settings
@@ -78,10 +79,17 @@ def check_agreement(ctl: controller.Controller, rt: FakeRuntime) -> None:
         b.name: (b.desired_replicas, sum(1 for r in b.replicas if r.state in SERVING_STATES))
         for b in ctl.status().backends
     }
+    # A listing's summary is the full status less its replicas and events.
+    for full in ctl.status().backends:
+        summary = ctl.summary(full.name)
+        assert summary.replicas == summary.events == ()
+        assert dict(summary.counts_by_version) == dict(full.counts_by_version)
+        assert attrs.evolve(summary, replicas=full.replicas, events=full.events, tally=None) == full
     # What each backend keeps counted as its replicas change is what counting them gives.
     for backend in ctl._backends.values():
         kept = backend._set
         assert dict(kept.census.items()) == dict(Census.of(kept.by_tag.values()).items())
+        assert kept.unhealthy == sum(not r.healthy for r in kept.by_tag.values())
         listed = [
             r.tag
             for r in kept.by_tag.values()
