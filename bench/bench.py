@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import logging
@@ -26,7 +27,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -215,7 +216,47 @@ async def throughput_and_recovery(
     backends: int, per_backend: int, db: Path, listings: int = 0
 ) -> dict[str, float]:
     """Scale-up, recovery, then scale-down of `backends` x `per_backend`; with `listings`, also
-    that many ``GET /api/v1/backends`` while the recovered controller holds every replica."""
+    that many ``GET /api/v1/backends`` while the recovered controller holds every replica.
+    Also the time Python's cycle collector took meanwhile (`gc_s`), under whatever thresholds
+    the caller set."""
+    with gc_timer() as gc_time:
+        figures = await _throughput_and_recovery(backends, per_backend, db, listings)
+    figures["gc_s"] = gc_time[0]
+    figures["gc_thresholds"] = list(gc.get_threshold())  # type: ignore[assignment]
+    return figures
+
+
+@contextlib.contextmanager
+def gc_timer() -> Iterator[list[float]]:
+    """Seconds spent in the cycle collector within the block (in the list it yields)."""
+    took = [0.0]
+    started = [0.0]
+
+    def timed(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            took[0] += time.perf_counter() - started[0]
+
+    gc.callbacks.append(timed)
+    try:
+        yield took
+    finally:
+        gc.callbacks.remove(timed)
+
+
+def tuned_gc(fn: Any, *args: Any) -> Any:
+    """`trio.run(fn, *args)` with the collector set as the daemon sets it (``tune_gc``)."""
+    old = controller.tune_gc()
+    try:
+        return trio.run(fn, *args)
+    finally:
+        gc.set_threshold(*old)
+
+
+async def _throughput_and_recovery(
+    backends: int, per_backend: int, db: Path, listings: int
+) -> dict[str, float]:
     rt = FakeRuntime(auto_ready=True, record_history=False)
     names = [f"b{i:04d}" for i in range(backends)]
     figures: dict[str, float] = {}
@@ -427,8 +468,10 @@ async def memory_per_replica(replicas: int, backends: int = 100) -> float:
 async def name_churn(names: int, batch: int = 100) -> dict[str, float]:
     """Create and delete `names` backend names (one replica each, `batch` at a time): the memory
     the controller holds must not grow with them (no lock, tombstone or series per name kept
-    beyond a bound). Measured between half-way and the end, both well past the point where the
-    kept tombstones reach their cap (dict tables then only resize within a bound)."""
+    beyond a bound). Measured over the last `window` names: the traced memory at the end less
+    that `window` names before, tracing from another `window` before that. A window is at least
+    TOMBSTONES_KEPT names, so both points hold a full set of traced tombstones (each new one
+    replaces one traced); tracing only the last two windows spares the rest its 3x slowdown."""
     store = controller.MemoryStore()
     async with controller.open_controller(runtime=NullRuntime(), store=store) as ctl:
 
@@ -442,21 +485,29 @@ async def name_churn(names: int, batch: int = 100) -> dict[str, float]:
                     for i in range(start, min(start + batch, last)):
                         nursery.start_soon(one, f"n{i}")
 
-        # Traced from the start, so that what the warm-up made and the churn frees counts too.
+        window = max(names // 8, TOMBSTONES_KEPT)
+        assert names >= 2 * window, "too few names to measure"
+        t0 = time.perf_counter()
+        await churn(0, names - 2 * window)
+        took_untraced = time.perf_counter() - t0
         tracemalloc.start()
-        warm = max(names // 2, 2 * TOMBSTONES_KEPT)
-        await churn(0, warm)
+        await churn(names - 2 * window, names - window)
         await trio.testing.wait_all_tasks_blocked()
         gc.collect()
         before = tracemalloc.get_traced_memory()[0]
-        t0 = time.perf_counter()
-        await churn(warm, names)
-        took = time.perf_counter() - t0
+        await churn(names - window, names)
         await trio.testing.wait_all_tasks_blocked()
         gc.collect()
         grown = tracemalloc.get_traced_memory()[0] - before
         tracemalloc.stop()
-        return {"names": names, "grown_bytes": grown, "seconds": took, "left": len(store.data)}
+        return {
+            "names": names,
+            "window": window,
+            "grown_bytes": grown,
+            "seconds": time.perf_counter() - t0,
+            "untraced_ms_per_name": took_untraced / (names - 2 * window) * 1e3,
+            "left": len(store.data),
+        }
 
 
 # -- 6. local processes --------------------------------------------------------------------------
@@ -648,7 +699,7 @@ def main() -> None:
     load_before = os.getloadavg()
     # --quick: CI-sized: fewer samples, shorter idle windows, 10,000 replicas where the full
     # run has 100,000. Its figures are a smoke test of the harness, not ones to quote.
-    idle_s = 2.0 if quick else 10.0
+    idle_s = 2.0 if quick else 5.0
     rounds = 50 if quick else 250  # reaction rounds: two samples each
     big_backends, big_per = (1000, 10) if quick else (1000, 100)
     random.seed(1)
@@ -670,8 +721,14 @@ def main() -> None:
         results["throughput"] = trio.run(throughput_and_recovery, 100, 100, d / "tp.db")
         n_big = big_backends * big_per
         steps.step(f"throughput, recovery, listing: {n_big:,} over {big_backends:,} backends")
-        results["throughput_big"] = trio.run(
+        # As the daemon runs it (``controller run`` calls ``tune_gc``), then with Python's
+        # default collector settings, as an application embedding a controller has them.
+        results["throughput_big"] = tuned_gc(
             throughput_and_recovery, big_backends, big_per, d / "big.db", 10 if quick else 20
+        )
+        steps.step(f"the same, {n_big:,} replicas, the collector at Python's defaults")
+        results["throughput_big_default_gc"] = trio.run(
+            throughput_and_recovery, big_backends, big_per, d / "big_gc.db"
         )
         steps.step("listing 1,000 backends of 1 replica")
         results["api_listing_1000x1"] = trio.run(api_listing_small, 1000, 10 if quick else 50)
@@ -699,8 +756,8 @@ def main() -> None:
             "bytes_per_replica": trio.run(memory_per_replica, n_big, big_backends),
         }
         steps.step("name churn: backends created and deleted")
-        # The churn is measured past 2 x TOMBSTONES_KEPT names (its warm-up): 24,000 is the
-        # smallest run that still measures a few thousand names beyond it.
+        # Measured over the last 10,000 names in a quick run (TOMBSTONES_KEPT), the last
+        # 12,500 in a full one.
         results["name_churn"] = trio.run(name_churn, 24_000 if quick else 100_000)
         steps.step("local processes: 8 replicas")
         results["local"] = trio.run(local_processes, 3 if quick else 7)
@@ -734,6 +791,7 @@ def print_table(r: dict[str, Any]) -> None:
         r["throughput_big"],
         r["idle_cpu_percent"],
     )
+    gd = r["throughput_big_default_gc"]
     ratio = lp["p50_ms"] / lt["p50_ms"]
     n_big = f"{big['replicas']:,}"
     rows = [
@@ -760,6 +818,12 @@ def print_table(r: dict[str, Any]) -> None:
         (f"0 -> {n_big} (1,000 backends)", f"{big['up_s']:.3f} s", "<= 5 s"),
         (f"{n_big} -> 0", f"{big['down_s']:.3f} s", "<= 5 s"),
         (f"recovery, {n_big} live", f"{big['recovery_s']:.3f} s", "<= 5 s"),
+        ("  of which the collector", f"{big['gc_s']:.3f} s", ""),
+        (
+            "  the same, default collector",
+            " / ".join(f"{gd[k]:.1f}" for k in ("up_s", "down_s", "recovery_s", "gc_s")) + " s",
+            "up / down / rec / gc",
+        ),
         (
             f"GET backends, 1,000 ({n_big})",
             f"{big['listing_p50_ms']:.1f} / {big['listing_p90_ms']:.1f} ms",
@@ -801,7 +865,8 @@ def print_table(r: dict[str, Any]) -> None:
             "<= 1024 B",
         ),
         (
-            f"memory after {r['name_churn']['names']:,} names",
+            f"memory over the last {r['name_churn']['window']:,} of "
+            f"{r['name_churn']['names']:,} names",
             f"{r['name_churn']['grown_bytes'] / 1024:+.0f} KiB",
             "flat",
         ),

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from ._errors import StartupError as StartupError
     from ._errors import StoreError as StoreError
     from ._errors import UnknownBackendError as UnknownBackendError
+    from ._gc import tune_gc as tune_gc
     from ._goal import Goal as Goal
     from ._json import JSON as JSON
     from ._local_runtime import LocalRuntime as LocalRuntime
@@ -97,6 +98,7 @@ _HOME: dict[str, str] = {
     "StoreError": "._errors",
     "UnknownBackendError": "._errors",
     "Goal": "._goal",
+    "tune_gc": "._gc",
     "JSON": "._json",
     "LocalRuntime": "._local_runtime",
     "MemoryStore": "._memory_store",

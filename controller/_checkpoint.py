@@ -263,18 +263,19 @@ def dump_replica(record: ReplicaRecord) -> str:
 
 def join_replicas(
     name: str,
-    entries: list[str],
+    entries: str,
     failed: FailureRecord | None = None,
     autoscale: AutoscaleRecord | None = None,
     rollout: RolloutRecord | None = None,
 ) -> str:
-    """What ``dump(ReplicasRecord(name, ...))`` makes, from entries made by ``dump_replica``."""
+    """What ``dump(ReplicasRecord(name, ...))`` makes, from entries made by ``dump_replica``
+    (comma-separated in `entries`)."""
     failure, scale, roll = (
         json.dumps(_converter.unstructure(part), separators=(",", ":"))
         for part in (failed, autoscale, rollout)
     )
     return (
-        f'{{"name":{json.dumps(name)},"replicas":[{",".join(entries)}],"failed":{failure},'
+        f'{{"name":{json.dumps(name)},"replicas":[{entries}],"failed":{failure},'
         f'"autoscale":{scale},"rollout":{roll},"schema":{SCHEMA_VERSION}}}'
     )
 

@@ -49,6 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import trio
 
     from ._daemon import DaemonOptions, run_daemon
+    from ._gc import tune_gc
 
     setup_logging(args.log_format)
     try:
@@ -75,6 +76,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         shared_dir=args.shared_dir,
         lease=lease,
     )
+    tune_gc()  # the daemon owns its process
     try:
         trio.run(run_daemon, options)
     except BaseException as exc:

@@ -7,12 +7,12 @@ import math
 import random
 import time
 from collections.abc import Callable, Container
-from typing import Any, final
+from typing import final
 
 import attrs
 import trio
 
-from ._census import Census, key_of
+from ._census import Census, Key, key_of
 from ._checkpoint import (
     AutoscaleRecord,
     FailureRecord,
@@ -25,6 +25,7 @@ from ._checkpoint import (
 )
 from ._config import BackendConfig, ReplicaConfig
 from ._json import JSON, digest
+from ._pages import Page, Pages
 from ._reconcile import Target, resolve_limits
 from ._runtime import ReplicaInfo, ReplicaSpec
 from ._state import ReplicaState, ServingReplica
@@ -227,34 +228,26 @@ def delete_record(name: str, old: Spec, *, force: bool) -> SpecRecord:
     )
 
 
-def _told(replica: Replica, attribute: attrs.Attribute[Any], value: Any) -> Any:
-    owner = replica.owner
-    if owner is not None:
-        owner.changing(replica, attribute.name, value)
-    return value
-
-
 @final
 @attrs.define(eq=False)
 class Replica:
     """One replica as the loop tracks it. Slotted and small: a controller may hold 10,000s.
 
     What its set counts of it (state, version, config digest, served) and whether it serves
-    (its view, its state, its health) are told to the set as they change (`_told`), so the set
-    keeps its census and the watch's serving replicas without walking them."""
+    (its view, its state, its health) are told to the set as they change (the properties at
+    the end), so the set keeps its census and the watch's serving replicas without walking
+    them. Properties rather than attrs' ``on_setattr``: that hook runs on every field's every
+    write, and a replica's fields are written a few dozen times in its life."""
 
     tag: str
-    version: str = attrs.field(on_setattr=_told)
-    config_digest: str = attrs.field(on_setattr=_told)
-    """Digest of the user config it holds (``UNKNOWN_CONFIG`` after a failed reconfigure)."""
-    state: ReplicaState = attrs.field(on_setattr=_told)
+    _version: str
+    _config_digest: str
+    _state: ReplicaState
     seq: int = attrs.field()
     """Start order within the backend: larger started later."""
     adopted: bool = False
     """Found alive at recovery rather than started by this controller."""
-    served: bool = attrs.field(default=False, on_setattr=_told)
-    """It has been ready at some point (kept in the checkpoint, so that after a restart a
-    replica being adopted that had served counts as serving)."""
+    _served: bool = False
     address: str | None = None
     pid: int | None = None
     node: str | None = None
@@ -271,12 +264,9 @@ class Replica:
     """When its stop began, by the wall clock (stored, so that a controller that takes over
     grants the drain only what is left of its deadline)."""
     """Once stopping: cancelled to cut its drain short (a forced delete that comes meanwhile)."""
-    view: ServingReplica | None = attrs.field(default=None, on_setattr=_told)
-    """Its entry in watch snapshots, made once when it starts serving."""
-    record_json: str | None = attrs.field(default=None, on_setattr=_told)
-    """Its entry in the checkpoint, cached; reset whenever what is stored of it changes."""
-    healthy: bool = attrs.field(default=True, on_setattr=_told)
-    """False while its latest health check failed (it is out of the watch snapshot then)."""
+    _view: ServingReplica | None = None
+    _record_json: str | None = None
+    _healthy: bool = True
     check_failures: int = 0
     """Consecutive failed (or late) health checks."""
     next_check_at: float = math.inf
@@ -289,6 +279,91 @@ class Replica:
     """When it last became ready (trio time): a rollout's ``min_ready_s`` counts from it."""
     owner: ReplicaSet | None = attrs.field(default=None, repr=False)
     """The set it is in, told of its changes (None once removed)."""
+    page: Page | None = attrs.field(default=None, repr=False)
+    """The page of the set's checkpoint entries that holds its entry."""
+
+    # Each write tells the set only what it keeps of that field: the census its count key
+    # (state, version, config digest, served), the watch its entry (view, health, state), the
+    # checkpoint that the entry is stale (record_json reset). A write of the same value tells
+    # nothing.
+
+    @property
+    def version(self) -> str:
+        return self._version
+
+    @version.setter
+    def version(self, value: str) -> None:
+        if self.owner is not None and value != self._version:
+            self.owner.recount(self, (self._state, value, self._config_digest, self._served))
+        self._version = value
+
+    @property
+    def config_digest(self) -> str:
+        """Digest of the user config it holds (``UNKNOWN_CONFIG`` after a failed reconfigure)."""
+        return self._config_digest
+
+    @config_digest.setter
+    def config_digest(self, value: str) -> None:
+        if self.owner is not None and value != self._config_digest:
+            self.owner.recount(self, (self._state, self._version, value, self._served))
+        self._config_digest = value
+
+    @property
+    def state(self) -> ReplicaState:
+        return self._state
+
+    @state.setter
+    def state(self, value: ReplicaState) -> None:
+        if self.owner is not None and value is not self._state:
+            self.owner.recount(self, (value, self._version, self._config_digest, self._served))
+            self.owner.relist(self, self._view, self._healthy, value)
+        self._state = value
+
+    @property
+    def served(self) -> bool:
+        """It has been ready at some point (kept in the checkpoint, so that after a restart a
+        replica being adopted that had served counts as serving)."""
+        return self._served
+
+    @served.setter
+    def served(self, value: bool) -> None:
+        if self.owner is not None and value != self._served:
+            self.owner.recount(self, (self._state, self._version, self._config_digest, value))
+        self._served = value
+
+    @property
+    def view(self) -> ServingReplica | None:
+        """Its entry in watch snapshots, made once when it starts serving."""
+        return self._view
+
+    @view.setter
+    def view(self, value: ServingReplica | None) -> None:
+        if self.owner is not None:
+            self.owner.relist(self, value, self._healthy, self._state)
+        self._view = value
+
+    @property
+    def healthy(self) -> bool:
+        """False while its latest health check failed (it is out of the watch snapshot then)."""
+        return self._healthy
+
+    @healthy.setter
+    def healthy(self, value: bool) -> None:
+        if self.owner is not None and value != self._healthy:
+            self.owner.unhealthy += -1 if value else 1
+            self.owner.relist(self, self._view, value, self._state)
+        self._healthy = value
+
+    @property
+    def record_json(self) -> str | None:
+        """Its entry in the checkpoint, cached; reset whenever what is stored of it changes."""
+        return self._record_json
+
+    @record_json.setter
+    def record_json(self, value: str | None) -> None:
+        if self.owner is not None and value is None:
+            self.owner.stale(self)
+        self._record_json = value
 
 
 #: The config digest of a replica whose reconfigure failed: what it holds is not known.
@@ -345,7 +420,7 @@ class ReplicaSet:
         """How many of its replicas' latest health check failed."""
         # Each replica's checkpoint entry, in the order of `by_tag`, and the tags whose entry
         # must be made anew: a checkpoint re-encodes only what changed, and joins the rest.
-        self._entries: dict[str, str] = {}
+        self._entries = Pages()
         self._stale: set[str] = set()
         self._changed = changed
         self._seq = 0
@@ -374,7 +449,7 @@ class ReplicaSet:
             replica.scope = trio.CancelScope()
         self.by_tag[tag] = replica
         self.census.add(key_of(replica))
-        self._entries[tag] = ""
+        replica.page = self._entries.add(tag, "")
         self._stale.add(tag)
         replica.owner = self
         self._changed()
@@ -386,33 +461,30 @@ class ReplicaSet:
         self.census.remove(key_of(replica))
         self.unhealthy -= not replica.healthy
         self.serving.pop(tag, None)
-        del self._entries[tag]
+        assert replica.page is not None
+        self._entries.remove(replica.page, tag)
+        replica.page = None
         self._stale.discard(tag)
         self._changed()
 
-    def changing(self, replica: Replica, field: str, value: Any) -> None:
-        """`replica`'s `field` becomes `value` (it has not yet): counted and listed anew."""
-        if field == "record_json":
-            if value is None:
-                self._stale.add(replica.tag)
-            return
-        state = value if field == "state" else replica.state
-        self.census.move(
-            key_of(replica),
-            (
-                state,
-                value if field == "version" else replica.version,
-                value if field == "config_digest" else replica.config_digest,
-                value if field == "served" else replica.served,
-            ),
-        )
-        view = value if field == "view" else replica.view
-        healthy = value if field == "healthy" else replica.healthy
-        self.unhealthy += replica.healthy - healthy
+    # What a replica tells of its own writes, before it makes them:
+
+    def recount(self, replica: Replica, key: Key) -> None:
+        """`replica`'s count key becomes `key`."""
+        self.census.move(key_of(replica), key)
+
+    def relist(
+        self, replica: Replica, view: ServingReplica | None, healthy: bool, state: ReplicaState
+    ) -> None:
+        """`replica` will have this `view`, health and `state`: listed to watchers or not."""
         if view is not None and healthy and state is not ReplicaState.STOPPING:
             self.serving[replica.tag] = view  # a replica listed already keeps its place
         else:
             self.serving.pop(replica.tag, None)
+
+    def stale(self, replica: Replica) -> None:
+        """`replica`'s checkpoint entry must be made anew."""
+        self._stale.add(replica.tag)
 
     def set_config(self, replica: Replica, config_digest: str, revision: int | None = None) -> None:
         """`replica` holds `config_digest` now (and runs `revision`, if given)."""
@@ -494,7 +566,10 @@ class ReplicaSet:
         """The checkpoint of the replicas: the entries that changed made anew, the rest
         joined as they are."""
         for tag in self._stale:
-            self._entries[tag] = entry_of(self.by_tag[tag])
+            replica = self.by_tag[tag]
+            assert replica.page is not None
+            self._entries.set(replica.page, tag, entry_of(replica))
         self._stale.clear()
-        entries = list(self._entries.values())
-        return join_replicas(self.name, entries, self.failed, self.autoscale(), self.rollout())
+        return join_replicas(
+            self.name, self._entries.joined(), self.failed, self.autoscale(), self.rollout()
+        )

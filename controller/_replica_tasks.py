@@ -125,12 +125,16 @@ async def stop(
 
 
 async def drain(runtime: Runtime, tag: str, grace_s: float, scope: trio.CancelScope) -> None:
-    with scope, trio.move_on_after(grace_s) as deadline:
+    """Drain within `grace_s`, in `scope` (which a forced delete cancels): the grace is the
+    scope's deadline, not a scope of its own, as every stop drains."""
+    deadline = trio.current_time() + grace_s
+    scope.deadline = min(scope.deadline, deadline)
+    with scope:
         try:
             await runtime.drain_replica(tag)
         except Exception as exc:
             logger.warning("replica %s: drain failed (%s); killing it now", tag, exc)
-    if deadline.cancelled_caught:
+    if scope.cancelled_caught and trio.current_time() >= deadline:
         logger.info("replica %s: drain not done within %gs; killing it", tag, grace_s)
 
 

@@ -82,7 +82,8 @@ def check_agreement(ctl: controller.Controller, rt: FakeRuntime) -> None:
     # A listing's summary is the full status less its replicas and events.
     for full in ctl.status().backends:
         summary = ctl.summary(full.name)
-        assert not summary.replicas and not summary.events
+        assert not summary.replicas
+        assert not summary.events
         assert dict(summary.counts_by_version) == dict(full.counts_by_version)
         assert attrs.evolve(summary, replicas=full.replicas, events=full.events, tally=None) == full
     # What each backend keeps counted as its replicas change is what counting them gives.

@@ -225,12 +225,31 @@ def test_cached_replica_entries_make_the_same_checkpoint_as_cattrs() -> None:
         join_replicas,
         load,
     )
+    from controller._pages import PAGE_SIZE, Pages
 
     records = [ReplicaRecord("a#1", "v1", "d", False), ReplicaRecord("a#2", "gen-3", "e", True)]
-    fast = join_replicas("a", [dump_replica(r) for r in records])
+    fast = join_replicas("a", ",".join(dump_replica(r) for r in records))
     assert fast == dump(ReplicasRecord("a", records))
     assert load("replicas/a", fast, ReplicasRecord) == ReplicasRecord("a", records)
-    assert join_replicas("a", []) == dump(ReplicasRecord("a", []))
+    assert join_replicas("a", "") == dump(ReplicasRecord("a", []))
+    # Over several pages, with entries changed and removed (a page emptied among them): the
+    # pages' text is the entries' in the order they were added.
+    pages, held = Pages(), {}
+    kept: dict[str, ReplicaRecord] = {}
+    for i in range(3 * PAGE_SIZE + 7):
+        record = ReplicaRecord(f"a#{i}", "v1", "d", False)
+        held[record.tag] = pages.add(record.tag, dump_replica(record))
+        kept[record.tag] = record
+        assert pages.joined()  # texts made on the way are remade where they change
+    for i in range(PAGE_SIZE, 2 * PAGE_SIZE):  # the second page, whole
+        pages.remove(held.pop(f"a#{i}"), f"a#{i}")
+        del kept[f"a#{i}"]
+    for i in range(0, 3 * PAGE_SIZE + 7, 5):
+        if f"a#{i}" in kept:
+            kept[f"a#{i}"] = ReplicaRecord(f"a#{i}", "v2", "e", True)
+            pages.set(held[f"a#{i}"], f"a#{i}", dump_replica(kept[f"a#{i}"]))
+    expected = dump(ReplicasRecord("a", list(kept.values())))
+    assert join_replicas("a", pages.joined()) == expected
 
 
 class FlakyStore:
