@@ -114,7 +114,7 @@ class Backend:
         self._snapshot_dirty = True
         self.journal = Journal(name, shared.observer, lambda: self._intent.events_changed())
         self._intent = Intent(
-            name, shared.store, self._set.record_text, self.journal.log, self._send_nowait
+            name, shared.store, self._set.record, self.journal.log, self._send_nowait
         )
         self._tasks = tasks.Launcher(shared.runtime, self._intent, self._send_nowait)
         self._alarm = tasks.Alarm(self._tasks)
@@ -597,8 +597,8 @@ class Backend:
             if self._shared.requested(self.name) != self.spec.generation or self.replicas:
                 return False  # a deploy came in while we waited for the lock: its spec is next
             name = self.name
-            keys = (spec_key(name), replicas_key(name), events_key(name), revisions_key(name))
-            await self._intent.forget(list(keys))
+            keys = [spec_key(name), replicas_key(name), events_key(name), revisions_key(name)]
+            await self._intent.forget(keys + self._set.page_keys())
             self.forgotten = True
             self._snapshot_dirty = True
             self._publish()

@@ -4,7 +4,10 @@ Four keys per backend, each with one writer, so that writes can never interleave
 
 - ``spec/<name>``: what the user asked for (written by deploy and delete, before they return).
 - ``replicas/<name>``: which replica tags the controller means to run or stop (written only by
-  the backend's writer task; the runtime is asked for nothing until the write has landed).
+  the backend's writer task; the runtime is asked for nothing until the write has landed). A
+  large backend's replicas are kept in pages: the first in this record, the others in
+  ``replicas/<name>/<page>``, which it lists, written in the same batches (so a change costs
+  a page, not every replica).
 - ``revisions/<name>``: the backend's revisions (written by deploys, undos, pauses and resumes,
   in the same batch as the spec; how each rollout went is noted in the replica record).
 - ``events/<name>``: the backend's recent events, for people (written by the same task, in the
@@ -14,7 +17,7 @@ Schema 2 added the events, each replica's creation time and a spec's rollback co
 each serving replica's address and a failed deploy; schema 4 a spec's code generation and the
 backend config's routing fields; schema 5 an autoscaler's state; schema 6 revisions (a fourth key
 per backend, ``revisions/<name>``, written by deploys with the spec), the revision of each replica
-and the pause of a spec. Data of schemas 1 to 5 is still read.
+and the pause of a spec; schema 7 the pages of replicas. Data of schemas 1 to 6 is still read.
 """
 
 from __future__ import annotations
@@ -32,9 +35,9 @@ from ._errors import CheckpointError, ControllerError
 from ._revisions import Revision, RevisionContent, RevisionOutcome, content_of
 
 #: Bumped when the stored shape changes; a controller refuses data written by a newer one.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 #: Older schemas this controller still reads (their records lack fields that have defaults).
-_READABLE = frozenset({1, 2, 3, 4, 5, 6})
+_READABLE = frozenset({1, 2, 3, 4, 5, 6, 7})
 
 SPEC_PREFIX = "spec/"
 REPLICAS_PREFIX = "replicas/"
@@ -147,6 +150,19 @@ class ReplicasRecord:
     """Its autoscaler's state, for an autoscaled backend."""
     rollout: RolloutRecord | None = None
     """How the rollout of its spec's revision went (None before schema 6)."""
+    pages: list[int] = attrs.field(factory=list)
+    """The pages that hold the replicas after these, in order (``replicas/<name>/<page>``).
+    Once read, `replicas` holds theirs too, and this says which keys they were read from."""
+    schema: int = SCHEMA_VERSION
+
+
+@attrs.frozen
+class ReplicaPageRecord:
+    """Some replicas of a backend too large for one record (``replicas/<name>/<page>``)."""
+
+    name: str
+    page: int
+    replicas: list[ReplicaRecord]
     schema: int = SCHEMA_VERSION
 
 
@@ -244,10 +260,12 @@ def _content_from(data: Any) -> RevisionContent:
 _converter = _make_converter()
 
 _T = TypeVar("_T")
-_R = TypeVar("_R", SpecRecord, ReplicasRecord, EventsRecord, RevisionsRecord)
+_R = TypeVar("_R", SpecRecord, ReplicasRecord, ReplicaPageRecord, EventsRecord, RevisionsRecord)
 
 
-def dump(record: SpecRecord | ReplicasRecord | EventsRecord | RevisionsRecord) -> str:
+def dump(
+    record: SpecRecord | ReplicasRecord | ReplicaPageRecord | EventsRecord | RevisionsRecord,
+) -> str:
     """The record as compact JSON text."""
     return json.dumps(_converter.unstructure(record), separators=(",", ":"), allow_nan=False)
 
@@ -267,6 +285,7 @@ def join_replicas(
     failed: FailureRecord | None = None,
     autoscale: AutoscaleRecord | None = None,
     rollout: RolloutRecord | None = None,
+    pages: list[int] | None = None,
 ) -> str:
     """What ``dump(ReplicasRecord(name, ...))`` makes, from entries made by ``dump_replica``
     (comma-separated in `entries`)."""
@@ -274,9 +293,18 @@ def join_replicas(
         json.dumps(_converter.unstructure(part), separators=(",", ":"))
         for part in (failed, autoscale, rollout)
     )
+    listed = ",".join(str(page) for page in pages or ())
     return (
         f'{{"name":{json.dumps(name)},"replicas":[{entries}],"failed":{failure},'
-        f'"autoscale":{scale},"rollout":{roll},"schema":{SCHEMA_VERSION}}}'
+        f'"autoscale":{scale},"rollout":{roll},"pages":[{listed}],"schema":{SCHEMA_VERSION}}}'
+    )
+
+
+def join_page(name: str, page: int, entries: str) -> str:
+    """What ``dump(ReplicaPageRecord(name, page, ...))`` makes, from comma-separated entries."""
+    return (
+        f'{{"name":{json.dumps(name)},"page":{page},"replicas":[{entries}],'
+        f'"schema":{SCHEMA_VERSION}}}'
     )
 
 
@@ -328,12 +356,15 @@ class Checkpoint:
     replicas: dict[str, ReplicasRecord]
     events: dict[str, EventsRecord] = attrs.field(factory=dict)
     revisions: dict[str, RevisionsRecord] = attrs.field(factory=dict)
+    unlisted: set[str] = attrs.field(factory=set)
+    """Keys of pages of replicas that no record lists (to drop)."""
 
 
 def parse_all(items: dict[str, str]) -> Checkpoint:
     """Parse a whole store; raises CheckpointError before the controller acts on any of it."""
     specs: dict[str, SpecRecord] = {}
     replicas: dict[str, ReplicasRecord] = {}
+    pages: dict[str, dict[int, ReplicaPageRecord]] = {}
     events: dict[str, EventsRecord] = {}
     revisions: dict[str, RevisionsRecord] = {}
     for key, text in items.items():
@@ -348,6 +379,13 @@ def parse_all(items: dict[str, str]) -> Checkpoint:
                         f"number; {_UNTOUCHED}"
                     )
             specs[spec.name] = spec
+        elif key.startswith(REPLICAS_PREFIX) and "/" in key[len(REPLICAS_PREFIX) :]:
+            page = load(key, text, ReplicaPageRecord)
+            if key != page_key(page.name, page.page):
+                raise CheckpointError(
+                    f"store key {key!r} holds page {page.page} of {page.name!r}; {_UNTOUCHED}"
+                )
+            pages.setdefault(page.name, {})[page.page] = page
         elif key.startswith(REPLICAS_PREFIX):
             record = load(key, text, ReplicasRecord)
             _check_name(key, REPLICAS_PREFIX, record.name)
@@ -374,7 +412,38 @@ def parse_all(items: dict[str, str]) -> Checkpoint:
                     f"store key {revisions_key(name)!r} is corrupt: it lacks revision {number}, "
                     f"which {spec_key(name)!r} names; {_UNTOUCHED}"
                 )
-    return Checkpoint(specs=specs, replicas=replicas, events=events, revisions=revisions)
+    for name, record in replicas.items():
+        if record.pages:
+            replicas[name] = _with_pages(record, pages.get(name, {}))
+    # Pages no record lists cannot come from our write order (each batch writes a record with
+    # the pages it lists): left for recovery to drop, as records without a spec are.
+    unlisted = {
+        page_key(name, page)
+        for name, held in pages.items()
+        for page in held
+        if name not in replicas or page not in replicas[name].pages
+    }
+    return Checkpoint(
+        specs=specs, replicas=replicas, events=events, revisions=revisions, unlisted=unlisted
+    )
+
+
+def _with_pages(record: ReplicasRecord, held: dict[int, ReplicaPageRecord]) -> ReplicasRecord:
+    """`record` with the replicas of the pages it lists after its own."""
+    key = replicas_key(record.name)
+    if len(set(record.pages)) != len(record.pages):
+        raise CheckpointError(f"store key {key!r} lists a page twice; {_UNTOUCHED}")
+    replicas = list(record.replicas)
+    for page in record.pages:
+        if page not in held:
+            raise CheckpointError(
+                f"store key {key!r} lists {page_key(record.name, page)!r}, which the store "
+                f"does not hold; {_UNTOUCHED}"
+            )
+        replicas += held[page].replicas
+    if len({r.tag for r in replicas}) != len(replicas):
+        raise CheckpointError(f"store key {key!r} and its pages list a replica twice; {_UNTOUCHED}")
+    return attrs.evolve(record, replicas=replicas)
 
 
 def _check_rollback(key: str, spec: SpecRecord) -> None:
@@ -412,6 +481,10 @@ def spec_key(name: str) -> str:
 
 def replicas_key(name: str) -> str:
     return REPLICAS_PREFIX + name
+
+
+def page_key(name: str, page: int) -> str:
+    return f"{REPLICAS_PREFIX}{name}/{page}"
 
 
 def events_key(name: str) -> str:

@@ -15,7 +15,7 @@ from typing import final
 import trio
 
 from . import _events as ev
-from ._checkpoint import events_key, replicas_key
+from ._checkpoint import events_key
 from ._errors import ControllerError
 from ._history import EventLog
 from ._store import Store
@@ -37,13 +37,13 @@ class Intent:
         self,
         name: str,
         store: Store,
-        record_text: Callable[[], str],
+        record: Callable[[], tuple[dict[str, str | None], Callable[[], None]]],
         history: EventLog,
         send: Callable[[ev.Event], None],
     ):
         self._name = name
         self._store = store
-        self._record_text = record_text
+        self._record = record
         self._history = history
         self._send = send
         self.record_seq = 0
@@ -125,7 +125,7 @@ class Intent:
 
     async def _flush(self) -> None:
         with trio.move_on_after(FLUSH_ON_CLOSE_S, shield=True):
-            changes = self._changes(self.record_seq, self._history.added, self._touches)
+            changes, _ = self._changes(self.record_seq, self._history.added, self._touches)
             if changes:
                 try:
                     await self._store.write(changes)
@@ -138,22 +138,30 @@ class Intent:
             self._wanted = trio.Event()
             # The texts and the sequence number are taken together, with no checkpoint in
             # between: the record text holds every change up to `seq`. A write that fails is
-            # retried with the newest texts, which supersede the old.
+            # retried with the newest texts, which supersede the old (and hold every page
+            # the failed one did: pages count as stored only once a write lands).
             while True:
                 seq, events, touches = self.record_seq, self._history.added, self._touches
-                changes = self._changes(seq, events, touches)
-                if not changes or await self._try_write(changes):
+                changes, stored = self._changes(seq, events, touches)
+                if not changes:
+                    break
+                if await self._try_write(changes):
+                    stored()
                     break
             self._stored_seq, self._events_stored, self._touches_stored = seq, events, touches
             self._send(ev.Written(seq))
 
-    def _changes(self, seq: int, events: int, touches: int) -> dict[str, str | None]:
+    def _changes(
+        self, seq: int, events: int, touches: int
+    ) -> tuple[dict[str, str | None], Callable[[], None]]:
+        """What to write, and what to call once it is stored."""
         changes: dict[str, str | None] = {}
+        stored: Callable[[], None] = _nothing
         if seq != self._stored_seq or touches != self._touches_stored:
-            changes[replicas_key(self._name)] = self._record_text()
+            changes, stored = self._record()
         if events != self._events_stored:
             changes[events_key(self._name)] = self._history.text()
-        return changes
+        return changes, stored
 
     async def forget(self, keys: list[str]) -> None:
         """Delete every key of a deleted backend, retrying with backoff until that lands (a
@@ -178,3 +186,7 @@ class Intent:
             return False
         self._failures = 0
         return True
+
+
+def _nothing() -> None:
+    pass

@@ -15,7 +15,14 @@ import trio
 
 from ._backend import Backend
 from ._capacity import shortfalls
-from ._checkpoint import RevisionsRecord, events_key, parse_all, replicas_key, revisions_key
+from ._checkpoint import (
+    RevisionsRecord,
+    events_key,
+    page_key,
+    parse_all,
+    replicas_key,
+    revisions_key,
+)
 from ._history import plural
 from ._placement import Demand
 from ._replica import Spec
@@ -52,6 +59,13 @@ async def recover(
         )
         for name in records
         if name not in checkpoint.specs
+    ]
+    strays += sorted(checkpoint.unlisted)
+    strays += [
+        page_key(name, page)
+        for name, record in checkpoint.replicas.items()
+        if name not in checkpoint.specs
+        for page in record.pages
     ]
     if strays:
         # Records with no spec cannot come from our write order (but for events written as

@@ -7,6 +7,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Container
+from functools import partial
 from typing import final
 
 import attrs
@@ -21,7 +22,10 @@ from ._checkpoint import (
     RolloutRecord,
     SpecRecord,
     dump_replica,
+    join_page,
     join_replicas,
+    page_key,
+    replicas_key,
 )
 from ._config import BackendConfig, ReplicaConfig
 from ._json import JSON, digest
@@ -265,7 +269,6 @@ class Replica:
     grants the drain only what is left of its deadline)."""
     """Once stopping: cancelled to cut its drain short (a forced delete that comes meanwhile)."""
     _view: ServingReplica | None = None
-    _record_json: str | None = None
     _healthy: bool = True
     check_failures: int = 0
     """Consecutive failed (or late) health checks."""
@@ -283,9 +286,9 @@ class Replica:
     """The page of the set's checkpoint entries that holds its entry."""
 
     # Each write tells the set only what it keeps of that field: the census its count key
-    # (state, version, config digest, served), the watch its entry (view, health, state), the
-    # checkpoint that the entry is stale (record_json reset). A write of the same value tells
-    # nothing.
+    # (state, version, config digest, served), the watch its entry (view, health, state). A
+    # write of the same value tells nothing. (What the checkpoint holds of a replica changes
+    # only through the set's own methods, which mark its entry stale.)
 
     @property
     def version(self) -> str:
@@ -354,17 +357,6 @@ class Replica:
             self.owner.relist(self, self._view, value, self._state)
         self._healthy = value
 
-    @property
-    def record_json(self) -> str | None:
-        """Its entry in the checkpoint, cached; reset whenever what is stored of it changes."""
-        return self._record_json
-
-    @record_json.setter
-    def record_json(self, value: str | None) -> None:
-        if self.owner is not None and value is None:
-            self.owner.stale(self)
-        self._record_json = value
-
 
 #: The config digest of a replica whose reconfigure failed: what it holds is not known.
 UNKNOWN_CONFIG = "?"
@@ -383,26 +375,21 @@ def new_tag(name: str, taken: Container[str]) -> str:
 
 
 def entry_of(r: Replica) -> str:
-    """`r`'s entry in its backend's checkpoint: cached, made anew only once what is stored of
-    it changed (its `record_json` was reset)."""
-    if r.record_json is None:
-        created_ms = None if r.created_at is None else round(r.created_at * 1000)
-        stopping = r.state is ReplicaState.STOPPING
-        address = r.address if r.served else None
-        r.record_json = dump_replica(
-            ReplicaRecord(
-                r.tag,
-                r.version,
-                r.config_digest,
-                stopping,
-                created_ms,
-                r.served,
-                address,
-                r.revision,
-                None if r.stopping_since is None else round(r.stopping_since * 1000),
-            )
+    """`r`'s entry in its backend's checkpoint (kept by the set's pages until it is stale)."""
+    created_ms = None if r.created_at is None else round(r.created_at * 1000)
+    return dump_replica(
+        ReplicaRecord(
+            r.tag,
+            r.version,
+            r.config_digest,
+            r.state is ReplicaState.STOPPING,
+            created_ms,
+            r.served,
+            r.address if r.served else None,
+            r.revision,
+            None if r.stopping_since is None else round(r.stopping_since * 1000),
         )
-    return r.record_json
+    )
 
 
 @final
@@ -449,7 +436,7 @@ class ReplicaSet:
             replica.scope = trio.CancelScope()
         self.by_tag[tag] = replica
         self.census.add(key_of(replica))
-        replica.page = self._entries.add(tag, "")
+        replica.page = self._entries.add(tag)
         self._stale.add(tag)
         replica.owner = self
         self._changed()
@@ -491,7 +478,7 @@ class ReplicaSet:
         replica.config_digest = config_digest
         if revision is not None:
             replica.revision = revision
-        replica.record_json = None
+        self.stale(replica)
         self._changed()
 
     def begin_stop(self, replica: Replica, *, graceful: bool) -> bool:
@@ -504,7 +491,7 @@ class ReplicaSet:
         replica.drain_scope = trio.CancelScope() if graceful else None
         if replica.stopping_since is None:
             replica.stopping_since = time.time()
-        replica.record_json = None
+        self.stale(replica)
         self._changed()
         return serving
 
@@ -519,7 +506,7 @@ class ReplicaSet:
         if stored:
             return False
         replica.served = True
-        replica.record_json = None
+        self.stale(replica)
         return True
 
     def restore(self, record: ReplicasRecord | None, live: set[str], graceful: bool) -> list[str]:
@@ -547,6 +534,8 @@ class ReplicaSet:
                 replica.resumed_stop = True
             if rec.stopping and graceful:
                 replica.drain_scope = trio.CancelScope()
+        if record is not None and record.pages:
+            self._entries.held_by_store(record.pages)
         return dropped
 
     def cut_drains(self) -> None:
@@ -562,14 +551,43 @@ class ReplicaSet:
             self.failed = failed
             self._changed()
 
-    def record_text(self) -> str:
-        """The checkpoint of the replicas: the entries that changed made anew, the rest
-        joined as they are."""
+    def record(self) -> tuple[dict[str, str | None], Callable[[], None]]:
+        """The checkpoint of the replicas, as the keys to write (the record, the pages that
+        changed, None for pages no longer used), and what to call once they are stored. Only
+        the entries that changed are made anew."""
+        self._refresh()
+        batch = self._entries.batch()
+        changes: dict[str, str | None] = {
+            replicas_key(self.name): join_replicas(
+                self.name, batch.first, self.failed, self.autoscale(), self.rollout(), batch.listed
+            )
+        }
+        for number, text in batch.written.items():
+            changes[page_key(self.name, number)] = join_page(self.name, number, text)
+        for number in batch.deleted:
+            changes[page_key(self.name, number)] = None
+        return changes, partial(self._entries.stored, batch)
+
+    def _refresh(self) -> None:
+        """Make anew the entries of the replicas whose stored part changed."""
         for tag in self._stale:
             replica = self.by_tag[tag]
             assert replica.page is not None
             self._entries.set(replica.page, tag, entry_of(replica))
         self._stale.clear()
+
+    def record_text(self) -> str:
+        """The whole checkpoint as one record, its pages' replicas in it (as recovery reads it
+        back; for tests)."""
+        self._refresh()
         return join_replicas(
-            self.name, self._entries.joined(), self.failed, self.autoscale(), self.rollout()
+            self.name,
+            self._entries.joined(),
+            self.failed,
+            self.autoscale(),
+            self.rollout(),
         )
+
+    def page_keys(self) -> list[str]:
+        """The keys of every page the store may hold (for a deletion)."""
+        return [page_key(self.name, n) for n in self._entries.numbers()]

@@ -1,0 +1,149 @@
+"""A large backend's replicas are stored in pages: a change writes its record and one page,
+recovery reads them all back, pages no longer used are deleted, and a store whose pages do
+not add up is refused before anything is done."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+import pytest
+import trio
+import trio.testing
+
+import controller
+from controller._checkpoint import parse_all
+from controller._pages import PAGE_SIZE
+from controller.testing import FakeRuntime, FakeState
+
+from .conftest import RC, config, opened, settle
+
+BIG = 2 * PAGE_SIZE + 88  # three pages: the record's own and two more
+
+
+class RecordingStore:
+    """A MemoryStore that keeps the keys of each batch written, and fails writes while
+    `failing` is set."""
+
+    def __init__(self) -> None:
+        self.inner = controller.MemoryStore()
+        self.data = self.inner.data
+        self.batches: list[list[str]] = []
+        self.failing = False
+
+    async def read_all(self) -> dict[str, str]:
+        return await self.inner.read_all()
+
+    async def write(self, changes: Mapping[str, str | None]) -> None:
+        await trio.lowlevel.checkpoint()
+        if self.failing:
+            raise controller.StoreError("disk full")
+        self.batches.append(list(changes))
+        await self.inner.write(changes)
+
+
+def page_keys(store: controller.MemoryStore | RecordingStore) -> list[str]:
+    return sorted(k for k in store.data if k.startswith("replicas/a/"))
+
+
+def stored_tags(store: controller.MemoryStore | RecordingStore) -> set[str]:
+    return {r.tag for r in parse_all(dict(store.data)).replicas["a"].replicas}
+
+
+async def test_a_change_in_a_large_backend_writes_its_record_and_one_page(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime(auto_ready=True)
+    store = RecordingStore()
+    async with opened(rt, store) as ctl:
+        await (await ctl.deploy("a", config(num_replicas=BIG), RC)).wait()
+        await settle()
+        assert page_keys(store) == ["replicas/a/1", "replicas/a/2"]
+        store.batches.clear()
+        # One on the last page (where its replacement goes too).
+        rt.crash(json.loads(store.data["replicas/a/2"])["replicas"][0]["tag"])
+        await ctl.wait_until(lambda c: len(c.snapshot("a").replicas) == BIG)
+        await settle()
+        assert store.batches  # the death, the replacement's start, its readiness
+        for batch in store.batches:
+            pages = [k for k in batch if k.startswith("replicas/a/")]
+            assert pages in ([], ["replicas/a/2"]), batch  # page 1 is not written again
+
+
+async def test_pages_changed_by_a_failed_write_are_in_the_next(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime(auto_ready=True)
+    store = RecordingStore()
+    async with opened(rt, store) as ctl:
+        await (await ctl.deploy("a", config(num_replicas=BIG), RC)).wait()
+        await settle()
+        page_1 = [r["tag"] for r in json.loads(store.data["replicas/a/1"])["replicas"]]
+        store.failing = True
+        rt.crash(page_1[0])  # page 1 changes in a write that fails...
+        await settle()
+        store.failing = False
+        store.batches.clear()
+        page_2 = [r["tag"] for r in json.loads(store.data["replicas/a/2"])["replicas"]]
+        rt.crash(page_2[0])  # ...and is written with the next, though unchanged since
+        await ctl.wait_until(lambda c: len(c.snapshot("a").replicas) == BIG)
+        await settle()
+        assert "replicas/a/1" in store.batches[0]
+        assert stored_tags(store) == {r.tag for r in ctl.status("a").replicas}
+        assert page_1[0] not in stored_tags(store)
+
+
+async def test_a_large_backend_recovers_from_its_pages_and_drops_them_as_it_shrinks(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime(auto_ready=True)
+    store = controller.MemoryStore()
+    async with opened(rt, store) as ctl:
+        await (await ctl.deploy("a", config(num_replicas=BIG), RC)).wait()
+    started = rt.start_calls
+    live = set(rt.tags(FakeState.READY))
+    async with opened(rt, store) as ctl:
+        await ctl.wait_until(lambda c: len(c.snapshot("a").replicas) == BIG)
+        assert rt.start_calls == started  # every one adopted, none started anew
+        assert {r.tag for r in ctl.status("a").replicas} == live
+        await (await ctl.deploy("a", config(num_replicas=3), RC)).wait()
+        await settle()
+        assert page_keys(store) == []
+    checkpoint = parse_all(dict(store.data))
+    assert not checkpoint.unlisted
+    assert len(checkpoint.replicas["a"].replicas) == 3
+
+
+async def test_a_missing_page_is_refused_and_an_unlisted_one_dropped(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime(auto_ready=True)
+    store = controller.MemoryStore()
+    async with opened(rt, store) as ctl:
+        await (await ctl.deploy("a", config(num_replicas=BIG), RC)).wait()
+    good = dict(store.data)
+
+    del store.data["replicas/a/2"]
+    damaged = dict(store.data)
+    with pytest.raises(controller.CheckpointError) as refused:
+        async with opened(rt, store):
+            pass
+    assert "'replicas/a'" in str(refused.value)
+    assert "'replicas/a/2'" in str(refused.value)
+    assert store.data == damaged  # nothing written
+
+    store.data.clear()
+    store.data.update(good)
+    # A page no record lists (no batch of ours leaves one): dropped, its replicas unnamed.
+    store.data["replicas/a/9"] = good["replicas/a/1"].replace('"page":1', '"page":9')
+    async with opened(rt, store) as ctl:
+        await ctl.wait_until(lambda c: len(c.snapshot("a").replicas) == BIG)
+        await settle()
+        assert "replicas/a/9" not in store.data
+        assert page_keys(store) == ["replicas/a/1", "replicas/a/2"]
+
+    # A page holding the record of another backend, or a replica listed twice: refused.
+    store.data["replicas/a/2"] = good["replicas/a/1"]
+    with pytest.raises(controller.CheckpointError, match="replicas/a/2"):
+        async with opened(rt, store):
+            pass
