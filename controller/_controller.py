@@ -36,7 +36,7 @@ from ._observe import Observer
 from ._policy import RestartPolicy
 from ._replica import Spec, delete_record
 from ._revisions import Cause, Revision, RevisionBook
-from ._routes import RouteClaims
+from ._routes import RouteClaims, route_of
 from ._runtime import Runtime
 from ._scale import scaled
 from ._state import (
@@ -92,6 +92,9 @@ class Controller:
         # What was last asked of each backend, and its goal: written only here, under the name's
         # lock, before the backend's loop has taken it.
         self._requested: dict[str, tuple[Spec, Goal]] = {}
+        # Those of them that keep a route, for the route check of each deploy: most backends
+        # have none, and a deploy beside 1,000 backends should not look at each.
+        self._routed: dict[str, Spec] = {}
         self._locks = NameLocks(lambda name: name in self._backends)
         # Held by `apply`, which locks several names: two applies never wait on each other's
         # names, so they cannot deadlock. Single deploys and deletes lock one name only.
@@ -355,7 +358,7 @@ class Controller:
         for name, change in changes.items():
             if change.revisions is not None:
                 writes[revisions_key(name)] = dump(RevisionsRecord(name, change.revisions))
-        claims = self._routes.claim(specs, ((n, s) for n, (s, _) in self._requested.items()))
+        claims = self._routes.claim(specs, self._routed.items())
         try:
             reserved = await self._reservations.reserve(specs)
         except BaseException:
@@ -382,7 +385,7 @@ class Controller:
                         kind: Literal["delete", "deploy"] = "delete" if spec.deleting else "deploy"
                         goal = Goal(name, spec.generation, kind)
                         _log_change(name, spec)
-                    self._requested[name] = (spec, goal)
+                    self._request(name, spec, goal)
                     backend = self._backends.get(name)
                     if backend is None:
                         new.append(self._new_backend(name, spec, goal, self._books[name]))
@@ -421,8 +424,15 @@ class Controller:
         spec, book = restored(spec, kept, self._code_of, time.time())
         self._books[name] = book
         goal = Goal(name, spec.generation, "delete" if spec.deleting else "deploy")
-        self._requested[name] = (spec, goal)
+        self._request(name, spec, goal)
         return self._new_backend(name, spec, goal, book)
+
+    def _request(self, name: str, spec: Spec, goal: Goal) -> None:
+        self._requested[name] = (spec, goal)
+        if route_of(spec) is None:
+            self._routed.pop(name, None)
+        else:
+            self._routed[name] = spec
 
     def _forgotten(self, backend: Backend) -> None:
         """A deleted backend is gone (its loop holds the name's lock)."""
@@ -430,6 +440,7 @@ class Controller:
         if self._backends.get(name) is backend:
             del self._backends[name]
             del self._requested[name]
+            self._routed.pop(name, None)
             self._books.pop(name, None)
             # The forgetting loop holds it, and does nothing more under it.
             self._locks.drop([name], held_here=True)

@@ -11,7 +11,7 @@ from ._errors import RouteConflictError
 from ._replica import Spec
 
 
-def _route(spec: Spec) -> str | None:
+def route_of(spec: Spec) -> str | None:
     """The route a spec keeps: none once its delete was asked."""
     return None if spec.deleting else spec.backend_config.route_prefix
 
@@ -32,12 +32,12 @@ class RouteClaims:
         claim their routes until ``release``."""
         taken = dict(self._pending)
         for name, spec in requested:
-            route = _route(spec)
+            route = route_of(spec)
             if name not in specs and route is not None:
                 taken.setdefault(route, name)
         claims: dict[str, str] = {}
         for name in sorted(specs):
-            route = _route(specs[name])
+            route = route_of(specs[name])
             if route is None:
                 continue
             if route in taken:
