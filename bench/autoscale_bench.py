@@ -294,6 +294,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="the cost window")
     parser.add_argument("--trials", type=int, default=10, help="cold starts per side")
+    parser.add_argument(
+        "--serve-trials",
+        type=int,
+        default=None,
+        help="Ray Serve's cold starts at its defaults (default: --trials); each takes ~35 s",
+    )
     parser.add_argument("--no-ray", action="store_true", help="skip Ray Serve")
     parser.add_argument("--only-ray", action="store_true", help="only Ray Serve")
     parser.add_argument("--out", type=Path, default=HERE / "autoscale_results.json")
@@ -323,7 +329,8 @@ def main() -> None:
     if not args.no_ray:
         for tuned in (False, True):
             key = "cold_start_serve_tuned" if tuned else "cold_start_serve"
-            results[key] = summary(serve_cold_starts(args.trials, tuned=tuned))
+            trials = args.trials if tuned or args.serve_trials is None else args.serve_trials
+            results[key] = summary(serve_cold_starts(trials, tuned=tuned))
             print(f"scale from zero, Ray Serve{' tuned' if tuned else ''}: {results[key]}")
     if args.out.exists():
         results = {**json.loads(args.out.read_text()), **results}  # a partial run keeps the rest
