@@ -4,8 +4,9 @@ not add up is refused before anything is done."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import AsyncIterator
 
 import pytest
 import trio
@@ -17,47 +18,35 @@ from controller._pages import PAGE_SIZE
 from controller.testing import FakeRuntime, FakeState
 
 from .conftest import RC, config, opened, settle
+from .test_recovery import FlakyStore
 
 BIG = 2 * PAGE_SIZE + 88  # three pages: the record's own and two more
 
 
-class RecordingStore:
-    """A MemoryStore that keeps the keys of each batch written, and fails writes while
-    `failing` is set."""
-
-    def __init__(self) -> None:
-        self.inner = controller.MemoryStore()
-        self.data = self.inner.data
-        self.batches: list[list[str]] = []
-        self.failing = False
-
-    async def read_all(self) -> dict[str, str]:
-        return await self.inner.read_all()
-
-    async def write(self, changes: Mapping[str, str | None]) -> None:
-        await trio.lowlevel.checkpoint()
-        if self.failing:
-            raise controller.StoreError("disk full")
-        self.batches.append(list(changes))
-        await self.inner.write(changes)
+@contextlib.asynccontextmanager
+async def big_backend(
+    rt: FakeRuntime, store: controller.Store
+) -> AsyncIterator[controller.Controller]:
+    """A controller holding backend "a" of BIG replicas, all serving."""
+    async with opened(rt, store) as ctl:
+        await (await ctl.deploy("a", config(num_replicas=BIG), RC)).wait()
+        await settle()
+        yield ctl
 
 
-def page_keys(store: controller.MemoryStore | RecordingStore) -> list[str]:
+def page_keys(store: controller.MemoryStore | FlakyStore) -> list[str]:
     return sorted(k for k in store.data if k.startswith("replicas/a/"))
 
 
-def stored_tags(store: controller.MemoryStore | RecordingStore) -> set[str]:
+def stored_tags(store: controller.MemoryStore | FlakyStore) -> set[str]:
     return {r.tag for r in parse_all(dict(store.data)).replicas["a"].replicas}
 
 
 async def test_a_change_in_a_large_backend_writes_its_record_and_one_page(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    rt = FakeRuntime(auto_ready=True)
-    store = RecordingStore()
-    async with opened(rt, store) as ctl:
-        await (await ctl.deploy("a", config(num_replicas=BIG), RC)).wait()
-        await settle()
+    rt, store = FakeRuntime(auto_ready=True), FlakyStore()
+    async with big_backend(rt, store) as ctl:
         assert page_keys(store) == ["replicas/a/1", "replicas/a/2"]
         store.batches.clear()
         # One on the last page (where its replacement goes too).
@@ -73,11 +62,8 @@ async def test_a_change_in_a_large_backend_writes_its_record_and_one_page(
 async def test_pages_changed_by_a_failed_write_are_in_the_next(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    rt = FakeRuntime(auto_ready=True)
-    store = RecordingStore()
-    async with opened(rt, store) as ctl:
-        await (await ctl.deploy("a", config(num_replicas=BIG), RC)).wait()
-        await settle()
+    rt, store = FakeRuntime(auto_ready=True), FlakyStore()
+    async with big_backend(rt, store) as ctl:
         page_1 = [r["tag"] for r in json.loads(store.data["replicas/a/1"])["replicas"]]
         store.failing = True
         rt.crash(page_1[0])  # page 1 changes in a write that fails...

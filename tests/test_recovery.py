@@ -259,11 +259,14 @@ def test_cached_replica_entries_make_the_same_checkpoint_as_cattrs() -> None:
 
 
 class FlakyStore:
-    """A MemoryStore whose writes fail while `failing` is set."""
+    """A MemoryStore whose writes fail while `failing` is set; it keeps the keys of each batch
+    it wrote."""
 
     def __init__(self) -> None:
         self.inner = controller.MemoryStore()
+        self.data = self.inner.data
         self.failing = False
+        self.batches: list[list[str]] = []
 
     async def read_all(self) -> dict[str, str]:
         return await self.inner.read_all()
@@ -272,6 +275,7 @@ class FlakyStore:
         await trio.lowlevel.checkpoint()
         if self.failing:
             raise controller.StoreError("disk full")
+        self.batches.append(list(changes))
         await self.inner.write(changes)
 
 
