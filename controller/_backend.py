@@ -40,7 +40,8 @@ from ._json import JSON
 from ._observe import Observer
 from ._policy import RestartPolicy
 from ._reconcile import decide
-from ._replica import UNKNOWN_CONFIG, Replica, ReplicaSet, Spec, new_tag
+from ._replica import UNKNOWN_CONFIG, Replica, Spec, new_tag
+from ._replica_set import ReplicaSet
 from ._revisions import RevisionBook
 from ._rollout import Rollout
 from ._runtime import ReplicaInfo, Runtime

@@ -13,7 +13,7 @@ from ._checkpoint import FailureRecord
 from ._failures import FailureBook
 from ._goal import Goal
 from ._history import Journal
-from ._replica import ReplicaSet
+from ._replica_set import ReplicaSet
 
 #: The failures a restart must remember (``Infeasible`` is checked afresh at every start).
 Stored = Literal[

@@ -19,4 +19,3 @@ def test_tune_gc_sets_the_thresholds_and_returns_the_old_ones() -> None:
         assert old > 10  # and full ones rarer still
     finally:
         gc.set_threshold(*before)
-

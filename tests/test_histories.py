@@ -26,7 +26,7 @@ from controller import _pages
 from controller._census import Census
 from controller._checkpoint import join_replicas, parse_all
 from controller._pages import PAGE_SIZE
-from controller._replica import entry_of
+from controller._replica_set import entry_of
 from controller._state import SERVING_STATES
 from controller.testing import FakeRuntime, FakeState
 
