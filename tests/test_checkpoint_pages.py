@@ -128,8 +128,14 @@ async def test_a_missing_page_is_refused_and_an_unlisted_one_dropped(
         assert "replicas/a/9" not in store.data
         assert page_keys(store) == ["replicas/a/1", "replicas/a/2"]
 
-    # A page holding the record of another backend, or a replica listed twice: refused.
+    # A page holding what its key does not name, or a replica in two pages: refused.
     store.data["replicas/a/2"] = good["replicas/a/1"]
     with pytest.raises(controller.CheckpointError, match="replicas/a/2"):
         async with opened(rt, store):
             pass
+    store.data["replicas/a/2"] = good["replicas/a/1"].replace('"page":1', '"page":2')
+    damaged = dict(store.data)
+    with pytest.raises(controller.CheckpointError, match="a replica twice"):
+        async with opened(rt, store):
+            pass
+    assert store.data == damaged
