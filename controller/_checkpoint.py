@@ -356,8 +356,6 @@ class Checkpoint:
     replicas: dict[str, ReplicasRecord]
     events: dict[str, EventsRecord] = attrs.field(factory=dict)
     revisions: dict[str, RevisionsRecord] = attrs.field(factory=dict)
-    unlisted: set[str] = attrs.field(factory=set)
-    """Keys of pages of replicas that no record lists (to drop)."""
 
 
 def parse_all(items: dict[str, str]) -> Checkpoint:
@@ -412,20 +410,29 @@ def parse_all(items: dict[str, str]) -> Checkpoint:
                     f"store key {revisions_key(name)!r} is corrupt: it lacks revision {number}, "
                     f"which {spec_key(name)!r} names; {_UNTOUCHED}"
                 )
-    for name, record in replicas.items():
+    for name, held in sorted(pages.items()):
+        listed = replicas[name].pages if name in replicas else []
+        for number in sorted(set(held) - set(listed)):
+            # Each batch writes a record with the pages it lists, and deletes the others: a
+            # page no record lists means the record lost track of replicas that may be live.
+            raise CheckpointError(
+                f"store key {page_key(name, number)!r} is a page of replicas that "
+                f"{replicas_key(name)!r} does not list; {_UNTOUCHED}"
+            )
+    owner: dict[str, str] = {}
+    for name, record in sorted(replicas.items()):
         if record.pages:
-            replicas[name] = _with_pages(record, pages.get(name, {}))
-    # Pages no record lists cannot come from our write order (each batch writes a record with
-    # the pages it lists): left for recovery to drop, as records without a spec are.
-    unlisted = {
-        page_key(name, page)
-        for name, held in pages.items()
-        for page in held
-        if name not in replicas or page not in replicas[name].pages
-    }
-    return Checkpoint(
-        specs=specs, replicas=replicas, events=events, revisions=revisions, unlisted=unlisted
-    )
+            record = replicas[name] = _with_pages(record, pages.get(name, {}))
+        for replica in record.replicas:
+            other = owner.get(replica.tag)
+            if other is not None:  # a replica is one backend's, listed once
+                where = "with its pages" if other == name else f"and {replicas_key(other)!r}"
+                raise CheckpointError(
+                    f"store key {replicas_key(name)!r} {where} list replica {replica.tag!r} "
+                    f"twice; {_UNTOUCHED}"
+                )
+            owner[replica.tag] = name
+    return Checkpoint(specs=specs, replicas=replicas, events=events, revisions=revisions)
 
 
 def _with_pages(record: ReplicasRecord, held: dict[int, ReplicaPageRecord]) -> ReplicasRecord:
@@ -440,9 +447,11 @@ def _with_pages(record: ReplicasRecord, held: dict[int, ReplicaPageRecord]) -> R
                 f"store key {key!r} lists {page_key(record.name, page)!r}, which the store "
                 f"does not hold; {_UNTOUCHED}"
             )
+        if not held[page].replicas:  # a page is deleted in the batch that empties it
+            raise CheckpointError(
+                f"store key {page_key(record.name, page)!r} is an empty page; {_UNTOUCHED}"
+            )
         replicas += held[page].replicas
-    if len({r.tag for r in replicas}) != len(replicas):
-        raise CheckpointError(f"store key {key!r} and its pages list a replica twice; {_UNTOUCHED}")
     return attrs.evolve(record, replicas=replicas)
 
 

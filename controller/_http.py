@@ -54,17 +54,33 @@ _NUMBER = re.compile(r"-?(?:[0-9]{1,30}(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]{
 
 
 @overload
-def int_param(query: dict[str, list[str]], name: str, default: int) -> int: ...
+def int_param(
+    query: dict[str, list[str]], name: str, default: int, *, low: int = 0, high: int | None = None
+) -> int: ...
 @overload
-def int_param(query: dict[str, list[str]], name: str, default: None) -> int | None: ...
-def int_param(query: dict[str, list[str]], name: str, default: int | None) -> int | None:
+def int_param(
+    query: dict[str, list[str]], name: str, default: None, *, low: int = 0, high: int | None = None
+) -> int | None: ...
+def int_param(
+    query: dict[str, list[str]],
+    name: str,
+    default: int | None,
+    *,
+    low: int = 0,
+    high: int | None = None,
+) -> int | None:
+    """A whole number from `low` to `high` (2**63-1 if not given)."""
     # Written out as digits only: Python's int() would take " 5", "+5" and "5_0" too.
     value = query.get(name, [None])[-1]
     if value is None:
         return default
-    if not _INTEGER.fullmatch(value) or not 0 <= int(value) <= MAX_QUERY_INT:
+    top = MAX_QUERY_INT if high is None else high
+    if not _INTEGER.fullmatch(value) or not low <= int(value) <= top:
+        shown = "2**63-1" if high is None else f"{high}"
         raise HTTPError(
-            400, "BadQuery", f"{name} must be a whole number from 0 to 2**63-1, not {value!r}"
+            400,
+            "BadQuery",
+            f"{name} must be a whole number from {low} to {shown}, not {value!r:.40}",
         )
     return int(value)
 

@@ -60,7 +60,6 @@ async def recover(
         for name in records
         if name not in checkpoint.specs
     ]
-    strays += sorted(checkpoint.unlisted)
     strays += [
         page_key(name, page)
         for name, record in checkpoint.replicas.items()

@@ -95,47 +95,75 @@ async def test_a_large_backend_recovers_from_its_pages_and_drops_them_as_it_shri
         await (await ctl.deploy("a", config(num_replicas=3), RC)).wait()
         await settle()
         assert page_keys(store) == []
-    checkpoint = parse_all(dict(store.data))
-    assert not checkpoint.unlisted
+    checkpoint = parse_all(dict(store.data))  # refuses a page no record lists
     assert len(checkpoint.replicas["a"].replicas) == 3
 
 
-async def test_a_missing_page_is_refused_and_an_unlisted_one_dropped(
+def damages(good: dict[str, str]) -> list[tuple[str, dict[str, str | None], str]]:
+    """(what, the keys changed (None: deleted), what the refusal names) of a store of one
+    backend "a" in three pages, and of another, "b", of one replica."""
+    page_1, page_2 = good["replicas/a/1"], good["replicas/a/2"]
+    record = json.loads(good["replicas/a"])
+    b_record = json.loads(good["replicas/b"])
+    first_tag = json.loads(page_1)["replicas"][0]["tag"]
+    return [
+        ("a listed page missing", {"replicas/a/2": None}, "'replicas/a/2'"),
+        ("a page holding another page", {"replicas/a/2": page_1}, "'replicas/a/2'"),
+        (
+            "a page no record lists",
+            {"replicas/a/9": page_1.replace('"page":1', '"page":9')},
+            "'replicas/a/9'",
+        ),
+        (
+            "a page the record no longer lists",
+            {"replicas/a": json.dumps({**record, "pages": [1]})},
+            "'replicas/a/2'",
+        ),
+        (
+            "an empty listed page",
+            {"replicas/a/2": json.dumps({**json.loads(page_2), "replicas": []})},
+            "'replicas/a/2'",
+        ),
+        (
+            "a replica in two pages",
+            {"replicas/a/2": page_1.replace('"page":1', '"page":2')},
+            first_tag,
+        ),
+        (
+            "a replica in two backends",
+            {
+                "replicas/b": json.dumps(
+                    {
+                        **b_record,
+                        "replicas": [
+                            *b_record["replicas"],
+                            {"tag": first_tag, "version": "v1", "config_digest": "d"},
+                        ],
+                    }
+                )
+            },
+            first_tag,
+        ),
+    ]
+
+
+async def test_a_store_whose_pages_do_not_add_up_is_refused_untouched(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     rt = FakeRuntime(auto_ready=True)
     store = controller.MemoryStore()
     async with opened(rt, store) as ctl:
         await (await ctl.deploy("a", config(num_replicas=BIG), RC)).wait()
+        await (await ctl.deploy("b", config(num_replicas=1), RC)).wait()
     good = dict(store.data)
-
-    del store.data["replicas/a/2"]
-    damaged = dict(store.data)
-    with pytest.raises(controller.CheckpointError) as refused:
-        async with opened(rt, store):
-            pass
-    assert "'replicas/a'" in str(refused.value)
-    assert "'replicas/a/2'" in str(refused.value)
-    assert store.data == damaged  # nothing written
-
-    store.data.clear()
-    store.data.update(good)
-    # A page no record lists (no batch of ours leaves one): dropped, its replicas unnamed.
-    store.data["replicas/a/9"] = good["replicas/a/1"].replace('"page":1', '"page":9')
-    async with opened(rt, store) as ctl:
-        await ctl.wait_until(lambda c: len(c.snapshot("a").replicas) == BIG)
-        await settle()
-        assert "replicas/a/9" not in store.data
-        assert page_keys(store) == ["replicas/a/1", "replicas/a/2"]
-
-    # A page holding what its key does not name, or a replica in two pages: refused.
-    store.data["replicas/a/2"] = good["replicas/a/1"]
-    with pytest.raises(controller.CheckpointError, match="replicas/a/2"):
-        async with opened(rt, store):
-            pass
-    store.data["replicas/a/2"] = good["replicas/a/1"].replace('"page":1', '"page":2')
-    damaged = dict(store.data)
-    with pytest.raises(controller.CheckpointError, match="a replica twice"):
-        async with opened(rt, store):
-            pass
-    assert store.data == damaged
+    live = set(rt.tags(FakeState.READY))
+    for what, changed, named in damages(good):
+        store.data.clear()
+        store.data.update({k: v for k, v in {**good, **changed}.items() if v is not None})
+        damaged = dict(store.data)
+        with pytest.raises(controller.CheckpointError) as refused:
+            async with opened(rt, store):
+                pass
+        assert named in str(refused.value), (what, refused.value)
+        assert store.data == damaged, what  # nothing written
+        assert set(rt.tags(FakeState.READY)) == live, what  # nothing killed

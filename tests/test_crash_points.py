@@ -153,8 +153,7 @@ async def recover_and_check(scenario: Scenario, rt: FakeRuntime, store: controll
     starts = [tag for _, tag, what in rt.history if what == "start"]
     assert len(starts) == len(set(starts)), "a replica was started twice for one intent"
     # The store holds what runs: the record and exactly the pages it lists.
-    kept = parse_all(await store.read_all())
-    assert not kept.unlisted, f"pages no record lists: {kept.unlisted}"
+    kept = parse_all(await store.read_all())  # refuses a page no record lists
     stored = [r.tag for record in kept.replicas.values() for r in record.replicas]
     assert sorted(stored) == sorted(rt.tags(FakeState.READY))
 

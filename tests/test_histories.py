@@ -176,7 +176,7 @@ def test_random_histories(data: st.DataObject) -> None:
                         RAN["steps"] += 1
                     if life == restarts:
                         await quiet(ctl, rt, latest)
-                assert not parse_all(dict(store.data)).unlisted
+                parse_all(dict(store.data))  # refuses a page no record lists
         RAN["histories"] += 1
         FIGURES["random histories"] = f"{RAN['histories']} histories, {RAN['steps']} steps"
 
