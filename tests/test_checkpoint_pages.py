@@ -82,10 +82,9 @@ async def test_pages_changed_by_a_failed_write_are_in_the_next(
 async def test_a_large_backend_recovers_from_its_pages_and_drops_them_as_it_shrinks(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    rt = FakeRuntime(auto_ready=True)
-    store = controller.MemoryStore()
-    async with opened(rt, store) as ctl:
-        await (await ctl.deploy("a", config(num_replicas=BIG), RC)).wait()
+    rt, store = FakeRuntime(auto_ready=True), controller.MemoryStore()
+    async with big_backend(rt, store):
+        pass
     started = rt.start_calls
     live = set(rt.tags(FakeState.READY))
     async with opened(rt, store) as ctl:
@@ -150,10 +149,8 @@ def damages(good: dict[str, str]) -> list[tuple[str, dict[str, str | None], str]
 async def test_a_store_whose_pages_do_not_add_up_is_refused_untouched(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    rt = FakeRuntime(auto_ready=True)
-    store = controller.MemoryStore()
-    async with opened(rt, store) as ctl:
-        await (await ctl.deploy("a", config(num_replicas=BIG), RC)).wait()
+    rt, store = FakeRuntime(auto_ready=True), controller.MemoryStore()
+    async with big_backend(rt, store) as ctl:
         await (await ctl.deploy("b", config(num_replicas=1), RC)).wait()
     good = dict(store.data)
     live = set(rt.tags(FakeState.READY))
