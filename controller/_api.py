@@ -77,6 +77,7 @@ _PATHS: list[tuple[re.Pattern[str], tuple[str, ...]]] = [
     (re.compile(r"/healthz"), ("GET", "HEAD")),
     (re.compile(r"/metrics"), ("GET", "HEAD")),
     (re.compile(r"/openapi\.json"), ("GET", "HEAD")),
+    (re.compile(r"/api/v1/ingress"), ("GET", "HEAD")),
     (re.compile(r"/api/v1/backends"), ("GET", "HEAD")),
     (_BACKEND_PATH, ("GET", "HEAD", "PUT", "DELETE")),
     (_LOGS_PATH, ("GET", "HEAD")),
@@ -113,9 +114,20 @@ class LogSource(Protocol):
 # -- the application --
 
 
+class IngressView(Protocol):
+    """The daemon's ingress processes, as the API shows them."""
+
+    async def status(self) -> dict[str, Any]: ...
+
+    async def metrics(self) -> bytes:
+        """Their Prometheus text, summed."""
+        ...
+
+
 @final
 class Api:
-    """The ASGI app. `render_metrics` gives the Prometheus text. ``POST /api/v1/shutdown``
+    """The ASGI app. `render_metrics` gives the Prometheus text; `ingress`, the daemon's
+    ingress processes (``GET /api/v1/ingress``, and their metrics). ``POST /api/v1/shutdown``
     writes the delete of every backend (in one store batch), then calls `request_shutdown`,
     which the daemon answers once the drains are done (or given up on) with the backends left,
     and then exits; from the write on, changes are refused. With ``?wait=false`` the request
@@ -134,6 +146,7 @@ class Api:
         serving: Serving | None = None,
         console: Console | None = None,
         timelines: Timelines | None = None,
+        ingress: IngressView | None = None,
     ):
         # A daemon with standbys serves what `serving` holds now (its controller while it
         # leads, its view of the store while it stands by); else the one controller given.
@@ -146,6 +159,7 @@ class Api:
         self._logs = logs
         self._console = console if console is not None else Console(token)
         self._timelines = timelines if timelines is not None else Timelines()
+        self._ingress = ingress
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -254,7 +268,14 @@ class Api:
         if path == "/healthz":
             return 200, dump({"ok": True}), "application/json"
         if path == "/metrics" and method == "GET":
-            return 200, self._render_metrics(), "text/plain; version=0.0.4; charset=utf-8"
+            text = self._render_metrics()
+            if self._ingress is not None:
+                text += await self._ingress.metrics()
+            return 200, text, "text/plain; version=0.0.4; charset=utf-8"
+        if path == "/api/v1/ingress":
+            if self._ingress is None:
+                return ok({"listen": None, "workers": 0, "processes": []})
+            return ok(await self._ingress.status())
         if path == "/openapi.json" and method == "GET":
             return 200, dump(OPENAPI), "application/json"
         if path == "/api/v1/changes":

@@ -70,7 +70,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         max_replicas=args.max_replicas,
         forget_replicas=args.forget_replicas,
         ingress_listen=None if args.no_ingress else args.ingress_listen,
+        ingress_workers=args.ingress_workers or os.cpu_count() or 1,
         access_log=args.access_log,
+        log_format=args.log_format,
         fork_server=not args.no_fork_server,
         preload=tuple(args.preload),
         shared_dir=args.shared_dir,
@@ -320,6 +322,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="HOST:PORT of the ingress, which routes traffic to the backends (%(default)s)",
     )
     run.add_argument("--no-ingress", action="store_true", help="serve no ingress")
+    run.add_argument(
+        "--ingress-workers",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="ingress processes sharing the port (SO_REUSEPORT); default: one per core",
+    )
     run.add_argument(
         "--shared-dir",
         type=Path,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import os
 import signal
 import subprocess
 import sys
@@ -16,12 +15,12 @@ import sys
 import trio
 
 from ._cli_client import CLIError, make_client
-from ._errors import StartupError
 from ._log_format import setup_logging
 
 
 def cmd_ingress(args: argparse.Namespace) -> int:
-    from .ingress import HTTPSource, Ingress, IngressConfig
+    from ._ingress_process import serve
+    from .ingress import HTTPSource, IngressConfig
 
     setup_logging(args.log_format)
     client = make_client(args)
@@ -35,33 +34,12 @@ def cmd_ingress(args: argparse.Namespace) -> int:
         raise CLIError(f"controller ingress: {exc}", 2) from None
     children = _spawn_others(args.workers)
     config = IngressConfig(access_log=args.access_log)
-
-    async def main() -> None:
-        from .ingress import listener_port, open_listener
-
-        try:
-            listener = await open_listener(host.strip("[]") or "127.0.0.1", port, reuse_port=True)
-        except OSError as exc:
-            raise StartupError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
-        ingress = Ingress(source, config)
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async with trio.open_nursery() as nursery:
-                await nursery.start(ingress.run)
-                await nursery.start(ingress.serve, [listener])
-                print(
-                    f"ingress {os.getpid()} serving on http://{host}:{listener_port(listener)}, "
-                    f"following {source.describe().removeprefix('the daemon at ')}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                async for _ in signals:
-                    nursery.cancel_scope.cancel()
-                    break
-
     try:
-        trio.run(main)
-    except StartupError as exc:
-        raise CLIError(f"controller ingress: {exc}", 1) from None
+        trio.run(serve, source, config, host.strip("[]") or "127.0.0.1", port)
+    except OSError as exc:
+        raise CLIError(
+            f"controller ingress: cannot listen on {args.listen}: {exc.strerror or exc}", 1
+        ) from None
     finally:
         for child in children:
             child.send_signal(signal.SIGTERM)

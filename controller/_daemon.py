@@ -4,9 +4,11 @@ Start-up goes in an order that makes a failed start change nothing:
 
 1. the config file is checked in full (a fault: exit 2);
 2. the state dir is checked (ours, writable by no one else) and locked: one daemon per dir;
-3. the API's address is bound, and the ingress's;
+3. the API's address is bound, and the ingress's port checked (free, or held by the ingress
+   processes an earlier daemon left, which are adopted);
 4. the store is opened and read, and the controller recovers: it adopts the live replicas;
-5. the config is applied, and the API serves.
+5. the config is applied, the API serves, and the ingress processes (`_ingress_fleet`) are
+   started or adopted: they follow the daemon over its API, in processes of their own.
 
 A failure in 2-4 raises ``StartupError``, one line that says what and what to do; every replica
 is left exactly as it was (recovery is the first step that touches one).
@@ -32,7 +34,6 @@ import attrs
 import hypercorn.config
 import hypercorn.trio
 import trio
-from prometheus_client import generate_latest
 
 from ._api import Api, LogSource
 from ._controller import Controller
@@ -42,6 +43,7 @@ from ._errors import (
     StartupError,
 )
 from ._files import create_private
+from ._ingress_fleet import Fleet, FleetOptions, stop_leftovers
 from ._leadership import Leadership, holder_name
 from ._lease import LeaseTiming
 from ._listen import bound
@@ -67,7 +69,6 @@ from ._statedir import (
 from ._store import LeaseStore
 from ._timeline import Timelines
 from ._timeline import record as record_timelines
-from .ingress import Ingress, IngressConfig, ServingSource
 
 logger = logging.getLogger("controller.daemon")
 
@@ -98,8 +99,12 @@ class DaemonOptions:
     """Start even if the store names no backend while replicas live (they are stopped)."""
     ingress_listen: str | None = "127.0.0.1:8000"
     """Where the ingress serves traffic to the backends' routes (None: no ingress)."""
+    ingress_workers: int = 1
+    """Ingress processes sharing that port."""
     access_log: bool = False
     """The ingress logs one line per request."""
+    log_format: str = "human"
+    """How the daemon and its ingress processes log: ``human`` or ``json``."""
     fork_server: bool = True
     """LocalRuntime forks workers from a fork server (False: each is a fresh Python)."""
     preload: Sequence[str] = ()
@@ -129,8 +134,8 @@ async def run_daemon(options: DaemonOptions) -> None:
             locked(options.state_dir) as state_dir,
             _file_log(state_dir),
             bound(options.listen, "--listen", warn_remote=not options.allow_remote) as sock,
-            _ingress_socket(options) as ingress_sock,
         ):
+            fleet = _fleet(options, state_dir)
             shared = _shared_dir(options, state_dir)
             shared_token = kept_token(shared) if shared != state_dir else None
             if given_token and shared_token is not None and given_token != shared_token:
@@ -164,12 +169,6 @@ async def run_daemon(options: DaemonOptions) -> None:
                 serving = Serving(leadership)
                 metrics.watch_status(lambda: leader_status(serving))
                 metrics.watch_leadership(leadership)
-                ingress = None
-                if ingress_sock is not None:
-                    ingress = Ingress(
-                        ServingSource(serving, token),
-                        IngressConfig(access_log=options.access_log),
-                    )
                 roles = Roles(
                     manifest,
                     options.config,
@@ -185,7 +184,7 @@ async def run_daemon(options: DaemonOptions) -> None:
                     await _serve(
                         roles,
                         options,
-                        _Serving(sock, ingress_sock, ingress),
+                        _Serving(sock, fleet),
                         token,
                         metrics,
                         _log_source(runtime),
@@ -241,20 +240,30 @@ def _write_token(state_dir: Path, token: str) -> None:
         ) from None
 
 
-@contextlib.contextmanager
-def _ingress_socket(options: DaemonOptions) -> Iterator[socket.socket | None]:
+def _fleet(options: DaemonOptions, state_dir: Path) -> Fleet | None:
+    """The ingress processes this daemon runs (their port checked now), or None; processes an
+    earlier daemon left that it will not run are stopped at once."""
     if options.ingress_listen is None:
-        yield None
-        return
-    with bound(options.ingress_listen, "--ingress-listen", warn_remote=False) as sock:
-        yield sock
+        stop_leftovers(state_dir)
+        return None
+    fleet = Fleet(
+        state_dir,
+        FleetOptions(
+            options.ingress_listen,
+            options.ingress_workers,
+            access_log=options.access_log,
+            log_format=options.log_format,
+        ),
+        _child_env(),
+    )
+    fleet.claim()
+    return fleet
 
 
 @attrs.frozen
 class _Serving:
     api: socket.socket
-    ingress_socket: socket.socket | None
-    ingress: Ingress | None
+    fleet: Fleet | None
 
 
 async def _serve(
@@ -276,22 +285,19 @@ async def _serve(
         await shutdown_over.wait()
         return left
 
-    ingress = serving.ingress
-
-    def render_metrics() -> bytes:
-        text = metrics.render()
-        return text if ingress is None else text + generate_latest(ingress.metrics.registry)
+    fleet = serving.fleet
 
     timelines = Timelines()
     app = Api(
         None,
         token=token,
-        render_metrics=render_metrics,
+        render_metrics=metrics.render,
         request_shutdown=shutdown_asked.set,
         shutdown_done=shutdown_done,
         logs=logs,
         serving=current,
         timelines=timelines,
+        ingress=fleet,
     )
     config = hypercorn.config.Config()
     # Our socket, bound already; hypercorn takes it over (and closes it when it stops).
@@ -327,6 +333,8 @@ async def _serve(
                 await shutdown_asked.wait()
                 if current.ctl is not None:
                     left.extend(await _wait_deleted(current.ctl))
+                if fleet is not None:
+                    await fleet.stop()
                 mark_stopping(options.state_dir)
                 await hand_over()
                 shutdown_over.set()
@@ -351,20 +359,12 @@ async def _serve(
 
             nursery.start_soon(on_signal)
             nursery.start_soon(on_shutdown)
+            nursery.start_soon(metrics.measure_loop_lag)
             # Leads (recovered, the config applied) or stands by (the store's view built)
             # before anything is served.
             await nursery.start(run_roles)
             nursery.start_soon(record_timelines, current, timelines)
             keep_token()
-            if ingress is not None and serving.ingress_socket is not None:
-                # Routes are known before the first connection is taken.
-                await nursery.start(ingress.run)
-                listener = trio.SocketListener(
-                    trio.socket.from_stdlib_socket(serving.ingress_socket)
-                )
-                await nursery.start(ingress.serve, [listener])
-                host, port = serving.ingress_socket.getsockname()[:2]
-                logger.info("ingress serving routes on http://%s:%d", host, port)
             # Returns once `stop` is set and the server has closed its connections.
             serving_api = True
             async with trio.open_nursery() as server:
@@ -377,6 +377,15 @@ async def _serve(
                 os.set_inheritable(fd, False)
                 url = binds[0]
                 write_address(options.state_dir, url, secrets.token_hex(8))
+                if fleet is not None:
+                    # The ingress processes follow the API: they start once it answers, and
+                    # take their first connection with the routes known.
+                    await nursery.start(fleet.run)
+                    logger.info(
+                        "ingress serving routes on http://%s (%d processes)",
+                        fleet.address,
+                        len(fleet.members),
+                    )
                 logger.info(
                     "listening on %s (token in %s), %s",
                     url,
@@ -480,16 +489,20 @@ def _runtime(options: DaemonOptions, shared: Path) -> Runtime:
         )
     from ._local_runtime import LocalRuntime
 
-    # Replicas get this process's environment, less what is the daemon's own business.
-    env = {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV, STATE_DIR_ENV)}
     return LocalRuntime(
         shared / "w",
         pythonpath=options.pythonpath,
-        env=env,
+        env=_child_env(),
         max_replicas=options.max_replicas,
         fork_server=options.fork_server,
         preload_modules=options.preload,
     )
+
+
+def _child_env() -> dict[str, str]:
+    """What replicas and ingress processes get of this process's environment: all but what is
+    the daemon's own business."""
+    return {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV, STATE_DIR_ENV)}
 
 
 def _log_source(runtime: Runtime) -> LogSource | None:

@@ -1,10 +1,18 @@
 """Leadership, the trio part: stand by until the lease is ours, then keep it, and stop leading
 the moment it is lost (``_lease`` holds the decisions, ``_fencing`` the refusals).
 
-A leader runs inside ``leading()``, a cancel scope whose deadline is the last renewal that
-succeeded plus the renew deadline: a leader whose renewals stall (a hung store, a paused
-process) is cancelled by trio's own clock, whatever its tasks are doing, and one the store or a
-replica refuses is cancelled at once. Its replicas are left as they are, as after a crash.
+A leader runs inside ``leading_scope()``, cancelled when the lease is lost: when a renewal is
+refused (another daemon claimed; the store and the replicas then refuse its writes and commands
+too), or when no renewal has come back by the renew deadline (the last renewal that succeeded
+plus ``duration_s - renew_s``: a hung or failing store), and at once when the store or a
+replica refuses one of its commands. Its replicas are left as they are, as after a crash.
+
+The decision is the renewal's own, not a timer's on a loop that may be busy: when the loop
+stalls past the renew deadline (a long collection, a burst of work), the leader renews as soon
+as it runs again, and goes on leading if the renewal, a compare-and-set, finds the lease still
+its own: no standby claimed it meanwhile, so none acts. If one did, the renewal is refused and
+the leader stops; what it did in between was refused as well, since the store takes intent and
+the replicas take commands only from the epoch the lease holds (fencing).
 """
 
 from __future__ import annotations
@@ -122,10 +130,9 @@ class Leadership:
 
     @contextmanager
     def leading_scope(self) -> Iterator[trio.CancelScope]:
-        """The scope a leader acts in: cancelled when the lease is lost, or, without renewals,
-        at its renew deadline."""
+        """The scope a leader acts in: cancelled when the lease is lost (``keep`` decides)."""
         assert self.held is not None, "campaign() first"
-        with trio.CancelScope(deadline=trio.current_time() + self.timing.renew_deadline_s) as scope:
+        with trio.CancelScope() as scope:
             self._scope = scope
             try:
                 yield scope
@@ -144,33 +151,67 @@ class Leadership:
             self._scope.cancel()
 
     async def keep(self) -> None:
-        """Renew the lease every period, while leading; moving the leading scope's deadline on
-        with each renewal. Returns once the lease is lost (the scope is then cancelled)."""
+        """Renew the lease every period, while leading. Returns once the lease is lost (the
+        leading scope is then cancelled): a renewal refused, or none come back by the renew
+        deadline. A renewal late because the loop was busy is tried as soon as it runs, and
+        counts if the store takes it."""
         scope = self._scope
         assert scope is not None, "keep() runs inside leading_scope()"
-        began = trio.current_time()
+        timing = self.timing
+        # A standby may claim `duration_s` after the last renewal it saw, which it cannot have
+        # seen before that renewal began: `renewed_from` is when the last one that worked began.
+        renewed_from = began = trio.current_time()
+        next_at = began + timing.renew_s
         while True:
-            await trio.sleep_until(began + self.timing.renew_s)
+            await trio.sleep_until(next_at)
             began = trio.current_time()
+            next_at = began + timing.renew_s
             lease = self.held
             if lease is None:
                 return  # released
             new = renewed(lease, wall=time.time(), address=self.address)
-            try:
-                await self.store.renew_lease(new)
-            except FencedError as exc:
-                self.fenced(exc)
-                return
-            except StoreError as exc:
+            renewed_now = False
+            # A store that does not answer gets until the renew deadline (and at least a renew
+            # period, should the loop have been held up past it).
+            bound = max(renewed_from + timing.renew_deadline_s, began + timing.renew_s)
+            with trio.move_on_at(bound) as attempt:
+                try:
+                    await self.store.renew_lease(new)
+                    renewed_now = True
+                except FencedError as exc:
+                    self.fenced(exc)
+                    return
+                except StoreError as exc:
+                    self.renew_failures += 1
+                    self._store_failed("renewing the lease", exc)
+            if renewed_now:
+                self._store_back()
+                self.renewals += 1
+                self.held = self.seen = new
+                late = began - (renewed_from + timing.renew_s)
+                if late > timing.renew_s:
+                    logger.warning(
+                        "renewed the lease %.2fs late (the daemon's loop was held up); still "
+                        "leading as epoch %d",
+                        late,
+                        new.epoch,
+                    )
+                renewed_from = began
+                continue
+            now = trio.current_time()
+            if attempt.cancelled_caught and now - bound > timing.renew_s / 2:
+                # Its time ran out while the loop was held up, not while the store was asked:
+                # the store may well have answered. Ask again at once.
+                next_at = now
+                continue
+            if now >= renewed_from + timing.renew_deadline_s:
                 self.renew_failures += 1
-                self._store_failed("renewing the lease", exc)
-                continue  # the scope's deadline stops the leader if this lasts
-            self._store_back()
-            self.renewals += 1
-            self.held = self.seen = new
-            # A standby may claim `duration_s` after it saw this renewal, which it cannot
-            # have seen before the renewal began: the leader stops before then.
-            scope.deadline = began + self.timing.renew_deadline_s
+                logger.warning(
+                    "the lease was not renewed for %.2fs (the store is slow or failing)",
+                    now - renewed_from,
+                )
+                scope.cancel()
+                return
 
     def _ended(self) -> None:
         lease = self.held

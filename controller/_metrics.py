@@ -25,6 +25,8 @@ T = TypeVar("T")
 
 # Controller work is sub-millisecond; replica starts take seconds.
 _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
+#: How often the loop's lag is sampled.
+LAG_PERIOD_S = 0.05
 _SLOW = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
@@ -82,6 +84,13 @@ class Metrics:
             registry=r,
         )
         self._outcomes: dict[str, set[str]] = {}
+        self.loop_lag = Histogram(
+            "controller_loop_lag_seconds",
+            "How late a timer of the daemon's loop fires (sampled every 50 ms): how long the "
+            "loop was busy when something was due",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+            registry=r,
+        )
         self.checkpoint_writes = Histogram(
             "controller_checkpoint_write_seconds",
             "Writes of intent to the store",
@@ -137,6 +146,14 @@ class Metrics:
 
     def wrap_store(self, store: Store) -> Store:
         return _TimedStore(store, self)
+
+    async def measure_loop_lag(self) -> None:
+        """Sample the loop's lag until cancelled: a timer that asks to wake every
+        `LAG_PERIOD_S`, and records how late it woke."""
+        while True:
+            due = trio.current_time() + LAG_PERIOD_S
+            await trio.sleep_until(due)
+            self.loop_lag.observe(max(0.0, trio.current_time() - due))
 
     def render(self) -> bytes:
         """The text exposition format."""

@@ -386,6 +386,12 @@ OPENAPI: dict[str, Any] = {
                 body="LoadReport",
             )
         },
+        "/api/v1/ingress": {
+            "get": _op(
+                "The daemon's ingress processes: each one's state, restarts and health",
+                _json("200", "Each process", "Ingress"),
+            )
+        },
         "/api/v1/watch": {
             "get": _op(
                 "Long poll: the snapshots newer than `since`",

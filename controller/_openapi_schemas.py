@@ -373,6 +373,43 @@ SCHEMAS: dict[str, Any] = {
             },
         }
     ),
+    "Ingress": _obj(
+        {
+            "listen": {
+                "type": ["string", "null"],
+                "description": "HOST:PORT the ingress processes serve (null: no ingress)",
+            },
+            "workers": {"type": "integer", "minimum": 0},
+            "processes": {
+                "type": "array",
+                "items": _obj(
+                    {
+                        "slot": {"type": "integer", "minimum": 0},
+                        "pid": {"type": ["integer", "null"]},
+                        "state": {"enum": ["starting", "serving", "restarting", "stopping"]},
+                        "since": {
+                            "type": "number",
+                            "description": "When it entered its state (seconds since the epoch)",
+                        },
+                        "restarts": {"type": "integer", "minimum": 0},
+                        "last_exit": _NULLABLE_STRING,
+                        "adopted": {
+                            "type": "boolean",
+                            "description": "Started by an earlier daemon on this state dir",
+                        },
+                        "answers": {
+                            "type": "boolean",
+                            "description": "It answered the daemon's health check just now",
+                        },
+                        "following": {
+                            "type": "boolean",
+                            "description": "It follows the daemon's watch",
+                        },
+                    }
+                ),
+            },
+        }
+    ),
     "LoadTaken": _obj(
         {
             "taken": {"type": "array", "items": STRING},

@@ -100,7 +100,7 @@ def scan_workers(
         if not entry.isdigit():
             continue
         pid = int(entry)
-        args = _command_line(pid)
+        args = command_line(pid)
         if args is None:
             continue
         if len(args) == 3 and args[:2] == [b"-m", module.encode()]:
@@ -111,7 +111,7 @@ def scan_workers(
             zygote_module is not None
             and args[:3] == [b"-m", zygote_module.encode(), os.fsencode(runtime_dir)]
             and pid in forked
-            and forked[pid][0] == _start_time(pid)
+            and forked[pid][0] == start_time(pid)
         ):
             spec_path = forked[pid][1]
         else:
@@ -145,7 +145,7 @@ def _pid_files(runtime_dir: Path) -> dict[int, tuple[str, str]]:
     return found
 
 
-def _start_time(pid: int) -> str | None:
+def start_time(pid: int) -> str | None:
     """When `pid` started, in clock ticks after boot (``/proc/<pid>/stat``, field 22)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -154,7 +154,7 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
-def _command_line(pid: int) -> list[bytes] | None:
+def command_line(pid: int) -> list[bytes] | None:
     """The arguments of `pid` after the interpreter and its ``-P``, if it may be a worker of
     ours: our user in every uid (a setuid program run by another user is not), and a session
     leader (a worker's forked children share its command line but not its session)."""

@@ -70,7 +70,10 @@ class Conn:
     async def _send(self, event: h11.Event) -> None:
         data = self.conn.send(event)
         if data:
-            await self.stream.send_all(data)
+            try:
+                await self.stream.send_all(data)
+            except trio.BrokenResourceError as exc:
+                raise ConnectionError(f"the server closed the connection: {exc}") from None
 
     async def _next(self) -> h11.Event:
         while True:
@@ -79,7 +82,10 @@ class Conn:
             except h11.RemoteProtocolError as exc:
                 raise ConnectionError(str(exc)) from None
             if event is h11.NEED_DATA:
-                self.conn.receive_data(await self.stream.receive_some(65536))
+                try:
+                    self.conn.receive_data(await self.stream.receive_some(65536))
+                except trio.BrokenResourceError as exc:
+                    raise ConnectionError(f"the server reset the connection: {exc}") from None
                 continue
             assert not isinstance(event, type)
             return event

@@ -91,17 +91,20 @@ async def test_a_daemon_killed_under_load_keeps_its_target_and_does_not_scale_do
             first = Daemon(state_dir)
             await first.start(nursery, *args)
             await until_serving(first, "app", 1)
-            # Three requests held open: three ongoing, one per replica wanted.
-            for _ in range(3):
-                nursery.start_soon(_hold, port)
-            await until_serving(first, "app", 3)
-            before = (await first.status())["app"]
-            pids = sorted(r["pid"] for r in before["replicas"])
-            assert before["desired"] == 3
-            assert first.process is not None
-            first.process.send_signal(signal.SIGKILL)
-            await first.process.wait()
-            # Again on the same state dir: no load now (the held requests died with its ingress).
+            async with trio.open_nursery() as clients:
+                # Three requests held open: three ongoing, one per replica wanted.
+                for _ in range(3):
+                    clients.start_soon(_hold, port)
+                await until_serving(first, "app", 3)
+                before = (await first.status())["app"]
+                pids = sorted(r["pid"] for r in before["replicas"])
+                assert before["desired"] == 3
+                assert first.process is not None
+                first.process.send_signal(signal.SIGKILL)
+                await first.process.wait()
+                # Its ingress processes outlive it; the clients give up now.
+                clients.cancel_scope.cancel()
+            # Again on the same state dir: no load now (the ingress reports the requests gone).
             async with running(state_dir, *args) as second:
                 await until_serving(second, "app", 3)
                 # What is under test is that nothing happens: three seconds of the window, in

@@ -3,6 +3,7 @@ and by an HTTP client; real worker processes; real clock, every wait bounded by 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -188,10 +189,14 @@ class Daemon:
 
 
 def ingress_args(extra: Sequence[str]) -> list[str]:
-    """Tests run daemons side by side: each ingress on a port of its own, unless told."""
-    if "--no-ingress" in extra or "--ingress-listen" in extra:
+    """Tests run daemons side by side: each ingress on a port of its own, unless told, and in
+    one process (the tests of several say so)."""
+    if "--no-ingress" in extra:
         return []
-    return ["--ingress-listen", "127.0.0.1:0"]
+    args = [] if "--ingress-listen" in extra else ["--ingress-listen", "127.0.0.1:0"]
+    if "--ingress-workers" not in extra:
+        args += ["--ingress-workers", "1"]
+    return args
 
 
 @pytest.fixture
@@ -201,8 +206,30 @@ def state_dir() -> Iterator[Path]:
     leftovers = worker_pids(path)
     for pid in leftovers:
         os.killpg(pid, signal.SIGKILL)
+    # A daemon stopped by a signal leaves its ingress processes serving, by design (the next
+    # one adopts them); a test that shut its daemon down checks that none is left itself.
+    for pid in ingress_pids(path):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     shutil.rmtree(path, ignore_errors=True)
     assert leftovers == {}, "a test left worker processes behind"
+
+
+def ingress_pids(state_dir: Path) -> list[int]:
+    """The ingress processes of `state_dir`'s daemons, alive now."""
+    found = []
+    marker = os.fsencode(str(state_dir))
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if b"controller._ingress_process" in cmdline and marker in cmdline and state != "Z":
+            found.append(int(entry))
+    return found
 
 
 @asynccontextmanager
@@ -225,6 +252,7 @@ async def running(
                 result = await daemon.cli("shutdown")
                 assert result.returncode == 0, result.stderr
                 assert await daemon.process.wait() == 0
+            assert ingress_pids(state_dir) == [], "shutdown left ingress processes behind"
 
 
 async def test_apply_scale_roll_prune_and_delete_through_the_cli(state_dir: Path) -> None:

@@ -278,6 +278,55 @@ async def test_a_leader_that_cannot_renew_stops_before_a_standby_may_claim(
     hold.set()
 
 
+async def _held_up(clock: trio.testing.MockClock, seconds: float) -> tuple[bool, bool, bool]:
+    """A leads, B stands by; at 10.25 s (between two of A's renewals) the whole loop is held up
+    for `seconds` (time passes with no task running, as in a long collection). Whether, at
+    20 s, A leads, B leads, and A's scope was cancelled."""
+    store = controller.MemoryStore()
+    a = Leadership(store, "host:/a", TIMING)
+    b = Leadership(store, "host:/b", TIMING)
+    await a.campaign()
+    b_leads = False
+    async with trio.open_nursery() as nursery:
+
+        async def stand_by() -> None:
+            nonlocal b_leads
+            await b.campaign()
+            b_leads = True
+
+        nursery.start_soon(stand_by)
+        with a.leading_scope() as scope:
+            async with trio.open_nursery() as inner:
+                inner.start_soon(a.keep)
+                await trio.sleep(10.25)
+                clock.jump(seconds)  # no task runs meanwhile: every timer is late at once
+                await trio.sleep(20 - trio.current_time())
+                inner.cancel_scope.cancel()
+        a_leads = a.leading
+        nursery.cancel_scope.cancel()
+    return a_leads, b_leads, scope.cancelled_caught
+
+
+async def test_a_leader_held_up_past_its_renew_deadline_renews_and_keeps_leading(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Held up until 1.85 s after A's last renewal (at 10 s): past its renew deadline (1.5 s),
+    short of the lease (2 s), which is as soon as B may claim: the renewal, late, finds the
+    lease still A's, so A goes on leading and B never claims."""
+    assert await _held_up(autojump_clock, 1.6) == (True, False, False)
+
+
+@pytest.mark.parametrize("seconds", [2.1, 2.5, 5.0])
+async def test_a_leader_held_up_past_its_lease_leaves_exactly_one_leader(
+    autojump_clock: trio.testing.MockClock, seconds: float
+) -> None:
+    """Held up past the lease, A and B wake together: whichever compare-and-set lands first
+    wins, and the other does not lead (A's late renewal refused, or B's claim beaten)."""
+    a_leads, b_leads, a_stopped = await _held_up(autojump_clock, seconds)
+    assert a_leads != b_leads
+    assert a_stopped == b_leads
+
+
 async def test_a_fenced_renewal_stops_the_leader_at_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

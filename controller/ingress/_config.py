@@ -37,7 +37,8 @@ class IngressConfig:
     queue_timeout_s: float = attrs.field(default=10.0, validator=_positive)
     """How long a request may wait in its backend's queue for a replica with room: 503."""
     header_timeout_s: float = attrs.field(default=10.0, validator=_positive)
-    """How long a client may take to send a request's head once it has begun: 408."""
+    """How long a client may take to send a request's head once it has begun (408), and a new
+    connection its first byte (closed)."""
     body_timeout_s: float = attrs.field(default=30.0, validator=_positive)
     """How long a client may leave the request body, or the response it is sent, without
     progress: 408, or the connection is closed."""
@@ -47,8 +48,13 @@ class IngressConfig:
     """How long connecting to a replica may take before another is tried."""
     max_header_bytes: int = attrs.field(default=65536, validator=_count)
     """The largest request head (request line and headers): 431 beyond."""
+    max_target_bytes: int = attrs.field(default=8192, validator=_at_least_one)
+    """The longest request target (path and query): 414 beyond."""
     max_connections: int = attrs.field(default=10_000, validator=_at_least_one)
-    """Client connections served at once; more wait in the kernel's backlog until one ends."""
+    """Client connections served at once. At the limit, the one idle the longest is closed to
+    make room for a new one; if none is idle, the new one is closed unserved."""
+    max_connections_per_client: int = attrs.field(default=256, validator=_at_least_one)
+    """Client connections one address may hold open; more are closed unserved."""
     max_retries: int = attrs.field(default=3, validator=_count)
     """How many other replicas a request whose connection failed before it was sent is tried
     on (each replica once)."""

@@ -3,26 +3,33 @@ reports its load back. One object per process; serve it on as many listeners as 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import random
 import secrets
 import socket
-from collections.abc import Sequence
-from typing import final
+from collections.abc import Iterator, Sequence
+from typing import Any, final
 
 import attrs
 import trio
 from prometheus_client import generate_latest
 
 from .._state import LOAD_TTL_S, LoadReport
+from ._admission import Admission
+from ._client import Client
 from ._config import IngressConfig
+from ._hangups import Hangups
 from ._metrics import IngressMetrics
 from ._proxy import Proxy
+from ._ratelimit import RateLimitedLog
 from ._routing import RouteTable
+from ._sockets import close
 from ._sources import SourceError, WatchSource
 from ._table import BackendRoutes, RouteInfo
+from ._timers import Timers
 from ._upstream import Pool
 
 logger = logging.getLogger("controller.ingress")
@@ -31,6 +38,8 @@ logger = logging.getLogger("controller.ingress")
 REPORT_INTERVAL_S = 0.1
 #: How soon a report that did not go through is sent again.
 RETRY_REPORT_S = 0.5
+#: Connections taken from a listener's queue in one go before other tasks run.
+_ACCEPT_BATCH = 64
 _BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 
 
@@ -58,14 +67,21 @@ class Ingress:
     _conflicts: frozenset[str] = attrs.field(factory=frozenset, init=False)
     metrics: IngressMetrics = attrs.field(init=False)
     proxy: Proxy = attrs.field(init=False)
-    _connections: trio.Semaphore = attrs.field(init=False)
+    admission: Admission = attrs.field(init=False)
+    _accepting: list[trio.CancelScope] = attrs.field(factory=list, init=False)
+    _retry_now: trio.Event = attrs.field(factory=trio.Event, init=False)
     connected: bool = attrs.field(default=False, init=False)
     """Whether the last call to the source worked."""
+    _warnings: RateLimitedLog = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        self.metrics = IngressMetrics(self.load)
-        self._connections = trio.Semaphore(self.config.max_connections)
-        self.proxy = Proxy(self, Pool(self.config.connect_timeout_s), self.config, self.metrics)
+        config = self.config
+        self.admission = Admission(config.max_connections, config.max_connections_per_client)
+        self.metrics = IngressMetrics(
+            self.load, lambda: (self.admission.open, self.admission.idle_count)
+        )
+        self.proxy = Proxy(self, Pool(config.connect_timeout_s), config, self.metrics)
+        self._warnings = RateLimitedLog(logger)
 
     # -- what the proxy reads --
 
@@ -114,37 +130,117 @@ class Ingress:
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Serve client connections on `listeners` until cancelled."""
+        """Serve client connections on `listeners` until cancelled, or, after `close`, until
+        the connections open then have ended."""
+        hangups, timers = Hangups(), Timers()
+        accepting = trio.CancelScope()
+        self._accepting.append(accepting)
         try:
-            async with trio.open_nursery() as nursery:
-                for listener in listeners:
-                    nursery.start_soon(self._accept, listener, nursery)
-                task_status.started()
+            # The hang-up watch and the deadlines outlive the connections they serve.
+            async with trio.open_nursery() as services:
+                services.start_soon(hangups.run)
+                services.start_soon(timers.run)
+                async with trio.open_nursery() as connections:
+                    with accepting:
+                        async with trio.open_nursery() as accepts:
+                            for listener in listeners:
+                                accepts.start_soon(
+                                    self._accept, listener, connections, hangups, timers
+                                )
+                            task_status.started()
+                services.cancel_scope.cancel()
         finally:
-            with trio.CancelScope(shield=True):
-                await self.proxy.pool.aclose()
+            self._accepting.remove(accepting)
+            self.proxy.pool.close_all()
+            hangups.close()
 
-    async def _accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
-        # Past max_connections, accepting waits: new clients queue in the kernel's backlog
-        # instead of each taking a descriptor (a flood of idle connections cannot exhaust them).
-        async with listener:
+    def retry_now(self) -> None:
+        """Try the source again at once, if it could not be reached (a daemon that has just
+        started again says so)."""
+        self._retry_now.set()
+
+    def close(self) -> None:
+        """Stop taking connections: the listeners close, idle connections close at once and
+        the others after the request under way; ``serve`` then returns (bound the wait with a
+        deadline of your own)."""
+        self.admission.closing = True
+        for scope in self._accepting:
+            scope.cancel()
+        for client in self.admission.idle_connections():
+            if isinstance(client, Client):
+                client.evict()
+
+    async def _accept(
+        self,
+        listener: trio.SocketListener,
+        nursery: trio.Nursery,
+        hangups: Hangups,
+        timers: Timers,
+    ) -> None:
+        # Accepted on a socket of our own over the listener's descriptor (a duplicate, closed
+        # here): plain non-blocking calls, as the connections use (see _sockets).
+        with listener.socket, _own_socket(listener.socket) as sock:
             while True:
-                await self._connections.acquire()
-                try:
-                    stream = await listener.accept()
-                except OSError as exc:
-                    self._connections.release()
-                    # Out of descriptors, say: give those open a moment to finish.
-                    logger.warning("ingress: accept failed (%s); pausing 0.1 s", exc)
-                    await trio.sleep(0.1)
-                    continue
-                nursery.start_soon(self._serve_one, stream)
+                await trio.lowlevel.wait_readable(sock)
+                for _ in range(_ACCEPT_BATCH):
+                    try:
+                        conn, address = sock.accept()
+                    except BlockingIOError:
+                        break
+                    except OSError as exc:
+                        # Out of descriptors, say: give those open a moment to finish.
+                        self._warnings.warn(
+                            "accept", "ingress: accept failed (%s); pausing 0.1 s", exc
+                        )
+                        await trio.sleep(0.1)
+                        break
+                    self._admit(conn, address, nursery, hangups, timers)
 
-    async def _serve_one(self, stream: trio.SocketStream) -> None:
+    def _admit(
+        self,
+        conn: socket.socket,
+        address: Any,
+        nursery: trio.Nursery,
+        hangups: Hangups,
+        timers: Timers,
+    ) -> None:
+        peer = str(address[0]) if isinstance(address, tuple) else "-"
+        verdict = self.admission.admit(peer)
+        if verdict.refused is not None:
+            # Closed unanswered: an answer would be lost anyway in the reset that closing a
+            # socket with unread bytes sends.
+            conn.close()
+            self.metrics.refused(verdict.refused)
+            self._warnings.warn(
+                f"refused-{verdict.refused}",
+                "ingress: connection from %s refused (%s)",
+                peer,
+                "it has max_connections_per_client open"
+                if verdict.refused == "per_client"
+                else "max_connections open, none idle",
+            )
+            return
+        if isinstance(verdict.evict, Client):
+            self.metrics.refused("evicted")
+            verdict.evict.evict()
+        conn.setblocking(False)
+        with contextlib.suppress(OSError):  # not TCP (a Unix socket): nothing to set
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        client = Client(conn, peer, self.config, self.proxy, self.admission, timers, hangups)
+        nursery.start_soon(self._serve_one, client)
+
+    async def _serve_one(self, client: Client) -> None:
         try:
-            await self.proxy.serve_connection(stream)
-        finally:
-            self._connections.release()
+            await client.serve()
+        except Exception:
+            # A bug must not take the ingress down: the connection is closed (its slots are
+            # given back by the proxy's own finally), and the fault logged.
+            self._warnings.warn(
+                "connection-error",
+                "ingress: connection from %s failed",
+                client.peer,
+                exc_info=True,
+            )
 
     async def _follow(self, task_status: trio.TaskStatus[None]) -> None:
         started = False
@@ -165,7 +261,9 @@ class Ingress:
                 if not started:
                     task_status.started()
                     started = True
-                await trio.sleep(_BACKOFF_S[min(failures, len(_BACKOFF_S)) - 1])
+                with trio.move_on_after(_BACKOFF_S[min(failures, len(_BACKOFF_S)) - 1]):
+                    await self._retry_now.wait()
+                self._retry_now = trio.Event()
                 continue
             if not self.connected and failures:
                 logger.info("ingress: following %s again", self.source.describe())
@@ -211,7 +309,7 @@ class Ingress:
                 logger.info("ingress: route %s -> backend %s", prefix, name)
         self.table = table
         for address in left:
-            await self.proxy.pool.forget(address)
+            self.proxy.pool.forget(address)
 
     # -- load reports --
 
@@ -285,3 +383,15 @@ async def open_listener(host: str, port: int, *, reuse_port: bool = False) -> tr
 
 def listener_port(listener: trio.SocketListener) -> int:
     return int(listener.socket.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _own_socket(listener: trio.socket.SocketType) -> Iterator[socket.socket]:
+    sock = socket.socket(
+        listener.family, listener.type, listener.proto, fileno=os.dup(listener.fileno())
+    )
+    try:
+        sock.setblocking(False)
+        yield sock
+    finally:
+        close(sock)

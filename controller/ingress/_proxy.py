@@ -1,31 +1,53 @@
-"""One client connection: read each request (h11), route it, hold a replica slot for it, send it
-on a pooled connection, and stream the answer back. Bodies stream both ways chunk by chunk; a
-client that hangs up cancels its request to the replica (its connection is closed)."""
+"""One request's way through the ingress: route it, hold a replica slot for it, send it on a
+pooled connection, and relay the answer. Bodies stream both ways chunk by chunk.
+
+Every slot taken is given back in the ``finally`` that follows the take, whatever happens
+after it (a failed send, a bad answer, the client hanging up, a deadline, a bug): the load the
+ingress reports is only ever what is really under way."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import re
+import socket
+from collections import deque
 from typing import Any, Protocol, final
 
-import attrs
-import h11
 import trio
 
+from ._client import Client
 from ._config import IngressConfig
 from ._errors import ClientGone, Reply
-from ._exchange import HOP_BY_HOP, READ_SIZE, Exchange
 from ._metrics import IngressMetrics
+from ._ratelimit import RateLimitedLog
 from ._routing import RouteTable
+from ._sockets import READ_SIZE, send_all
 from ._table import BackendRoutes, Rejected, Slot
-from ._upstream import NotSent, Pool, Upstream
+from ._upstream import NotSent, Pool, Stale, Upstream
+from ._wire import (
+    END,
+    Problem,
+    RequestHead,
+    ResponseHead,
+    ResponseReader,
+    own_answer,
+    response_head,
+    upstream_head,
+)
 
 access_logger = logging.getLogger("controller.ingress.access")
 logger = logging.getLogger("controller.ingress")
 
 #: How soon a client told "no room" may try again, in seconds.
 RETRY_AFTER_S = 1
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_LAST_CHUNK = b"0\r\n\r\n"
+#: Requests that may be sent twice (RFC 9110 9.2.2, less PUT and DELETE, whose effects a
+#: replica may not make idempotent): sent again once when a kept connection proves closed.
+_REPEATABLE = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE"})
+#: What a request that ran out of time in each phase is counted as.
+_EXPIRED_STATUS = {"head": 408, "body": 408, "request": 504, "upstream": 502}
 
 
 class Routing(Protocol):
@@ -42,170 +64,144 @@ class Routing(Protocol):
 
 
 @final
-@attrs.define(eq=False)
 class Proxy:
-    routing: Routing
-    pool: Pool
-    config: IngressConfig
-    metrics: IngressMetrics
+    def __init__(
+        self, routing: Routing, pool: Pool, config: IngressConfig, metrics: IngressMetrics
+    ):
+        self.routing = routing
+        self.pool = pool
+        self.config = config
+        self.metrics = metrics
+        self.warnings = RateLimitedLog(logger)
 
-    async def serve_connection(self, stream: trio.SocketStream) -> None:
-        """Serve one client connection until it closes, errs or idles out."""
-        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.config.max_header_bytes)
-        peer = _peer(stream)
-        try:
-            while True:
-                request = await self._read_head(stream, conn)
-                if request is None:
-                    return
-                await self._exchange(stream, conn, request, peer)
-                if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
-                    return
-                conn.start_next_cycle()
-        except (ClientGone, trio.BrokenResourceError, trio.ClosedResourceError):
-            return
-        except h11.ProtocolError as exc:
-            logger.debug("client %s: %s", peer, exc)
-        except Exception:
-            # One connection never takes the ingress down with it: it is closed, and logged.
-            logger.exception("ingress: connection from %s failed", peer)
-        finally:
-            with trio.CancelScope(shield=True):
-                await stream.aclose()
+    # -- what a client connection asks --
 
-    # -- reading the request --
-
-    async def _read_head(
-        self, stream: trio.SocketStream, conn: h11.Connection
-    ) -> h11.Request | None:
-        """The next request's head, or None when the client is done (or idled out)."""
-        config = self.config
-        deadline = trio.current_time() + config.keepalive_timeout_s
-        begun = False
-        received = len(conn.trailing_data[0])  # a pipelined head may be held already
-        while True:
-            try:
-                event = conn.next_event()
-            except h11.RemoteProtocolError as exc:
-                status = exc.error_status_hint
-                kind = {431: "HeadersTooLarge", 501: "NotImplemented"}.get(status, "BadRequest")
-                await self._fail(stream, conn, status, kind, f"malformed request: {exc}")
-                return None
-            if isinstance(event, h11.Request):
-                # h11 bounds a head that arrives in parts; one that arrives whole is measured
-                # here, as the bytes it took (what h11 holds beyond it is the next request's).
-                size = received - len(conn.trailing_data[0])
-                if size > config.max_header_bytes:
-                    message = f"the request head is over {config.max_header_bytes} bytes"
-                    await self._fail(stream, conn, 431, "HeadersTooLarge", message)
-                    return None
-                return event
-            if event is h11.NEED_DATA:
-                with trio.move_on_at(deadline):
-                    data = await stream.receive_some(READ_SIZE)
-                    if data and not begun:
-                        # A head has begun: it must arrive whole within header_timeout_s.
-                        begun = True
-                        deadline = min(deadline, trio.current_time() + config.header_timeout_s)
-                    conn.receive_data(data)
-                    received += len(data)
-                    continue
-                if begun:
-                    message = (
-                        f"the request head did not arrive within {config.header_timeout_s:g} s"
-                    )
-                    await self._fail(stream, conn, 408, "RequestTimeout", message)
-                return None
-            return None  # ConnectionClosed, or PAUSED after a protocol switch
-
-    # -- one exchange --
-
-    async def _exchange(
-        self, stream: trio.SocketStream, conn: h11.Connection, request: h11.Request, peer: str
-    ) -> None:
+    async def exchange(self, client: Client, head: RequestHead) -> bool:
+        """Serve `head` to `client`; whether its connection may carry another request."""
         started = trio.current_time()
-        target = request.target
-        path = _path_of(target)
-        table = self.routing.table
+        path = head.path
         if path.startswith("/-/"):
-            await _drain_body(stream, conn, self.config)
             builtin = self.routing.builtin(path)
             if builtin is None:
-                await self._fail(
-                    stream, conn, 404, "NoRoute", "paths under /-/ are the ingress's own"
-                )
-            else:
-                await self._answer(stream, conn, *builtin)
-            return
+                message = "paths under /-/ are the ingress's own"
+                return await self._own(client, head, 404, "NoRoute", message)
+            return await self._answer(client, head, *builtin)
+        table = self.routing.table
         name = table.match(path)
         backend = self.routing.backend(name) if name is not None else None
         if name is None or backend is None:
-            await _drain_body(stream, conn, self.config)
             routes = dict(sorted(table.routes.items()))
-            await self._fail(stream, conn, 404, "NoRoute", f"no route for {path}", routes=routes)
-            self._done(request, peer, "-", "-", 404, started)
-            return
+            keep = await self._own(
+                client, head, 404, "NoRoute", f"no route for {path}", routes=routes
+            )
+            self._done(head, client.peer, "-", "-", 404, started)
+            return keep
         route = backend.route_prefix
-        status = 502
+        status = 499  # as nginx logs it: the client closed the connection first
         try:
-            status = await self._forward(stream, conn, request, backend, route, peer)
+            status, keep = await self._forward(client, head, backend, route)
+            return keep
         except ClientGone:
-            status = 499  # as nginx logs it: the client closed the connection first
-            raise
+            return False
         except Reply as reply:
             status = reply.status
             if reply.status == 503:
-                self.metrics.rejected.labels(name, reply.extra.get("cause", "")).inc()
-            retry_after = RETRY_AFTER_S if reply.status == 503 else None
+                self.metrics.rejected(name, reply.extra.get("cause", ""))
+            elif reply.status >= 500:
+                self.warnings.warn(
+                    f"{reply.kind}:{name}",
+                    "backend %s: %d %s: %s",
+                    *(name, reply.status, reply.kind, reply),
+                )
             extra = {k: v for k, v in reply.extra.items() if k != "cause"}
-            await self._fail(
-                stream, conn, reply.status, reply.kind, str(reply), retry_after=retry_after, **extra
+            return await self._own(
+                client,
+                head,
+                reply.status,
+                reply.kind,
+                str(reply),
+                retry_after=RETRY_AFTER_S if reply.status == 503 else None,
+                **extra,
             )
         finally:
-            self._done(request, peer, name, route, status, started)
+            if client.expired_in is not None:
+                status = client.answered or _EXPIRED_STATUS.get(client.expired_in, status)
+            self._done(head, client.peer, name, route, status, started)
+
+    async def refuse(self, client: Client, problem: Problem) -> None:
+        """Answer a request the client's reader could not read; the connection then closes."""
+        self.metrics.bad_request(problem.status)
+        body = _error_body(problem.kind, str(problem))
+        with contextlib.suppress(ClientGone):
+            await client.send(own_answer(problem.status, b"application/json", body, close=True))
+
+    async def expired(self, client: Client, phase: str) -> None:
+        """A deadline passed (the connection's scope is cancelled): say so, if nothing of an
+        answer went out yet, and the connection closes."""
+        config = self.config
+        where = f"the replica at {client.upstream}" if client.upstream else "the replica"
+        messages = {
+            "head": (
+                408,
+                "RequestTimeout",
+                f"the request head did not arrive within {config.header_timeout_s:g} s",
+            ),
+            "body": (
+                408,
+                "RequestTimeout",
+                f"the request body stalled for {config.body_timeout_s:g} s",
+            ),
+            "request": (
+                504,
+                "GatewayTimeout",
+                f"{where} did not answer within request_timeout_s={config.request_timeout_s:g}",
+            ),
+            "upstream": (
+                502,
+                "BadGateway",
+                f"{where} stopped reading the request for {config.body_timeout_s:g} s",
+            ),
+        }
+        if phase not in messages or client.answered is not None:
+            return  # idle (closed without a word), or an answer under way (cut short)
+        status, kind, message = messages[phase]
+        if phase == "head":
+            self.metrics.bad_request(status)
+        answer = own_answer(status, b"application/json", _error_body(kind, message), close=True)
+        with trio.move_on_after(config.body_timeout_s), contextlib.suppress(ClientGone):
+            await client.send(answer)
+
+    # -- forwarding --
 
     async def _forward(
-        self,
-        stream: trio.SocketStream,
-        conn: h11.Connection,
-        request: h11.Request,
-        backend: BackendRoutes,
-        route: str,
-        peer: str,
-    ) -> int:
-        config = self.config
+        self, client: Client, head: RequestHead, backend: BackendRoutes, route: str
+    ) -> tuple[int, bool]:
+        chunked = head.body and any(k == b"transfer-encoding" for k, _ in head.headers)
+        repeatable = not head.body and head.method in _REPEATABLE
         tried: set[str] = set()
         while True:
             slot = await self._acquire(backend, frozenset(tried))
-            head = _upstream_request(request, peer, route, slot.address)
             try:
-                upstream = await self._send_head(slot, head)
+                sent = upstream_head(head, client.peer, route, slot.address.encode(), chunked)
+                return await self._through(client, head, backend, slot, sent, repeatable)
+            except Stale:
+                # The replica had closed that kept connection (or died): its other kept ones
+                # go too, and the request goes again, once, on a new connection.
+                self.pool.forget(slot.address)
+                repeatable = False
             except NotSent as exc:
                 backend.refused(slot)
-                backend.release(slot)
                 tried.add(slot.tag)
-                if len(tried) > config.max_retries:
+                if len(tried) > self.config.max_retries:
                     raise Reply(502, "BadGateway", f"{exc}; tried {len(tried)} replicas") from None
-                self.metrics.retries.labels(backend.name).inc()
+                self.metrics.retried(backend.name)
                 logger.debug("backend %s: %s; trying another replica", backend.name, exc)
-                continue
-            break
-        kept = False
-        try:
-            exchange = Exchange(stream, conn, upstream, backend, slot, self.config)
-            status = await exchange.run()
-            if upstream.reusable and not slot.gone:
-                await self.pool.put(upstream)
-                kept = True
-            return status
-        finally:
-            if not kept:
-                await upstream.aclose()
-            backend.release(slot)
-            if slot.gone and not slot.in_flight:
-                # The last request to a replica that left: what was pooled for it before it
-                # left goes too (the snapshot that took it away could not close those).
-                await self.pool.forget(slot.address)
+            finally:
+                backend.release(slot)
+                if slot.gone and not slot.in_flight:
+                    # The last request to a replica that left: what was pooled for it before
+                    # it left goes too (the snapshot that took it away could not close those).
+                    self.pool.forget(slot.address)
 
     async def _acquire(self, backend: BackendRoutes, tried: frozenset[str]) -> Slot:
         slot = backend.try_acquire(tried)
@@ -227,70 +223,184 @@ class Proxy:
             kind = {"queue_full": "Overloaded", "no_replicas": "NoReplicas"}[exc.cause]
             raise Reply(503, kind, str(exc), cause=exc.cause) from None
 
-    async def _send_head(self, slot: Slot, head: h11.Request) -> Upstream:
-        """Open (or reuse) a connection to `slot` and send the request's head. Whatever fails
-        here reached no application: NotSent, and the caller tries another replica."""
-        upstream = await self.pool.get(slot.address)
-        try:
-            await upstream.send(head)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            await upstream.aclose()
-            raise NotSent(f"connection to {slot.address} lost: {exc}") from None
-        return upstream
-
-    async def _fail(
+    async def _through(
         self,
-        stream: trio.SocketStream,
-        conn: h11.Connection,
+        client: Client,
+        head: RequestHead,
+        backend: BackendRoutes,
+        slot: Slot,
+        sent: bytes,
+        repeatable: bool,
+    ) -> tuple[int, bool]:
+        """The request to the replica of `slot`, and its answer to the client. ``NotSent``
+        while nothing reached the replica; ``Stale`` for a `repeatable` request whose kept
+        connection proved closed."""
+        upstream = await self.pool.get(slot.address, check=not repeatable)
+        client.upstream = upstream.address
+        try:
+            try:
+                await send_all(upstream.sock, sent)
+            except OSError as exc:
+                raise NotSent(f"connection to {slot.address} lost: {exc}") from None
+            if head.body:
+                chunked = any(k == b"transfer-encoding" for k, _ in head.headers)
+                await self._send_body(client, head, upstream, chunked)
+            return await self._relay(client, head, backend, slot, upstream, repeatable)
+        finally:
+            if slot.gone:
+                upstream.reusable = False
+            self.pool.put(upstream)  # or closed, if it cannot carry another request
+
+    async def _send_body(
+        self, client: Client, head: RequestHead, upstream: Upstream, chunked: bool
+    ) -> None:
+        if head.expect_continue:
+            await client.send(_CONTINUE)
+        while True:
+            chunk = await client.body()
+            if chunk is None:
+                data = _LAST_CHUNK if chunked else b""
+            elif chunked:
+                data = b"%x\r\n%s\r\n" % (len(chunk), chunk)
+            else:
+                data = chunk
+            if data:
+                upstream.body_sent = True
+                try:
+                    sent = upstream.sock.send(data)
+                except BlockingIOError:
+                    sent = 0
+                except OSError as exc:
+                    raise _closed_while_sending(upstream, exc) from None
+                if sent < len(data):
+                    # The replica must take the rest within body_timeout_s.
+                    deadline = trio.current_time() + self.config.body_timeout_s
+                    client.timer.set(deadline, "upstream")
+                    try:
+                        await send_all(upstream.sock, memoryview(data)[sent:])
+                    except OSError as exc:
+                        raise _closed_while_sending(upstream, exc) from None
+            if chunk is None:
+                return
+
+    async def _relay(
+        self,
+        client: Client,
+        head: RequestHead,
+        backend: BackendRoutes,
+        slot: Slot,
+        upstream: Upstream,
+        repeatable: bool,
+    ) -> tuple[int, bool]:
+        """Wait for the replica's answer (within request_timeout_s, then each next part of it
+        within the same) and pass it on."""
+        timeout, sock, timer = self.config.request_timeout_s, upstream.sock, client.timer
+        reader = ResponseReader()
+        reader.head_only = head.method == b"HEAD"
+        events = reader.events
+        sent_at = trio.current_time()
+        timer.set(sent_at + timeout, "request")
+        answer: ResponseHead | None = None
+        try:
+            while answer is None:
+                data = await _receive(sock)
+                if not data:
+                    if repeatable and upstream.reused and not reader.began:
+                        raise Stale
+                    message = (
+                        f"the replica at {upstream.address} closed the connection without answering"
+                    )
+                    raise Reply(502, "BadGateway", message)
+                try:
+                    reader.feed(data)
+                except Problem as problem:
+                    raise Reply(problem.status, problem.kind, str(problem)) from None
+                if events:
+                    first = events.popleft()
+                    assert isinstance(first, ResponseHead)
+                    answer = first
+        finally:
+            if not client.gone:
+                backend.answered(slot, trio.current_time() - sent_at)  # a timeout counts
+        # The client's framing: the replica's length where it gave one; else chunks, or, for
+        # an HTTP/1.0 client (which cannot read chunks), the connection's end.
+        sized = answer.length is not None
+        chunks = not sized and not head.http_10
+        keep = head.keep_alive and (sized or chunks)
+        out = bytearray(response_head(answer, chunked=chunks, close=not keep))
+        client.answered = answer.status
+        # From here on the client has the head: a failure can only cut the answer short. What
+        # the replica has sent already goes with it, in one write: a small answer is one.
+        done = _pass_on(events, out, chunks)
+        await client.send(out)
+        while not done:
+            timer.set(trio.current_time() + timeout, "request")
+            data = await _receive(sock)
+            if not data:
+                if not reader.closed():
+                    raise ClientGone  # cut mid-answer: the client sees it broken
+            else:
+                try:
+                    reader.feed(data)
+                except Problem:
+                    raise ClientGone from None
+            out = bytearray()
+            done = _pass_on(events, out, chunks)
+            await client.send(out)
+        upstream.reusable = (
+            answer.keep_alive and reader.ended and not reader.extra and not upstream.body_sent
+        )
+        return answer.status, keep
+
+    # -- answers of our own --
+
+    async def _own(
+        self,
+        client: Client,
+        head: RequestHead,
         status: int,
         kind: str,
         message: str,
         *,
         retry_after: int | None = None,
         **extra: Any,
-    ) -> None:
-        body = json.dumps({"error": {"type": kind, "message": message, **extra}}).encode()
-        headers = [] if retry_after is None else [(b"retry-after", b"%d" % retry_after)]
-        await self._answer(stream, conn, status, b"application/json", body, headers)
+    ) -> bool:
+        """Answer with an error of ours; whether the connection may carry another request."""
+        headers = () if retry_after is None else ((b"retry-after", b"%d" % retry_after),)
+        body = _error_body(kind, message, **extra)
+        return await self._answer(client, head, status, b"application/json", body, headers)
 
     async def _answer(
         self,
-        stream: trio.SocketStream,
-        conn: h11.Connection,
+        client: Client,
+        head: RequestHead,
         status: int,
         content_type: bytes,
         body: bytes,
-        headers: list[tuple[bytes, bytes]] | None = None,
-    ) -> None:
-        """An answer of the ingress's own, whole, in one write (given up on if the client does
-        not take it within body_timeout_s)."""
-        if conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
-            return  # a response is under way already: nothing more can be said
-        headers = [
-            (b"content-type", content_type),
-            (b"content-length", b"%d" % len(body)),
-            *(headers or []),
-        ]
-        if conn.their_state is not h11.DONE:
-            headers.append((b"connection", b"close"))  # the rest of its request is not read
-        try:
-            data = conn.send(h11.Response(status_code=status, headers=headers))
-            data += conn.send(h11.Data(data=body)) or b""
-            data += conn.send(h11.EndOfMessage()) or b""
-            with trio.move_on_after(self.config.body_timeout_s):
-                await stream.send_all(data)
-        except (h11.LocalProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+        headers: tuple[tuple[bytes, bytes], ...] = (),
+    ) -> bool:
+        """An answer of the ingress's own, whole; whether the connection may carry another
+        request (not if the request's body is still arriving: it is not read)."""
+        keep = head.keep_alive and (client.skip_body() if head.body else True)
+        client.answered = status
+        head_only = head.method == b"HEAD"
+        await client.send(
+            own_answer(
+                status, content_type, body, close=not keep, head_only=head_only, extra=headers
+            )
+        )
+        # An answer that waited for nothing: let other tasks run before the next request.
+        await trio.lowlevel.checkpoint()
+        return keep
 
     def _done(
-        self, request: h11.Request, peer: str, backend: str, route: str, status: int, started: float
+        self, head: RequestHead, peer: str, backend: str, route: str, status: int, started: float
     ) -> None:
         elapsed = trio.current_time() - started
         if backend != "-":
-            self.metrics.requests.labels(backend, route, str(status)).inc()
-            self.metrics.latency.labels(backend).observe(elapsed)
+            self.metrics.request(backend, route, status, elapsed)
         if self.config.access_log:
-            method, target = request.method.decode("latin-1"), request.target.decode("latin-1")
+            method, target = head.method.decode("latin-1"), head.target.decode("latin-1")
             fields = {
                 "peer": peer,
                 "method": method,
@@ -306,105 +416,42 @@ class Proxy:
             )
 
 
-async def _drain_body(
-    stream: trio.SocketStream, conn: h11.Connection, config: IngressConfig
-) -> None:
-    """Read and drop a small request body we answer ourselves (404, built-ins); a large one is
-    left unread and the connection closed after the answer."""
-    if conn.they_are_waiting_for_100_continue:
-        return  # it sends no body before a 100 it will not get: answered at once, then closed
-    budget = 65536
-    while conn.their_state is h11.SEND_BODY and budget > 0:
-        event = conn.next_event()
-        if event is h11.NEED_DATA:
-            with trio.move_on_after(config.body_timeout_s):
-                data = await stream.receive_some(READ_SIZE)
-                conn.receive_data(data)
-                if data:
-                    budget -= len(data)
-                    continue
-            return
-        if isinstance(event, h11.ConnectionClosed):
-            return
-
-
-def _upstream_request(request: h11.Request, peer: str, route: str, address: str) -> h11.Request:
-    """The head sent to the replica: the client's, less what belongs to the client's hop (and
-    the headers its Connection header names), in origin form, with a Host, and with where it
-    came from. A chunked body is sent chunked with no Content-Length beside it: a request that
-    carried both is never passed on two ways to read it (request smuggling)."""
-    headers: list[tuple[bytes, bytes]] = []
-    forwarded_for = peer.encode()
-    # The headers that say how to read the request are never the client's hop's to drop.
-    named = {
-        token.strip().lower()
-        for key, value in request.headers
-        if key == b"connection"
-        for token in value.split(b",")
-    } - _FRAMING
-    chunked = any(key == b"transfer-encoding" for key, _ in request.headers)
-    target, authority = _origin_form(request.target)
-    host = authority
-    for key, value in request.headers:
-        if key in HOP_BY_HOP or key in named or key in _OURS:
+async def _receive(sock: socket.socket) -> bytes:
+    """The replica's next bytes (``b""``: it closed, or reset)."""
+    while True:
+        await trio.lowlevel.wait_readable(sock)
+        try:
+            return sock.recv(READ_SIZE)
+        except BlockingIOError:
             continue
-        if key == b"content-length" and chunked:
-            continue
-        if key == b"host":
-            host = host or value  # the absolute form's authority wins (RFC 9112 3.2.2)
-            continue
-        if key == b"x-forwarded-for":
-            forwarded_for = value + b", " + forwarded_for
-            continue
-        if key == b"cookie":
-            value = _without_console_session(value)
-            if not value:
-                continue
-        headers.append((key, value))
-    headers.insert(0, (b"host", host or address.encode()))  # HTTP/1.0 clients may send none
-    if chunked:
-        headers.append((b"transfer-encoding", b"chunked"))
-    headers.append((b"x-forwarded-for", forwarded_for))
-    headers.append((b"x-forwarded-proto", b"http"))
-    headers.append((b"x-forwarded-prefix", route.encode()))
-    return h11.Request(method=request.method, target=target, headers=headers)
+        except OSError:
+            return b""
 
 
-_FRAMING = frozenset({b"host", b"content-length", b"transfer-encoding"})
-#: The daemon's console session cookies (``controller_session_PORT``): a browser sends them to
-#: every port of the host, this one included, and they are nothing a replica should see.
-_CONSOLE_COOKIE = re.compile(rb"\s*controller_session(?:_[0-9]+)?=")
+def _pass_on(events: deque[Any], out: bytearray, chunks: bool) -> bool:
+    """Move the answer's events held so far into `out`, framed for the client; whether the
+    answer ended among them."""
+    while events:
+        event = events.popleft()
+        if event is END:
+            if chunks:
+                out += _LAST_CHUNK
+            return True
+        if chunks:
+            out += b"%x\r\n" % len(event)
+            out += event
+            out += b"\r\n"
+        else:
+            out += event
+    return False
 
 
-def _without_console_session(cookies: bytes) -> bytes:
-    return b"; ".join(c.strip() for c in cookies.split(b";") if not _CONSOLE_COOKIE.match(c))
+def _error_body(kind: str, message: str, **extra: Any) -> bytes:
+    return json.dumps({"error": {"type": kind, "message": message, **extra}}).encode()
 
 
-#: Set by the ingress alone: a client's own are dropped.
-_OURS = frozenset({b"x-forwarded-proto", b"x-forwarded-prefix"})
-
-
-def _origin_form(target: bytes) -> tuple[bytes, bytes]:
-    """The target as a path (and query), and the authority if it came in absolute form."""
-    if target.startswith((b"http://", b"https://")):
-        rest = target.partition(b"//")[2]
-        authority, slash, path = rest.partition(b"/")
-        query = b""
-        if b"?" in authority:  # http://host?q
-            authority, _, query = authority.partition(b"?")
-            return b"/?" + query, authority
-        return slash + path if slash else b"/", authority
-    return target, b""
-
-
-def _path_of(target: bytes) -> str:
-    path = _origin_form(target)[0].partition(b"?")[0].partition(b"#")[0]
-    return path.decode("latin-1") or "/"
-
-
-def _peer(stream: trio.SocketStream) -> str:
-    try:
-        host = stream.socket.getpeername()[0]
-    except OSError:
-        return "-"
-    return str(host)
+def _closed_while_sending(upstream: Upstream, exc: OSError) -> Reply:
+    message = (
+        f"the replica at {upstream.address} closed the connection while the request was sent: {exc}"
+    )
+    return Reply(502, "BadGateway", message)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, final
 
 import attrs
@@ -173,11 +173,16 @@ class HTTPSource:
 
     `also` names other daemons of the same store (standbys): when the one followed cannot be
     reached, the next is tried, in turn. Any of them answers the watch (a standby from the
-    store), and a standby sends load reports on to the leader (307), which this follows."""
+    store), and a standby sends load reports on to the leader (307), which this follows.
+
+    `locate`, if given, says where the daemon is now and its token (read again from its state
+    dir): asked whenever the daemon cannot be reached or refuses the token, so that an ingress
+    follows a daemon restarted on another port, or with another token."""
 
     url: str
     token: str
     also: tuple[str, ...] = ()
+    locate: Callable[[], tuple[str, str] | None] | None = None
     _epoch: str = attrs.field(default="", init=False)
     _cursor: int = attrs.field(default=0, init=False)
     _at: int = attrs.field(default=0, init=False)
@@ -202,13 +207,25 @@ class HTTPSource:
     def _others(self) -> list[str]:
         return [u for u in (self.url, *self.also) if u != self.following]
 
+    def _relocate(self) -> None:
+        if self.locate is None:
+            return
+        found = self.locate()
+        if found is not None and found != (self.url, self.token):
+            if found[0] != self.url:
+                self._epoch, self._cursor = "", 0  # another daemon's watch: count afresh
+            self.url, self.token = found
+
     def _next_daemon(self) -> None:
         # Another daemon counts its watch afresh (its own epoch): the next answer is complete.
         self._at += 1
 
     async def changes(self) -> tuple[list[RouteInfo], bool]:
+        # The first answer comes at once, even with no backend at all: an ingress starts with
+        # what there is (a long poll would hold its start until the first change).
+        wait = WATCH_POLL_S if self._epoch else 0
         query = urllib.parse.urlencode(
-            {"since": self._cursor, "epoch": self._epoch, "timeout_s": WATCH_POLL_S}
+            {"since": self._cursor, "epoch": self._epoch, "timeout_s": wait}
         )
         with trio.move_on_after(WATCH_POLL_S + 15) as waited:
             try:
@@ -216,10 +233,13 @@ class HTTPSource:
             except SourceError:
                 if self.also:
                     self._next_daemon()
+                self._relocate()
                 raise
         if waited.cancelled_caught:
             raise SourceError("the watch did not answer in time")
         if status != 200 or not isinstance(data, dict):
+            if status == 401:
+                self._relocate()
             raise SourceError(f"the watch answered {status}: {_error_of(data)}")
         try:
             infos = [_info_from_json(s) for s in data["snapshots"]]

@@ -1,0 +1,221 @@
+"""One client connection, served by one task: read a request, serve it, read the next.
+
+Everything the connection waits for has one deadline at a time, kept by the ingress's
+`Timers` (no cancel scope is made per request): a new connection's first byte and a request's
+head (``header_timeout_s``), a body that must not stall (``body_timeout_s``), the replica's
+answer (``request_timeout_s``), an idle keep-alive connection (``keepalive_timeout_s``). A
+deadline that passes cancels the connection's one scope, naming the phase it was in; the
+connection then says so to the client if it still can (408, 502, 504) and closes. The task
+reads only when it needs the next request or the next piece of a body, so a client is read
+no faster than its requests are served, and the ingress's `Hangups` tells it at once of a
+client that hangs up, which cancels its request at the replica too.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+from typing import Protocol, final
+
+import trio
+
+from ._admission import Admission
+from ._config import IngressConfig
+from ._errors import ClientGone, Reply
+from ._hangups import Hangups
+from ._sockets import READ_SIZE, close, send_all
+from ._timers import Timers
+from ._wire import END, Problem, RequestHead, RequestReader
+
+
+class Handler(Protocol):
+    """What serves a client's requests (the proxy)."""
+
+    async def exchange(self, client: Client, head: RequestHead) -> bool:
+        """Serve one request; whether the connection may carry the next one."""
+        ...
+
+    async def refuse(self, client: Client, problem: Problem) -> None:
+        """Answer a request that cannot be read (then the connection closes)."""
+        ...
+
+    async def expired(self, client: Client, phase: str) -> None:
+        """Say what ran out of time, if nothing of an answer was sent yet."""
+        ...
+
+
+@final
+class Client:
+    """A client's connection: `serve` runs it until it ends; `evict` ends it from outside."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        peer: str,
+        config: IngressConfig,
+        handler: Handler,
+        admission: Admission,
+        timers: Timers,
+        hangups: Hangups,
+    ):
+        self.sock = sock
+        self.peer = peer
+        self.config = config
+        self._handler = handler
+        self._admission = admission
+        self._hangups = hangups
+        self._reader = RequestReader(config.max_target_bytes, config.max_header_bytes)
+        self._events = self._reader.events
+        self.scope = trio.CancelScope()
+        """The connection's: cancelled when a deadline passes, it is evicted, or its client
+        hangs up."""
+        self.deadline = math.inf
+        self.phase = "idle"
+        """What the deadline is for: idle, head, request, body, send, upstream."""
+        self.timer = timers.timer(self)
+        self.expired_in: str | None = None
+        """The phase whose deadline passed."""
+        self.gone = False
+        """The client hung up."""
+        self.requests = 0
+        """Requests read so far."""
+        self.current: RequestHead | None = None
+        """The request under way."""
+        self.answered: int | None = None
+        """The status of the answer whose head went out for the current request."""
+        self.upstream = ""
+        """The replica the current request went to (for what a timeout says)."""
+        self._idle = False
+
+    async def serve(self) -> None:
+        """Serve the connection until it closes, idles out, errs or is evicted."""
+        self._hangups.watch(self.sock, self)
+        try:
+            with self.scope:
+                while True:
+                    event = await self._next_request()
+                    if event is None:
+                        return
+                    if isinstance(event, Problem):
+                        await self._handler.refuse(self, event)
+                        return
+                    self.requests += 1
+                    self.current, self.answered, self.upstream = event, None, ""
+                    self.timer.set(math.inf, "request")
+                    if not await self._handler.exchange(self, event) or not event.keep_alive:
+                        return
+                    self.current = None
+                    if self._admission.closing:
+                        return
+            if self.expired_in is not None and not self.gone:
+                await self._handler.expired(self, self.expired_in)
+        finally:
+            self.timer.cancel()
+            self._hangups.forget(self.sock)
+            if self._idle:
+                self._admission.idle(self, False)
+            self._admission.leave(self.peer, self)
+            close(self.sock)
+
+    def expire(self, phase: str) -> None:
+        """(The timers) the deadline of `phase` has passed."""
+        self.expired_in = phase
+        self.scope.cancel()
+
+    def hang_up(self) -> None:
+        """(The hang-up watch) the client has closed its side, or reset the connection."""
+        self.gone = True
+        self.scope.cancel()
+
+    def evict(self) -> None:
+        """Close the connection (it is idle, and another needs its room)."""
+        self.scope.cancel()
+
+    async def _next_request(self) -> RequestHead | Problem | None:
+        """The next request's head (read now, or already there: pipelined), a `Problem`, or
+        None if the client is done (it closed)."""
+        events = self._events
+        if not events:
+            config, sock = self.config, self.sock
+            # A new connection must begin its request as soon as a head must arrive whole.
+            wait = config.header_timeout_s if self.requests == 0 else config.keepalive_timeout_s
+            self.timer.set(trio.current_time() + wait, "idle")
+            self._admission.idle(self, True)
+            self._idle = True
+            while not events:
+                await trio.lowlevel.wait_readable(sock)
+                try:
+                    data = sock.recv(READ_SIZE)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if not data:
+                    return None
+                if self._idle:
+                    self._admission.idle(self, False)
+                    self._idle = False
+                    head_by = trio.current_time() + config.header_timeout_s
+                self._reader.feed(data)
+                if not events:
+                    # A head begun and not whole: the rest must come by its deadline.
+                    self.timer.set(head_by, "head")
+        event = events.popleft()
+        if isinstance(event, RequestHead | Problem):
+            return event
+        return Problem(400, "BadRequest", "a request body with no request")  # cannot happen
+
+    async def body(self) -> bytes | None:
+        """The next chunk of the current request's body; None at its end. Raises `Reply`
+        (400) if it cannot be read, ``ClientGone`` if the client left."""
+        events = self._events
+        while not events:
+            self.timer.set(trio.current_time() + self.config.body_timeout_s, "body")
+            await trio.lowlevel.wait_readable(self.sock)
+            try:
+                data = self.sock.recv(READ_SIZE)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                raise ClientGone
+            self._reader.feed(data)
+        event = events.popleft()
+        if isinstance(event, bytes):
+            return event
+        if event is END:
+            return None
+        if isinstance(event, Problem):
+            raise Reply(event.status, event.kind, str(event))
+        raise Reply(400, "BadRequest", "a request began before the body ended")  # cannot happen
+
+    def skip_body(self) -> bool:
+        """Drop what has arrived of the current request's body, without waiting; whether its
+        end was among it (else the connection cannot carry another request)."""
+        events = self._events
+        while events:
+            event = events[0]
+            if not isinstance(event, bytes) and event is not END:
+                return False
+            events.popleft()
+            if event is END:
+                return True
+        return False
+
+    async def send(self, data: bytes | bytearray) -> None:
+        """Send to the client, which must take it within body_timeout_s. ``ClientGone`` if it
+        has left."""
+        try:
+            sent = self.sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            raise ClientGone from None
+        if sent == len(data):
+            return
+        self.timer.set(trio.current_time() + self.config.body_timeout_s, "send")
+        try:
+            await send_all(self.sock, memoryview(data)[sent:])
+        except OSError:
+            raise ClientGone from None

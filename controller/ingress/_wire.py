@@ -1,0 +1,523 @@
+"""HTTP/1.1 on the wire, both ways: requests read from clients and responses read from
+replicas through llhttp (``httptools``, strict: it refuses what RFC 9112 refuses, a request
+with both ``Content-Length`` and ``Transfer-Encoding`` among them), and the heads the ingress
+writes, as bytes. No I/O and no trio: fed bytes, it yields events.
+
+The parsers never pause: everything fed is parsed at once, the events kept in order. A request
+is a `RequestHead`, then its body as `bytes` chunks, then `END`; a `Problem` ends the
+connection (what the client sent cannot be read further)."""
+
+from __future__ import annotations
+
+import collections
+import re
+from typing import Final, final
+
+import httptools
+
+#: Not passed on: they describe one hop, not the message (RFC 9110 7.6.1).
+HOP_BY_HOP: Final = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"proxy-authorization",
+        b"expect",
+    }
+)
+#: The headers that say how to read a request: never the client's hop's to drop by naming them
+#: in ``Connection``.
+FRAMING: Final = frozenset({b"host", b"content-length", b"transfer-encoding"})
+#: Set by the ingress alone: a client's own are dropped.
+OURS: Final = frozenset({b"x-forwarded-proto", b"x-forwarded-prefix"})
+#: What a request's head loses on its way to a replica (more if its Connection names more).
+DROPPED: Final = HOP_BY_HOP | OURS
+_REWRITTEN: Final = frozenset({b"host", b"x-forwarded-for", b"cookie"})
+
+
+class _End:
+    """The end of a request's body (or of a response's)."""
+
+    def __repr__(self) -> str:
+        return "END"
+
+
+END: Final = _End()
+
+
+@final
+class Problem(Exception):
+    """What a client sent cannot be served: answer `status` (`kind`, `message`) and close."""
+
+    def __init__(self, status: int, kind: str, message: str):
+        super().__init__(message)
+        self.status, self.kind = status, kind
+
+
+@final
+class RequestHead:
+    """A request's line and headers, as read (header names in lower case), and what the ingress
+    made of them."""
+
+    __slots__ = (
+        "body",
+        "complete",
+        "dropped",
+        "expect_continue",
+        "headers",
+        "http_10",
+        "keep_alive",
+        "method",
+        "path",
+        "target",
+    )
+
+    def __init__(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]):
+        self.method = method
+        self.target = target
+        self.headers = headers
+        self.path = ""
+        """The target's path, checked (`check_path`), as routed and as the replica gets it."""
+        self.http_10 = False
+        self.keep_alive = True
+        """The client keeps the connection after this request (HTTP/1.1 without ``close``)."""
+        self.body: bool = False
+        """A body follows (``Content-Length`` above 0, or chunked)."""
+        self.expect_continue = False
+        self.complete = False
+        """Set by the reader once the whole request (its body too) has arrived."""
+        self.dropped = DROPPED
+        """The headers not passed on: the hop's, ours, and any its Connection header names."""
+
+
+#: Request-target paths refused with 400: dot segments (``/a/../b``, encoded too) and encoded
+#: slashes and backslashes. Another component (the replica, a framework) could read either
+#: as a different path than the one routed on, so none is passed on.
+_UNSAFE_PATH = re.compile(
+    r"(?:^|/)(?:\.|%2e){1,2}(?:/|$)|%2f|%5c|\\",
+    re.IGNORECASE,
+)
+
+
+def check_path(target: bytes) -> tuple[bytes, str, bytes]:
+    """The origin-form target to send on, its path, and the authority an absolute-form target
+    named (else ``b""``). Raises `Problem` (400) for a target that is neither form, or whose
+    path `_UNSAFE_PATH` refuses."""
+    authority = b""
+    if target.startswith(b"/"):
+        origin = target
+    elif target[:7].lower() == b"http://" or target[:8].lower() == b"https://":
+        rest = target.partition(b"//")[2]
+        cut = len(rest)
+        for mark in (b"/", b"?", b"#"):
+            at = rest.find(mark)
+            if 0 <= at < cut:
+                cut = at
+        authority, origin = rest[:cut], rest[cut:]
+        if not origin.startswith(b"/"):
+            origin = b"/" + origin
+    else:
+        raise Problem(400, "BadRequest", "the request target must be a path (or an absolute URL)")
+    path = origin.partition(b"?")[0].partition(b"#")[0].decode("latin-1")
+    if _UNSAFE_PATH.search(path):
+        raise Problem(
+            400,
+            "BadPath",
+            "the path holds a dot segment ('.' or '..') or an encoded slash or backslash; the "
+            "ingress passes on only paths every component reads alike",
+        )
+    return origin, path, authority
+
+
+def _tokens(value: bytes) -> list[bytes]:
+    return [t.strip().lower() for t in value.split(b",") if t.strip()]
+
+
+@final
+class RequestReader:
+    """Reads requests from a client's bytes: `feed` appends events to `events`. Limits: the
+    request target `max_target` bytes (414), the head `max_head` bytes (431); a head that never
+    ends is the caller's timeout."""
+
+    def __init__(self, max_target: int, max_head: int):
+        self.max_target = max_target
+        self.max_head = max_head
+        self.events: collections.deque[RequestHead | bytes | _End | Problem] = collections.deque()
+        self.in_head = False
+        """A head has begun and not ended: it must arrive within the head timeout."""
+        self.in_body = False
+        """A head has been read and its body has not ended."""
+        self.failed = False
+        """A `Problem` was queued: nothing more is read."""
+        self._parser = httptools.HttpRequestParser(self)
+        self._url: list[bytes] = []
+        self._url_size = 0
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._size = 0  # what the head holds so far: its target, names and values
+        self._fed = 0  # bytes fed since the head began (whitespace included)
+        self._current: RequestHead | None = None
+
+    def feed(self, data: bytes) -> None:
+        """Parse `data`; what it completes goes to `events`."""
+        if self.failed:
+            return
+        if self.in_head:
+            self._fed += len(data)
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            problem = exc.__context__
+            self._fail(
+                problem
+                if isinstance(problem, Problem)
+                else Problem(400, "BadRequest", f"malformed request: {exc}")
+            )
+            return
+        except httptools.HttpParserUpgrade:
+            # A request that asks to switch protocols, served as a plain one (see
+            # on_headers_complete): it is the connection's last; nothing after it is read.
+            self.failed = True
+            return
+        except httptools.HttpParserError as exc:
+            self._fail(Problem(400, "BadRequest", f"malformed request: {exc}"))
+            return
+        if self.in_head and self._fed > 4 * self.max_head:
+            # Leading whitespace is not in what the head holds; the bytes sent still count.
+            self._fail(Problem(431, "HeadersTooLarge", self._too_large()))
+
+    def _fail(self, problem: Problem) -> None:
+        self.failed = True
+        self.in_head = self.in_body = False
+        self.events.append(problem)
+
+    def _too_large(self) -> str:
+        return f"the request head is over {self.max_head} bytes"
+
+    # -- llhttp's callbacks --
+
+    def on_message_begin(self) -> None:
+        self.in_head = True
+        self._url, self._url_size, self._headers = [], 0, []
+        self._size = self._fed = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._url_size += len(url)
+        if self._url_size > self.max_target:
+            raise Problem(414, "URITooLong", f"the request target is over {self.max_target} bytes")
+        self._url.append(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._size += len(name) + len(value) + 4
+        if self._size + self._url_size > self.max_head:
+            raise Problem(431, "HeadersTooLarge", self._too_large())
+        if self.in_body:
+            return  # a trailer of a chunked body: not passed on
+        self._headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        target = b"".join(self._url)
+        head = RequestHead(self._parser.get_method(), target, self._headers)
+        version = self._parser.get_http_version()
+        if version not in ("1.1", "1.0"):
+            raise Problem(505, "HTTPVersionNotSupported", f"HTTP/{version} is not served")
+        head.http_10 = version == "1.0"
+        hosts = 0
+        chunked = False
+        length = b""
+        for name, value in head.headers:
+            if name == b"host":
+                hosts += 1
+            elif name == b"transfer-encoding":
+                if _tokens(value) != [b"chunked"] or chunked:
+                    raise Problem(
+                        501, "NotImplemented", "the only transfer coding served is chunked"
+                    )
+                chunked = True
+            elif name == b"content-length":
+                length = value
+            elif name == b"connection":
+                tokens = _tokens(value)
+                if b"close" in tokens or (head.http_10 and b"keep-alive" not in tokens):
+                    head.keep_alive = False
+                # The headers that say how to read the request are never the client's hop's
+                # to drop by naming them.
+                head.dropped = head.dropped | (frozenset(tokens) - FRAMING)
+            elif name == b"expect" and value.strip().lower() == b"100-continue":
+                head.expect_continue = True
+        if head.http_10 and not any(n == b"connection" for n, _ in head.headers):
+            head.keep_alive = False
+        if hosts > 1 or (hosts == 0 and not head.http_10):
+            raise Problem(400, "BadRequest", "an HTTP/1.1 request needs exactly one Host header")
+        head.body = chunked or (length.strip() not in (b"", b"0"))
+        if self._parser.should_upgrade():
+            # Upgrade (WebSocket, h2c) or CONNECT: llhttp stops after the head. One without a
+            # body is served as a plain request (Upgrade is a hop's header, not passed on) and
+            # the connection closed after it; one with a body is refused, since where its
+            # body ends and the next request begins would be anyone's guess.
+            if head.method == b"CONNECT" or head.body:
+                raise Problem(
+                    501, "NotImplemented", "CONNECT, and upgrades with a body, are not served"
+                )
+            head.keep_alive = False
+        head.target, head.path, authority = check_path(target)
+        if authority:
+            # The absolute form's authority is the request's host (RFC 9112 3.2.2).
+            head.headers = [(n, v) for n, v in head.headers if n != b"host"]
+            head.headers.append((b"host", authority))
+        self.in_head, self.in_body = False, True
+        self._current = head
+        self.events.append(head)
+
+    def on_body(self, body: bytes) -> None:
+        self.events.append(body)
+
+    def on_message_complete(self) -> None:
+        self.in_head = self.in_body = False
+        head = self._current
+        self._current = None
+        if head is not None:
+            head.complete = True
+            if head.body:
+                self.events.append(END)  # a request without a body is its head alone
+
+
+def upstream_head(
+    head: RequestHead, peer: str, route: str, fallback_host: bytes, chunked: bool
+) -> bytes:
+    """The head sent to the replica: the client's, less what belongs to the client's hop (and
+    the headers its Connection header names), in origin form, with a Host, and with where it
+    came from. Every value sent was accepted by the reader, so it is valid on the wire."""
+    dropped = head.dropped
+    out = [head.method, b" ", head.target, b" HTTP/1.1\r\n"]
+    host = b""
+    forwarded: list[bytes] = []
+    for key, value in head.headers:
+        if key in dropped:
+            continue
+        if key in _REWRITTEN:
+            if key == b"host":
+                host = value
+                continue
+            if key == b"x-forwarded-for":
+                forwarded.append(value)
+                continue
+            value = _without_console_session(value)  # the cookie
+            if not value:
+                continue
+        out += (key, b": ", value, b"\r\n")
+    if chunked:
+        out.append(b"transfer-encoding: chunked\r\n")
+    forwarded.append(peer.encode())
+    out += (
+        b"host: ",
+        host or fallback_host,  # HTTP/1.0 clients may send none
+        b"\r\nx-forwarded-for: ",
+        b", ".join(forwarded),
+        b"\r\nx-forwarded-proto: http\r\nx-forwarded-prefix: ",
+        route.encode(),
+        b"\r\n\r\n",
+    )
+    return b"".join(out)
+
+
+#: The daemon's console session cookies (``controller_session_PORT``): a browser sends them to
+#: every port of the host, this one included, and they are nothing a replica should see.
+_CONSOLE_COOKIE = re.compile(rb"\s*controller_session(?:_[0-9]+)?=")
+
+
+def _without_console_session(cookies: bytes) -> bytes:
+    if b"controller_session" not in cookies:
+        return cookies
+    kept = [c.strip() for c in cookies.split(b";") if not _CONSOLE_COOKIE.match(c)]
+    return b"; ".join(c for c in kept if c)
+
+
+# -- responses from replicas ------------------------------------------------------------------
+
+
+class _HeadOnly(Exception):
+    """Stops the response parser at the head of an answer to HEAD (llhttp would wait for the
+    body its Content-Length names)."""
+
+
+@final
+class ResponseHead:
+    __slots__ = ("headers", "keep_alive", "length", "reason", "status")
+
+    def __init__(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]):
+        self.status = status
+        self.reason = reason
+        self.headers = headers
+        self.length: int | None = None
+        """Its Content-Length; None: chunked, or until the replica closes."""
+        self.keep_alive = True
+
+
+@final
+class ResponseReader:
+    """Reads one replica's answers: `feed` appends a `ResponseHead` (1xx answers skipped), body
+    chunks and `END` to `events`; `closed` says what the replica closing the connection means.
+    Raises `Problem` (502) for an answer that cannot be read."""
+
+    def __init__(self) -> None:
+        self.events: collections.deque[ResponseHead | bytes | _End] = collections.deque()
+        self.head_only = False
+        """The request was HEAD: its answer ends with its head."""
+        self.extra = False
+        """Bytes came past the end of the answer: the connection cannot carry another."""
+        self.ended = False
+        self.began = False
+        """Some of an answer has arrived."""
+        self._parser = httptools.HttpResponseParser(self)
+        self._reason = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._head: ResponseHead | None = None
+        self._until_close = False
+        self._size = 0
+
+    def feed(self, data: bytes) -> None:
+        if self.ended:
+            self.extra = True
+            return
+        self.began = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            if isinstance(exc.__context__, _HeadOnly):
+                self.ended, self.extra = True, True  # where its head ended is not known
+                self.events.append(END)
+                return
+            raise Problem(502, "BadGateway", f"the replica's answer is malformed: {exc}") from None
+        except httptools.HttpParserUpgrade:
+            raise Problem(502, "BadGateway", "the replica switched protocols") from None
+        except httptools.HttpParserError as exc:
+            raise Problem(502, "BadGateway", f"the replica's answer is malformed: {exc}") from None
+
+    def closed(self) -> bool:
+        """The replica closed the connection: whether that ends its answer (one framed by the
+        close) rather than cutting it short."""
+        if self._head is not None and self._until_close and not self.ended:
+            self.ended = True
+            self.events.append(END)
+            return True
+        return False
+
+    def on_message_begin(self) -> None:
+        if self.ended:
+            self.extra = True
+        self._reason, self._headers, self._size = b"", [], 0
+
+    def on_status(self, reason: bytes) -> None:
+        self._reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._size += len(name) + len(value) + 4
+        if self._size > 1 << 20:
+            raise Problem(502, "BadGateway", "the replica's answer head is over 1 MiB")
+        if self._head is None:
+            self._headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:
+            return  # 1xx: not passed on; the answer follows
+        head = ResponseHead(status, self._reason, self._headers)
+        http_10 = self._parser.get_http_version() == "1.0"
+        chunked = False
+        for name, value in head.headers:
+            if name == b"content-length":
+                head.length = int(value)
+            elif name == b"transfer-encoding":
+                chunked = True
+            elif name == b"connection":
+                tokens = _tokens(value)
+                if b"close" in tokens or (http_10 and b"keep-alive" not in tokens):
+                    head.keep_alive = False
+        if http_10 and not any(n == b"connection" for n, _ in head.headers):
+            head.keep_alive = False
+        if chunked:
+            head.length = None
+        no_body = status in (204, 304) or self.head_only
+        if no_body:
+            head.length = 0 if head.length is None else head.length
+        self._until_close = head.length is None and not chunked and not no_body
+        if self._until_close:
+            head.keep_alive = False
+        self._head = head
+        self.events.append(head)
+        if self.head_only:
+            raise _HeadOnly
+
+    def on_body(self, body: bytes) -> None:
+        self.events.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._head is None:
+            return  # a 1xx answer's end
+        self.ended = True
+        self.events.append(END)
+
+
+def response_head(
+    head: ResponseHead, *, chunked: bool, close: bool, extra: tuple[bytes, ...] = ()
+) -> bytes:
+    """The head sent to the client: the replica's, less its hop's headers, framed by
+    Content-Length as the replica framed it, else `chunked` (or, for an HTTP/1.0 client, by
+    closing), with ``Connection: close`` when `close`."""
+    out = [b"HTTP/1.1 %d %s\r\n" % (head.status, head.reason)]
+    for key, value in head.headers:
+        if key in HOP_BY_HOP:
+            continue
+        if key == b"content-length" and head.length is None:
+            continue
+        out += (key, b": ", value, b"\r\n")
+    if chunked:
+        out.append(b"transfer-encoding: chunked\r\n")
+    if close:
+        out.append(b"connection: close\r\n")
+    out += extra
+    out.append(b"\r\n")
+    return b"".join(out)
+
+
+def own_answer(
+    status: int,
+    content_type: bytes,
+    body: bytes,
+    *,
+    close: bool,
+    head_only: bool = False,
+    extra: tuple[tuple[bytes, bytes], ...] = (),
+) -> bytes:
+    """An answer of the ingress's own, whole."""
+    out = [
+        b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n"
+        % (status, REASONS.get(status, b""), content_type, len(body))
+    ]
+    for key, value in extra:
+        out += (key, b": ", value, b"\r\n")
+    if close:
+        out.append(b"connection: close\r\n")
+    out.append(b"\r\n")
+    if not head_only:
+        out.append(body)
+    return b"".join(out)
+
+
+REASONS: Final = {
+    200: b"OK",
+    400: b"Bad Request",
+    404: b"Not Found",
+    408: b"Request Timeout",
+    414: b"URI Too Long",
+    431: b"Request Header Fields Too Large",
+    501: b"Not Implemented",
+    502: b"Bad Gateway",
+    503: b"Service Unavailable",
+    504: b"Gateway Timeout",
+    505: b"HTTP Version Not Supported",
+}

@@ -1,0 +1,374 @@
+"""The ingress against a client that means harm, in process and fast: a replica of trio and h11
+in the same run, and a watch source that lists it. Whatever a client sends, every replica slot
+taken is given back (in flight and queued return to 0) and the next client is served; long
+paths cost little; paths another component could read differently are refused; no client can
+hold more than its share of connections."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import h11
+import pytest
+import trio
+import trio.testing
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from controller._state import LoadReport
+from controller.ingress import Ingress, IngressConfig, RouteTable, open_listener
+from controller.ingress._table import RouteInfo
+
+from .http_client import Conn, raw, request
+
+LIMIT_S = 30
+
+
+@attrs.define
+class StaticSource:
+    """A watch source with one routed backend, `app` at ``/app``, on the given replicas."""
+
+    replicas: tuple[tuple[str, str], ...]
+    reports: list[LoadReport] = attrs.field(factory=list)
+    _given: bool = False
+
+    def describe(self) -> str:
+        return "a static list"
+
+    async def changes(self) -> tuple[list[RouteInfo], bool]:
+        if self._given:
+            await trio.sleep_forever()
+        self._given = True
+        info = RouteInfo("app", 1, True, False, "/app", 100, 1000, self.replicas)
+        return [info], True
+
+    async def report(self, reports: list[LoadReport]) -> None:
+        self.reports.extend(reports)
+
+
+@attrs.define
+class Replica:
+    """An HTTP replica that answers every request with what it saw: its path and headers."""
+
+    port: int = 0
+    seen: list[dict[str, Any]] = attrs.field(factory=list)
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started()
+        await trio.serve_listeners(self._one, listeners)
+
+    async def _one(self, stream: trio.SocketStream) -> None:
+        conn = h11.Connection(h11.SERVER)
+        async with stream:
+            while True:
+                try:
+                    event = conn.next_event()
+                except h11.RemoteProtocolError:
+                    return  # the ingress gave up on a request mid-body: so do we
+                if event is h11.NEED_DATA:
+                    try:
+                        data = await stream.receive_some(65536)
+                    except trio.BrokenResourceError:
+                        return
+                    conn.receive_data(data)
+                    continue
+                if isinstance(event, h11.Request):
+                    request = {
+                        "path": event.target.decode("latin-1"),
+                        "headers": [(k.decode(), v.decode("latin-1")) for k, v in event.headers],
+                    }
+                    self.seen.append(request)
+                elif isinstance(event, h11.EndOfMessage):
+                    body = json.dumps(self.seen[-1]).encode()
+                    head = h11.Response(
+                        status_code=200, headers=[("Content-Length", str(len(body)))]
+                    )
+                    try:
+                        await stream.send_all(
+                            conn.send(head)
+                            + (conn.send(h11.Data(data=body)) or b"")
+                            + (conn.send(h11.EndOfMessage()) or b"")
+                        )
+                    except trio.BrokenResourceError:
+                        return
+                    if conn.our_state is not h11.DONE:
+                        return
+                    conn.start_next_cycle()
+                elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
+                    return
+
+
+@attrs.define
+class Front:
+    ingress: Ingress
+    port: int
+    replica: Replica
+
+    def settled(self) -> bool:
+        """Nothing in flight or queued, and no connection but idle ones."""
+        load = self.ingress.load()
+        return all(v == (0, 0) for v in load.values())
+
+
+@asynccontextmanager
+async def front(config: IngressConfig | None = None) -> AsyncIterator[Front]:
+    async with trio.open_nursery() as nursery:
+        replica = Replica()
+        await nursery.start(replica.serve)
+        source = StaticSource((("app#1", f"127.0.0.1:{replica.port}"),))
+        ingress = Ingress(source, config or IngressConfig())
+        await nursery.start(ingress.run)
+        listener = await open_listener("127.0.0.1", 0)
+        await nursery.start(ingress.serve, [listener])
+        yield Front(ingress, listener.socket.getsockname()[1], replica)
+        nursery.cancel_scope.cancel()
+
+
+# Header names: tokens, and what is not one. Values: any byte but CR and LF (which end the
+# line, and are the framing's business), including NUL, DEL, bytes past ASCII, trailing ';'
+# and spaces, and the framing headers themselves.
+_NAMES = st.one_of(
+    st.sampled_from(
+        [
+            b"Cookie",
+            b"Content-Length",
+            b"Transfer-Encoding",
+            b"Connection",
+            b"Host",
+            b"Expect",
+            b"Upgrade",
+            b"X-Forwarded-For",
+            b"Te",
+            b"Keep-Alive",
+            b"X-A",
+        ]
+    ),
+    st.binary(min_size=0, max_size=20).filter(lambda b: b"\r" not in b and b"\n" not in b),
+)
+_VALUES = st.binary(max_size=60).filter(lambda b: b"\r" not in b and b"\n" not in b)
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(headers=st.lists(st.tuples(_NAMES, _VALUES), max_size=8))
+@example(headers=[(b"Cookie", b"theme=dark;")])
+@example(headers=[(b"Cookie", b"controller_session_7070=x; theme=dark; ")])
+@example(headers=[(b"Content-Length", b"5"), (b"Transfer-Encoding", b"chunked")])
+@example(headers=[(b"Connection", b"close, Content-Length, Host"), (b"Content-Length", b"0")])
+@example(headers=[(b"Expect", b"100-continue"), (b"Content-Length", b"3")])
+@example(headers=[(b"X-A", b"\x00\x7f\xff"), (b"Transfer-Encoding", b"gzip, chunked")])
+async def test_whatever_headers_a_client_sends_every_slot_is_given_back(
+    headers: list[tuple[bytes, bytes]],
+) -> None:
+    with trio.fail_after(LIMIT_S):
+        async with front(IngressConfig(body_timeout_s=0.2, header_timeout_s=0.5)) as f:
+            head = b"GET /app/x HTTP/1.1\r\nHost: h\r\n"
+            head += b"".join(name + b": " + value + b"\r\n" for name, value in headers)
+            status = await _one_answer(f.port, head + b"\r\n")
+            assert status is None or 200 <= status < 600
+            # Once every task waits, the ingress is done with the request (its slot given
+            # back in the finally that follows the answer).
+            await trio.testing.wait_all_tasks_blocked(cushion=0.01)
+            assert f.settled()
+            assert (await request(f.port, "/app/next")).status == 200
+            assert f.settled()
+
+
+async def _one_answer(port: int, data: bytes) -> int | None:
+    """Send `data`; the status of the one answer it gets, or None if the connection closes
+    first (the ingress is then done with it)."""
+    return (await _answer_of(port, data))[0]
+
+
+async def _answer_of(port: int, data: bytes) -> tuple[int | None, bytes]:
+    """Send the raw request `data`; the status and body of its answer (None: closed first)."""
+    conn = h11.Connection(h11.CLIENT)
+    conn.send(h11.Request(method="GET", target="/", headers=[("Host", "h")]))
+    conn.send(h11.EndOfMessage())
+    status, body = None, bytearray()
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        try:
+            await stream.send_all(data)
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    conn.receive_data(await stream.receive_some(65536))
+                elif isinstance(event, h11.Response):
+                    status = event.status_code
+                elif isinstance(event, h11.Data):
+                    body += event.data
+                elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                    return status, bytes(body)
+        except (trio.BrokenResourceError, h11.RemoteProtocolError):
+            return status, bytes(body)
+
+
+async def test_the_trailing_semicolon_cookie_is_served_and_holds_nothing() -> None:
+    """The cookie that used to hold a slot for ever: 100 of them, then the load is 0."""
+    async with front() as f:
+        ask = b"GET /app/ HTTP/1.1\r\nHost: h\r\nCookie: theme=dark;\r\n\r\n"
+        for _ in range(100):
+            status, body = await _answer_of(f.port, ask)
+            assert status == 200
+            assert ["cookie", "theme=dark;"] in json.loads(body)["headers"]
+        await trio.testing.wait_all_tasks_blocked()
+        assert f.ingress.load() == {"app": (0, 0)}
+        # The console's session cookie is dropped; the others go on, joined anew.
+        status, body = await _answer_of(
+            f.port,
+            b"GET /app/ HTTP/1.1\r\nHost: h\r\nCookie: controller_session_7070=s; theme=dark; "
+            b"\r\n\r\n",
+        )
+        assert ["cookie", "theme=dark"] in json.loads(body)["headers"]
+
+
+async def test_long_targets_are_refused_at_once_and_cost_little() -> None:
+    async with front() as f:
+        # A 1 MB request line: 414 before it has all arrived, and the connection closed.
+        huge = b"GET /app/" + b"a" * (1 << 20) + b" HTTP/1.1\r\nHost: h\r\n\r\n"
+        answer = await _send_reading(f.port, huge)
+        assert answer.startswith(b"HTTP/1.1 414 "), answer[:100]
+        # A 60 KB path, as a flood would send it: refused for a few microseconds of work.
+        long_path = b"/app/" + b"a/" * 30_000
+        cpu = time.process_time()
+        answer = await raw(f.port, b"GET " + long_path + b" HTTP/1.1\r\nHost: h\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 414 ")
+        assert time.process_time() - cpu < 0.005  # the client's side included
+        # Right at the limit, it is routed: 8 KiB of target.
+        fits = "/app/" + "b" * (8192 - 5)
+        assert (await request(f.port, fits)).status == 200
+        assert (await request(f.port, fits + "b")).status == 414
+        # Routing cost grows with the routes' depths, not with the path's length or depth.
+        table, _ = RouteTable.build([("/app", "app"), ("/a/b/c", "abc"), ("/", "root")])
+        deep = "/a/b/c/" + "x/" * 30_000
+        cpu = time.process_time()
+        for _ in range(100):
+            assert table.match(deep) == "abc"
+        assert (time.process_time() - cpu) / 100 < 0.0005
+
+
+async def _send_reading(port: int, data: bytes) -> bytes:
+    """Send `data` while reading the answer (the server may answer and close before it has
+    read it all); what it answered."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    answer = bytearray()
+    async with stream, trio.open_nursery() as nursery:
+
+        async def send() -> None:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await stream.send_all(data)
+
+        nursery.start_soon(send)
+        while True:
+            try:
+                chunk = await stream.receive_some(65536)
+            except trio.BrokenResourceError:
+                break
+            if not chunk:
+                break
+            answer += chunk
+        nursery.cancel_scope.cancel()
+    return bytes(answer)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/app/../admin",
+        "/app/./x",
+        "/app/%2e%2e/admin",
+        "/app/%2E./x",
+        "/app/a%2fb",
+        "/app/a%5Cb",
+        "/app/a\\b",
+        "/app/..",
+        "/app/.",
+    ],
+)
+async def test_paths_another_component_could_read_otherwise_are_refused(path: str) -> None:
+    async with front() as f:
+        answer = await raw(f.port, f"GET {path} HTTP/1.1\r\nHost: h\r\n\r\n".encode("latin-1"))
+        assert answer.startswith(b"HTTP/1.1 400 "), answer
+        assert b'"BadPath"' in answer
+        assert f.replica.seen == []
+
+
+async def test_the_replica_sees_the_path_routed_on() -> None:
+    async with front() as f:
+        for path in ("/app", "/app/", "/app//x", "/app/x?a=/../b", "/app/x%20y", "/app/...x"):
+            answer = await request(f.port, path)
+            assert answer.status == 200, path
+            assert answer.json()["path"] == path
+
+
+async def test_one_address_holds_at_most_its_share_of_connections() -> None:
+    async with front(IngressConfig(max_connections_per_client=3)) as f:
+        held = [await Conn.open(f.port) for _ in range(3)]
+        for conn in held:
+            assert (await conn.request("/app")).status == 200
+        # The fourth from 127.0.0.1 is closed unserved; one from 127.0.0.2 is served.
+        assert await raw(f.port, b"GET /app HTTP/1.1\r\nHost: h\r\n\r\n") == b""
+        other = await _from_address("127.0.0.2", f.port)
+        assert other.startswith(b"HTTP/1.1 200 ")
+        assert f.ingress.metrics.refused_by == {"per_client": 1}
+        await held[0].aclose()
+        await trio.testing.wait_all_tasks_blocked()
+        assert (await request(f.port, "/app")).status == 200  # room again
+        for conn in held[1:]:
+            await conn.aclose()
+
+
+async def _from_address(source: str, port: int) -> bytes:
+    sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    await sock.bind((source, 0))
+    await sock.connect(("127.0.0.1", port))
+    stream = trio.SocketStream(sock)
+    async with stream:
+        await stream.send_all(b"GET /app HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+        answer = bytearray()
+        while chunk := await stream.receive_some(65536):
+            answer += chunk
+    return bytes(answer)
+
+
+async def test_a_connection_must_send_its_first_byte_within_the_head_timeout() -> None:
+    async with front(IngressConfig(header_timeout_s=0.3, keepalive_timeout_s=30)) as f:
+        stream = await trio.open_tcp_stream("127.0.0.1", f.port)
+        began = trio.current_time()
+        async with stream:
+            with trio.fail_after(5):
+                assert await stream.receive_some(100) == b""  # closed, without a word
+        assert trio.current_time() - began >= 0.3
+        # A kept connection idle between requests gets the keep-alive timeout instead.
+        conn = await Conn.open(f.port)
+        assert (await conn.request("/app")).status == 200
+        with trio.move_on_after(0.6):  # a bound on something that must not happen
+            await conn.stream.receive_some(100)
+            raise AssertionError("a kept connection was closed before its keep-alive timeout")
+        assert (await conn.request("/app")).status == 200
+        await conn.aclose()
+
+
+async def test_a_request_with_both_framings_is_answered_and_closed() -> None:
+    async with front() as f:
+        attack = (
+            b"POST /app/x HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+            b"GET /app/smuggled HTTP/1.1\r\nHost: h\r\n\r\n"
+        )
+        answer = await raw(f.port, attack)
+        assert answer.startswith(b"HTTP/1.1 400 ")
+        assert b"connection: close" in answer
+        assert [s["path"] for s in f.replica.seen] == []
