@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import nox
 
 nox.options.sessions = ["lint", "typecheck", "tests"]
@@ -39,12 +42,14 @@ def bench(session: nox.Session) -> None:
     bench/results.json and bench/ray_results.json."""
     # Ray Serve is the race's opponent, installed here only: the package never depends on it.
     session.install("-e", ".[ray]", "ray[serve]>=2.60")
+    # The ingress is also measured against C proxies from Debian, with wrk as the load.
+    _debian(session, {"haproxy": "haproxy", "nginx": "nginx-light", "wrk": "wrk"})
     # The counts below keep the whole session near 15 minutes on 2 cores (issue 19); each
     # script's own defaults take more rounds (about 26 minutes in all).
     ray = {"RAY_AUTH_MODE": "disabled"}
     session.run("python", "bench/bench.py", *session.posargs)
     session.run("python", "bench/ray_race.py", "--rounds", "3", env=ray)
-    session.run("python", "bench/ingress_bench.py", env=ray)
+    session.run("python", "bench/ingress_bench.py", *_baseline(session), env=ray)
     session.run("python", "bench/autoscale_bench.py", "--serve-trials", "3", env=ray)
     session.run("python", "bench/failover_bench.py", "--trials", "3", env=ray)
 
@@ -77,3 +82,23 @@ def quickstart(session: nox.Session) -> None:
     """The tour in one script: examples/quickstart.py (the main job is `controller run`)."""
     session.install("-e", ".")
     session.run("python", "examples/quickstart.py", *session.posargs)
+
+
+def _debian(session: nox.Session, wanted: dict[str, str]) -> None:
+    """Install the Debian packages whose commands (keys) are missing, where apt-get is."""
+    missing = [pkg for cmd, pkg in wanted.items() if not _found(cmd)]
+    if not missing or shutil.which("apt-get") is None:
+        return
+    sudo = [] if os.geteuid() == 0 else ["sudo"]
+    session.run(*sudo, "apt-get", "install", "-y", "-q", *missing, external=True)
+
+
+def _found(command: str) -> bool:
+    return shutil.which(command) is not None or os.path.exists(f"/usr/sbin/{command}")
+
+
+def _baseline(session: nox.Session) -> list[str]:
+    """The ingress before the newest change to it, measured beside today's (``--baseline-ref``
+    from the environment, e.g. ``INGRESS_BASELINE=c9dd566``)."""
+    ref = os.environ.get("INGRESS_BASELINE", "")
+    return ["--baseline-ref", ref] if ref else []

@@ -160,7 +160,28 @@ def cmd_status(args: argparse.Namespace) -> int:
     leadership = answer.get("leadership")
     if isinstance(leadership, dict):
         print(describe_leadership(leadership))
+    code, ingress = client.call("GET", "/api/v1/ingress")
+    if code == 200 and isinstance(ingress, dict) and ingress.get("listen"):
+        print(describe_ingress(ingress))
     return 0
+
+
+def describe_ingress(ingress: dict[str, Any]) -> str:
+    """One line: where the daemon's ingress processes serve, how many do, and any trouble."""
+    processes = ingress.get("processes") or []
+    serving = [p for p in processes if p.get("state") == "serving"]
+    line = (
+        f"ingress: {len(serving)}/{len(processes)} processes serving on "
+        f"http://{ingress['listen']} (pids {', '.join(str(p['pid']) for p in serving) or '-'})"
+    )
+    restarts = sum(int(p.get("restarts", 0)) for p in processes)
+    if restarts:
+        last = [p["last_exit"] for p in processes if p.get("last_exit")]
+        line += f"; {restarts} restarted" + (f" (last: {last[-1]})" if last else "")
+    lost = [str(p["slot"]) for p in serving if not p.get("following")]
+    if lost:
+        line += f"; not following this daemon yet: {', '.join(lost)}"
+    return line
 
 
 def describe_leadership(leadership: dict[str, Any]) -> str:

@@ -585,7 +585,8 @@ async def test_a_token_with_a_stray_newline_works_for_everyone(state_dir: Path) 
             lines = result.stdout.decode().splitlines()
             assert lines[0] == "no backends"
             assert lines[1].startswith("leader: this daemon, ")
-            assert len(lines) == 2
+            assert lines[2].startswith("ingress: 1/1 processes serving on http://127.0.0.1:")
+            assert len(lines) == 3
 
 
 def _slow_drains(state_dir: Path, *, drain_s: float, grace_s: float) -> Path:
