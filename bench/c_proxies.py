@@ -67,7 +67,7 @@ def haproxy(port: int, replicas: Sequence[str]) -> Iterator[list[int] | None]:
         config.write_text(
             f"""global
     nbthread 1
-    maxconn 20000
+    maxconn 5000
 defaults
     mode http
     timeout connect 5s
@@ -111,9 +111,10 @@ def nginx(port: int, replicas: Sequence[str]) -> Iterator[list[int] | None]:
 daemon off;
 pid {tmp}/nginx.pid;
 error_log {tmp}/error.log warn;
-events {{ worker_connections 20000; }}
+events {{ worker_connections 5000; }}
 http {{
     access_log off;
+    keepalive_requests 1000000;
     client_body_temp_path {tmp}/body;
     proxy_temp_path {tmp}/proxy;
     fastcgi_temp_path {tmp}/fastcgi;
@@ -123,6 +124,7 @@ http {{
         least_conn;
 {servers}
         keepalive 64;
+        keepalive_requests 1000000;
     }}
     server {{
         listen 127.0.0.1:{port};
@@ -166,7 +168,7 @@ def baseline_ingress(ref: str, url: str, token: str, port: int) -> Iterator[list
                         sys.executable,
                         "-m",
                         "controller",
-                        *("--url", url, "--token", token),
+                        *("--url", url, f"--token={token}"),
                         *("ingress", "--listen", f"127.0.0.1:{port}"),
                     ],
                     cwd=tree,

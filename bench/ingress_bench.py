@@ -496,8 +496,8 @@ class StandaloneIngress:
                 "controller",
                 "--url",
                 daemon.url,
-                "--token",
-                daemon.token,
+                # One argument: a token may begin with "-", which argparse takes for an option.
+                f"--token={daemon.token}",
                 "ingress",
                 "--listen",
                 f"127.0.0.1:{port}",
@@ -511,7 +511,9 @@ class StandaloneIngress:
         deadline = time.monotonic() + 30
         while self.log_path.read_text().count("serving on") < workers:
             if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise RuntimeError(f"`controller ingress` did not start: see {self.log_path}")
+                raise RuntimeError(
+                    f"`controller ingress` did not start: {self.log_path.read_text()[-3000:]}"
+                )
             time.sleep(0.05)
         self.pids = [self.proc.pid, *children_of(self.proc.pid)]
 

@@ -147,12 +147,7 @@ async def run_daemon(options: DaemonOptions) -> None:
                 )
             # The token outlives a restart, so that routers and watchers given it carry on;
             # daemons of one shared dir take its token, so that any of them takes a client's.
-            token = (
-                given_token
-                or kept_token(shared)
-                or kept_token(state_dir)
-                or secrets.token_urlsafe(32)
-            )
+            token = given_token or kept_token(shared) or kept_token(state_dir) or _new_token()
             metrics = Metrics()
             if "ray" in (options.runtime, options.store):
                 # Joining (or starting) a cluster takes seconds: not on the trio thread.
@@ -199,6 +194,14 @@ async def run_daemon(options: DaemonOptions) -> None:
     # directory, Ray missing: all found before recovery touched anything.
     except STARTUP_ERRORS as exc:
         raise StartupError(f"{startup_reason(exc)}; no replica was touched") from None
+
+
+def _new_token() -> str:
+    """A fresh API token that does not begin with ``-``: given as ``--token TOKEN``, one that
+    did would be taken for an option."""
+    while (token := secrets.token_urlsafe(32)).startswith("-"):
+        pass
+    return token
 
 
 def _url_host(host: str) -> str:

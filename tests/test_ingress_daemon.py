@@ -106,7 +106,7 @@ async def standalone(nursery: trio.Nursery, daemon: Daemon, port: int, *extra: s
     process = await trio.lowlevel.open_process(
         [
             *daemon.cli_argv(),
-            *("--url", daemon.url, "--token", daemon.token),
+            *("--url", daemon.url, f"--token={daemon.token}"),
             *("ingress", "--listen", f"127.0.0.1:{port}", *extra),
         ],
         stderr=subprocess.PIPE,

@@ -251,7 +251,7 @@ async def standalone_ingress(
     process = await trio.lowlevel.open_process(
         [
             *leader.cli_argv(),
-            *("--url", leader.url, "--token", token, "ingress", "--listen", "127.0.0.1:0"),
+            *("--url", leader.url, f"--token={token}", "ingress", "--listen", "127.0.0.1:0"),
             *[arg for d in standbys for arg in ("--also-url", d.url)],
         ],
         stderr=subprocess.PIPE,

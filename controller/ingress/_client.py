@@ -142,11 +142,14 @@ class Client:
             self.timer.set(trio.current_time() + wait, "idle")
             self._admission.idle(self, True)
             self._idle = True
+            # Other tasks run first, and only then is the socket tried: under load, a kept
+            # connection's next request is in by then, and need not be waited for with epoll.
+            await trio.lowlevel.checkpoint()
             while not events:
-                await trio.lowlevel.wait_readable(sock)
                 try:
                     data = sock.recv(READ_SIZE)
                 except BlockingIOError:
+                    await trio.lowlevel.wait_readable(sock)
                     continue
                 except OSError:
                     data = b""

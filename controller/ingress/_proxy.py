@@ -42,6 +42,7 @@ logger = logging.getLogger("controller.ingress")
 #: How soon a client told "no room" may try again, in seconds.
 RETRY_AFTER_S = 1
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_NONE_TRIED: frozenset[str] = frozenset()
 _LAST_CHUNK = b"0\r\n\r\n"
 #: Requests that may be sent twice (RFC 9110 9.2.2, less PUT and DELETE, whose effects a
 #: replica may not make idempotent): sent again once when a kept connection proves closed.
@@ -176,13 +177,12 @@ class Proxy:
     async def _forward(
         self, client: Client, head: RequestHead, backend: BackendRoutes, route: str
     ) -> tuple[int, bool]:
-        chunked = head.body and any(k == b"transfer-encoding" for k, _ in head.headers)
         repeatable = not head.body and head.method in _REPEATABLE
-        tried: set[str] = set()
+        tried: frozenset[str] = _NONE_TRIED
         while True:
-            slot = await self._acquire(backend, frozenset(tried))
+            slot = await self._acquire(backend, tried)
             try:
-                sent = upstream_head(head, client.peer, route, slot.address.encode(), chunked)
+                sent = upstream_head(head, client.peer, route, slot.address, head.chunked)
                 return await self._through(client, head, backend, slot, sent, repeatable)
             except Stale:
                 # The replica had closed that kept connection (or died): its other kept ones
@@ -191,7 +191,7 @@ class Proxy:
                 repeatable = False
             except NotSent as exc:
                 backend.refused(slot)
-                tried.add(slot.tag)
+                tried = tried | {slot.tag}
                 if len(tried) > self.config.max_retries:
                     raise Reply(502, "BadGateway", f"{exc}; tried {len(tried)} replicas") from None
                 self.metrics.retried(backend.name)
@@ -243,8 +243,7 @@ class Proxy:
             except OSError as exc:
                 raise NotSent(f"connection to {slot.address} lost: {exc}") from None
             if head.body:
-                chunked = any(k == b"transfer-encoding" for k, _ in head.headers)
-                await self._send_body(client, head, upstream, chunked)
+                await self._send_body(client, head, upstream, head.chunked)
             return await self._relay(client, head, backend, slot, upstream, repeatable)
         finally:
             if slot.gone:
@@ -417,13 +416,17 @@ class Proxy:
 
 
 async def _receive(sock: socket.socket) -> bytes:
-    """The replica's next bytes (``b""``: it closed, or reset)."""
+    """The replica's next bytes (``b""``: it closed, or reset).
+
+    Other tasks run first, and only then is the socket tried: under load, by the time they
+    have, the answer is in, and the socket need not be registered with epoll and waited on
+    (a system call and a good part of a request's scheduling, saved)."""
+    await trio.lowlevel.checkpoint()
     while True:
-        await trio.lowlevel.wait_readable(sock)
         try:
             return sock.recv(READ_SIZE)
         except BlockingIOError:
-            continue
+            await trio.lowlevel.wait_readable(sock)
         except OSError:
             return b""
 

@@ -93,8 +93,9 @@ def choose(
             j += 1  # two distinct replicas
         if latencies is not None and draw() >= EXPLORE:
             # Not timed yet (0): as fast as can be, but still weighed by what it holds.
-            cost_i = (loads[i] + 1) * max(latencies[i], _UNTIMED_S)
-            cost_j = (loads[j] + 1) * max(latencies[j], _UNTIMED_S)
+            latency_i, latency_j = latencies[i], latencies[j]
+            cost_i = (loads[i] + 1) * (latency_i if latency_i > _UNTIMED_S else _UNTIMED_S)
+            cost_j = (loads[j] + 1) * (latency_j if latency_j > _UNTIMED_S else _UNTIMED_S)
         else:
             cost_i, cost_j = loads[i], loads[j]
         best, other = (i, j) if cost_i <= cost_j else (j, i)
