@@ -71,6 +71,8 @@ def reliability(session: nox.Session) -> None:
         "tests/test_kill9.py",
         "tests/test_fencing.py",
         "tests/test_standby_daemon.py",
+        "tests/test_ingress_hostile.py",
+        "tests/test_ingress_attack.py",
         "tests/test_ray_runtime.py::test_a_driver_killed_mid_rollout_is_taken_over",
         env={"RELIABILITY_SCALE": "10", "RAY_AUTH_MODE": "disabled"},
     )

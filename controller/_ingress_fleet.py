@@ -42,6 +42,8 @@ from ._errors import StartupError
 from ._files import private_dir, write_private
 from ._ingress_process import DRAIN_S, ingress_dir, log_path, socket_path
 from ._procfs import command_line, describe_exit, exit_status, start_time
+from .ingress import SourceError
+from .ingress._sources import read_answer
 
 logger = logging.getLogger("controller.daemon")
 
@@ -54,8 +56,9 @@ FORGIVE_AFTER_S = 60.0
 START_TIMEOUT_S = 30.0
 #: Beyond its own drain, how long a stopping process may take before it is killed.
 STOP_MARGIN_S = 3.0
-#: How long the daemon waits for a process's health or metrics.
+#: How long the daemon waits for a process's health or metrics, and how much it reads of them.
 ASK_TIMEOUT_S = 1.0
+ANSWER_LIMIT = 16 << 20
 
 State = Literal["starting", "serving", "restarting", "stopping"]
 
@@ -400,7 +403,9 @@ class Fleet:
     async def _answers(self, slot: int) -> bool:
         """Whether the process of `slot` answers on its own socket (it is up, not hung)."""
         with trio.move_on_after(ASK_TIMEOUT_S):
-            with contextlib.suppress(OSError, h11.ProtocolError, trio.BrokenResourceError):
+            with contextlib.suppress(
+                OSError, h11.ProtocolError, trio.BrokenResourceError, SourceError
+            ):
                 await _get(socket_path(self.state_dir, slot), "/-/healthz")
                 return True
         return False
@@ -410,7 +415,9 @@ class Fleet:
 
         async def ask(slot: int) -> None:
             with trio.move_on_after(ASK_TIMEOUT_S):
-                with contextlib.suppress(OSError, h11.ProtocolError, trio.BrokenResourceError):
+                with contextlib.suppress(
+                    OSError, h11.ProtocolError, trio.BrokenResourceError, SourceError
+                ):
                     answers[slot] = await _get(socket_path(self.state_dir, slot), target)
 
         async with trio.open_nursery() as nursery:
@@ -587,15 +594,7 @@ async def _get(path: Path, target: str) -> bytes:
             method="GET", target=target, headers=[("Host", "ingress"), ("Connection", "close")]
         )
         await stream.send_all(conn.send(request) + (conn.send(h11.EndOfMessage()) or b""))
-        body = bytearray()
-        while True:
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                conn.receive_data(await stream.receive_some(65536))
-            elif isinstance(event, h11.Data):
-                body += event.data
-            elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
-                return bytes(body)
+        return (await read_answer(stream, conn, ANSWER_LIMIT))[1]
 
 
 def merge_metrics(texts: Any) -> str:

@@ -3,6 +3,7 @@ connection by default, or several on a kept connection (``Conn``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any, final
@@ -104,11 +105,17 @@ async def request(port: int, path: str, **kwargs: Any) -> Answer:
 
 
 async def raw(port: int, data: bytes, *, read: bool = True) -> bytes:
-    """Send raw bytes; everything the server answers until it closes."""
+    """Send raw bytes, reading meanwhile (a server may answer, and close, before it has read
+    them all); everything the server answers until it closes."""
     stream = await trio.open_tcp_stream("127.0.0.1", port)
-    async with stream:
-        await stream.send_all(data)
-        out = bytearray()
+    out = bytearray()
+    async with stream, trio.open_nursery() as nursery:
+
+        async def send() -> None:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await stream.send_all(data)
+
+        nursery.start_soon(send)
         while read:
             try:
                 chunk = await stream.receive_some(65536)
@@ -117,4 +124,7 @@ async def raw(port: int, data: bytes, *, read: bool = True) -> bytes:
             if not chunk:
                 break
             out += chunk
-        return bytes(out)
+        if not read:
+            return b""  # the sender finishes, then the connection closes
+        nursery.cancel_scope.cancel()
+    return bytes(out)

@@ -6,8 +6,8 @@ hold more than its share of connections."""
 
 from __future__ import annotations
 
-import contextlib
 import json
+import os
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -24,11 +24,14 @@ from hypothesis import strategies as st
 
 from controller._state import LoadReport
 from controller.ingress import Ingress, IngressConfig, RouteTable, open_listener
+from controller.ingress._sources import SourceError, read_answer
 from controller.ingress._table import RouteInfo
 
 from .http_client import Conn, raw, request
 
 LIMIT_S = 30
+#: Examples of arbitrary headers: ten times as many in ``nox -s reliability``.
+EXAMPLES = 150 * int(os.environ.get("RELIABILITY_SCALE", "1"))
 
 
 @attrs.define
@@ -158,7 +161,7 @@ _VALUES = st.binary(max_size=60).filter(lambda b: b"\r" not in b and b"\n" not i
 
 
 @settings(
-    max_examples=150,
+    max_examples=EXAMPLES,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -197,22 +200,13 @@ async def _answer_of(port: int, data: bytes) -> tuple[int | None, bytes]:
     conn = h11.Connection(h11.CLIENT)
     conn.send(h11.Request(method="GET", target="/", headers=[("Host", "h")]))
     conn.send(h11.EndOfMessage())
-    status, body = None, bytearray()
     async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
         try:
             await stream.send_all(data)
-            while True:
-                event = conn.next_event()
-                if event is h11.NEED_DATA:
-                    conn.receive_data(await stream.receive_some(65536))
-                elif isinstance(event, h11.Response):
-                    status = event.status_code
-                elif isinstance(event, h11.Data):
-                    body += event.data
-                elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
-                    return status, bytes(body)
-        except (trio.BrokenResourceError, h11.RemoteProtocolError):
-            return status, bytes(body)
+            status, body = await read_answer(stream, conn)
+        except (trio.BrokenResourceError, h11.RemoteProtocolError, SourceError):
+            return None, b""  # closed first
+    return status, body
 
 
 async def test_the_trailing_semicolon_cookie_is_served_and_holds_nothing() -> None:
@@ -238,7 +232,7 @@ async def test_long_targets_are_refused_at_once_and_cost_little() -> None:
     async with front() as f:
         # A 1 MB request line: 414 before it has all arrived, and the connection closed.
         huge = b"GET /app/" + b"a" * (1 << 20) + b" HTTP/1.1\r\nHost: h\r\n\r\n"
-        answer = await _send_reading(f.port, huge)
+        answer = await raw(f.port, huge)
         assert answer.startswith(b"HTTP/1.1 414 "), answer[:100]
         # A 60 KB path, as a flood would send it: refused for a few microseconds of work.
         long_path = b"/app/" + b"a/" * 30_000
@@ -257,30 +251,6 @@ async def test_long_targets_are_refused_at_once_and_cost_little() -> None:
         for _ in range(100):
             assert table.match(deep) == "abc"
         assert (time.process_time() - cpu) / 100 < 0.0005
-
-
-async def _send_reading(port: int, data: bytes) -> bytes:
-    """Send `data` while reading the answer (the server may answer and close before it has
-    read it all); what it answered."""
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    answer = bytearray()
-    async with stream, trio.open_nursery() as nursery:
-
-        async def send() -> None:
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                await stream.send_all(data)
-
-        nursery.start_soon(send)
-        while True:
-            try:
-                chunk = await stream.receive_some(65536)
-            except trio.BrokenResourceError:
-                break
-            if not chunk:
-                break
-            answer += chunk
-        nursery.cancel_scope.cancel()
-    return bytes(answer)
 
 
 @pytest.mark.parametrize(

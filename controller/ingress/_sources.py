@@ -305,7 +305,11 @@ class HTTPSource:
 _MAX_ANSWER = 256 * 1024 * 1024
 
 
-async def _read_json(stream: trio.SocketStream, conn: h11.Connection) -> tuple[int, Any]:
+async def read_answer(
+    stream: trio.SocketStream, conn: h11.Connection, limit: int = _MAX_ANSWER
+) -> tuple[int, bytes]:
+    """The status and body of the answer `conn` (a client's) reads from `stream`. Raises
+    `SourceError` if the body is over `limit` bytes, or the connection closes first."""
     status = 0
     body = bytearray()
     while True:
@@ -316,15 +320,20 @@ async def _read_json(stream: trio.SocketStream, conn: h11.Connection) -> tuple[i
             status = event.status_code
         elif isinstance(event, h11.Data):
             body += event.data
-            if len(body) > _MAX_ANSWER:
+            if len(body) > limit:
                 raise SourceError("the answer is too large")
         elif isinstance(event, h11.EndOfMessage):
-            try:
-                return status, json.loads(body)
-            except ValueError:
-                return status, None
+            return status, bytes(body)
         else:
             raise SourceError("the connection closed before the answer was complete")
+
+
+async def _read_json(stream: trio.SocketStream, conn: h11.Connection) -> tuple[int, Any]:
+    status, body = await read_answer(stream, conn)
+    try:
+        return status, json.loads(body)
+    except ValueError:
+        return status, None
 
 
 def _error_of(data: Any) -> str:
