@@ -17,7 +17,6 @@ is left exactly as it was (recovery is the first step that touches one).
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import logging.handlers
 import os
@@ -43,10 +42,12 @@ from ._errors import (
     StartupError,
 )
 from ._files import create_private
-from ._ingress_fleet import Fleet, FleetOptions, stop_leftovers
+from ._ingress_fleet import Fleet, FleetOptions
+from ._ingress_records import stop_leftovers
 from ._leadership import Leadership, holder_name
 from ._lease import LeaseTiming
 from ._listen import bound
+from ._log_format import private_log
 from ._manifest import load_manifest
 from ._metrics import Metrics
 from ._replica_tasks import KILL_TIMEOUT_S
@@ -427,10 +428,7 @@ def _file_log(state_dir: Path) -> Iterator[None]:
     """The daemon's log also goes to ``daemon.log`` in the state dir (rotated), in the format
     of its console log."""
     root = logging.getLogger()
-    path = log_path(state_dir)
-    for n in range(1, LOG_BACKUPS + 1):
-        _make_private(Path(f"{path}.{n}"))
-    handler = _PrivateRotatingFileHandler(path, maxBytes=LOG_MAX_BYTES, backupCount=LOG_BACKUPS)
+    handler = private_log(log_path(state_dir), LOG_MAX_BYTES, LOG_BACKUPS)
     if root.handlers:
         handler.setFormatter(root.handlers[0].formatter)
     root.addHandler(handler)
@@ -439,28 +437,6 @@ def _file_log(state_dir: Path) -> Iterator[None]:
     finally:
         root.removeHandler(handler)
         handler.close()
-
-
-def _make_private(path: Path) -> None:
-    """Mode 0600 for an existing file, not through a symlink."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return
-    try:
-        os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
-
-
-class _PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
-    """A rotating log file that is 0600 and never opened through a symlink."""
-
-    def _open(self) -> io.TextIOWrapper:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(self.baseFilename, flags, 0o600)
-        os.fchmod(fd, 0o600)  # one left by an older daemon may be readable by others
-        return os.fdopen(fd, "a", encoding="utf-8")
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import trio
 
-from ._log_format import JSONFormatter
+from ._log_format import private_log, setup_logging
 from ._statedir import kept_token, read_address
 from .ingress import HTTPSource, Ingress, IngressConfig, open_listener
 
@@ -150,22 +150,6 @@ def _remove(path: Path) -> None:
         os.unlink(path)
 
 
-def _log_to(path: Path, fmt: str) -> None:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-    os.close(os.open(path, flags, 0o600))  # created private before the handler opens it
-    handler = logging.handlers.RotatingFileHandler(
-        path, maxBytes=LOG_MAX_BYTES, backupCount=LOG_BACKUPS
-    )
-    handler.setFormatter(
-        JSONFormatter()
-        if fmt == "json"
-        else logging.Formatter("%(asctime)s %(levelname)-7s %(message)s")
-    )
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)
-
-
 def _ready() -> None:
     """Tell the daemon (over stdout, a pipe), then let go of the pipe: the process may well
     outlive its reader."""
@@ -185,7 +169,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log-format", choices=["human", "json"], default="human")
     args = parser.parse_args(argv)
     state_dir: Path = args.state_dir
-    _log_to(log_path(state_dir, args.slot), args.log_format)
+    setup_logging(
+        args.log_format, private_log(log_path(state_dir, args.slot), LOG_MAX_BYTES, LOG_BACKUPS)
+    )
     # A signal from the daemon's terminal (Ctrl-C) is the daemon's: this process has a session
     # of its own, so it gets none; SIGTERM is how it is told to stop.
     found = locate(state_dir)

@@ -1,9 +1,14 @@
-"""How the daemon and the standalone ingress log: one line per record, for people or as JSON."""
+"""How the daemon and the ingress log: one line per record, for people or as JSON; to a
+terminal, or to a private log file rotated by size."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import logging.handlers
+import os
+from pathlib import Path
 
 
 class JSONFormatter(logging.Formatter):
@@ -22,12 +27,47 @@ class JSONFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
-def setup_logging(fmt: str) -> None:
-    handler = logging.StreamHandler()
+def formatter(fmt: str) -> logging.Formatter:
+    """``human``: a line for people; ``json``: a JSON object a line."""
     if fmt == "json":
-        handler.setFormatter(JSONFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(message)s"))
+        return JSONFormatter()
+    return logging.Formatter("%(asctime)s %(levelname)-7s %(message)s")
+
+
+def setup_logging(fmt: str, handler: logging.Handler | None = None) -> None:
+    """Log at INFO to `handler` (stderr by default) in the format `fmt`."""
+    handler = handler if handler is not None else logging.StreamHandler()
+    handler.setFormatter(formatter(fmt))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
+
+
+def private_log(path: Path, max_bytes: int, backups: int) -> logging.Handler:
+    """A handler writing to `path`, rotated past `max_bytes` with `backups` old files kept;
+    every one of them 0600 and never opened through a symlink."""
+    for n in range(1, backups + 1):
+        _make_private(Path(f"{path}.{n}"))
+    return _PrivateRotatingFileHandler(path, maxBytes=max_bytes, backupCount=backups)
+
+
+def _make_private(path: Path) -> None:
+    """Mode 0600 for an existing file, not through a symlink."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
+class _PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
+    """A rotating log file that is 0600 and never opened through a symlink."""
+
+    def _open(self) -> io.TextIOWrapper:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(self.baseFilename, flags, 0o600)
+        os.fchmod(fd, 0o600)  # one left by an older daemon may be readable by others
+        return os.fdopen(fd, "a", encoding="utf-8")

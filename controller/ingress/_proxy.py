@@ -16,6 +16,7 @@ from typing import Any, Protocol, final
 
 import trio
 
+from ._answers import ResponseHead, ResponseReader, own_answer, response_head
 from ._client import Client
 from ._config import IngressConfig
 from ._errors import ClientGone, Reply
@@ -25,16 +26,7 @@ from ._routing import RouteTable
 from ._sockets import READ_SIZE, send_all
 from ._table import BackendRoutes, Rejected, Slot
 from ._upstream import NotSent, Pool, Stale, Upstream
-from ._wire import (
-    END,
-    Problem,
-    RequestHead,
-    ResponseHead,
-    ResponseReader,
-    own_answer,
-    response_head,
-    upstream_head,
-)
+from ._wire import END, Problem, RequestHead, upstream_head
 
 access_logger = logging.getLogger("controller.ingress.access")
 logger = logging.getLogger("controller.ingress")

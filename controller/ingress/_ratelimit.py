@@ -4,8 +4,9 @@ must not become a flood of log lines (their counts are in the metrics)."""
 from __future__ import annotations
 
 import logging
-import time
 from typing import final
+
+import trio
 
 #: At most one line per kind of warning this often; the next says how many were left out.
 PERIOD_S = 10.0
@@ -21,7 +22,7 @@ class RateLimitedLog:
 
     def warn(self, kind: str, message: str, *args: object, exc_info: bool = False) -> None:
         """Log `message` at warning, unless a warning of `kind` was logged within the period."""
-        now = time.monotonic()
+        now = trio.current_time()
         if now - self._last.get(kind, -self.period_s) < self.period_s:
             self._quiet[kind] = self._quiet.get(kind, 0) + 1
             return

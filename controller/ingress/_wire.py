@@ -1,7 +1,7 @@
-"""HTTP/1.1 on the wire, both ways: requests read from clients and responses read from
-replicas through llhttp (``httptools``, strict: it refuses what RFC 9112 refuses, a request
-with both ``Content-Length`` and ``Transfer-Encoding`` among them), and the heads the ingress
-writes, as bytes. No I/O and no trio: fed bytes, it yields events.
+"""HTTP/1.1 requests: those clients send, read through llhttp (``httptools``, strict: it
+refuses what RFC 9112 refuses, a request with both ``Content-Length`` and ``Transfer-Encoding``
+among them), and the heads the ingress sends on to replicas, as bytes (answers are
+``_answers``'). No I/O and no trio: fed bytes, it yields events.
 
 The parsers never pause: everything fed is parsed at once, the events kept in order. A request
 is a `RequestHead`, then its body as `bytes` chunks, then `END`; a `Problem` ends the
@@ -39,14 +39,14 @@ DROPPED: Final = HOP_BY_HOP | OURS
 _REWRITTEN: Final = frozenset({b"host", b"x-forwarded-for", b"cookie"})
 
 
-class _End:
+class End:
     """The end of a request's body (or of a response's)."""
 
     def __repr__(self) -> str:
         return "END"
 
 
-END: Final = _End()
+END: Final = End()
 
 
 @final
@@ -137,7 +137,7 @@ def check_path(target: bytes) -> tuple[bytes, str, bytes]:
     return origin, path, authority
 
 
-def _tokens(value: bytes) -> list[bytes]:
+def header_tokens(value: bytes) -> list[bytes]:
     return [t.strip().lower() for t in value.split(b",") if t.strip()]
 
 
@@ -150,7 +150,7 @@ class RequestReader:
     def __init__(self, max_target: int, max_head: int):
         self.max_target = max_target
         self.max_head = max_head
-        self.events: collections.deque[RequestHead | bytes | _End | Problem] = collections.deque()
+        self.events: collections.deque[RequestHead | bytes | End | Problem] = collections.deque()
         self.in_head = False
         """A head has begun and not ended: it must arrive within the head timeout."""
         self.in_body = False
@@ -236,7 +236,7 @@ class RequestReader:
             if name == b"host":
                 hosts += 1
             elif name == b"transfer-encoding":
-                if _tokens(value) != [b"chunked"] or chunked:
+                if header_tokens(value) != [b"chunked"] or chunked:
                     raise Problem(
                         501, "NotImplemented", "the only transfer coding served is chunked"
                     )
@@ -244,7 +244,7 @@ class RequestReader:
             elif name == b"content-length":
                 length = value
             elif name == b"connection":
-                tokens = _tokens(value)
+                tokens = header_tokens(value)
                 if b"close" in tokens or (head.http_10 and b"keep-alive" not in tokens):
                     head.keep_alive = False
                 # The headers that say how to read the request are never the client's hop's
@@ -339,190 +339,3 @@ def _without_console_session(cookies: bytes) -> bytes:
         return cookies
     kept = [c.strip() for c in cookies.split(b";") if not _CONSOLE_COOKIE.match(c)]
     return b"; ".join(c for c in kept if c)
-
-
-# -- responses from replicas ------------------------------------------------------------------
-
-
-class _HeadOnly(Exception):
-    """Stops the response parser at the head of an answer to HEAD (llhttp would wait for the
-    body its Content-Length names)."""
-
-
-@final
-class ResponseHead:
-    __slots__ = ("headers", "keep_alive", "length", "reason", "status")
-
-    def __init__(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]):
-        self.status = status
-        self.reason = reason
-        self.headers = headers
-        self.length: int | None = None
-        """Its Content-Length; None: chunked, or until the replica closes."""
-        self.keep_alive = True
-
-
-@final
-class ResponseReader:
-    """Reads one replica's answers: `feed` appends a `ResponseHead` (1xx answers skipped), body
-    chunks and `END` to `events`; `closed` says what the replica closing the connection means.
-    Raises `Problem` (502) for an answer that cannot be read."""
-
-    def __init__(self) -> None:
-        self.events: collections.deque[ResponseHead | bytes | _End] = collections.deque()
-        self.head_only = False
-        """The request was HEAD: its answer ends with its head."""
-        self.extra = False
-        """Bytes came past the end of the answer: the connection cannot carry another."""
-        self.ended = False
-        self.began = False
-        """Some of an answer has arrived."""
-        self._parser = httptools.HttpResponseParser(self)
-        self._reason = b""
-        self._headers: list[tuple[bytes, bytes]] = []
-        self._head: ResponseHead | None = None
-        self._until_close = False
-        self._size = 0
-
-    def feed(self, data: bytes) -> None:
-        if self.ended:
-            self.extra = True
-            return
-        self.began = True
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserCallbackError as exc:
-            if isinstance(exc.__context__, _HeadOnly):
-                self.ended, self.extra = True, True  # where its head ended is not known
-                self.events.append(END)
-                return
-            raise Problem(502, "BadGateway", f"the replica's answer is malformed: {exc}") from None
-        except httptools.HttpParserUpgrade:
-            raise Problem(502, "BadGateway", "the replica switched protocols") from None
-        except httptools.HttpParserError as exc:
-            raise Problem(502, "BadGateway", f"the replica's answer is malformed: {exc}") from None
-
-    def closed(self) -> bool:
-        """The replica closed the connection: whether that ends its answer (one framed by the
-        close) rather than cutting it short."""
-        if self._head is not None and self._until_close and not self.ended:
-            self.ended = True
-            self.events.append(END)
-            return True
-        return False
-
-    def on_message_begin(self) -> None:
-        if self.ended:
-            self.extra = True
-        self._reason, self._headers, self._size = b"", [], 0
-
-    def on_status(self, reason: bytes) -> None:
-        self._reason += reason
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._size += len(name) + len(value) + 4
-        if self._size > 1 << 20:
-            raise Problem(502, "BadGateway", "the replica's answer head is over 1 MiB")
-        if self._head is None:
-            self._headers.append((name.lower(), value))
-
-    def on_headers_complete(self) -> None:
-        status = self._parser.get_status_code()
-        if 100 <= status < 200:
-            return  # 1xx: not passed on; the answer follows
-        head = ResponseHead(status, self._reason, self._headers)
-        http_10 = self._parser.get_http_version() == "1.0"
-        chunked = False
-        for name, value in head.headers:
-            if name == b"content-length":
-                head.length = int(value)
-            elif name == b"transfer-encoding":
-                chunked = True
-            elif name == b"connection":
-                tokens = _tokens(value)
-                if b"close" in tokens or (http_10 and b"keep-alive" not in tokens):
-                    head.keep_alive = False
-        if http_10 and not any(n == b"connection" for n, _ in head.headers):
-            head.keep_alive = False
-        if chunked:
-            head.length = None
-        no_body = status in (204, 304) or self.head_only
-        if no_body:
-            head.length = 0 if head.length is None else head.length
-        self._until_close = head.length is None and not chunked and not no_body
-        if self._until_close:
-            head.keep_alive = False
-        self._head = head
-        self.events.append(head)
-        if self.head_only:
-            raise _HeadOnly
-
-    def on_body(self, body: bytes) -> None:
-        self.events.append(body)
-
-    def on_message_complete(self) -> None:
-        if self._head is None:
-            return  # a 1xx answer's end
-        self.ended = True
-        self.events.append(END)
-
-
-def response_head(
-    head: ResponseHead, *, chunked: bool, close: bool, extra: tuple[bytes, ...] = ()
-) -> bytes:
-    """The head sent to the client: the replica's, less its hop's headers, framed by
-    Content-Length as the replica framed it, else `chunked` (or, for an HTTP/1.0 client, by
-    closing), with ``Connection: close`` when `close`."""
-    out = [b"HTTP/1.1 %d %s\r\n" % (head.status, head.reason)]
-    for key, value in head.headers:
-        if key in HOP_BY_HOP:
-            continue
-        if key == b"content-length" and head.length is None:
-            continue
-        out += (key, b": ", value, b"\r\n")
-    if chunked:
-        out.append(b"transfer-encoding: chunked\r\n")
-    if close:
-        out.append(b"connection: close\r\n")
-    out += extra
-    out.append(b"\r\n")
-    return b"".join(out)
-
-
-def own_answer(
-    status: int,
-    content_type: bytes,
-    body: bytes,
-    *,
-    close: bool,
-    head_only: bool = False,
-    extra: tuple[tuple[bytes, bytes], ...] = (),
-) -> bytes:
-    """An answer of the ingress's own, whole."""
-    out = [
-        b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n"
-        % (status, REASONS.get(status, b""), content_type, len(body))
-    ]
-    for key, value in extra:
-        out += (key, b": ", value, b"\r\n")
-    if close:
-        out.append(b"connection: close\r\n")
-    out.append(b"\r\n")
-    if not head_only:
-        out.append(body)
-    return b"".join(out)
-
-
-REASONS: Final = {
-    200: b"OK",
-    400: b"Bad Request",
-    404: b"Not Found",
-    408: b"Request Timeout",
-    414: b"URI Too Long",
-    431: b"Request Header Fields Too Large",
-    501: b"Not Implemented",
-    502: b"Bad Gateway",
-    503: b"Service Unavailable",
-    504: b"Gateway Timeout",
-    505: b"HTTP Version Not Supported",
-}
