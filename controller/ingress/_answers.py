@@ -5,10 +5,12 @@ no trio."""
 from __future__ import annotations
 
 import collections
-from typing import Final, final
+import json
+from typing import Any, Final, final
 
 import httptools
 
+from ._config import IngressConfig
 from ._wire import END, HOP_BY_HOP, End, Problem, header_tokens
 
 
@@ -194,3 +196,26 @@ REASONS: Final = {
     504: b"Gateway Timeout",
     505: b"HTTP Version Not Supported",
 }
+
+
+def error_body(kind: str, message: str, **extra: Any) -> bytes:
+    """The JSON body of an error of the ingress's own."""
+    return json.dumps({"error": {"type": kind, "message": message, **extra}}).encode()
+
+
+def expired_answer(phase: str, config: IngressConfig, upstream: str) -> tuple[int, str, str] | None:
+    """What a client is told when the deadline of `phase` passes before any answer went out
+    (status, kind, message); None: nothing (an idle connection just closes)."""
+    where = f"the replica at {upstream}" if upstream else "the replica"
+    if phase == "head":
+        message = f"the request head did not arrive within {config.header_timeout_s:g} s"
+        return 408, "RequestTimeout", message
+    if phase == "body":
+        return 408, "RequestTimeout", f"the request body stalled for {config.body_timeout_s:g} s"
+    if phase == "request":
+        message = f"{where} did not answer within request_timeout_s={config.request_timeout_s:g}"
+        return 504, "GatewayTimeout", message
+    if phase == "upstream":
+        message = f"{where} stopped reading the request for {config.body_timeout_s:g} s"
+        return 502, "BadGateway", message
+    return None

@@ -8,7 +8,6 @@ ingress reports is only ever what is really under way."""
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import socket
 from collections import deque
@@ -16,7 +15,14 @@ from typing import Any, Protocol, final
 
 import trio
 
-from ._answers import ResponseHead, ResponseReader, own_answer, response_head
+from ._answers import (
+    ResponseHead,
+    ResponseReader,
+    error_body,
+    expired_answer,
+    own_answer,
+    response_head,
+)
 from ._client import Client
 from ._config import IngressConfig
 from ._errors import ClientGone, Reply
@@ -124,44 +130,21 @@ class Proxy:
     async def refuse(self, client: Client, problem: Problem) -> None:
         """Answer a request the client's reader could not read; the connection then closes."""
         self.metrics.bad_request(problem.status)
-        body = _error_body(problem.kind, str(problem))
+        body = error_body(problem.kind, str(problem))
         with contextlib.suppress(ClientGone):
             await client.send(own_answer(problem.status, b"application/json", body, close=True))
 
     async def expired(self, client: Client, phase: str) -> None:
         """A deadline passed (the connection's scope is cancelled): say so, if nothing of an
         answer went out yet, and the connection closes."""
-        config = self.config
-        where = f"the replica at {client.upstream}" if client.upstream else "the replica"
-        messages = {
-            "head": (
-                408,
-                "RequestTimeout",
-                f"the request head did not arrive within {config.header_timeout_s:g} s",
-            ),
-            "body": (
-                408,
-                "RequestTimeout",
-                f"the request body stalled for {config.body_timeout_s:g} s",
-            ),
-            "request": (
-                504,
-                "GatewayTimeout",
-                f"{where} did not answer within request_timeout_s={config.request_timeout_s:g}",
-            ),
-            "upstream": (
-                502,
-                "BadGateway",
-                f"{where} stopped reading the request for {config.body_timeout_s:g} s",
-            ),
-        }
-        if phase not in messages or client.answered is not None:
+        said = expired_answer(phase, self.config, client.upstream)
+        if said is None or client.answered is not None:
             return  # idle (closed without a word), or an answer under way (cut short)
-        status, kind, message = messages[phase]
+        status, kind, message = said
         if phase == "head":
             self.metrics.bad_request(status)
-        answer = own_answer(status, b"application/json", _error_body(kind, message), close=True)
-        with trio.move_on_after(config.body_timeout_s), contextlib.suppress(ClientGone):
+        answer = own_answer(status, b"application/json", error_body(kind, message), close=True)
+        with trio.move_on_after(self.config.body_timeout_s), contextlib.suppress(ClientGone):
             await client.send(answer)
 
     # -- forwarding --
@@ -358,7 +341,7 @@ class Proxy:
     ) -> bool:
         """Answer with an error of ours; whether the connection may carry another request."""
         headers = () if retry_after is None else ((b"retry-after", b"%d" % retry_after),)
-        body = _error_body(kind, message, **extra)
+        body = error_body(kind, message, **extra)
         return await self._answer(client, head, status, b"application/json", body, headers)
 
     async def _answer(
@@ -439,10 +422,6 @@ def _pass_on(events: deque[Any], out: bytearray, chunks: bool) -> bool:
         else:
             out += event
     return False
-
-
-def _error_body(kind: str, message: str, **extra: Any) -> bytes:
-    return json.dumps({"error": {"type": kind, "message": message, **extra}}).encode()
 
 
 def _closed_while_sending(upstream: Upstream, exc: OSError) -> Reply:
