@@ -22,7 +22,6 @@ from ._routing import RouteTable as RouteTable
 from ._routing import choose as choose
 from ._sources import ControllerSource as ControllerSource
 from ._sources import HTTPSource as HTTPSource
-from ._sources import ServingSource as ServingSource
 from ._sources import SourceError as SourceError
 from ._sources import WatchSource as WatchSource
 
@@ -32,7 +31,6 @@ __all__ = [
     "Ingress",
     "IngressConfig",
     "RouteTable",
-    "ServingSource",
     "SourceError",
     "WatchSource",
     "choose",

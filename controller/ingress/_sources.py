@@ -18,7 +18,6 @@ from .._controller import Controller
 from .._errors import ControllerClosedError
 from .._http import leader_of
 from .._load_wire import load_body
-from .._serving import Serving
 from .._state import BackendSnapshot, LoadReport
 from ._table import RouteInfo
 
@@ -93,69 +92,6 @@ class ControllerSource:
                 self.controller.report_load(report)
         except ControllerClosedError as exc:
             raise SourceError(str(exc)) from None
-
-
-@final
-@attrs.define(eq=False)
-class ServingSource:
-    """What a daemon with standbys serves (``Serving``): its controller while it leads, its
-    view of the store while it stands by. A switch hands the ingress a complete list from the
-    new one; until then it routes on what it has."""
-
-    serving: Serving
-    token: str | None = None
-    """The API token, for reports sent on to the leader while this daemon stands by."""
-    _source: ControllerSource | None = attrs.field(default=None, init=False)
-    _leader: HTTPSource | None = attrs.field(default=None, init=False)
-
-    def describe(self) -> str:
-        return "this daemon (leader or standby)"
-
-    async def changes(self) -> tuple[list[RouteInfo], bool]:
-        while True:
-            ctl = self.serving.ctl
-            if ctl is None:
-                await self.serving.wait_switched()
-                continue
-            if self._source is None or self._source.controller is not ctl:
-                self._source = ControllerSource(ctl)
-            answer = await self._next(self._source)
-            if answer is not None:
-                return answer
-
-    async def _next(self, source: ControllerSource) -> tuple[list[RouteInfo], bool] | None:
-        """`source`'s next change, or None if the daemon switched first."""
-        answer: tuple[list[RouteInfo], bool] | None = None
-        async with trio.open_nursery() as nursery:
-
-            async def changes() -> None:
-                nonlocal answer
-                try:
-                    answer = await source.changes()
-                except SourceError:
-                    return  # closed (it stopped leading): the switch comes next
-                nursery.cancel_scope.cancel()
-
-            async def switched() -> None:
-                await self.serving.wait_switched()
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(changes)
-            nursery.start_soon(switched)
-        return answer
-
-    async def report(self, reports: list[LoadReport]) -> None:
-        if self.serving.leading and self._source is not None:
-            await self._source.report(reports)
-            return
-        # A standby's view runs no backend: the load this ingress carries goes to the leader,
-        # whose autoscaler counts it (scale from zero through a standby's ingress included).
-        leader = self.serving.leader_url()
-        if leader is None or self.token is None:
-            raise SourceError("no daemon leads just now: the load report waits for one")
-        if self._leader is None or self._leader.url != leader:
-            self._leader = HTTPSource(leader, self.token)
-        await self._leader.report(reports)
 
 
 #: How long a load report may take: a stalled daemon must not hold back the next report (a
