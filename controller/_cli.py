@@ -166,6 +166,22 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The most ingress processes a daemon runs: many more than cores only adds scheduling.
+MAX_INGRESS_WORKERS = 64
+
+
+def _ingress_workers(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_INGRESS_WORKERS:
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number from 1 to {MAX_INGRESS_WORKERS} (got {text!r})"
+        )
+    return value
+
+
 def describe_ingress(ingress: dict[str, Any]) -> str:
     """One line: where the daemon's ingress processes serve, how many do, and any trouble."""
     processes = ingress.get("processes") or []
@@ -345,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-ingress", action="store_true", help="serve no ingress")
     run.add_argument(
         "--ingress-workers",
-        type=_positive_int,
+        type=_ingress_workers,
         default=None,
         metavar="N",
         help="ingress processes sharing the port (SO_REUSEPORT); default: one per core",

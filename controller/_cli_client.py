@@ -164,10 +164,17 @@ def make_client(args: argparse.Namespace) -> Client:
         found = read_address(state_dir).get("url")
         if not isinstance(found, str) or not daemon_running(state_dir):
             why = "no daemon.json" if not isinstance(found, str) else "its daemon.json is stale"
+            left = ""
+            if any((state_dir / "ingress").glob("*.json")):
+                # Its replicas and ingress processes outlive a stopped daemon, by design.
+                left = (
+                    "; what the last one started may still be serving: `controller run` adopts "
+                    "it, and `controller shutdown` then stops it all"
+                )
             raise CLIError(
                 f"error: no controller daemon is running for the state dir {state_dir} ({why}); "
                 "start one with `controller run`, or pass --url (or the --state-dir it runs "
-                "with)"
+                f"with){left}"
             )
         url = found
     if token is None:

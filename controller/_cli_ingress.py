@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import signal
+import socket
 import subprocess
 import sys
 
@@ -27,15 +28,18 @@ def cmd_ingress(args: argparse.Namespace) -> int:
     if client.token is None:
         raise CLIError("controller ingress: no token (give --token or $CONTROLLER_TOKEN)", 1)
     host, _, port_text = args.listen.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
     try:
         port = int(port_text)
         source = HTTPSource(client.url, client.token, tuple(args.also_url))
     except ValueError as exc:
         raise CLIError(f"controller ingress: {exc}", 2) from None
-    children = _spawn_others(args.workers)
+    if not args.share_port:
+        port = _free_or_refused(host, port, args.listen)
+    children = _spawn_others(args.workers, f"{host}:{port}")
     config = IngressConfig(access_log=args.access_log)
     try:
-        trio.run(serve, source, config, host.strip("[]") or "127.0.0.1", port)
+        trio.run(serve, source, config, host, port)
     except OSError as exc:
         raise CLIError(
             f"controller ingress: cannot listen on {args.listen}: {exc.strerror or exc}", 1
@@ -48,13 +52,36 @@ def cmd_ingress(args: argparse.Namespace) -> int:
     return 0
 
 
-def _spawn_others(workers: int) -> list[subprocess.Popen[bytes]]:
-    """`workers` - 1 more processes on the same port, with this command's own arguments."""
+def _free_or_refused(host: str, port: int, listen: str) -> int:
+    """The port to serve, checked free: with ``SO_REUSEPORT`` another process could serve it
+    beside us unnoticed (another daemon's ingress, say), so a port in use is refused unless
+    --share-port says it is meant. Port 0: a free port, the same for every --workers process."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise CLIError(
+                f"controller ingress: cannot listen on {listen}: {exc.strerror or exc}; to serve "
+                "it beside other `controller ingress` processes that follow the same daemon, "
+                "give --share-port",
+                1,
+            ) from None
+        return int(probe.getsockname()[1])
+
+
+def _spawn_others(workers: int, listen: str) -> list[subprocess.Popen[bytes]]:
+    """`workers` - 1 more processes on the same port (`listen`), with this command's own
+    arguments."""
     if workers <= 1:
         return []
-    argv = [sys.executable, "-m", "controller", *_without_workers(sys.argv[1:])]
+    argv = [sys.executable, "-m", "controller", *_without(sys.argv[1:], "--workers", "--listen")]
     return [
-        subprocess.Popen([*argv, "--workers", "1"], preexec_fn=_die_with_parent)
+        subprocess.Popen(
+            [*argv, "--workers", "1", "--listen", listen, "--share-port"],
+            preexec_fn=_die_with_parent,
+        )
         for _ in range(workers - 1)
     ]
 
@@ -69,17 +96,18 @@ def _die_with_parent() -> None:
         pass  # not Linux: --workers children then outlive a killed parent
 
 
-def _without_workers(argv: list[str]) -> list[str]:
+def _without(argv: list[str], *options: str) -> list[str]:
+    """`argv` less the `options` (each with its value, as ``--x V`` or ``--x=V``)."""
     out: list[str] = []
     skip = False
     for item in argv:
         if skip:
             skip = False
             continue
-        if item == "--workers":
+        if item in options:
             skip = True
             continue
-        if item.startswith("--workers="):
+        if item.startswith(tuple(f"{option}=" for option in options)):
             continue
         out.append(item)
     return out
@@ -109,6 +137,12 @@ def add_ingress_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         type=int,
         default=1,
         help="processes serving the port (SO_REUSEPORT); one per core uses them all",
+    )
+    ingress.add_argument(
+        "--share-port",
+        action="store_true",
+        help="serve the port beside other `controller ingress` processes already on it (they "
+        "must follow the same daemon); without it, a port in use is refused",
     )
     ingress.add_argument("--access-log", action="store_true", help="one line per request")
     ingress.add_argument("--log-format", choices=["human", "json"], default="human")

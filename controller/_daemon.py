@@ -385,10 +385,12 @@ async def _serve(
                     # The ingress processes follow the API: they start once it answers, and
                     # take their first connection with the routes known.
                     await nursery.start(fleet.run)
+                    count = len(fleet.members)
                     logger.info(
-                        "ingress serving routes on http://%s (%d processes)",
+                        "ingress serving routes on http://%s (%d process%s)",
                         fleet.address,
-                        len(fleet.members),
+                        count,
+                        "" if count == 1 else "es",
                     )
                 logger.info(
                     "listening on %s (token in %s), %s",

@@ -55,6 +55,7 @@ from ._ingress_records import (
 )
 from ._metrics_merge import merge_metrics
 from ._procfs import describe_exit, start_time
+from ._views import iso
 from .ingress import SourceError
 
 logger = logging.getLogger("controller.daemon")
@@ -67,6 +68,10 @@ FORGIVE_AFTER_S = 60.0
 START_TIMEOUT_S = 30.0
 #: How long the daemon waits for a process's health or metrics.
 ASK_TIMEOUT_S = 1.0
+#: How often each process's health is asked, and after how many unanswered asks in a row it
+#: is taken for hung and killed (a stopped or stuck process: its port share is lost meanwhile).
+LIVENESS_PERIOD_S = 5.0
+HUNG_AFTER = 3
 
 State = Literal["starting", "serving", "restarting", "stopping"]
 
@@ -135,7 +140,25 @@ class Fleet:
         except (OSError, ValueError) as exc:
             raise StartupError(f"cannot use {ingress_dir(self.state_dir)}: {exc}") from None
         host, port = split(self.options.listen)
-        live = [r for r in self._records() if r.alive(self.state_dir)]
+        live = []
+        for record in self._records():
+            if record.slot < len(self.members):
+                self.members[record.slot].restarts = record.restarts
+            if record.alive(self.state_dir):
+                live.append(record)
+                continue
+            # Gone while no daemon watched it (killed, or the machine restarted).
+            logger.warning(
+                "ingress process %d (pid %d) exited while no daemon ran; %s",
+                record.slot,
+                record.pid,
+                "starting another" if record.slot < len(self.members) else "not needed now",
+            )
+            if record.slot < len(self.members):
+                member = self.members[record.slot]
+                member.restarts += 1
+                member.last_exit = "exited while no daemon ran"
+            record.forget(self.state_dir)
         for record in live:
             r_host, r_port = split(record.listen)
             same = r_host == host and (port in (0, r_port))
@@ -180,10 +203,10 @@ class Fleet:
     async def _supervise(self, member: Member, serving: trio.Event) -> None:
         record = self._adopt.pop(member.slot, None)
         failures, up_since = 0, 0.0
-        if record is not None and not await self._answers(member.slot):
+        if record is not None and not await self._answers(member.slot, record.pid):
             # Alive but not answering (still starting, or hung): not to be trusted with the
-            # port; it goes, and a new one is started.
-            await stop_records([record], self.state_dir)
+            # port. A new one is started, and this one stopped once the new ones serve.
+            self._retire.append(record)
             record = None
         while not self.stopping:
             handle = Handle.adopt(record) if record is not None else None
@@ -199,17 +222,30 @@ class Fleet:
                 member.pid, member.state, member.since = handle.pid, "serving", time.time()
                 up_since = trio.current_time()
                 serving.set()
+                if member.restarts:
+                    logger.info(
+                        "ingress process %d serving again (pid %d)", member.slot, handle.pid
+                    )
                 if self._stopped():
                     handle.signal(signal.SIGTERM)  # started while the fleet began to stop
+                hung: list[bool] = []
                 try:
-                    status = await handle.wait()
+                    async with trio.open_nursery() as watch:
+                        watch.start_soon(self._until_hung, member, handle, hung)
+                        status = await handle.wait()
+                        watch.cancel_scope.cancel()
                 finally:
                     self._handles.pop(member.slot, None)
                     exited.set()
                 if self._stopped():
                     return
-                member.last_exit = describe_exit(status).removeprefix("worker process ")
+                member.last_exit = (
+                    f"did not answer its health check {HUNG_AFTER} times in a row, and was killed"
+                    if hung
+                    else describe_exit(status).removeprefix("worker process ")
+                )
             member.restarts += 1
+            self._write_record(member)
             member.state, member.since = "restarting", time.time()
             if trio.current_time() - up_since > FORGIVE_AFTER_S:
                 failures = 0
@@ -224,6 +260,29 @@ class Fleet:
                 tail(log_path(self.state_dir, member.slot)),
             )
             await trio.sleep(wait)
+
+    async def _until_hung(self, member: Member, handle: Handle, hung: list[bool]) -> None:
+        """Ask the process for its health every `LIVENESS_PERIOD_S`; once it has not answered
+        `HUNG_AFTER` times in a row (stopped, or stuck), kill it (its supervisor starts
+        another) and say so in `hung`. Returns only then (or is cancelled)."""
+        missed = 0
+        while True:
+            await trio.sleep(LIVENESS_PERIOD_S)
+            if self._stopped():
+                return  # a process told to stop closes its socket: that is no hang
+            missed = 0 if await self._answers(member.slot, handle.pid) else missed + 1
+            if missed >= HUNG_AFTER:
+                logger.warning(
+                    "ingress process %d (pid %d) did not answer its health check %d times in a "
+                    "row (every %gs); killing it",
+                    member.slot,
+                    handle.pid,
+                    missed,
+                    LIVENESS_PERIOD_S,
+                )
+                hung.append(True)
+                handle.signal(signal.SIGKILL)
+                return
 
     def _stopped(self) -> bool:
         # A method, not the attribute: it changes across the awaits of one supervisor's loop.
@@ -265,20 +324,7 @@ class Fleet:
             os.close(log)
         member.pid = process.pid
         handle = Handle(process.pid, process=process)
-        write_private(
-            record_path(self.state_dir, member.slot),
-            json.dumps(
-                attrs.asdict(
-                    Record(
-                        member.slot,
-                        process.pid,
-                        start_time(process.pid) or "",
-                        self.address,
-                        self._digest,
-                    )
-                )
-            ),
-        )
+        self._write_record(member)
         assert process.stdout is not None
         said = b""
         with trio.move_on_after(START_TIMEOUT_S):
@@ -294,6 +340,20 @@ class Fleet:
             process.kill()
         member.last_exit = describe_exit(await reap(process)).removeprefix("worker process ")
         return None
+
+    def _write_record(self, member: Member) -> None:
+        """What the next daemon needs to adopt `member`'s process (and to go on counting)."""
+        if member.pid is None:
+            return
+        record = Record(
+            member.slot,
+            member.pid,
+            start_time(member.pid) or "",
+            self.address,
+            self._digest,
+            member.restarts,
+        )
+        write_private(record_path(self.state_dir, member.slot), json.dumps(attrs.asdict(record)))
 
     # -- stopping --
 
@@ -347,7 +407,7 @@ class Fleet:
                     "slot": member.slot,
                     "pid": member.pid,
                     "state": member.state,
-                    "since": member.since,
+                    "since": iso(member.since),
                     "restarts": member.restarts,
                     "last_exit": member.last_exit,
                     "adopted": member.adopted,
@@ -375,28 +435,28 @@ class Fleet:
         ]
         return (merged + "\n".join(own) + "\n").encode()
 
-    async def _answers(self, slot: int) -> bool:
-        """Whether the process of `slot` answers on its own socket (it is up, not hung)."""
+    async def _answers(self, slot: int, pid: int) -> bool:
+        """Whether the process `pid` of `slot` answers on its own socket (it is up, not hung)."""
         with trio.move_on_after(ASK_TIMEOUT_S):
             with contextlib.suppress(
                 OSError, h11.ProtocolError, trio.BrokenResourceError, SourceError
             ):
-                await get(socket_path(self.state_dir, slot), "/-/healthz")
+                await get(socket_path(self.state_dir, slot, pid), "/-/healthz")
                 return True
         return False
 
     async def _ask_all(self, target: str) -> dict[int, bytes]:
         answers: dict[int, bytes] = {}
 
-        async def ask(slot: int) -> None:
+        async def ask(slot: int, pid: int) -> None:
             with trio.move_on_after(ASK_TIMEOUT_S):
                 with contextlib.suppress(
                     OSError, h11.ProtocolError, trio.BrokenResourceError, SourceError
                 ):
-                    answers[slot] = await get(socket_path(self.state_dir, slot), target)
+                    answers[slot] = await get(socket_path(self.state_dir, slot, pid), target)
 
         async with trio.open_nursery() as nursery:
             for member in self.members:
-                if member.state == "serving":
-                    nursery.start_soon(ask, member.slot)
+                if member.state == "serving" and member.pid is not None:
+                    nursery.start_soon(ask, member.slot, member.pid)
         return answers

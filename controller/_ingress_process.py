@@ -44,8 +44,10 @@ def ingress_dir(state_dir: Path) -> Path:
     return state_dir / "ingress"
 
 
-def socket_path(state_dir: Path, slot: int) -> Path:
-    return ingress_dir(state_dir) / f"{slot}.sock"
+def socket_path(state_dir: Path, slot: int, pid: int) -> Path:
+    """The process's own socket: named by its pid too, so that a process replacing another in
+    its slot never shares (or, on the other's way out, loses) its socket."""
+    return ingress_dir(state_dir) / f"{slot}.{pid}.sock"
 
 
 def log_path(state_dir: Path, slot: int) -> Path:
@@ -188,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
             config,
             host.strip("[]"),
             int(port),
-            socket_path(state_dir, args.slot),
+            socket_path(state_dir, args.slot, os.getpid()),
             _ready,
         )
     except OSError as exc:

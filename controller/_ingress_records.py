@@ -21,7 +21,7 @@ import h11
 import trio
 
 from ._errors import StartupError
-from ._ingress_process import DRAIN_S, ingress_dir
+from ._ingress_process import DRAIN_S, ingress_dir, socket_path
 from ._procfs import command_line, exit_status, start_time
 from .ingress._sources import read_answer
 
@@ -44,6 +44,8 @@ class Record:
     """Its start time (``/proc/<pid>/stat``): a pid reused since is not taken for it."""
     listen: str
     digest: str
+    restarts: int = 0
+    """How many times its slot's process was started again, over daemons."""
 
     @classmethod
     def read(cls, path: Path) -> Record | None:
@@ -55,9 +57,21 @@ class Record:
                 started=str(data["started"]),
                 listen=str(data["listen"]),
                 digest=str(data["digest"]),
+                restarts=int(data.get("restarts", 0)),
             )
         except (OSError, ValueError, KeyError, TypeError):
             return None
+
+    def forget(self, state_dir: Path) -> None:
+        """Its process is gone: its socket goes, and its record if no other process of its
+        slot has replaced it there (its log stays)."""
+        with contextlib.suppress(FileNotFoundError):
+            socket_path(state_dir, self.slot, self.pid).unlink()
+        path = record_path(state_dir, self.slot)
+        now = Record.read(path)
+        if now is not None and now.pid == self.pid:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
 
     def alive(self, state_dir: Path) -> bool:
         """Whether its process still runs, as ours (same start time, same command)."""
@@ -146,6 +160,8 @@ async def stop_records(records: list[Record], state_dir: Path) -> None:
         for _, pidfd in pidfds:
             trio.lowlevel.notify_closing(pidfd)
             os.close(pidfd)
+        for record in records:
+            record.forget(state_dir)
 
 
 def split(listen: str) -> tuple[str, int]:

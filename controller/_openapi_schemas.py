@@ -388,8 +388,8 @@ SCHEMAS: dict[str, Any] = {
                         "pid": {"type": ["integer", "null"]},
                         "state": {"enum": ["starting", "serving", "restarting", "stopping"]},
                         "since": {
-                            "type": "number",
-                            "description": "When it entered its state (seconds since the epoch)",
+                            "type": ["string", "null"],
+                            "description": "When it entered its state (ISO 8601, UTC)",
                         },
                         "restarts": {"type": "integer", "minimum": 0},
                         "last_exit": _NULLABLE_STRING,

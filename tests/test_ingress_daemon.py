@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -19,7 +21,7 @@ import controller
 from controller.ingress import HTTPSource
 
 from .http_client import request
-from .test_daemon import LIMIT_S, Daemon, manifest, running, state_dir
+from .test_daemon import LIMIT_S, Daemon, ingress_pids, manifest, running, state_dir
 from .test_daemon_hardening import free_port
 
 __all__ = ["state_dir"]  # the fixture, shared with test_daemon
@@ -247,3 +249,101 @@ def test_the_ingress_command_refuses_a_bad_url_at_once(tmp_path: Path) -> None:
     )
     assert result.returncode != 0
     assert b"Traceback" not in result.stderr
+
+
+async def test_a_daemon_restarted_with_other_options_replaces_its_ingress_then_adopts_it(
+    state_dir: Path,
+) -> None:
+    """Started with other ingress options, the next daemon starts new processes before it stops
+    the old ones (no gap on the port), and the one after that adopts the new ones, which answer
+    on their own sockets (the old ones' going took nothing of theirs)."""
+    file = state_dir / "app.toml"
+    file.write_text(manifest(app=app(1)))
+    port = free_port()
+    base = ("--config", str(file), "--ingress-listen", f"127.0.0.1:{port}")
+    with trio.fail_after(LIMIT_S * 3):
+        async with trio.open_nursery() as nursery:
+            first = Daemon(state_dir)
+            await first.start(nursery, *base, "--ingress-workers", "2")
+            assert (await first.cli("wait", "app")).returncode == 0
+            old = sorted(ingress_pids(state_dir))
+            answers: list[int] = []
+            stop = trio.Event()
+
+            async def traffic() -> None:
+                while not stop.is_set():
+                    answers.append((await request(port, "/app/any")).status)
+
+            nursery.start_soon(traffic)
+            assert await first.stop(signal.SIGINT) == 0
+            second = Daemon(state_dir)
+            await second.start(nursery, *base, "--ingress-workers", "2", "--access-log")
+            new = sorted(ingress_pids(state_dir))
+            assert set(new).isdisjoint(old), (old, new)  # replaced: other options
+            assert b"of an earlier daemon" in second.log
+            assert await second.stop(signal.SIGINT) == 0
+            third = Daemon(state_dir)
+            await third.start(nursery, *base, "--ingress-workers", "2", "--access-log")
+            assert sorted(ingress_pids(state_dir)) == new  # adopted
+            code, fleet = await third.http("GET", "/api/v1/ingress")
+            assert code == 200
+            assert all(p["adopted"] and p["answers"] for p in fleet["processes"]), fleet
+            assert all(p["since"].endswith("Z") for p in fleet["processes"]), fleet
+            stop.set()
+            assert (await third.cli("shutdown")).returncode == 0
+            assert third.process is not None
+            assert await third.process.wait() == 0
+    assert answers
+    assert set(answers) == {200}, Counter(answers)
+
+
+async def test_a_hung_ingress_process_is_killed_and_replaced(state_dir: Path) -> None:
+    """A process that stops answering its health checks (SIGSTOP here) is taken for hung after
+    three missed asks, five seconds apart, and replaced."""
+    with trio.fail_after(LIMIT_S * 2):
+        async with running(state_dir, "--ingress-workers", "2") as daemon:
+            code, fleet = await daemon.http("GET", "/api/v1/ingress")
+            victim = fleet["processes"][1]["pid"]
+            os.kill(victim, signal.SIGSTOP)
+            await daemon.logged(b"did not answer its health check 3 times in a row")
+            await daemon.logged(b"ingress process 1 serving again")
+            code, fleet = await daemon.http("GET", "/api/v1/ingress")
+            assert code == 200
+            second = fleet["processes"][1]
+            assert second["pid"] != victim
+            assert second["restarts"] == 1
+            assert second["last_exit"].startswith("did not answer its health check")
+
+
+def test_a_standalone_ingress_refuses_a_port_in_use_unless_told_to_share_it(
+    tmp_path: Path,
+) -> None:
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    argv = [sys.executable, "-m", "controller", "--url", "http://127.0.0.1:1", "--token=t"]
+    with held:
+        result = subprocess.run(
+            [*argv, "ingress", "--listen", f"127.0.0.1:{port}"],
+            capture_output=True,
+            check=False,
+            timeout=LIMIT_S,
+            env={**os.environ, "CONTROLLER_STATE_DIR": str(tmp_path)},
+        )
+    assert result.returncode == 1
+    assert b"Address already in use" in result.stderr
+    assert b"--share-port" in result.stderr
+
+
+def test_ingress_workers_are_bounded(tmp_path: Path) -> None:
+    for value in ("0", "65", "100000", "x"):
+        result = subprocess.run(
+            [sys.executable, "-m", "controller", "run", "--ingress-workers", value],
+            capture_output=True,
+            check=False,
+            timeout=LIMIT_S,
+            env={**os.environ, "CONTROLLER_STATE_DIR": str(tmp_path)},
+        )
+        assert result.returncode == 2
+        assert b"--ingress-workers: must be a whole number from 1 to 64" in result.stderr

@@ -371,8 +371,7 @@ class Proxy:
         self, head: RequestHead, peer: str, backend: str, route: str, status: int, started: float
     ) -> None:
         elapsed = trio.current_time() - started
-        if backend != "-":
-            self.metrics.request(backend, route, status, elapsed)
+        self.metrics.request(backend, route, status, elapsed)  # "-": no route
         if self.config.access_log:
             method, target = head.method.decode("latin-1"), head.target.decode("latin-1")
             fields = {

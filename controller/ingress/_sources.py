@@ -143,14 +143,17 @@ class HTTPSource:
     def _others(self) -> list[str]:
         return [u for u in (self.url, *self.also) if u != self.following]
 
-    def _relocate(self) -> None:
+    def _relocate(self) -> bool:
+        """Ask `locate` where the daemon is now; whether that changed anything."""
         if self.locate is None:
-            return
+            return False
         found = self.locate()
-        if found is not None and found != (self.url, self.token):
-            if found[0] != self.url:
-                self._epoch, self._cursor = "", 0  # another daemon's watch: count afresh
-            self.url, self.token = found
+        if found is None or found == (self.url, self.token):
+            return False
+        if found[0] != self.url:
+            self._epoch, self._cursor = "", 0  # another daemon's watch: count afresh
+        self.url, self.token = found
+        return True
 
     def _next_daemon(self) -> None:
         # Another daemon counts its watch afresh (its own epoch): the next answer is complete.
@@ -169,13 +172,14 @@ class HTTPSource:
             except SourceError:
                 if self.also:
                     self._next_daemon()
-                self._relocate()
+                if self._relocate():
+                    return await self.changes()  # it moved: follow it now, not after a wait
                 raise
         if waited.cancelled_caught:
             raise SourceError("the watch did not answer in time")
         if status != 200 or not isinstance(data, dict):
-            if status == 401:
-                self._relocate()
+            if status == 401 and self._relocate():
+                return await self.changes()  # a new token: the same
             raise SourceError(f"the watch answered {status}: {_error_of(data)}")
         try:
             infos = [_info_from_json(s) for s in data["snapshots"]]
