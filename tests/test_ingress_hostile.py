@@ -6,6 +6,7 @@ hold more than its share of connections."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -114,7 +115,7 @@ class Replica:
 class Front:
     ingress: Ingress
     port: int
-    replica: Replica
+    replica: Replica | RawReplica
 
     def settled(self) -> bool:
         """Nothing in flight or queued, and no connection but idle ones."""
@@ -122,10 +123,56 @@ class Front:
         return all(v == (0, 0) for v in load.values())
 
 
+@attrs.define
+class RawReplica:
+    """A replica that misbehaves on purpose, by path, once it has read a request's head:
+    ``/extra`` answers, then sends bytes past its answer in the same write; ``/extra2`` sends
+    its head, then the body and the stray bytes in a second write; ``/early`` answers 413 and
+    closes without reading the body."""
+
+    port: int = 0
+    seen: list[dict[str, Any]] = attrs.field(factory=list)
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started()
+        await trio.serve_listeners(self._one, listeners)
+
+    async def _one(self, stream: trio.SocketStream) -> None:
+        async with stream:
+            head = bytearray()
+            while b"\r\n\r\n" not in head:
+                chunk = await stream.receive_some(65536)
+                if not chunk:
+                    return
+                head += chunk
+            path = head.split(b" ", 2)[1]
+            self.seen.append({"path": path.decode()})
+            answer = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello"
+            stray = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n"
+            if path == b"/app/extra":
+                await stream.send_all(answer + stray)
+            elif path == b"/app/extra2":
+                await stream.send_all(answer[:-5])
+                await trio.sleep(0.05)  # apart: a second read at the ingress
+                await stream.send_all(b"hello" + stray)
+            elif path == b"/app/early":
+                await stream.send_all(
+                    b"HTTP/1.1 413 Too Large\r\ncontent-length: 4\r\nconnection: close\r\n\r\nbig!"
+                )
+            with trio.move_on_after(1):
+                while await stream.receive_some(65536):
+                    if path == b"/app/early":
+                        break  # it reads no more, and closes
+
+
 @asynccontextmanager
-async def front(config: IngressConfig | None = None) -> AsyncIterator[Front]:
+async def front(
+    config: IngressConfig | None = None, replica: Replica | RawReplica | None = None
+) -> AsyncIterator[Front]:
     async with trio.open_nursery() as nursery:
-        replica = Replica()
+        replica = replica if replica is not None else Replica()
         await nursery.start(replica.serve)
         source = StaticSource((("app#1", f"127.0.0.1:{replica.port}"),))
         ingress = Ingress(source, config or IngressConfig())
@@ -201,11 +248,19 @@ async def _answer_of(port: int, data: bytes) -> tuple[int | None, bytes]:
     conn.send(h11.Request(method="GET", target="/", headers=[("Host", "h")]))
     conn.send(h11.EndOfMessage())
     async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
-        try:
-            await stream.send_all(data)
-            status, body = await read_answer(stream, conn)
-        except (trio.BrokenResourceError, h11.RemoteProtocolError, SourceError):
-            return None, b""  # closed first
+
+        async def send() -> None:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await stream.send_all(data)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send)  # a server may answer before it has read it all
+            try:
+                status, body = await read_answer(stream, conn)
+            except (trio.BrokenResourceError, h11.RemoteProtocolError, SourceError):
+                return None, b""  # closed first
+            finally:
+                nursery.cancel_scope.cancel()
     return status, body
 
 
@@ -265,6 +320,9 @@ async def test_long_targets_are_refused_at_once_and_cost_little() -> None:
         "/app/a\\b",
         "/app/..",
         "/app/.",
+        "/app/..;/admin",
+        "/app/..%3B/admin",
+        "/app/.;x/y",
     ],
 )
 async def test_paths_another_component_could_read_otherwise_are_refused(path: str) -> None:
@@ -342,3 +400,121 @@ async def test_a_request_with_both_framings_is_answered_and_closed() -> None:
         assert answer.startswith(b"HTTP/1.1 400 ")
         assert b"connection: close" in answer
         assert [s["path"] for s in f.replica.seen] == []
+
+
+async def test_a_fragment_in_the_target_is_refused() -> None:
+    async with front() as f:
+        for target in (b"/app#/../admin", b"/app/x#y", b"http://h/app#/../x"):
+            answer = await raw(f.port, b"GET " + target + b" HTTP/1.1\r\nHost: h\r\n\r\n")
+            assert answer.startswith(b"HTTP/1.1 400 "), (target, answer)
+        assert f.replica.seen == []
+
+
+async def test_bytes_a_replica_sends_past_its_answer_do_not_spoil_the_answer() -> None:
+    """A replica that answered, then read the rest of the request as another and answered
+    that too: the first answer is passed on whole (and its connection not reused)."""
+    async with front(replica=RawReplica()) as f:
+        for path in ("/app/extra", "/app/extra2"):
+            for _ in range(20):
+                answer = await request(f.port, path)
+                assert (answer.status, answer.body) == (200, b"hello"), path
+        assert f.ingress.proxy.pool.opened == 40  # none of those connections was kept
+
+
+async def test_an_early_answer_to_a_large_upload_is_passed_on() -> None:
+    """A replica that answers 413 at once and closes without reading a 2 MB body: the client
+    gets the 413 (not a 502 for the connection the replica closed under the upload)."""
+    async with front(replica=RawReplica()) as f:
+        for _ in range(5):
+            answer = await _answer_of(
+                f.port,
+                b"POST /app/early HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n\r\n" % (2 << 20)
+                + b"x" * (2 << 20),
+            )
+            assert answer == (413, b"big!")
+
+
+async def test_an_answer_of_ours_to_an_upload_arrives_whole_not_as_a_reset() -> None:
+    """A 404 for a request whose 2 MB body is still arriving: the ingress reads and drops what
+    follows for a moment before it closes, so the reset that closing with unread bytes sends
+    cannot overtake the answer."""
+    async with front() as f:
+        upload = b"POST /nope HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n\r\n" % (2 << 20)
+        for _ in range(20):
+            status, _ = await _answer_of(f.port, upload + b"x" * (2 << 20))
+            assert status == 404
+
+
+async def test_a_slow_body_is_cut_off_and_a_small_one_holds_no_slot_meanwhile() -> None:
+    config = IngressConfig(header_timeout_s=0.3, min_body_rate=1000)
+    async with front(config) as f:
+        for length in (1000, 1_000_000):  # read whole before a slot is taken; streamed
+            stream = await trio.open_tcp_stream("127.0.0.1", f.port)
+            async with stream:
+                await stream.send_all(
+                    b"POST /app/x HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n\r\nx" % length
+                )
+                await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+                held = f.ingress.load()["app"][0]
+                assert held == (0 if length == 1000 else 1)
+                began = trio.current_time()
+                with trio.fail_after(5):
+                    answer = await stream.receive_some(65536)
+                # 1 byte in 0.3 s of grace plus 1 ms: far under 1000 bytes a second.
+                assert answer.startswith(b"HTTP/1.1 408 "), answer
+                assert 0.25 <= trio.current_time() - began < 2
+            await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+            assert f.ingress.load()["app"] == (0, 0)
+        # A body at a fair rate goes through.
+        assert (await request(f.port, "/app/x", method="POST", body=b"y" * 200_000)).status == 200
+
+
+async def test_pipelining_is_bounded_and_a_begun_head_keeps_its_timeout() -> None:
+    config = IngressConfig(header_timeout_s=0.3)
+    async with front(config) as f:
+        one = b"GET /app/p HTTP/1.1\r\nHost: h\r\n\r\n"
+        # 50 in one go: the first 32 are served, then 400 and the connection closed.
+        answer = await raw(f.port, one * 50)
+        assert answer.count(b"HTTP/1.1 200 ") == 32
+        assert answer.count(b"HTTP/1.1 400 ") == 1
+        assert b"TooManyPipelined" in answer
+        # A head begun behind a served request must arrive within the head timeout.
+        began = trio.current_time()
+        with trio.fail_after(5):
+            answer = await raw(f.port, one + b"GET /app/p HTTP/1.1\r\n")
+        assert answer.count(b"HTTP/1.1 200 ") == 1
+        assert b"HTTP/1.1 408 " in answer
+        assert trio.current_time() - began < 2
+
+
+async def test_versions_and_http_1_0_framing() -> None:
+    async with front() as f:
+        for version in (b"HTTP/1.2", b"HTTP/2.0", b"HTTP/9.9"):
+            answer = await raw(f.port, b"GET /app " + version + b"\r\nHost: h\r\n\r\n")
+            assert answer.startswith(b"HTTP/1.1 505 "), (version, answer)
+        # HTTP/1.0 with a chunked body: served, then the connection closed (RFC 9112 6.1);
+        # and no 100 Continue for it.
+        answer = await raw(
+            f.port,
+            b"POST /app/c HTTP/1.0\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n"
+            b"Expect: 100-continue\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+            b"GET /app/second HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+        )
+        assert b"100 Continue" not in answer
+        assert answer.count(b"HTTP/1.1 200 ") == 1
+
+
+async def test_a_client_that_leaves_before_it_is_answered_is_no_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Requests the ingress answers itself (404, its own paths), sent by clients that read
+    nothing and leave: the connections end, and nothing is logged as a failure."""
+    async with front() as f:
+        for path in (b"/nope", b"/-/routes"):
+            stream = await trio.open_tcp_stream("127.0.0.1", f.port)
+            stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            with contextlib.suppress(trio.BrokenResourceError):
+                await stream.send_all(b"GET " + path + b" HTTP/1.1\r\nHost: h\r\n\r\n" * 100)
+            await stream.aclose()
+        await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+    assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]

@@ -66,11 +66,19 @@ class ResponseReader:
                 self.ended, self.extra = True, True  # where its head ended is not known
                 self.events.append(END)
                 return
-            raise Problem(502, "BadGateway", f"the replica's answer is malformed: {exc}") from None
+            self._malformed(str(exc))
         except httptools.HttpParserUpgrade:
             raise Problem(502, "BadGateway", "the replica switched protocols") from None
         except httptools.HttpParserError as exc:
-            raise Problem(502, "BadGateway", f"the replica's answer is malformed: {exc}") from None
+            self._malformed(str(exc))
+
+    def _malformed(self, why: str) -> None:
+        if self.ended:
+            # The answer was whole; what came after it (a replica that read the request's
+            # body as a request of its own, and answered that) is no part of it.
+            self.extra = True
+            return
+        raise Problem(502, "BadGateway", f"the replica's answer is malformed: {why}")
 
     def closed(self) -> bool:
         """The replica closed the connection: whether that ends its answer (one framed by the

@@ -27,6 +27,11 @@ from ._sockets import READ_SIZE, close, send_all
 from ._timers import Timers
 from ._wire import END, Problem, RequestHead, RequestReader
 
+#: After an answer that leaves part of the request unread, how long (and how much) of what
+#: the client still sends is read and dropped before the connection closes.
+LINGER_S = 2.0
+LINGER_BYTES = 4 << 20
+
 
 class Handler(Protocol):
     """What serves a client's requests (the proxy)."""
@@ -86,29 +91,23 @@ class Client:
         self.upstream = ""
         """The replica the current request went to (for what a timeout says)."""
         self._idle = False
+        self._unread = False
+        """Closing with some of what the client sent unread: linger (`_linger`)."""
+        self._body_bytes = 0
+        self._body_waited = 0.0
+        """Of the current request's body: bytes taken, and seconds spent waiting for them."""
 
     async def serve(self) -> None:
         """Serve the connection until it closes, idles out, errs or is evicted."""
         self._hangups.watch(self.sock, self)
         try:
             with self.scope:
-                while True:
-                    event = await self._next_request()
-                    if event is None:
-                        return
-                    if isinstance(event, Problem):
-                        await self._handler.refuse(self, event)
-                        return
-                    self.requests += 1
-                    self.current, self.answered, self.upstream = event, None, ""
-                    self.timer.set(math.inf, "request")
-                    if not await self._handler.exchange(self, event) or not event.keep_alive:
-                        return
-                    self.current = None
-                    if self._admission.closing:
-                        return
+                await self._serve_requests()
             if self.expired_in is not None and not self.gone:
                 await self._handler.expired(self, self.expired_in)
+                self._unread = self.expired_in != "idle"  # an idle one was told nothing
+            if self._unread and not self.gone:
+                await self._linger()
         finally:
             self.timer.cancel()
             self._hangups.forget(self.sock)
@@ -116,6 +115,52 @@ class Client:
                 self._admission.idle(self, False)
             self._admission.leave(self.peer, self)
             close(self.sock)
+
+    async def _serve_requests(self) -> None:
+        while True:
+            event = await self._next_request()
+            if event is None:
+                return
+            if isinstance(event, Problem):
+                await self._handler.refuse(self, event)
+                self._unread = True  # what it sent after the fault was never read
+                return
+            self.requests += 1
+            self.current, self.answered, self.upstream = event, None, ""
+            self.timer.set(math.inf, "request")
+            try:
+                keep = await self._handler.exchange(self, event)
+            except ClientGone:
+                return  # it hung up, or stopped reading its answer
+            if not keep or not event.keep_alive:
+                self._unread = not event.complete
+                return
+            self.current, self.answered, self.upstream = None, None, ""
+            if self._admission.closing:
+                return
+
+    async def _linger(self) -> None:
+        """Close the sending side, then read and drop what the client still sends, for at
+        most `LINGER_S`: closing a socket with unread bytes resets it, and the reset can
+        overtake the answer just sent (a client uploading a body it was refused would see a
+        reset instead of its 404)."""
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            return
+        with trio.move_on_after(LINGER_S):
+            dropped = 0
+            while dropped < LINGER_BYTES:
+                await trio.lowlevel.wait_readable(self.sock)
+                try:
+                    data = self.sock.recv(READ_SIZE)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    return
+                if not data:
+                    return
+                dropped += len(data)
 
     def expire(self, phase: str) -> None:
         """(The timers) the deadline of `phase` has passed."""
@@ -134,14 +179,21 @@ class Client:
     async def _next_request(self) -> RequestHead | Problem | None:
         """The next request's head (read now, or already there: pipelined), a `Problem`, or
         None if the client is done (it closed)."""
-        events = self._events
+        events, reader = self._events, self._reader
         if not events:
             config, sock = self.config, self.sock
-            # A new connection must begin its request as soon as a head must arrive whole.
-            wait = config.header_timeout_s if self.requests == 0 else config.keepalive_timeout_s
-            self.timer.set(trio.current_time() + wait, "idle")
-            self._admission.idle(self, True)
-            self._idle = True
+            now = trio.current_time()
+            head_by = now + config.header_timeout_s
+            if reader.in_head:
+                # Begun behind an earlier request (pipelined): it must arrive whole in time.
+                self.timer.set(head_by, "head")
+            else:
+                # A new connection must begin its request as soon as a head must arrive whole.
+                first = self.requests == 0
+                wait = config.header_timeout_s if first else config.keepalive_timeout_s
+                self.timer.set(now + wait, "idle")
+                self._admission.idle(self, True)
+                self._idle = True
             # Other tasks run first, and only then is the socket tried: under load, a kept
             # connection's next request is in by then, and need not be waited for with epoll.
             await trio.lowlevel.checkpoint()
@@ -159,22 +211,34 @@ class Client:
                     self._admission.idle(self, False)
                     self._idle = False
                     head_by = trio.current_time() + config.header_timeout_s
-                self._reader.feed(data)
+                reader.feed(data)
                 if not events:
                     # A head begun and not whole: the rest must come by its deadline.
                     self.timer.set(head_by, "head")
         event = events.popleft()
-        if isinstance(event, RequestHead | Problem):
+        if isinstance(event, RequestHead):
+            reader.queued_heads -= 1
+            self._body_bytes, self._body_waited = 0, 0.0
+            return event
+        if isinstance(event, Problem):
             return event
         return Problem(400, "BadRequest", "a request body with no request")  # cannot happen
 
     async def body(self) -> bytes | None:
         """The next chunk of the current request's body; None at its end. Raises `Reply`
         (400) if it cannot be read, ``ClientGone`` if the client left."""
-        events = self._events
+        events, config = self._events, self.config
         while not events:
-            self.timer.set(trio.current_time() + self.config.body_timeout_s, "body")
+            now = trio.current_time()
+            wait = config.body_timeout_s
+            if config.min_body_rate:
+                # What the client may still take and keep its average: the grace, and a second
+                # for each `min_body_rate` bytes sent, less what it has taken so far.
+                allowed = config.header_timeout_s + self._body_bytes / config.min_body_rate
+                wait = min(wait, max(0.0, allowed - self._body_waited))
+            self.timer.set(now + wait, "body")
             await trio.lowlevel.wait_readable(self.sock)
+            self._body_waited += trio.current_time() - now
             try:
                 data = self.sock.recv(READ_SIZE)
             except BlockingIOError:
@@ -186,6 +250,7 @@ class Client:
             self._reader.feed(data)
         event = events.popleft()
         if isinstance(event, bytes):
+            self._body_bytes += len(event)
             return event
         if event is END:
             return None

@@ -42,6 +42,10 @@ class IngressConfig:
     body_timeout_s: float = attrs.field(default=30.0, validator=_positive)
     """How long a client may leave the request body, or the response it is sent, without
     progress: 408, or the connection is closed."""
+    min_body_rate: int = attrs.field(default=1024, validator=_count)
+    """Bytes a second a request body must arrive at, on average, once `header_timeout_s` has
+    passed since its head (0: no floor): 408 below. Time the ingress spends waiting on the
+    replica does not count against the client."""
     keepalive_timeout_s: float = attrs.field(default=60.0, validator=_positive)
     """How long an idle client connection is kept open for its next request."""
     connect_timeout_s: float = attrs.field(default=5.0, validator=_positive)

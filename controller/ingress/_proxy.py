@@ -41,6 +41,8 @@ logger = logging.getLogger("controller.ingress")
 RETRY_AFTER_S = 1
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _NONE_TRIED: frozenset[str] = frozenset()
+#: Request bodies up to this size (by Content-Length) are read whole before a replica is chosen.
+BUFFERED_BODY_BYTES = 64 * 1024
 _LAST_CHUNK = b"0\r\n\r\n"
 #: Requests that may be sent twice (RFC 9110 9.2.2, less PUT and DELETE, whose effects a
 #: replica may not make idempotent): sent again once when a kept connection proves closed.
@@ -153,12 +155,21 @@ class Proxy:
         self, client: Client, head: RequestHead, backend: BackendRoutes, route: str
     ) -> tuple[int, bool]:
         repeatable = not head.body and head.method in _REPEATABLE
+        body = b""
+        streamed = head.body
+        if head.body and head.length is not None and head.length <= BUFFERED_BODY_BYTES:
+            # A small body is read whole before a replica's slot is taken: a client that sends
+            # it slowly holds no slot meanwhile, and it goes on with its head in one write.
+            body = await self._read_body(client, head)
+            streamed = False
         tried: frozenset[str] = _NONE_TRIED
         while True:
             slot = await self._acquire(backend, tried)
             try:
                 sent = upstream_head(head, client.peer, route, slot.address, head.chunked)
-                return await self._through(client, head, backend, slot, sent, repeatable)
+                if body:
+                    sent += body
+                return await self._through(client, head, backend, slot, sent, repeatable, streamed)
             except Stale:
                 # The replica had closed that kept connection (or died): its other kept ones
                 # go too, and the request goes again, once, on a new connection.
@@ -206,10 +217,11 @@ class Proxy:
         slot: Slot,
         sent: bytes,
         repeatable: bool,
+        streamed: bool,
     ) -> tuple[int, bool]:
-        """The request to the replica of `slot`, and its answer to the client. ``NotSent``
-        while nothing reached the replica; ``Stale`` for a `repeatable` request whose kept
-        connection proved closed."""
+        """The request to the replica of `slot` (`sent`: its head, and its body unless it is
+        `streamed`), and its answer to the client. ``NotSent`` while nothing reached the
+        replica; ``Stale`` for a `repeatable` request whose kept connection proved closed."""
         upstream = await self.pool.get(slot.address, check=not repeatable)
         client.upstream = upstream.address
         try:
@@ -217,17 +229,31 @@ class Proxy:
                 await send_all(upstream.sock, sent)
             except OSError as exc:
                 raise NotSent(f"connection to {slot.address} lost: {exc}") from None
+            whole = True
             if head.body:
-                await self._send_body(client, head, upstream, head.chunked)
-            return await self._relay(client, head, backend, slot, upstream, repeatable)
+                upstream.body_sent = True
+            if streamed:
+                whole = await self._send_body(client, head, upstream, head.chunked)
+            return await self._relay(client, head, backend, slot, upstream, repeatable, whole)
         finally:
             if slot.gone:
                 upstream.reusable = False
             self.pool.put(upstream)  # or closed, if it cannot carry another request
 
+    async def _read_body(self, client: Client, head: RequestHead) -> bytes:
+        """The whole body of `head`, read before anything goes to a replica."""
+        if head.expect_continue:
+            await client.send(_CONTINUE)
+        body = bytearray()
+        while (chunk := await client.body()) is not None:
+            body += chunk
+        return bytes(body)
+
     async def _send_body(
         self, client: Client, head: RequestHead, upstream: Upstream, chunked: bool
-    ) -> None:
+    ) -> bool:
+        """Stream the body to the replica; whether all of it went (False: the replica closed
+        the connection first, which an early answer may explain)."""
         if head.expect_continue:
             await client.send(_CONTINUE)
         while True:
@@ -239,23 +265,22 @@ class Proxy:
             else:
                 data = chunk
             if data:
-                upstream.body_sent = True
                 try:
                     sent = upstream.sock.send(data)
                 except BlockingIOError:
                     sent = 0
-                except OSError as exc:
-                    raise _closed_while_sending(upstream, exc) from None
+                except OSError:
+                    return False
                 if sent < len(data):
                     # The replica must take the rest within body_timeout_s.
                     deadline = trio.current_time() + self.config.body_timeout_s
                     client.timer.set(deadline, "upstream")
                     try:
                         await send_all(upstream.sock, memoryview(data)[sent:])
-                    except OSError as exc:
-                        raise _closed_while_sending(upstream, exc) from None
+                    except OSError:
+                        return False
             if chunk is None:
-                return
+                return True
 
     async def _relay(
         self,
@@ -265,6 +290,7 @@ class Proxy:
         slot: Slot,
         upstream: Upstream,
         repeatable: bool,
+        whole: bool = True,
     ) -> tuple[int, bool]:
         """Wait for the replica's answer (within request_timeout_s, then each next part of it
         within the same) and pass it on."""
@@ -281,9 +307,8 @@ class Proxy:
                 if not data:
                     if repeatable and upstream.reused and not reader.began:
                         raise Stale
-                    message = (
-                        f"the replica at {upstream.address} closed the connection without answering"
-                    )
+                    how = "without answering" if whole else "while the request was sent"
+                    message = f"the replica at {upstream.address} closed the connection {how}"
                     raise Reply(502, "BadGateway", message)
                 try:
                     reader.feed(data)
@@ -300,7 +325,9 @@ class Proxy:
         # an HTTP/1.0 client (which cannot read chunks), the connection's end.
         sized = answer.length is not None
         chunks = not sized and not head.http_10
-        keep = head.keep_alive and (sized or chunks)
+        # An answer before the whole body went (an early 413, say): the rest of the body is
+        # not read, so the connection closes after the answer.
+        keep = head.keep_alive and (sized or chunks) and whole and head.complete
         out = bytearray(response_head(answer, chunked=chunks, close=not keep))
         client.answered = answer.status
         # From here on the client has the head: a failure can only cut the answer short. What
@@ -421,10 +448,3 @@ def _pass_on(events: deque[Any], out: bytearray, chunks: bool) -> bool:
         else:
             out += event
     return False
-
-
-def _closed_while_sending(upstream: Upstream, exc: OSError) -> Reply:
-    message = (
-        f"the replica at {upstream.address} closed the connection while the request was sent: {exc}"
-    )
-    return Reply(502, "BadGateway", message)

@@ -72,6 +72,7 @@ class RequestHead:
         "headers",
         "http_10",
         "keep_alive",
+        "length",
         "method",
         "path",
         "target",
@@ -90,6 +91,8 @@ class RequestHead:
         """A body follows (``Content-Length`` above 0, or chunked)."""
         self.chunked = False
         """Its body is chunked (and is passed on chunked)."""
+        self.length: int | None = 0
+        """Its Content-Length (None: chunked)."""
         self.expect_continue = False
         self.complete = False
         """Set by the reader once the whole request (its body too) has arrived."""
@@ -97,13 +100,16 @@ class RequestHead:
         """The headers not passed on: the hop's, ours, and any its Connection header names."""
 
 
-#: Request-target paths refused with 400: dot segments (``/a/../b``, encoded too) and encoded
-#: slashes and backslashes. Another component (the replica, a framework) could read either
-#: as a different path than the one routed on, so none is passed on.
+#: Request-target paths refused with 400: dot segments (``/a/../b``, encoded too, and with
+#: parameters, ``/a/..;x/b``, which servlet containers read as ``..``) and encoded slashes and
+#: backslashes. Another component (the replica, a framework) could read any of them as a
+#: different path than the one routed on, so none is passed on.
 _UNSAFE_PATH = re.compile(
-    r"(?:^|/)(?:\.|%2e){1,2}(?:/|$)|%2f|%5c|\\",
+    r"(?:^|/)(?:\.|%2e){1,2}(?:(?:;|%3b)[^/]*)?(?:/|$)|%2f|%5c|\\",
     re.IGNORECASE,
 )
+#: Requests a client may pipeline (send before the first is answered) in one go.
+MAX_PIPELINED = 32
 
 
 def check_path(target: bytes) -> tuple[bytes, str, bytes]:
@@ -125,7 +131,11 @@ def check_path(target: bytes) -> tuple[bytes, str, bytes]:
             origin = b"/" + origin
     else:
         raise Problem(400, "BadRequest", "the request target must be a path (or an absolute URL)")
-    path = origin.partition(b"?")[0].partition(b"#")[0].decode("latin-1")
+    if b"#" in origin:
+        # A fragment is the client's business (RFC 9112 3.2): what follows it would reach the
+        # replica unchecked.
+        raise Problem(400, "BadRequest", "a request target holds no fragment ('#')")
+    path = origin.partition(b"?")[0].decode("latin-1")
     # Most paths hold none of the three characters any refusal needs: no regex for those.
     if ("." in path or "%" in path or "\\" in path) and _UNSAFE_PATH.search(path):
         raise Problem(
@@ -150,6 +160,8 @@ class RequestReader:
     def __init__(self, max_target: int, max_head: int):
         self.max_target = max_target
         self.max_head = max_head
+        self.queued_heads = 0
+        """Heads in `events` not taken yet (the caller counts down what it takes)."""
         self.events: collections.deque[RequestHead | bytes | End | Problem] = collections.deque()
         self.in_head = False
         """A head has begun and not ended: it must arrive within the head timeout."""
@@ -187,7 +199,12 @@ class RequestReader:
             self.failed = True
             return
         except httptools.HttpParserError as exc:
-            self._fail(Problem(400, "BadRequest", f"malformed request: {exc}"))
+            if str(exc) == "Invalid HTTP version":
+                self._fail(
+                    Problem(505, "HTTPVersionNotSupported", "only HTTP/1.0 and 1.1 are served")
+                )
+            else:
+                self._fail(Problem(400, "BadRequest", f"malformed request: {exc}"))
             return
         if self.in_head and self._fed > 4 * self.max_head:
             # Leading whitespace is not in what the head holds; the bytes sent still count.
@@ -252,12 +269,17 @@ class RequestReader:
                 head.dropped = head.dropped | (frozenset(tokens) - FRAMING)
             elif name == b"expect" and value.strip().lower() == b"100-continue":
                 head.expect_continue = True
-        if head.http_10 and not any(n == b"connection" for n, _ in head.headers):
+        if head.http_10 and (chunked or not any(n == b"connection" for n, _ in head.headers)):
+            # An HTTP/1.0 message with Transfer-Encoding is treated as faultily framed: the
+            # connection closes after it (RFC 9112 6.1).
             head.keep_alive = False
+        if head.http_10:
+            head.expect_continue = False  # 100 Continue is not for HTTP/1.0 (RFC 9110 15.2)
         if hosts > 1 or (hosts == 0 and not head.http_10):
             raise Problem(400, "BadRequest", "an HTTP/1.1 request needs exactly one Host header")
         head.chunked = chunked
-        head.body = chunked or (length.strip() not in (b"", b"0"))
+        head.length = None if chunked else int(length or b"0")  # digits: llhttp checked
+        head.body = bool(chunked or head.length)
         if self._parser.should_upgrade():
             # Upgrade (WebSocket, h2c) or CONNECT: llhttp stops after the head. One without a
             # body is served as a plain request (Upgrade is a hop's header, not passed on) and
@@ -273,8 +295,17 @@ class RequestReader:
             # The absolute form's authority is the request's host (RFC 9112 3.2.2).
             head.headers = [(n, v) for n, v in head.headers if n != b"host"]
             head.headers.append((b"host", authority))
+        if self.queued_heads >= MAX_PIPELINED:
+            # Each costs memory until it is served; a client that sends thousands at once
+            # (and reads none of their answers) is stopped here.
+            raise Problem(
+                400,
+                "TooManyPipelined",
+                f"more than {MAX_PIPELINED} requests arrived before the first was answered",
+            )
         self.in_head, self.in_body = False, True
         self._current = head
+        self.queued_heads += 1
         self.events.append(head)
 
     def on_body(self, body: bytes) -> None:
