@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 
 from ._cli_client import CLIError, describe_error, make_client
 from ._cli_console import add_console_parsers
-from ._cli_ingress import add_ingress_parser
+from ._cli_ingress import add_ingress_parser, describe_ingress, ingress_workers
 from ._cli_output import print_backend, print_log, print_table
 from ._cli_rollout import add_rollout_parser, seconds, wait_for
 from ._errors import CheckpointError, ConfigError, ManifestError, StartupError
@@ -164,40 +164,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     if code == 200 and isinstance(ingress, dict) and ingress.get("listen"):
         print(describe_ingress(ingress))
     return 0
-
-
-#: The most ingress processes a daemon runs: many more than cores only adds scheduling.
-MAX_INGRESS_WORKERS = 64
-
-
-def _ingress_workers(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= MAX_INGRESS_WORKERS:
-        raise argparse.ArgumentTypeError(
-            f"must be a whole number from 1 to {MAX_INGRESS_WORKERS} (got {text!r})"
-        )
-    return value
-
-
-def describe_ingress(ingress: dict[str, Any]) -> str:
-    """One line: where the daemon's ingress processes serve, how many do, and any trouble."""
-    processes = ingress.get("processes") or []
-    serving = [p for p in processes if p.get("state") == "serving"]
-    line = (
-        f"ingress: {len(serving)}/{len(processes)} processes serving on "
-        f"http://{ingress['listen']} (pids {', '.join(str(p['pid']) for p in serving) or '-'})"
-    )
-    restarts = sum(int(p.get("restarts", 0)) for p in processes)
-    if restarts:
-        last = [p["last_exit"] for p in processes if p.get("last_exit")]
-        line += f"; {restarts} restarted" + (f" (last: {last[-1]})" if last else "")
-    lost = [str(p["slot"]) for p in serving if not p.get("following")]
-    if lost:
-        line += f"; not following this daemon yet: {', '.join(lost)}"
-    return line
 
 
 def describe_leadership(leadership: dict[str, Any]) -> str:
@@ -361,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-ingress", action="store_true", help="serve no ingress")
     run.add_argument(
         "--ingress-workers",
-        type=_ingress_workers,
+        type=ingress_workers,
         default=None,
         metavar="N",
         help="ingress processes sharing the port (SO_REUSEPORT); default: one per core",

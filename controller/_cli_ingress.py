@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+from typing import Any
 
 import trio
 
@@ -147,3 +148,37 @@ def add_ingress_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     ingress.add_argument("--access-log", action="store_true", help="one line per request")
     ingress.add_argument("--log-format", choices=["human", "json"], default="human")
     ingress.set_defaults(func=cmd_ingress)
+
+
+#: The most ingress processes a daemon runs: many more than cores only adds scheduling.
+MAX_INGRESS_WORKERS = 64
+
+
+def ingress_workers(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_INGRESS_WORKERS:
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number from 1 to {MAX_INGRESS_WORKERS} (got {text!r})"
+        )
+    return value
+
+
+def describe_ingress(ingress: dict[str, Any]) -> str:
+    """One line: where the daemon's ingress processes serve, how many do, and any trouble."""
+    processes = ingress.get("processes") or []
+    serving = [p for p in processes if p.get("state") == "serving"]
+    line = (
+        f"ingress: {len(serving)}/{len(processes)} processes serving on "
+        f"http://{ingress['listen']} (pids {', '.join(str(p['pid']) for p in serving) or '-'})"
+    )
+    restarts = sum(int(p.get("restarts", 0)) for p in processes)
+    if restarts:
+        last = [p["last_exit"] for p in processes if p.get("last_exit")]
+        line += f"; {restarts} restarted" + (f" (last: {last[-1]})" if last else "")
+    lost = [str(p["slot"]) for p in serving if not p.get("following")]
+    if lost:
+        line += f"; not following this daemon yet: {', '.join(lost)}"
+    return line

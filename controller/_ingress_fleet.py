@@ -32,18 +32,17 @@ from pathlib import Path
 from typing import Any, Literal, final
 
 import attrs
-import h11
 import trio
 
 from ._errors import StartupError
 from ._files import private_dir, write_private
-from ._ingress_process import DRAIN_S, ingress_dir, log_path, socket_path
+from ._ingress_process import DRAIN_S, ingress_dir, log_path
 from ._ingress_records import (
     MODULE,
     STOP_MARGIN_S,
     Handle,
     Record,
-    get,
+    ask,
     hold,
     max_slot,
     open_log,
@@ -53,10 +52,9 @@ from ._ingress_records import (
     stop_records,
     tail,
 )
-from ._metrics_merge import merge_metrics
+from ._metrics_merge import fleet_metrics, merge_metrics
 from ._procfs import describe_exit, start_time
 from ._views import iso
-from .ingress import SourceError
 
 logger = logging.getLogger("controller.daemon")
 
@@ -66,8 +64,6 @@ BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 FORGIVE_AFTER_S = 60.0
 #: How long a new process may take to serve (import, first answer of the watch).
 START_TIMEOUT_S = 30.0
-#: How long the daemon waits for a process's health or metrics.
-ASK_TIMEOUT_S = 1.0
 #: How often each process's health is asked, and after how many unanswered asks in a row it
 #: is taken for hung and killed (a stopped or stuck process: its port share is lost meanwhile).
 LIVENESS_PERIOD_S = 5.0
@@ -421,42 +417,25 @@ class Fleet:
         """The processes' metrics summed (as if one ingress), and the fleet's own."""
         texts = await self._ask_all("/-/metrics")
         merged = merge_metrics(t.decode() for t in texts.values())
-        states = dict.fromkeys(("starting", "serving", "restarting", "stopping"), 0)
-        for member in self.members:
-            states[member.state] += 1
-        own = [
-            "# HELP controller_ingress_processes The daemon's ingress processes, by state",
-            "# TYPE controller_ingress_processes gauge",
-            *(f'controller_ingress_processes{{state="{s}"}} {n}' for s, n in states.items()),
-            "# HELP controller_ingress_restarts_total Ingress processes started again after "
-            "they exited",
-            "# TYPE controller_ingress_restarts_total counter",
-            f"controller_ingress_restarts_total {sum(m.restarts for m in self.members)}",
-        ]
-        return (merged + "\n".join(own) + "\n").encode()
+        states = [m.state for m in self.members]
+        own = fleet_metrics(states, sum(m.restarts for m in self.members))
+        return (merged + own).encode()
 
     async def _answers(self, slot: int, pid: int) -> bool:
         """Whether the process `pid` of `slot` answers on its own socket (it is up, not hung)."""
-        with trio.move_on_after(ASK_TIMEOUT_S):
-            with contextlib.suppress(
-                OSError, h11.ProtocolError, trio.BrokenResourceError, SourceError
-            ):
-                await get(socket_path(self.state_dir, slot, pid), "/-/healthz")
-                return True
-        return False
+        return await ask(self.state_dir, slot, pid, "/-/healthz") is not None
 
     async def _ask_all(self, target: str) -> dict[int, bytes]:
+        """What each serving process answers to `target`, asked all at once."""
         answers: dict[int, bytes] = {}
 
-        async def ask(slot: int, pid: int) -> None:
-            with trio.move_on_after(ASK_TIMEOUT_S):
-                with contextlib.suppress(
-                    OSError, h11.ProtocolError, trio.BrokenResourceError, SourceError
-                ):
-                    answers[slot] = await get(socket_path(self.state_dir, slot, pid), target)
+        async def one(slot: int, pid: int) -> None:
+            said = await ask(self.state_dir, slot, pid, target)
+            if said is not None:
+                answers[slot] = said
 
         async with trio.open_nursery() as nursery:
             for member in self.members:
                 if member.state == "serving" and member.pid is not None:
-                    nursery.start_soon(ask, member.slot, member.pid)
+                    nursery.start_soon(one, member.slot, member.pid)
         return answers

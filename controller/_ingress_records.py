@@ -23,6 +23,7 @@ import trio
 from ._errors import StartupError
 from ._ingress_process import DRAIN_S, ingress_dir, socket_path
 from ._procfs import command_line, exit_status, start_time
+from .ingress import SourceError
 from .ingress._sources import read_answer
 
 logger = logging.getLogger("controller.daemon")
@@ -30,7 +31,8 @@ logger = logging.getLogger("controller.daemon")
 MODULE = "controller._ingress_process"
 #: Beyond its own drain, how long a stopping process may take before it is killed.
 STOP_MARGIN_S = 3.0
-#: How much of a process's health or metrics the daemon reads.
+#: How long the daemon waits for a process's health or metrics, and how much of them it reads.
+ASK_TIMEOUT_S = 1.0
 ANSWER_LIMIT = 16 << 20
 
 
@@ -241,16 +243,22 @@ def tail(path: Path, lines: int = 3) -> str:
     return "; its log ends: " + " | ".join(line.strip() for line in last) if last else ""
 
 
-async def get(path: Path, target: str) -> bytes:
-    """GET `target` from an ingress process's Unix socket."""
-    stream = await trio.open_unix_socket(str(path))
-    async with stream:
-        conn = h11.Connection(h11.CLIENT)
-        request = h11.Request(
-            method="GET", target=target, headers=[("Host", "ingress"), ("Connection", "close")]
-        )
-        await stream.send_all(conn.send(request) + (conn.send(h11.EndOfMessage()) or b""))
-        return (await read_answer(stream, conn, ANSWER_LIMIT))[1]
+async def ask(state_dir: Path, slot: int, pid: int, target: str) -> bytes | None:
+    """What the process `pid` of `slot` answers to ``GET target`` on its own socket, within
+    `ASK_TIMEOUT_S`; None if it does not (gone, stopped, stuck, or no such socket)."""
+    with trio.move_on_after(ASK_TIMEOUT_S):
+        with contextlib.suppress(OSError, h11.ProtocolError, trio.BrokenResourceError, SourceError):
+            stream = await trio.open_unix_socket(str(socket_path(state_dir, slot, pid)))
+            async with stream:
+                conn = h11.Connection(h11.CLIENT)
+                request = h11.Request(
+                    method="GET",
+                    target=target,
+                    headers=[("Host", "ingress"), ("Connection", "close")],
+                )
+                await stream.send_all(conn.send(request) + (conn.send(h11.EndOfMessage()) or b""))
+                return (await read_answer(stream, conn, ANSWER_LIMIT))[1]
+    return None
 
 
 def stop_leftovers(state_dir: Path) -> None:

@@ -1,10 +1,11 @@
-"""Several ingresses' Prometheus texts summed into one, as if one ingress had served it all:
-counters, histogram buckets and the in-flight gauges all add up across processes."""
+"""The daemon's ingress metrics as Prometheus text: its processes' own summed into one, as if
+one ingress had served it all (counters, histogram buckets and the in-flight gauges all add up
+across processes), and the processes themselves, by state."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -47,3 +48,20 @@ def _number(value: float) -> str:
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
     return repr(float(value))
+
+
+def fleet_metrics(states: Sequence[str], restarts: int) -> str:
+    """The processes by state, and how many were started again after they exited."""
+    counts = dict.fromkeys(("starting", "serving", "restarting", "stopping"), 0)
+    for state in states:
+        counts[state] += 1
+    lines = [
+        "# HELP controller_ingress_processes The daemon's ingress processes, by state",
+        "# TYPE controller_ingress_processes gauge",
+        *(f'controller_ingress_processes{{state="{s}"}} {n}' for s, n in counts.items()),
+        "# HELP controller_ingress_restarts_total Ingress processes started again after they "
+        "exited",
+        "# TYPE controller_ingress_restarts_total counter",
+        f"controller_ingress_restarts_total {restarts}",
+    ]
+    return "\n".join(lines) + "\n"
