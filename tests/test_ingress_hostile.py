@@ -31,7 +31,8 @@ from controller.ingress._table import RouteInfo
 from .http_client import Conn, raw, request
 
 LIMIT_S = 30
-#: Examples of arbitrary headers (the issue asks for 200): ten times as many in ``nox -s reliability``.
+#: Examples of arbitrary headers (the issue asks for 200); ten times as many in the
+#: reliability session.
 EXAMPLES = 200 * int(os.environ.get("RELIABILITY_SCALE", "1"))
 
 
