@@ -11,8 +11,11 @@ again (backoff 0.1 s to 5 s, forgiven after a minute of service) and its end is 
 last lines of its log. ``controller shutdown`` stops them; so does a daemon started with
 another ingress address, or without one (``--no-ingress``), once its own serve.
 
-Each process also answers on a Unix socket of its own (``ingress/N.sock``): the daemon reads
-its health and metrics there, and serves their sum on ``/metrics``.
+Each process also answers on a Unix socket of its own (``ingress/N.PID.sock``): the daemon
+reads its health and metrics there, and serves their sum on ``/metrics``. A process replacing
+one of an earlier daemon on the same port takes over its listening sockets (handed over on
+``ingress/N.PID.listeners``): closing a socket of a ``SO_REUSEPORT`` group resets the
+connections queued on it, so the old process's are never closed while they hold any.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from ._ingress_records import (
     split,
     stop_records,
     tail,
+    take_listeners,
 )
 from ._metrics_merge import fleet_metrics, merge_metrics
 from ._procfs import describe_exit, start_time
@@ -118,6 +122,9 @@ class Fleet:
         self._digest = options.digest()
         self._adopt: dict[int, Record] = {}
         self._retire: list[Record] = []
+        self._heirs: dict[int, list[Record]] = {}
+        """Per slot, the retired processes on this port whose listening sockets its next
+        process takes over (so that stopping them resets no queued connection)."""
         self._holder: socket.socket | None = None
         self.stopping = False
         """Set by `stop`: an exit is then the end, not a cause to start another."""
@@ -164,10 +171,13 @@ class Fleet:
                 self._retire.append(record)
         if self._adopt:
             self.address = next(iter(self._adopt.values())).listen
-            # The others on another port go; on this one, they are replaced in place.
-            return
-        ours = {r.listen for r in self._retire}
-        self._holder, self.address = hold(host, port, self.options.listen, ours)
+        else:
+            ours = {r.listen for r in self._retire}
+            self._holder, self.address = hold(host, port, self.options.listen, ours)
+        # Those on another port go; those on this one are replaced in place.
+        for record in self._retire:
+            if record.listen == self.address:
+                self._heirs.setdefault(record.slot % len(self.members), []).append(record)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Supervise the processes until cancelled (they keep running). Started once each
@@ -305,6 +315,18 @@ class Fleet:
         if options.access_log:
             argv.append("--access-log")
         member.state, member.since = "starting", time.time()
+        inherited: list[int] = []
+        for record in self._heirs.pop(member.slot, []):
+            taken = await take_listeners(self.state_dir, record)
+            if taken:
+                logger.info(
+                    "ingress process %d takes over the listening socket of pid %d",
+                    member.slot,
+                    record.pid,
+                )
+            inherited += taken
+        for fd in inherited:
+            argv += ["--listen-fd", str(fd)]
         log = open_log(log_path(self.state_dir, member.slot))
         try:
             process = await trio.lowlevel.open_process(
@@ -315,9 +337,12 @@ class Fleet:
                 env=self.env,
                 start_new_session=True,  # not stopped by a Ctrl-C at the daemon's terminal
                 close_fds=True,
+                pass_fds=inherited,
             )
         finally:
             os.close(log)
+            for fd in inherited:
+                os.close(fd)
         member.pid = process.pid
         handle = Handle(process.pid, process=process)
         self._write_record(member)

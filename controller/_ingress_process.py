@@ -16,6 +16,7 @@ connections, lets requests under way finish (at most `DRAIN_S`), and exits.
 from __future__ import annotations
 
 import argparse
+import array
 import contextlib
 import logging
 import logging.handlers
@@ -23,9 +24,10 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import attrs
 import trio
 
 from ._log_format import private_log, setup_logging
@@ -50,6 +52,11 @@ def socket_path(state_dir: Path, slot: int, pid: int) -> Path:
     return ingress_dir(state_dir) / f"{slot}.{pid}.sock"
 
 
+def handover_path(state_dir: Path, slot: int, pid: int) -> Path:
+    """Where the process gives its listening sockets to the daemon starting its successor."""
+    return ingress_dir(state_dir) / f"{slot}.{pid}.listeners"
+
+
 def log_path(state_dir: Path, slot: int) -> Path:
     return ingress_dir(state_dir) / f"{slot}.log"
 
@@ -64,25 +71,69 @@ def locate(state_dir: Path) -> tuple[str, str] | None:
     return url, token
 
 
+@attrs.frozen
+class Sockets:
+    """Where a process listens besides the ingress port: its own Unix sockets."""
+
+    admin: Path
+    """Health and metrics, for the daemon."""
+    handover: Path
+    """Its listening sockets, for the daemon starting its successor."""
+
+
 async def serve(
     source: HTTPSource,
     config: IngressConfig,
     host: str,
     port: int,
-    admin: Path | None = None,
+    sockets: Sockets | None = None,
     on_ready: Callable[[], None] | None = None,
+    inherited: Sequence[int] = (),
 ) -> None:
-    """Follow `source` and serve `host`:`port` (with ``SO_REUSEPORT``) and `admin`, until
-    SIGTERM or SIGINT; then drain (at most `DRAIN_S`)."""
-    listener = await open_listener(host, port, reuse_port=True)
-    listeners = [listener]
-    if admin is not None:
-        listeners.append(await _admin_listener(admin))
+    """Follow `source` and serve `host`:`port` (with ``SO_REUSEPORT``; on the listening
+    sockets `inherited` from a predecessor, if any) and `sockets`, until SIGTERM or SIGINT;
+    then drain (at most `DRAIN_S`)."""
+    if inherited:
+        listeners = [_inherit(fd) for fd in inherited]
+    else:
+        listeners = [await open_listener(host, port, reuse_port=True)]
+    tcp = list(listeners)
     try:
-        await _serve(source, config, host, listeners, on_ready)
+        if sockets is not None:
+            listeners.append(trio.SocketListener(await _unix_socket(sockets.admin)))
+            handover = await _unix_socket(sockets.handover)
+        async with trio.open_nursery() as nursery:
+            if sockets is not None:
+                nursery.start_soon(_hand_over, handover, tcp)
+            await _serve(source, config, host, listeners, on_ready)
+            nursery.cancel_scope.cancel()
     finally:
-        if admin is not None:
-            _remove(admin)
+        for listener in tcp:
+            listener.socket.close()
+        if sockets is not None:
+            _remove(sockets.admin)
+            _remove(sockets.handover)
+
+
+def _inherit(fd: int) -> trio.SocketListener:
+    sock = socket.socket(fileno=fd)
+    sock.set_inheritable(False)
+    return trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+
+
+async def _hand_over(sock: trio.socket.SocketType, tcp: list[trio.SocketListener]) -> None:
+    """Give this process's listening sockets to whoever connects (the daemon, starting this
+    slot's successor: only this user can reach the socket). The successor accepts on them
+    too, so that when this process closes its copies the sockets stay open, and the
+    connections the kernel has queued on them are served, not reset."""
+    with sock:
+        while True:
+            conn, _ = await sock.accept()
+            with conn:
+                fds = [fd for fd in (listener.socket.fileno() for listener in tcp) if fd >= 0]
+                rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                with contextlib.suppress(OSError):  # it went away: nothing to give
+                    await conn.sendmsg([b"L"], rights if fds else [])
 
 
 async def _serve(
@@ -133,8 +184,8 @@ async def _serve(
             nursery.cancel_scope.cancel()
 
 
-async def _admin_listener(path: Path) -> trio.SocketListener:
-    """A Unix socket only this user can reach (the state dir is 0700; the socket 0600)."""
+async def _unix_socket(path: Path) -> trio.socket.SocketType:
+    """A listening Unix socket only this user can reach (the state dir is 0700; it 0600)."""
     _remove(path)
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -144,7 +195,7 @@ async def _admin_listener(path: Path) -> trio.SocketListener:
     except BaseException:
         sock.close()
         raise
-    return trio.SocketListener(sock)
+    return sock
 
 
 def _remove(path: Path) -> None:
@@ -167,6 +218,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--slot", type=int, required=True)
     parser.add_argument("--listen", required=True)
+    parser.add_argument(
+        "--listen-fd", type=int, action="append", default=[], help="a predecessor's socket"
+    )
     parser.add_argument("--access-log", action="store_true")
     parser.add_argument("--log-format", choices=["human", "json"], default="human")
     args = parser.parse_args(argv)
@@ -190,8 +244,12 @@ def main(argv: list[str] | None = None) -> None:
             config,
             host.strip("[]"),
             int(port),
-            socket_path(state_dir, args.slot, os.getpid()),
+            Sockets(
+                socket_path(state_dir, args.slot, os.getpid()),
+                handover_path(state_dir, args.slot, os.getpid()),
+            ),
             _ready,
+            args.listen_fd,
         )
     except OSError as exc:
         logger.error("cannot serve %s: %s", args.listen, exc)

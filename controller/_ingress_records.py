@@ -6,6 +6,7 @@ ingress port is checked free and held while the processes start."""
 
 from __future__ import annotations
 
+import array
 import contextlib
 import errno
 import json
@@ -21,7 +22,7 @@ import h11
 import trio
 
 from ._errors import StartupError
-from ._ingress_process import DRAIN_S, ingress_dir, socket_path
+from ._ingress_process import DRAIN_S, handover_path, ingress_dir, socket_path
 from ._procfs import command_line, exit_status, start_time
 from .ingress import SourceError
 from .ingress._sources import read_answer
@@ -34,6 +35,8 @@ STOP_MARGIN_S = 3.0
 #: How long the daemon waits for a process's health or metrics, and how much of them it reads.
 ASK_TIMEOUT_S = 1.0
 ANSWER_LIMIT = 16 << 20
+#: The most listening sockets one process is asked to give (it has one, or a few inherited).
+MAX_LISTENERS = 64
 
 
 @attrs.frozen
@@ -67,8 +70,12 @@ class Record:
     def forget(self, state_dir: Path) -> None:
         """Its process is gone: its socket goes, and its record if no other process of its
         slot has replaced it there (its log stays)."""
-        with contextlib.suppress(FileNotFoundError):
-            socket_path(state_dir, self.slot, self.pid).unlink()
+        for path in (
+            socket_path(state_dir, self.slot, self.pid),
+            handover_path(state_dir, self.slot, self.pid),
+        ):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
         path = record_path(state_dir, self.slot)
         now = Record.read(path)
         if now is not None and now.pid == self.pid:
@@ -259,6 +266,24 @@ async def ask(state_dir: Path, slot: int, pid: int, target: str) -> bytes | None
                 await stream.send_all(conn.send(request) + (conn.send(h11.EndOfMessage()) or b""))
                 return (await read_answer(stream, conn, ANSWER_LIMIT))[1]
     return None
+
+
+async def take_listeners(state_dir: Path, record: Record) -> list[int]:
+    """Descriptors of the listening sockets of `record`'s process (now also ours, close-on-exec),
+    for its successor; [] if it does not give them in `ASK_TIMEOUT_S`."""
+    room = socket.CMSG_SPACE(MAX_LISTENERS * array.array("i").itemsize)
+    with trio.move_on_after(ASK_TIMEOUT_S):
+        with contextlib.suppress(OSError):
+            sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            with sock:
+                await sock.connect(str(handover_path(state_dir, record.slot, record.pid)))
+                _, ancillary, _, _ = await sock.recvmsg(1, room, socket.MSG_CMSG_CLOEXEC)
+                fds = array.array("i")
+                for level, kind, data in ancillary:
+                    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                        fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+                return list(fds)
+    return []
 
 
 def stop_leftovers(state_dir: Path) -> None:

@@ -67,11 +67,16 @@ def one_line(stderr: bytes) -> str:
     return text
 
 
+def _free_listen(args: tuple[str, ...]) -> list[str]:
+    """No fixed port unless the test names one: the README's daemon may hold 7070."""
+    return [] if "--listen" in args else ["--listen", "127.0.0.1:0"]
+
+
 async def failed_start(state_dir: Path, *args: str) -> str:
     """Run `controller run` that must fail at once; its one line."""
     with trio.fail_after(LIMIT_S):
         result = await trio.run_process(
-            [*Daemon(state_dir).cli_argv(), "run", *ingress_args(args), *args],
+            [*Daemon(state_dir).cli_argv(), "run", *_free_listen(args), *ingress_args(args), *args],
             capture_stderr=True,
             check=False,
         )

@@ -281,6 +281,8 @@ async def test_a_daemon_restarted_with_other_options_replaces_its_ingress_then_a
             new = sorted(ingress_pids(state_dir))
             assert set(new).isdisjoint(old), (old, new)  # replaced: other options
             assert b"of an earlier daemon" in second.log
+            # Their sockets, taken over: stopping them reset nothing queued on the port.
+            assert second.log.count(b"takes over the listening socket") == 2, second.log
             assert await second.stop(signal.SIGINT) == 0
             third = Daemon(state_dir)
             await third.start(nursery, *base, "--ingress-workers", "2", "--access-log")

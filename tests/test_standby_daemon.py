@@ -378,7 +378,11 @@ async def test_a_daemon_with_another_token_than_its_shared_dir_is_refused(
         async with trio.open_nursery() as nursery:
             await a.start(nursery, "--shared-dir", str(shared), "--no-ingress")
             result = await trio.run_process(
-                [*Daemon(own_b).cli_argv(), "run", "--shared-dir", str(shared), "--no-ingress"],
+                [
+                    *Daemon(own_b).cli_argv(),
+                    *("run", "--listen", "127.0.0.1:0", "--shared-dir", str(shared)),
+                    "--no-ingress",
+                ],
                 capture_stderr=True,
                 check=False,
                 env={**os.environ, "CONTROLLER_TOKEN": "another-token-0123456789"},

@@ -180,21 +180,33 @@ class Ingress:
         # Accepted on a socket of our own over the listener's descriptor (a duplicate, closed
         # here): plain non-blocking calls, as the connections use (see _sockets).
         with listener.socket, _own_socket(listener.socket) as sock:
-            while True:
-                await trio.lowlevel.wait_readable(sock)
-                for _ in range(_ACCEPT_BATCH):
-                    try:
-                        conn, address = sock.accept()
-                    except BlockingIOError:
-                        break
-                    except OSError as exc:
-                        # Out of descriptors, say: give those open a moment to finish.
-                        self._warnings.warn(
-                            "accept", "ingress: accept failed (%s); pausing 0.1 s", exc
-                        )
-                        await trio.sleep(0.1)
-                        break
-                    self._admit(conn, address, nursery, hangups, timers)
+            try:
+                while True:
+                    await trio.lowlevel.wait_readable(sock)
+                    for _ in range(_ACCEPT_BATCH):
+                        try:
+                            conn, address = sock.accept()
+                        except BlockingIOError:
+                            break
+                        except OSError as exc:
+                            # Out of descriptors, say: give those open a moment to finish.
+                            self._warnings.warn(
+                                "accept", "ingress: accept failed (%s); pausing 0.1 s", exc
+                            )
+                            await trio.sleep(0.1)
+                            break
+                        self._admit(conn, address, nursery, hangups, timers)
+            finally:
+                if self.admission.closing:
+                    # Closing a listener resets what waits in its queue, though its siblings
+                    # on the port (SO_REUSEPORT) would have taken it: take it all now, and
+                    # close at once after, so that only what arrives in between is lost.
+                    while True:
+                        try:
+                            conn, address = sock.accept()
+                        except OSError:
+                            break
+                        self._admit(conn, address, nursery, hangups, timers)
 
     def _admit(
         self,
