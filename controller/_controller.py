@@ -35,7 +35,7 @@ from ._locks import NameLocks
 from ._observe import Observer
 from ._policy import RestartPolicy
 from ._replica import Spec, delete_record
-from ._revisions import Cause, Revision, RevisionBook
+from ._revisions import Cause, Revision, RevisionBook, merged, with_content
 from ._routes import RouteClaims, route_of
 from ._runtime import Runtime
 from ._scale import scaled
@@ -169,6 +169,11 @@ class Controller:
             config = scaled(
                 spec.backend_config, replicas, min_replicas=min_replicas, max_replicas=max_replicas
             )
+            pending = self._books[name].get(spec.pending) if spec.paused else None
+            if pending is not None:
+                # While paused, the spec holds the running revision's content: the scale is of
+                # the newest change, which stays pending (asking for what runs would drop it).
+                return with_content(config, pending.content), pending.content.replica_config
             return config, spec.replica_config
 
         check_backend_name(name)
@@ -355,9 +360,7 @@ class Controller:
             return []
         specs = {name: Spec.from_record(change.record) for name, change in changes.items()}
         writes: dict[str, str | None] = {spec_key(n): dump(c.record) for n, c in changes.items()}
-        for name, change in changes.items():
-            if change.revisions is not None:
-                writes[revisions_key(name)] = dump(RevisionsRecord(name, change.revisions))
+        histories = {n: c.revisions for n, c in changes.items() if c.revisions is not None}
         claims = self._routes.claim(specs, self._routed.items())
         try:
             reserved = await self._reservations.reserve(specs)
@@ -370,11 +373,11 @@ class Controller:
             # One step, shielded: a caller cancelled once the write has begun must not leave a
             # spec durable but never handed to its loop (a phantom deploy at the next start).
             with trio.CancelScope(shield=True):
-                await self._store.write(writes)
-                for name, change in changes.items():
+                await self._write_with_histories(writes, histories)
+                for name in changes:
                     book = self._books.setdefault(name, RevisionBook())
-                    if change.revisions is not None:
-                        book.revisions = change.revisions
+                    if name in histories:
+                        book.revisions = histories[name]
                 for name, spec in specs.items():
                     before = self._requested.get(name)
                     if before is not None and before[0].generation == spec.generation:
@@ -400,6 +403,25 @@ class Controller:
             self._reservations.release(reserved)
             self._routes.release(claims)
         return handovers
+
+    async def _write_with_histories(
+        self, writes: dict[str, str | None], histories: dict[str, list[Revision]]
+    ) -> None:
+        """Write `writes` and `histories` (updated in place to what was written). The
+        histories were made from copies of the books; a backend's rollout may mark a revision
+        complete or failed (in its book) until its loop takes the new spec, during the write
+        too: each history takes those marks, and is written again if one came meanwhile."""
+        while True:
+            for name, history in histories.items():
+                histories[name] = merged(history, self._books.get(name))
+                writes[revisions_key(name)] = dump(RevisionsRecord(name, histories[name]))
+            await self._store.write(writes)
+            late = {n: merged(h, self._books.get(n)) for n, h in histories.items()}
+            changed = {n for n, h in late.items() if h != histories[n]}
+            if not changed:
+                return
+            writes = {}
+            histories.update({n: late[n] for n in changed})
 
     async def _handed_over(self, handovers: list[trio.Event]) -> None:
         """Wait until each backend's loop has taken its new spec, so that what the caller reads

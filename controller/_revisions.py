@@ -280,6 +280,29 @@ class RevisionBook:
         return None
 
 
+def merged(history: Sequence[Revision], book: RevisionBook | None) -> list[Revision]:
+    """`history` (a change's, made from a copy of `book` taken before an await) with the
+    outcomes `book`'s rollouts have reached since: a rollout that completed or failed meanwhile
+    keeps its mark. No change takes a revision back from complete or failed, so the mark is
+    never older than what the change meant."""
+    if book is None:
+        return list(history)
+    now = {revision.number: revision for revision in book.revisions}
+    out = []
+    for revision in history:
+        seen = now.get(revision.number)
+        if (
+            seen is not None
+            and seen.outcome in ("complete", "failed")
+            and revision.outcome not in ("complete", "failed")
+        ):
+            revision = attrs.evolve(
+                revision, outcome=seen.outcome, good=seen.good, error=seen.error
+            )
+        out.append(revision)
+    return out
+
+
 def superseded(revisions: Sequence[Revision], numbers: Iterable[int | None]) -> list[Revision]:
     """`revisions` with those of `numbers` still under way (in progress or pending) marked
     superseded: another revision takes their place."""

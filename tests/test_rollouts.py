@@ -4,7 +4,9 @@ automatic rollback, driven through FakeRuntime under trio's MockClock (exact tim
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import trio
@@ -12,9 +14,12 @@ import trio.testing
 
 import controller
 from controller import BackendState, Cause, GoalFailed, GoalOutcome, ReplicaState, RolloutError
+from controller._wrap import StoreWrapper
 from controller.testing import FakeRuntime, FakeState
 
 from .conftest import RC, config, opened, settle
+
+T = TypeVar("T")
 
 
 def finish(rt: FakeRuntime, version: str | None = None) -> list[str]:
@@ -237,6 +242,75 @@ async def test_deploying_what_runs_while_paused_drops_the_pending_revision() -> 
         await (await ctl.resume("a")).wait()
         assert ctl.status("a").version == "v1"
         assert summary(ctl)[-1] == (2, "v2", "superseded", False)
+
+
+async def test_a_scale_while_paused_keeps_the_pending_revision() -> None:
+    # Found by a review: the scale asked for the content the paused spec runs, which dropped the
+    # pending revision as "back to what runs", so the resume rolled out nothing.
+    rt = FakeRuntime(auto_ready=True)
+    async with opened(rt) as ctl:
+        await (await ctl.deploy("a", config(num_replicas=1), RC)).wait()
+        await ctl.pause("a")
+        await ctl.deploy("a", config(num_replicas=1, version="v2"), RC)
+        await (await ctl.scale("a", 3)).wait()
+        status = ctl.status("a")
+        assert (status.version, status.desired_replicas) == ("v1", 3)
+        assert status.rollout is not None
+        assert status.rollout.pending_revision == 2
+        assert summary(ctl)[-1] == (2, "v2", "pending", False)
+        await (await ctl.resume("a")).wait()
+        status = ctl.status("a")
+        assert (status.version, status.desired_replicas) == ("v2", 3)
+        assert summary(ctl) == [(1, "v1", "complete", True), (2, "v2", "complete", True)]
+
+
+class HeldSpecWrites(StoreWrapper):
+    """A store whose next write of a spec waits, once `hold` is set, until it is released."""
+
+    def __init__(self, inner: controller.Store):
+        super().__init__(inner)
+        self.hold: trio.Event | None = None
+        self.holding = trio.Event()
+
+    async def around(self, op: str, keys: Sequence[str], work: Callable[[], Awaitable[T]]) -> T:
+        hold = self.hold
+        if hold is not None and op == "write" and any(k.startswith("spec/") for k in keys):
+            self.hold = None
+            self.holding.set()
+            await hold.wait()
+        return await work()
+
+
+async def test_a_rollout_that_completes_while_the_next_deploy_is_written_keeps_its_mark() -> None:
+    # Found by a review: the commit put back the history it had copied before its write, over
+    # the rollout's mark made meanwhile, so revision 1 was kept as superseded and not good, and
+    # undo was refused ("no earlier revision completed").
+    rt = FakeRuntime()
+    memory = controller.MemoryStore()
+    store = HeldSpecWrites(memory)
+    async with opened(rt, store) as ctl:
+        first = await ctl.deploy("a", config(num_replicas=1), RC)
+        await settle()
+        assert summary(ctl) == [(1, "v1", "in_progress", False)]
+        release = store.hold = trio.Event()
+        second: list[controller.Goal] = []
+
+        async def deploy_v2() -> None:
+            second.append(await ctl.deploy("a", config(num_replicas=1, version="v2"), RC))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(deploy_v2)
+            await store.holding.wait()
+            finish(rt)  # revision 1's replica serves while revision 2's spec is being written
+            await first.wait()
+            assert summary(ctl) == [(1, "v1", "complete", True)]
+            release.set()
+        assert summary(ctl) == [(1, "v1", "complete", True), (2, "v2", "in_progress", False)]
+        await ready(ctl, rt, second[0])
+        await ready(ctl, rt, await ctl.undo("a"))
+        assert ctl.status("a").version == "v1"
+    async with opened(rt, memory) as ctl:  # and so it was stored
+        assert summary(ctl)[:2] == [(1, "v1", "complete", True), (2, "v2", "complete", True)]
 
 
 async def test_progress_deadline_halts_at_the_exact_time(
