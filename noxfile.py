@@ -15,7 +15,8 @@ nox.options.error_on_missing_interpreters = False
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the test suite (pass pytest options after ``--``)."""
-    session.install("-e", ".[test,ray]")
+    # Shown as it goes: Ray is a large download, and the first run spends a minute on it.
+    session.install("-e", ".[test,ray]", silent=False)
     session.run("pytest", *session.posargs)
 
 

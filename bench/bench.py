@@ -35,7 +35,7 @@ import trio
 import trio.testing
 
 import controller
-from controller._watch import TOMBSTONES_KEPT
+from controller._backend.watch import TOMBSTONES_KEPT
 from controller.testing import FakeRuntime, FakeState
 
 RC = controller.ReplicaConfig("bench.replica:Noop")
@@ -300,11 +300,11 @@ async def _throughput_and_recovery(
 async def api_listing(
     ctl: controller.Controller, requests: int, query: bytes = b""
 ) -> dict[str, float]:
-    """``GET /api/v1/backends`` through the daemon's ASGI app (``controller._api.Api``) in this
+    """``GET /api/v1/backends`` through the daemon's ASGI app (``controller._api.app.Api``) in this
     process, as hypercorn would call it (as tests/asgi.py does): routing, the token check,
     building every backend's status and encoding the JSON body. No socket, no HTTP parsing: a
     real server adds those, about the same for any body of this size."""
-    from controller._api import Api
+    from controller._api.app import Api
 
     token = "bench-token"
     app = Api(ctl, token=token, render_metrics=lambda: b"", request_shutdown=lambda: None)

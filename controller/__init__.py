@@ -15,118 +15,116 @@ from typing import TYPE_CHECKING
 from ._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from ._autoscale import ScaleDecision as ScaleDecision
-    from ._autoscaling_config import AutoscalingConfig as AutoscalingConfig
-    from ._checkpoint import SCHEMA_VERSION as SCHEMA_VERSION
-    from ._code import CodeDigest as CodeDigest
-    from ._config import BackendConfig as BackendConfig
-    from ._config import ReplicaConfig as ReplicaConfig
-    from ._controller import Applied as Applied
-    from ._controller import Controller as Controller
-    from ._errors import CheckpointError as CheckpointError
-    from ._errors import CodeChangedError as CodeChangedError
-    from ._errors import ConfigError as ConfigError
-    from ._errors import ControllerClosedError as ControllerClosedError
-    from ._errors import ControllerError as ControllerError
-    from ._errors import FencedError as FencedError
-    from ._errors import GoalFailed as GoalFailed
-    from ._errors import InfeasibleError as InfeasibleError
-    from ._errors import ManifestError as ManifestError
-    from ._errors import ReplicaError as ReplicaError
-    from ._errors import ReplicaGoneError as ReplicaGoneError
-    from ._errors import RolloutError as RolloutError
-    from ._errors import RouteConflictError as RouteConflictError
-    from ._errors import StartupError as StartupError
-    from ._errors import StoreError as StoreError
-    from ._errors import UnknownBackendError as UnknownBackendError
-    from ._gc import tune_gc as tune_gc
-    from ._goal import Goal as Goal
-    from ._json import JSON as JSON
-    from ._local_runtime import LocalRuntime as LocalRuntime
-    from ._memory_store import MemoryStore as MemoryStore
-    from ._open import open_controller as open_controller
-    from ._policy import RestartPolicy as RestartPolicy
-    from ._revisions import Cause as Cause
-    from ._revisions import Revision as Revision
-    from ._revisions import RevisionContent as RevisionContent
-    from ._runtime import DeathListener as DeathListener
-    from ._runtime import ReplicaInfo as ReplicaInfo
-    from ._runtime import ReplicaSpec as ReplicaSpec
-    from ._runtime import Runtime as Runtime
-    from ._sqlite_store import SQLiteStore as SQLiteStore
-    from ._state import LOAD_TTL_S as LOAD_TTL_S
-    from ._state import AutoscalerStatus as AutoscalerStatus
-    from ._state import BackendEvent as BackendEvent
-    from ._state import BackendLoad as BackendLoad
-    from ._state import BackendReason as BackendReason
-    from ._state import BackendSnapshot as BackendSnapshot
-    from ._state import BackendState as BackendState
-    from ._state import BackendStatus as BackendStatus
-    from ._state import ControllerStatus as ControllerStatus
-    from ._state import GoalOutcome as GoalOutcome
-    from ._state import LoadReport as LoadReport
-    from ._state import ReplicaState as ReplicaState
-    from ._state import ReplicaStatus as ReplicaStatus
-    from ._state import RolloutStatus as RolloutStatus
-    from ._state import ServingReplica as ServingReplica
-    from ._store import Store as Store
+    from ._backend.goal import Goal as Goal
+    from ._core.controller import Applied as Applied
+    from ._core.controller import Controller as Controller
+    from ._core.gc import tune_gc as tune_gc
+    from ._core.open import open_controller as open_controller
+    from ._local.runtime import LocalRuntime as LocalRuntime
+    from ._model.autoscale import ScaleDecision as ScaleDecision
+    from ._model.autoscaling import AutoscalingConfig as AutoscalingConfig
+    from ._model.code import CodeDigest as CodeDigest
+    from ._model.config import BackendConfig as BackendConfig
+    from ._model.config import ReplicaConfig as ReplicaConfig
+    from ._model.errors import CheckpointError as CheckpointError
+    from ._model.errors import CodeChangedError as CodeChangedError
+    from ._model.errors import ConfigError as ConfigError
+    from ._model.errors import ControllerClosedError as ControllerClosedError
+    from ._model.errors import ControllerError as ControllerError
+    from ._model.errors import FencedError as FencedError
+    from ._model.errors import GoalFailed as GoalFailed
+    from ._model.errors import InfeasibleError as InfeasibleError
+    from ._model.errors import ManifestError as ManifestError
+    from ._model.errors import ReplicaError as ReplicaError
+    from ._model.errors import ReplicaGoneError as ReplicaGoneError
+    from ._model.errors import RolloutError as RolloutError
+    from ._model.errors import RouteConflictError as RouteConflictError
+    from ._model.errors import StartupError as StartupError
+    from ._model.errors import StoreError as StoreError
+    from ._model.errors import UnknownBackendError as UnknownBackendError
+    from ._model.json_values import JSON as JSON
+    from ._model.policy import RestartPolicy as RestartPolicy
+    from ._model.revisions import Cause as Cause
+    from ._model.revisions import Revision as Revision
+    from ._model.revisions import RevisionContent as RevisionContent
+    from ._model.status import LOAD_TTL_S as LOAD_TTL_S
+    from ._model.status import AutoscalerStatus as AutoscalerStatus
+    from ._model.status import BackendEvent as BackendEvent
+    from ._model.status import BackendLoad as BackendLoad
+    from ._model.status import BackendReason as BackendReason
+    from ._model.status import BackendSnapshot as BackendSnapshot
+    from ._model.status import BackendState as BackendState
+    from ._model.status import BackendStatus as BackendStatus
+    from ._model.status import ControllerStatus as ControllerStatus
+    from ._model.status import GoalOutcome as GoalOutcome
+    from ._model.status import LoadReport as LoadReport
+    from ._model.status import ReplicaState as ReplicaState
+    from ._model.status import ReplicaStatus as ReplicaStatus
+    from ._model.status import RolloutStatus as RolloutStatus
+    from ._model.status import ServingReplica as ServingReplica
+    from ._ports.runtime import DeathListener as DeathListener
+    from ._ports.runtime import ReplicaInfo as ReplicaInfo
+    from ._ports.runtime import ReplicaSpec as ReplicaSpec
+    from ._ports.runtime import Runtime as Runtime
+    from ._ports.store import Store as Store
+    from ._stores.memory import MemoryStore as MemoryStore
+    from ._stores.sqlite import SQLiteStore as SQLiteStore
 
 _HOME: dict[str, str] = {
-    "SCHEMA_VERSION": "._checkpoint",
-    "BackendConfig": "._config",
-    "AutoscalingConfig": "._autoscaling_config",
-    "ScaleDecision": "._autoscale",
-    "ReplicaConfig": "._config",
-    "Applied": "._controller",
-    "Controller": "._controller",
-    "open_controller": "._open",
-    "CodeDigest": "._code",
-    "CheckpointError": "._errors",
-    "CodeChangedError": "._errors",
-    "RolloutError": "._errors",
-    "ConfigError": "._errors",
-    "ControllerClosedError": "._errors",
-    "ControllerError": "._errors",
-    "FencedError": "._errors",
-    "GoalFailed": "._errors",
-    "InfeasibleError": "._errors",
-    "ManifestError": "._errors",
-    "ReplicaError": "._errors",
-    "RouteConflictError": "._errors",
-    "ReplicaGoneError": "._errors",
-    "StartupError": "._errors",
-    "StoreError": "._errors",
-    "UnknownBackendError": "._errors",
-    "Goal": "._goal",
-    "tune_gc": "._gc",
-    "JSON": "._json",
-    "LocalRuntime": "._local_runtime",
-    "MemoryStore": "._memory_store",
-    "RestartPolicy": "._policy",
-    "Cause": "._revisions",
-    "Revision": "._revisions",
-    "RevisionContent": "._revisions",
-    "DeathListener": "._runtime",
-    "ReplicaInfo": "._runtime",
-    "ReplicaSpec": "._runtime",
-    "Runtime": "._runtime",
-    "SQLiteStore": "._sqlite_store",
-    "LOAD_TTL_S": "._state",
-    "BackendEvent": "._state",
-    "BackendLoad": "._state",
-    "AutoscalerStatus": "._state",
-    "BackendReason": "._state",
-    "BackendSnapshot": "._state",
-    "BackendState": "._state",
-    "BackendStatus": "._state",
-    "ControllerStatus": "._state",
-    "GoalOutcome": "._state",
-    "LoadReport": "._state",
-    "ReplicaState": "._state",
-    "ReplicaStatus": "._state",
-    "ServingReplica": "._state",
-    "RolloutStatus": "._state",
-    "Store": "._store",
+    "BackendConfig": "._model.config",
+    "AutoscalingConfig": "._model.autoscaling",
+    "ScaleDecision": "._model.autoscale",
+    "ReplicaConfig": "._model.config",
+    "Applied": "._core.controller",
+    "Controller": "._core.controller",
+    "open_controller": "._core.open",
+    "CodeDigest": "._model.code",
+    "CheckpointError": "._model.errors",
+    "CodeChangedError": "._model.errors",
+    "RolloutError": "._model.errors",
+    "ConfigError": "._model.errors",
+    "ControllerClosedError": "._model.errors",
+    "ControllerError": "._model.errors",
+    "FencedError": "._model.errors",
+    "GoalFailed": "._model.errors",
+    "InfeasibleError": "._model.errors",
+    "ManifestError": "._model.errors",
+    "ReplicaError": "._model.errors",
+    "RouteConflictError": "._model.errors",
+    "ReplicaGoneError": "._model.errors",
+    "StartupError": "._model.errors",
+    "StoreError": "._model.errors",
+    "UnknownBackendError": "._model.errors",
+    "Goal": "._backend.goal",
+    "tune_gc": "._core.gc",
+    "JSON": "._model.json_values",
+    "LocalRuntime": "._local.runtime",
+    "MemoryStore": "._stores.memory",
+    "RestartPolicy": "._model.policy",
+    "Cause": "._model.revisions",
+    "Revision": "._model.revisions",
+    "RevisionContent": "._model.revisions",
+    "DeathListener": "._ports.runtime",
+    "ReplicaInfo": "._ports.runtime",
+    "ReplicaSpec": "._ports.runtime",
+    "Runtime": "._ports.runtime",
+    "SQLiteStore": "._stores.sqlite",
+    "LOAD_TTL_S": "._model.status",
+    "BackendEvent": "._model.status",
+    "BackendLoad": "._model.status",
+    "AutoscalerStatus": "._model.status",
+    "BackendReason": "._model.status",
+    "BackendSnapshot": "._model.status",
+    "BackendState": "._model.status",
+    "BackendStatus": "._model.status",
+    "ControllerStatus": "._model.status",
+    "GoalOutcome": "._model.status",
+    "LoadReport": "._model.status",
+    "ReplicaState": "._model.status",
+    "ReplicaStatus": "._model.status",
+    "ServingReplica": "._model.status",
+    "RolloutStatus": "._model.status",
+    "Store": "._ports.store",
 }
 
 __all__ = sorted(_HOME)

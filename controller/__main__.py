@@ -1,5 +1,5 @@
 """``python -m controller``: the same as the ``controller`` command."""
 
-from ._cli import main
+from ._cli.main import main
 
 main()

@@ -14,7 +14,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from ._errors import ConfigError
+from ._model.errors import ConfigError
 
 
 def private_dir(path: Path, what: str, *, create: bool = True) -> None:

@@ -5,10 +5,10 @@ by hand. Inside a replica, ``controller.worker.context()`` gives its tag, backen
 host and port the runtime reserved for it.
 """
 
-from ._context import ReplicaContext as ReplicaContext
-from ._context import context as context
+from ._ports.context import ReplicaContext as ReplicaContext
+from ._ports.context import context as context
 
 if __name__ == "__main__":
-    from ._worker import main
+    from ._local.worker import main
 
     main()

@@ -7,7 +7,7 @@ from urllib.parse import quote
 
 import trio
 
-from controller._api import Api
+from controller._api.app import Api
 
 # What RFC 3986 lets a path carry unencoded ("/" and its pchar set), and "%": a test's path may
 # hold an escape it means to send as written.

@@ -1,13 +1,24 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+import os
+import secrets
+import select
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import trio
 
 import controller
+from controller._ports.wrap import StoreWrapper
 from controller.testing import FakeRuntime, FakeState
+
+T = TypeVar("T")
 
 RC = controller.ReplicaConfig("app.replica:Echo")
 
@@ -21,6 +32,75 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("reliability figures")
         for what, figure in sorted(FIGURES.items()):
             terminalreporter.write_line(f"{what}: {figure}")
+
+
+#: Every process the tests start inherits this mark in its environment, so that one left behind
+#: is found even once it has left the process tree (a daemon's ingress processes outlive it).
+_MARK = f"{os.getpid()}-{secrets.token_hex(4)}"
+os.environ["CONTROLLER_TEST_RUN"] = _MARK
+#: How long a process found at a test's end may take to finish exiting (one killed by the
+#: test's own clean-up a moment ago) before it counts as left behind.
+LEFTOVER_GRACE_S = 3.0
+
+
+def _ours() -> dict[int, str]:
+    """This run's processes of the project (daemons, workers, fork servers, ingress processes,
+    the tests' helpers), alive now, with their command lines. Ray's and the browser's are not
+    counted: their clusters and browsers live for a module, and they pool their own workers."""
+    found = {}
+    mark = f"CONTROLLER_TEST_RUN={_MARK}\0".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if mark not in Path(f"/proc/{entry}/environ").read_bytes():
+                continue
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().decode().split("\0")
+            if state not in ("Z", "X") and any(map(_of_ours, argv)):
+                found[int(entry)] = " ".join(argv).strip()
+    return found
+
+
+def _of_ours(arg: str) -> bool:
+    """An argument that makes a process ours: a module of the package (``-m controller...``,
+    or the name a process gives itself), or a script of the tests."""
+    return arg.split(".")[0] == "controller" or arg.startswith(_TESTS)
+
+
+_TESTS = str(Path(__file__).parent) + os.sep
+
+
+def _gone_within(pids: set[int], limit_s: float) -> set[int]:
+    """Those of `pids` still running after `limit_s` (each waited on through a pidfd)."""
+    fds = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            fds[os.pidfd_open(pid)] = pid
+    try:
+        deadline = time.monotonic() + limit_s
+        while fds and (left := deadline - time.monotonic()) > 0:
+            for fd in select.select(list(fds), [], [], left)[0]:
+                del fds[fd]
+                os.close(fd)
+        return set(fds.values())
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind() -> Iterator[None]:
+    """Fail a test that leaves a process of ours running (after its fixtures' own clean-up),
+    and kill what it left, so that the next test starts clean."""
+    before = set(_ours())
+    yield
+    found = {pid: line for pid, line in _ours().items() if pid not in before}
+    left = _gone_within(set(found), LEFTOVER_GRACE_S) if found else set()
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"the test left processes behind (killed now): {[found[p] for p in left]}"
 
 
 def config(**kwargs: object) -> controller.BackendConfig:
@@ -76,3 +156,20 @@ async def serving(ctl: controller.Controller, name: str, count: int) -> None:
 async def settle() -> None:
     """Let every task run until all are blocked (on the runtime, a timer or an event)."""
     await trio.testing.wait_all_tasks_blocked()
+
+
+class HeldSpecWrites(StoreWrapper):
+    """A store whose next write of a spec waits, once `hold` is set, until it is released."""
+
+    def __init__(self, inner: controller.Store):
+        super().__init__(inner)
+        self.hold: trio.Event | None = None
+        self.holding = trio.Event()
+
+    async def around(self, op: str, keys: Sequence[str], work: Callable[[], Awaitable[T]]) -> T:
+        hold = self.hold
+        if hold is not None and op == "write" and any(k.startswith("spec/") for k in keys):
+            self.hold = None
+            self.holding.set()
+            await hold.wait()
+        return await work()

@@ -8,8 +8,8 @@ from typing import Any
 import jsonschema_rs
 
 import controller
-from controller._api import Api
-from controller._openapi import OPENAPI
+from controller._api.app import Api
+from controller._api.openapi import OPENAPI
 from controller.testing import FakeRuntime, FakeState
 
 from .asgi import call

@@ -13,11 +13,11 @@ import trio
 import trio.testing
 
 import controller
-from controller._cli_output import ready_column
-from controller._views import status_json
+from controller._api.views import status_json
+from controller._cli.output import ready_column
 from controller.testing import FakeRuntime, FakeState
 
-from .conftest import RC, config, opened, settle
+from .conftest import RC, HeldSpecWrites, config, opened, settle
 
 
 class Batches:
@@ -61,6 +61,34 @@ async def test_apply_writes_every_spec_in_one_batch_and_prunes_in_it_too() -> No
         assert not any("spec/a" in batch for batch in store.batches)
         await again.deleted["b"].wait()
         assert [b.name for b in ctl.status().backends] == ["a", "c"]
+
+
+async def test_a_prune_deletes_a_backend_whose_deploy_was_under_way() -> None:
+    # Found by an audit: what POST /shutdown does (apply nothing, prune) chose what to delete
+    # from the backends it saw, so a new backend whose spec was being written lived on.
+    rt = FakeRuntime(auto_ready=True)
+    store = HeldSpecWrites(controller.MemoryStore())
+    async with opened(rt, store) as ctl:
+        await (await ctl.deploy("a", config(num_replicas=1), RC)).wait()
+        release = store.hold = trio.Event()
+        pruned: list[controller.Applied] = []
+
+        async def prune() -> None:
+            pruned.append(await ctl.apply({}, prune=True))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ctl.deploy, "b", config(num_replicas=1), RC)
+            await store.holding.wait()  # b's spec is being written
+            nursery.start_soon(prune)
+            try:
+                await settle()
+                waited = not pruned  # for b's deploy to land
+            finally:
+                release.set()  # (the write is shielded: held, it would outlast any deadline)
+        assert waited
+        assert sorted(pruned[0].deleted) == ["a", "b"]
+        await settle()
+        assert all(b.deleting or b.name not in ("a", "b") for b in ctl.status().backends)
 
 
 async def test_apply_is_all_or_nothing() -> None:

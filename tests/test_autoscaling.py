@@ -13,7 +13,7 @@ import trio.testing
 
 import controller
 from controller import LOAD_TTL_S, AutoscalingConfig, GoalOutcome, LoadReport
-from controller._manifest import parse_backend
+from controller._model.manifest import parse_backend
 from controller.testing import FakeRuntime, FakeState
 
 from .conftest import DEADLOCK_LIMIT_S, EXACT, RC, config, settle

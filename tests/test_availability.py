@@ -14,7 +14,7 @@ import trio.testing
 
 import controller
 from controller import BackendState, GoalOutcome
-from controller._wrap import RuntimeWrapper, StoreWrapper
+from controller._ports.wrap import RuntimeWrapper, StoreWrapper
 from controller.testing import FakeRuntime
 from controller.testing import FakeState as S
 
@@ -395,7 +395,7 @@ class Held:
 async def test_a_prune_racing_a_delete_neither_fails_nor_loses_it(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    from controller._api import Api
+    from controller._api.app import Api
 
     from .asgi import call
     from .test_hostile_input import TOKEN
@@ -432,10 +432,10 @@ async def test_a_prune_racing_a_delete_neither_fails_nor_loses_it(
 async def test_name_churn_leaves_nothing_behind(
     autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import controller._watch
-    from controller._metrics import Metrics
+    import controller._backend.watch
+    from controller._api.metrics import Metrics
 
-    monkeypatch.setattr(controller._watch, "TOMBSTONES_KEPT", 20)
+    monkeypatch.setattr(controller._backend.watch, "TOMBSTONES_KEPT", 20)
     metrics = Metrics()
     rt = FakeRuntime(auto_ready=True)
     async with controller.open_controller(
@@ -480,7 +480,7 @@ async def test_a_runtime_bug_in_a_health_check_is_logged_with_its_traceback(
 async def test_a_cancelled_start_is_not_counted_as_a_failed_one(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    from controller._metrics import Metrics
+    from controller._api.metrics import Metrics
 
     metrics = Metrics()
     rt = FakeRuntime()  # starts hang until the test says

@@ -13,8 +13,8 @@ import trio
 import trio.testing
 
 import controller
-from controller._checkpoint import parse_all
-from controller._pages import PAGE_SIZE
+from controller._backend.pages import PAGE_SIZE
+from controller._model.checkpoint import parse_all
 from controller.testing import FakeRuntime, FakeState
 
 from .conftest import RC, config, opened, settle

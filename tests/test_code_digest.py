@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from controller import _code
-from controller._code import CodeDigest, code_digest
+from controller._model import code
+from controller._model.code import CodeDigest, code_digest
 
 # Every module file raises if imported, and each test checks that none got into sys.modules.
 BOOM = b'raise SystemExit("imported!")\n'
@@ -241,14 +241,14 @@ def test_unreadable_or_odd_files_give_none(tmp_path: Path) -> None:
 def test_the_caps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     build(tmp_path, PACKAGE)
     in_order = sorted(PACKAGE)
-    monkeypatch.setattr(_code, "_MAX_FILES", 2)
+    monkeypatch.setattr(code, "_MAX_FILES", 2)
     found = code_digest("pinpkg:X", [str(tmp_path)])
     assert found is not None
     assert found.files == 2
     assert found.digest == expected({name: PACKAGE[name] for name in in_order[:2]})
-    monkeypatch.setattr(_code, "_MAX_FILES", 5_000)
+    monkeypatch.setattr(code, "_MAX_FILES", 5_000)
     # Room for the first file and not the second.
-    monkeypatch.setattr(_code, "_MAX_BYTES", len(PACKAGE[in_order[0]]) + 1)
+    monkeypatch.setattr(code, "_MAX_BYTES", len(PACKAGE[in_order[0]]) + 1)
     found = code_digest("pinpkg:X", [str(tmp_path)])
     assert found is not None
     assert found.files == 1

@@ -16,12 +16,12 @@ import trio
 import trio.testing
 
 import controller
-from controller._api import Api
-from controller._console import Console
-from controller._console_auth import LINK_S, SESSION_S, Sessions
-from controller._openapi import OPENAPI
-from controller._state import BackendNumbers
-from controller._timeline import RESOLUTION_S, WINDOW_S, Timelines
+from controller._api.app import Api
+from controller._api.console import Console
+from controller._api.console_auth import LINK_S, SESSION_S, Sessions
+from controller._api.openapi import OPENAPI
+from controller._api.timeline import RESOLUTION_S, WINDOW_S, Timelines
+from controller._model.status import BackendNumbers
 from controller.testing import FakeRuntime
 
 from .asgi import call

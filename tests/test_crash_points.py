@@ -17,9 +17,9 @@ import trio
 import trio.testing
 
 import controller
-from controller import _pages
-from controller._checkpoint import parse_all
-from controller._pages import PAGE_SIZE
+from controller._backend import pages
+from controller._backend.pages import PAGE_SIZE
+from controller._model.checkpoint import parse_all
 from controller.testing import ControllerCrash, FakeRuntime, FakeState, FaultInjector
 
 from .conftest import FIGURES, RC, config, opened
@@ -170,7 +170,7 @@ async def test_crash_at_every_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # With pages of 2, the replicas of every scenario span pages: each write holds some.
-    monkeypatch.setattr(_pages, "PAGE_SIZE", page_size)
+    monkeypatch.setattr(pages, "PAGE_SIZE", page_size)
     clean, _, _ = await run_scenario(scenario, None, after=False)
     total = clean.steps
     assert total > 0

@@ -227,7 +227,7 @@ def ingress_pids(state_dir: Path) -> list[int]:
             state = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[0]
         except OSError:
             continue
-        if b"controller._ingress_process" in cmdline and marker in cmdline and state != "Z":
+        if b"controller._daemon.ingress_process" in cmdline and marker in cmdline and state != "Z":
             found.append(int(entry))
     return found
 

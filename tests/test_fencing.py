@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import controller
-from controller._errors import FencedError
-from controller._fencing import FencedRuntime, FencedStore
-from controller._lease import Lease
+from controller._leadership.fencing import FencedRuntime, FencedStore
+from controller._model.errors import FencedError
+from controller._model.lease import Lease
 from controller.testing import FakeRuntime, FakeState, FaultInjector
 
 from .conftest import DEADLOCK_LIMIT_S, EXACT, RC

@@ -26,7 +26,7 @@ import trio
 import controller
 import controller.testing
 from controller import GoalOutcome
-from controller._wrap import RuntimeWrapper
+from controller._ports.wrap import RuntimeWrapper
 
 from .replicas import events
 from .test_local_runtime import (

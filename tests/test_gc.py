@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 
 import controller
-from controller._gc import THRESHOLDS
+from controller._core.gc import THRESHOLDS
 
 
 def test_tune_gc_sets_the_thresholds_and_returns_the_old_ones() -> None:

@@ -22,12 +22,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import controller
-from controller import _pages
-from controller._census import Census
-from controller._checkpoint import join_replicas, parse_all
-from controller._pages import PAGE_SIZE
-from controller._replica_set import entry_of
-from controller._state import SERVING_STATES
+from controller._backend import pages
+from controller._backend.pages import PAGE_SIZE
+from controller._backend.replica_set import entry_of
+from controller._model.census import Census
+from controller._model.checkpoint import join_replicas, parse_all
+from controller._model.status import SERVING_STATES
 from controller.testing import FakeRuntime, FakeState
 
 from .conftest import DEADLOCK_LIMIT_S, EXACT, FIGURES, RC
@@ -180,7 +180,7 @@ def test_random_histories(data: st.DataObject) -> None:
         RAN["histories"] += 1
         FIGURES["random histories"] = f"{RAN['histories']} histories, {RAN['steps']} steps"
 
-    with unittest.mock.patch.object(_pages, "PAGE_SIZE", page_size):
+    with unittest.mock.patch.object(pages, "PAGE_SIZE", page_size):
         trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 

@@ -21,11 +21,12 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 import controller
-from controller import _pages
-from controller._api import Api
-from controller._console import Console
-from controller._manifest import load_manifest, parse_backend, parse_manifest
-from controller._pages import PAGE_SIZE
+from controller._api.app import Api
+from controller._api.console import Console
+from controller._backend import pages
+from controller._backend.pages import PAGE_SIZE
+from controller._model.checkpoint import SCHEMA_VERSION
+from controller._model.manifest import load_manifest, parse_backend, parse_manifest
 from controller.testing import FakeRuntime
 
 from .asgi import call
@@ -259,7 +260,7 @@ def test_a_damaged_checkpoint_is_refused_and_left_as_it_was(data: st.DataObject)
             text = text[:i] + data.draw(st.characters()) + text[i + 1 :]
         else:
             parsed = json.loads(text)
-            parsed["schema"] = controller.SCHEMA_VERSION + data.draw(st.integers(1, 5))
+            parsed["schema"] = SCHEMA_VERSION + data.draw(st.integers(1, 5))
             text = json.dumps(parsed)
         store.data[key] = text
         damaged = dict(store.data)
@@ -276,7 +277,7 @@ def test_a_damaged_checkpoint_is_refused_and_left_as_it_was(data: st.DataObject)
             assert refused is not None
             assert "newer" in str(refused) or "schema" in str(refused)
 
-    with unittest.mock.patch.object(_pages, "PAGE_SIZE", page_size):
+    with unittest.mock.patch.object(pages, "PAGE_SIZE", page_size):
         trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 

@@ -23,8 +23,9 @@ import trio.testing
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from controller._state import LoadReport
+from controller._model.status import LoadReport
 from controller.ingress import Ingress, IngressConfig, RouteTable, open_listener
+from controller.ingress._ingress import CLOSING_GRACE_S
 from controller.ingress._sources import SourceError, read_answer
 from controller.ingress._table import RouteInfo
 
@@ -519,3 +520,28 @@ async def test_a_client_that_leaves_before_it_is_answered_is_no_error(
             await stream.aclose()
         await trio.testing.wait_all_tasks_blocked(cushion=0.05)
     assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
+
+
+async def test_closing_answers_a_connection_just_accepted_and_closes_kept_ones() -> None:
+    """A connection accepted just before the ingress closes, whose request was on its way,
+    is answered (its client would not send it again on a new connection); one kept alive
+    between requests is closed at once; one that sends nothing goes after the grace."""
+    async with front() as f:
+        kept = await Conn.open(f.port)
+        assert (await kept.request("/app/a")).status == 200
+        fresh = await trio.open_tcp_stream("127.0.0.1", f.port)
+        silent = await trio.open_tcp_stream("127.0.0.1", f.port)
+        await trio.testing.wait_all_tasks_blocked()  # both accepted, waiting for a request
+        started = trio.current_time()
+        f.ingress.close()
+        await fresh.send_all(b"GET /app/b HTTP/1.1\r\nHost: h\r\n\r\n")
+        answer = b""
+        while chunk := await fresh.receive_some(65536):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200 "), answer
+        assert b"connection: close" in answer.lower()
+        assert await kept.stream.receive_some(1) == b""  # closed unasked
+        assert await silent.receive_some(1) == b""
+        assert trio.current_time() - started < 3 * CLOSING_GRACE_S
+        for stream in (fresh, silent, kept.stream):
+            await stream.aclose()

@@ -14,9 +14,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import controller
-from controller._errors import FencedError
-from controller._leadership import Leadership
-from controller._lease import (
+from controller._leadership.keeper import Leadership
+from controller._leadership.standby import store_view
+from controller._model.errors import FencedError
+from controller._model.lease import (
     MAX_COUNT,
     Lease,
     LeaseTiming,
@@ -27,9 +28,8 @@ from controller._lease import (
     same_grant,
     watch,
 )
-from controller._sqlite_store import SQLiteStore
-from controller._standby import store_view
-from controller._store import LeaseStore
+from controller._ports.store import LeaseStore
+from controller._stores.sqlite import SQLiteStore
 from controller.ingress import HTTPSource
 from controller.ingress._sources import REPORT_TIMEOUT_S, SourceError
 from controller.testing import FakeRuntime

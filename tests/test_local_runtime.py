@@ -6,6 +6,7 @@ tests/test_fork_server.py runs workers forked by the fork server."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -22,7 +23,9 @@ import trio.testing
 import controller
 import controller.testing
 from controller import GoalOutcome, ReplicaState
-from controller._wrap import RuntimeWrapper
+from controller._local.wire import LineStream
+from controller._local.worker import Worker
+from controller._ports.wrap import RuntimeWrapper
 
 from .replicas import events
 
@@ -49,7 +52,7 @@ def worker_pids(runtime_dir: Path) -> dict[int, str]:
         except OSError:
             continue
         ours = b"controller.worker" in cmdline or (
-            b"controller._zygote_main" in cmdline and int(entry) in forked
+            b"controller._local.zygote_main" in cmdline and int(entry) in forked
         )
         if ours and str(runtime_dir).encode() in cmdline:
             state = next(
@@ -532,3 +535,39 @@ async def test_a_worker_answers_while_a_slow_import_runs(runtime_dir: Path) -> N
             barrier.touch()
             assert await goal.wait() is GoalOutcome.COMPLETED
             await (await ctl.delete("a", force=True)).wait()
+
+
+class _Counting:
+    """A replica whose load changes at every sample."""
+
+    def __init__(self) -> None:
+        self.count = 5
+
+    async def load(self) -> int:
+        self.count += 1
+        return self.count
+
+
+async def test_a_monitor_attached_while_the_load_changes_does_not_end_the_worker() -> None:
+    # Found by an audit: a monitor's first send (the load a restarted controller must hear) and
+    # push_load's send of a changed load could meet on one stream, and trio's BusyResourceError
+    # ended the worker, at the very takeover that is meant to leave it running. Trio picks the
+    # order of the two tasks at random: each round is a new coin.
+    for _ in range(20):
+        worker = Worker({"tag": "t#1", "epoch": 0})
+        worker.instance, worker.load = _Counting(), 1
+        ours, theirs = trio.socket.socketpair()
+        async with (
+            trio.SocketStream(ours) as near,
+            trio.SocketStream(theirs) as far,
+            trio.open_nursery() as nursery,
+        ):
+            nursery.start_soon(worker.monitor, LineStream(near))
+            nursery.start_soon(worker.push_load)
+            received = b""
+            while received.count(b"\n") < 2:  # the first load, and a changed one
+                received += await far.receive_some(4096)
+            nursery.cancel_scope.cancel()
+        loads = [json.loads(line)["load"] for line in received.splitlines()]
+        assert len(loads) >= 2, received
+        assert all(isinstance(n, int) for n in loads), received

@@ -18,10 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import controller
 from controller import BackendConfig, ReplicaConfig
-from controller._api import Api
-from controller._manifest import parse_backend
-from controller._metrics import Metrics
-from controller._openapi import OPENAPI
+from controller._api.app import Api
+from controller._api.metrics import Metrics
+from controller._api.openapi import OPENAPI
+from controller._model.manifest import parse_backend
 from controller.testing import FakeRuntime
 
 from .asgi import call

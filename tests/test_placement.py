@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller._placement import SLOTS, Demand, place
+from controller._model.placement import SLOTS, Demand, place
 
 
 def one_at_a_time(nodes: list[dict[str, float]], need: Mapping[str, float], count: int) -> int:

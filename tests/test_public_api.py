@@ -1,6 +1,16 @@
 from __future__ import annotations
 
+import ast
+import importlib
+import types
+from pathlib import Path
+
+import pytest
+
 import controller
+import controller.aio
+import controller.ingress
+import controller.ray
 import controller.testing
 
 EXPECTED = {
@@ -72,3 +82,56 @@ def test_errors_share_one_base() -> None:
         obj = getattr(controller, name)
         if isinstance(obj, type) and issubclass(obj, Exception):
             assert issubclass(obj, controller.ControllerError), name
+
+
+def static_exports(package: types.ModuleType) -> dict[str, str]:
+    """What `package`'s ``__init__`` re-exports as a type checker reads it (``from M import N
+    as N``, at its top or under ``if TYPE_CHECKING:``): each name and its relative module."""
+    assert package.__file__ is not None
+    tree = ast.parse(Path(package.__file__).read_text())
+    found: dict[str, str] = {}
+    blocks = [tree.body] + [
+        node.body
+        for node in tree.body
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+    ]
+    for block in blocks:
+        for node in block:
+            if isinstance(node, ast.ImportFrom) and node.level:
+                for alias in node.names:
+                    if alias.asname == alias.name:  # PEP 484's explicit re-export
+                        found[alias.name] = "." * node.level + (node.module or "")
+    return found
+
+
+@pytest.mark.parametrize(
+    "package", [controller, controller.ray, controller.aio], ids=lambda p: p.__name__
+)
+def test_a_lazy_package_exports_at_run_time_what_it_exports_statically(
+    package: types.ModuleType,
+) -> None:
+    # Listed twice in one file (for type checkers, and for the imports on first use): the two
+    # lists must be one.
+    static = static_exports(package)
+    assert static == package._HOME
+    assert package.__all__ == sorted(static)
+    assert set(static) <= set(dir(package))
+
+
+def test_every_public_name_is_the_object_of_its_module() -> None:
+    for name, where in static_exports(controller).items():
+        home = importlib.import_module(where, "controller")
+        assert getattr(controller, name) is getattr(home, name), name
+    assert set(controller.__all__) >= EXPECTED
+
+
+def test_the_ingress_exports_what_it_imports() -> None:
+    static = static_exports(controller.ingress)
+    assert sorted(controller.ingress.__all__) == sorted(static)
+    for name in static:
+        assert hasattr(controller.ingress, name), name
+
+
+def test_internals_are_not_public() -> None:
+    assert "SCHEMA_VERSION" not in controller.__all__
+    assert not hasattr(controller, "SCHEMA_VERSION")

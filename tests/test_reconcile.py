@@ -6,9 +6,9 @@ import attrs
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller._census import Census
-from controller._reconcile import Plan, Target, _walked, decide, resolve_limits, stop_order
-from controller._state import ReplicaState
+from controller._model.census import Census
+from controller._model.reconcile import Plan, Target, _walked, decide, resolve_limits, stop_order
+from controller._model.status import ReplicaState
 
 S = ReplicaState
 

@@ -13,6 +13,7 @@ import trio.testing
 
 import controller
 from controller import GoalOutcome, ReplicaState
+from controller._model.checkpoint import SCHEMA_VERSION
 from controller.testing import FakeRuntime, FakeState
 
 from .conftest import RC, config, opened, settle
@@ -168,11 +169,11 @@ async def test_checkpoints_are_json_with_a_schema_version() -> None:
     async with opened(store=store) as ctl:
         await (await ctl.deploy("a", config(num_replicas=1, user_config={"x": [1, 2]}), RC)).wait()
     spec = json.loads(store.data["spec/a"])
-    assert spec["schema"] == controller.SCHEMA_VERSION
+    assert spec["schema"] == SCHEMA_VERSION
     assert spec["backend_config"]["user_config"] == {"x": [1, 2]}
     assert spec["replica_config"]["entrypoint"] == RC.entrypoint
     replicas = json.loads(store.data["replicas/a"])
-    assert replicas["schema"] == controller.SCHEMA_VERSION
+    assert replicas["schema"] == SCHEMA_VERSION
     # Fields at their defaults are left out: a replica not stopping says nothing of it.
     assert [r.get("stopping", False) for r in replicas["replicas"]] == [False]
 
@@ -217,7 +218,8 @@ async def test_intent_reaches_the_store_before_the_runtime_is_asked() -> None:
 
 
 def test_cached_replica_entries_make_the_same_checkpoint_as_cattrs() -> None:
-    from controller._checkpoint import (
+    from controller._backend.pages import PAGE_SIZE, Pages
+    from controller._model.checkpoint import (
         ReplicaRecord,
         ReplicasRecord,
         dump,
@@ -225,7 +227,6 @@ def test_cached_replica_entries_make_the_same_checkpoint_as_cattrs() -> None:
         join_replicas,
         load,
     )
-    from controller._pages import PAGE_SIZE, Pages
 
     records = [ReplicaRecord("a#1", "v1", "d", False), ReplicaRecord("a#2", "gen-3", "e", True)]
     fast = join_replicas("a", ",".join(dump_replica(r) for r in records))

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 import controller
 from controller import Cause, ConfigError
-from controller._revisions import (
+from controller._model.revisions import (
     MAX_HISTORY_BYTES,
     Revision,
     content_of,
     make_revision,
+    merged,
+    superseded,
     trim,
 )
 
@@ -79,3 +82,42 @@ def test_trim_keeps_the_history_under_its_byte_budget() -> None:
     kept = trim(history, 10, keep={1})
     # Revision 1 must stay (a live replica runs it), and the newest always does.
     assert [r.number for r in kept] == [1, 4, 5]
+
+
+def outcomes(history: list[Revision]) -> list[tuple[int, str, bool]]:
+    return [(r.number, r.outcome, r.good) for r in history]
+
+
+def marked(r: Revision, outcome: str, good: bool = False) -> Revision:
+    return attrs.evolve(r, outcome=outcome, good=good)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("copied", "loop_marked", "expected"),
+    [
+        # Completed while the change was written: complete, not superseded.
+        ("in_progress", ("complete", True), ("complete", True)),
+        # A retry of a failed revision, completed meanwhile: complete, good (an undo may go to
+        # it), not the failed of the copy.
+        ("failed", ("complete", True), ("complete", True)),
+        # A retry begun meanwhile, which the change cuts short: superseded.
+        ("failed", ("in_progress", False), ("superseded", False)),
+        # Failed meanwhile: failed (its error stays).
+        ("in_progress", ("failed", False), ("failed", False)),
+        # Nothing marked: what the change made.
+        ("in_progress", None, ("superseded", False)),
+    ],
+)
+def test_a_change_keeps_the_marks_the_loop_made_since_its_copy(
+    copied: str, loop_marked: tuple[str, bool] | None, expected: tuple[str, bool]
+) -> None:
+    one, two = marked(revision(1), "complete", True), marked(revision(2), copied)
+    base = [one, two]
+    # The change: a new revision 3, replacing 2.
+    history = [*superseded(base, [2]), marked(revision(3), "in_progress")]
+    now = base if loop_marked is None else [one, marked(two, *loop_marked)]
+    assert outcomes(merged(history, base, now, [2])) == [
+        (1, "complete", True),
+        (2, *expected),
+        (3, "in_progress", False),
+    ]

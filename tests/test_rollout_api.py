@@ -18,10 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import controller
-from controller._api import Api
-from controller._api_bodies import undo_request
-from controller._http import HTTPError
-from controller._openapi import OPENAPI
+from controller._api.app import Api
+from controller._api.bodies import undo_request
+from controller._api.http import HTTPError
+from controller._api.openapi import OPENAPI
 from controller.testing import FakeRuntime
 
 from .asgi import call
@@ -488,7 +488,7 @@ async def test_history_undo_pause_and_resume_through_the_cli(state_dir: Path) ->
 
 @pytest.mark.parametrize("verb", ["history", "undo", "pause", "resume", "status"])
 def test_every_rollout_command_needs_a_name(verb: str) -> None:
-    from controller._cli import build_parser
+    from controller._cli.main import build_parser
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["rollout", verb])

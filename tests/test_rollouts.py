@@ -4,9 +4,7 @@ automatic rollback, driven through FakeRuntime under trio's MockClock (exact tim
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 import trio
@@ -14,12 +12,9 @@ import trio.testing
 
 import controller
 from controller import BackendState, Cause, GoalFailed, GoalOutcome, ReplicaState, RolloutError
-from controller._wrap import StoreWrapper
 from controller.testing import FakeRuntime, FakeState
 
-from .conftest import RC, config, opened, settle
-
-T = TypeVar("T")
+from .conftest import RC, HeldSpecWrites, config, opened, settle
 
 
 def finish(rt: FakeRuntime, version: str | None = None) -> list[str]:
@@ -262,23 +257,6 @@ async def test_a_scale_while_paused_keeps_the_pending_revision() -> None:
         status = ctl.status("a")
         assert (status.version, status.desired_replicas) == ("v2", 3)
         assert summary(ctl) == [(1, "v1", "complete", True), (2, "v2", "complete", True)]
-
-
-class HeldSpecWrites(StoreWrapper):
-    """A store whose next write of a spec waits, once `hold` is set, until it is released."""
-
-    def __init__(self, inner: controller.Store):
-        super().__init__(inner)
-        self.hold: trio.Event | None = None
-        self.holding = trio.Event()
-
-    async def around(self, op: str, keys: Sequence[str], work: Callable[[], Awaitable[T]]) -> T:
-        hold = self.hold
-        if hold is not None and op == "write" and any(k.startswith("spec/") for k in keys):
-            self.hold = None
-            self.holding.set()
-            await hold.wait()
-        return await work()
 
 
 async def test_a_rollout_that_completes_while_the_next_deploy_is_written_keeps_its_mark() -> None:

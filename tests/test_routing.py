@@ -262,7 +262,7 @@ def test_an_access_line_in_json_logs_has_its_fields_as_keys() -> None:
     import json
     import logging
 
-    from controller._log_format import JSONFormatter
+    from controller._daemon.log_format import JSONFormatter
 
     record = logging.LogRecord("controller.ingress.access", logging.INFO, "", 0, "GET /x", (), None)
     record.fields = {"method": "GET", "status": 200, "duration_ms": 1.5}

@@ -22,7 +22,7 @@ import trio.testing
 import controller
 import controller.testing
 from controller import FencedError, ReplicaGoneError
-from controller._wire import LineStream
+from controller._local.wire import LineStream
 from controller.testing import FakeRuntime, FakeState
 
 from .test_fork_server import WaitsForTheForkServer

@@ -32,7 +32,7 @@ import h11
 import pytest
 import trio
 
-from controller._standby import store_view
+from controller._leadership.standby import store_view
 
 from .http_client import request
 from .replicas import events

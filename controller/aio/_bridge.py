@@ -16,15 +16,15 @@ from typing import Any, TypeVar, final, overload
 
 import trio
 
-from .._config import BackendConfig, ReplicaConfig
-from .._controller import Controller
-from .._errors import ControllerClosedError
-from .._goal import Goal
-from .._open import open_controller
-from .._policy import RestartPolicy
-from .._runtime import Runtime
-from .._state import BackendSnapshot, BackendStatus, ControllerStatus, GoalOutcome
-from .._store import Store
+from .._backend.goal import Goal
+from .._core.controller import Controller
+from .._core.open import open_controller
+from .._model.config import BackendConfig, ReplicaConfig
+from .._model.errors import ControllerClosedError
+from .._model.policy import RestartPolicy
+from .._model.status import BackendSnapshot, BackendStatus, ControllerStatus, GoalOutcome
+from .._ports.runtime import Runtime
+from .._ports.store import Store
 
 T = TypeVar("T")
 

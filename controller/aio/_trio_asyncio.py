@@ -14,9 +14,9 @@ from contextlib import asynccontextmanager
 
 import trio_asyncio
 
-from .._policy import RestartPolicy
-from .._runtime import Runtime
-from .._store import Store
+from .._model.policy import RestartPolicy
+from .._ports.runtime import Runtime
+from .._ports.store import Store
 from ._bridge import AioController, Opening, host
 
 

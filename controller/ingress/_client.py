@@ -172,6 +172,18 @@ class Client:
         self.gone = True
         self.scope.cancel()
 
+    @property
+    def closing(self) -> bool:
+        """The ingress is closing: this connection ends after the request under way."""
+        return self._admission.closing
+
+    def first_request_within(self, seconds: float) -> None:
+        """(The ingress, closing) a connection yet to send its first request gets `seconds`
+        more at most: one whose request is on its way is answered, one that sends nothing is
+        closed then, not after the whole head timeout."""
+        if self.requests == 0 and self._idle:
+            self.timer.set(min(self.deadline, trio.current_time() + seconds), "idle")
+
     def evict(self) -> None:
         """Close the connection (it is idle, and another needs its room)."""
         self.scope.cancel()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from .._errors import ConfigError
+from .._model.errors import ConfigError
 
 
 def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:

@@ -17,7 +17,7 @@ import attrs
 import trio
 from prometheus_client import generate_latest
 
-from .._state import LOAD_TTL_S, LoadReport
+from .._model.status import LOAD_TTL_S, LoadReport
 from ._admission import Admission
 from ._client import Client
 from ._config import IngressConfig
@@ -40,6 +40,8 @@ REPORT_INTERVAL_S = 0.1
 RETRY_REPORT_S = 0.5
 #: Connections taken from a listener's queue in one go before other tasks run.
 _ACCEPT_BATCH = 64
+#: Closing, how long a connection just accepted may take to send its first request.
+CLOSING_GRACE_S = 1.0
 _BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 
 
@@ -160,15 +162,21 @@ class Ingress:
         self._retry_now.set()
 
     def close(self) -> None:
-        """Stop taking connections: the listeners close, idle connections close at once and
-        the others after the request under way; ``serve`` then returns (bound the wait with a
-        deadline of your own)."""
+        """Stop taking connections: the listeners close, idle kept-alive connections close at
+        once, new ones once they have had their first request answered (or `CLOSING_GRACE_S`
+        passed without one), and the others after the request under way; ``serve`` then
+        returns (bound the wait with a deadline of your own)."""
         self.admission.closing = True
         for scope in self._accepting:
             scope.cancel()
         for client in self.admission.idle_connections():
             if isinstance(client, Client):
-                client.evict()
+                if client.requests:
+                    client.evict()  # kept alive between requests: a client sends again
+                else:
+                    # Just accepted: its first request may be on its way (a client does not
+                    # send a request it was refused again on a new connection).
+                    client.first_request_within(CLOSING_GRACE_S)
 
     async def _accept(
         self,

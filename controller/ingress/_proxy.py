@@ -328,6 +328,7 @@ class Proxy:
         # An answer before the whole body went (an early 413, say): the rest of the body is
         # not read, so the connection closes after the answer.
         keep = head.keep_alive and (sized or chunks) and whole and head.complete
+        keep = keep and not client.closing  # the ingress stops: say so in the answer
         out = bytearray(response_head(answer, chunked=chunks, close=not keep))
         client.answered = answer.status
         # From here on the client has the head: a failure can only cut the answer short. What
@@ -382,7 +383,8 @@ class Proxy:
     ) -> bool:
         """An answer of the ingress's own, whole; whether the connection may carry another
         request (not if the request's body is still arriving: it is not read)."""
-        keep = head.keep_alive and (client.skip_body() if head.body else True)
+        keep = head.keep_alive and not client.closing
+        keep = keep and (client.skip_body() if head.body else True)
         client.answered = status
         head_only = head.method == b"HEAD"
         await client.send(

@@ -13,12 +13,12 @@ import attrs
 import h11
 import trio
 
-from .._config import BackendConfig
-from .._controller import Controller
-from .._errors import ControllerClosedError
-from .._http import leader_of
-from .._load_wire import load_body
-from .._state import BackendSnapshot, LoadReport
+from .._api.http import leader_of
+from .._core.controller import Controller
+from .._model.config import BackendConfig
+from .._model.errors import ControllerClosedError
+from .._model.load_report import load_body
+from .._model.status import BackendSnapshot, LoadReport
 from ._table import RouteInfo
 
 

@@ -30,8 +30,8 @@ from typing import Any, final
 
 import ray
 
-from .._context import ReplicaContext, set_context
-from .._hosting import construct, describe_error
+from .._ports.context import ReplicaContext, set_context
+from .._ports.hosting import construct, describe_error
 
 _CONTRACT = ("reconfigure", "check_health", "drain")
 #: How long an actor that accepted a stop waits for the runtime's ``ray.kill`` before it ends

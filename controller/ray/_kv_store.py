@@ -35,8 +35,8 @@ import trio
 from ray.exceptions import RayError
 from ray.experimental import internal_kv
 
-from .._errors import ConfigError, FencedError, StoreError
-from .._lease import Lease
+from .._model.errors import ConfigError, FencedError, StoreError
+from .._model.lease import Lease
 from ._await import wait_ref
 from ._fence_actor import ACTOR_NAMESPACE, DATA, FENCED_JOURNAL, LEASE, FenceActor, apply
 

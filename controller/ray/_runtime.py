@@ -30,11 +30,11 @@ import ray.util
 import trio
 from ray._private import state as ray_state
 
-from .._errors import ConfigError, FencedError, ReplicaError, ReplicaGoneError
-from .._hosting import host_spec
-from .._json import JSON
-from .._placement import SLOTS
-from .._runtime import DeathListener, ReplicaInfo, ReplicaSpec, Watchers
+from .._model.errors import ConfigError, FencedError, ReplicaError, ReplicaGoneError
+from .._model.json_values import JSON
+from .._model.placement import SLOTS
+from .._ports.hosting import host_spec
+from .._ports.runtime import DeathListener, ReplicaInfo, ReplicaSpec, Watchers
 from ._await import wait_ref
 from ._host import ReplicaHost
 

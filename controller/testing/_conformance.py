@@ -24,12 +24,12 @@ from typing import TypeVar, final
 import attrs
 import trio
 
-from .._config import BackendConfig, ReplicaConfig
-from .._errors import FencedError
-from .._open import open_controller
-from .._runtime import ReplicaSpec, Runtime
-from .._store import Store
-from .._wrap import RuntimeWrapper
+from .._core.open import open_controller
+from .._model.config import BackendConfig, ReplicaConfig
+from .._model.errors import FencedError
+from .._ports.runtime import ReplicaSpec, Runtime
+from .._ports.store import Store
+from .._ports.wrap import RuntimeWrapper
 
 T = TypeVar("T")
 

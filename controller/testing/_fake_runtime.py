@@ -9,10 +9,10 @@ from typing import NoReturn, final
 import attrs
 import trio
 
-from .._errors import FencedError, ReplicaError, ReplicaGoneError
-from .._json import JSON
-from .._placement import SLOTS
-from .._runtime import DeathListener, ReplicaSpec
+from .._model.errors import FencedError, ReplicaError, ReplicaGoneError
+from .._model.json_values import JSON
+from .._model.placement import SLOTS
+from .._ports.runtime import DeathListener, ReplicaSpec
 
 
 class FakeState(enum.Enum):

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar, final
 
-from .._runtime import Runtime
-from .._store import Store
-from .._wrap import RuntimeWrapper, StoreWrapper
+from .._ports.runtime import Runtime
+from .._ports.store import Store
+from .._ports.wrap import RuntimeWrapper, StoreWrapper
 
 T = TypeVar("T")
 

@@ -1,0 +1,196 @@
+"""The daemon's JSON views of status and snapshots (for the API, the CLI and the watch)."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import trio
+
+from .._model.autoscale import ScaleDecision
+from .._model.manifest import BackendDecl, config_to_dict
+from .._model.revisions import Revision
+from .._model.status import (
+    SERVING_STATES,
+    AutoscalerStatus,
+    BackendSnapshot,
+    BackendStatus,
+    RolloutStatus,
+)
+
+
+def iso(wall_time: float | None) -> str | None:
+    """Seconds since the epoch as ISO 8601, UTC, to the millisecond."""
+    if wall_time is None:
+        return None
+    # Rounded to whole milliseconds, as the store keeps them: the same event reads the same
+    # before and after a restart.
+    ms = round(wall_time * 1000)
+    moment = datetime.fromtimestamp(ms // 1000, UTC).replace(microsecond=ms % 1000 * 1000)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# -- JSON views --
+
+
+def status_json(status: BackendStatus, *, summary: bool = False) -> dict[str, Any]:
+    """A backend's status; a `summary` leaves out its replicas and events (a listing of many
+    backends needs their counts, which stay)."""
+    version = status.version
+    counts: dict[str, int] = {}
+    counts_by_version: dict[str, dict[str, int]] = {}
+    ready = ready_of_version = 0
+    for (replica_version, state), n in status.counts_by_version.items():
+        counts[state.value] = counts.get(state.value, 0) + n
+        counts_by_version.setdefault(replica_version, {})[state.value] = n
+        if state in SERVING_STATES:
+            ready += n
+            ready_of_version += n if replica_version == version else 0
+    now = time.time()
+    out: dict[str, Any] = {
+        "name": status.name,
+        "state": status.state.value,
+        "reason": status.reason,
+        "message": status.message,
+        "generation": status.generation,
+        "observed_generation": status.observed_generation,
+        "deleting": status.deleting,
+        "goal_done": status.goal_done,
+        "last_error": status.last_error,
+        "last_traceback": status.last_traceback,
+        "desired": status.desired_replicas,
+        "version": version,
+        "ready": ready,
+        "ready_of_version": ready_of_version,
+        "config": BackendDecl(status.name, status.backend_config, status.replica_config).to_dict(),
+        "counts": counts,
+        "counts_by_version": counts_by_version,
+        "load": {
+            "in_flight": status.load.in_flight,
+            "queued": status.load.queued,
+            "replicas": dict(status.load.replicas),
+            "sources": status.load.sources,
+            "self_reported": status.load.self_reported,
+        },
+        "autoscaler": _autoscaler_json(status.autoscaler, now),
+        "rollout": rollout_json(status.rollout),
+    }
+    if not summary:
+        out["replicas"] = [
+            {
+                "tag": r.tag,
+                "state": r.state.value,
+                "version": r.version,
+                "address": r.address,
+                "healthy": r.healthy,
+                "pid": r.pid,
+                "node": r.node,
+                "created_at": iso(r.created_at),
+                "age_s": None if r.created_at is None else round(max(0.0, now - r.created_at), 3),
+            }
+            for r in status.replicas
+        ]
+        out["events"] = [
+            {"time": iso(e.wall_time), "kind": e.kind, "message": e.message} for e in status.events
+        ]
+    return out
+
+
+def rollout_json(rollout: RolloutStatus | None) -> dict[str, Any] | None:
+    if rollout is None:
+        return None
+    return {
+        "revision": rollout.revision,
+        "current_revision": rollout.current_revision,
+        "outcome": rollout.outcome,
+        "paused": rollout.paused,
+        "pending_revision": rollout.pending_revision,
+        "error": rollout.error,
+        "restores": rollout.restores,
+        "automatic": rollout.automatic,
+    }
+
+
+def revision_json(revision: Revision, *, current: bool) -> dict[str, Any]:
+    """One revision, as ``GET /api/v1/backends/{name}/revisions`` lists it; `current`: it is
+    the one the backend rolls out, or runs (its status's ``rollout.revision``)."""
+    content = revision.content
+    cause = revision.cause
+    code = revision.code
+    return {
+        "number": revision.number,
+        "version": revision.version,
+        "digest": revision.digest,
+        "created_at": iso(revision.created_at),
+        "cause": {
+            "via": cause.via,
+            "message": cause.message,
+            "manifest": cause.manifest,
+            "manifest_digest": cause.manifest_digest,
+        },
+        "code": (
+            None
+            if code is None
+            else {"module": code.module, "digest": code.digest, "files": code.files}
+        ),
+        "code_changed": revision.code_changed,
+        "outcome": revision.outcome,
+        "error": revision.error,
+        "good": revision.good,
+        "restores": revision.restores,
+        "automatic": revision.automatic,
+        "current": current,
+        # What its replicas run, in the fields a deploy names them by: what an undo brings back.
+        "config": {
+            **config_to_dict(content.replica_config),
+            "version": content.version,
+            "user_config": content.user_config,
+            "resources": dict(content.resources),
+        },
+    }
+
+
+def _autoscaler_json(scaler: AutoscalerStatus | None, now: float) -> dict[str, Any] | None:
+    if scaler is None:
+        return None
+    config = scaler.config
+    return {
+        "min_replicas": config.min_replicas,
+        "max_replicas": config.max_replicas,
+        "target_ongoing_requests": config.target_ongoing_requests,
+        "target": scaler.target,
+        "capped_at": scaler.capped_at,
+        "last": _decision_json(scaler.last, now),
+        "last_change": _decision_json(scaler.last_change, now),
+    }
+
+
+def _decision_json(decision: ScaleDecision | None, now: float) -> dict[str, Any] | None:
+    if decision is None:
+        return None
+    return {
+        # Decisions are timed on the trio clock: put on the wall clock for people.
+        "time": iso(now - (trio.current_time() - decision.at)),
+        "ongoing": decision.ongoing,
+        "not_ready": decision.not_ready,
+        "previous": decision.previous,
+        "recommended": decision.recommended,
+        "target": decision.target,
+        "reason": decision.reason,
+    }
+
+
+def snapshot_json(snapshot: BackendSnapshot) -> dict[str, Any]:
+    return {
+        "name": snapshot.name,
+        "snapshot_id": snapshot.snapshot_id,
+        "exists": snapshot.exists,
+        "deleting": snapshot.deleting,
+        "config": (
+            None if snapshot.backend_config is None else config_to_dict(snapshot.backend_config)
+        ),
+        "replicas": [
+            {"tag": r.tag, "version": r.version, "address": r.address} for r in snapshot.replicas
+        ],
+    }

@@ -1,0 +1,123 @@
+"""What tasks, the runtime and the controller tell a backend's loop. They report; the loop writes.
+
+Every task the loop starts reports exactly one event, whatever happens to it (but for the whole
+controller closing); the loop then decides what follows, a stop included.
+"""
+
+from __future__ import annotations
+
+from typing import TypeAlias
+
+import attrs
+import trio
+
+from .._ports.runtime import ReplicaInfo
+from .goal import Goal
+from .replica import Spec
+
+
+@attrs.frozen
+class Started:
+    """A start or adoption finished: the replica is ready."""
+
+    tag: str
+    info: ReplicaInfo
+
+
+@attrs.frozen
+class StartFailed:
+    """A start or adoption did not finish. `error` is None when its scope was cancelled (by the
+    loop, which stopped it, or by the start timeout); the replica may be half-started."""
+
+    tag: str
+    error: str | None
+    traceback: str | None = None
+    """The user's traceback, where the runtime reported one."""
+
+
+@attrs.frozen
+class Stopped:
+    """A replica is gone (drained and/or killed)."""
+
+    tag: str
+
+
+@attrs.frozen
+class Died:
+    """The runtime saw a replica die on its own."""
+
+    tag: str
+    reason: str
+
+
+@attrs.frozen
+class Reconfigured:
+    """A reconfigure call ended: `error` is set if the user's code raised; `cut` if its scope
+    was cancelled (by the loop, or by the timeout)."""
+
+    tag: str
+    config_digest: str
+    error: str | None
+    cut: bool = False
+
+
+@attrs.frozen
+class HealthChecked:
+    """A health check returned; `error` is set if it failed or timed out."""
+
+    tag: str
+    error: str | None
+
+
+@attrs.frozen
+class Tick:
+    """The backend's timer fired: a health check or the end of a backoff is due."""
+
+    at: float
+    """The time it was armed for (a tick of a timer since replaced is ignored)."""
+
+
+@attrs.frozen
+class Written:
+    """The backend's replica record, as of change number `seq`, is durable."""
+
+    seq: int
+
+
+@attrs.frozen(eq=False)
+class SpecChanged:
+    """A deploy or delete wrote a new spec: the loop takes it, with its goal, and sets
+    `applied` once it has."""
+
+    spec: Spec
+    goal: Goal
+    applied: trio.Event
+
+
+@attrs.frozen
+class LoadChanged:
+    """A source reported new load for the backend (one event for any number of reports: the
+    loop reads the latest from the backend's load book)."""
+
+
+@attrs.frozen
+class RoomChecked:
+    """The runtime was asked how many of `wanted` replicas fit for the backend: `room` do."""
+
+    wanted: int
+    room: int
+
+
+Event: TypeAlias = (
+    Started
+    | StartFailed
+    | Stopped
+    | Died
+    | Reconfigured
+    | HealthChecked
+    | Tick
+    | Written
+    | SpecChanged
+    | LoadChanged
+    | RoomChecked
+)

@@ -1,0 +1,147 @@
+"""When each serving replica's next health check is due: one heap per backend, read lazily.
+
+A check is scheduled when the last one starts, not when it returns, so a check that hangs is
+noticed one period later ("late") instead of only at its own timeout: a replica that stops
+answering leaves the watch snapshot within a period.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Iterator, Mapping
+from typing import final
+
+import trio
+
+from .._model.config import BackendConfig
+from .._model.status import ReplicaState
+from .replica import Replica
+from .tasks import Launcher
+
+
+@final
+class HealthSchedule:
+    """Due times of health checks: (time, seq, tag) entries, each checked against its replica
+    when it comes up, so that a replica that left or was rescheduled needs no removal."""
+
+    def __init__(self) -> None:
+        self._due: list[tuple[float, int, str]] = []
+
+    def schedule(self, replica: Replica, now: float, period: float) -> None:
+        """The replica's next check is one `period` from `now` (none if the period is 0)."""
+        if period <= 0:
+            replica.next_check_at = math.inf
+            return
+        replica.next_check_at = now + period
+        heapq.heappush(self._due, (replica.next_check_at, replica.seq, replica.tag))
+
+    def clear(self) -> None:
+        self._due.clear()
+
+    @property
+    def next_at(self) -> float:
+        """When the earliest entry is due (inf if none)."""
+        return self._due[0][0] if self._due else math.inf
+
+    def due(self, now: float, replicas: Mapping[str, Replica]) -> Iterator[Replica]:
+        """The RUNNING replicas whose check is due at `now`; each entry is used once."""
+        while self._due and self._due[0][0] <= now:
+            at, _, tag = heapq.heappop(self._due)
+            replica = replicas.get(tag)
+            if (
+                replica is not None
+                and replica.next_check_at == at
+                and replica.state is ReplicaState.RUNNING
+            ):
+                replica.next_check_at = math.inf
+                yield replica
+
+
+@final
+class HealthChecks:
+    """The health checks of a backend's serving replicas, and what their outcomes do to each
+    replica's readiness. A failed or late check takes a replica out of the watch snapshot at once
+    (not ready; `ready_changed` is called); `failed` is told of each such check, with the count
+    in a row, for the loop to decide on a replacement (not live)."""
+
+    def __init__(
+        self,
+        launcher: Launcher,
+        failed: Callable[[Replica, str], None],
+        ready_changed: Callable[[], None],
+    ):
+        self.schedule = HealthSchedule()
+        self._launcher = launcher
+        self._failed = failed
+        self._ready_changed = ready_changed
+        self._adoptions_due = math.inf
+
+    @property
+    def next_at(self) -> float:
+        """When `run_due` has something to do next (inf: never, unless told of more)."""
+        return min(self.schedule.next_at, self._adoptions_due)
+
+    def adopting(self, replicas: Mapping[str, Replica], config: BackendConfig) -> None:
+        """After a restart: the replicas being adopted that had served are listed to watchers
+        (they may be serving still); those whose adoption has not answered within a period
+        leave the snapshot then, like a replica whose check is late."""
+        period = config.health_check_period_s
+        if period > 0 and any(r.served for r in replicas.values()):
+            self._adoptions_due = trio.current_time() + period
+
+    def begin(self, replica: Replica, config: BackendConfig) -> None:
+        """`replica` is RUNNING (again): its first check is one period from now."""
+        self.schedule.schedule(replica, trio.current_time(), config.health_check_period_s)
+
+    def reschedule(self, replicas: Mapping[str, Replica], now: float, period: float) -> None:
+        """A new period (or checks turned on or off): it applies to the replicas running now."""
+        self.schedule.clear()
+        for replica in replicas.values():
+            if replica.state is ReplicaState.RUNNING:
+                self.schedule.schedule(replica, now, period)
+
+    def run_due(self, now: float, replicas: Mapping[str, Replica], config: BackendConfig) -> None:
+        if now >= self._adoptions_due:
+            self._adoptions_due = math.inf
+            for replica in replicas.values():
+                if replica.state is ReplicaState.RECOVERING and replica.served and replica.healthy:
+                    replica.healthy = False  # back in once adopted (RUNNING and ready)
+                    self._ready_changed()
+        period = config.health_check_period_s
+        if period <= 0:
+            self.schedule.clear()  # turned off by a redeploy: drop what the old spec scheduled
+            return
+        wave: list[str] = []
+        for replica in self.schedule.due(now, replicas):
+            # The next check is due one period on, whatever this one does: a check still in
+            # flight then is late, and counts as failed.
+            self.schedule.schedule(replica, now, period)
+            if replica.checking:
+                late = f"HealthCheckLate: no answer within health_check_period_s={period:g}"
+                self._fail(replica, late)
+            else:
+                replica.checking = True
+                wave.append(replica.tag)
+        if wave:
+            self._launcher.checks(wave, config.health_check_timeout_s)
+
+    def reported(self, replica: Replica, error: str | None) -> None:
+        """A check of `replica` returned (failed if `error`)."""
+        replica.checking = False
+        if replica.state is not ReplicaState.RUNNING:
+            return  # stopping, or being reconfigured (checked again once RUNNING)
+        if error is not None:
+            self._fail(replica, error)
+            return
+        replica.check_failures = 0
+        if not replica.healthy:
+            replica.healthy = True
+            self._ready_changed()  # ready again: back in the watch snapshot
+
+    def _fail(self, replica: Replica, error: str) -> None:
+        replica.check_failures += 1
+        if replica.healthy:
+            replica.healthy = False
+            self._ready_changed()
+        self._failed(replica, error)

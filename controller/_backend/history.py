@@ -1,0 +1,143 @@
+"""A backend's recent events: bounded, timed on both clocks, and kept across restarts."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import final
+
+import trio
+
+from .._model.checkpoint import EventRecord, EventsRecord, dump
+from .._model.status import BackendEvent
+from .observe import Observer
+
+logger = logging.getLogger("controller")
+
+#: How many recent events each backend keeps (in memory and in the store).
+EVENTS_KEPT = 50
+
+
+def plural(n: int, word: str) -> str:
+    """``1 replica``, ``2 replicas``: counts in messages people read."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def decision_line(version: str, starts: int, stopped_versions: Sequence[str], updates: int) -> str:
+    """One line per decision, each count with the version it concerns: a rollout's line names
+    the version it stops as well as the one it starts."""
+    parts = []
+    if starts:
+        parts.append(f"starting {starts} (version {version})")
+    if stopped_versions:
+        by_version: dict[str, int] = {}
+        for v in stopped_versions:
+            by_version[v] = by_version.get(v, 0) + 1
+        if len(by_version) == 1:
+            versions = f"version {next(iter(by_version))}"
+        else:
+            versions = ", ".join(f"{n} of {v}" for v, n in sorted(by_version.items()))
+        parts.append(f"stopping {len(stopped_versions)} ({versions})")
+    if updates:
+        parts.append(f"reconfiguring {updates} (version {version})")
+    return ", ".join(parts)
+
+
+@final
+class EventLog:
+    """The last `EVENTS_KEPT` events of one backend, oldest first.
+
+    Each event has its time on the trio clock (so tests under MockClock see exact times) and on
+    the wall clock (for people, and to survive a restart, when the trio clock starts anew).
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+        self.events: collections.deque[BackendEvent] = collections.deque(maxlen=EVENTS_KEPT)
+        self.added = 0
+        """How many events were added in this process: the writer stores the log when this
+        differs from what it stored last."""
+
+    def add(self, kind: str, message: str) -> None:
+        self.events.append(BackendEvent(trio.current_time(), kind, message, time.time()))
+        self.added += 1
+
+    def restore(self, record: EventsRecord | None) -> None:
+        """Take the events a previous controller stored. Their trio times are put on this
+        process's clock, so that the order and the ages stay right."""
+        self.events.clear()
+        if record is None:
+            return
+        now, wall = trio.current_time(), time.time()
+        for e in record.events[-EVENTS_KEPT:]:
+            at = e.at_ms / 1000
+            self.events.append(BackendEvent(now - (wall - at), e.kind, e.message, at))
+
+    def text(self) -> str:
+        """The log as stored."""
+        return dump(
+            EventsRecord(
+                self.name,
+                [
+                    EventRecord(round((e.wall_time or 0.0) * 1000), e.kind, e.message)
+                    for e in self.events
+                ],
+            )
+        )
+
+
+@final
+class Journal:
+    """What a backend tells of itself, in one place: its events (kept, and stored once `changed`
+    has been called), its log lines, its failure metrics and its latest error."""
+
+    def __init__(self, name: str, observer: Observer, changed: Callable[[], None]):
+        self.name = name
+        self.log = EventLog(name)
+        self.last_error: str | None = None
+        """The most recent failure of any generation."""
+        self.last_traceback: str | None = None
+        self._observer = observer
+        self._changed = changed
+
+    def event(self, kind: str, message: str) -> None:
+        self.log.add(kind, message)
+        self._changed()
+
+    def failure(
+        self, tag: str, kind: str, error: str, then: str, traceback: str | None = None
+    ) -> None:
+        """A replica failed (`kind`); `then` says what follows (the backoff)."""
+        self.last_error, self.last_traceback = error, traceback
+        self._observer.failure(self.name, kind)
+        if traceback:
+            logger.warning(
+                "replica %s: %s (%s); its traceback:\n%s", tag, error, then, traceback.rstrip()
+            )
+        else:
+            logger.warning("replica %s: %s (%s)", tag, error, then)
+        self.event(kind, f"replica {tag}: {error}; {then}")
+
+    def decision(
+        self, version: str, starts: int, stopped_versions: Sequence[str], updates: int
+    ) -> None:
+        """A pass's starts, stops and reconfigures: logged; an event if it starts or stops."""
+        if starts or stopped_versions or updates:
+            line = decision_line(version, starts, stopped_versions, updates)
+            logger.info("backend %s: %s", self.name, line)
+            if starts or stopped_versions:
+                # Reconfigures are told replica by replica; the event is about the count.
+                self.event("Scale", decision_line(version, starts, stopped_versions, 0))
+
+    def recovered(self, generation: int, live: int) -> None:
+        self.event("Recovered", f"generation {generation}: adopting {plural(live, 'live replica')}")
+
+    def reached(self, generation: int) -> None:
+        logger.info("backend %s: goal of generation %d reached", self.name, generation)
+        self.event("Ready", f"generation {generation} reached")
+
+    def deploy_failed(self, reason: str, kind: str = "DeployFailed") -> None:
+        logger.error("backend %s: deploy failed: %s", self.name, reason)
+        self.event(kind, reason)

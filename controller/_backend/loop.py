@@ -1,0 +1,640 @@
+"""One backend: its task, its nursery, its replicas and its reconcile loop.
+
+The loop is the only writer of the backend's state. A spec change arrives as an event with its
+goal; every start, adoption, reconfigure, health check and stop runs as a task in the backend's
+nursery and reports with one event (``tasks``). The loop wakes on its channel, applies
+every queued event, asks the pure ``decide`` for a plan, publishes the watch snapshot, and acts,
+each action once the intent behind it is durable (``intent``). It decides every stop itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import final
+
+import attrs
+import trio
+
+from .._model.checkpoint import (
+    EventsRecord,
+    ReplicasRecord,
+    events_key,
+    replicas_key,
+    revisions_key,
+    spec_key,
+)
+from .._model.failures import FailureBook
+from .._model.json_values import JSON
+from .._model.policy import RestartPolicy
+from .._model.reconcile import decide
+from .._model.revisions import RevisionBook
+from .._model.status import (
+    BackendNumbers,
+    BackendReason,
+    BackendState,
+    BackendStatus,
+    LoadReport,
+    ReplicaState,
+)
+from .._ports.runtime import ReplicaInfo, Runtime
+from .._ports.store import Store
+from . import events as ev
+from . import tasks as tasks
+from . import view as view
+from .failure_reports import FailureReports
+from .goal import Goal
+from .health import HealthChecks
+from .history import Journal
+from .intent import Intent
+from .observe import Observer
+from .replica import UNKNOWN_CONFIG, Replica, Spec, new_tag
+from .replica_set import ReplicaSet
+from .rollout import Rollout
+from .scaling import Scaling
+from .watch import SnapshotHub
+
+logger = logging.getLogger("controller")
+
+
+@attrs.frozen
+class Shared:
+    """What the backends of one controller share, and how each tells the controller of itself."""
+
+    runtime: Runtime
+    store: Store
+    hub: SnapshotHub
+    policy: RestartPolicy
+    rng: random.Random
+    observer: Observer
+    requested: Callable[[str], int]
+    """The generation last asked of a name: a deleted backend is forgotten only if still that."""
+    room: Callable[[str, int], Awaitable[int]]
+    """How many of so many replicas of a backend fit on the runtime beside the others."""
+    on_pass: Callable[[], None]
+    on_forgotten: Callable[[Backend], None]
+    roll_back: Callable[[str, int], None]
+    """Undo a backend's failed revision (given) to its last good one, in the controller's
+    nursery (the spec is the controller's to write)."""
+
+
+@final
+class Backend:
+    """A backend's state and its task. Made by the controller; ``run`` is the task."""
+
+    def __init__(
+        self,
+        name: str,
+        spec: Spec,
+        goal: Goal,
+        lock: trio.Lock,
+        shared: Shared,
+        revisions: RevisionBook,
+    ):
+        self.name = name
+        self.spec = spec
+        self.goal = goal
+        self.lock = lock
+        """Held by deploy and delete while they write the spec, and by the loop while it forgets
+        a deleted backend, so that a deploy racing a finished delete is never lost."""
+        self._set = ReplicaSet(name, lambda: self._intent.changed())
+        self.replicas = self._set.by_tag
+        self.forgotten = False
+        self._shared = shared
+        # Unbounded, and that is safe: every event answers a task the loop itself started (one
+        # each), a death (at most one per replica) or a spec change (one per deploy). Senders
+        # must never block: some of them run in the runtime's own callbacks.
+        self._send, self._receive = trio.open_memory_channel[ev.Event](math.inf)
+        self._failures = FailureBook(shared.policy, shared.rng)
+        self._change: tuple[BackendState, BackendReason] = view.classify(spec, spec)
+        self._observed_generation = 0
+        self._converged = False
+        self._snapshot_dirty = True
+        self.journal = Journal(name, shared.observer, lambda: self._intent.events_changed())
+        self._intent = Intent(
+            name, shared.store, self._set.record, self.journal.log, self._send_nowait
+        )
+        self._tasks = tasks.Launcher(shared.runtime, self._intent, self._send_nowait)
+        self._alarm = tasks.Alarm(self._tasks)
+        self._reports = FailureReports(
+            self._failures,
+            self.journal,
+            self._set,
+            lambda: (self.spec.generation, self.goal),
+            lambda reason: self._rollout.failed(reason),
+        )
+        self.revisions = revisions
+        """Its revisions: added by the controller, marked by the rollout."""
+        self._rollout = Rollout(
+            name,
+            revisions,
+            self.journal,
+            touched=self._intent.touched,
+            spec=lambda: self.spec,
+            failures=self._failures,
+            deploy_failed=self._reports.deploy_failed,
+            roll_back=shared.roll_back,
+            observer=shared.observer,
+        )
+        self._set.rollout = self._rollout.record
+        self._restored = False
+        self._health = HealthChecks(self._tasks, self._check_failed, self._ready_changed)
+        self._load_only = False  # the events of this pass were all LoadChanged
+        self._scaling = Scaling(
+            name,
+            room=shared.room,
+            observer=shared.observer,
+            intent=self._intent,
+            journal=self.journal,
+            start_task=self._tasks.start_task,
+            send=self._send_nowait,
+        )
+        self._set.autoscale = self._scaling.record
+        self._scaling.configure(spec.backend_config, trio.current_time())
+        self.journal.event("Delete" if spec.deleting else "Deploy", view.describe_new(spec))
+
+    # -- called by the controller: it reads, and it sends events --
+
+    def request(self, spec: Spec, goal: Goal) -> trio.Event:
+        """Hand the loop a spec that is durable already, with its goal; the event returned is
+        set once the loop has taken it."""
+        applied = trio.Event()
+        self._send_nowait(ev.SpecChanged(spec, goal, applied))
+        return applied
+
+    def notify_died(self, tag: str, reason: str) -> None:
+        self._send_nowait(ev.Died(tag, reason))
+
+    def report_load(self, report: LoadReport) -> None:
+        """Keep a source's latest load; the loop hears of it once however many arrive
+        before it runs."""
+        self._scaling.report(report, trio.current_time())
+
+    def report_replica_load(self, tag: str, ongoing: int | None) -> None:
+        """Keep what a replica of this backend says of its own load (its ``load()``; None:
+        it no longer says)."""
+        if tag in self.replicas:
+            self._scaling.report_own(tag, ongoing)
+
+    @property
+    def blocked(self) -> bool:
+        """It starts nothing until its next deploy (DEPLOY_FAILED on its starts)."""
+        return self._failures.starts_blocked
+
+    @property
+    def config_gone_back_to(self) -> tuple[str, JSON] | None:
+        """The user config (digest, value) the replicas went back to when this spec's change
+        of config failed in one of them (None if it did not)."""
+        return self.spec.rollback if self._failures.blocked == "ReconfigureFailed" else None
+
+    @property
+    def deploy_failed(self) -> bool:
+        """DEPLOY_FAILED, for any reason: the same spec deployed again is a new attempt."""
+        return self._failures.blocked is not None
+
+    def restore(
+        self, record: ReplicasRecord | None, live: set[str], events: EventsRecord | None
+    ) -> list[str]:
+        """Before ``run``: rebuild replicas from a checkpoint, adopting what is alive and
+        forgetting what is not (returned, for the runtime to clear what they left behind)."""
+        # Those not alive, the plan replaces.
+        dropped = self._set.restore(record, live, graceful=not self.spec.force)
+        self._reports.restore(record.failed if record is not None else None)
+        self._restored = True
+        self._rollout.restore(record.rollout if record is not None else None, trio.current_time())
+        autoscale = record.autoscale if record is not None else None
+        self._scaling.restore(autoscale, self.spec.backend_config, trio.current_time())
+        self._intent.restored(changed=bool(dropped))
+        if not self.spec.deleting:
+            self._change = (BackendState.UPDATING, "Recovering")
+        self.journal.log.restore(events)
+        self.journal.recovered(self.spec.generation, len(self.replicas))
+        return dropped
+
+    def show_as_stored(self) -> None:
+        """After ``restore``, for a standby's view (which never runs): publish the replicas that
+        served, and say the backend is what its spec and replicas make it, not recovering."""
+        for replica in self.replicas.values():
+            # As the leader last wrote it: those that served, serve (a standby does not look).
+            if replica.state is ReplicaState.RECOVERING and replica.view is not None:
+                replica.state = ReplicaState.RUNNING
+        self._change = view.classify(self.spec, self.spec)
+        # The leader writes a spec before it acts on it: the stored spec is the one it follows.
+        self._observed_generation = self.spec.generation
+        self._scaling.as_stored()
+        running = [r for r in self.replicas.values() if r.state is ReplicaState.RUNNING]
+        if len(running) == len(self.replicas) == self.desired and all(
+            r.version == self.spec.version for r in running
+        ):
+            # All there, as asked: what the leader reported as its goal reached.
+            self._converged = True
+            self.goal.complete()
+        self._publish()
+
+    def block_starts(self, reason: str) -> None:
+        """Before ``run``: start nothing new until the next deploy, because the spec cannot be
+        placed (a spec stored before the runtime shrank). Replicas already there stay."""
+        self._reports.infeasible(reason)
+
+    # -- the task --
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._tasks.nursery = nursery
+            nursery.start_soon(self._intent.run)
+            # What a previous controller left in flight; its intent is already stored.
+            for replica in list(self.replicas.values()):
+                if replica.state is ReplicaState.RECOVERING:
+                    self._spawn_bring_up(replica, adopt=True)
+                elif replica.state is ReplicaState.STOPPING:
+                    self._spawn_stop(replica)
+            self._health.adopting(self.replicas, self.spec.backend_config)
+            self._publish()  # watchers see the replicas that served before `open` returns
+            if not self._restored and not self.spec.deleting:
+                self._rollout.begin(self.spec.revision, trio.current_time())
+            task_status.started()
+            self._rollout.started()
+            done = await self._pass()
+            while not done:
+                event = await self._receive.receive()
+                taken_at = trio.current_time()
+                handled = 0
+                # Coalesce a burst: one pass for everything already queued.
+                self._load_only = True
+                while True:
+                    self._load_only &= isinstance(event, ev.LoadChanged)
+                    self._apply(event)
+                    handled += 1
+                    try:
+                        event = self._receive.receive_nowait()
+                    except trio.WouldBlock:
+                        break
+                done = await self._pass()
+                elapsed = trio.current_time() - taken_at
+                self._shared.observer.events_handled(self.name, handled, elapsed)
+                self._shared.on_pass()
+            # Forgotten: no replica is left, so the only task still here is the idle writer.
+            nursery.cancel_scope.cancel()
+        self._shared.observer.forgotten(self.name)  # after its last pass is counted
+
+    def _send_nowait(self, event: ev.Event) -> None:
+        self._send.send_nowait(event)
+
+    # -- events --
+
+    def _apply(self, event: ev.Event) -> None:
+        if isinstance(event, ev.SpecChanged):
+            self._take_spec(event.spec, event.goal)
+            event.applied.set()
+            return
+        if isinstance(event, ev.Tick):
+            self._alarm.rang(event.at)
+            return
+        if isinstance(event, ev.Written):
+            self._intent.written(event.seq)
+            return
+        if isinstance(event, ev.RoomChecked):
+            self._scaling.room_checked(event)
+            return
+        if isinstance(event, ev.LoadChanged):
+            self._scaling.heard()  # the pass gives the autoscaler the book's new totals
+            return
+        replica = self.replicas.get(event.tag)
+        if replica is None:
+            return  # a late report about a replica already forgotten
+        if isinstance(event, ev.Started):
+            self._started(replica, event.info)
+        elif isinstance(event, ev.StartFailed):
+            self._start_failed(replica, event.error, event.traceback)
+        elif isinstance(event, ev.Stopped):
+            self._set.remove(event.tag)
+            self._scaling.gone(event.tag)
+            logger.info("replica %s stopped", replica.tag)
+        elif isinstance(event, ev.Died):
+            self._died(replica, event.reason)
+        elif isinstance(event, ev.Reconfigured):
+            self._reconfigured(replica, event)
+        else:
+            self._health.reported(replica, event.error)
+
+    def _take_spec(self, spec: Spec, goal: Goal) -> None:
+        old = self.spec
+        if spec.generation == old.generation:
+            # Paused or resumed with nothing to roll out: the same spec and goal, noted.
+            self.spec = spec
+            self.journal.event("Paused" if spec.paused else "Resumed", view.describe_pause(spec))
+            return
+        self.goal.supersede()
+        self.spec, self.goal = spec, goal
+        # A new spec is a new attempt: the failures of the one it replaces do not carry over.
+        self._failures.new_generation()
+        self._set.set_failed(None)
+        self._change = view.classify(old, spec, self.revisions.get(spec.revision))
+        self.journal.event("Delete" if spec.deleting else "Deploy", view.describe_change(old, spec))
+        self._rollout.taken(old, spec, trio.current_time())
+        if spec.force:
+            self._set.cut_drains()
+        self._scaling.configure(spec.backend_config, trio.current_time())
+        period = spec.backend_config.health_check_period_s
+        if period != old.backend_config.health_check_period_s:
+            self._health.reschedule(self.replicas, trio.current_time(), period)
+        self._snapshot_dirty = True
+
+    def _started(self, replica: Replica, info: ReplicaInfo) -> None:
+        replica.scope = None
+        if replica.state is ReplicaState.STOPPING:
+            self._spawn_stop(replica)  # ready just as the loop decided to stop it
+            return
+        if self._set.running(replica, info):
+            self._intent.touched()  # stored with the next write; no action waits on it
+        self._snapshot_dirty = True
+        of_target = replica.version == self.spec.version
+        self._failures.ready(of_target)
+        if of_target:
+            self._rollout.ready(replica, trio.current_time())
+        self._health.begin(replica, self.spec.backend_config)
+        logger.info("replica %s RUNNING at %s", replica.tag, info.address)
+
+    def _start_failed(self, replica: Replica, error: str | None, traceback: str | None) -> None:
+        replica.scope = None
+        if replica.state is ReplicaState.STOPPING:
+            self._spawn_stop(replica)  # the loop stopped it; its start task has ended
+            return
+        if error is None:
+            timeout = self.spec.backend_config.start_timeout_s
+            error = f"ReplicaStartTimeout: not ready within start_timeout_s={timeout:g}"
+        if replica.adopted:
+            # Not a failed start of the version: the plan simply replaces it.
+            logger.warning("replica %s: adoption failed (%s); replacing it", replica.tag, error)
+            self.journal.event("AdoptionFailed", f"replica {replica.tag}: {error}; replacing it")
+        else:
+            of_target = replica.version == self.spec.version
+            self._reports.start_failed(replica.tag, of_target, error, traceback)
+        self._stop_now(replica, graceful=False)  # what a failed start left behind
+
+    def _died(self, replica: Replica, reason: str) -> None:
+        if replica.state is ReplicaState.STOPPING:
+            return  # being stopped anyway; its stop task reports when it is gone
+        self._rollout.replica_failed(replica, f"died: {reason}", trio.current_time())
+        if replica.state is ReplicaState.STARTING:
+            of_target = replica.version == self.spec.version
+            self._reports.start_failed(replica.tag, of_target, reason, None)
+        else:
+            self._reports.failure(replica.tag, "Died", f"died: {reason}")
+        self._stop_now(replica, graceful=False)
+
+    def _reconfigured(self, replica: Replica, event: ev.Reconfigured) -> None:
+        replica.scope = None
+        if replica.state is ReplicaState.STOPPING:
+            self._spawn_stop(replica)  # stopped while it reconfigured; that task has ended
+            return
+        error = event.error
+        if error is None and event.cut:
+            error = "ReconfigureTimeout: no answer within start_timeout_s"
+        if error is None:
+            replica.state = ReplicaState.RUNNING
+            spec = self.spec
+            if event.config_digest == spec.config_digest:
+                self._set.set_config(replica, event.config_digest, spec.revision)
+                self._rollout.ready(replica, trio.current_time())
+            else:
+                self._set.set_config(replica, event.config_digest)
+            self._health.begin(replica, spec.backend_config)
+            logger.info("replica %s reconfigured", replica.tag)
+            return
+        message = f"reconfigure failed: {error}"
+        spec = self.spec
+        if (
+            self._failures.blocked is None
+            and spec.rollback is not None
+            and event.config_digest == spec.config_digest
+        ):
+            # An in-place change is a rollout too: its first failure halts it. The replicas
+            # not reconfigured yet keep the config before it; this one is taken back to it (the
+            # plan does that), or replaced with it if that fails too.
+            back = "taking it back to the config before"
+            self._reports.failure(replica.tag, "ReconfigureFailed", message, then=back)
+            reason = f"the new user config failed in replica {replica.tag}: {error}"
+            self._reports.deploy_failed("ReconfigureFailed", reason)
+            replica.state = ReplicaState.RUNNING
+            self._set.set_config(replica, UNKNOWN_CONFIG)
+            return
+        self._reports.failure(replica.tag, "ReconfigureFailed", message)
+        self._stop_now(replica, graceful=True)
+
+    def _ready_changed(self) -> None:
+        self._snapshot_dirty = True
+
+    def _check_failed(self, replica: Replica, error: str) -> None:
+        """A failed or late health check (the replica is out of the watch snapshot already):
+        replaced after `health_check_failure_threshold` in a row (not live)."""
+        threshold = self.spec.backend_config.health_check_failure_threshold
+        what = f"failed a health check: {error}"
+        self._rollout.replica_failed(replica, what, trio.current_time())
+        self.journal.event(
+            "Unhealthy",
+            f"replica {replica.tag}: health check {replica.check_failures}/{threshold} "
+            f"failed: {error}",
+        )
+        if replica.check_failures >= threshold:
+            self._reports.failure(replica.tag, "Unhealthy", f"unhealthy: {error}")
+            self._stop_now(replica, graceful=True)
+
+    # -- one pass --
+
+    async def _pass(self) -> bool:
+        """Plan, publish, act. True once a deleted backend is gone for good."""
+        spec = self.spec
+        config = spec.backend_config
+        now = trio.current_time()
+        config_digest, user_config = self._config_to_hold()
+        # A deadline that passed fails the rollout before this pass decides anything.
+        self._rollout.check_deadline(now, self._converged)
+        autoscaled = self._scaling.autoscaled and not spec.deleting
+        if autoscaled:
+            changed = self._scaling.evaluate(now, self._not_ready)
+            if self._load_only and not changed:
+                # New load and the same count: nothing else moved, so the plan is the last
+                # one (a backend of 10,000 replicas is not walked ten times a second).
+                self._arm_timer(now)
+                return False
+        count = self._scaling.count(self._held(), now) if autoscaled else None
+        if count is None:
+            self._scaling.not_autoscaled()
+        target = spec.target(
+            config_digest,
+            blocked=self._failures.starts_blocked,
+            deferred=self._failures.deferred(now),
+            replicas=count,
+            halted=self._failures.halted,
+        )
+        plan = decide(target, self.replicas.values(), self._set.census)
+        self._observed_generation = spec.generation
+        # A count held back until the runtime says whether there is room is not the goal: a
+        # new autoscaled backend at 0 of its 1 is not done.
+        converged = plan.converged and not (autoscaled and self._scaling.asking_room)
+        self._converged = converged
+        if converged:
+            self._scaling.converged()
+            self._rollout.converged(now, target.num_replicas)
+
+        stops = [self.replicas[tag] for tag in plan.stop]
+        for replica in stops:
+            graceful = not spec.force and replica.state is not ReplicaState.STARTING
+            self._begin_stop(replica, graceful=graceful)
+        starts = [
+            self._set.add(
+                new_tag(self.name, self.replicas),
+                spec.version,
+                config_digest,
+                revision=spec.revision,
+            )
+            for _ in range(plan.start)
+        ]
+        updates = [self.replicas[tag] for tag in plan.reconfigure]
+        if user_config is None:
+            # Only a config that is not None is handed to replicas (new ones get none either):
+            # those that had one are up to date as they are.
+            for replica in updates:
+                self._set.set_config(replica, config_digest)
+            updates = []
+        for replica in updates:
+            replica.state = ReplicaState.UPDATING
+            replica.scope = trio.CancelScope()
+
+        # Watchers first: a replica leaves the snapshot before it is asked to drain.
+        self._publish()
+        for replica in stops:
+            self._spawn_stop(replica)
+        for replica in starts:
+            self._spawn_bring_up(replica, adopt=False)
+        for replica in updates:
+            self._tasks.reconfigure(replica, user_config, config_digest, config.start_timeout_s)
+        self.journal.decision(spec.version, len(starts), [r.version for r in stops], len(updates))
+        self._health.run_due(now, self.replicas, config)
+        self._publish()  # a late health check may have taken a replica out
+        self._arm_timer(now)
+
+        if converged:
+            if spec.deleting:
+                return await self._forget()
+            if not self._rollout.active:  # nor within a new replica's min_ready_s
+                if not self.goal.done:
+                    self.journal.reached(spec.generation)
+                self.goal.complete()
+        # Let the tasks just started (and watchers just woken) run before the next pass, so a
+        # burst of events is coalesced instead of handled one pass each.
+        await trio.lowlevel.checkpoint()
+        return False
+
+    def _config_to_hold(self) -> tuple[str, JSON]:
+        return self.spec.config_to_hold(rolled_back=self._failures.blocked == "ReconfigureFailed")
+
+    def _not_ready(self) -> int:
+        """Replicas of the target version asked for and not serving yet (the autoscaler counts
+        them as fully loaded before it scales down)."""
+        return self._set.census.not_ready(self.spec.version)
+
+    def _held(self) -> int:
+        census = self._set.census
+        return census.total - census.count(ReplicaState.STOPPING)
+
+    @property
+    def desired(self) -> int:
+        """The replica count it moves to: the autoscaler's (as far as it fits), or the
+        config's."""
+        return self._scaling.desired(self.spec.backend_config.num_replicas)
+
+    def _arm_timer(self, now: float) -> None:
+        """Wake the loop at the next health check, backoff end or autoscaler window."""
+        rollout = self._rollout.next_at(self._converged)
+        when = min(self._health.next_at, self._scaling.next_at, rollout)
+        if self._failures.backoff_until > now:
+            when = min(when, self._failures.backoff_until)
+        self._alarm.ask(when)
+
+    # -- replicas --
+
+    def _begin_stop(self, replica: Replica, *, graceful: bool) -> None:
+        if self._set.begin_stop(replica, graceful=graceful):
+            self._snapshot_dirty = True  # out of the watch snapshot before it is asked to drain
+        logger.info("replica %s STOPPING (%s)", replica.tag, "drain" if graceful else "kill")
+
+    def _stop_now(self, replica: Replica, *, graceful: bool) -> None:
+        self._begin_stop(replica, graceful=graceful)
+        self._spawn_stop(replica)
+
+    def _spawn_stop(self, replica: Replica) -> None:
+        grace = self.spec.backend_config.graceful_shutdown_timeout_s
+        if replica.resumed_stop and replica.stopping_since is not None:
+            # A stop begun before (by a controller that crashed or lost its lease): only what
+            # is left of its deadline, or a takeover after another would drain for ever.
+            grace = max(0.0, replica.stopping_since + grace - time.time())
+        self._tasks.stop(replica, grace)
+
+    def _spawn_bring_up(self, replica: Replica, *, adopt: bool) -> None:
+        spec = None
+        if not adopt:
+            spec = self.spec.replica_spec(self.name, replica, self._config_to_hold()[1])
+        self._tasks.bring_up(replica, spec, self.spec.backend_config.start_timeout_s)
+
+    def _publish(self) -> None:
+        if self._snapshot_dirty:
+            self._snapshot_dirty = False
+            hub = self._shared.hub
+            hub.publish(
+                view.snapshot_of(
+                    self.name, hub.next_id(), self.spec, self._set.serving, self.forgotten
+                )
+            )
+
+    async def _forget(self) -> bool:
+        if not self._intent.idle:
+            return False  # a write is in flight or due; its Written event brings another pass
+        async with self.lock:
+            if self._shared.requested(self.name) != self.spec.generation or self.replicas:
+                return False  # a deploy came in while we waited for the lock: its spec is next
+            name = self.name
+            keys = [spec_key(name), replicas_key(name), events_key(name), revisions_key(name)]
+            await self._intent.forget(keys + self._set.page_keys())
+            self.forgotten = True
+            self._snapshot_dirty = True
+            self._publish()
+            self.goal.complete()
+            self._shared.on_forgotten(self)
+            logger.info("backend %s deleted", self.name)
+            return True
+
+    # -- views --
+
+    def numbers(self) -> BackendNumbers:
+        """Its counts, from the census and the load book: no replica is walked."""
+        census = self._set.census
+        load = self._scaling.load(trio.current_time())
+        desired = 0 if self.spec.deleting else self.desired
+        ready = census.count(ReplicaState.RUNNING) + census.count(ReplicaState.UPDATING)
+        return BackendNumbers(self.name, desired, ready, load.in_flight, load.queued)
+
+    def status(self, *, summary: bool = False) -> BackendStatus:
+        """Its status; a `summary` leaves out replicas and events, and walks no replica."""
+        return view.status_of(
+            self.name,
+            self.spec,
+            None if summary else self.replicas.values(),
+            view.Tally.of(self._set.census, self._set.unhealthy),
+            self._failures,
+            goal=self.goal,
+            observed_generation=self._observed_generation,
+            converged=self._converged,
+            change=self._change,
+            last_error=(self.journal.last_error, self.journal.last_traceback),
+            events=self.journal.log.events,
+            load=self._scaling.load(trio.current_time()),
+            desired=self.desired if self._scaling.autoscaled else None,
+            autoscaler=self._scaling.status(self.spec.backend_config.num_replicas),
+            scaling=self._scaling.under_way,
+            revisions=self.revisions,
+        )

@@ -1,0 +1,238 @@
+"""How the rollout of a backend's revision goes: progress and its deadline, the ``min_ready_s``
+watch over new replicas, the outcome (noted in the revision book and stored with the replicas),
+and what a failure does: halt, or ask the controller to roll back.
+
+The backend's loop feeds it (a new spec, a replica ready, a replica failed, a pass) with the time;
+it never acts on replicas itself: a failed rollout fails the deploy (``FailureReports``), which
+blocks new starts ("halt"), and a rollback is a new spec, which only the controller writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import final
+
+from .._model.checkpoint import RolloutRecord
+from .._model.failures import FailureBook
+from .._model.revisions import Revision, RevisionBook
+from .failure_reports import Stored
+from .history import Journal
+from .observe import Observer
+from .replica import Replica, Spec
+
+logger = logging.getLogger("controller")
+
+
+@final
+class Rollout:
+    """The rollout of one backend's current revision. `spec` gives the spec the loop works
+    toward; `deploy_failed` fails the deploy (and calls back ``failed``); `roll_back` asks the
+    controller to undo a failed revision."""
+
+    def __init__(
+        self,
+        name: str,
+        book: RevisionBook,
+        journal: Journal,
+        *,
+        touched: Callable[[], None],
+        spec: Callable[[], Spec],
+        failures: FailureBook,
+        deploy_failed: Callable[[Stored, str], None],
+        roll_back: Callable[[str, int], None],
+        observer: Observer,
+    ):
+        self.name = name
+        self.book = book
+        self._journal = journal
+        self._touched = touched
+        self._spec = spec
+        self._failures = failures
+        self._deploy_failed = deploy_failed
+        self._roll_back = roll_back
+        self._observer = observer
+        self.revision: int | None = None
+        self.active = False
+        """Under way: neither complete nor failed."""
+        self.last_progress = -math.inf
+        """When it began, or a new replica of its revision last became ready (trio time)."""
+        self.settled_at = -math.inf
+        """When the newest of its replicas has been ready for ``min_ready_s``."""
+        self._roll_back_at_start = False
+
+    # -- a new spec, a restart --
+
+    def begin(self, revision: int | None, now: float) -> None:
+        """Roll out `revision` from now on (a new one, or one tried again)."""
+        self.revision, self.active = revision, revision is not None
+        self.last_progress, self.settled_at = now, -math.inf
+        if self.book.mark(revision, outcome="in_progress", error=None) is not None:
+            self._touched()
+
+    def taken(self, old: Spec, new: Spec, now: float) -> None:
+        """The loop took `new` over `old`: a rollout begins if it runs another revision, or
+        tries again one that failed."""
+        kept = self.book.get(new.revision)
+        if not new.deleting and (
+            old.deleting
+            or new.revision != old.revision
+            or (kept is not None and kept.outcome == "failed")
+        ):
+            self.begin(new.revision, now)
+
+    def restore(self, record: RolloutRecord | None, now: float) -> None:
+        """After a restart: how the rollout of the spec's revision went, as stored. One under
+        way starts its deadline afresh (a restart never makes it fire sooner); one that failed
+        with ``on_failure = "rollback"`` and was not rolled back yet is, once the loop runs."""
+        spec = self._spec()
+        revision = spec.revision
+        kept = self.book.get(revision)
+        if record is not None and record.revision == revision:
+            kept = self.book.mark(
+                revision, outcome=record.outcome, good=record.good, error=record.error
+            )
+            self.revision, self.active = revision, record.outcome == "in_progress"
+            self.last_progress = now
+        elif kept is not None and kept.outcome in ("complete", "failed"):
+            self.revision, self.active = revision, False
+        else:
+            self.begin(revision, now)
+        self._roll_back_at_start = (
+            self._failures.blocked is not None
+            and kept is not None
+            and kept.outcome == "failed"
+            and spec.backend_config.on_failure == "rollback"
+            and not spec.deleting
+        )
+
+    def started(self) -> None:
+        """The loop runs: go on with a rollback the previous controller did not write."""
+        revision = self._spec().revision
+        if self._roll_back_at_start and revision is not None:
+            self._roll_back(self.name, revision)
+
+    # -- what the loop sees --
+
+    def ready(self, replica: Replica, now: float) -> None:
+        """`replica`, of the spec's version, became ready (or took the spec's config): progress."""
+        replica.ready_at = now
+        if self.active:
+            self.last_progress = now
+            min_ready = self._spec().backend_config.min_ready_s
+            self.settled_at = max(self.settled_at, now + min_ready)
+
+    def replica_failed(self, replica: Replica, what: str, now: float) -> None:
+        """`replica` failed (`what` happened): if it runs the revision being rolled out and
+        became ready less than ``min_ready_s`` ago, the rollout fails."""
+        spec = self._spec()
+        min_ready = spec.backend_config.min_ready_s
+        if (
+            not self.active
+            or replica.version != spec.version
+            or self._failures.blocked is not None
+            or now >= replica.ready_at + min_ready
+        ):
+            return
+        after = now - replica.ready_at
+        self._deploy_failed(
+            "UnhealthyAfterReady",
+            f"replica {replica.tag} of revision {spec.revision} {what}, {after:g}s after it "
+            f"became ready (min_ready_s={min_ready:g})",
+        )
+
+    def converged(self, now: float, count: int) -> None:
+        """A pass found the replicas what the spec asks (`count` of them): complete, once the
+        newest has been ready for ``min_ready_s``."""
+        if self.active and not self._spec().deleting and now >= self.settled_at:
+            self._complete(count)
+
+    def check_deadline(self, now: float, converged: bool) -> None:
+        """Before a pass: a rollout that has not converged and made no progress within
+        ``progress_deadline_s`` fails."""
+        spec = self._spec()
+        config = spec.backend_config
+        if (
+            self.active
+            and not converged
+            and not spec.deleting
+            and self._failures.blocked is None
+            and now >= self.deadline(config.progress_deadline_s)
+        ):
+            self._deploy_failed(
+                "ProgressDeadlineExceeded",
+                f"ProgressDeadlineExceeded: no new replica of revision {self.revision} became "
+                f"ready within progress_deadline_s={config.progress_deadline_s:g}",
+            )
+
+    def deadline(self, progress_deadline_s: float) -> float:
+        return self.last_progress + progress_deadline_s if self.active else math.inf
+
+    def next_at(self, converged: bool) -> float:
+        """When the loop should look again: the deadline, or the end of the min-ready watch."""
+        if not self.active:
+            return math.inf
+        if converged:
+            return self.settled_at
+        return self.deadline(self._spec().backend_config.progress_deadline_s)
+
+    # -- outcomes --
+
+    def _complete(self, count: int) -> None:
+        """Every replica runs the revision (and stayed healthy long enough): done. It is
+        `good` (an undo may go back to it) if it served at full count, one replica or more."""
+        self.active = False
+        self.book.mark(self.revision, outcome="complete", good=count > 0, error=None)
+        self._touched()
+        self._journal.event(
+            "RolloutComplete", f"revision {self.revision}: complete, {count} serving"
+        )
+        self._observer.rollout(self.name, "complete")
+        logger.info("backend %s: rollout of revision %s complete", self.name, self.revision)
+
+    def failed(self, reason: str) -> str:
+        """The deploy failed: if its rollout was under way, it has failed. Returns what
+        follows, for the goal's error, the events and the revision's own error."""
+        revision = self.revision
+        if not self.active or revision is None:
+            return ""
+        self.active = False
+        then = self._then(revision)
+        self.book.mark(revision, outcome="failed", error=f"{reason.rstrip('.')}; {then}")
+        self._touched()
+        self._observer.rollout(self.name, "failed")
+        return then
+
+    def _then(self, revision: int) -> str:
+        """What a failed rollout of `revision` does: halt, or ask for a rollback."""
+        if self._spec().backend_config.on_failure != "rollback":
+            return "the rollout is halted where it is (on_failure=halt)"
+        target = rollback_target(self.book, revision)
+        if isinstance(target, str):
+            return f"{target}: halted"
+        self._roll_back(self.name, revision)
+        return f"rolling back to revision {target.number} (on_failure=rollback)"
+
+    def record(self) -> RolloutRecord | None:
+        """What the store keeps of it, with the replicas."""
+        kept = self.book.get(self.revision)
+        if kept is None or self.revision is None:
+            return None
+        return RolloutRecord(self.revision, kept.outcome, kept.good, kept.error)
+
+
+def rollback_target(book: RevisionBook, failed: int) -> Revision | str:
+    """Where an automatic rollback of revision `failed` goes: the newest revision that
+    completed with every replica serving, or why there is none. Never further back than that:
+    if the newest good revision is what failed (a rollback that failed too, or a good release
+    that fails now), the rollout halts rather than go to an older release."""
+    revision = book.get(failed)
+    if revision is not None and revision.automatic:
+        return "the automatic rollback failed too"
+    target = book.last_good()
+    if target is None:
+        return "no earlier revision completed, so there is none to roll back to"
+    if revision is not None and target.digest == revision.digest:
+        return "the last good revision is what failed"
+    return target

@@ -1,0 +1,158 @@
+"""A backend's load and the count its autoscaler sets: the part of the backend's loop that hears
+load and decides how many replicas it should have.
+
+The loop owns it and calls it: load reports (the ingresses', the replicas' own) go to the book
+and ask the loop for one pass; each pass of an autoscaled backend evaluates the autoscaler
+(``_model.autoscale``, pure) and asks the capacity gate (``Room``) how far its count may go.
+It walks no replicas itself: what it needs of them, the loop hands it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import final
+
+from .._model.checkpoint import AutoscaleRecord
+from .._model.config import BackendConfig
+from .._model.status import AutoscalerStatus, BackendLoad, BackendReason, BackendState, LoadReport
+from . import events as ev
+from .autoscaler import Autoscaler, Room
+from .history import Journal
+from .intent import Intent
+from .load import LoadBook
+from .observe import Observer
+
+
+@final
+class Scaling:
+    """One backend's load book, autoscaler and capacity gate, and the count they set."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        room: Callable[[str, int], Awaitable[int]],
+        observer: Observer,
+        intent: Intent,
+        journal: Journal,
+        start_task: Callable[..., None],
+        send: Callable[[ev.Event], None],
+    ):
+        self._send = send
+        self._book = LoadBook()
+        self._pending = False  # a LoadChanged is on its way to the loop
+        self._desired: int | None = None  # the autoscaler's count, as far as it fits
+        self.under_way: tuple[BackendState, BackendReason] | None = None
+        """The autoscaler changed the count and the replicas have not caught up yet."""
+        self.scaler = Autoscaler(
+            name,
+            changed=intent.changed,
+            touched=intent.touched,
+            event=journal.event,
+            decided=lambda d: observer.autoscaled(name, d.previous, d.target),
+        )
+        self._room = Room(lambda wanted: room(name, wanted), start_task, send)
+
+    @property
+    def autoscaled(self) -> bool:
+        return self.scaler.target is not None
+
+    # -- what is heard --
+
+    def report(self, report: LoadReport, now: float) -> None:
+        """A source's latest load: the loop hears of it once however many arrive first."""
+        if self._book.take(report, now):
+            self._changed()
+
+    def report_own(self, tag: str, ongoing: int | None) -> None:
+        """What a live replica says of its own load (None: it no longer says)."""
+        if self._book.forget_own(tag) if ongoing is None else self._book.take_own(tag, ongoing):
+            self._changed()
+
+    def heard(self) -> None:
+        """The loop took the LoadChanged event: the next report sends another."""
+        self._pending = False
+
+    def room_checked(self, event: ev.RoomChecked) -> None:
+        self._room.checked(event)
+
+    def gone(self, tag: str) -> None:
+        """Replica `tag` is gone: what it said of its load no longer counts."""
+        self._book.forget_own(tag)
+
+    def _changed(self) -> None:
+        if not self._pending:
+            self._pending = True
+            self._send(ev.LoadChanged())
+
+    # -- specs and the store --
+
+    def configure(self, config: BackendConfig, now: float) -> None:
+        self.scaler.configure(config, now)
+
+    def restore(self, record: AutoscaleRecord | None, config: BackendConfig, now: float) -> None:
+        self.scaler.restore(record, config, now)
+
+    def record(self) -> AutoscaleRecord | None:
+        return self.scaler.record()
+
+    # -- a pass --
+
+    def evaluate(self, now: float, not_ready: Callable[[], int]) -> bool:
+        """Evaluate the autoscaler on the load now; True if it changed its count."""
+        return self.scaler.evaluate(self._book.ongoing(now), not_ready, now)
+
+    def count(self, held: int, now: float) -> int:
+        """The autoscaler's count, as far as the runtime fits it (`held` replicas are there)."""
+        wanted = self.scaler.target
+        assert wanted is not None
+        count = self._room.count(wanted, held, now)
+        if self._desired is not None and count != self._desired:
+            # A change under way until the replicas catch up, as after a deploy.
+            up = count > self._desired
+            self.under_way = (
+                (BackendState.UPSCALING, "ScaleUp")
+                if up
+                else (BackendState.DOWNSCALING, "ScaleDown")
+            )
+        self._desired = count
+        return count
+
+    @property
+    def asking_room(self) -> bool:
+        """Whether the runtime is being asked for room: until it answers, the count is what is
+        held, not what the autoscaler wants, and nothing has converged."""
+        return self._room.asking
+
+    def as_stored(self) -> None:
+        """For a standby's view: the stored target, as the leader had it (a standby asks the
+        runtime for no room)."""
+        self._desired = self.scaler.target
+
+    def not_autoscaled(self) -> None:
+        self._desired = None
+
+    def converged(self) -> None:
+        self.under_way = None
+
+    @property
+    def next_at(self) -> float:
+        """When the windows, the rate limits, the zero delay or the capacity gate want a pass."""
+        return min(self.scaler.next_at, self._room.next_at)
+
+    # -- views --
+
+    def desired(self, num_replicas: int) -> int:
+        """The count the backend moves to: the autoscaler's as far as it fits, or `num_replicas`
+        for one that is not autoscaled."""
+        if self.scaler.target is None or self._desired is None:
+            return num_replicas
+        return self._desired
+
+    def load(self, now: float) -> BackendLoad:
+        return self._book.load(now)
+
+    def status(self, num_replicas: int) -> AutoscalerStatus | None:
+        wanted, desired = self.scaler.target, self.desired(num_replicas)
+        capped = desired if wanted is not None and desired < wanted else None
+        return self.scaler.status(capped)

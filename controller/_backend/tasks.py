@@ -1,0 +1,285 @@
+"""The tasks a backend's loop starts for its replicas: bring up, reconfigure, check, stop.
+
+Each is a plain function of the runtime, its limits and a `send` callable; each reports with
+exactly one event and leaves every decision, a stop included, to the loop. They never see the
+backend. A task's own scope carries its timeout; the controller closing cancels it without a
+report (the next controller takes over from the store). ``Launcher`` starts them, each once the
+intent behind it is durable.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Coroutine
+from functools import partial
+from typing import Any, final
+
+import trio
+
+from .._model.errors import ReplicaError
+from .._model.json_values import JSON
+from .._ports.runtime import ReplicaInfo, ReplicaSpec, Runtime
+from . import events as ev
+from .intent import Intent
+from .replica import Replica
+
+logger = logging.getLogger("controller")
+
+Send = Callable[[ev.Event], None]
+
+#: How long a kill may take before the controller gives up on it (and logs it). Kills are shielded
+#: from cancellation, so this bound is what keeps a stuck runtime from hanging a shutdown.
+KILL_TIMEOUT_S = 30.0
+
+
+async def bring_up(
+    runtime: Runtime, tag: str, spec: ReplicaSpec | None, scope: trio.CancelScope, send: Send
+) -> None:
+    """Start (or, without a spec, adopt) a replica within `scope`, whose deadline is its start
+    timeout. Reports Started, or StartFailed (with no error if `scope` was cancelled)."""
+    error: str | None = None
+    traceback: str | None = None
+    with scope:
+        try:
+            if spec is None:
+                result = await runtime.adopt_replica(tag)
+            else:
+                result = await runtime.start_replica(spec)
+        except ReplicaError as exc:
+            error, traceback = exc.summary, exc.traceback
+        except Exception as exc:
+            # A runtime that fails this way is broken for this replica, not for the others.
+            logger.exception("runtime error starting %s", tag)
+            error = f"{type(exc).__name__}: {exc}"
+        else:
+            info = result if isinstance(result, ReplicaInfo) else ReplicaInfo(result)
+            send(ev.Started(tag, info))
+            return
+    send(ev.StartFailed(tag, error, traceback))
+
+
+async def reconfigure(
+    runtime: Runtime,
+    tag: str,
+    user_config: JSON,
+    config_digest: str,
+    scope: trio.CancelScope,
+    send: Send,
+) -> None:
+    """Hand a running replica a user config within `scope`. Reports Reconfigured."""
+    error: str | None = None
+    with scope:
+        try:
+            await runtime.reconfigure_replica(tag, user_config)
+        except ReplicaError as exc:
+            error = exc.summary
+        except Exception as exc:
+            logger.exception("runtime error reconfiguring %s", tag)
+            error = f"{type(exc).__name__}: {exc}"
+    send(ev.Reconfigured(tag, config_digest, error, cut=scope.cancelled_caught))
+
+
+async def checks(runtime: Runtime, tags: list[str], limit_s: float, send: Send) -> None:
+    """Run one wave of health checks (of replicas due together), each bounded by `limit_s`.
+    Reports HealthChecked for each, as it answers or at the deadline. The wave shares one
+    deadline and one task group: a check is the commonest thing a backend at rest does, so it
+    costs a task, not a task and a scope of its own."""
+    unanswered = set(tags)
+
+    async def one(tag: str) -> None:
+        error: str | None = None
+        try:
+            await runtime.check_health_replica(tag)
+        except ReplicaError as exc:
+            error = exc.summary
+        except Exception as exc:
+            # A bug in the runtime, not in the replica: say where, then count it as failed.
+            logger.exception("runtime error checking the health of %s", tag)
+            error = f"{type(exc).__name__}: {exc}"
+        unanswered.discard(tag)
+        send(ev.HealthChecked(tag, error))
+
+    with trio.move_on_after(limit_s):
+        if len(tags) == 1:
+            await one(tags[0])
+        else:
+            async with trio.open_nursery() as nursery:
+                for tag in tags:
+                    nursery.start_soon(one, tag)
+    late = f"HealthCheckTimeout: no answer within health_check_timeout_s={limit_s:g}"
+    for tag in tags:
+        if tag in unanswered:
+            send(ev.HealthChecked(tag, late))
+
+
+async def stop(
+    runtime: Runtime, tag: str, grace_s: float, drain_scope: trio.CancelScope | None, send: Send
+) -> None:
+    """Drain (within `grace_s`, and `drain_scope`, which a forced delete cancels), then kill.
+    No drain if `drain_scope` is None. Reports Stopped."""
+    if drain_scope is not None and grace_s > 0:
+        await drain(runtime, tag, grace_s, drain_scope)
+    await kill_replica(runtime, tag)
+    send(ev.Stopped(tag))
+
+
+async def drain(runtime: Runtime, tag: str, grace_s: float, scope: trio.CancelScope) -> None:
+    """Drain within `grace_s`, in `scope` (which a forced delete cancels): the grace is the
+    scope's deadline, not a scope of its own, as every stop drains."""
+    deadline = trio.current_time() + grace_s
+    scope.deadline = min(scope.deadline, deadline)
+    with scope:
+        try:
+            await runtime.drain_replica(tag)
+        except Exception as exc:
+            logger.warning("replica %s: drain failed (%s); killing it now", tag, exc)
+    if scope.cancelled_caught and trio.current_time() >= deadline:
+        logger.info("replica %s: drain not done within %gs; killing it", tag, grace_s)
+
+
+async def kill_replica(runtime: Runtime, tag: str) -> None:
+    """Kill a replica, shielded and bounded: a kill that has begun finishes even when the
+    controller is closing, so no replica is left half-stopped, and a stuck runtime cannot hang
+    the close for longer than KILL_TIMEOUT_S."""
+    with trio.move_on_after(KILL_TIMEOUT_S, shield=True) as scope:
+        try:
+            await runtime.kill_replica(tag)
+        except Exception:
+            logger.exception("replica %s: kill failed", tag)
+    if scope.cancelled_caught:
+        logger.error("replica %s: kill did not finish within %gs", tag, KILL_TIMEOUT_S)
+
+
+Task = Callable[..., Coroutine[Any, Any, None]]
+
+
+@final
+class Launcher:
+    """Starts a backend's replica tasks, each one once the intent behind it is durable. It
+    reads the replicas it is handed; it writes nothing of them.
+
+    Replica tasks run in waves: a nursery inside the backend's, open while any of its tasks
+    runs, and a new one for the next task once it has closed. Trio keeps a nursery's sets of
+    tasks and scopes at the largest size they reached, so a backend that started 10,000
+    replicas at once in its own nursery would hold that much for good (~250 bytes a replica);
+    a wave's are freed with it."""
+
+    def __init__(self, runtime: Runtime, intent: Intent, send: Send):
+        self._runtime = runtime
+        self._intent = intent
+        self._send = send
+        self.nursery: trio.Nursery | None = None
+        self._wave: trio.Nursery | None = None
+        self._waiting: list[tuple[Task, tuple[object, ...]]] | None = None
+        """Tasks asked for while the next wave opens."""
+
+    def _start(self, fn: Task, *args: object) -> None:
+        if self._wave is not None:
+            try:
+                self._wave.start_soon(fn, *args)
+                return
+            except RuntimeError:
+                # Its last task has just returned: trio closes a nursery to new tasks then,
+                # before its `async with` ends.
+                self._wave = None
+        if self._waiting is None:
+            assert self.nursery is not None, "the backend's task is not running"
+            self._waiting = []
+            self.nursery.start_soon(self._run_wave)
+        self._waiting.append((fn, args))
+
+    async def _run_wave(self) -> None:
+        async with trio.open_nursery() as wave:
+            waiting, self._waiting = self._waiting or [], None
+            for fn, args in waiting:
+                wave.start_soon(fn, *args)
+            self._wave = wave
+        if self._wave is wave:
+            self._wave = None
+
+    def start_task(self, fn: Task, *args: object) -> None:
+        """Run `fn` in the backend's nursery now (for work that acts on nothing stored)."""
+        assert self.nursery is not None, "the backend's task is not running"
+        self.nursery.start_soon(fn, *args)
+
+    def stop(self, replica: Replica, grace_s: float) -> None:
+        """Stop `replica`: cancel what is in flight for it (its task then reports, and the loop
+        calls this again), or drain (if graceful) and kill it."""
+        if replica.scope is not None:
+            self._intent.act(replica.scope.cancel)
+            return
+        drain_scope = replica.drain_scope if replica.graceful else None
+        self._intent.act(
+            partial(self._start, stop, self._runtime, replica.tag, grace_s, drain_scope, self._send)
+        )
+
+    def bring_up(self, replica: Replica, spec: ReplicaSpec | None, timeout_s: float) -> None:
+        """Start (with a spec) or adopt `replica`, within `timeout_s` of asking the runtime."""
+        scope = replica.scope
+        assert scope is not None
+
+        def go() -> None:
+            # The timeout counts from when the runtime is asked, not from the decision.
+            scope.deadline = min(scope.deadline, trio.current_time() + timeout_s)
+            self._start(bring_up, self._runtime, replica.tag, spec, scope, self._send)
+
+        self._intent.act(go)
+
+    def reconfigure(
+        self, replica: Replica, user_config: JSON, config_digest: str, timeout_s: float
+    ) -> None:
+        scope = replica.scope
+        assert scope is not None
+
+        def go() -> None:
+            scope.deadline = min(scope.deadline, trio.current_time() + timeout_s)
+            self._start(
+                reconfigure,
+                self._runtime,
+                replica.tag,
+                user_config,
+                config_digest,
+                scope,
+                self._send,
+            )
+
+        self._intent.act(go)
+
+    def checks(self, tags: list[str], timeout_s: float) -> None:
+        self._start(checks, self._runtime, tags, timeout_s, self._send)
+
+    def timer(self, scope: trio.CancelScope, when: float) -> None:
+        """Wake the loop at `when` (with a Tick), unless `scope` is cancelled first."""
+        # Not in a wave: a timer is always set while checks are due, and would keep it open.
+        self.start_task(_tick, scope, when, self._send)
+
+
+@final
+class Alarm:
+    """The loop's one timer task: it wakes the loop (a Tick) at the earliest time asked of it
+    since it last rang, which is all the loop needs: each pass asks again."""
+
+    def __init__(self, launcher: Launcher):
+        self._launcher = launcher
+        self._at = math.inf
+        self._scope: trio.CancelScope | None = None
+
+    def ask(self, when: float) -> None:
+        if when >= self._at:
+            return  # it rings earlier (or on time) anyway; that pass asks again
+        if self._scope is not None:
+            self._scope.cancel()
+        self._at = when
+        self._scope = trio.CancelScope()
+        self._launcher.timer(self._scope, when)
+
+    def rang(self, at: float) -> None:
+        if at == self._at:  # not a stale tick of a timer since replaced
+            self._at, self._scope = math.inf, None
+
+
+async def _tick(scope: trio.CancelScope, when: float, send: Send) -> None:
+    with scope:
+        await trio.sleep_until(when)
+        send(ev.Tick(when))

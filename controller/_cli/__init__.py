@@ -1,0 +1,1 @@
+"""The ``controller`` command: ``run`` starts the daemon; every other command talks to its API."""

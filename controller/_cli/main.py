@@ -1,0 +1,456 @@
+"""The ``controller`` command: ``run`` is the daemon; every other command talks to its HTTP API.
+
+controller run [--config FILE] [--listen HOST:PORT] [--runtime local|ray] [--store sqlite|ray]
+controller apply -f FILE [--prune] [--wait] [--message TEXT]
+controller status [NAME] [--json]
+controller logs NAME [--replica TAG] [--follow] [--tail N]
+controller delete NAME [--wait] [--force]
+controller rollout history|undo|pause|resume|status NAME
+controller wait NAME                (the same as `controller rollout status NAME`)
+controller shutdown
+controller ingress [--listen HOST:PORT] [--workers N]
+controller scale NAME REPLICAS | --min N --max N [--wait]
+controller console [--no-open]       (a one-time login link to the web console)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from .._daemon.log_format import setup_logging
+from .._daemon.statedir import STATE_DIR_ENV, default_state_dir
+from .._model.errors import CheckpointError, ConfigError, ManifestError, StartupError
+from .._model.lease import DURATION_S, RENEW_S, LeaseTiming
+from .client import CLIError, describe_error, make_client
+from .console import add_console_parsers
+from .ingress import add_ingress_parser, describe_ingress, ingress_workers
+from .output import print_backend, print_log, print_table
+from .rollout import add_rollout_parser, seconds, wait_for
+
+#: How often ``logs --follow`` asks for what is new.
+_FOLLOW_S = 0.5
+
+
+# -- commands --
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import trio
+
+    from .._core.gc import tune_gc
+    from .._daemon.main import DaemonOptions, run_daemon
+
+    setup_logging(args.log_format)
+    try:
+        lease = LeaseTiming(duration_s=args.lease_duration, renew_s=args.lease_renew)
+    except ConfigError as exc:
+        option = {"lease_duration_s": "--lease-duration"}.get(exc.field, "--lease-renew")
+        raise CLIError(f"controller run: {option}: {exc.rule} (got {exc.value!r})", 2) from None
+    options = DaemonOptions(
+        state_dir=args.state_dir,
+        listen=args.listen,
+        runtime=args.runtime,
+        store=args.store,
+        config=args.config,
+        pythonpath=tuple(args.pythonpath),
+        ray_address=args.ray_address,
+        namespace=args.namespace,
+        allow_remote=args.allow_remote,
+        max_replicas=args.max_replicas,
+        forget_replicas=args.forget_replicas,
+        ingress_listen=None if args.no_ingress else args.ingress_listen,
+        ingress_workers=args.ingress_workers or os.cpu_count() or 1,
+        access_log=args.access_log,
+        log_format=args.log_format,
+        fork_server=not args.no_fork_server,
+        preload=tuple(args.preload),
+        shared_dir=args.shared_dir,
+        lease=lease,
+    )
+    tune_gc()  # the daemon owns its process
+    try:
+        trio.run(run_daemon, options)
+    except BaseException as exc:
+        # A start that cannot proceed says why in one line (exit 1; 2 for a bad config file,
+        # with nothing applied), wherever in the daemon's nurseries it was raised.
+        found = _one_of(exc, (ManifestError, StartupError, CheckpointError))
+        if isinstance(found, ManifestError):
+            raise CLIError(str(found), 2) from None
+        if found is not None:
+            raise CLIError(f"controller run: {found}", 1) from None
+        raise
+    return 0
+
+
+def _one_of(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
+    """`exc` if it is one of `kinds`, or the only exception inside (nested) groups of one."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, kinds) else None
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    from .._model.manifest import MAX_MANIFEST_BYTES, load_manifest
+
+    try:
+        manifest = load_manifest(args.file)
+        # The digest names the version of the file in its revisions' history. Read once more:
+        # a file rewritten in between is named by what this read saw, a moment later.
+        with args.file.open("rb") as f:
+            digest = hashlib.sha256(f.read(MAX_MANIFEST_BYTES + 1)).hexdigest()
+    except ManifestError as exc:
+        raise CLIError(str(exc), 2) from None
+    except OSError as exc:
+        raise CLIError(f"error: cannot read {args.file}: {exc.strerror or exc}", 2) from None
+    client = make_client(args)
+    result = client.ok(
+        "POST",
+        "/api/v1/apply",
+        {
+            "backends": {b.name: b.to_dict() for b in manifest.backends},
+            "prune": args.prune,
+            "source": _one_line(str(args.file)),
+            "source_digest": digest,
+            "message": args.message,
+            "via": "cli",
+        },
+    )
+    for item in result["applied"]:
+        what = "configured" if item["changed"] else "unchanged"
+        print(f"backend/{item['name']} {what} (generation {item['generation']})")
+    for item in result["deleted"]:
+        print(f"backend/{item['name']} deleted (pruned)")
+    if not args.wait:
+        return 0
+    deleting = {item["name"] for item in result["deleted"]}
+    names = [item["name"] for item in result["applied"]] + sorted(deleting)
+    ours = {item["name"]: item["generation"] for item in result["applied"]}
+    return wait_for(client, names, deleting, args.timeout, ours)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    client = make_client(args)
+    if args.name:
+        status = client.ok("GET", f"/api/v1/backends/{urllib.parse.quote(args.name)}")
+        if args.json:
+            print(json.dumps(status, indent=2))
+        else:
+            print_backend(status)
+        return 0
+    answer = client.ok("GET", "/api/v1/backends")
+    backends = answer["backends"]
+    if args.json:
+        print(json.dumps(backends, indent=2))
+        return 0
+    if not backends:
+        print("no backends")
+    else:
+        print_table(backends)
+    leadership = answer.get("leadership")
+    if isinstance(leadership, dict):
+        print(describe_leadership(leadership))
+    code, ingress = client.call("GET", "/api/v1/ingress")
+    if code == 200 and isinstance(ingress, dict) and ingress.get("listen"):
+        print(describe_ingress(ingress))
+    return 0
+
+
+def describe_leadership(leadership: dict[str, Any]) -> str:
+    """One line: who leads, since when, and what this daemon is."""
+    if leadership.get("leader") is None:
+        return f"leader: none just now (epoch {leadership.get('epoch')}); this daemon stands by"
+    role = "this daemon" if leadership.get("role") == "leader" else "another daemon"
+    line = (
+        f"leader: {role}, {leadership['leader']} (pid {leadership.get('pid')}), epoch "
+        f"{leadership.get('epoch')}, since {leadership.get('since')}, "
+        f"at {leadership.get('address')}"
+    )
+    if leadership.get("role") == "standby":
+        line += "\nthis daemon stands by: the above is the store as the leader last wrote it"
+    return line
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    client = make_client(args)
+    path = f"/api/v1/backends/{urllib.parse.quote(args.name)}/logs"
+    query: dict[str, Any] = {"tail": args.tail}
+    if args.replica:
+        query["replica"] = args.replica
+    logs = client.ok("GET", f"{path}?{urllib.parse.urlencode(query)}")["logs"]
+    if not any(entry["text"] for entry in logs):
+        print(f"backend/{args.name}: its replicas have printed nothing (yet)", file=sys.stderr)
+    several = len(logs) > 1
+    offsets: dict[str, int] = {}
+    for entry in logs:
+        print_log(entry, several)
+        offsets[entry["replica"]] = entry["offset"]
+    if not args.follow:
+        return 0
+    # New text of every replica the first read showed, and of replicas that appear meanwhile
+    # (each from its start); until Ctrl-C.
+    while True:
+        time.sleep(_FOLLOW_S)
+        sizes = {**query, "tail": 0}
+        status, payload = client.call("GET", f"{path}?{urllib.parse.urlencode(sizes)}")
+        if status >= 400:
+            raise CLIError(describe_error(status, payload))
+        for entry in payload["logs"]:
+            tag = entry["replica"]
+            if tag not in offsets:
+                offsets[tag] = 0
+            if entry["offset"] == offsets[tag]:
+                continue
+            fresh = {**query, "replica": tag, "offset": offsets[tag]}
+            chunk = client.ok("GET", f"{path}?{urllib.parse.urlencode(fresh)}")["logs"]
+            for item in chunk:
+                print_log(item, several or len(offsets) > 1)
+                offsets[tag] = item["offset"]
+        # Like `kubectl logs -f` when its pod ends: all that was written has been shown.
+        if not payload["exists"]:
+            print(f"backend/{args.name}: deleted", file=sys.stderr)
+            return 0
+        if args.replica and all(e["state"] == "GONE" for e in payload["logs"]):
+            print(f"replica {args.replica}: gone", file=sys.stderr)
+            return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    client = make_client(args)
+    path = f"/api/v1/backends/{urllib.parse.quote(args.name)}"
+    result = client.ok("DELETE", path + ("?force=true" if args.force else ""))
+    print(f"backend/{args.name} deleting (generation {result['generation']})")
+    if not args.wait:
+        return 0
+    ours = {args.name: result["generation"]}
+    return wait_for(client, [args.name], {args.name}, args.timeout, ours)
+
+
+def cmd_shutdown(args: argparse.Namespace) -> int:
+    client = make_client(args)
+    print("shutting down: draining and deleting every backend", flush=True)
+    try:
+        # Answered once every drain is over, or given up on, with what was left.
+        result = client.ok("POST", "/api/v1/shutdown", timeout=args.timeout)
+    except CLIError as exc:
+        if "cannot reach" not in str(exc):
+            raise
+        raise CLIError(
+            "error: the controller stopped before its shutdown was over (see its log); what "
+            "was not deleted yet keeps running, and the next `controller run` finishes it"
+        ) from None
+    left = result.get("left") or []
+    if left:
+        raise CLIError(
+            f"error: the controller stopped before {', '.join(left)} were deleted (see its "
+            "log); their replicas keep running, and the next `controller run` finishes the "
+            "deletes"
+        )
+    # The daemon exits next: follow the watch until it closes the connection, so that we
+    # return once it is gone, seen from wherever the CLI runs.
+    deadline = time.monotonic() + args.timeout
+    cursor = 0
+    while time.monotonic() < deadline:
+        try:
+            query = urllib.parse.urlencode({"since": cursor, "timeout_s": 30})
+            cursor = client.ok("GET", f"/api/v1/watch?{query}", timeout=40)["cursor"]
+        except CLIError:
+            print("the controller has stopped")
+            return 0
+    raise CLIError(f"the controller is still running after {args.timeout:g}s")
+
+
+# -- the parser --
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="controller", description="A replica controller on trio: daemon and CLI."
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=default_state_dir(),
+        help=f"the daemon's files: token, address, store, workers (default ${STATE_DIR_ENV} or "
+        "~/.local/state/trio-controller)",
+    )
+    parser.add_argument("--url", help="the daemon's API (default: the one in the state dir)")
+    parser.add_argument("--token", help="API token (default $CONTROLLER_TOKEN or the state dir)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the controller daemon")
+    run.add_argument("--listen", default="127.0.0.1:7070", help="HOST:PORT (default %(default)s)")
+    run.add_argument("--runtime", choices=["local", "ray"], default="local")
+    run.add_argument("--store", choices=["sqlite", "ray"], default="sqlite")
+    run.add_argument("--config", type=Path, help="a backends file to apply at start")
+    run.add_argument(
+        "--pythonpath",
+        type=Path,
+        action="append",
+        default=[],
+        help="a directory replicas import from (repeatable)",
+    )
+    run.add_argument("--ray-address", help="a running Ray cluster (with --runtime/--store ray)")
+    run.add_argument("--namespace", default="controller", help="Ray namespace (%(default)s)")
+    run.add_argument("--log-format", choices=["human", "json"], default="human")
+    run.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="listening beyond loopback is meant (plain HTTP, bearer token): no warning",
+    )
+    run.add_argument(
+        "--max-replicas",
+        type=_positive_int,
+        help="how many replicas the runtime holds (per node on Ray); default: from memory",
+    )
+    run.add_argument(
+        "--forget-replicas",
+        action="store_true",
+        help="the store is lost for good: stop the replicas of an earlier daemon it no longer "
+        "names (without this, an empty store beside live replicas stops the start)",
+    )
+    run.add_argument(
+        "--ingress-listen",
+        default="127.0.0.1:8000",
+        help="HOST:PORT of the ingress, which routes traffic to the backends (%(default)s)",
+    )
+    run.add_argument("--no-ingress", action="store_true", help="serve no ingress")
+    run.add_argument(
+        "--ingress-workers",
+        type=ingress_workers,
+        default=None,
+        metavar="N",
+        help="ingress processes sharing the port (SO_REUSEPORT); default: one per core",
+    )
+    run.add_argument(
+        "--shared-dir",
+        type=Path,
+        help="the store and the local workers, shared by daemons on this host: one leads, the "
+        "others stand by and take over (default: the state dir)",
+    )
+    run.add_argument(
+        "--lease-duration",
+        type=seconds,
+        default=DURATION_S,
+        help="how long a leader may go without renewing its lease before a standby takes over "
+        "(%(default)ss)",
+    )
+    run.add_argument(
+        "--lease-renew",
+        type=seconds,
+        default=RENEW_S,
+        help="how often the leader renews and standbys read the lease (%(default)ss; at most "
+        "a third of --lease-duration)",
+    )
+    run.add_argument("--access-log", action="store_true", help="the ingress logs each request")
+    run.add_argument(
+        "--no-fork-server",
+        action="store_true",
+        help="start each local worker as a fresh Python, not forked from a fork server",
+    )
+    run.add_argument(
+        "--preload",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="a module the fork server imports once for all local workers (repeatable)",
+    )
+    run.set_defaults(func=cmd_run)
+
+    apply = sub.add_parser("apply", help="create or update the backends of a file")
+    apply.add_argument("-f", "--file", type=Path, required=True)
+    apply.add_argument("--prune", action="store_true", help="delete backends not in the file")
+    apply.add_argument("--wait", action="store_true", help="show progress until every goal ends")
+    apply.add_argument("--timeout", type=seconds, default=600.0)
+    apply.add_argument(
+        "-m", "--message", metavar="TEXT", help="why, kept in the revisions the change makes"
+    )
+    apply.set_defaults(func=cmd_apply)
+
+    status = sub.add_parser("status", help="backends, states and replicas")
+    status.add_argument("name", nargs="?")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
+
+    logs = sub.add_parser("logs", help="a backend's replica logs (kept for gone replicas too)")
+    logs.add_argument("name")
+    logs.add_argument("--replica", help="one replica's tag (default: every one with a log)")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing what is new")
+    logs.add_argument("--tail", type=int, default=100, help="lines of each (%(default)s)")
+    logs.set_defaults(func=cmd_logs)
+
+    delete = sub.add_parser("delete", help="drain and delete a backend")
+    delete.add_argument("name")
+    delete.add_argument("--wait", action="store_true")
+    delete.add_argument("--force", action="store_true", help="skip the graceful drain")
+    delete.add_argument("--timeout", type=seconds, default=600.0)
+    delete.set_defaults(func=cmd_delete)
+
+    shutdown = sub.add_parser("shutdown", help="drain and delete everything; stop the daemon")
+    shutdown.add_argument("--timeout", type=seconds, default=180.0)
+    shutdown.set_defaults(func=cmd_shutdown)
+    add_rollout_parser(sub)
+    add_ingress_parser(sub)
+    add_console_parsers(sub)
+    return parser
+
+
+def _one_line(path: str) -> str:
+    """`path` as the history keeps a manifest's name, one line: a file name's control
+    characters (a newline, say) escaped as JSON escapes them."""
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+        return json.dumps(path)[1:-1]
+    return path
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1 (got {text})")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    code: int | str | None
+    try:
+        args = build_parser().parse_args(argv)
+        code = int(args.func(args))
+    except SystemExit as exc:  # argparse: --help, or a usage error (already printed)
+        code = exc.code
+    except CLIError as exc:
+        print(str(exc), file=sys.stderr)
+        code = exc.code
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        # A reply not shaped as a controller daemon's: another server at that address.
+        print(
+            f"error: the server answered something this CLI does not understand ({exc!r}); "
+            "is --url (or the state dir's daemon.json) a controller daemon?",
+            file=sys.stderr,
+        )
+        code = 1
+    except KeyboardInterrupt:
+        code = 130
+    except BrokenPipeError:
+        code = _reader_gone()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        code = _reader_gone()
+    sys.exit(code)
+
+
+def _reader_gone() -> int:
+    """The reader of our output went away (``| head``): what is left unsaid goes nowhere,
+    quietly, instead of a traceback at exit."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 1

@@ -1,0 +1,466 @@
+"""The daemon's ingress, in processes of its own: started, supervised and adopted by the daemon,
+so that nothing a client of the ingress sends runs on the controller's thread.
+
+`workers` processes (``controller._daemon.ingress_process``) each bind the ingress port with
+``SO_REUSEPORT`` (the kernel spreads connections over them) and follow the daemon over its
+API. Each has its own session: a Ctrl-C at the daemon's terminal does not reach it, and it
+outlives the daemon, routing on the last snapshot, as replicas do; the next daemon on the same
+state dir adopts the processes its records (``ingress/N.json``) name, if they are still the
+same processes (pid and start time) and serve what it would start. One that exits is started
+again (backoff 0.1 s to 5 s, forgiven after a minute of service) and its end is logged with the
+last lines of its log. ``controller shutdown`` stops them; so does a daemon started with
+another ingress address, or without one (``--no-ingress``), once its own serve.
+
+Each process also answers on a Unix socket of its own (``ingress/N.PID.sock``): the daemon
+reads its health and metrics there, and serves their sum on ``/metrics``. A process replacing
+one of an earlier daemon on the same port takes over its listening sockets (handed over on
+``ingress/N.PID.listeners``): closing a socket of a ``SO_REUSEPORT`` group resets the
+connections queued on it, so the old process's are never closed while they hold any.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, final
+
+import attrs
+import trio
+
+from .._api.views import iso
+from .._files import private_dir, write_private
+from .._model.errors import StartupError
+from .._procfs import describe_exit, start_time
+from .ingress_process import DRAIN_S, ingress_dir, log_path
+from .ingress_records import (
+    MODULE,
+    STOP_MARGIN_S,
+    Handle,
+    Record,
+    ask,
+    hold,
+    max_slot,
+    open_log,
+    reap,
+    record_path,
+    split,
+    stop_records,
+    tail,
+    take_listeners,
+)
+from .metrics_merge import fleet_metrics, merge_metrics
+
+logger = logging.getLogger("controller.daemon")
+
+#: Waits between starts of a process that keeps exiting.
+BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+#: A process that served this long has its earlier exits forgiven.
+FORGIVE_AFTER_S = 60.0
+#: How long a new process may take to serve (import, first answer of the watch).
+START_TIMEOUT_S = 30.0
+#: How often each process's health is asked, and after how many unanswered asks in a row it
+#: is taken for hung and killed (a stopped or stuck process: its port share is lost meanwhile).
+LIVENESS_PERIOD_S = 5.0
+HUNG_AFTER = 3
+
+State = Literal["starting", "serving", "restarting", "stopping"]
+
+
+@attrs.frozen
+class FleetOptions:
+    listen: str
+    """``HOST:PORT``; port 0: any free one (chosen once, then kept by the processes)."""
+    workers: int
+    access_log: bool = False
+    log_format: str = "human"
+
+    def digest(self) -> str:
+        """What a process must have been started with to be adopted (its address aside)."""
+        from .. import __version__
+
+        what = json.dumps([self.access_log, self.log_format, __version__, sys.executable])
+        return hashlib.sha256(what.encode()).hexdigest()[:16]
+
+
+@final
+@attrs.define(eq=False)
+class Member:
+    """One slot's process as the daemon sees it (written by that slot's supervisor alone)."""
+
+    slot: int
+    pid: int | None = None
+    state: State = "starting"
+    since: float = attrs.field(factory=time.time)
+    """When it entered its state (wall clock)."""
+    restarts: int = 0
+    last_exit: str | None = None
+    adopted: bool = False
+    """It was started by an earlier daemon."""
+
+
+@final
+class Fleet:
+    """The ingress processes of one daemon (its state dir)."""
+
+    def __init__(self, state_dir: Path, options: FleetOptions, env: Mapping[str, str]):
+        self.state_dir = state_dir
+        self.options = options
+        self.env = dict(env)
+        self.members = [Member(slot) for slot in range(options.workers)]
+        self.address = ""
+        """The port the processes serve, ``HOST:PORT`` (known once `claim`ed)."""
+        self._digest = options.digest()
+        self._adopt: dict[int, Record] = {}
+        self._retire: list[Record] = []
+        self._heirs: dict[int, list[Record]] = {}
+        """Per slot, the retired processes on this port whose listening sockets its next
+        process takes over (so that stopping them resets no queued connection)."""
+        self._holder: socket.socket | None = None
+        self.stopping = False
+        """Set by `stop`: an exit is then the end, not a cause to start another."""
+        self._handles: dict[int, Handle] = {}
+        self._exited: dict[int, trio.Event] = {}
+        """Per slot whose process runs: set once it has exited (the supervisor waits on it)."""
+
+    # -- start-up --
+
+    def claim(self) -> None:
+        """Find the processes an earlier daemon left (adopted if they serve what this one
+        would, else retired once the new ones serve), and make sure the port is free or
+        theirs. ``StartupError`` if another process holds it."""
+        try:
+            private_dir(ingress_dir(self.state_dir), "--state-dir")
+        except (OSError, ValueError) as exc:
+            raise StartupError(f"cannot use {ingress_dir(self.state_dir)}: {exc}") from None
+        host, port = split(self.options.listen)
+        live = []
+        for record in self._records():
+            if record.slot < len(self.members):
+                self.members[record.slot].restarts = record.restarts
+            if record.alive(self.state_dir):
+                live.append(record)
+                continue
+            # Gone while no daemon watched it (killed, or the machine restarted).
+            logger.warning(
+                "ingress process %d (pid %d) exited while no daemon ran; %s",
+                record.slot,
+                record.pid,
+                "starting another" if record.slot < len(self.members) else "not needed now",
+            )
+            if record.slot < len(self.members):
+                member = self.members[record.slot]
+                member.restarts += 1
+                member.last_exit = "exited while no daemon ran"
+            record.forget(self.state_dir)
+        for record in live:
+            r_host, r_port = split(record.listen)
+            same = r_host == host and (port in (0, r_port))
+            if same and record.digest == self._digest and record.slot < self.options.workers:
+                self._adopt[record.slot] = record
+            else:
+                self._retire.append(record)
+        if self._adopt:
+            self.address = next(iter(self._adopt.values())).listen
+        else:
+            ours = {r.listen for r in self._retire}
+            self._holder, self.address = hold(host, port, self.options.listen, ours)
+        # Those on another port go; those on this one are replaced in place.
+        for record in self._retire:
+            if record.listen == self.address:
+                self._heirs.setdefault(record.slot % len(self.members), []).append(record)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Supervise the processes until cancelled (they keep running). Started once each
+        serves (or `START_TIMEOUT_S` passed: late ones are logged and go on starting)."""
+        async with trio.open_nursery() as nursery:
+            serving = [trio.Event() for _ in self.members]
+            for member, event in zip(self.members, serving, strict=True):
+                nursery.start_soon(self._supervise, member, event)
+            with trio.move_on_after(START_TIMEOUT_S):
+                for event in serving:
+                    await event.wait()
+            late = [m.slot for m in self.members if m.state != "serving"]
+            if late:
+                logger.error(
+                    "ingress: process(es) %s not serving after %gs; still trying (see %s)",
+                    ", ".join(map(str, late)),
+                    START_TIMEOUT_S,
+                    ingress_dir(self.state_dir),
+                )
+            if self._holder is not None:
+                self._holder.close()
+                self._holder = None
+            # Those of an earlier daemon that this one does not adopt go, now that the new
+            # ones serve (on the same port, they overlap for a moment: no gap).
+            retired, self._retire = self._retire, []
+            await stop_records(retired, self.state_dir)
+            task_status.started()
+
+    async def _supervise(self, member: Member, serving: trio.Event) -> None:
+        record = self._adopt.pop(member.slot, None)
+        failures, up_since = 0, 0.0
+        if record is not None and not await self._answers(member.slot, record.pid):
+            # Alive but not answering (still starting, or hung): not to be trusted with the
+            # port. A new one is started, and this one stopped once the new ones serve.
+            self._retire.append(record)
+            record = None
+        while not self.stopping:
+            handle = Handle.adopt(record) if record is not None else None
+            record = None
+            if handle is not None:
+                member.adopted = True
+            else:
+                member.adopted = False
+                handle = await self._spawn(member)
+            if handle is not None:
+                exited = self._exited[member.slot] = trio.Event()
+                self._handles[member.slot] = handle
+                member.pid, member.state, member.since = handle.pid, "serving", time.time()
+                up_since = trio.current_time()
+                serving.set()
+                if member.restarts:
+                    logger.info(
+                        "ingress process %d serving again (pid %d)", member.slot, handle.pid
+                    )
+                if self._stopped():
+                    handle.signal(signal.SIGTERM)  # started while the fleet began to stop
+                hung: list[bool] = []
+                try:
+                    async with trio.open_nursery() as watch:
+                        watch.start_soon(self._until_hung, member, handle, hung)
+                        status = await handle.wait()
+                        watch.cancel_scope.cancel()
+                finally:
+                    self._handles.pop(member.slot, None)
+                    exited.set()
+                if self._stopped():
+                    return
+                member.last_exit = (
+                    f"did not answer its health check {HUNG_AFTER} times in a row, and was killed"
+                    if hung
+                    else describe_exit(status).removeprefix("worker process ")
+                )
+            member.restarts += 1
+            self._write_record(member)
+            member.state, member.since = "restarting", time.time()
+            if trio.current_time() - up_since > FORGIVE_AFTER_S:
+                failures = 0
+            failures += 1
+            wait = BACKOFF_S[min(failures, len(BACKOFF_S)) - 1]
+            logger.warning(
+                "ingress process %d (pid %s) %s; starting another in %gs%s",
+                member.slot,
+                member.pid,
+                member.last_exit,
+                wait,
+                tail(log_path(self.state_dir, member.slot)),
+            )
+            await trio.sleep(wait)
+
+    async def _until_hung(self, member: Member, handle: Handle, hung: list[bool]) -> None:
+        """Ask the process for its health every `LIVENESS_PERIOD_S`; once it has not answered
+        `HUNG_AFTER` times in a row (stopped, or stuck), kill it (its supervisor starts
+        another) and say so in `hung`. Returns only then (or is cancelled)."""
+        missed = 0
+        while True:
+            await trio.sleep(LIVENESS_PERIOD_S)
+            if self._stopped():
+                return  # a process told to stop closes its socket: that is no hang
+            missed = 0 if await self._answers(member.slot, handle.pid) else missed + 1
+            if missed >= HUNG_AFTER:
+                logger.warning(
+                    "ingress process %d (pid %d) did not answer its health check %d times in a "
+                    "row (every %gs); killing it",
+                    member.slot,
+                    handle.pid,
+                    missed,
+                    LIVENESS_PERIOD_S,
+                )
+                hung.append(True)
+                handle.signal(signal.SIGKILL)
+                return
+
+    def _stopped(self) -> bool:
+        # A method, not the attribute: it changes across the awaits of one supervisor's loop.
+        return self.stopping
+
+    async def _spawn(self, member: Member) -> Handle | None:
+        """A new process for `member`'s slot, once it serves; None if it ended first (its
+        end in `member.last_exit`)."""
+        options = self.options
+        argv = [
+            sys.executable,
+            "-P",
+            "-m",
+            MODULE,
+            "--state-dir",
+            str(self.state_dir),
+            "--slot",
+            str(member.slot),
+            "--listen",
+            self.address,
+            "--log-format",
+            options.log_format,
+        ]
+        if options.access_log:
+            argv.append("--access-log")
+        member.state, member.since = "starting", time.time()
+        inherited: list[int] = []
+        for record in self._heirs.pop(member.slot, []):
+            taken = await take_listeners(self.state_dir, record)
+            if taken:
+                logger.info(
+                    "ingress process %d takes over the listening socket of pid %d",
+                    member.slot,
+                    record.pid,
+                )
+            inherited += taken
+        for fd in inherited:
+            argv += ["--listen-fd", str(fd)]
+        log = open_log(log_path(self.state_dir, member.slot))
+        try:
+            process = await trio.lowlevel.open_process(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,  # what it says before its own logging is set up (a failed import)
+                env=self.env,
+                start_new_session=True,  # not stopped by a Ctrl-C at the daemon's terminal
+                close_fds=True,
+                pass_fds=inherited,
+            )
+        finally:
+            os.close(log)
+            for fd in inherited:
+                os.close(fd)
+        member.pid = process.pid
+        handle = Handle(process.pid, process=process)
+        self._write_record(member)
+        assert process.stdout is not None
+        said = b""
+        with trio.move_on_after(START_TIMEOUT_S):
+            async for chunk in process.stdout:
+                said += chunk
+                if b"ready\n" in said:
+                    break
+        await process.stdout.aclose()
+        if b"ready\n" in said:
+            return handle
+        if process.returncode is None and process.poll() is None:
+            # Alive but not serving in time: it is stopped, and another tried.
+            process.kill()
+        member.last_exit = describe_exit(await reap(process)).removeprefix("worker process ")
+        return None
+
+    def _write_record(self, member: Member) -> None:
+        """What the next daemon needs to adopt `member`'s process (and to go on counting)."""
+        if member.pid is None:
+            return
+        record = Record(
+            member.slot,
+            member.pid,
+            start_time(member.pid) or "",
+            self.address,
+            self._digest,
+            member.restarts,
+        )
+        write_private(record_path(self.state_dir, member.slot), json.dumps(attrs.asdict(record)))
+
+    # -- stopping --
+
+    async def stop(self) -> None:
+        """Stop every process (a shutdown, or no ingress wanted): each drains first."""
+        self.stopping = True
+        handles = dict(self._handles)
+        for member in self.members:
+            if member.slot in handles:
+                member.state, member.since = "stopping", time.time()
+        for handle in handles.values():
+            handle.signal(signal.SIGTERM)
+        # Those this daemon does not supervise (an earlier daemon's, left unadopted).
+        pids = {h.pid for h in handles.values()}
+        records = [r for r in self._records() if r.alive(self.state_dir) and r.pid not in pids]
+        await stop_records(records, self.state_dir)
+        # Their supervisors see them exit (and start no other).
+        with trio.move_on_after(DRAIN_S + STOP_MARGIN_S):
+            for slot in handles:
+                await self._exited[slot].wait()
+        for slot, handle in handles.items():
+            if not self._exited[slot].is_set():
+                handle.signal(signal.SIGKILL)
+        with trio.move_on_after(STOP_MARGIN_S):
+            for slot in handles:
+                await self._exited[slot].wait()
+        for slot in range(max(len(self.members), max_slot(self.state_dir) + 1)):
+            with contextlib.suppress(FileNotFoundError):
+                record_path(self.state_dir, slot).unlink()
+
+    def _records(self) -> list[Record]:
+        found = []
+        with contextlib.suppress(FileNotFoundError):
+            for path in sorted(ingress_dir(self.state_dir).glob("*.json")):
+                record = Record.read(path)
+                if record is not None:
+                    found.append(record)
+        return found
+
+    # -- what the API shows --
+
+    async def status(self) -> dict[str, Any]:
+        """Each process: slot, pid, state, since, restarts, last exit, and what it says of
+        itself (whether it follows the daemon)."""
+        health = await self._ask_all("/-/healthz")
+        processes = []
+        for member in self.members:
+            said = health.get(member.slot)
+            processes.append(
+                {
+                    "slot": member.slot,
+                    "pid": member.pid,
+                    "state": member.state,
+                    "since": iso(member.since),
+                    "restarts": member.restarts,
+                    "last_exit": member.last_exit,
+                    "adopted": member.adopted,
+                    "answers": said is not None,
+                    "following": bool(json.loads(said).get("connected")) if said else False,
+                }
+            )
+        return {"listen": self.address, "workers": len(self.members), "processes": processes}
+
+    async def metrics(self) -> bytes:
+        """The processes' metrics summed (as if one ingress), and the fleet's own."""
+        texts = await self._ask_all("/-/metrics")
+        merged = merge_metrics(t.decode() for t in texts.values())
+        states = [m.state for m in self.members]
+        own = fleet_metrics(states, sum(m.restarts for m in self.members))
+        return (merged + own).encode()
+
+    async def _answers(self, slot: int, pid: int) -> bool:
+        """Whether the process `pid` of `slot` answers on its own socket (it is up, not hung)."""
+        return await ask(self.state_dir, slot, pid, "/-/healthz") is not None
+
+    async def _ask_all(self, target: str) -> dict[int, bytes]:
+        """What each serving process answers to `target`, asked all at once."""
+        answers: dict[int, bytes] = {}
+
+        async def one(slot: int, pid: int) -> None:
+            said = await ask(self.state_dir, slot, pid, target)
+            if said is not None:
+                answers[slot] = said
+
+        async with trio.open_nursery() as nursery:
+            for member in self.members:
+                if member.state == "serving" and member.pid is not None:
+                    nursery.start_soon(one, member.slot, member.pid)
+        return answers

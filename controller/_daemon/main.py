@@ -1,0 +1,498 @@
+"""``controller run``: the controller as a long-running service behind its HTTP API.
+
+Start-up goes in an order that makes a failed start change nothing:
+
+1. the config file is checked in full (a fault: exit 2);
+2. the state dir is checked (ours, writable by no one else) and locked: one daemon per dir;
+3. the API's address is bound, and the ingress's port checked (free, or held by the ingress
+   processes an earlier daemon left, which are adopted);
+4. the store is opened and read, and the controller recovers: it adopts the live replicas;
+5. the config is applied, the API serves, and the ingress processes (`ingress_fleet`) are
+   started or adopted: they follow the daemon over its API, in processes of their own.
+
+A failure in 2-4 raises ``StartupError``, one line that says what and what to do; every replica
+is left exactly as it was (recovery is the first step that touches one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import logging.handlers
+import os
+import secrets
+import signal
+import socket
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Literal
+
+import attrs
+import hypercorn.config
+import hypercorn.trio
+import trio
+
+from .._api.app import Api, LogSource
+from .._api.metrics import Metrics
+from .._api.serving import Serving
+from .._api.timeline import Timelines
+from .._api.timeline import record as record_timelines
+from .._backend.tasks import KILL_TIMEOUT_S
+from .._core.controller import Controller
+from .._files import create_private
+from .._leadership.keeper import Leadership, holder_name
+from .._model.errors import (
+    ConfigError,
+    ControllerError,
+    StartupError,
+)
+from .._model.lease import LeaseTiming
+from .._model.manifest import load_manifest
+from .._ports.runtime import Runtime
+from .._ports.store import LeaseStore
+from .ingress_fleet import Fleet, FleetOptions
+from .ingress_records import stop_leftovers
+from .listen import bound
+from .log_format import private_log
+from .roles import STARTUP_ERRORS, Roles, leader_status, role_of, startup_reason
+from .statedir import (
+    STATE_DIR_ENV,
+    TOKEN_ENV,
+    address_path,
+    check_private,
+    kept_token,
+    locked,
+    log_path,
+    mark_stopping,
+    token_path,
+    write_address,
+    write_token,
+)
+
+logger = logging.getLogger("controller.daemon")
+
+#: Beyond the longest drain and kill, how long ``controller shutdown`` waits for the runtime.
+SHUTDOWN_MARGIN_S = 30.0
+#: The daemon's own log in the state dir: rotated past this size, with this many old files.
+LOG_MAX_BYTES = 10 << 20
+LOG_BACKUPS = 3
+
+
+@attrs.frozen
+class DaemonOptions:
+    state_dir: Path
+    """Holds the lock, the token, the address file, the SQLite store, the local workers and the
+    daemon's log."""
+    listen: str = "127.0.0.1:7070"
+    runtime: Literal["local", "ray"] = "local"
+    store: Literal["sqlite", "ray"] = "sqlite"
+    config: Path | None = None
+    pythonpath: Sequence[Path] = ()
+    ray_address: str | None = None
+    namespace: str = "controller"
+    allow_remote: bool = False
+    """Listening beyond loopback is meant: no warning."""
+    max_replicas: int | None = None
+    """How many replicas the runtime holds (per node on Ray); None: the runtime's default."""
+    forget_replicas: bool = False
+    """Start even if the store names no backend while replicas live (they are stopped)."""
+    ingress_listen: str | None = "127.0.0.1:8000"
+    """Where the ingress serves traffic to the backends' routes (None: no ingress)."""
+    ingress_workers: int = 1
+    """Ingress processes sharing that port."""
+    access_log: bool = False
+    """The ingress logs one line per request."""
+    log_format: str = "human"
+    """How the daemon and its ingress processes log: ``human`` or ``json``."""
+    fork_server: bool = True
+    """LocalRuntime forks workers from a fork server (False: each is a fresh Python)."""
+    preload: Sequence[str] = ()
+    """Modules LocalRuntime's fork server imports once for all its workers."""
+    shared_dir: Path | None = None
+    """Where the SQLite store and the local workers are, for daemons that share them (one
+    leads, the others stand by); None: the state dir."""
+    lease: LeaseTiming = attrs.field(factory=LeaseTiming)
+    """How the leader keeps its lease, and how soon a standby takes over."""
+
+
+async def run_daemon(options: DaemonOptions) -> None:
+    """Run until SIGINT or SIGTERM (replicas keep running, for the next start to adopt) or until
+    ``POST /api/v1/shutdown`` (every backend drained and deleted first).
+
+    Daemons sharing one store (``shared_dir``, or Ray's KV) elect a leader through a lease in
+    it: one leads (runs the controller), the others stand by (serve the store's view, send
+    changes to the leader) and take over when the lease lapses."""
+    # Checked before anything is opened: a bad file changes nothing.
+    manifest = load_manifest(options.config) if options.config is not None else None
+    # Taken out of the environment at once: no child of ours (a worker, a Ray process started
+    # here) may inherit it.
+    # Stripped, as a client's is: a token with a stray newline would lock everyone out.
+    given_token = (os.environ.pop(TOKEN_ENV, None) or "").strip()
+    try:
+        with (
+            locked(options.state_dir) as state_dir,
+            _file_log(state_dir),
+            bound(options.listen, "--listen", warn_remote=not options.allow_remote) as sock,
+        ):
+            fleet = _fleet(options, state_dir)
+            shared = _shared_dir(options, state_dir)
+            shared_token = kept_token(shared) if shared != state_dir else None
+            if given_token and shared_token is not None and given_token != shared_token:
+                raise StartupError(
+                    f"${TOKEN_ENV} is not the token of the shared dir {shared}: daemons of one "
+                    "store take one token (a client of one is a client of all, and standbys "
+                    "send changes and load on to the leader with it); unset it, or give the "
+                    "shared dir's"
+                )
+            # The token outlives a restart, so that routers and watchers given it carry on;
+            # daemons of one shared dir take its token, so that any of them takes a client's.
+            token = given_token or kept_token(shared) or kept_token(state_dir) or _new_token()
+            metrics = Metrics()
+            if "ray" in (options.runtime, options.store):
+                # Joining (or starting) a cluster takes seconds: not on the trio thread.
+                await trio.to_thread.run_sync(_connect_ray, options)
+            with _store(options, shared) as store:
+                runtime = _runtime(options, shared)
+                host, port = sock.getsockname()[:2]
+                leadership = Leadership(
+                    store,
+                    holder_name(socket.gethostname(), str(state_dir.resolve())),
+                    options.lease,
+                    address=f"http://{_url_host(host)}:{port}",
+                )
+                serving = Serving(leadership)
+                metrics.watch_status(lambda: leader_status(serving))
+                metrics.watch_leadership(leadership)
+                roles = Roles(
+                    manifest,
+                    options.config,
+                    [*map(str, options.pythonpath), *sys.path],
+                    options.forget_replicas,
+                    store,
+                    runtime,
+                    leadership,
+                    serving,
+                    metrics,
+                )
+                try:
+                    await _serve(
+                        roles,
+                        options,
+                        _Serving(sock, fleet),
+                        token,
+                        metrics,
+                        _log_source(runtime),
+                        _keep_token(state_dir, shared, token),
+                    )
+                finally:
+                    # The controller is closed (it acts no more), however the daemon ends: a
+                    # standby may take over at once.
+                    with trio.move_on_after(options.lease.renew_s * 2, shield=True):
+                        await leadership.release()
+    # The state dir's files, the store, a checkpoint this controller cannot read, the runtime's
+    # directory, Ray missing: all found before recovery touched anything.
+    except STARTUP_ERRORS as exc:
+        raise StartupError(f"{startup_reason(exc)}; no replica was touched") from None
+
+
+def _new_token() -> str:
+    """A fresh API token that does not begin with ``-``: given as ``--token TOKEN``, one that
+    did would be taken for an option."""
+    while (token := secrets.token_urlsafe(32)).startswith("-"):
+        pass
+    return token
+
+
+def _url_host(host: str) -> str:
+    """The API's host as others reach it (put in the lease for standbys to send clients to):
+    a daemon listening on every interface is reached by its host name."""
+    if host in ("0.0.0.0", "::"):
+        return socket.gethostname()
+    return f"[{host}]" if ":" in host else host
+
+
+def _shared_dir(options: DaemonOptions, state_dir: Path) -> Path:
+    """Where the store and the workers are: the state dir, or one daemons share."""
+    if options.shared_dir is None:
+        return state_dir
+    check_private(options.shared_dir, create=True, what="shared dir")
+    return options.shared_dir
+
+
+def _keep_token(state_dir: Path, shared: Path, token: str) -> Callable[[], None]:
+    def keep() -> None:
+        # Written only once the start is past what can fail before serving: a failed start
+        # leaves the token of the last good one in place.
+        _write_token(state_dir, token)
+        if shared != state_dir and kept_token(shared) is None:
+            _write_token(shared, token)
+
+    return keep
+
+
+def _write_token(state_dir: Path, token: str) -> None:
+    # Written only once the start is past what can fail before serving: a failed start leaves
+    # the token of the last good one in place.
+    try:
+        write_token(state_dir, token)
+    except OSError as exc:
+        raise StartupError(
+            f"cannot write the token {token_path(state_dir)}: {exc.strerror or exc}; the "
+            "replicas were adopted and keep running for the next start"
+        ) from None
+
+
+def _fleet(options: DaemonOptions, state_dir: Path) -> Fleet | None:
+    """The ingress processes this daemon runs (their port checked now), or None; processes an
+    earlier daemon left that it will not run are stopped at once."""
+    if options.ingress_listen is None:
+        stop_leftovers(state_dir)
+        return None
+    fleet = Fleet(
+        state_dir,
+        FleetOptions(
+            options.ingress_listen,
+            options.ingress_workers,
+            access_log=options.access_log,
+            log_format=options.log_format,
+        ),
+        _child_env(),
+    )
+    fleet.claim()
+    return fleet
+
+
+@attrs.frozen
+class _Serving:
+    api: socket.socket
+    fleet: Fleet | None
+
+
+async def _serve(
+    roles: Roles,
+    options: DaemonOptions,
+    serving: _Serving,
+    token: str,
+    metrics: Metrics,
+    logs: LogSource | None,
+    keep_token: Callable[[], None],
+) -> None:
+    stop = trio.Event()
+    shutdown_asked = trio.Event()
+    shutdown_over = trio.Event()
+    left: list[str] = []
+    current = roles.serving
+
+    async def shutdown_done() -> list[str]:
+        await shutdown_over.wait()
+        return left
+
+    fleet = serving.fleet
+
+    timelines = Timelines()
+    app = Api(
+        None,
+        token=token,
+        render_metrics=metrics.render,
+        request_shutdown=shutdown_asked.set,
+        shutdown_done=shutdown_done,
+        logs=logs,
+        serving=current,
+        timelines=timelines,
+        ingress=fleet,
+    )
+    config = hypercorn.config.Config()
+    # Our socket, bound already; hypercorn takes it over (and closes it when it stops).
+    fd = serving.api.detach()
+    config.bind = [f"fd://{fd}"]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")  # through our handlers, once
+    config.graceful_timeout = 2.0  # long polls end at once; nothing else takes long
+    address_file = address_path(options.state_dir)
+    serving_api = False
+    roles_scope = trio.CancelScope()
+    roles_done = trio.Event()
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def on_signal() -> None:
+                async for signum in signals:
+                    mark_stopping(options.state_dir)
+                    logger.info(
+                        "%s: stopping; replicas keep running for the next start to adopt",
+                        signal.Signals(signum).name,
+                    )
+                    if not serving_api:
+                        # Still starting (recovering, or waiting on the store): stop here.
+                        stop.set()
+                        nursery.cancel_scope.cancel()
+                        return
+                    await hand_over()
+                    stop.set()
+                    return
+
+            async def on_shutdown() -> None:
+                await shutdown_asked.wait()
+                if current.ctl is not None:
+                    left.extend(await _wait_deleted(current.ctl))
+                if fleet is not None:
+                    await fleet.stop()
+                mark_stopping(options.state_dir)
+                await hand_over()
+                shutdown_over.set()
+                # The request waiting for this answers at once; the server's graceful stop
+                # gives it the time to.
+                stop.set()
+
+            async def run_roles(*, task_status: trio.TaskStatus[None]) -> None:
+                try:
+                    with roles_scope:
+                        await roles.run(task_status=task_status)
+                finally:
+                    roles_done.set()
+
+            async def hand_over() -> None:
+                """Stop leading (the controller closes) and release the lease before the API's
+                connections (long polls) are closed: a standby takes over at once."""
+                roles_scope.cancel()
+                await roles_done.wait()
+                with trio.move_on_after(roles.leadership.timing.renew_s * 2, shield=True):
+                    await roles.leadership.release()
+
+            nursery.start_soon(on_signal)
+            nursery.start_soon(on_shutdown)
+            nursery.start_soon(metrics.measure_loop_lag)
+            # Leads (recovered, the config applied) or stands by (the store's view built)
+            # before anything is served.
+            await nursery.start(run_roles)
+            nursery.start_soon(record_timelines, current, timelines)
+            keep_token()
+            # Returns once `stop` is set and the server has closed its connections.
+            serving_api = True
+            async with trio.open_nursery() as server:
+                binds = await server.start(
+                    # hypercorn types the app as its own ASGI union; ours is plain dicts.
+                    partial(hypercorn.trio.serve, app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+                )
+                # hypercorn marks its sockets inheritable (for its own worker processes); ours
+                # must not be, or a child could keep the port open after we exit.
+                os.set_inheritable(fd, False)
+                url = binds[0]
+                write_address(options.state_dir, url, secrets.token_hex(8))
+                if fleet is not None:
+                    # The ingress processes follow the API: they start once it answers, and
+                    # take their first connection with the routes known.
+                    await nursery.start(fleet.run)
+                    count = len(fleet.members)
+                    logger.info(
+                        "ingress serving routes on http://%s (%d process%s)",
+                        fleet.address,
+                        count,
+                        "" if count == 1 else "es",
+                    )
+                logger.info(
+                    "listening on %s (token in %s), %s",
+                    url,
+                    token_path(options.state_dir),
+                    role_of(roles.leadership),
+                )
+            nursery.cancel_scope.cancel()
+    with contextlib.suppress(FileNotFoundError):
+        address_file.unlink()
+
+
+async def _wait_deleted(ctl: Controller) -> list[str]:
+    """Wait until every backend is gone (their deletes are durable already), within the
+    longest drain and kill of any: no longer, as no drain takes longer."""
+    backends = ctl.status().backends
+    longest = max((b.backend_config.graceful_shutdown_timeout_s for b in backends), default=0.0)
+    limit = longest + KILL_TIMEOUT_S + SHUTDOWN_MARGIN_S
+    logger.info("shutdown asked: draining and deleting every backend (for at most %gs)", limit)
+    # Until none is left, not until each delete's goal: a forced delete meanwhile (which cuts
+    # a drain short) supersedes the goal while its kills are still under way.
+    with trio.move_on_after(limit), contextlib.suppress(ControllerError):
+        await ctl.wait_until(lambda c: not c.status().backends)
+    left = [b.name for b in ctl.status().backends]
+    if left:
+        logger.error(
+            "shutdown: %s still being deleted after %gs; stopping anyway: their replicas keep "
+            "running, and the next start finishes the deletes",
+            ", ".join(left),
+            limit,
+        )
+    return left
+
+
+@contextlib.contextmanager
+def _file_log(state_dir: Path) -> Iterator[None]:
+    """The daemon's log also goes to ``daemon.log`` in the state dir (rotated), in the format
+    of its console log."""
+    root = logging.getLogger()
+    handler = private_log(log_path(state_dir), LOG_MAX_BYTES, LOG_BACKUPS)
+    if root.handlers:
+        handler.setFormatter(root.handlers[0].formatter)
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+
+
+@contextlib.contextmanager
+def _store(options: DaemonOptions, shared: Path) -> Iterator[LeaseStore]:
+    if options.store == "ray":
+        from ..ray import RayKVStore
+
+        yield RayKVStore(options.namespace)
+        return
+    from .._stores.sqlite import SQLiteStore
+
+    path = shared / "controller.db"
+    try:
+        create_private(path)
+    except (OSError, ConfigError) as exc:
+        raise StartupError(f"cannot use the store {path}: {exc}") from None
+    with SQLiteStore(path) as store:
+        yield store
+
+
+def _runtime(options: DaemonOptions, shared: Path) -> Runtime:
+    if options.runtime == "ray":
+        from ..ray import RayRuntime
+
+        return RayRuntime(
+            namespace=options.namespace,
+            pythonpath=options.pythonpath,
+            max_replicas_per_node=options.max_replicas,
+        )
+    from .._local.runtime import LocalRuntime
+
+    return LocalRuntime(
+        shared / "w",
+        pythonpath=options.pythonpath,
+        env=_child_env(),
+        max_replicas=options.max_replicas,
+        fork_server=options.fork_server,
+        preload_modules=options.preload,
+    )
+
+
+def _child_env() -> dict[str, str]:
+    """What replicas and ingress processes get of this process's environment: all but what is
+    the daemon's own business."""
+    return {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV, STATE_DIR_ENV)}
+
+
+def _log_source(runtime: Runtime) -> LogSource | None:
+    from .._local.runtime import LocalRuntime
+
+    return runtime if isinstance(runtime, LocalRuntime) else None
+
+
+def _connect_ray(options: DaemonOptions) -> None:
+    from ..ray import connect
+
+    connect(options.ray_address)

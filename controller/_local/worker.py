@@ -1,0 +1,356 @@
+"""The worker process behind LocalRuntime: hosts one replica of a user's class.
+
+Started as ``python -m controller.worker SPEC_FILE``, or forked by the fork server
+(``zygote_main``), which then calls `run` as that command would. The runtime binds its Unix
+socket first, so it can reach the worker while the class is still being built; the worker then
+imports the entrypoint, builds the class and applies the user config. It answers requests (one
+JSON object per line) until it is killed; it never exits on its own, so a restarted controller
+can find it and adopt it.
+
+Fencing: the worker remembers the highest leader epoch that has commanded it (the spec's, from
+its start; an adoption's, ``hello`` with ``adopt``; any command's ``epoch``, which raises it) and
+refuses every command from a lower epoch with ``{"ok": false, "fenced": true, "epoch": <its
+epoch>}``, which the runtime raises as ``FencedError``: ``wait_ready``, adoption,
+``reconfigure``, ``check_health`` (refused too: a stale leader hears at once that it is stale,
+and a failing check could only lead it to a kill that is refused anyway), ``drain`` and
+``stop``. Each check and the start of the command's effect run without a checkpoint between
+them, and a command that waited (for the build, for the reconfigure lock) is checked again
+before it acts, so a command is refused whenever a newer leader's adoption reached the worker
+first. Plain ``hello`` and ``monitor`` only read, and are answered to anyone. A request
+without an ``epoch`` is from epoch 0 (a runtime never fenced, or one from before fencing).
+
+``stop`` is how a kill is asked for: once the worker accepts one it is committed to ending
+(every later command but ``hello`` and ``stop`` is refused as ``WorkerStopping``, adoptions
+too), the runtime then signals its process group, and should the runtime vanish before it
+does, the worker kills its own group after the request's ``grace_s``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, final
+
+import trio
+
+from .._ports.context import ReplicaContext, set_context
+from .._ports.hosting import construct, describe_error
+from .logs import DEFAULT_MAX_BYTES, capture_output
+from .wire import LineStream, WireError
+
+
+def _describe(exc: BaseException) -> dict[str, str]:
+    """The user's exception as the runtime reports it: type, message and traceback (which
+    also goes to the worker's log)."""
+    text = "".join(traceback.format_exception(exc))
+    sys.stderr.write(text)
+    return describe_error(exc, text)
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call a user method, sync or async. Sync code runs in a thread so the worker stays
+    responsive (pings, drains) while it works."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args)
+    result = await trio.to_thread.run_sync(lambda: fn(*args))
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+@final
+class Worker:
+    def __init__(self, spec: dict[str, Any]):
+        self.spec = spec
+        self.instance: Any = None
+        self.ready = trio.Event()
+        self.init_error: dict[str, str] | None = None
+        # One reconfigure at a time: a controller restarted during one sends it again, and
+        # user code must never see two at once.
+        self.reconfiguring = trio.Lock()
+        self.monitors: dict[LineStream, trio.Lock] = {}
+        """The runtime's monitor connections, where the replica's own load is pushed, each with
+        the lock its senders take (its own task and `push_load` may both send, and trio lets
+        one task at a time send on a stream)."""
+        self.load: int | None = None
+        epoch = _epoch_of(spec)
+        if epoch is None:
+            raise ValueError(f"the spec's epoch must be a whole number >= 0: {spec['epoch']!r}")
+        self.epoch: int = epoch
+        """The highest leader epoch that has commanded this worker (its start's at first)."""
+        self.stopping = False
+        """Set once a stop is accepted: the worker is ending and takes no other command."""
+        self.nursery: trio.Nursery | None = None
+        """Where the worker's own tasks run (the stop's safety net, the drain)."""
+        self.drained: trio.Event | None = None
+        self.drain_answer: dict[str, Any] = {"ok": True}
+        """One drain for the worker's life: a controller that takes over a stop under way asks
+        again, and waits for the one running (user code never sees two at once)."""
+
+    async def build(self) -> None:
+        try:
+            # The import too, in the thread: the worker keeps answering (hello, monitor) while
+            # a slow import runs.
+            self.instance = await trio.to_thread.run_sync(construct, self.spec)
+            if self.spec.get("user_config") is not None:
+                reconfigure = getattr(self.instance, "reconfigure", None)
+                if reconfigure is not None:
+                    await _call(reconfigure, self.spec["user_config"])
+        except Exception as exc:
+            self.init_error = _describe(exc)
+        self.ready.set()
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        lines = LineStream(stream)
+        try:
+            while True:
+                request = await lines.receive()
+                if request.get("op") == "monitor":
+                    await self.monitor(lines)
+                    return
+                await lines.send(await self.answer(request))
+        except (WireError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the runtime hung up; a monitor connection ends only this way
+        finally:
+            with trio.CancelScope(shield=True):
+                await lines.aclose()
+
+    def admit(self, request: dict[str, Any], *, take: bool = True) -> dict[str, Any] | None:
+        """Check `request`'s epoch: a refusal to answer if it is lower than the highest seen (or
+        not an epoch at all); else None, having raised the worker's epoch to it if `take`. No
+        checkpoint: the caller acts before any other request is looked at."""
+        epoch = _epoch_of(request)
+        if epoch is None:
+            return _protocol_error(f"epoch must be a whole number >= 0: {request['epoch']!r}")
+        if epoch < self.epoch:
+            return {
+                "ok": False,
+                "fenced": True,
+                "epoch": self.epoch,
+                "error_type": "Fenced",
+                "message": f"epoch {epoch} is older than epoch {self.epoch}, which commands it",
+            }
+        if take:
+            self.epoch = epoch
+        return None
+
+    def hello(self) -> dict[str, Any]:
+        state = (
+            "stopping"
+            if self.stopping
+            else "starting"
+            if not self.ready.is_set()
+            else "failed"
+            if self.init_error
+            else "ready"
+        )
+        return {
+            "ok": True,
+            "tag": self.spec["tag"],
+            "pid": os.getpid(),
+            "state": state,
+            "epoch": self.epoch,
+        }
+
+    async def answer(self, request: dict[str, Any]) -> dict[str, Any]:
+        op = request.get("op")
+        if op == "hello" and not request.get("adopt"):
+            return self.hello()  # reads only: answered to anyone
+        if op not in ("hello", "stop", "wait_ready", "reconfigure", "check_health", "drain"):
+            return _protocol_error(f"unknown op {op!r}")
+        if op == "stop":
+            return self.admit(request) or self.stop(request)
+        refusal = self.check(request)
+        if refusal is not None:
+            return refusal
+        if op == "hello":  # an adoption: the epoch is raised, and this is who answers
+            return self.hello()
+        await self.ready.wait()
+        # Waited: a newer leader may have come meanwhile, or a stop been accepted.
+        refusal = self.check(request)
+        if refusal is not None:
+            return refusal
+        if self.init_error is not None:
+            return {"ok": False, **self.init_error}
+        if op == "wait_ready":
+            return {"ok": True}
+        method = getattr(self.instance, op, None)
+        if method is None:
+            return {"ok": True}  # every method of the contract is optional
+        if op == "drain":
+            return await self.drain_once(method)
+        try:
+            if op == "reconfigure":
+                async with self.reconfiguring:
+                    refusal = self.check(request)  # again, once its turn has come
+                    if refusal is not None:
+                        return refusal
+                    await _call(method, request.get("user_config"))
+            else:
+                await _call(method)
+        except Exception as exc:
+            return {"ok": False, **_describe(exc)}
+        return {"ok": True}
+
+    async def drain_once(self, method: Any) -> dict[str, Any]:
+        """Run the replica's drain once (in the worker's nursery, so that a controller that
+        goes away mid-drain does not cut it), and answer every request for it when it ends."""
+        if self.drained is None:
+            self.drained = trio.Event()
+            done = self.drained
+
+            async def drain() -> None:
+                try:
+                    await _call(method)
+                except Exception as exc:
+                    self.drain_answer = {"ok": False, **_describe(exc)}
+                finally:
+                    done.set()
+
+            if self.nursery is None:
+                await drain()
+            else:
+                self.nursery.start_soon(drain)
+        await self.drained.wait()
+        return self.drain_answer
+
+    def check(self, request: dict[str, Any]) -> dict[str, Any] | None:
+        """`admit`; or, once a stop was accepted, refuse (and raise the epoch by nothing)."""
+        if self.stopping:
+            return self.admit(request, take=False) or _STOPPING
+        return self.admit(request)
+
+    def stop(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Accept a stop (already admitted): from now on the worker only ends. The runtime
+        signals its group; if that has not ended it within `grace_s`, it ends itself."""
+        if not self.stopping:
+            self.stopping = True
+            grace = request.get("grace_s", _STOP_GRACE_S)
+            if isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace < 0:
+                grace = _STOP_GRACE_S
+            if self.nursery is not None:
+                self.nursery.start_soon(_end_after, float(grace))
+        return {"ok": True, "pid": os.getpid()}
+
+    async def monitor(self, lines: LineStream) -> None:
+        """A monitor connection: never answered, so that its end tells the runtime the process
+        ended; it carries the replica's own load, when that changes. Returns when the runtime
+        hangs up (raising, as a closed connection does)."""
+        sending = self.monitors[lines] = trio.Lock()
+        try:
+            if self.load is not None:
+                async with sending:  # a restarted controller hears it at once
+                    await lines.send({"load": self.load})
+            await lines.receive()  # the runtime sends nothing more: this waits for its hang-up
+        finally:
+            del self.monitors[lines]
+
+    async def push_load(self) -> None:
+        """For a replica with a ``load()`` method: call it every `LOAD_SAMPLE_S`, and push what
+        it returns (requests it holds, a whole number >= 0, at most `MAX_LOAD`) to the runtime
+        when it changes; ``null`` once it raises or returns anything else, so that a stale
+        figure does not hold the backend where it was."""
+        method = getattr(self.instance, "load", None)
+        if not callable(method):
+            return
+        complained = False
+        while True:
+            count: int | None = None
+            try:
+                value = await _call(method)
+            except Exception as exc:
+                if not complained:
+                    complained = True
+                    _describe(exc)  # once, in the replica's log
+            else:
+                if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                    count = min(value, MAX_LOAD)
+            if count != self.load:
+                self.load = count
+                for lines, sending in list(self.monitors.items()):
+                    with contextlib.suppress(
+                        WireError, trio.BrokenResourceError, trio.ClosedResourceError
+                    ):
+                        async with sending:
+                            await lines.send({"load": count})
+            await trio.sleep(LOAD_SAMPLE_S)
+
+
+#: How long an accepted stop waits for the runtime's signals before the worker ends itself
+#: (when the request does not say).
+_STOP_GRACE_S = 30.0
+_STOPPING: dict[str, Any] = {
+    "ok": False,
+    "error_type": "WorkerStopping",
+    "message": "its worker accepted a stop and is ending",
+}
+
+
+def _epoch_of(message: dict[str, Any]) -> int | None:
+    """The ``epoch`` of a request or spec (0 if it has none), or None if it is no epoch."""
+    epoch = message.get("epoch", 0)
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        return None
+    return epoch
+
+
+def _protocol_error(message: str) -> dict[str, Any]:
+    return {"ok": False, "error_type": "ProtocolError", "message": message}
+
+
+async def _end_after(grace_s: float) -> None:
+    """The safety net of an accepted stop: the runtime that asked for it vanished before its
+    signals came. The worker leads its own process group (its own session), which holds what
+    the user's code started too; a worker that does not (run by hand) ends alone."""
+    await trio.sleep(grace_s)
+    if os.getpgrp() == os.getpid():
+        os.killpg(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+#: How often a replica's own ``load()`` is read (in its own process, on its own thread), and
+#: the most it may say (as an ingress's report: past it is a bug, not a load).
+LOAD_SAMPLE_S = 0.1
+MAX_LOAD = 2**31 - 1
+
+
+async def serve(spec: dict[str, Any]) -> None:
+    set_context(ReplicaContext(spec["tag"], spec["backend"], spec["version"], spec["port"]))
+    worker = Worker(spec)
+    # The runtime bound and listened on the socket before starting us and handed it over, so
+    # it could connect from the first instant; it stays connectable exactly while we live.
+    sock = trio.socket.fromfd(spec["listen_fd"], trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+    os.close(spec["listen_fd"])  # fromfd duplicated it
+    listener = trio.SocketListener(sock)
+    async with trio.open_nursery() as nursery:
+        worker.nursery = nursery
+        nursery.start_soon(trio.serve_listeners, worker.handle, [listener])
+        await worker.build()
+        if worker.init_error is None:
+            nursery.start_soon(worker.push_load)
+
+
+def main() -> None:
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m controller.worker SPEC_FILE")
+    run(sys.argv[1])
+
+
+def run(spec_path: str, listen_fd: int | None = None) -> None:
+    """Host the replica that the spec file describes, until killed. `listen_fd` is the
+    listening socket if not the spec's (a worker forked by the fork server receives it under
+    a number of its own)."""
+    with open(spec_path) as f:
+        spec = json.load(f)
+    if listen_fd is not None:
+        spec["listen_fd"] = listen_fd
+    if spec.get("log"):
+        capture_output(Path(spec["log"]), int(spec.get("log_max_bytes", DEFAULT_MAX_BYTES)))
+    trio.run(serve, spec)

@@ -1,0 +1,504 @@
+"""Checkpoints: the controller's intent as JSON through cattrs, with a schema version. Never pickle.
+
+Four keys per backend, each with one writer, so that writes can never interleave badly:
+
+- ``spec/<name>``: what the user asked for (written by deploy and delete, before they return).
+- ``replicas/<name>``: which replica tags the controller means to run or stop (written only by
+  the backend's writer task; the runtime is asked for nothing until the write has landed). A
+  large backend's replicas are kept in pages: the first in this record, the others in
+  ``replicas/<name>/<page>``, which it lists, written in the same batches (so a change costs
+  a page, not every replica).
+- ``revisions/<name>``: the backend's revisions (written by deploys, undos, pauses and resumes,
+  in the same batch as the spec; how each rollout went is noted in the replica record).
+- ``events/<name>``: the backend's recent events, for people (written by the same task, in the
+  same batch as the replica record; nothing waits on it).
+
+Schema 2 added the events, each replica's creation time and a spec's rollback config; schema 3
+each serving replica's address and a failed deploy; schema 4 a spec's code generation and the
+backend config's routing fields; schema 5 an autoscaler's state; schema 6 revisions (a fourth key
+per backend, ``revisions/<name>``, written by deploys with the spec), the revision of each replica
+and the pause of a spec; schema 7 the pages of replicas. Data of schemas 1 to 6 is still read.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any, Literal, TypeVar
+
+import attrs
+import cattrs
+from cattrs.gen import make_dict_unstructure_fn, override
+
+from .config import BackendConfig, ReplicaConfig, fields_of
+from .errors import CheckpointError, ControllerError
+from .revisions import Revision, RevisionContent, RevisionOutcome, content_of
+
+#: Bumped when the stored shape changes; a controller refuses data written by a newer one.
+SCHEMA_VERSION = 7
+#: Older schemas this controller still reads (their records lack fields that have defaults).
+_READABLE = frozenset({1, 2, 3, 4, 5, 6, 7})
+
+SPEC_PREFIX = "spec/"
+REPLICAS_PREFIX = "replicas/"
+EVENTS_PREFIX = "events/"
+REVISIONS_PREFIX = "revisions/"
+#: The largest revision number (what the API's document allows, a signed 64-bit integer).
+MAX_REVISION = 2**63 - 1
+
+
+@attrs.frozen
+class SpecRecord:
+    """A backend's spec as the user last set it."""
+
+    name: str
+    generation: int
+    backend_config: BackendConfig
+    replica_config: ReplicaConfig
+    deleting: bool = False
+    """A delete was asked for; the backend is forgotten once its replicas are gone."""
+    force: bool = False
+    """The delete skips the graceful drain."""
+    rollback_config: str | None = None
+    """For an in-place change of user config (same version): the config before it, as JSON
+    text, to roll back to if the new one fails in a replica (None: nothing to roll back to)."""
+    code_generation: int | None = None
+    """For a config without a version: the generation whose code the replicas run (``gen-N``),
+    kept by deploys that change only the scale, limits, timeouts or routing. None: this one."""
+    revision: int | None = None
+    """The revision its replicas run (None before schema 6: recovery makes one)."""
+    paused: bool = False
+    """Rollouts are paused: later deploys are recorded as revisions, not rolled out."""
+    pending: int | None = None
+    """While paused: the revision recorded last, to roll out on resume (None: none)."""
+    schema: int = SCHEMA_VERSION
+
+
+@attrs.frozen
+class ReplicaRecord:
+    """One replica the controller means to run (or to stop, if `stopping`)."""
+
+    tag: str
+    version: str
+    config_digest: str
+    """Digest of the user config the replica was started or last reconfigured with."""
+    stopping: bool = False
+    created_ms: int | None = None
+    """When it was asked for, by the wall clock in milliseconds since the epoch (None in
+    schema 1 data). Whole milliseconds: the stored text keeps one length."""
+    served: bool = True
+    """It had been ready. Schema 1 data does not say: taken as True, so that after an upgrade
+    no replica that may be serving is taken for one that never did."""
+    address: str | None = None
+    """Where it serves, once it has: a restarted controller lists it to watchers at once, as
+    the replica it adopts may be serving still (None before schema 3)."""
+    revision: int | None = None
+    """The revision it was started with, or last reconfigured to (None before schema 6)."""
+    stopping_ms: int | None = None
+    """When its stop began, by the wall clock in milliseconds (None: not stopping, or stored
+    by a controller that did not say): a controller that takes over counts what is left of
+    the drain's deadline from there, rather than granting a whole one again."""
+
+
+@attrs.frozen
+class FailureRecord:
+    """The deploy of `generation` failed: what a restarted controller must not try again."""
+
+    generation: int
+    reason: Literal[
+        "StartFailures", "ReconfigureFailed", "ProgressDeadlineExceeded", "UnhealthyAfterReady"
+    ]
+    message: str
+    """Why, as the goal and the status said it."""
+
+
+@attrs.frozen
+class AutoscaleRecord:
+    """An autoscaled backend's autoscaler: its target and what its windows hold, with times by
+    the wall clock in milliseconds since the epoch (the trio clock starts anew after a restart)."""
+
+    target: int
+    ups: list[tuple[int, int]] = attrs.field(factory=list)
+    """(time, count) recommendations that may still be the upscale window's lowest."""
+    downs: list[tuple[int, int]] = attrs.field(factory=list)
+    """(time, count) recommendations that may still be the downscale window's highest."""
+    changes: list[tuple[int, int]] = attrs.field(factory=list)
+    """(time, signed change) made within the rate limits' periods."""
+    busy_ms: int | None = None
+    """When a request was last seen ongoing (scale to zero counts from it)."""
+
+
+@attrs.frozen
+class RolloutRecord:
+    """How the rollout of a backend's revision went, as its loop last knew it."""
+
+    revision: int
+    outcome: RevisionOutcome
+    good: bool = False
+    error: str | None = None
+
+
+@attrs.frozen
+class ReplicasRecord:
+    """Every replica tag of one backend, and what the controller means to do with it."""
+
+    name: str
+    replicas: list[ReplicaRecord]
+    failed: FailureRecord | None = None
+    """The current generation's deploy failed (DEPLOY_FAILED), and how."""
+    autoscale: AutoscaleRecord | None = None
+    """Its autoscaler's state, for an autoscaled backend."""
+    rollout: RolloutRecord | None = None
+    """How the rollout of its spec's revision went (None before schema 6)."""
+    pages: list[int] = attrs.field(factory=list)
+    """The pages that hold the replicas after these, in order (``replicas/<name>/<page>``).
+    Once read, `replicas` holds theirs too, and this says which keys they were read from."""
+    schema: int = SCHEMA_VERSION
+
+
+@attrs.frozen
+class ReplicaPageRecord:
+    """Some replicas of a backend too large for one record (``replicas/<name>/<page>``)."""
+
+    name: str
+    page: int
+    replicas: list[ReplicaRecord]
+    schema: int = SCHEMA_VERSION
+
+
+@attrs.frozen
+class RevisionsRecord:
+    """A backend's revisions, oldest first."""
+
+    name: str
+    revisions: list[Revision]
+    schema: int = SCHEMA_VERSION
+
+
+@attrs.frozen
+class EventRecord:
+    """One event of a backend, as stored."""
+
+    at_ms: int
+    """By the wall clock, in milliseconds since the epoch."""
+    kind: str
+    message: str
+
+
+@attrs.frozen
+class EventsRecord:
+    """A backend's recent events, oldest first."""
+
+    name: str
+    events: list[EventRecord]
+    schema: int = SCHEMA_VERSION
+
+
+def _make_converter() -> cattrs.Converter:
+    conv = cattrs.Converter(forbid_extra_keys=True)
+    # JSON's true is not 1, nor 1.5 a count: cattrs' own int hook would take both.
+    conv.register_structure_hook(int, lambda data, _t: _strict(data, int))
+    conv.register_structure_hook(bool, lambda data, _t: _strict(data, bool))
+    # A record per replica is kept in memory (cached) and in every write of its backend: the
+    # fields at their defaults are left out, so most entries carry only what sets them apart.
+    conv.register_unstructure_hook(
+        ReplicaRecord, make_dict_unstructure_fn(ReplicaRecord, conv, _cattrs_omit_if_default=True)
+    )
+    # The configs validate themselves (naming each field), so they go through their own
+    # constructors rather than cattrs' generic structuring of JSON unions.
+    conv.register_structure_hook(BackendConfig, lambda data, _t: BackendConfig.from_dict(data))
+    conv.register_structure_hook(ReplicaConfig, lambda data, _t: ReplicaConfig.from_dict(data))
+    conv.register_unstructure_hook(BackendConfig, fields_of)
+    conv.register_unstructure_hook(ReplicaConfig, _replica_config)
+    conv.register_unstructure_hook(RevisionContent, _content)
+    conv.register_structure_hook(RevisionContent, lambda data, _t: _content_from(data))
+    conv.register_unstructure_hook(
+        Revision, make_dict_unstructure_fn(Revision, conv, code_changed=override(omit=True))
+    )
+    return conv
+
+
+def _strict(data: object, kind: type[_T]) -> _T:
+    # The exact type: bool is an int subclass, and cattrs would make 1 of "1" or 1.5.
+    if type(data) is not kind:
+        raise ValueError(f"{data!r} is not {'true or false' if kind is bool else 'a whole number'}")
+    return data
+
+
+def _replica_config(config: ReplicaConfig) -> dict[str, Any]:
+    return {
+        "entrypoint": config.entrypoint,
+        "init_args": list(config.init_args),
+        "init_kwargs": config.init_kwargs,
+    }
+
+
+def _content(content: RevisionContent) -> dict[str, Any]:
+    return {
+        "replica_config": _replica_config(content.replica_config),
+        "version": content.version,
+        "user_config": content.user_config,
+        "resources": content.resources,
+    }
+
+
+def _content_from(data: Any) -> RevisionContent:
+    """A revision's content, checked by the configs' own rules (each names its field)."""
+    if not isinstance(data, dict) or set(data) != {
+        "replica_config",
+        "version",
+        "user_config",
+        "resources",
+    }:
+        raise ValueError("a revision's content has replica_config, version, user_config, resources")
+    backend = BackendConfig(
+        version=data["version"], user_config=data["user_config"], resources=data["resources"]
+    )
+    return content_of(backend, ReplicaConfig.from_dict(data["replica_config"]))
+
+
+_converter = _make_converter()
+
+_T = TypeVar("_T")
+_R = TypeVar("_R", SpecRecord, ReplicasRecord, ReplicaPageRecord, EventsRecord, RevisionsRecord)
+
+
+def dump(
+    record: SpecRecord | ReplicasRecord | ReplicaPageRecord | EventsRecord | RevisionsRecord,
+) -> str:
+    """The record as compact JSON text."""
+    return json.dumps(_converter.unstructure(record), separators=(",", ":"), allow_nan=False)
+
+
+def dump_replica(record: ReplicaRecord) -> str:
+    """One replica's entry of a ReplicasRecord, as JSON text.
+
+    The backend caches this per replica and joins the pieces with ``join_replicas``, so that a
+    checkpoint of 1,000 replicas does not re-encode the 999 that did not change.
+    """
+    return json.dumps(_converter.unstructure(record), separators=(",", ":"), allow_nan=False)
+
+
+def join_replicas(
+    name: str,
+    entries: str,
+    failed: FailureRecord | None = None,
+    autoscale: AutoscaleRecord | None = None,
+    rollout: RolloutRecord | None = None,
+    pages: list[int] | None = None,
+) -> str:
+    """What ``dump(ReplicasRecord(name, ...))`` makes, from entries made by ``dump_replica``
+    (comma-separated in `entries`)."""
+    failure, scale, roll = (
+        json.dumps(_converter.unstructure(part), separators=(",", ":"))
+        for part in (failed, autoscale, rollout)
+    )
+    listed = ",".join(str(page) for page in pages or ())
+    return (
+        f'{{"name":{json.dumps(name)},"replicas":[{entries}],"failed":{failure},'
+        f'"autoscale":{scale},"rollout":{roll},"pages":[{listed}],"schema":{SCHEMA_VERSION}}}'
+    )
+
+
+def join_page(name: str, page: int, entries: str) -> str:
+    """What ``dump(ReplicaPageRecord(name, page, ...))`` makes, from comma-separated entries."""
+    return (
+        f'{{"name":{json.dumps(name)},"page":{page},"replicas":[{entries}],'
+        f'"schema":{SCHEMA_VERSION}}}'
+    )
+
+
+def load(key: str, text: str, cls: type[_R]) -> _R:
+    """Parse one stored record; anything unreadable raises CheckpointError naming the key."""
+    try:
+        data: Any = json.loads(text)
+    except ValueError as exc:
+        raise CheckpointError(
+            f"store key {key!r} is not valid JSON ({exc}); {_UNTOUCHED}"
+        ) from None
+    if not isinstance(data, dict) or not isinstance(data.get("schema"), int):
+        raise CheckpointError(f"store key {key!r} has no schema version; {_UNTOUCHED}")
+    schema = data["schema"]
+    if schema > SCHEMA_VERSION:
+        raise CheckpointError(
+            f"store key {key!r} was written with checkpoint schema {schema}, newer than this "
+            f"controller reads ({SCHEMA_VERSION}); run a newer controller. {_UNTOUCHED}"
+        )
+    if schema not in _READABLE:
+        raise CheckpointError(f"store key {key!r} has unknown schema {schema}; {_UNTOUCHED}")
+    try:
+        record = _converter.structure(data, cls)
+    except (cattrs.BaseValidationError, ControllerError, TypeError, ValueError) as exc:
+        raise CheckpointError(
+            f"store key {key!r} is corrupt: {_describe(exc)}; {_UNTOUCHED}"
+        ) from None
+    # Read in an older shape, held in today's: written back as today's the next time.
+    return attrs.evolve(record, schema=SCHEMA_VERSION)
+
+
+def _describe(exc: BaseException) -> str:
+    """The innermost causes of a structuring failure; our own errors already name their field."""
+    if isinstance(exc, cattrs.BaseValidationError):
+        return "; ".join(_describe(inner) for inner in exc.exceptions)
+    if isinstance(exc, ControllerError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+_UNTOUCHED = "the stored data was left untouched"
+
+
+@attrs.frozen
+class Checkpoint:
+    """Everything read from a store at start-up, parsed and checked."""
+
+    specs: dict[str, SpecRecord]
+    replicas: dict[str, ReplicasRecord]
+    events: dict[str, EventsRecord] = attrs.field(factory=dict)
+    revisions: dict[str, RevisionsRecord] = attrs.field(factory=dict)
+
+
+def parse_all(items: dict[str, str]) -> Checkpoint:
+    """Parse a whole store; raises CheckpointError before the controller acts on any of it."""
+    specs: dict[str, SpecRecord] = {}
+    replicas: dict[str, ReplicasRecord] = {}
+    pages: dict[str, dict[int, ReplicaPageRecord]] = {}
+    events: dict[str, EventsRecord] = {}
+    revisions: dict[str, RevisionsRecord] = {}
+    for key, text in items.items():
+        if key.startswith(SPEC_PREFIX):
+            spec = load(key, text, SpecRecord)
+            _check_name(key, SPEC_PREFIX, spec.name)
+            _check_rollback(key, spec)
+            for number in (spec.revision, spec.pending):
+                if number is not None and not 1 <= number <= MAX_REVISION:
+                    raise CheckpointError(
+                        f"store key {key!r} is corrupt: revision {number} is not a revision's "
+                        f"number; {_UNTOUCHED}"
+                    )
+            specs[spec.name] = spec
+        elif key.startswith(REPLICAS_PREFIX) and "/" in key[len(REPLICAS_PREFIX) :]:
+            page = load(key, text, ReplicaPageRecord)
+            if key != page_key(page.name, page.page):
+                raise CheckpointError(
+                    f"store key {key!r} holds page {page.page} of {page.name!r}; {_UNTOUCHED}"
+                )
+            pages.setdefault(page.name, {})[page.page] = page
+        elif key.startswith(REPLICAS_PREFIX):
+            record = load(key, text, ReplicasRecord)
+            _check_name(key, REPLICAS_PREFIX, record.name)
+            replicas[record.name] = record
+        elif key.startswith(EVENTS_PREFIX):
+            history = load(key, text, EventsRecord)
+            _check_name(key, EVENTS_PREFIX, history.name)
+            events[history.name] = history
+        elif key.startswith(REVISIONS_PREFIX):
+            kept = load(key, text, RevisionsRecord)
+            _check_name(key, REVISIONS_PREFIX, kept.name)
+            _check_numbers(key, kept)
+            revisions[kept.name] = kept
+        # Other keys belong to other users of a shared store (the daemon's own settings, say).
+    for name, spec in specs.items():
+        kept_of = revisions.get(name)
+        numbers = set() if kept_of is None else {r.number for r in kept_of.revisions}
+        for number in (spec.revision, spec.pending):
+            # Written in one batch with the spec, and never trimmed while the spec names it:
+            # a history without the spec's revision was not written by a controller. (No
+            # history at all is a store from before revisions: recovery makes one.)
+            if kept_of is not None and number is not None and number not in numbers:
+                raise CheckpointError(
+                    f"store key {revisions_key(name)!r} is corrupt: it lacks revision {number}, "
+                    f"which {spec_key(name)!r} names; {_UNTOUCHED}"
+                )
+    for name, held in sorted(pages.items()):
+        listed = replicas[name].pages if name in replicas else []
+        for number in sorted(set(held) - set(listed)):
+            # Each batch writes a record with the pages it lists, and deletes the others: a
+            # page no record lists means the record lost track of replicas that may be live.
+            raise CheckpointError(
+                f"store key {page_key(name, number)!r} is a page of replicas that "
+                f"{replicas_key(name)!r} does not list; {_UNTOUCHED}"
+            )
+    owner: dict[str, str] = {}
+    for name, record in sorted(replicas.items()):
+        if record.pages:
+            record = replicas[name] = _with_pages(record, pages.get(name, {}))
+        for replica in record.replicas:
+            other = owner.get(replica.tag)
+            if other is not None:  # a replica is one backend's, listed once
+                where = "with its pages" if other == name else f"and {replicas_key(other)!r}"
+                raise CheckpointError(
+                    f"store key {replicas_key(name)!r} {where} list replica {replica.tag!r} "
+                    f"twice; {_UNTOUCHED}"
+                )
+            owner[replica.tag] = name
+    return Checkpoint(specs=specs, replicas=replicas, events=events, revisions=revisions)
+
+
+def _with_pages(record: ReplicasRecord, held: dict[int, ReplicaPageRecord]) -> ReplicasRecord:
+    """`record` with the replicas of the pages it lists after its own."""
+    key = replicas_key(record.name)
+    if len(set(record.pages)) != len(record.pages):
+        raise CheckpointError(f"store key {key!r} lists a page twice; {_UNTOUCHED}")
+    replicas = list(record.replicas)
+    for page in record.pages:
+        if page not in held:
+            raise CheckpointError(
+                f"store key {key!r} lists {page_key(record.name, page)!r}, which the store "
+                f"does not hold; {_UNTOUCHED}"
+            )
+        if not held[page].replicas:  # a page is deleted in the batch that empties it
+            raise CheckpointError(
+                f"store key {page_key(record.name, page)!r} is an empty page; {_UNTOUCHED}"
+            )
+        replicas += held[page].replicas
+    return attrs.evolve(record, replicas=replicas)
+
+
+def _check_rollback(key: str, spec: SpecRecord) -> None:
+    if spec.rollback_config is None:
+        return
+    try:
+        json.loads(spec.rollback_config)
+    except ValueError as exc:
+        raise CheckpointError(
+            f"store key {key!r} is corrupt: rollback_config is not JSON ({exc}); {_UNTOUCHED}"
+        ) from None
+
+
+def _check_numbers(key: str, kept: RevisionsRecord) -> None:
+    """Revision numbers only grow: a history whose numbers do not (out of order, repeated,
+    below 1 or past the largest) was not written by a controller."""
+    numbers = [r.number for r in kept.revisions]
+    if any(type(n) is not int or not 1 <= n <= MAX_REVISION for n in numbers) or any(
+        a >= b for a, b in itertools.pairwise(numbers)
+    ):
+        raise CheckpointError(
+            f"store key {key!r} is corrupt: revision numbers must grow from 1 (got "
+            f"{numbers[:10]}); {_UNTOUCHED}"
+        )
+
+
+def _check_name(key: str, prefix: str, name: str) -> None:
+    if key != prefix + name:
+        raise CheckpointError(f"store key {key!r} holds the record of {name!r}; {_UNTOUCHED}")
+
+
+def spec_key(name: str) -> str:
+    return SPEC_PREFIX + name
+
+
+def replicas_key(name: str) -> str:
+    return REPLICAS_PREFIX + name
+
+
+def page_key(name: str, page: int) -> str:
+    return f"{REPLICAS_PREFIX}{name}/{page}"
+
+
+def events_key(name: str) -> str:
+    return EVENTS_PREFIX + name
+
+
+def revisions_key(name: str) -> str:
+    return REVISIONS_PREFIX + name

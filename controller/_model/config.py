@@ -1,0 +1,496 @@
+"""What a user asks for: a backend's config and how to build its replicas (validated)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+import attrs
+
+from .autoscaling import AutoscalingConfig, autoscaling, autoscaling_schema
+from .errors import ConfigError
+from .json_values import JSON, MAX_JSON_DEPTH, check_json
+from .numbers import MAX_SECONDS, finite, seconds, whole
+from .rollout import (
+    MAX_HISTORY,
+    ON_FAILURE,
+    OnFailure,
+    history_limit,
+    min_ready,
+    on_failure,
+    progress_deadline,
+)
+
+# Every rule below is written once more as JSON Schema (each field's ``metadata["schema"]``),
+# which the API's OpenAPI document is made from; tests/test_openapi.py checks that the two agree.
+# So the patterns are ASCII and spelled out: JSON Schema's ``\w`` is not Python's.
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+_DOTTED = rf"{_IDENTIFIER}(?:\.{_IDENTIFIER})*"
+ENTRYPOINT_PATTERN = rf"{_DOTTED}:{_DOTTED}"
+VERSION_PATTERN = r"[\x20-\x7e]{1,200}"
+_NAME = re.compile(NAME_PATTERN)
+_ENTRYPOINT = re.compile(ENTRYPOINT_PATTERN)
+_KEYWORD = re.compile(_IDENTIFIER)
+_VERSION = re.compile(VERSION_PATTERN)
+#: A route: "/" or up to 16 segments of URL-safe characters, none empty, "." or "..", and none
+#: starting with "-" (the ingress keeps "/-/" for itself: ``/-/healthz``, ``/-/routes``).
+ROUTE_PATTERN = r"/|(?:/[A-Za-z0-9_~][A-Za-z0-9._~-]{0,62}){1,16}"
+_ROUTE = re.compile(ROUTE_PATTERN)
+
+# Beyond what JSON Schema can say (and so not checked by the document's tools): the server
+# refuses both with a 422 naming the rule.
+_JSON_RULE = (
+    f"any JSON value, with lists and objects nested at most {MAX_JSON_DEPTH} deep and numbers "
+    "that a double holds (1e400 is not)"
+)
+
+#: The most replicas one backend may ask for, whatever the runtime: a count past it is a typo,
+#: refused before any runtime is asked (a runtime's own limit is usually far lower: a 409 then).
+MAX_REPLICAS = 1_000_000
+#: The most of one resource a replica may ask for: more is a typo, and would overflow placement's
+#: fixed-point arithmetic.
+MAX_RESOURCE = 1e15
+#: The most requests one replica may be sent at once, or one backend may queue at an ingress.
+MAX_REQUESTS = 1_000_000
+
+_SECONDS_SCHEMA: dict[str, Any] = {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_SECONDS}
+_LIMIT_SCHEMA: dict[str, Any] = {
+    "description": "a count of replicas (a whole number), or a fraction of num_replicas "
+    "(a number from 0 to 1 written with a decimal point: 1 is one replica, 1.0 is all of them)",
+    "anyOf": [
+        {"type": "integer", "minimum": 0},
+        {"type": "number", "minimum": 0, "maximum": 1},
+    ],
+}
+
+
+def check_backend_name(name: object) -> str:
+    """Backend names become store keys and replica tag prefixes, so they are kept plain."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ConfigError(
+            "name",
+            "a backend name is 1-63 characters of letters, digits, '_', '.' or '-', "
+            "starting with a letter or digit",
+            name,
+        )
+    return name
+
+
+def _replica_count(value: object) -> int:
+    count = whole(value)
+    if count is None or not 0 <= count <= MAX_REPLICAS:
+        raise ConfigError(
+            "BackendConfig.num_replicas", f"must be a whole number from 0 to {MAX_REPLICAS}", value
+        )
+    return count
+
+
+def _graceful_shutdown_timeout(value: object) -> float:
+    return seconds("BackendConfig.graceful_shutdown_timeout_s", value, allow_zero=True)
+
+
+def _start_timeout(value: object) -> float:
+    return seconds("BackendConfig.start_timeout_s", value, allow_zero=False)
+
+
+def _failure_threshold(value: object) -> int:
+    count = whole(value)
+    if count is None or count < 1:
+        raise ConfigError(
+            "BackendConfig.health_check_failure_threshold", "must be a whole number >= 1", value
+        )
+    return count
+
+
+def _limit(field: str, value: object) -> int | float:
+    # An int is a count of replicas; a float is a fraction of num_replicas (as Kubernetes'
+    # "25%"), so 1 and 1.0 mean different things, and both survive a JSON round trip.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(field, "must be a count (int >= 0) or a fraction (float 0.0-1.0)", value)
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(field, "a count must be >= 0", value)
+        return value
+    fraction = finite(value)
+    if fraction is not None and fraction > 1.0 and fraction.is_integer():
+        # JSON (and so the API's schema) cannot tell 2.0 from 2: above 1 it can only be a count.
+        return int(fraction)
+    if fraction is None or not 0.0 <= fraction <= 1.0:
+        raise ConfigError(field, "a fraction must be between 0.0 and 1.0", value)
+    return value
+
+
+def _max_surge(value: object) -> int | float:
+    return _limit("BackendConfig.max_surge", value)
+
+
+def _max_unavailable(value: object) -> int | float:
+    return _limit("BackendConfig.max_unavailable", value)
+
+
+#: The shortest health-check period: checks more often than this cost the controller and the
+#: replicas real CPU and tell nothing a 100 ms period would not.
+MIN_HEALTH_CHECK_PERIOD_S = 0.1
+
+
+def _health_check_period(value: object) -> float:
+    field = "BackendConfig.health_check_period_s"
+    period = seconds(field, value, allow_zero=True)
+    if 0 < period < MIN_HEALTH_CHECK_PERIOD_S:
+        raise ConfigError(
+            field, f"must be 0 (off) or at least {MIN_HEALTH_CHECK_PERIOD_S:g}", value
+        )
+    return period
+
+
+def _health_check_timeout(value: object) -> float:
+    return seconds("BackendConfig.health_check_timeout_s", value, allow_zero=False)
+
+
+def _version(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _VERSION.fullmatch(value):
+        raise ConfigError(
+            "BackendConfig.version", "must be None or 1-200 printable ASCII characters", value
+        )
+    return value
+
+
+def _route_prefix(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _ROUTE.fullmatch(value):
+        raise ConfigError(
+            "BackendConfig.route_prefix",
+            'must be None or a path like "/echo": "/" or segments of letters, digits and '
+            "'_.~-' (at most 16), none empty or starting with '.' or '-'",
+            value,
+        )
+    return value
+
+
+def _request_count(field: str, lowest: int, value: object) -> int:
+    count = whole(value)
+    if count is None or not lowest <= count <= MAX_REQUESTS:
+        raise ConfigError(
+            f"BackendConfig.{field}",
+            f"must be a whole number from {lowest} to {MAX_REQUESTS}",
+            value,
+        )
+    return count
+
+
+def _max_ongoing(value: object) -> int:
+    return _request_count("max_ongoing_requests", 1, value)
+
+
+def _max_queued(value: object) -> int:
+    return _request_count("max_queued_requests", 0, value)
+
+
+def _resources(value: object) -> dict[str, float]:
+    field = "BackendConfig.resources"
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            field, 'must be a mapping of resource name to amount, e.g. {"CPU": 1}', value
+        )
+    out: dict[str, float] = {}
+    for key, amount in value.items():
+        if not isinstance(key, str) or not key:
+            raise ConfigError(field, "resource names are non-empty strings", key)
+        number = (
+            None
+            if isinstance(amount, bool) or not isinstance(amount, (int, float))
+            else finite(amount)
+        )
+        if number is None or not 0 <= number <= MAX_RESOURCE:
+            raise ConfigError(
+                f"{field}[{key!r}]", f"must be a finite number from 0 to {MAX_RESOURCE:g}", amount
+            )
+        out[key] = number
+    return out
+
+
+def _schema(**schema: Any) -> dict[str, Any]:
+    """A field's rule as JSON Schema, for the API's document."""
+    return {"schema": schema}
+
+
+def fields_of(config: BackendConfig | ReplicaConfig) -> dict[str, Any]:
+    """A config's fields by name, the autoscaling block as a plain mapping (or None)."""
+    out = attrs.asdict(config, recurse=False)
+    if out.get("autoscaling") is not None:
+        out["autoscaling"] = attrs.asdict(out["autoscaling"])
+    return out
+
+
+def field_schemas(cls: type[Any]) -> dict[str, dict[str, Any]]:
+    """The JSON Schema of each field of `cls` (BackendConfig or ReplicaConfig)."""
+    return {f.name: f.metadata["schema"] for f in attrs.fields(cls)}
+
+
+def _user_config(value: object) -> JSON:
+    return check_json("BackendConfig.user_config", value)
+
+
+@attrs.frozen(kw_only=True)
+class BackendConfig:
+    """How many replicas of which version a backend runs, and how they are started and stopped.
+
+    Configs compare by value. Later fields (health checks, rollout limits) are added with defaults,
+    so code and stored checkpoints written against this version keep working.
+    """
+
+    num_replicas: int = attrs.field(
+        default=1,
+        converter=_replica_count,
+        metadata=_schema(type="integer", minimum=0, maximum=MAX_REPLICAS),
+    )
+    """How many replicas should be RUNNING."""
+
+    version: str | None = attrs.field(
+        default=None,
+        converter=_version,
+        metadata=_schema(type=["string", "null"], pattern=f"^{VERSION_PATTERN}$"),
+    )
+    """The code version. Replicas of another version are replaced. None: every deploy that changes
+    the spec replaces every replica (the controller cannot tell whether the code changed)."""
+
+    user_config: JSON = attrs.field(
+        default=None,
+        converter=_user_config,
+        metadata=_schema(description=_JSON_RULE),
+    )
+    """JSON handed to each replica's ``reconfigure``. A change with the same `version` reconfigures
+    replicas in place instead of replacing them."""
+
+    graceful_shutdown_timeout_s: float = attrs.field(
+        default=20.0,
+        converter=_graceful_shutdown_timeout,
+        metadata=_schema(type="number", minimum=0, maximum=MAX_SECONDS),
+    )
+    """How long a stopping replica may drain before it is killed."""
+
+    start_timeout_s: float = attrs.field(
+        default=60.0, converter=_start_timeout, metadata=_schema(**_SECONDS_SCHEMA)
+    )
+    """How long a replica may take to become ready before it is stopped and replaced."""
+
+    resources: dict[str, float] = attrs.field(
+        factory=dict,
+        converter=_resources,
+        metadata=_schema(
+            type="object",
+            propertyNames={"minLength": 1},
+            additionalProperties={"type": "number", "minimum": 0, "maximum": MAX_RESOURCE},
+        ),
+    )
+    """What one replica reserves on the runtime, e.g. ``{"CPU": 1}``. Empty: nothing."""
+
+    max_surge: int | float = attrs.field(
+        default=0.25, converter=_max_surge, metadata=_schema(**_LIMIT_SCHEMA)
+    )
+    """During an update, how many replicas may run above `num_replicas`: a count (int) or a
+    fraction of `num_replicas` (float, rounded up). Like Kubernetes' maxSurge."""
+
+    max_unavailable: int | float = attrs.field(
+        default=0.25, converter=_max_unavailable, metadata=_schema(**_LIMIT_SCHEMA)
+    )
+    """During an update, how many of `num_replicas` may be unavailable: a count (int) or a
+    fraction (float, rounded down). Also bounds how many replicas are reconfigured at once."""
+
+    health_check_period_s: float = attrs.field(
+        default=10.0,
+        converter=_health_check_period,
+        # One number type with the gap as a further rule, so that client generators see a
+        # plain number; the gap is a choice, not a `not`, which schemathesis cannot draw from
+        # below the document's root (a manifest's backends).
+        metadata=_schema(
+            type="number",
+            minimum=0,
+            maximum=MAX_SECONDS,
+            anyOf=[{"const": 0}, {"minimum": MIN_HEALTH_CHECK_PERIOD_S}],
+        ),
+    )
+    """How often each RUNNING replica's ``check_health`` is called (at least every 0.1 s). 0
+    turns health checks off."""
+
+    health_check_timeout_s: float = attrs.field(
+        default=30.0, converter=_health_check_timeout, metadata=_schema(**_SECONDS_SCHEMA)
+    )
+    """How long one health check may take before it counts as failed."""
+
+    health_check_failure_threshold: int = attrs.field(
+        default=3,
+        converter=_failure_threshold,
+        metadata=_schema(type="integer", minimum=1),
+    )
+    """Consecutive failed checks after which a replica is stopped and replaced."""
+
+    route_prefix: str | None = attrs.field(
+        default=None,
+        converter=_route_prefix,
+        metadata=_schema(type=["string", "null"], pattern=f"^(?:{ROUTE_PATTERN})$"),
+    )
+    """Where the ingress serves the backend: requests whose path is this prefix or below it
+    (``/echo`` takes ``/echo`` and ``/echo/x``, not ``/echoes``); the longest prefix wins.
+    None: not routed. Changing it never restarts replicas."""
+
+    max_ongoing_requests: int = attrs.field(
+        default=100,
+        converter=_max_ongoing,
+        metadata=_schema(type="integer", minimum=1, maximum=MAX_REQUESTS),
+    )
+    """How many requests one ingress sends one replica at once; more wait in the backend's
+    queue. 100 suits an HTTP service that handles requests concurrently; set it to what one
+    replica really runs at once (1 for a model that takes one request at a time)."""
+
+    max_queued_requests: int = attrs.field(
+        default=1000,
+        converter=_max_queued,
+        metadata=_schema(type="integer", minimum=0, maximum=MAX_REQUESTS),
+    )
+    """How many requests one ingress holds for the backend while every replica is at
+    `max_ongoing_requests` (first in, first out); beyond it, 503 with ``Retry-After``. 0: no
+    queue. There is no unbounded setting: a queue without a bound turns overload into
+    timeouts for everyone."""
+
+    autoscaling: AutoscalingConfig | None = attrs.field(
+        default=None, converter=autoscaling, metadata=_schema(**autoscaling_schema())
+    )
+    """Scale on load between bounds (see ``AutoscalingConfig``); `num_replicas` is then only
+    the count it starts with. None: exactly `num_replicas`."""
+
+    progress_deadline_s: float = attrs.field(
+        default=600.0, converter=progress_deadline, metadata=_schema(**_SECONDS_SCHEMA)
+    )
+    """How long a rollout may go without a new replica becoming ready before it fails
+    (``ProgressDeadlineExceeded``), as Kubernetes' progressDeadlineSeconds."""
+
+    on_failure: OnFailure = attrs.field(
+        default="halt",
+        converter=on_failure,
+        metadata=_schema(type="string", enum=list(ON_FAILURE)),
+    )
+    """What a failed rollout does: ``"halt"`` stops it and keeps what serves; ``"rollback"``
+    also undoes to the last revision that completed."""
+
+    min_ready_s: float = attrs.field(
+        default=0.0,
+        converter=min_ready,
+        metadata=_schema(type="number", minimum=0, maximum=MAX_SECONDS),
+    )
+    """How long each new replica must stay healthy after it becomes ready before its rollout
+    counts as complete: a failed health check or a death within it fails the rollout."""
+
+    revision_history_limit: int = attrs.field(
+        default=10,
+        converter=history_limit,
+        metadata=_schema(type="integer", minimum=0, maximum=MAX_HISTORY),
+    )
+    """How many revisions are kept beyond the current one (those that live replicas run, the
+    one a rollout would go back to, and one paused are always kept)."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_surge == 0 and self.max_unavailable == 0:
+            raise ConfigError(
+                "BackendConfig.max_surge",
+                "max_surge and max_unavailable may not both be 0: an update could never proceed",
+                self.max_surge,
+            )
+
+    def initial_replicas(self) -> int:
+        """The count the backend starts with: `num_replicas`, within the autoscaling bounds."""
+        if self.autoscaling is None:
+            return self.num_replicas
+        return self.autoscaling.initial(self.num_replicas)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> BackendConfig:
+        """Build from a mapping (a config file, a request body); unknown keys are errors."""
+        return _from_dict(cls, data)
+
+
+def _entrypoint(value: object) -> str:
+    if not isinstance(value, str) or not _ENTRYPOINT.fullmatch(value):
+        raise ConfigError(
+            "ReplicaConfig.entrypoint", 'must look like "package.module:Class"', value
+        )
+    return value
+
+
+def _init_args(value: object) -> tuple[JSON, ...]:
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError("ReplicaConfig.init_args", "must be a list of JSON values", value)
+    return tuple(check_json(f"ReplicaConfig.init_args[{i}]", v) for i, v in enumerate(value))
+
+
+def _init_kwargs(value: object) -> dict[str, JSON]:
+    if not isinstance(value, Mapping):
+        raise ConfigError("ReplicaConfig.init_kwargs", "must be a mapping of str to JSON", value)
+    out: dict[str, JSON] = {}
+    for key, item in value.items():
+        if not isinstance(key, str) or not _KEYWORD.fullmatch(key):
+            raise ConfigError(
+                "ReplicaConfig.init_kwargs", "keys must be ASCII Python identifiers", key
+            )
+        out[key] = check_json(f"ReplicaConfig.init_kwargs[{key!r}]", item)
+    return out
+
+
+@attrs.frozen
+class ReplicaConfig:
+    """How to build one replica: which class, constructed with which arguments."""
+
+    entrypoint: str = attrs.field(
+        converter=_entrypoint, metadata=_schema(type="string", pattern=f"^{ENTRYPOINT_PATTERN}$")
+    )
+    """The replica class, as ``"package.module:Class"``."""
+
+    init_args: tuple[JSON, ...] = attrs.field(
+        default=(),
+        kw_only=True,
+        converter=_init_args,
+        metadata=_schema(type="array", items={"description": _JSON_RULE}),
+    )
+    """Positional arguments for the class (JSON values)."""
+
+    init_kwargs: dict[str, JSON] = attrs.field(
+        factory=dict,
+        kw_only=True,
+        converter=_init_kwargs,
+        metadata=_schema(
+            type="object",
+            propertyNames={"pattern": f"^{_IDENTIFIER}$"},
+            additionalProperties={"description": _JSON_RULE},
+        ),
+    )
+    """Keyword arguments for the class (JSON values)."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> ReplicaConfig:
+        """Build from a mapping (a config file, a request body); unknown keys are errors."""
+        return _from_dict(cls, data)
+
+
+_C = TypeVar("_C", BackendConfig, ReplicaConfig)
+
+
+def _from_dict(cls: type[_C], data: Mapping[str, object]) -> _C:
+    if not isinstance(data, Mapping):
+        raise ConfigError(cls.__name__, "must be a mapping of field names to values", data)
+    fields = attrs.fields_dict(cls)
+    for key in data:
+        if key not in fields:
+            raise ConfigError(
+                f"{cls.__name__}.{key}",
+                f"unknown field; known fields are {', '.join(sorted(fields))}",
+                show_value=False,
+            )
+    for name, field in fields.items():
+        if field.default is attrs.NOTHING and name not in data:
+            raise ConfigError(f"{cls.__name__}.{name}", "is required", show_value=False)
+    return cls(**data)  # keys were checked against the fields above

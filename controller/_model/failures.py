@@ -1,0 +1,118 @@
+"""Backoff after failures, and when a deploy has failed: a backend's failure bookkeeping, pure.
+
+Time comes in as an argument (the loop passes ``trio.current_time()``), so every rule here is a
+plain function of what happened, testable without trio.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Literal, final
+
+import attrs
+
+from .policy import RestartPolicy
+
+#: Why a backend starts nothing new (or, for a failed reconfigure, changes no config) until the
+#: next deploy.
+Blocked = Literal[
+    "StartFailures",
+    "Infeasible",
+    "ReconfigureFailed",
+    "ProgressDeadlineExceeded",
+    "UnhealthyAfterReady",
+]
+
+
+@final
+@attrs.define
+class FailureBook:
+    """One backend's failures: the backoff they impose, and whether its deploy has failed."""
+
+    policy: RestartPolicy
+    rng: random.Random
+    restarts: int = 0
+    """Failures in a row, for the backoff (forgiven after `policy.reset_after_s` without one)."""
+    last_failure_at: float = -math.inf
+    backoff_until: float = -math.inf
+    """No start before this time."""
+    consecutive: int = 0
+    """Failed starts of the target version in a row."""
+    failed_starts: int = 0
+    """Failed starts of the target version in this generation, for the status message."""
+    start_error: str | None = None
+    """Why the last of those failed."""
+    proven: bool = False
+    """A replica of the target version has been ready in this generation: later start failures
+    back off, but no longer fail the deploy."""
+    blocked: Blocked | None = None
+    """Set once the deploy has failed, until the next one."""
+    error: str | None = None
+    """The last failure of this generation (what the status message shows)."""
+
+    def new_generation(self) -> None:
+        """A new spec is a new attempt: nothing of the one it replaces carries over."""
+        self.consecutive = self.failed_starts = self.restarts = 0
+        self.proven = False
+        self.blocked = None
+        self.error = self.start_error = None
+        self.backoff_until = -math.inf
+
+    def failed(self, now: float, error: str) -> str:
+        """Note a failure (a failed start, a crash, a failed health check or reconfigure): the
+        next start waits, longer after each failure in a row. Returns what comes next, in
+        words."""
+        self.error = error
+        if now - self.last_failure_at >= self.policy.reset_after_s:
+            self.restarts = 0  # it has been well for a while: forgive the earlier failures
+        self.restarts += 1
+        self.last_failure_at = now
+        delay = self.policy.delay(self.restarts, self.rng)
+        self.backoff_until = now + delay
+        if self.starts_blocked:
+            return "no new start until the next deploy"
+        return f"next start in {delay:.3g}s"
+
+    def why_blocked(self, error: str) -> str:
+        """Why the deploy failed, once `start_failed` said it did (what follows is said by the
+        rollout: halted, or rolling back; the status adds that nothing new starts)."""
+        return f"{self.consecutive} consecutive replica starts failed; last: {error}"
+
+    def start_failed(self, of_target: bool, error: str) -> bool:
+        """Count a failed start (of the target version or not); True if this one fails the
+        deploy: `max_failed_starts` in a row, and none of the version ready yet."""
+        if not of_target:
+            return False
+        self.consecutive += 1
+        self.failed_starts += 1
+        self.start_error = error
+        if (
+            self.blocked is None
+            and not self.proven
+            and self.consecutive >= self.policy.max_failed_starts
+        ):
+            self.blocked = "StartFailures"
+            return True
+        return False
+
+    def ready(self, of_target: bool) -> None:
+        if of_target:
+            self.consecutive = 0
+            self.proven = True
+
+    def deferred(self, now: float) -> bool:
+        """Whether starts must wait (backing off)."""
+        return now < self.backoff_until
+
+    @property
+    def halted(self) -> bool:
+        """The deploy failed on its own (its starts, the deadline, its new replicas' health):
+        what it still has starting stops. Not a spec too large for the runtime at recovery."""
+        return self.blocked is not None and self.blocked not in ("Infeasible", "ReconfigureFailed")
+
+    @property
+    def starts_blocked(self) -> bool:
+        """No new start until the next deploy (a failed reconfigure still lets the replicas it
+        stops be replaced, with the config before it)."""
+        return self.blocked is not None and self.blocked != "ReconfigureFailed"

@@ -1,0 +1,333 @@
+"""Revisions: what a backend's replicas run, kept as data, so that a rollout can be undone.
+
+A revision is the part of a deploy that replicas run (the class and its arguments, the version,
+the user config, the resources), with a number that only grows, why it was made and how its
+rollout went. Scale, autoscaling and the controller's own settings (rollout limits, timeouts,
+health checks, route, deadline) are not part of it: changing them makes no revision, and an undo
+keeps them as they are now, as ``kubectl rollout undo`` keeps a Deployment's replicas.
+
+The controller writes a backend's revisions (``revisions/<name>``) in the same store batch as
+the spec that makes one; the backend's loop notes how the rollout goes in memory and in its own
+record (the rollout part of ``replicas/<name>``), which recovery lays over the stored history.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Sequence
+from typing import Literal, final
+
+import attrs
+
+from .code import CodeDigest
+from .config import BackendConfig, ReplicaConfig
+from .errors import ConfigError
+from .json_values import JSON, canonical
+
+#: How a revision's rollout went. ``pending``: recorded while the backend was paused, not rolled
+#: out (yet); ``superseded``: another revision took its place before its rollout ended.
+RevisionOutcome = Literal["pending", "in_progress", "complete", "failed", "superseded"]
+#: Who asked: a Python call, the HTTP API, the CLI (through the API), or the controller itself
+#: (an automatic rollback, a revision recorded at recovery).
+Via = Literal["python", "api", "cli", "console", "controller"]
+VIA: tuple[Via, ...] = ("python", "api", "cli", "console", "controller")
+
+#: The most a backend's history keeps of revisions' content (arguments and user configs), in
+#: bytes of JSON, beyond the revisions it must keep: the record is written whole with each
+#: revision, so a history of 1 MB user configs keeps four.
+MAX_HISTORY_BYTES = 4 << 20
+MAX_MESSAGE = 1000
+MAX_MANIFEST = 4096
+_PRINTABLE = re.compile(r"[^\x00-\x1f\x7f]*")
+_HEX = re.compile(r"[0-9a-f]{1,128}")
+
+
+def _via(value: object) -> Via:
+    for choice in VIA:
+        if value == choice and isinstance(value, str):
+            return choice
+    raise ConfigError(
+        "cause.via", 'must be "python", "api", "cli", "console" or "controller"', value
+    )
+
+
+def _text(field: str, limit: int, value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > limit or not _PRINTABLE.fullmatch(value):
+        raise ConfigError(
+            f"cause.{field}", f"must be text of at most {limit} characters, one line", value
+        )
+    return value
+
+
+def _message(value: object) -> str | None:
+    return _text("message", MAX_MESSAGE, value)
+
+
+def _manifest(value: object) -> str | None:
+    return _text("manifest", MAX_MANIFEST, value)
+
+
+def _hex(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _HEX.fullmatch(value):
+        raise ConfigError("cause.manifest_digest", "must be lowercase hex, at most 128", value)
+    return value
+
+
+@attrs.frozen
+class Cause:
+    """Why a revision was made: who asked, from which manifest, with what message."""
+
+    via: Via = attrs.field(default="python", converter=_via)
+    """A Python call, the HTTP API, the CLI, or the controller itself."""
+    message: str | None = attrs.field(default=None, converter=_message)
+    """What the person said of the change (``--message``)."""
+    manifest: str | None = attrs.field(default=None, converter=_manifest)
+    """The manifest file it was applied from, if any."""
+    manifest_digest: str | None = attrs.field(default=None, converter=_hex)
+    """The sha256 of that file's bytes, as sent."""
+
+
+@attrs.frozen
+class RevisionContent:
+    """What replicas run: the part of a deploy a revision keeps."""
+
+    replica_config: ReplicaConfig
+    version: str | None
+    user_config: JSON
+    resources: dict[str, float]
+
+    @property
+    def digest(self) -> str:
+        """A fingerprint of the content: two deploys that run the same replicas have the same."""
+        rc = self.replica_config
+        text = canonical(
+            {
+                "entrypoint": rc.entrypoint,
+                "init_args": list(rc.init_args),
+                "init_kwargs": rc.init_kwargs,
+                "version": self.version,
+                "user_config": self.user_config,
+                "resources": dict(self.resources),
+            }
+        )
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def content_of(backend_config: BackendConfig, replica_config: ReplicaConfig) -> RevisionContent:
+    return RevisionContent(
+        replica_config,
+        backend_config.version,
+        backend_config.user_config,
+        backend_config.resources,
+    )
+
+
+def with_content(backend_config: BackendConfig, content: RevisionContent) -> BackendConfig:
+    """`backend_config` running `content`: its scale and settings, the revision's replicas."""
+    return attrs.evolve(
+        backend_config,
+        version=content.version,
+        user_config=content.user_config,
+        resources=content.resources,
+    )
+
+
+@attrs.frozen
+class Revision:
+    """One revision of a backend, as ``ctl.revisions(name)`` lists it."""
+
+    number: int
+    """Grows by one with each revision of the backend; never reused."""
+    content: RevisionContent
+    """What its replicas run."""
+    digest: str
+    """The content's fingerprint (equal content, equal digest)."""
+    created_at: float
+    """When it was made, by the wall clock (seconds since the epoch)."""
+    cause: Cause
+    """Why it was made."""
+    code: CodeDigest | None
+    """The entrypoint module's source when it was made (None: not found on the controller's
+    path, so not pinned)."""
+    code_generation: int
+    """The spec generation whose code an unversioned revision runs (its version is
+    ``gen-N``)."""
+    outcome: RevisionOutcome = "in_progress"
+    """How its rollout went."""
+    error: str | None = None
+    """Why its rollout failed, if it did."""
+    good: bool = False
+    """Its rollout completed with every replica serving (and stayed healthy for
+    ``min_ready_s``): a plain undo goes back to the newest such revision."""
+    restores: int | None = None
+    """Made by an undo or a rollback: the revision whose content it brings back."""
+    automatic: bool = False
+    """Made by an automatic rollback (``on_failure = "rollback"``)."""
+    code_changed: bool | None = None
+    """Filled when listed: whether the code on disk differs from `code` now (None: cannot
+    tell). Never stored."""
+
+    @property
+    def version(self) -> str:
+        """The version its replicas have (``gen-N`` when its config names none)."""
+        content = self.content
+        return content.version if content.version is not None else f"gen-{self.code_generation}"
+
+
+def make_revision(
+    number: int,
+    content: RevisionContent,
+    *,
+    now: float,
+    cause: Cause,
+    code: CodeDigest | None,
+    code_generation: int,
+    outcome: RevisionOutcome = "in_progress",
+    restores: int | None = None,
+    automatic: bool = False,
+) -> Revision:
+    return Revision(
+        number,
+        content,
+        content.digest,
+        # Whole seconds: enough for a history, and the stored text keeps one length.
+        float(int(now)),
+        cause,
+        code,
+        code_generation,
+        outcome=outcome,
+        restores=restores,
+        automatic=automatic,
+    )
+
+
+def trim(revisions: Sequence[Revision], limit: int, keep: Iterable[int]) -> list[Revision]:
+    """`revisions` (oldest first) without those past the history limit: the newest `limit` + 1
+    stay (the current one and `limit` before it), and every revision in `keep` (those live
+    replicas run, the one an undo would go back to, the pending one). The whole history is one
+    store record, written with every revision: beyond `MAX_HISTORY_BYTES` of content, the oldest
+    that may go, go (a history of large user configs keeps fewer)."""
+    kept = set(keep)
+    newest = {r.number for r in revisions[-(limit + 1) :]}
+    out = [r for r in revisions if r.number in newest or r.number in kept]
+    sizes = [_size(r) for r in out]
+    total = sum(sizes)
+    for i, revision in enumerate(out):
+        if total <= MAX_HISTORY_BYTES or i == len(out) - 1:
+            break
+        if revision.number not in kept:
+            total -= sizes[i]
+            sizes[i] = -1
+    return [r for r, size in zip(out, sizes, strict=True) if size >= 0]
+
+
+def _size(revision: Revision) -> int:
+    """About what a revision takes in the store: its content as JSON."""
+    rc = revision.content.replica_config
+    return len(canonical([list(rc.init_args), rc.init_kwargs, revision.content.user_config]))
+
+
+@final
+class RevisionBook:
+    """One backend's revisions in memory, oldest first. The controller adds (once the store
+    holds them); the backend's loop marks how each rollout goes."""
+
+    def __init__(self, revisions: Sequence[Revision] = ()):
+        self.revisions: list[Revision] = list(revisions)
+
+    @property
+    def latest(self) -> Revision | None:
+        return self.revisions[-1] if self.revisions else None
+
+    @property
+    def next_number(self) -> int:
+        latest = self.latest
+        return 1 if latest is None else latest.number + 1
+
+    def get(self, number: int | None) -> Revision | None:
+        for revision in self.revisions:
+            if revision.number == number:
+                return revision
+        return None
+
+    def mark(self, number: int | None, **changes: object) -> Revision | None:
+        """Note how revision `number`'s rollout went (`outcome`, `error`, `good`)."""
+        for i, revision in enumerate(self.revisions):
+            if revision.number == number:
+                self.revisions[i] = attrs.evolve(revision, **changes)  # type: ignore[arg-type]
+                return self.revisions[i]
+        return None
+
+    def last_good(self, *, unlike: str | None = None) -> Revision | None:
+        """The newest revision whose rollout completed with every replica serving, and whose
+        content is not `unlike` (the digest of what runs now)."""
+        for revision in reversed(self.revisions):
+            if revision.good and revision.digest != unlike:
+                return revision
+        return None
+
+    def current(self) -> Revision | None:
+        """The newest revision whose rollout completed (what the backend last finished)."""
+        for revision in reversed(self.revisions):
+            if revision.outcome == "complete":
+                return revision
+        return None
+
+
+def merged(
+    history: Sequence[Revision],
+    base: Sequence[Revision],
+    now: Sequence[Revision],
+    replaces: Iterable[int | None],
+) -> list[Revision]:
+    """`history` (a change's, made from `base`, a copy of the book) with what the book's
+    rollouts marked since (`now` against `base`: a revision begun, completed or failed), and
+    the revisions the change replaces still superseded if their rollout was under way then.
+    The change and the loop never write the same thing: the loop marks how a rollout went,
+    the change adds revisions and supersedes the one it replaces."""
+    before = {revision.number: revision for revision in base}
+    current = {revision.number: revision for revision in now}
+    out = []
+    for revision in history:
+        seen = current.get(revision.number)
+        if seen is not None and seen != before.get(revision.number):
+            revision = attrs.evolve(
+                revision, outcome=seen.outcome, good=seen.good, error=seen.error
+            )
+        out.append(revision)
+    return superseded(out, replaces)
+
+
+def superseded(revisions: Sequence[Revision], numbers: Iterable[int | None]) -> list[Revision]:
+    """`revisions` with those of `numbers` still under way (in progress or pending) marked
+    superseded: another revision takes their place."""
+    gone = set(numbers)
+    return [
+        attrs.evolve(r, outcome="superseded")
+        if r.number in gone and r.outcome in ("in_progress", "pending")
+        else r
+        for r in revisions
+    ]
+
+
+def describe_cause(revision: Revision) -> str:
+    """``undo to revision 2, cli: "bad release"`` and the like, for events and history."""
+    cause = revision.cause
+    parts = []
+    if revision.automatic:
+        parts.append(f"automatic rollback to revision {revision.restores}")
+    elif revision.restores is not None:
+        parts.append(f"undo to revision {revision.restores}")
+    parts.append(cause.via)
+    if cause.manifest is not None:
+        parts.append(f"from {cause.manifest}")
+    text = ", ".join(parts)
+    if cause.message is not None:
+        text += f": {json.dumps(cause.message)}"
+    return text

@@ -1,0 +1,187 @@
+"""The Runtime protocol: where replicas live. The core speaks only this; runtimes never see it."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Protocol, final
+
+import attrs
+import trio
+
+from .._model.config import ReplicaConfig
+from .._model.json_values import JSON
+
+#: Called by a runtime, from trio, when a replica it started or adopted dies on its own:
+#: ``on_death(tag, reason)``. It must not block; the controller turns it into an event.
+DeathListener = Callable[[str, str], None]
+
+
+class ReplicaListener(Protocol):
+    """What the controller hands ``serve``: a DeathListener that also takes the load a replica
+    reports of itself. A runtime that can carry a replica's ``load()`` calls ``load``; any
+    other treats it as a plain DeathListener."""
+
+    def __call__(self, tag: str, reason: str) -> None:
+        """`tag` died on its own, for `reason`."""
+        ...
+
+    def load(self, tag: str, ongoing: int | None) -> None:
+        """`tag`'s own ``load()`` now says `ongoing` (requests it holds; None: it no longer
+        says, and what it said stops counting); must not block."""
+        ...
+
+
+@attrs.frozen
+class ReplicaInfo:
+    """What a runtime tells of a replica once it is ready (``start_replica``, ``adopt_replica``).
+
+    A runtime may return a plain address (``str``) or None instead, and say nothing more.
+    """
+
+    address: str | None = None
+    """Where it serves, as routers should reach it (None if the runtime has no such notion)."""
+    pid: int | None = None
+    """Its process id, where it has one of its own."""
+    node: str | None = None
+    """The machine (or cluster node) it runs on."""
+
+
+@attrs.frozen
+class ReplicaSpec:
+    """Everything a runtime needs to start one replica."""
+
+    tag: str
+    """The replica's stable name; the runtime must be able to find the replica by it again later
+    (after a controller restart), through ``list_replicas`` and ``adopt_replica``."""
+    backend: str
+    """The backend it belongs to."""
+    version: str
+    """Its code version."""
+    replica_config: ReplicaConfig
+    """Which class, with which arguments."""
+    user_config: JSON
+    """Handed to the replica's ``reconfigure`` before it counts as ready."""
+    resources: Mapping[str, float]
+    """What it reserves."""
+
+
+class Runtime(Protocol):
+    """Where replicas live: worker processes, Ray actors, or ``controller.testing.FakeRuntime``.
+
+    Every method may be cancelled; a cancelled start may leave a half-started replica behind, which
+    the controller then kills by tag. No method has a timeout of its own: the controller wraps calls
+    in cancel scopes. Failures of the user's code are raised as ``ReplicaError``, with the user's
+    traceback where the runtime has it.
+    """
+
+    async def serve(
+        self,
+        on_death: DeathListener,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Run the runtime's background work (watching replicas) until cancelled.
+
+        Started by the controller with ``nursery.start``; report deaths through `on_death`.
+        Cancelling it must leave the replicas running: a controller restart adopts them.
+        """
+        ...
+
+    async def capacity(self) -> Sequence[Mapping[str, float]] | None:
+        """What each node can give this controller's replicas in all (one mapping per node), or
+        None for no limit: a node's total, less what others than this runtime's replicas hold
+        there. Asked before every scale-up, so a runtime shared with others answers afresh.
+
+        Each node should say how many replicas it can hold at all, under the key
+        ``"replica_slots"`` (each replica takes one, whatever else it asks for): without it, a
+        replica that asks for nothing costs nothing, and no count would ever be refused."""
+        ...
+
+    async def list_replicas(self) -> Sequence[str]:
+        """The tags of every replica this runtime has, alive or starting."""
+        ...
+
+    async def start_replica(self, spec: ReplicaSpec) -> ReplicaInfo | str | None:
+        """Start a replica and return once it is ready, with what is known of it (or just its
+        address, or None)."""
+        ...
+
+    async def adopt_replica(self, tag: str) -> ReplicaInfo | str | None:
+        """Reattach to a live replica found by ``list_replicas``; return once it is ready, as
+        ``start_replica`` does. Raises ``ReplicaGoneError`` if it is not there."""
+        ...
+
+    async def reconfigure_replica(self, tag: str, user_config: JSON) -> None:
+        """Hand a running replica a new user config."""
+        ...
+
+    async def check_health_replica(self, tag: str) -> None:
+        """Call the replica's health check; raise ``ReplicaError`` if it reports a problem."""
+        ...
+
+    async def drain_replica(self, tag: str) -> None:
+        """Ask a replica to finish its in-flight work; return when it has. Idempotent: a
+        replica already draining (a restarted controller finishing a stop) is waited for."""
+        ...
+
+    async def kill_replica(self, tag: str) -> None:
+        """Stop a replica for sure and return when it is gone. Idempotent: a missing tag is fine."""
+        ...
+
+    def fence(self, epoch: int) -> None:
+        """Command replicas as the leader of `epoch` from now on (called once a daemon wins the
+        lease, before it recovers; epochs only grow).
+
+        Each replica remembers the highest epoch that has commanded it (its start, its adoption,
+        any command) and refuses drain, reconfigure and kill from a lower one by raising
+        ``FencedError``: nothing of such a command takes effect. Adoption raises a replica's
+        epoch to this one. A runtime never fenced commands with epoch 0, which any fenced
+        command outranks."""
+        ...
+
+
+@final
+class Watchers:
+    """A runtime's background work (one watcher per replica, that tells of its death) in a
+    nursery that lives from ``serve`` until it is cancelled; for runtimes to share."""
+
+    def __init__(self, runtime_name: str):
+        self._name = runtime_name
+        self._nursery: trio.Nursery | None = None
+        self._on_death: DeathListener | None = None
+
+    async def serve(
+        self,
+        on_death: DeathListener,
+        task_status: trio.TaskStatus[None],
+        cleanup: Callable[[], None],
+    ) -> None:
+        """Run until cancelled; `cleanup` then (the replicas live on: a later controller adopts
+        them)."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery, self._on_death = nursery, on_death
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery, self._on_death = None, None
+            cleanup()
+
+    def check_running(self) -> None:
+        assert self._nursery is not None, f"{self._name}.serve is not running"
+
+    def start_soon(self, fn: Callable[..., Awaitable[None]], *args: object) -> None:
+        self.check_running()
+        assert self._nursery is not None
+        self._nursery.start_soon(fn, *args)
+
+    def load(self, tag: str, ongoing: int | None) -> None:
+        """Tell the controller, if one is listening and takes it, what `tag` reports of its load."""
+        take = getattr(self._on_death, "load", None)
+        if take is not None:
+            take(tag, ongoing)
+
+    def died(self, tag: str, reason: str) -> None:
+        """Tell the controller, if one is listening, that `tag` died on its own."""
+        if self._on_death is not None:
+            self._on_death(tag, reason)

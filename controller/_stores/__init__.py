@@ -1,0 +1,1 @@
+"""The stores of this machine: in memory, and a SQLite file (the embedded default)."""
