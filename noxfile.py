@@ -1,4 +1,4 @@
-"""Tasks: tests, lint, typecheck, bench, reliability and quickstart (``nox -s NAME``)."""
+"""Tasks: tests, quick, lint, typecheck, bench, reliability and quickstart (``nox -s NAME``)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,14 @@ def tests(session: nox.Session) -> None:
     # Shown as it goes: Ray is a large download, and the first run spends a minute on it.
     session.install("-e", ".[test,ray]", silent=False)
     session.run("pytest", *session.posargs)
+
+
+@nox.session
+def quick(session: nox.Session) -> None:
+    """The tests that need no daemon, worker, Ray cluster or browser (``-m "not slow"``): under
+    a minute, for the edit-test loop. The full suite is ``nox -s tests``."""
+    session.install("-e", ".[test,ray]", silent=False)  # the Ray tests' modules import it
+    session.run("pytest", "-m", "not slow", *session.posargs)
 
 
 @nox.session

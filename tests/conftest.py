@@ -103,6 +103,33 @@ def no_process_left_behind() -> Iterator[None]:
     assert not left, f"the test left processes behind (killed now): {[found[p] for p in left]}"
 
 
+#: What makes a test slow: a fixture that starts real processes (workers, a daemon's state, a Ray
+#: cluster, a browser), or a module whose tests start them in their bodies. ``-m "not slow"``
+#: (``nox -s quick``) runs the rest: the in-process suite, for the edit-test loop.
+SLOW_FIXTURES = frozenset({"state_dir", "runtime_dir", "cluster", "browser", "daemon"})
+SLOW_MODULES = frozenset(
+    {
+        "test_aio",
+        "test_api_contract",
+        "test_examples",
+        "test_ingress_attack",
+        "test_kill9",
+        "test_rollout_api",
+        "test_runtime_fencing",
+        "test_soak",
+        "test_standby_daemon",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if module in SLOW_MODULES or fixtures & SLOW_FIXTURES:
+            item.add_marker(pytest.mark.slow)
+
+
 def config(**kwargs: object) -> controller.BackendConfig:
     kwargs.setdefault("version", "v1")
     return controller.BackendConfig(**kwargs)

@@ -1,9 +1,8 @@
 """One request's way through the ingress: route it, hold a replica slot for it, send it on a
 pooled connection, and relay the answer. Bodies stream both ways chunk by chunk.
 
-Every slot taken is given back in the ``finally`` that follows the take, whatever happens
-after it (a failed send, a bad answer, the client hanging up, a deadline, a bug): the load the
-ingress reports is only ever what is really under way."""
+Every slot taken is given back in the ``finally`` after the take, whatever happens (a failed send,
+a bad answer, a client hanging up, a deadline, a bug): the load reported is what is under way."""
 
 from __future__ import annotations
 
@@ -326,9 +325,9 @@ class Proxy:
         sized = answer.length is not None
         chunks = not sized and not head.http_10
         # An answer before the whole body went (an early 413, say): the rest of the body is
-        # not read, so the connection closes after the answer.
+        # not read, so the connection closes after the answer; so it does if the ingress stops.
         keep = head.keep_alive and (sized or chunks) and whole and head.complete
-        keep = keep and not client.closing  # the ingress stops: say so in the answer
+        keep = keep and not client.closing
         out = bytearray(response_head(answer, chunked=chunks, close=not keep))
         client.answered = answer.status
         # From here on the client has the head: a failure can only cut the answer short. What
@@ -383,8 +382,7 @@ class Proxy:
     ) -> bool:
         """An answer of the ingress's own, whole; whether the connection may carry another
         request (not if the request's body is still arriving: it is not read)."""
-        keep = head.keep_alive and not client.closing
-        keep = keep and (client.skip_body() if head.body else True)
+        keep = head.keep_alive and not client.closing and (not head.body or client.skip_body())
         client.answered = status
         head_only = head.method == b"HEAD"
         await client.send(
