@@ -26,7 +26,7 @@ from .._model.errors import (
     UnknownBackendError,
 )
 from .._model.load_report import parse_load_body
-from .._model.manifest import BackendDecl, Manifest, parse_manifest
+from .._model.manifest import BackendDecl, parse_manifest
 from .._model.revisions import Cause
 from .._model.status import BackendSnapshot, BackendStatus
 from .bodies import (
@@ -58,7 +58,7 @@ from .listing import list_backends
 from .openapi import OPENAPI
 from .serving import Serving
 from .timeline import Timelines
-from .views import revision_json, snapshot_json, status_json
+from .views import applied_json, revision_json, snapshot_json, status_json
 
 logger = logging.getLogger("controller.api")
 
@@ -529,7 +529,7 @@ class Api:
             )
         except ManifestError as exc:
             raise HTTPError(422, "InvalidManifest", str(exc), problems=exc.problems) from None
-        return await apply_manifest(self._ctl, manifest, prune=prune, cause=cause)
+        return applied_json(await self._ctl.apply_manifest(manifest, prune=prune, cause=cause))
 
     async def _changes(self, query: dict[str, list[str]], *, wait: bool) -> dict[str, Any]:
         """The console's long poll: answers once anything a status shows may have changed
@@ -580,32 +580,3 @@ class Api:
 def _by(cause: Cause, by_session: bool) -> Cause:
     """A change asked from the console says so in its revision's history."""
     return attrs.evolve(cause, via="console") if by_session else cause
-
-
-async def apply_manifest(
-    ctl: Controller, manifest: Manifest, *, prune: bool, cause: Cause | None = None
-) -> dict[str, Any]:
-    """Deploy every backend of `manifest` (and, with `prune`, delete the others) as one change:
-    all of it, or nothing if any backend cannot be placed beside the others (409). Deploys of
-    an unchanged spec change nothing. `cause` is why, for the revisions it makes."""
-    try:
-        applied = await ctl.apply(
-            {d.name: (d.backend_config, d.replica_config) for d in manifest.backends},
-            prune=prune,
-            cause=cause,
-        )
-    except ControllerError as exc:
-        raise domain_error(exc) from exc
-    return {
-        "applied": [
-            {
-                "name": name,
-                "generation": goal.generation,
-                "changed": name in applied.changed,
-            }
-            for name, goal in applied.goals.items()
-        ],
-        "deleted": [
-            {"name": name, "generation": goal.generation} for name, goal in applied.deleted.items()
-        ],
-    }

@@ -8,6 +8,7 @@ from typing import Any
 
 import trio
 
+from .._core.controller import Applied
 from .._model.autoscale import ScaleDecision
 from .._model.manifest import BackendDecl, config_to_dict
 from .._model.revisions import Revision
@@ -192,5 +193,19 @@ def snapshot_json(snapshot: BackendSnapshot) -> dict[str, Any]:
         ),
         "replicas": [
             {"tag": r.tag, "version": r.version, "address": r.address} for r in snapshot.replicas
+        ],
+    }
+
+
+def applied_json(applied: Applied) -> dict[str, Any]:
+    """What an apply answers: each backend of the manifest, its generation and whether the
+    apply changed it, and the backends it deleted."""
+    return {
+        "applied": [
+            {"name": name, "generation": goal.generation, "changed": name in applied.changed}
+            for name, goal in applied.goals.items()
+        ],
+        "deleted": [
+            {"name": name, "generation": goal.generation} for name, goal in applied.deleted.items()
         ],
     }

@@ -32,6 +32,7 @@ from .._model.errors import (
 )
 from .._model.json_values import JSON
 from .._model.load_report import MAX_LOAD_COUNT
+from .._model.manifest import Manifest
 from .._model.policy import RestartPolicy
 from .._model.revisions import Cause, Revision, RevisionBook, merged, with_content
 from .._model.scale import scaled
@@ -179,6 +180,14 @@ class Controller:
         check_backend_name(name)
         applied = await self._change_specs({name: scaled_spec}, prune=False, cause=cause)
         return applied.goals[name]
+
+    async def apply_manifest(
+        self, manifest: Manifest, *, prune: bool = False, cause: Cause | None = None
+    ) -> Applied:
+        """`apply` the backends `manifest` declares (``controller apply -f``, a daemon's
+        ``--config`` at start): all of them, or none."""
+        backends = {d.name: (d.backend_config, d.replica_config) for d in manifest.backends}
+        return await self.apply(backends, prune=prune, cause=cause)
 
     async def apply(
         self,

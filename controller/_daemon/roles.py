@@ -12,8 +12,6 @@ from pathlib import Path
 import attrs
 import trio
 
-from .._api.app import apply_manifest
-from .._api.http import HTTPError
 from .._api.metrics import Metrics
 from .._api.serving import Serving
 from .._backend.history import plural
@@ -22,7 +20,13 @@ from .._core.open import _only_error, open_controller
 from .._leadership.fencing import FencedRuntime, FencedStore
 from .._leadership.keeper import Leadership
 from .._leadership.standby import store_view
-from .._model.errors import CheckpointError, ConfigError, StartupError, StoreError
+from .._model.errors import (
+    CheckpointError,
+    ConfigError,
+    ControllerError,
+    StartupError,
+    StoreError,
+)
 from .._model.lease import Lease
 from .._model.manifest import Manifest
 from .._model.revisions import Cause
@@ -195,12 +199,11 @@ async def apply_at_start(ctl: Controller, manifest: Manifest, source: Path | Non
             digest = hashlib.sha256(await trio.Path(source).read_bytes()).hexdigest()
             cause = Cause(via="cli", manifest=str(source), manifest_digest=digest)
     try:
-        result = await apply_manifest(ctl, manifest, prune=False, cause=cause)
-    except HTTPError as exc:
+        applied = await ctl.apply_manifest(manifest, cause=cause)
+    except ControllerError as exc:
         logger.error("applying %s: %s", source, exc)
     else:
-        names = ", ".join(a["name"] for a in result["applied"])
-        logger.info("applied %s: %s", source, names)
+        logger.info("applied %s: %s", source, ", ".join(applied.goals))
 
 
 def role_of(leadership: Leadership) -> str:
