@@ -64,41 +64,6 @@ logger = logging.getLogger("controller.api")
 
 MAX_WATCH_TIMEOUT_S = 60.0
 MAX_LOG_LINES = 10_000
-_BACKEND_PATH = re.compile(r"/api/v1/backends/([^/]+)")
-_LOGS_PATH = re.compile(r"/api/v1/backends/([^/]+)/logs")
-_REVISIONS_PATH = re.compile(r"/api/v1/backends/([^/]+)/revisions")
-_STEER_PATH = re.compile(r"/api/v1/backends/([^/]+)/(undo|pause|resume)")
-_SCALE_PATH = re.compile(r"/api/v1/backends/([^/]+)/scale")
-_HISTORY_PATH = re.compile(r"/api/v1/backends/([^/]+)/history")
-
-
-#: The methods each path takes (HEAD wherever GET is), so that any other gets 405 with Allow.
-_PATHS: list[tuple[re.Pattern[str], tuple[str, ...]]] = [
-    (re.compile(r"/healthz"), ("GET", "HEAD")),
-    (re.compile(r"/metrics"), ("GET", "HEAD")),
-    (re.compile(r"/openapi\.json"), ("GET", "HEAD")),
-    (re.compile(r"/api/v1/ingress"), ("GET", "HEAD")),
-    (re.compile(r"/api/v1/backends"), ("GET", "HEAD")),
-    (_BACKEND_PATH, ("GET", "HEAD", "PUT", "DELETE")),
-    (_LOGS_PATH, ("GET", "HEAD")),
-    (_REVISIONS_PATH, ("GET", "HEAD")),
-    (_STEER_PATH, ("POST",)),
-    (_SCALE_PATH, ("POST",)),
-    (_HISTORY_PATH, ("GET", "HEAD")),
-    (re.compile(r"/api/v1/changes"), ("GET", "HEAD")),
-    (re.compile(r"/api/v1/console/links"), ("POST",)),
-    (re.compile(r"/api/v1/apply"), ("POST",)),
-    (re.compile(r"/api/v1/watch"), ("GET", "HEAD")),
-    (re.compile(r"/api/v1/load"), ("POST",)),
-    (re.compile(r"/api/v1/shutdown"), ("POST",)),
-]
-
-
-def _allowed(path: str) -> tuple[str, ...] | None:
-    for pattern, methods in _PATHS:
-        if pattern.fullmatch(path):
-            return methods
-    return None
 
 
 class LogSource(Protocol):
@@ -245,115 +210,125 @@ class Api:
             leader=leader,
         )
 
-    async def _route(self, scope: Scope, receive: Receive) -> tuple[int, bytes, str]:
+    async def _route(self, scope: Scope, receive: Receive) -> Answer:
         method: str = scope["method"]
         path = path_of(scope)
-        allowed = _allowed(path)
-        by_session = False
-        if path != "/healthz":
-            by_session = self._authenticate(scope)
-        if allowed is None:
+        route, args = _find(path)
+        # Every path but the public ones needs the token (or the console's session), even to
+        # learn that it does not exist.
+        by_session = False if route is not None and route.public else self._authenticate(scope)
+        if route is None:
             raise HTTPError(404, "NotFound", f"no such endpoint: {path}")
-        check_method(method, allowed, path)
-        if method not in ("GET", "HEAD") and path != "/api/v1/console/links":
-            # (A login link is this daemon's own: a standby's console shows the store.)
+        check_method(method, route.methods, path)
+        if method not in ("GET", "HEAD") and not route.anywhere:
             self._check_leading(scope)
         head = method == "HEAD"
-        if head:
-            method = "GET"
-        # Only the two requests that carry a body read one: the others ignore what is sent.
-        takes_body = method == "PUT" or path in ("/api/v1/apply", "/api/v1/load")
-        body = await read_body(scope, receive) if takes_body else b""
+        # Only the requests that carry a body read one: the others ignore what is sent.
+        body = await read_body(scope, receive) if method in route.bodies else b""
         query = parse_qs(scope.get("query_string", b"").decode(), keep_blank_values=True)
-        if path == "/healthz":
-            return 200, dump({"ok": True}), "application/json"
-        if path == "/metrics" and method == "GET":
-            text = self._render_metrics()
-            if self._ingress is not None:
-                text += await self._ingress.metrics()
-            return 200, text, "text/plain; version=0.0.4; charset=utf-8"
-        if path == "/api/v1/ingress":
-            if self._ingress is None:
-                return ok({"listen": None, "workers": 0, "processes": []})
-            return ok(await self._ingress.status())
-        if path == "/openapi.json" and method == "GET":
-            return 200, dump(OPENAPI), "application/json"
-        if path == "/api/v1/changes":
-            return ok(await self._changes(query, wait=not head))
-        match = _HISTORY_PATH.fullmatch(path)
-        if match is not None:
-            self._status(match.group(1))  # 404 for no such backend
-            return ok(self._timelines.json(match.group(1)))
-        match = _SCALE_PATH.fullmatch(path)
-        if match is not None:
-            name = match.group(1)
-            replicas, bounds, message = scale_request(await optional_json(scope, receive))
-            cause = _by(cause_of(via="api", message=message), by_session)
+        call = Call(scope, receive, "GET" if head else method, head, args, query, body, by_session)
+        return await route.handler(self, call)
+
+    # -- the handlers, one a path (see `_ROUTES`) --
+
+    async def _healthz(self, call: Call) -> Answer:
+        return 200, dump({"ok": True}), "application/json"
+
+    async def _metrics(self, call: Call) -> Answer:
+        text = self._render_metrics()
+        if self._ingress is not None:
+            text += await self._ingress.metrics()
+        return 200, text, "text/plain; version=0.0.4; charset=utf-8"
+
+    async def _openapi(self, call: Call) -> Answer:
+        return 200, dump(OPENAPI), "application/json"
+
+    async def _ingress_status(self, call: Call) -> Answer:
+        if self._ingress is None:
+            return ok({"listen": None, "workers": 0, "processes": []})
+        return ok(await self._ingress.status())
+
+    async def _backends(self, call: Call) -> Answer:
+        listed = list_backends(self._ctl, call.query)
+        leadership = self._serving.leadership_json()
+        if leadership is not None:
+            listed["leadership"] = leadership
+        return ok(listed)
+
+    async def _backend(self, call: Call) -> Answer:
+        (name,) = call.args
+        if call.method == "GET":
+            return ok(status_json(self._status(name)))
+        if call.method == "PUT":
+            decl = backend_from_body(name, parse_json(call.body))
+            cause = cause_of(via="api", message=call.query.get("message", [None])[-1])
             self._check_accepting()
-            goal = await self._ctl.scale(name, replicas, cause=cause, **bounds)
-            return ok({"name": name, "generation": goal.generation})
-        if path == "/api/v1/console/links":
-            if by_session:
-                raise HTTPError(
-                    403, "TokenNeeded", "a login link is made with the token, not a session"
-                )
-            code = self._console.sessions.new_link_code()
-            return ok({"code": code, "path": f"/login#code={code}"}, 201)
-        if path == "/api/v1/backends" and method == "GET":
-            listed = list_backends(self._ctl, query)
-            leadership = self._serving.leadership_json()
-            if leadership is not None:
-                listed["leadership"] = leadership
-            return ok(listed)
-        match = _LOGS_PATH.fullmatch(path)
-        if match is not None:
-            return ok(await self._read_logs(match.group(1), query))
-        match = _REVISIONS_PATH.fullmatch(path)
-        if match is not None:
-            return ok(await self._revisions(match.group(1)))
-        match = _STEER_PATH.fullmatch(path)
-        if match is not None:
-            name, what = match.groups()
-            if what == "undo":
-                to_revision, force, cause = undo_request(await optional_json(scope, receive))
-                cause = _by(cause, by_session)
-                self._check_accepting()
-                await self._ctl.undo(name, to_revision, force=force, cause=cause)
-            else:
-                # Nothing to say but the name: any body is ignored, as the shutdown's is.
-                self._check_accepting()
-                await (self._ctl.pause if what == "pause" else self._ctl.resume)(name)
-            return ok(self._steered(name), 202)
-        match = _BACKEND_PATH.fullmatch(path)
-        if match is not None:
-            name = match.group(1)
-            if method == "GET":
-                return ok(status_json(self._status(name)))
-            if method == "PUT":
-                decl = backend_from_body(name, parse_json(body))
-                cause = cause_of(via="api", message=query.get("message", [None])[-1])
-                self._check_accepting()
-                return ok(await self._deploy(decl, cause), 200)
-            if method == "DELETE":
-                force = flag(query, "force", default=False)
-                if not force:
-                    # A forced delete is taken even while shutting down: it only cuts short
-                    # the drains a shutdown waits for (a replica that hangs in its drain).
-                    self._check_accepting()
-                return ok(await self._delete(name, force), 202)
-        if path == "/api/v1/apply":
-            data = parse_json(body)
+            return ok(await self._deploy(decl, cause), 200)
+        force = flag(call.query, "force", default=False)  # DELETE
+        if not force:
+            # A forced delete is taken even while shutting down: it only cuts short the
+            # drains a shutdown waits for (a replica that hangs in its drain).
             self._check_accepting()
-            return ok(await self._apply(data))
-        if path == "/api/v1/watch":
-            # HEAD: checked as a GET is, answered without the wait.
-            return ok(await self._watch(query, wait=not head))
-        if path == "/api/v1/load":
-            return ok(self._take_load(parse_json(body)))
-        if path == "/api/v1/shutdown":
-            wait = flag(query, "wait", default=True)
-            return ok(await self._shutdown(wait=wait), 200 if wait else 202)
-        raise AssertionError(f"{method} {path} is in _PATHS but not routed")
+        return ok(await self._delete(name, force), 202)
+
+    async def _logs_of(self, call: Call) -> Answer:
+        return ok(await self._read_logs(call.args[0], call.query))
+
+    async def _revisions_of(self, call: Call) -> Answer:
+        return ok(await self._revisions(call.args[0]))
+
+    async def _steer(self, call: Call) -> Answer:
+        name, what = call.args
+        if what == "undo":
+            to_revision, force, cause = undo_request(await optional_json(call.scope, call.receive))
+            cause = _by(cause, call.by_session)
+            self._check_accepting()
+            await self._ctl.undo(name, to_revision, force=force, cause=cause)
+        else:
+            # Nothing to say but the name: any body is ignored, as the shutdown's is.
+            self._check_accepting()
+            await (self._ctl.pause if what == "pause" else self._ctl.resume)(name)
+        return ok(self._steered(name), 202)
+
+    async def _scale(self, call: Call) -> Answer:
+        (name,) = call.args
+        replicas, bounds, message = scale_request(await optional_json(call.scope, call.receive))
+        cause = _by(cause_of(via="api", message=message), call.by_session)
+        self._check_accepting()
+        goal = await self._ctl.scale(name, replicas, cause=cause, **bounds)
+        return ok({"name": name, "generation": goal.generation})
+
+    async def _history_of(self, call: Call) -> Answer:
+        (name,) = call.args
+        self._status(name)  # 404 for no such backend
+        return ok(self._timelines.json(name))
+
+    async def _changes_since(self, call: Call) -> Answer:
+        return ok(await self._changes(call.query, wait=not call.head))
+
+    async def _login_link(self, call: Call) -> Answer:
+        if call.by_session:
+            raise HTTPError(
+                403, "TokenNeeded", "a login link is made with the token, not a session"
+            )
+        code = self._console.sessions.new_link_code()
+        return ok({"code": code, "path": f"/login#code={code}"}, 201)
+
+    async def _apply_body(self, call: Call) -> Answer:
+        data = parse_json(call.body)
+        self._check_accepting()
+        return ok(await self._apply(data))
+
+    async def _watch_since(self, call: Call) -> Answer:
+        # HEAD: checked as a GET is, answered without the wait.
+        return ok(await self._watch(call.query, wait=not call.head))
+
+    async def _load(self, call: Call) -> Answer:
+        return ok(self._take_load(parse_json(call.body)))
+
+    async def _shutdown_call(self, call: Call) -> Answer:
+        wait = flag(call.query, "wait", default=True)
+        return ok(await self._shutdown(wait=wait), 200 if wait else 202)
 
     def _take_load(self, data: Any) -> dict[str, Any]:
         try:
@@ -580,3 +555,81 @@ class Api:
 def _by(cause: Cause, by_session: bool) -> Cause:
     """A change asked from the console says so in its revision's history."""
     return attrs.evolve(cause, via="console") if by_session else cause
+
+
+# -- the routes --
+
+#: An answer: status, body, content type.
+Answer = tuple[int, bytes, str]
+
+
+@attrs.frozen
+class Call:
+    """One request, as its handler sees it."""
+
+    scope: Scope
+    receive: Receive
+    method: str
+    """The method; ``GET`` for a ``HEAD`` (then `head`)."""
+    head: bool
+    args: tuple[str, ...]
+    """What the path's pattern matched (a backend's name, say)."""
+    query: dict[str, list[str]]
+    body: bytes
+    """Read for the methods of the route's `bodies` only; else empty."""
+    by_session: bool
+    """Made with the console's session (not the token)."""
+
+
+Handler = Callable[["Api", Call], Awaitable[Answer]]
+
+
+@attrs.frozen
+class Route:
+    """A path of the API: the methods it takes (HEAD wherever GET is; any other gets 405 with
+    Allow) and its handler."""
+
+    pattern: re.Pattern[str]
+    methods: tuple[str, ...]
+    handler: Handler
+    bodies: frozenset[str] = frozenset()
+    """The methods whose request body it reads."""
+    public: bool = False
+    """Answered without the token."""
+    anywhere: bool = False
+    """A change this daemon takes while it stands by (a login link is its own)."""
+
+
+def _path(pattern: str, methods: str, handler: Handler, **flags: Any) -> Route:
+    return Route(re.compile(pattern), tuple(methods.split()), handler, **flags)
+
+
+_NAME = r"/api/v1/backends/([^/]+)"
+_ROUTES = [
+    _path(r"/healthz", "GET HEAD", Api._healthz, public=True),
+    _path(r"/metrics", "GET HEAD", Api._metrics),
+    _path(r"/openapi\.json", "GET HEAD", Api._openapi),
+    _path(r"/api/v1/ingress", "GET HEAD", Api._ingress_status),
+    _path(r"/api/v1/backends", "GET HEAD", Api._backends),
+    _path(_NAME, "GET HEAD PUT DELETE", Api._backend, bodies=frozenset({"PUT"})),
+    _path(_NAME + "/logs", "GET HEAD", Api._logs_of),
+    _path(_NAME + "/revisions", "GET HEAD", Api._revisions_of),
+    _path(_NAME + "/(undo|pause|resume)", "POST", Api._steer),
+    _path(_NAME + "/scale", "POST", Api._scale),
+    _path(_NAME + "/history", "GET HEAD", Api._history_of),
+    _path(r"/api/v1/changes", "GET HEAD", Api._changes_since),
+    _path(r"/api/v1/console/links", "POST", Api._login_link, anywhere=True),
+    _path(r"/api/v1/apply", "POST", Api._apply_body, bodies=frozenset({"POST"})),
+    _path(r"/api/v1/watch", "GET HEAD", Api._watch_since),
+    _path(r"/api/v1/load", "POST", Api._load, bodies=frozenset({"POST"})),
+    _path(r"/api/v1/shutdown", "POST", Api._shutdown_call),
+]
+
+
+def _find(path: str) -> tuple[Route | None, tuple[str, ...]]:
+    """The route of `path`, and what its pattern matched."""
+    for route in _ROUTES:
+        match = route.pattern.fullmatch(path)
+        if match is not None:
+            return route, match.groups()
+    return None, ()
