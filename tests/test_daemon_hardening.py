@@ -23,7 +23,8 @@ import pytest
 import trio
 
 from controller import BackendConfig, ReplicaConfig, SQLiteStore
-from controller._model.checkpoint import SpecRecord, dump, spec_key
+from controller._model.checkpoint import dump
+from controller._model.records import SpecRecord, spec_key
 
 from .replicas import events
 from .test_daemon import LIMIT_S, Daemon, ingress_args, manifest, running, state_dir, trivial

@@ -13,7 +13,7 @@ import trio.testing
 
 import controller
 from controller import GoalOutcome, ReplicaState
-from controller._model.checkpoint import SCHEMA_VERSION
+from controller._model.records import SCHEMA_VERSION
 from controller.testing import FakeRuntime, FakeState
 
 from .conftest import RC, config, opened, settle
@@ -219,14 +219,8 @@ async def test_intent_reaches_the_store_before_the_runtime_is_asked() -> None:
 
 def test_cached_replica_entries_make_the_same_checkpoint_as_cattrs() -> None:
     from controller._backend.pages import PAGE_SIZE, Pages
-    from controller._model.checkpoint import (
-        ReplicaRecord,
-        ReplicasRecord,
-        dump,
-        dump_replica,
-        join_replicas,
-        load,
-    )
+    from controller._model.checkpoint import dump, dump_replica, join_replicas, load
+    from controller._model.records import ReplicaRecord, ReplicasRecord
 
     records = [ReplicaRecord("a#1", "v1", "d", False), ReplicaRecord("a#2", "gen-3", "e", True)]
     fast = join_replicas("a", ",".join(dump_replica(r) for r in records))

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._model.checkpoint import MAX_REVISION
 from .._model.config import MAX_REPLICAS
 from .._model.errors import ConfigError
 from .._model.manifest import BackendDecl, parse_backend
 from .._model.numbers import whole
+from .._model.records import MAX_REVISION
 from .._model.revisions import Cause
 from .http import HTTPError, Receive, Scope, parse_json, read_body
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any, get_args
 
-from .._model.checkpoint import MAX_REVISION
 from .._model.config import MAX_REPLICAS, NAME_PATTERN, BackendConfig, ReplicaConfig, field_schemas
 from .._model.load_report import (
     MAX_LOAD_BACKENDS,
@@ -13,6 +12,7 @@ from .._model.load_report import (
     MAX_LOAD_REPLICAS,
     SOURCE_PATTERN,
 )
+from .._model.records import MAX_REVISION
 from .._model.revisions import MAX_MANIFEST, MAX_MESSAGE, VIA, RevisionOutcome
 from .._model.status import BackendState, ReplicaState
 

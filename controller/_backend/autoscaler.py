@@ -26,8 +26,8 @@ from .._model.autoscale import (
     restored,
 )
 from .._model.autoscaling import AutoscalingConfig
-from .._model.checkpoint import AutoscaleRecord
 from .._model.config import BackendConfig
+from .._model.records import AutoscaleRecord
 from .._model.status import AutoscalerStatus
 from . import events as ev
 

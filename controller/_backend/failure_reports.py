@@ -9,8 +9,8 @@ from typing import Literal, final
 
 import trio
 
-from .._model.checkpoint import FailureRecord
 from .._model.failures import FailureBook
+from .._model.records import FailureRecord
 from .goal import Goal
 from .history import Journal
 from .replica_set import ReplicaSet

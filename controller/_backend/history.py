@@ -10,7 +10,8 @@ from typing import final
 
 import trio
 
-from .._model.checkpoint import EventRecord, EventsRecord, dump
+from .._model.checkpoint import dump
+from .._model.records import EventRecord, EventsRecord
 from .._model.status import BackendEvent
 from .observe import Observer
 

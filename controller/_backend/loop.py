@@ -19,7 +19,11 @@ from typing import final
 import attrs
 import trio
 
-from .._model.checkpoint import (
+from .._model.failures import FailureBook
+from .._model.json_values import JSON
+from .._model.policy import RestartPolicy
+from .._model.reconcile import decide
+from .._model.records import (
     EventsRecord,
     ReplicasRecord,
     events_key,
@@ -27,10 +31,6 @@ from .._model.checkpoint import (
     revisions_key,
     spec_key,
 )
-from .._model.failures import FailureBook
-from .._model.json_values import JSON
-from .._model.policy import RestartPolicy
-from .._model.reconcile import decide
 from .._model.revisions import RevisionBook
 from .._model.status import (
     BackendNumbers,

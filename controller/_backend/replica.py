@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, final
 import attrs
 import trio
 
-from .._model.checkpoint import SpecRecord
 from .._model.config import BackendConfig, ReplicaConfig
 from .._model.json_values import JSON, digest
 from .._model.reconcile import Target, resolve_limits
+from .._model.records import SpecRecord
 from .._model.status import ReplicaState, ServingReplica
 from .._ports.runtime import ReplicaSpec
 from .pages import Page

@@ -15,15 +15,13 @@ from typing import final
 import trio
 
 from .._model.census import Census, Key, key_of
-from .._model.checkpoint import (
+from .._model.checkpoint import dump_replica, join_page, join_replicas
+from .._model.records import (
     AutoscaleRecord,
     FailureRecord,
     ReplicaRecord,
     ReplicasRecord,
     RolloutRecord,
-    dump_replica,
-    join_page,
-    join_replicas,
     page_key,
     replicas_key,
 )

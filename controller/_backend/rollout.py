@@ -14,8 +14,8 @@ import math
 from collections.abc import Callable
 from typing import final
 
-from .._model.checkpoint import RolloutRecord
 from .._model.failures import FailureBook
+from .._model.records import RolloutRecord
 from .._model.revisions import Revision, RevisionBook
 from .failure_reports import Stored
 from .history import Journal

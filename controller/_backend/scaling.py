@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import final
 
-from .._model.checkpoint import AutoscaleRecord
 from .._model.config import BackendConfig
+from .._model.records import AutoscaleRecord
 from .._model.status import AutoscalerStatus, BackendLoad, BackendReason, BackendState, LoadReport
 from . import events as ev
 from .autoscaler import Autoscaler, Room

@@ -21,7 +21,7 @@ from .._backend.loop import Backend, Shared
 from .._backend.observe import Observer
 from .._backend.replica import Spec, delete_record
 from .._backend.watch import SnapshotHub, SnapshotStream
-from .._model.checkpoint import RevisionsRecord, dump, revisions_key, spec_key
+from .._model.checkpoint import dump
 from .._model.code import CodeDigest, code_digest
 from .._model.config import BackendConfig, ReplicaConfig, check_backend_name
 from .._model.errors import (
@@ -34,6 +34,7 @@ from .._model.json_values import JSON
 from .._model.load_report import MAX_LOAD_COUNT
 from .._model.manifest import Manifest
 from .._model.policy import RestartPolicy
+from .._model.records import RevisionsRecord, revisions_key, spec_key
 from .._model.revisions import Cause, Revision, RevisionBook, merged, with_content
 from .._model.scale import scaled
 from .._model.status import (

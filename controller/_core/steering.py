@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterable
 import attrs
 
 from .._backend.replica import Spec, deploy_record
-from .._model.checkpoint import RevisionsRecord, SpecRecord
 from .._model.code import CodeDigest
 from .._model.config import BackendConfig, ReplicaConfig
 from .._model.json_values import JSON
+from .._model.records import RevisionsRecord, SpecRecord
 from .._model.revisions import (
     Cause,
     Revision,
