@@ -291,12 +291,26 @@ async def test_a_daemon_restarted_with_other_options_replaces_its_ingress_then_a
             assert code == 200
             assert all(p["adopted"] and p["answers"] for p in fleet["processes"]), fleet
             assert all(p["since"].endswith("Z") for p in fleet["processes"]), fleet
+            assert listening_sockets(port) == 2
             stop.set()
-            assert (await third.cli("shutdown")).returncode == 0
-            assert third.process is not None
-            assert await third.process.wait() == 0
+            assert await third.stop(signal.SIGINT) == 0
+            # Fewer processes: one socket a process still (a slot that is no more closes its
+            # socket, rather than handing it on to pile up on the port).
+            fourth = Daemon(state_dir)
+            await fourth.start(nursery, *base, "--ingress-workers", "1")
+            assert listening_sockets(port) == 1
+            assert (await fourth.cli("shutdown")).returncode == 0
+            assert fourth.process is not None
+            assert await fourth.process.wait() == 0
     assert answers
     assert set(answers) == {200}, Counter(answers)
+
+
+def listening_sockets(port: int) -> int:
+    """How many sockets listen on 127.0.0.1:`port` (``/proc/net/tcp``, state 0A)."""
+    wanted = f"0100007F:{port:04X}"
+    lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return sum(1 for line in lines if line.split()[1] == wanted and line.split()[3] == "0A")
 
 
 async def test_a_hung_ingress_process_is_killed_and_replaced(state_dir: Path) -> None:
@@ -315,6 +329,8 @@ async def test_a_hung_ingress_process_is_killed_and_replaced(state_dir: Path) ->
             assert second["pid"] != victim
             assert second["restarts"] == 1
             assert second["last_exit"].startswith("did not answer its health check")
+            # Killed, it could not remove its own sockets: the daemon did.
+            assert list((state_dir / "ingress").glob(f"*.{victim}.*")) == []
 
 
 def test_a_standalone_ingress_refuses_a_port_in_use_unless_told_to_share_it(

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from controller._model.status import LoadReport
 from controller.ingress import Ingress, IngressConfig, RouteTable, open_listener
-from controller.ingress._ingress import CLOSING_GRACE_S
+from controller.ingress._client import CLOSING_GRACE_S
 from controller.ingress._sources import SourceError, read_answer
 from controller.ingress._table import RouteInfo
 
@@ -545,3 +545,32 @@ async def test_closing_answers_a_connection_just_accepted_and_closes_kept_ones()
         assert trio.current_time() - started < 3 * CLOSING_GRACE_S
         for stream in (fresh, silent, kept.stream):
             await stream.aclose()
+
+
+async def _until_closed(sock: socket.socket) -> bytes:
+    """What a non-blocking client socket receives until the other side closes it."""
+    data = b""
+    while True:
+        await trio.lowlevel.wait_readable(sock)
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+
+
+async def test_closing_answers_a_request_already_in_a_kept_connection() -> None:
+    """A kept-alive connection whose next request is in its socket, unread, when the ingress
+    closes: the request is answered (closing it unread would reset the connection)."""
+    async with front() as f:
+        plain = socket.create_connection(("127.0.0.1", f.port))
+        with plain:
+            plain.setblocking(False)
+            plain.send(b"GET /app/a HTTP/1.1\r\nHost: h\r\n\r\n")
+            await trio.testing.wait_all_tasks_blocked()  # answered; waiting for the next
+            first = plain.recv(65536)
+            assert first.startswith(b"HTTP/1.1 200 ")
+            plain.send(b"GET /app/c HTTP/1.1\r\nHost: h\r\n\r\n")  # no checkpoint: unread
+            f.ingress.close()
+            answer = await _until_closed(plain)
+        assert answer.startswith(b"HTTP/1.1 200 "), answer
+        assert b"connection: close" in answer.lower()

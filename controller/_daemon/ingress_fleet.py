@@ -48,6 +48,7 @@ from .ingress_records import (
     Handle,
     Record,
     ask,
+    forget_sockets,
     hold,
     max_slot,
     open_log,
@@ -174,10 +175,13 @@ class Fleet:
         else:
             ours = {r.listen for r in self._retire}
             self._holder, self.address = hold(host, port, self.options.listen, ours)
-        # Those on another port go; those on this one are replaced in place.
+        # Those on another port go; those on this one are replaced in place, each slot's new
+        # process on its predecessor's socket (one a slot: a slot that is no more closes its
+        # socket when its process stops, or the port's group of sockets would grow with every
+        # change of the count, each taking its share of the connections).
         for record in self._retire:
-            if record.listen == self.address:
-                self._heirs.setdefault(record.slot % len(self.members), []).append(record)
+            if record.listen == self.address and record.slot < len(self.members):
+                self._heirs.setdefault(record.slot, []).append(record)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Supervise the processes until cancelled (they keep running). Started once each
@@ -243,6 +247,9 @@ class Fleet:
                 finally:
                     self._handles.pop(member.slot, None)
                     exited.set()
+                # It has exited (not just this daemon stopped watching it): if killed, it
+                # could not remove its sockets itself.
+                forget_sockets(self.state_dir, member.slot, handle.pid)
                 if self._stopped():
                     return
                 member.last_exit = (

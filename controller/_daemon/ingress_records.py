@@ -70,12 +70,7 @@ class Record:
     def forget(self, state_dir: Path) -> None:
         """Its process is gone: its socket goes, and its record if no other process of its
         slot has replaced it there (its log stays)."""
-        for path in (
-            socket_path(state_dir, self.slot, self.pid),
-            handover_path(state_dir, self.slot, self.pid),
-        ):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+        forget_sockets(state_dir, self.slot, self.pid)
         path = record_path(state_dir, self.slot)
         now = Record.read(path)
         if now is not None and now.pid == self.pid:
@@ -266,6 +261,14 @@ async def ask(state_dir: Path, slot: int, pid: int, target: str) -> bytes | None
                 await stream.send_all(conn.send(request) + (conn.send(h11.EndOfMessage()) or b""))
                 return (await read_answer(stream, conn, ANSWER_LIMIT))[1]
     return None
+
+
+def forget_sockets(state_dir: Path, slot: int, pid: int) -> None:
+    """The Unix sockets of process `pid` of `slot`, which has exited: one that was killed
+    could not remove them itself."""
+    for path in (socket_path(state_dir, slot, pid), handover_path(state_dir, slot, pid)):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
 
 
 async def take_listeners(state_dir: Path, record: Record) -> list[int]:

@@ -31,6 +31,8 @@ from ._wire import END, Problem, RequestHead, RequestReader
 #: the client still sends is read and dropped before the connection closes.
 LINGER_S = 2.0
 LINGER_BYTES = 4 << 20
+#: Once the ingress closes, how long a connection waiting for a request may take to send it.
+CLOSING_GRACE_S = 1.0
 
 
 class Handler(Protocol):
@@ -177,12 +179,24 @@ class Client:
         """The ingress is closing: this connection ends after the request under way."""
         return self._admission.closing
 
-    def first_request_within(self, seconds: float) -> None:
-        """(The ingress, closing) a connection yet to send its first request gets `seconds`
-        more at most: one whose request is on its way is answered, one that sends nothing is
-        closed then, not after the whole head timeout."""
-        if self.requests == 0 and self._idle:
-            self.timer.set(min(self.deadline, trio.current_time() + seconds), "idle")
+    def closing_now(self) -> None:
+        """(The ingress is closing; this connection waits for a request.) A request already
+        in its socket, or, on a connection just accepted, on its way (its client would not
+        send it again on a new connection) is answered, with ``Connection: close``; else the
+        connection closes: a kept one at once (its client sends again elsewhere), a new one
+        after `CLOSING_GRACE_S`."""
+        if not self._idle:
+            return
+        try:
+            waiting = self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+        except BlockingIOError:
+            waiting = False
+        except OSError:
+            waiting = False  # reset: closed below, as it is gone
+        if self.requests and not waiting:
+            self.evict()
+        else:
+            self.timer.set(min(self.deadline, trio.current_time() + CLOSING_GRACE_S), "idle")
 
     def evict(self) -> None:
         """Close the connection (it is idle, and another needs its room)."""
@@ -203,6 +217,8 @@ class Client:
                 # A new connection must begin its request as soon as a head must arrive whole.
                 first = self.requests == 0
                 wait = config.header_timeout_s if first else config.keepalive_timeout_s
+                if self._admission.closing:
+                    wait = min(wait, CLOSING_GRACE_S)  # accepted as the ingress closed
                 self.timer.set(now + wait, "idle")
                 self._admission.idle(self, True)
                 self._idle = True

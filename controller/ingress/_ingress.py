@@ -40,8 +40,6 @@ REPORT_INTERVAL_S = 0.1
 RETRY_REPORT_S = 0.5
 #: Connections taken from a listener's queue in one go before other tasks run.
 _ACCEPT_BATCH = 64
-#: Closing, how long a connection just accepted may take to send its first request.
-CLOSING_GRACE_S = 1.0
 _BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 
 
@@ -171,12 +169,7 @@ class Ingress:
             scope.cancel()
         for client in self.admission.idle_connections():
             if isinstance(client, Client):
-                if client.requests:
-                    client.evict()  # kept alive between requests: a client sends again
-                else:
-                    # Just accepted: its first request may be on its way (a client does not
-                    # send a request it was refused again on a new connection).
-                    client.first_request_within(CLOSING_GRACE_S)
+                client.closing_now()
 
     async def _accept(
         self,
