@@ -123,9 +123,9 @@ class Fleet:
         self._digest = options.digest()
         self._adopt: dict[int, Record] = {}
         self._retire: list[Record] = []
-        self._heirs: dict[int, list[Record]] = {}
-        """Per slot, the retired processes on this port whose listening sockets its next
-        process takes over (so that stopping them resets no queued connection)."""
+        self._heirs: dict[int, Record] = {}
+        """Per slot, the retired process on this port whose listening socket its next process
+        takes over (so that stopping it resets no queued connection)."""
         self._holder: socket.socket | None = None
         self.stopping = False
         """Set by `stop`: an exit is then the end, not a cause to start another."""
@@ -181,7 +181,7 @@ class Fleet:
         # change of the count, each taking its share of the connections).
         for record in self._retire:
             if record.listen == self.address and record.slot < len(self.members):
-                self._heirs.setdefault(record.slot, []).append(record)
+                self._heirs[record.slot] = record  # one record a slot
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Supervise the processes until cancelled (they keep running). Started once each
@@ -322,16 +322,14 @@ class Fleet:
         if options.access_log:
             argv.append("--access-log")
         member.state, member.since = "starting", time.time()
-        inherited: list[int] = []
-        for record in self._heirs.pop(member.slot, []):
-            taken = await take_listeners(self.state_dir, record)
-            if taken:
-                logger.info(
-                    "ingress process %d takes over the listening socket of pid %d",
-                    member.slot,
-                    record.pid,
-                )
-            inherited += taken
+        heir = self._heirs.pop(member.slot, None)
+        inherited = [] if heir is None else await take_listeners(self.state_dir, heir)
+        if heir is not None and inherited:
+            logger.info(
+                "ingress process %d takes over the listening socket of pid %d",
+                member.slot,
+                heir.pid,
+            )
         for fd in inherited:
             argv += ["--listen-fd", str(fd)]
         log = open_log(log_path(self.state_dir, member.slot))
