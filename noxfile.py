@@ -11,13 +11,19 @@ nox.options.sessions = ["lint", "typecheck", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = False
 
+#: The tests run in 4 processes (pytest-xdist): most of a test's time is a daemon or a worker
+#: starting or draining, not CPU, so 4 keep 2 cores busy. A file's tests stay in one process, for
+#: the fixtures a module shares (a Ray cluster, a browser) and the crash points' final count.
+#: ``nox -s tests -- -n 0`` runs them all in this one.
+PARALLEL = ("-n", "4", "--dist", "loadfile")
+
 
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the test suite (pass pytest options after ``--``)."""
     # Shown as it goes: Ray is a large download, and the first run spends a minute on it.
     session.install("-e", ".[test,ray]", silent=False)
-    session.run("pytest", *session.posargs)
+    session.run("pytest", *PARALLEL, *session.posargs)
 
 
 @nox.session
@@ -25,7 +31,7 @@ def quick(session: nox.Session) -> None:
     """The tests that need no daemon, worker, Ray cluster or browser (``-m "not slow"``): under
     a minute, for the edit-test loop. The full suite is ``nox -s tests``."""
     session.install("-e", ".[test,ray]", silent=False)  # the Ray tests' modules import it
-    session.run("pytest", "-m", "not slow", *session.posargs)
+    session.run("pytest", *PARALLEL, "-m", "not slow", *session.posargs)
 
 
 @nox.session

@@ -16,8 +16,8 @@ from ._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from ._backend.goal import Goal as Goal
-    from ._core.controller import Applied as Applied
     from ._core.controller import Controller as Controller
+    from ._core.desk import Applied as Applied
     from ._core.gc import tune_gc as tune_gc
     from ._core.open import open_controller as open_controller
     from ._local.runtime import LocalRuntime as LocalRuntime
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from ._model.revisions import Cause as Cause
     from ._model.revisions import Revision as Revision
     from ._model.revisions import RevisionContent as RevisionContent
+    from ._model.spec import ReplicaSpec as ReplicaSpec
     from ._model.status import LOAD_TTL_S as LOAD_TTL_S
     from ._model.status import AutoscalerStatus as AutoscalerStatus
     from ._model.status import BackendEvent as BackendEvent
@@ -64,7 +65,6 @@ if TYPE_CHECKING:
     from ._model.status import ServingReplica as ServingReplica
     from ._ports.runtime import DeathListener as DeathListener
     from ._ports.runtime import ReplicaInfo as ReplicaInfo
-    from ._ports.runtime import ReplicaSpec as ReplicaSpec
     from ._ports.runtime import Runtime as Runtime
     from ._ports.store import Store as Store
     from ._stores.memory import MemoryStore as MemoryStore
@@ -75,7 +75,7 @@ _HOME: dict[str, str] = {
     "AutoscalingConfig": "._model.autoscaling",
     "ScaleDecision": "._model.autoscale",
     "ReplicaConfig": "._model.config",
-    "Applied": "._core.controller",
+    "Applied": "._core.desk",
     "Controller": "._core.controller",
     "open_controller": "._core.open",
     "CodeDigest": "._model.code",
@@ -106,7 +106,7 @@ _HOME: dict[str, str] = {
     "RevisionContent": "._model.revisions",
     "DeathListener": "._ports.runtime",
     "ReplicaInfo": "._ports.runtime",
-    "ReplicaSpec": "._ports.runtime",
+    "ReplicaSpec": "._model.spec",
     "Runtime": "._ports.runtime",
     "SQLiteStore": "._stores.sqlite",
     "LOAD_TTL_S": "._model.status",

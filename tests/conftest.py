@@ -4,12 +4,14 @@ import contextlib
 import os
 import secrets
 import select
+import shutil
 import signal
+import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 import trio
@@ -18,6 +20,9 @@ import controller
 from controller._ports.wrap import StoreWrapper
 from controller.testing import FakeRuntime, FakeState
 
+from .daemons import ingress_pids
+from .workers import Harness, worker_pids
+
 T = TypeVar("T")
 
 RC = controller.ReplicaConfig("app.replica:Echo")
@@ -25,6 +30,18 @@ RC = controller.ReplicaConfig("app.replica:Echo")
 #: What the reliability suites counted (crash points, histories, inputs): printed at the end of
 #: the run, for RELIABILITY.md (``nox -s reliability``).
 FIGURES: dict[str, str] = {}
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # A worker of a parallel run (pytest-xdist) hands its figures to the run that prints them.
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["figures"] = dict(FIGURES)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    FIGURES.update(getattr(node, "workeroutput", {}).get("figures", {}))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -130,6 +147,47 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+# -- The fixtures of the modules that start real processes: LocalRuntime's workers (a runtime
+# dir, and a harness on it), and daemons (a state dir). Modules with a set-up of their own
+# define a fixture of the same name (tests/test_fork_server.py, tests/test_ingress.py,
+# tests/test_ray_runtime.py), which pytest uses there instead.
+
+
+@pytest.fixture
+def runtime_dir() -> Iterator[Path]:
+    # Short, because Unix socket paths are limited to 107 bytes.
+    path = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
+    yield path
+    leftovers = worker_pids(path)
+    for pid in leftovers:
+        os.killpg(pid, signal.SIGKILL)
+    shutil.rmtree(path, ignore_errors=True)
+    assert leftovers == {}, "a test left worker processes behind"
+
+
+@pytest.fixture
+async def harness(runtime_dir: Path, tmp_path: Path) -> AsyncIterator[Harness]:
+    h = Harness(runtime_dir, tmp_path / "events.jsonl")
+    yield h
+    h.store.close()
+
+
+@pytest.fixture
+def state_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="dm", dir="/tmp"))  # short: Unix socket paths
+    yield path
+    leftovers = worker_pids(path)
+    for pid in leftovers:
+        os.killpg(pid, signal.SIGKILL)
+    # A daemon stopped by a signal leaves its ingress processes serving, by design (the next
+    # one adopts them); a test that shut its daemon down checks that none is left itself.
+    for pid in ingress_pids(path):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(path, ignore_errors=True)
+    assert leftovers == {}, "a test left worker processes behind"
+
+
 def config(**kwargs: object) -> controller.BackendConfig:
     kwargs.setdefault("version", "v1")
     return controller.BackendConfig(**kwargs)
@@ -200,3 +258,24 @@ class HeldSpecWrites(StoreWrapper):
             self.holding.set()
             await hold.wait()
         return await work()
+
+
+class FlakyStore:
+    """A MemoryStore whose writes fail while `failing` is set; it keeps the keys of each batch
+    it wrote."""
+
+    def __init__(self) -> None:
+        self.inner = controller.MemoryStore()
+        self.data = self.inner.data
+        self.failing = False
+        self.batches: list[list[str]] = []
+
+    async def read_all(self) -> dict[str, str]:
+        return await self.inner.read_all()
+
+    async def write(self, changes: Mapping[str, str | None]) -> None:
+        await trio.lowlevel.checkpoint()
+        if self.failing:
+            raise controller.StoreError("disk full")
+        self.batches.append(list(changes))
+        await self.inner.write(changes)

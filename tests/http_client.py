@@ -1,5 +1,6 @@
 """A small HTTP/1.1 client on trio and h11, for driving the ingress from tests: one request per
-connection by default, or several on a kept connection (``Conn``)."""
+connection by default, or several on a kept connection (``Conn``); and traffic, requests sent by
+a few tasks at once (``Traffic``)."""
 
 from __future__ import annotations
 
@@ -128,3 +129,28 @@ async def raw(port: int, data: bytes, *, read: bool = True) -> bytes:
             return b""  # the sender finishes, then the connection closes
         nursery.cancel_scope.cancel()
     return bytes(out)
+
+
+@attrs.define
+class Traffic:
+    """Requests sent through the ingress one after another by a few tasks, each answer kept."""
+
+    port: int
+    answers: list[tuple[int, str]] = attrs.field(factory=list)
+    stop: trio.Event = attrs.field(factory=trio.Event)
+    _grew: trio.Event = attrs.field(factory=trio.Event)
+
+    async def send(self) -> None:
+        while not self.stop.is_set():
+            answer = await request(self.port, "/app/any")
+            ok = answer.status == 200
+            self.answers.append(
+                (answer.status, answer.json()["replica"] if ok else answer.body.decode()[:300])
+            )
+            self._grew.set()
+            self._grew = trio.Event()
+
+    async def answered(self, count: int) -> None:
+        """Wait until `count` requests in all have been answered."""
+        while len(self.answers) < count:
+            await self._grew.wait()

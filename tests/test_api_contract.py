@@ -13,14 +13,14 @@ from pathlib import Path
 
 import trio
 
-from .test_daemon import HERE, running, state_dir  # noqa: F401  (a fixture)
+from .daemons import HERE, running
 
 EXAMPLES = HERE.parent / "examples"
 CONTRACT = HERE / "contract"
 MAX_EXAMPLES = int(os.environ.get("CONTRACT_EXAMPLES", "25"))
 
 
-async def test_schemathesis_finds_nothing(state_dir: Path) -> None:  # noqa: F811
+async def test_schemathesis_finds_nothing(state_dir: Path) -> None:
     st = Path(sys.executable).with_name("st")
     manifest = str(EXAMPLES / "backends.toml")
     extra = ("--config", manifest, "--pythonpath", str(EXAMPLES), "--max-replicas", "6")

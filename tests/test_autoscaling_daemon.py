@@ -12,11 +12,8 @@ import trio
 
 import controller
 
+from .daemons import LIMIT_S, Daemon, free_port, manifest, running
 from .http_client import request
-from .test_daemon import LIMIT_S, Daemon, manifest, running, state_dir
-from .test_daemon_hardening import free_port
-
-__all__ = ["state_dir"]  # the fixture, shared with test_daemon
 
 
 def autoscaled(**scaling: Any) -> dict[str, Any]:

@@ -398,7 +398,8 @@ async def test_a_prune_racing_a_delete_neither_fails_nor_loses_it(
     from controller._api.app import Api
 
     from .asgi import call
-    from .test_hostile_input import TOKEN
+
+    TOKEN = "s3cret"  # any: the app is called in process, with it
 
     store = Held("spec/x1")
     async with opened(FakeRuntime(auto_ready=True), store) as ctl:
@@ -453,7 +454,7 @@ async def test_name_churn_leaves_nothing_behind(
         hub = ctl._hub
         assert len(hub._latest) <= 20  # tombstones bounded
         assert hub.floor > first.snapshot_id
-        assert len(ctl._locks) == 0  # no lock per name left
+        assert ctl._desk.locked_names == 0  # no lock per name left
         assert "churn" not in metrics.render().decode()  # no series per deleted backend
         # A watcher that held "first" from before learns it is gone, though its tombstone
         # was dropped.

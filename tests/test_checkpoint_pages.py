@@ -17,8 +17,7 @@ from controller._backend.pages import PAGE_SIZE
 from controller._model.checkpoint import parse_all
 from controller.testing import FakeRuntime, FakeState
 
-from .conftest import RC, config, opened, settle
-from .test_recovery import FlakyStore
+from .conftest import RC, FlakyStore, config, opened, settle
 
 BIG = 2 * PAGE_SIZE + 88  # three pages: the record's own and two more
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from .conftest import FIGURES
-from .test_local_runtime import worker_pids
+from .workers import worker_pids
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, ConsoleMessage, Page

@@ -26,18 +26,18 @@ from controller import BackendConfig, ReplicaConfig, SQLiteStore
 from controller._model.checkpoint import dump
 from controller._model.records import SpecRecord, spec_key
 
+from .daemons import (
+    LIMIT_S,
+    Daemon,
+    free_port,
+    ingress_args,
+    manifest,
+    one_line,
+    running,
+    trivial,
+)
 from .replicas import events
-from .test_daemon import LIMIT_S, Daemon, ingress_args, manifest, running, state_dir, trivial
-from .test_local_runtime import worker_pids
-
-__all__ = ["state_dir"]  # the fixture, shared with test_daemon
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+from .workers import worker_pids
 
 
 def fd_targets(pid: int) -> list[str]:
@@ -58,14 +58,6 @@ def sockets_of(pid: int) -> set[str]:
 async def run_cli(daemon: Daemon, *args: str) -> subprocess.CompletedProcess[bytes]:
     with trio.fail_after(LIMIT_S):
         return await daemon.cli(*args)
-
-
-def one_line(stderr: bytes) -> str:
-    """A start-up failure is one line on stderr, with no traceback."""
-    text = stderr.decode().strip()
-    assert "Traceback" not in text, text
-    assert len(text.splitlines()) == 1, text
-    return text
 
 
 def _free_listen(args: tuple[str, ...]) -> list[str]:

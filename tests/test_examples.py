@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from .test_local_runtime import worker_pids
+from .workers import worker_pids
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 

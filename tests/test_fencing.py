@@ -21,7 +21,7 @@ from controller._model.lease import Lease
 from controller.testing import FakeRuntime, FakeState, FaultInjector
 
 from .conftest import DEADLOCK_LIMIT_S, EXACT, RC
-from .test_histories import check_agreement, quiet, step
+from .histories import check_agreement, quiet, step
 
 #: Reads change nothing: whoever makes them.
 READS = ("store.read_all", "runtime.list_replicas")

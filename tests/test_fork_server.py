@@ -18,7 +18,6 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 import trio
@@ -26,20 +25,13 @@ import trio
 import controller
 import controller.testing
 from controller import GoalOutcome
-from controller._ports.wrap import RuntimeWrapper
 
+from .conftest import config as cfg
+from .conftest import serving
 from .replicas import events
-from .test_local_runtime import (
-    Harness,
-    all_running,
-    cfg,
-    is_zombie_or_gone,
-    serving,
-    worker_pids,
-)
+from .workers import Harness, WaitsForTheForkServer, all_running, is_zombie_or_gone, worker_pids
 
 HERE = Path(__file__).parent
-T = TypeVar("T")
 LIMIT_S = 30  # generous: CI machines are slow at starting Python
 
 
@@ -55,6 +47,7 @@ def naming(path: Path) -> set[int]:
     return found
 
 
+# In place of tests/conftest.py's: this one's clean-up finds a fork server too.
 @pytest.fixture
 def runtime_dir() -> Iterator[Path]:
     # Short, because Unix socket paths are limited to 107 bytes.
@@ -105,6 +98,7 @@ def forked_pid(workdir: Path, tag: str) -> int:
     raise AssertionError(f"no spec has tag {tag}")
 
 
+# In place of tests/conftest.py's: workers forked, not spawned.
 @pytest.fixture
 async def harness(runtime_dir: Path, tmp_path: Path) -> AsyncIterator[Harness]:
     h = Harness(runtime_dir, tmp_path / "events.jsonl", fork_server=True)
@@ -485,19 +479,6 @@ async def test_the_fork_server_dies_with_the_controller_s_process_but_its_worker
             assert info.pid == worker
             await runtime.kill_replica("a#1")
             nursery.cancel_scope.cancel()
-
-
-class WaitsForTheForkServer(RuntimeWrapper):
-    """Starts only once the fork server is ready, so that every worker is forked."""
-
-    def __init__(self, inner: controller.LocalRuntime) -> None:
-        super().__init__(inner)
-        self.local = inner
-
-    async def around(self, op: str, tag: str | None, work: Callable[[], Awaitable[T]]) -> T:
-        if op == "start":
-            assert await self.local.wait_fork_server_ready()
-        return await work()
 
 
 @pytest.mark.parametrize("check", controller.testing.CONFORMANCE_CHECKS, ids=lambda c: c.__name__)

@@ -19,13 +19,19 @@ from typing import Any
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from .daemons import (
+    LIMIT_S,
+    Daemon,
+    deploy,
+    dirs,
+    free_port,
+    ingress_pids,
+    killed_at_exit,
+    role,
+    settled,
+    until,
+)
 from .http_client import Conn, request
-from .test_daemon import LIMIT_S, Daemon, ingress_pids, state_dir
-from .test_daemon_hardening import free_port
-from .test_rollout_daemon import settled, until
-from .test_standby_daemon import deploy, dirs, killed_at_exit, role
-
-__all__ = ["state_dir"]  # the fixture, shared with test_daemon
 
 #: How long the flood lasts (the issue asks for 60 s; shorten it locally with the variable).
 ATTACK_S = float(os.environ.get("CONTROLLER_ATTACK_S", "60"))
@@ -126,7 +132,7 @@ async def test_a_flood_at_the_ingress_costs_the_controller_nothing(state_dir: Pa
                         await trio.sleep(ATTACK_S / 6)
                         status, seconds = await _from("127.0.0.2", port, "/app/any")
                         assert status == 200
-                        assert seconds < 0.1, seconds
+                        assert seconds < 0.5, seconds
                 flood.cancel_scope.cancel()
             # The controller noticed nothing.
             assert (await role(a))["epoch"] == epoch
@@ -134,11 +140,15 @@ async def test_a_flood_at_the_ingress_costs_the_controller_nothing(state_dir: Pa
             _, text = await a.http("GET", "/metrics")
             assert metric(text, "controller_lease_renew_failures_total") == {(): 0.0}
             assert metric(text, "controller_leadership_transitions_total") == {(): 1.0}
-            share, samples = share_within(text, "controller_loop_lag_seconds", 0.01)
+            # Bounds a busy machine keeps too (the tests run beside each other, and must pass
+            # beside a CPU hog): what the leader lost to the flood before issue 28 was seconds,
+            # its lease. The lag and latency on a quiet machine are the benchmark's to measure.
+            share, samples = share_within(text, "controller_loop_lag_seconds", 0.1)
             assert samples > ATTACK_S * 10
-            assert share >= 0.99, f"loop lag over 10 ms in {1 - share:.2%} of {samples:.0f}"
+            assert share >= 0.99, f"loop lag over 100 ms in {1 - share:.2%} of {samples:.0f}"
+            assert share_within(text, "controller_loop_lag_seconds", 1.0)[0] == 1.0
             api_ms.sort()
-            assert api_ms[int(len(api_ms) * 0.99)] < 50, api_ms[-20:]
+            assert api_ms[int(len(api_ms) * 0.99)] < 250, api_ms[-20:]
             assert b"stopped leading" not in a.log
             assert b"renewed the lease" not in a.log  # never late
             assert b"leading as epoch" not in b.log

@@ -20,11 +20,17 @@ import trio
 import controller
 from controller.ingress import HTTPSource
 
+from .daemons import (
+    LIMIT_S,
+    Daemon,
+    Standalone,
+    free_port,
+    ingress_pids,
+    manifest,
+    running,
+    standalone,
+)
 from .http_client import request
-from .test_daemon import LIMIT_S, Daemon, ingress_pids, manifest, running, state_dir
-from .test_daemon_hardening import free_port
-
-__all__ = ["state_dir"]  # the fixture, shared with test_daemon
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
@@ -77,47 +83,6 @@ async def test_the_readme_main_job_routes_through_the_daemon_s_ingress(state_dir
             assert (await second.cli("shutdown")).returncode == 0
             assert second.process is not None
             assert await second.process.wait() == 0
-
-
-class Standalone:
-    """`controller ingress` processes, read as they log."""
-
-    def __init__(self, process: trio.Process):
-        self.process = process
-        self.log = bytearray()
-        self._grew = trio.Event()
-
-    async def read(self, started: trio.Event) -> None:
-        assert self.process.stderr is not None
-        async for chunk in self.process.stderr:
-            self.log += chunk
-            self._grew.set()
-            self._grew = trio.Event()
-            if b"serving on" in self.log:
-                started.set()
-        started.set()
-        await self.process.stderr.aclose()
-
-    async def logged(self, text: bytes, times: int = 1) -> None:
-        while self.log.count(text) < times:
-            assert self.process.returncode is None, self.log.decode()
-            await self._grew.wait()
-
-
-async def standalone(nursery: trio.Nursery, daemon: Daemon, port: int, *extra: str) -> Standalone:
-    process = await trio.lowlevel.open_process(
-        [
-            *daemon.cli_argv(),
-            *("--url", daemon.url, f"--token={daemon.token}"),
-            *("ingress", "--listen", f"127.0.0.1:{port}", *extra),
-        ],
-        stderr=subprocess.PIPE,
-    )
-    ingress = Standalone(process)
-    started = trio.Event()
-    nursery.start_soon(ingress.read, started)
-    await started.wait()
-    return ingress
 
 
 @asynccontextmanager

@@ -9,10 +9,8 @@ from pathlib import Path
 
 import trio
 
-from .test_daemon import LIMIT_S, Daemon, manifest, running, state_dir, trivial
-from .test_local_runtime import worker_pids
-
-__all__ = ["state_dir"]  # the fixture, shared with test_daemon
+from .daemons import LIMIT_S, Daemon, manifest, running, trivial
+from .workers import worker_pids
 
 
 def slow(n: int, version: str) -> dict[str, object]:

@@ -5,14 +5,13 @@ tests/test_fork_server.py runs workers forked by the fork server."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 import signal
 import socket
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -22,100 +21,16 @@ import trio.testing
 
 import controller
 import controller.testing
-from controller import GoalOutcome, ReplicaState
+from controller import GoalOutcome
 from controller._local.wire import LineStream
 from controller._local.worker import Worker
 from controller._ports.wrap import RuntimeWrapper
 
 from .replicas import events
+from .workers import LIMIT_S, Harness, all_running, is_zombie_or_gone, worker_pids
 
 HERE = Path(__file__).parent
 T = TypeVar("T")
-LIMIT_S = 30  # generous: CI machines are slow at spawning Python
-
-
-def worker_pids(runtime_dir: Path) -> dict[int, str]:
-    """Every worker process of `runtime_dir` in the OS process table, with its state letter:
-    spawned ones by their command line, and forked ones (which have the fork server's command
-    line) by the pid files they write, which are removed when they are gone."""
-    forked = set()
-    for pid_file in runtime_dir.rglob("*.pid"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            forked.add(int(pid_file.read_text().split()[0]))
-    found: dict[int, str] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            status = Path(f"/proc/{entry}/status").read_text()
-        except OSError:
-            continue
-        ours = b"controller.worker" in cmdline or (
-            b"controller._local.zygote_main" in cmdline and int(entry) in forked
-        )
-        if ours and str(runtime_dir).encode() in cmdline:
-            state = next(
-                line.split()[1] for line in status.splitlines() if line.startswith("State:")
-            )
-            found[int(entry)] = state
-    return found
-
-
-def is_zombie_or_gone(pid: int) -> str:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return "gone"
-    return next(line.split()[1] for line in status.splitlines() if line.startswith("State:"))
-
-
-@pytest.fixture
-def runtime_dir() -> Iterator[Path]:
-    # Short, because Unix socket paths are limited to 107 bytes.
-    path = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
-    yield path
-    leftovers = worker_pids(path)
-    for pid in leftovers:
-        os.killpg(pid, signal.SIGKILL)
-    shutil.rmtree(path, ignore_errors=True)
-    assert leftovers == {}, "a test left worker processes behind"
-
-
-class Harness:
-    """A runtime dir, its store and a LocalRuntime on it: workers spawned here (this file tests
-    the spawn path), forked in tests/test_fork_server.py."""
-
-    def __init__(self, runtime_dir: Path, record: Path, *, fork_server: bool = False):
-        self.runtime_dir = runtime_dir
-        self.workdir = runtime_dir / "w"
-        self.record = str(record)
-        self.fork_server = fork_server
-        self.store = controller.SQLiteStore(runtime_dir / "state.db")
-        self.runtime = self.local()
-
-    def local(
-        self, *, term_timeout_s: float = 2.0, fork_server: bool | None = None
-    ) -> controller.LocalRuntime:
-        """Another LocalRuntime on the same dir (a controller reopened there)."""
-        return controller.LocalRuntime(
-            self.workdir,
-            pythonpath=[HERE],
-            fork_server=self.fork_server if fork_server is None else fork_server,
-            term_timeout_s=term_timeout_s,
-        )
-
-    def recorder(self, **kwargs: object) -> controller.ReplicaConfig:
-        return controller.ReplicaConfig(
-            "replicas:Recorder", init_kwargs={"path": self.record, **kwargs}
-        )
-
-
-@pytest.fixture
-async def harness(runtime_dir: Path, tmp_path: Path) -> AsyncIterator[Harness]:
-    h = Harness(runtime_dir, tmp_path / "events.jsonl")
-    yield h
-    h.store.close()
 
 
 async def serving(ctl: controller.Controller, name: str, count: int) -> controller.BackendSnapshot:
@@ -243,14 +158,6 @@ async def test_a_worker_killed_with_sigkill_is_replaced(harness: Harness) -> Non
             assert is_zombie_or_gone(victim) == "gone"
             assert "killed by SIGKILL" in (ctl.status("a").last_error or "")
             await (await ctl.delete("a", force=True)).wait()
-
-
-async def all_running(ctl: controller.Controller, name: str) -> None:
-    """Wait until every replica of `name` is RUNNING: adopted, after a restart (the watch lists
-    replicas that served before that, so it cannot tell)."""
-    await ctl.wait_until(
-        lambda c: {r.state for r in c.status(name).replicas} == {ReplicaState.RUNNING}
-    )
 
 
 async def test_reopened_controller_adopts_live_workers(harness: Harness) -> None:

@@ -170,7 +170,9 @@ async def test_drain_ignored_is_killed_at_the_deadline(harness: Harness) -> None
             started = time.monotonic()
             await (await ctl.delete("a")).wait()
             took = time.monotonic() - started
-            assert 1.0 <= took < 3.0
+            # Killed at its 1 s deadline, not after the 600 s it would drain (the margin is for
+            # a busy machine: Ray's kill is a round trip through its GCS).
+            assert 1.0 <= took < 10.0
             whats = [e["what"] for e in events(harness.record)]
             assert "drain" in whats
             assert "drained" not in whats
@@ -365,7 +367,7 @@ async def test_a_driver_killed_mid_rollout_is_taken_over(
 async def test_the_daemon_on_ray_keeps_its_replicas_across_a_restart(
     harness: Harness, cluster: Cluster
 ) -> None:
-    from .test_daemon import Daemon, manifest, running
+    from .daemons import Daemon, manifest, running
 
     state = Path(tempfile.mkdtemp(prefix="dr", dir="/tmp"))
     file = state / "backends.toml"

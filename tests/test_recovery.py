@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from controller import GoalOutcome, ReplicaState
 from controller._model.records import SCHEMA_VERSION
 from controller.testing import FakeRuntime, FakeState
 
-from .conftest import RC, config, opened, settle
+from .conftest import RC, FlakyStore, config, opened, settle
 
 
 async def test_restart_adopts_live_replicas_without_restarting_them(tmp_path: Path) -> None:
@@ -251,27 +250,6 @@ def test_cached_replica_entries_make_the_same_checkpoint_as_cattrs() -> None:
     del kept["a#3"]
     expected = dump(ReplicasRecord("a", list(kept.values())))
     assert join_replicas("a", pages.joined()) == expected
-
-
-class FlakyStore:
-    """A MemoryStore whose writes fail while `failing` is set; it keeps the keys of each batch
-    it wrote."""
-
-    def __init__(self) -> None:
-        self.inner = controller.MemoryStore()
-        self.data = self.inner.data
-        self.failing = False
-        self.batches: list[list[str]] = []
-
-    async def read_all(self) -> dict[str, str]:
-        return await self.inner.read_all()
-
-    async def write(self, changes: Mapping[str, str | None]) -> None:
-        await trio.lowlevel.checkpoint()
-        if self.failing:
-            raise controller.StoreError("disk full")
-        self.batches.append(list(changes))
-        await self.inner.write(changes)
 
 
 async def test_nothing_starts_until_its_intent_is_durable(

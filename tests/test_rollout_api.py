@@ -26,13 +26,7 @@ from controller.testing import FakeRuntime
 
 from .asgi import call
 from .conftest import settle
-from .test_daemon import (
-    LIMIT_S,
-    manifest,
-    running,
-    state_dir,  # noqa: F401  (a fixture)
-    trivial,
-)
+from .daemons import LIMIT_S, manifest, running, trivial
 
 TOKEN = "t" * 32
 SCHEMAS: dict[str, Any] = OPENAPI["components"]["schemas"]
@@ -413,7 +407,7 @@ def test_the_cause_fields_in_the_document_agree_with_the_model(value: str) -> No
 # -- the CLI, end to end --
 
 
-async def test_history_undo_pause_and_resume_through_the_cli(state_dir: Path) -> None:  # noqa: F811
+async def test_history_undo_pause_and_resume_through_the_cli(state_dir: Path) -> None:
     file = state_dir / "backends.toml"
     with trio.fail_after(LIMIT_S * 2):
         async with running(state_dir) as daemon:

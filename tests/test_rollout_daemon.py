@@ -11,52 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import attrs
 import trio
 
-from .http_client import request
-from .test_daemon import LIMIT_S, Daemon, manifest, running, state_dir
-from .test_daemon_hardening import free_port
-
-__all__ = ["state_dir"]  # the fixture, shared with test_daemon
-
-
-def app(**fields: Any) -> dict[str, Any]:
-    return {
-        "entrypoint": "http_replica:HTTPReplica",
-        "num_replicas": 2,
-        "version": "v1",
-        "route_prefix": "/app",
-        "max_surge": 1,
-        "max_unavailable": 0,
-        "graceful_shutdown_timeout_s": 5,
-        **fields,
-    }
-
-
-async def until(daemon: Daemon, name: str, check: Any) -> dict[str, Any]:
-    """Follow the daemon's watch until `check(status of name)` holds; return that status."""
-    cursor, epoch = 0, ""
-    while True:
-        status: dict[str, Any] = (await daemon.status())[name]
-        if check(status):
-            return status
-        code, data = await daemon.http(
-            "GET", f"/api/v1/watch?since={cursor}&timeout_s=1&epoch={epoch}"
-        )
-        assert code == 200, data
-        cursor, epoch = data["cursor"], data["epoch"]
-
-
-def settled(version: str) -> Any:
-    def check(status: dict[str, Any]) -> bool:
-        return bool(
-            status["state"] == "HEALTHY"
-            and status["version"] == version
-            and all(r["version"] == version for r in status["replicas"])
-        )
-
-    return check
+from .daemons import LIMIT_S, Daemon, app, free_port, manifest, running, settled, until
+from .http_client import Traffic
 
 
 async def revisions(daemon: Daemon, name: str) -> list[dict[str, Any]]:
@@ -112,31 +70,6 @@ async def test_a_bad_release_undone_under_traffic_fails_no_request(state_dir: Pa
             assert len([line for line in lines if "complete" in line]) == 3, lines
             _, metrics = await daemon.http("GET", "/metrics")
             assert 'controller_backend_revision{backend="app",kind="target"} 3.0' in metrics
-
-
-@attrs.define
-class Traffic:
-    """Requests sent through the ingress one after another by a few tasks, each answer kept."""
-
-    port: int
-    answers: list[tuple[int, str]] = attrs.field(factory=list)
-    stop: trio.Event = attrs.field(factory=trio.Event)
-    _grew: trio.Event = attrs.field(factory=trio.Event)
-
-    async def send(self) -> None:
-        while not self.stop.is_set():
-            answer = await request(self.port, "/app/any")
-            ok = answer.status == 200
-            self.answers.append(
-                (answer.status, answer.json()["replica"] if ok else answer.body.decode()[:300])
-            )
-            self._grew.set()
-            self._grew = trio.Event()
-
-    async def answered(self, count: int) -> None:
-        """Wait until `count` requests in all have been answered."""
-        while len(self.answers) < count:
-            await self._grew.wait()
 
 
 async def test_revisions_outlive_a_kill_9_and_a_restart(state_dir: Path) -> None:

@@ -22,13 +22,11 @@ import trio.testing
 import controller
 import controller.testing
 from controller import FencedError, ReplicaGoneError
+from controller._local.layout import socket_path
 from controller._local.wire import LineStream
 from controller.testing import FakeRuntime, FakeState
 
-from .test_fork_server import WaitsForTheForkServer
-from .test_local_runtime import LIMIT_S, Harness, harness, runtime_dir, worker_pids
-
-__all__ = ["harness", "runtime_dir"]  # the fixtures, shared with test_local_runtime
+from .workers import LIMIT_S, Harness, WaitsForTheForkServer, worker_pids
 
 T = TypeVar("T")
 
@@ -231,7 +229,7 @@ async def test_a_worker_that_accepted_a_stop_takes_no_adoption_and_ends_itself(
             stale.fence(1)
             pid = (await stale.start_replica(_spec("a#1", harness.recorder()))).pid
             assert pid is not None
-            lines = LineStream(await trio.open_unix_socket(stale._socket_path("a#1")))
+            lines = LineStream(await trio.open_unix_socket(socket_path(stale.runtime_dir, "a#1")))
             await lines.send({"op": "stop", "epoch": 1, "grace_s": 0.5})
             assert (await lines.receive()) == {"ok": True, "pid": pid}
             await lines.aclose()

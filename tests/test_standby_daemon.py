@@ -5,51 +5,37 @@ a standby's read-only view and its redirect of changes."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import sqlite3
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from .http_client import request
-from .test_daemon import LIMIT_S, Daemon, state_dir
-from .test_daemon_hardening import free_port, one_line
-from .test_ingress_daemon import standalone
-from .test_rollout_daemon import Traffic, app, settled, until
-
-__all__ = ["state_dir"]  # the fixture, shared with test_daemon
+from .daemons import (
+    LIMIT_S,
+    Daemon,
+    app,
+    deploy,
+    dirs,
+    free_port,
+    killed_at_exit,
+    one_line,
+    role,
+    settled,
+    shown,
+    standalone,
+    until,
+)
+from .http_client import Traffic, request
 
 #: The documented failover on one host: the lease (2 s) and one read of it (0.5 s) past the
 #: leader's last renewal, then the recovery.
 FAILOVER_S = 3.0
 RENEW_S = 0.5
-
-
-def dirs(root: Path, *names: str) -> list[Path]:
-    made = []
-    for name in names:
-        path = root / name
-        path.mkdir(mode=0o700)
-        made.append(path)
-    return made
-
-
-@contextlib.contextmanager
-def killed_at_exit(*daemons: Daemon) -> Iterator[None]:
-    try:
-        yield
-    finally:
-        for daemon in daemons:
-            if daemon.process is not None and daemon.process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(daemon.process.pid, signal.SIGCONT)
-                daemon.process.kill()
 
 
 async def start_all(
@@ -93,13 +79,6 @@ async def logged_within(daemon: Daemon, text: bytes, seconds: float) -> None:
     raise AssertionError(f"not logged within {seconds:g}s: {text!r}\n{daemon.log.decode()}")
 
 
-async def role(daemon: Daemon) -> dict[str, Any]:
-    code, data = await daemon.http("GET", "/api/v1/backends")
-    assert code == 200, data
-    leadership: dict[str, Any] = data["leadership"]
-    return leadership
-
-
 async def role_at(daemon: Daemon, epoch: int) -> dict[str, Any]:
     """The daemon's leadership once it has seen `epoch` (a standby reads the lease every renew
     period): waited for on its watch's long poll, not by sleeping."""
@@ -122,33 +101,12 @@ async def stopped(leader: Daemon, *standbys: Daemon) -> None:
         assert await daemon.process.wait() == 0, daemon.log.decode()
 
 
-async def shown(daemon: Daemon, name: str, check: Any) -> dict[str, Any]:
-    """`until`, for a standby: the backend may not be in its view of the store yet."""
-    cursor, epoch = 0, ""
-    while True:
-        status: dict[str, Any] | None = (await daemon.status()).get(name)
-        if status is not None and check(status):
-            return status
-        code, data = await daemon.http(
-            "GET", f"/api/v1/watch?since={cursor}&timeout_s=1&epoch={epoch}"
-        )
-        assert code == 200, data
-        cursor, epoch = data["cursor"], data["epoch"]
-
-
 def tags(status: dict[str, Any]) -> list[str]:
     return sorted(r["tag"] for r in status["replicas"])
 
 
 def pids(status: dict[str, Any]) -> list[int]:
     return sorted(r["pid"] for r in status["replicas"])
-
-
-async def deploy(daemon: Daemon, name: str, **fields: Any) -> None:
-    code, data = await daemon.http(
-        "PUT", f"/api/v1/backends/{name}", json.dumps(app(**fields)).encode()
-    )
-    assert code == 200, data
 
 
 async def test_kill_9_of_the_leader_under_traffic_fails_no_request(state_dir: Path) -> None:

@@ -34,10 +34,10 @@ import trio
 
 from controller._leadership.standby import store_view
 
+from .daemons import Daemon
+from .daemons import shown as until
 from .http_client import request
 from .replicas import events
-from .test_daemon import Daemon
-from .test_standby_daemon import shown as until
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -52,6 +52,9 @@ LIMIT_S = 90  # generous: each daemon is a Ray driver, and Ray workers take a wh
 #: The lease's defaults (``controller run``): a standby claims once it has not seen the lease
 #: move for 2 s, and reads it every 0.5 s.
 LEASE_S, RENEW_S = 2.0, 0.5
+#: What a busy machine adds to a bound of one renew period (the tests run beside each other, and
+#: must pass beside a CPU hog): a read of Ray's KV, a process scheduled late.
+BUSY_S = 2.0
 #: Leader killed to a standby leading: the lease, a read period, and the recovery (adopting
 #: the actors). The documented bound on Ray.
 TAKEOVER_BOUND_S = 5.0
@@ -332,7 +335,7 @@ async def test_kill_9_the_leader_under_traffic_a_standby_takes_over(
                     # The third daemon follows the new leader, from its next read of the lease
                     # (one every renew period).
                     while (seen := await leadership(other))["epoch"] != 2:
-                        assert time.monotonic() < led_at + RENEW_S + 1.0, seen
+                        assert time.monotonic() < led_at + RENEW_S + BUSY_S, seen
                         await trio.sleep(POLL_S)
                     assert (seen["role"], seen["address"]) == ("standby", leader.url), seen
             process.send_signal(signal.SIGTERM)
@@ -447,7 +450,7 @@ async def test_a_leader_stopped_past_its_lease_changes_nothing_when_it_wakes(
             )
             assert took <= TAKEOVER_BOUND_S, took
             assert status not in range(200, 300), answer
-            assert stepped_down <= RENEW_S + 0.5, stepped_down
+            assert stepped_down <= RENEW_S + BUSY_S, stepped_down
             await old.logged(b"stopped leading (epoch 1)")
 
             # The store holds the new leader's change, as the new leader and the old one (now

@@ -2,8 +2,9 @@
 
 Request bodies are made from the config model itself (each field's JSON Schema sits beside its
 validator in ``_model.config``), so that the document and the server cannot drift apart;
-responses are written here as the views (``views``) make them. ``tests/test_openapi.py`` and a
-schemathesis run against a real daemon check both.
+responses are written as the views (``views``) make them (``schemas``). ``tests/test_openapi.py``
+and a schemathesis run against a real daemon check both. The paths are here; how an operation
+is written, in ``operations``.
 """
 
 from __future__ import annotations
@@ -12,119 +13,18 @@ from typing import Any
 
 from .._model.status import BackendState
 from .listing import MAX_LIMIT
-from .schemas import (
-    BOOL,
-    COUNT,
-    INT,
+from .operations import (
     JSON_BODY,
-    MESSAGE_TEXT,
     NAME,
-    SAYS,
-    SCHEMAS,
-    STRING,
-    ref,
+    WRITE_ERRORS,
+    answer,
+    flag,
+    long_poll,
+    operation,
+    query,
 )
-
-_ERRORS = {
-    "400": "The body or a query parameter is malformed (not JSON, empty, nested too deeply, or "
-    "a parameter of the wrong type)",
-    "401": "No token, or a wrong one",
-    "404": "No such backend",
-    "404-revision": "No such backend, or it keeps no such revision (UnknownRevision)",
-    "409": "Valid, but it cannot be placed on the runtime (beside what runs already), or its "
-    "route leads to another backend (RouteConflict); nothing was applied",
-    "409-rollout": "Refused as the backend is now, with the reason as the error's type: Paused "
-    "(resume it first), Deleting, NoGoodRevision (no earlier revision completed: name one), or "
-    "CodeChanged (the entrypoint's source on disk is not the revision's: undo with force); "
-    "nothing was written",
-    "413": "The body is over 1 MiB",
-    "415": "The body is not sent as application/json",
-    "422": "The body is JSON but breaks a rule; `problems` lists each, naming the field",
-    "403": "A console session may not do this (make a login link), or its change lacks the "
-    "session's X-Console-Key header",
-    "501": "This runtime keeps no replica logs the daemon can read (Ray)",
-    "503": "The daemon is shutting down and takes no more changes, or the store cannot be "
-    "written, or it is a standby while no daemon leads (NoLeader) (then with Retry-After); "
-    "nothing was applied",
-}
-_STANDBY = (
-    "This daemon is a standby (NotLeader): changes go to the leader, whose URL for the same "
-    "request is in Location (and its API's address in the error's `leader`); nothing was "
-    "applied here"
-)
-
-
-_WRITE_ERRORS = ("400", "409", "413", "415", "422", "503")
-
-
-def _op(
-    summary: str,
-    ok: dict[str, Any],
-    *errors: str,
-    body: str | None = None,
-    parameters: list[dict[str, Any]] | None = None,
-    description: str | None = None,
-    body_required: bool = True,
-) -> dict[str, Any]:
-    """An operation; each of `errors` is a status (``"409"``), or one with the reason it has
-    here (``"409-rollout"``: a key of ``_ERRORS``)."""
-    responses = dict(ok)
-    for key in ("401", *errors):
-        code = key.partition("-")[0]
-        response: dict[str, Any] = {
-            "description": _ERRORS[key],
-            "content": {JSON_BODY: {"schema": ref("Error")}},
-        }
-        if code == "401":
-            response["headers"] = {"WWW-Authenticate": {"schema": STRING, "required": True}}
-        if code == "503":
-            response["headers"] = {"Retry-After": {"schema": INT}}
-        responses[code] = response
-    if "503" in errors:
-        # Every change is taken by the leader only.
-        responses["307"] = {
-            "description": _STANDBY,
-            "headers": {"Location": {"schema": STRING, "required": True}},
-            "content": {JSON_BODY: {"schema": ref("Error")}},
-        }
-    op: dict[str, Any] = {"summary": summary, "responses": responses}
-    if description is not None:
-        op["description"] = description
-    if parameters:
-        op["parameters"] = parameters
-    if body is not None:
-        op["requestBody"] = {
-            "required": body_required,
-            "content": {JSON_BODY: {"schema": ref(body)}},
-        }
-    return op
-
-
-def _json(code: str, description: str, schema: str) -> dict[str, Any]:
-    return {code: {"description": description, "content": {JSON_BODY: {"schema": ref(schema)}}}}
-
-
-def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"name": name, "in": "query", "schema": schema, "description": description}
-
-
-def _long_poll(since: str) -> list[dict[str, Any]]:
-    """The query of a long poll: a cursor (`since` says what none means), its epoch, a wait."""
-    return [
-        _query("since", COUNT, since),
-        _query("epoch", STRING, "The epoch of the last answer"),
-        _query(
-            "timeout_s",
-            {"type": "number", "minimum": 0, "maximum": 60},
-            "How long to wait for a change (30 if not given)",
-        ),
-    ]
-
-
-def _flag(name: str, description: str) -> dict[str, Any]:
-    # Sent as the words true or false; anything else is a 400.
-    return _query(name, BOOL, description)
-
+from .schema_parts import COUNT, MESSAGE_TEXT, SAYS, STRING
+from .schemas import SCHEMAS
 
 _DESCRIPTION = """\
 The HTTP API of `controller run`. Every path but `/healthz` needs `Authorization: Bearer <token>`
@@ -161,11 +61,11 @@ OPENAPI: dict[str, Any] = {
             "get": {
                 "summary": "Liveness; needs no token",
                 "security": [],
-                "responses": _json("200", "The daemon answers", "Health"),
+                "responses": answer("200", "The daemon answers", "Health"),
             }
         },
         "/metrics": {
-            "get": _op(
+            "get": operation(
                 "Prometheus metrics",
                 {
                     "200": {
@@ -176,7 +76,7 @@ OPENAPI: dict[str, Any] = {
             )
         },
         "/openapi.json": {
-            "get": _op(
+            "get": operation(
                 "This document",
                 {
                     "200": {
@@ -187,23 +87,23 @@ OPENAPI: dict[str, Any] = {
             )
         },
         "/api/v1/backends": {
-            "get": _op(
+            "get": operation(
                 "Every backend's status (or a page of them), and who leads",
-                _json("200", "By name", "BackendList"),
+                answer("200", "By name", "BackendList"),
                 "400",
                 parameters=[
-                    _query(
+                    query(
                         "limit",
                         {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT},
                         "At most this many (then `next` says where the next page starts)",
                     ),
-                    _query("after", STRING, "Only the backends named after this (a page's `next`)"),
-                    _query(
+                    query("after", STRING, "Only the backends named after this (a page's `next`)"),
+                    query(
                         "state",
                         {"type": "array", "items": {"enum": [s.value for s in BackendState]}},
                         "Only the backends in these states (repeated, or comma-separated)",
                     ),
-                    _query(
+                    query(
                         "view",
                         {"enum": ["full", "summary"]},
                         "summary: without each backend's replicas and events",
@@ -216,29 +116,31 @@ OPENAPI: dict[str, Any] = {
         "/api/v1/backends/{name}": {
             "parameters": [NAME],
             "get": {
-                **_op("One backend's status", _json("200", "Its status", "BackendStatus"), "404"),
+                **operation(
+                    "One backend's status", answer("200", "Its status", "BackendStatus"), "404"
+                ),
                 "operationId": "getBackend",
             },
             "put": {
-                **_op(
+                **operation(
                     "Deploy: create or update a backend",
-                    _json("200", "Stored; the backend converges from here", "Accepted"),
-                    *_WRITE_ERRORS,
+                    answer("200", "Stored; the backend converges from here", "Accepted"),
+                    *WRITE_ERRORS,
                     body="Backend",
-                    parameters=[_query("message", MESSAGE_TEXT, SAYS)],
+                    parameters=[query("message", MESSAGE_TEXT, SAYS)],
                 ),
                 "operationId": "deployBackend",
             },
             "delete": {
                 "operationId": "deleteBackend",
-                **_op(
+                **operation(
                     "Drain and delete a backend (asynchronous)",
-                    _json("202", "Stored; its replicas drain, then it is gone", "Accepted"),
+                    answer("202", "Stored; its replicas drain, then it is gone", "Accepted"),
                     "400",
                     "404",
                     "503",
                     parameters=[
-                        _flag(
+                        flag(
                             "force",
                             "Stop replicas without draining, and cut short drains under way; "
                             "taken even while the daemon shuts down",
@@ -251,20 +153,20 @@ OPENAPI: dict[str, Any] = {
             "parameters": [NAME],
             "get": {
                 "operationId": "getLogs",
-                **_op(
+                **operation(
                     "The logs of a backend's replicas, current and gone",
-                    _json("200", "Each replica's log", "Logs"),
+                    answer("200", "Each replica's log", "Logs"),
                     "400",
                     "404",
                     "501",
                     parameters=[
-                        _query("replica", STRING, "One replica's tag"),
-                        _query(
+                        query("replica", STRING, "One replica's tag"),
+                        query(
                             "tail",
                             {"type": "integer", "minimum": 0, "maximum": 10_000},
                             "Lines from the end of each log (100 if not given)",
                         ),
-                        _query(
+                        query(
                             "offset",
                             COUNT,
                             "Only what was written after this offset (from an earlier answer)",
@@ -277,9 +179,9 @@ OPENAPI: dict[str, Any] = {
             "parameters": [NAME],
             "get": {
                 "operationId": "getRevisions",
-                **_op(
+                **operation(
                     "A backend's revisions, oldest first",
-                    _json("200", "Each kept revision, with its cause and outcome", "RevisionList"),
+                    answer("200", "Each kept revision, with its cause and outcome", "RevisionList"),
                     "404",
                 ),
             },
@@ -288,9 +190,9 @@ OPENAPI: dict[str, Any] = {
             "parameters": [NAME],
             "post": {
                 "operationId": "undoBackend",
-                **_op(
+                **operation(
                     "Undo: roll back to an earlier revision's content, as a new revision",
-                    _json("202", "Stored; the backend rolls back from here", "RolloutAccepted"),
+                    answer("202", "Stored; the backend rolls back from here", "RolloutAccepted"),
                     "400",
                     "404-revision",
                     "409-rollout",
@@ -310,9 +212,9 @@ OPENAPI: dict[str, Any] = {
             "parameters": [NAME],
             "post": {
                 "operationId": "scaleBackend",
-                **_op(
+                **operation(
                     "Scale: set how many replicas run, and change nothing else",
-                    _json("200", "Stored; the backend scales from here", "Accepted"),
+                    answer("200", "Stored; the backend scales from here", "Accepted"),
                     "400",
                     "404",
                     "409",
@@ -334,9 +236,9 @@ OPENAPI: dict[str, Any] = {
             "parameters": [NAME],
             "get": {
                 "operationId": "getHistory",
-                **_op(
+                **operation(
                     "The last hour of the backend's desired and ready replicas and its load",
-                    _json("200", "Points, oldest first (kept in the daemon's memory)", "History"),
+                    answer("200", "Points, oldest first (kept in the daemon's memory)", "History"),
                     "404",
                 ),
             },
@@ -345,9 +247,9 @@ OPENAPI: dict[str, Any] = {
             "parameters": [NAME],
             "post": {
                 "operationId": "pauseBackend",
-                **_op(
+                **operation(
                     "Pause: record later deploys as revisions without rolling them out",
-                    _json("202", "Stored (a rollout under way goes on)", "RolloutAccepted"),
+                    answer("202", "Stored (a rollout under way goes on)", "RolloutAccepted"),
                     "404",
                     "409-rollout",
                     "503",
@@ -358,9 +260,9 @@ OPENAPI: dict[str, Any] = {
             "parameters": [NAME],
             "post": {
                 "operationId": "resumeBackend",
-                **_op(
+                **operation(
                     "Resume: roll out what was deployed while paused, and stop pausing",
-                    _json("202", "Stored; the pending revision rolls out", "RolloutAccepted"),
+                    answer("202", "Stored; the pending revision rolls out", "RolloutAccepted"),
                     "404",
                     "409-rollout",
                     "503",
@@ -368,17 +270,17 @@ OPENAPI: dict[str, Any] = {
             },
         },
         "/api/v1/apply": {
-            "post": _op(
+            "post": operation(
                 "Deploy every backend of a manifest, all or nothing; prune deletes the others",
-                _json("200", "Stored", "Applied"),
-                *_WRITE_ERRORS,
+                answer("200", "Stored", "Applied"),
+                *WRITE_ERRORS,
                 body="Apply",
             )
         },
         "/api/v1/load": {
-            "post": _op(
+            "post": operation(
                 "Report an ingress's load (sent on change, and every 10 s while not zero)",
-                _json("200", "Taken", "LoadTaken"),
+                answer("200", "Taken", "LoadTaken"),
                 "400",
                 "413",
                 "415",
@@ -387,25 +289,25 @@ OPENAPI: dict[str, Any] = {
             )
         },
         "/api/v1/ingress": {
-            "get": _op(
+            "get": operation(
                 "The daemon's ingress processes: each one's state, restarts and health",
-                _json("200", "Each process", "Ingress"),
+                answer("200", "Each process", "Ingress"),
             )
         },
         "/api/v1/watch": {
-            "get": _op(
+            "get": operation(
                 "Long poll: the snapshots newer than `since`",
-                _json("200", "Snapshots, or none if timeout_s passed first", "Watch"),
+                answer("200", "Snapshots, or none if timeout_s passed first", "Watch"),
                 "400",
-                parameters=_long_poll("The cursor of the last answer (0: everything)"),
+                parameters=long_poll("The cursor of the last answer (0: everything)"),
             )
         },
         "/api/v1/changes": {
-            "get": _op(
+            "get": operation(
                 "Long poll: answers once anything a status shows may have changed",
-                _json("200", "The cursor now (the same one if timeout_s passed first)", "Changes"),
+                answer("200", "The cursor now (the same one if timeout_s passed first)", "Changes"),
                 "400",
-                parameters=_long_poll("The cursor of the last answer (none: answer at once)"),
+                parameters=long_poll("The cursor of the last answer (none: answer at once)"),
                 description="What the web console follows: after each answer with a new "
                 "cursor or epoch, it reads what it shows again. Any pass of a backend's loop "
                 "moves the cursor (a health check's too), so a reader should not read more "
@@ -413,23 +315,23 @@ OPENAPI: dict[str, Any] = {
             )
         },
         "/api/v1/console/links": {
-            "post": _op(
+            "post": operation(
                 "A one-time login link to the web console (`controller console`)",
-                _json("201", "Made: open the daemon's URL with `path`", "LoginLink"),
+                answer("201", "Made: open the daemon's URL with `path`", "LoginLink"),
                 "403",
                 description="Only with the token: a console session cannot make links.",
             )
         },
         "/api/v1/shutdown": {
-            "post": _op(
+            "post": operation(
                 "Drain and delete every backend, then stop the daemon",
                 {
-                    **_json("200", "Drained (`left`: what was not)", "Shutdown"),
-                    **_json("202", "Started (with wait=false)", "Shutdown"),
+                    **answer("200", "Drained (`left`: what was not)", "Shutdown"),
+                    **answer("202", "Started (with wait=false)", "Shutdown"),
                 },
                 "400",
                 "503",
-                parameters=[_flag("wait", "Answer once the drains are over (true by default)")],
+                parameters=[flag("wait", "Answer once the drains are over (true by default)")],
             )
         },
     },

@@ -8,7 +8,7 @@ from typing import Any
 
 import trio
 
-from .._core.controller import Applied
+from .._core.desk import Applied
 from .._model.autoscale import ScaleDecision
 from .._model.manifest import BackendDecl, config_to_dict
 from .._model.revisions import Revision

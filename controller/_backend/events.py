@@ -11,9 +11,9 @@ from typing import TypeAlias
 import attrs
 import trio
 
+from .._model.spec import Spec
 from .._ports.runtime import ReplicaInfo
 from .goal import Goal
-from .replica import Spec
 
 
 @attrs.frozen

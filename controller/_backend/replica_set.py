@@ -12,8 +12,6 @@ from collections.abc import Callable
 from functools import partial
 from typing import final
 
-import trio
-
 from .._model.census import Census, Key, key_of
 from .._model.checkpoint import dump_replica, join_page, join_replicas
 from .._model.records import (
@@ -87,10 +85,6 @@ class ReplicaSet:
         self._seq += 1
         replica = Replica(tag, version, config_digest, state, self._seq, revision=revision)
         replica.created_at = time.time() if state is ReplicaState.STARTING else created_at
-        if state is not ReplicaState.STOPPING:
-            # Made now, not when its task starts, so that a stop decided before the task runs
-            # can already cancel it.
-            replica.scope = trio.CancelScope()
         self.by_tag[tag] = replica
         self.census.add(key_of(replica))
         replica.page = self._entries.add(tag)
@@ -145,7 +139,6 @@ class ReplicaSet:
         serving = replica.view is not None and replica.state is not ReplicaState.STOPPING
         replica.state = ReplicaState.STOPPING
         replica.graceful = graceful
-        replica.drain_scope = trio.CancelScope() if graceful else None
         if replica.stopping_since is None:
             replica.stopping_since = time.time()
         self.stale(replica)
@@ -189,19 +182,15 @@ class ReplicaSet:
             if rec.stopping and rec.stopping_ms is not None:
                 replica.stopping_since = rec.stopping_ms / 1000
                 replica.resumed_stop = True
-            if rec.stopping and graceful:
-                replica.drain_scope = trio.CancelScope()
         if record is not None and record.pages:
             self._entries.held_by_store(record.pages)
         return dropped
 
     def cut_drains(self) -> None:
-        """Cut short the drains under way: their kills follow at once (a forced delete)."""
+        """No stop drains from now on (a forced delete); the launcher cuts those under way."""
         for replica in self.by_tag.values():
-            if replica.state is ReplicaState.STOPPING and replica.graceful:
+            if replica.state is ReplicaState.STOPPING:
                 replica.graceful = False
-                if replica.drain_scope is not None:
-                    replica.drain_scope.cancel()
 
     def set_failed(self, failed: FailureRecord | None) -> None:
         if failed != self.failed:

@@ -17,10 +17,11 @@ from typing import final
 from .._model.failures import FailureBook
 from .._model.records import RolloutRecord
 from .._model.revisions import Revision, RevisionBook
+from .._model.spec import Spec
 from .failure_reports import Stored
 from .history import Journal
 from .observe import Observer
-from .replica import Replica, Spec
+from .replica import Replica
 
 logger = logging.getLogger("controller")
 

@@ -19,7 +19,8 @@ import trio
 
 from .._model.errors import ReplicaError
 from .._model.json_values import JSON
-from .._ports.runtime import ReplicaInfo, ReplicaSpec, Runtime
+from .._model.spec import ReplicaSpec
+from .._ports.runtime import ReplicaInfo, Runtime
 from . import events as ev
 from .intent import Intent
 from .replica import Replica
@@ -163,7 +164,12 @@ class Launcher:
     runs, and a new one for the next task once it has closed. Trio keeps a nursery's sets of
     tasks and scopes at the largest size they reached, so a backend that started 10,000
     replicas at once in its own nursery would hold that much for good (~250 bytes a replica);
-    a wave's are freed with it."""
+    a wave's are freed with it.
+
+    It holds each replica's live cancel scopes (the record holds only what is stored and
+    shown): the scope of its start, adoption or reconfigure, from when it is asked for (so that
+    a stop decided before the task runs cancels it) until the loop has heard how it ended; and
+    the scope of its drain, until it is gone."""
 
     def __init__(self, runtime: Runtime, intent: Intent, send: Send):
         self._runtime = runtime
@@ -173,6 +179,8 @@ class Launcher:
         self._wave: trio.Nursery | None = None
         self._waiting: list[tuple[Task, tuple[object, ...]]] | None = None
         """Tasks asked for while the next wave opens."""
+        self._in_flight: dict[str, trio.CancelScope] = {}
+        self._drains: dict[str, trio.CancelScope] = {}
 
     def _start(self, fn: Task, *args: object) -> None:
         if self._wave is not None:
@@ -206,18 +214,20 @@ class Launcher:
     def stop(self, replica: Replica, grace_s: float) -> None:
         """Stop `replica`: cancel what is in flight for it (its task then reports, and the loop
         calls this again), or drain (if graceful) and kill it."""
-        if replica.scope is not None:
-            self._intent.act(replica.scope.cancel)
+        in_flight = self._in_flight.get(replica.tag)
+        if in_flight is not None:
+            self._intent.act(in_flight.cancel)
             return
-        drain_scope = replica.drain_scope if replica.graceful else None
+        drain_scope = None
+        if replica.graceful:
+            drain_scope = self._drains[replica.tag] = trio.CancelScope()
         self._intent.act(
             partial(self._start, stop, self._runtime, replica.tag, grace_s, drain_scope, self._send)
         )
 
     def bring_up(self, replica: Replica, spec: ReplicaSpec | None, timeout_s: float) -> None:
         """Start (with a spec) or adopt `replica`, within `timeout_s` of asking the runtime."""
-        scope = replica.scope
-        assert scope is not None
+        scope = self._in_flight[replica.tag] = trio.CancelScope()
 
         def go() -> None:
             # The timeout counts from when the runtime is asked, not from the decision.
@@ -229,8 +239,7 @@ class Launcher:
     def reconfigure(
         self, replica: Replica, user_config: JSON, config_digest: str, timeout_s: float
     ) -> None:
-        scope = replica.scope
-        assert scope is not None
+        scope = self._in_flight[replica.tag] = trio.CancelScope()
 
         def go() -> None:
             scope.deadline = min(scope.deadline, trio.current_time() + timeout_s)
@@ -245,6 +254,20 @@ class Launcher:
             )
 
         self._intent.act(go)
+
+    def ended(self, tag: str) -> None:
+        """The loop has heard how `tag`'s start, adoption or reconfigure ended."""
+        self._in_flight.pop(tag, None)
+
+    def gone(self, tag: str) -> None:
+        """`tag` is stopped and forgotten."""
+        self._in_flight.pop(tag, None)
+        self._drains.pop(tag, None)
+
+    def cut_drains(self) -> None:
+        """Cut short every drain under way: their kills follow at once (a forced delete)."""
+        for scope in self._drains.values():
+            scope.cancel()
 
     def checks(self, tags: list[str], timeout_s: float) -> None:
         self._start(checks, self._runtime, tags, timeout_s, self._send)

@@ -11,6 +11,7 @@ import attrs
 from .._model.census import Census
 from .._model.failures import FailureBook
 from .._model.revisions import Revision, RevisionBook
+from .._model.spec import Spec
 from .._model.status import (
     AutoscalerStatus,
     BackendEvent,
@@ -26,7 +27,7 @@ from .._model.status import (
 )
 from .goal import Goal
 from .history import plural
-from .replica import Replica, Spec
+from .replica import Replica
 
 
 @final

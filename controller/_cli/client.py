@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import time
@@ -86,10 +87,17 @@ class Client:
         except urllib.error.HTTPError as exc:
             try:
                 payload = json.loads(exc.read() or b"null")
-            except ValueError:
+            except (ValueError, http.client.HTTPException):
                 payload = None
             return exc.code, payload
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+        # An answer cut short (IncompleteRead and the like) is a daemon gone mid-answer, as a
+        # refused connection is one gone before: killed, or stopping.
+        except (
+            urllib.error.URLError,
+            ConnectionError,
+            TimeoutError,
+            http.client.HTTPException,
+        ) as exc:
             reason = getattr(exc, "reason", exc)
             raise Unreachable(
                 f"cannot reach the controller at {url} ({reason}); is `controller run` "

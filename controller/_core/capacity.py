@@ -15,10 +15,10 @@ import trio
 
 from .._backend.history import plural
 from .._backend.loop import Backend
-from .._backend.replica import Spec
 from .._model.errors import InfeasibleError
 from .._model.placement import SLOTS, Demand, need_of, place, total
 from .._model.reconcile import resolve_limits
+from .._model.spec import Spec
 from .._ports.runtime import Runtime
 
 #: How long room granted to a growing backend counts as held by it for the others' checks: long

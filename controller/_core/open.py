@@ -65,7 +65,7 @@ async def open_controller(
             await outer.start(runtime.serve, _Listener(controller))
             try:
                 async with trio.open_nursery() as inner:
-                    controller._nursery = inner
+                    controller._opened(inner)
                     await recover(store, runtime, controller._restored, inner)
                     try:
                         yield controller

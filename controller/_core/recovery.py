@@ -15,11 +15,11 @@ import trio
 
 from .._backend.history import plural
 from .._backend.loop import Backend
-from .._backend.replica import Spec
 from .._backend.tasks import kill_replica
 from .._model.checkpoint import parse_all
 from .._model.placement import Demand
 from .._model.records import RevisionsRecord, events_key, page_key, replicas_key, revisions_key
+from .._model.spec import Spec
 from .._ports.runtime import Runtime
 from .._ports.store import Store
 from .capacity import shortfalls

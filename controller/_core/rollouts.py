@@ -1,10 +1,9 @@
 """The rollout commands of a controller: its revisions, undo, pause and resume, and the
 automatic rollback of a failed rollout.
 
-Kept apart from ``controller`` for length, they change specs the way every deploy does: under
-the name's lock, through the controller's ``_commit`` (the spec and its revisions in one store
-batch), waiting until the backend's loop has the new spec. What each writes is decided by the
-pure functions of ``steering``.
+They change specs the way every deploy does: under the name's lock, through the spec desk's
+``commit`` (the spec and its revisions in one store batch), waiting until the backend's loop has
+the new spec. What each writes is decided by the pure functions of ``steering``.
 """
 
 from __future__ import annotations
@@ -12,13 +11,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import attrs
 import trio
 
 from .._backend.goal import Goal
-from .._backend.replica import Spec
 from .._backend.rollout import rollback_target
 from .._model.code import CodeDigest, code_digest
 from .._model.errors import (
@@ -30,10 +27,9 @@ from .._model.errors import (
     UnknownBackendError,
 )
 from .._model.revisions import Cause, Revision, RevisionBook
-from .steering import SpecChange, pause_change, resume_change, undo_change
-
-if TYPE_CHECKING:
-    from .controller import Controller
+from .._model.spec import Spec
+from .._model.steering import SpecChange, pause_change, resume_change, undo_change
+from .desk import SpecDesk
 
 logger = logging.getLogger("controller")
 
@@ -41,11 +37,11 @@ logger = logging.getLogger("controller")
 ROLL_BACK_RETRY_MAX_S = 5.0
 
 
-def revisions(ctl: Controller, name: str, *, check_code: bool) -> tuple[Revision, ...]:
-    if name not in ctl._backends:
+def revisions(desk: SpecDesk, name: str, *, check_code: bool) -> tuple[Revision, ...]:
+    if name not in desk.backends:
         raise UnknownBackendError(name)
-    kept = tuple(ctl._books[name].revisions)
-    return with_code_checked(kept, ctl.code_path) if check_code else kept
+    kept = tuple(desk.book(name).revisions)
+    return with_code_checked(kept, desk.code_path) if check_code else kept
 
 
 def with_code_checked(
@@ -64,15 +60,14 @@ def with_code_checked(
 
 
 async def undo(
-    ctl: Controller, name: str, to_revision: int | None, *, force: bool, cause: Cause | None
+    desk: SpecDesk, name: str, to_revision: int | None, *, force: bool, cause: Cause | None
 ) -> Goal:
     if to_revision is not None and (
         isinstance(to_revision, bool) or not isinstance(to_revision, int) or to_revision < 1
     ):
         raise ConfigError("to_revision", "must be None or a revision's number (>= 1)", to_revision)
-    ctl._check_open()
-    async with ctl._locks.hold([name]):
-        old, book = _steerable(ctl, name, "undo")
+    async with desk.hold([name]):
+        old, book = _steerable(desk, name, "undo")
         running = book.get(old.revision)
         if to_revision is None:
             target = book.last_good(unlike=None if running is None else running.digest)
@@ -85,56 +80,55 @@ async def undo(
         else:
             target = _kept(name, book, to_revision)
         if running is not None and target.digest == running.digest:
-            return ctl._requested[name][1]  # what runs already: nothing to do
+            return desk.goal(name)  # what runs already: nothing to do
         if not force:
-            _check_code(ctl, name, target)
-        change = _undo_change(ctl, name, old, book, target, cause or Cause())
-        handovers = await ctl._commit({name: change})
-        goal = ctl._requested[name][1]
-    await ctl._handed_over(handovers)
+            _check_code(desk, name, target)
+        change = _undo_change(desk, name, old, book, target, cause or Cause())
+        handovers = await desk.commit({name: change})
+        goal = desk.goal(name)
+    await desk.handed_over(handovers)
     return goal
 
 
-async def steer(ctl: Controller, name: str, what: str) -> Goal:
+async def steer(desk: SpecDesk, name: str, what: str) -> Goal:
     """Pause or resume `name`; either is a no-op if it is so already."""
-    ctl._check_open()
-    async with ctl._locks.hold([name]):
-        old, book = _steerable(ctl, name, what)
+    async with desk.hold([name]):
+        old, book = _steerable(desk, name, what)
         change = None
         if what == "pause" and not old.paused:
             change = pause_change(name, old)
         elif what == "resume" and old.paused:
-            live = ctl._live_revisions(name)
-            change = resume_change(name, old, book, held=ctl._held(name), live=live)
-        handovers = await ctl._commit({} if change is None else {name: change})
-        goal = ctl._requested[name][1]
-    await ctl._handed_over(handovers)
+            live = desk.live_revisions(name)
+            change = resume_change(name, old, book, held=desk.held(name), live=live)
+        handovers = await desk.commit({} if change is None else {name: change})
+        goal = desk.goal(name)
+    await desk.handed_over(handovers)
     return goal
 
 
-async def roll_back(ctl: Controller, name: str, failed: int) -> None:
+async def roll_back(desk: SpecDesk, name: str, failed: int) -> None:
     """Undo revision `failed` to the last good one, unless a later change came first. A store
     that fails is tried again (the failure itself is stored, so a restart goes on from it)."""
     delay = 0.1
     while True:
         try:
-            async with ctl._locks.hold([name]):
-                backend, old = ctl._backends.get(name), ctl._requested_spec(name)
+            async with desk.hold([name]):
+                backend, old = desk.backends.get(name), desk.spec(name)
                 if backend is None or old is None or old.deleting or old.revision != failed:
                     return  # superseded, deleted or forgotten meanwhile
-                book = ctl._books[name]
+                book = desk.book(name)
                 target = rollback_target(book, failed)
                 if isinstance(target, str):
                     return
                 cause = Cause("controller", f"revision {failed} failed (on_failure=rollback)")
-                change = _undo_change(ctl, name, old, book, target, cause, automatic=True)
-                handovers = await ctl._commit({name: change})
+                change = _undo_change(desk, name, old, book, target, cause, automatic=True)
+                handovers = await desk.commit({name: change})
                 backend.journal.event(
                     "RollingBack",
                     f"revision {failed} failed; rolling back to revision {target.number} as "
                     f"revision {change.record.revision}",
                 )
-            await ctl._handed_over(handovers)
+            await desk.handed_over(handovers)
             return
         except ControllerClosedError:
             return
@@ -154,10 +148,10 @@ def code_changed(revision: Revision, now: CodeDigest | None) -> bool | None:
     return now is None or now.digest != revision.code.digest
 
 
-def _steerable(ctl: Controller, name: str, what: str) -> tuple[Spec, RevisionBook]:
-    if name not in ctl._backends:
+def _steerable(desk: SpecDesk, name: str, what: str) -> tuple[Spec, RevisionBook]:
+    old = desk.spec(name)
+    if old is None:
         raise UnknownBackendError(name)
-    old = ctl._requested[name][0]
     if old.deleting:
         raise RolloutError("Deleting", f"backend {name!r} is being deleted: no {what}")
     if what == "undo" and old.paused:
@@ -165,7 +159,7 @@ def _steerable(ctl: Controller, name: str, what: str) -> tuple[Spec, RevisionBoo
             "Paused",
             f"backend {name!r} is paused: resume it first, or deploy the revision's config",
         )
-    return old, ctl._books[name]
+    return old, desk.book(name)
 
 
 def _kept(name: str, book: RevisionBook, number: int) -> Revision:
@@ -178,9 +172,9 @@ def _kept(name: str, book: RevisionBook, number: int) -> Revision:
     return revision
 
 
-def _check_code(ctl: Controller, name: str, target: Revision) -> None:
+def _check_code(desk: SpecDesk, name: str, target: Revision) -> None:
     entrypoint = target.content.replica_config.entrypoint
-    if code_changed(target, ctl._code_of(entrypoint)):
+    if code_changed(target, desk.code_of(entrypoint)):
         recorded = target.code
         assert recorded is not None
         raise CodeChangedError(
@@ -192,7 +186,7 @@ def _check_code(ctl: Controller, name: str, target: Revision) -> None:
 
 
 def _undo_change(
-    ctl: Controller,
+    desk: SpecDesk,
     name: str,
     old: Spec,
     book: RevisionBook,
@@ -207,9 +201,9 @@ def _undo_change(
         book,
         target,
         cause=cause,
-        code_of=ctl._code_of,
+        code_of=desk.code_of,
         now=time.time(),
-        held=ctl._held(name),
-        live=ctl._live_revisions(name),
+        held=desk.held(name),
+        live=desk.live_revisions(name),
         automatic=automatic,
     )

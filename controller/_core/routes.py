@@ -7,8 +7,8 @@ from typing import final
 
 import attrs
 
-from .._backend.replica import Spec
 from .._model.errors import RouteConflictError
+from .._model.spec import Spec
 
 
 def route_of(spec: Spec) -> str | None:

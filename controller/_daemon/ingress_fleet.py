@@ -21,29 +21,24 @@ connections queued on it, so the old process's are never closed while they hold 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, final
+from typing import Any, final
 
-import attrs
 import trio
 
 from .._api.views import iso
-from .._files import private_dir, write_private
+from .._files import private_dir
 from .._model.errors import StartupError
-from .._procfs import describe_exit, start_time
+from .._procfs import describe_exit
 from .ingress_process import DRAIN_S, ingress_dir, log_path
 from .ingress_records import (
-    MODULE,
     STOP_MARGIN_S,
     Handle,
     Record,
@@ -51,14 +46,12 @@ from .ingress_records import (
     forget_sockets,
     hold,
     max_slot,
-    open_log,
-    reap,
     record_path,
     split,
     stop_records,
     tail,
-    take_listeners,
 )
+from .ingress_slot import START_TIMEOUT_S, FleetOptions, Launcher, Member
 from .metrics_merge import fleet_metrics, merge_metrics
 
 logger = logging.getLogger("controller.daemon")
@@ -67,46 +60,10 @@ logger = logging.getLogger("controller.daemon")
 BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 #: A process that served this long has its earlier exits forgiven.
 FORGIVE_AFTER_S = 60.0
-#: How long a new process may take to serve (import, first answer of the watch).
-START_TIMEOUT_S = 30.0
 #: How often each process's health is asked, and after how many unanswered asks in a row it
 #: is taken for hung and killed (a stopped or stuck process: its port share is lost meanwhile).
 LIVENESS_PERIOD_S = 5.0
 HUNG_AFTER = 3
-
-State = Literal["starting", "serving", "restarting", "stopping"]
-
-
-@attrs.frozen
-class FleetOptions:
-    listen: str
-    """``HOST:PORT``; port 0: any free one (chosen once, then kept by the processes)."""
-    workers: int
-    access_log: bool = False
-    log_format: str = "human"
-
-    def digest(self) -> str:
-        """What a process must have been started with to be adopted (its address aside)."""
-        from .. import __version__
-
-        what = json.dumps([self.access_log, self.log_format, __version__, sys.executable])
-        return hashlib.sha256(what.encode()).hexdigest()[:16]
-
-
-@final
-@attrs.define(eq=False)
-class Member:
-    """One slot's process as the daemon sees it (written by that slot's supervisor alone)."""
-
-    slot: int
-    pid: int | None = None
-    state: State = "starting"
-    since: float = attrs.field(factory=time.time)
-    """When it entered its state (wall clock)."""
-    restarts: int = 0
-    last_exit: str | None = None
-    adopted: bool = False
-    """It was started by an earlier daemon."""
 
 
 @final
@@ -121,6 +78,7 @@ class Fleet:
         self.address = ""
         """The port the processes serve, ``HOST:PORT`` (known once `claim`ed)."""
         self._digest = options.digest()
+        self._launcher = Launcher(state_dir, options, self.env, self._digest, self._stopped)
         self._adopt: dict[int, Record] = {}
         self._retire: list[Record] = []
         self._heirs: dict[int, Record] = {}
@@ -194,7 +152,7 @@ class Fleet:
                 for event in serving:
                     await event.wait()
             late = [m.slot for m in self.members if m.state != "serving"]
-            if late:
+            if late and not self.stopping:
                 logger.error(
                     "ingress: process(es) %s not serving after %gs; still trying (see %s)",
                     ", ".join(map(str, late)),
@@ -211,6 +169,12 @@ class Fleet:
             task_status.started()
 
     async def _supervise(self, member: Member, serving: trio.Event) -> None:
+        try:
+            await self._keep_serving(member, serving)
+        finally:
+            serving.set()  # or never will: the fleet's start waits for it no longer
+
+    async def _keep_serving(self, member: Member, serving: trio.Event) -> None:
         record = self._adopt.pop(member.slot, None)
         failures, up_since = 0, 0.0
         if record is not None and not await self._answers(member.slot, record.pid):
@@ -225,7 +189,8 @@ class Fleet:
                 member.adopted = True
             else:
                 member.adopted = False
-                handle = await self._spawn(member)
+                heir = self._heirs.pop(member.slot, None)
+                handle = await self._launcher.spawn(member, self.address, heir)
             if handle is not None:
                 exited = self._exited[member.slot] = trio.Event()
                 self._handles[member.slot] = handle
@@ -257,8 +222,10 @@ class Fleet:
                     if hung
                     else describe_exit(status).removeprefix("worker process ")
                 )
+            elif self._stopped():
+                return  # told to stop as it started
             member.restarts += 1
-            self._write_record(member)
+            self._launcher.write_record(member, self.address)
             member.state, member.since = "restarting", time.time()
             if trio.current_time() - up_since > FORGIVE_AFTER_S:
                 failures = 0
@@ -301,86 +268,6 @@ class Fleet:
         # A method, not the attribute: it changes across the awaits of one supervisor's loop.
         return self.stopping
 
-    async def _spawn(self, member: Member) -> Handle | None:
-        """A new process for `member`'s slot, once it serves; None if it ended first (its
-        end in `member.last_exit`)."""
-        options = self.options
-        argv = [
-            sys.executable,
-            "-P",
-            "-m",
-            MODULE,
-            "--state-dir",
-            str(self.state_dir),
-            "--slot",
-            str(member.slot),
-            "--listen",
-            self.address,
-            "--log-format",
-            options.log_format,
-        ]
-        if options.access_log:
-            argv.append("--access-log")
-        member.state, member.since = "starting", time.time()
-        heir = self._heirs.pop(member.slot, None)
-        inherited = [] if heir is None else await take_listeners(self.state_dir, heir)
-        if heir is not None and inherited:
-            logger.info(
-                "ingress process %d takes over the listening socket of pid %d",
-                member.slot,
-                heir.pid,
-            )
-        for fd in inherited:
-            argv += ["--listen-fd", str(fd)]
-        log = open_log(log_path(self.state_dir, member.slot))
-        try:
-            process = await trio.lowlevel.open_process(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=log,  # what it says before its own logging is set up (a failed import)
-                env=self.env,
-                start_new_session=True,  # not stopped by a Ctrl-C at the daemon's terminal
-                close_fds=True,
-                pass_fds=inherited,
-            )
-        finally:
-            os.close(log)
-            for fd in inherited:
-                os.close(fd)
-        member.pid = process.pid
-        handle = Handle(process.pid, process=process)
-        self._write_record(member)
-        assert process.stdout is not None
-        said = b""
-        with trio.move_on_after(START_TIMEOUT_S):
-            async for chunk in process.stdout:
-                said += chunk
-                if b"ready\n" in said:
-                    break
-        await process.stdout.aclose()
-        if b"ready\n" in said:
-            return handle
-        if process.returncode is None and process.poll() is None:
-            # Alive but not serving in time: it is stopped, and another tried.
-            process.kill()
-        member.last_exit = describe_exit(await reap(process)).removeprefix("worker process ")
-        return None
-
-    def _write_record(self, member: Member) -> None:
-        """What the next daemon needs to adopt `member`'s process (and to go on counting)."""
-        if member.pid is None:
-            return
-        record = Record(
-            member.slot,
-            member.pid,
-            start_time(member.pid) or "",
-            self.address,
-            self._digest,
-            member.restarts,
-        )
-        write_private(record_path(self.state_dir, member.slot), json.dumps(attrs.asdict(record)))
-
     # -- stopping --
 
     async def stop(self) -> None:
@@ -392,6 +279,11 @@ class Fleet:
                 member.state, member.since = "stopping", time.time()
         for handle in handles.values():
             handle.signal(signal.SIGTERM)
+        for member in self.members:
+            if member.state == "starting" and member.pid is not None:
+                # Waiting for its first routes from an API that is closing: it would not serve.
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(member.pid, signal.SIGTERM)
         # Those this daemon does not supervise (an earlier daemon's, left unadopted).
         pids = {h.pid for h in handles.values()}
         records = [r for r in self._records() if r.alive(self.state_dir) and r.pid not in pids]

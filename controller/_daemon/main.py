@@ -11,7 +11,8 @@ Start-up goes in an order that makes a failed start change nothing:
    started or adopted: they follow the daemon over its API, in processes of their own.
 
 A failure in 2-4 raises ``StartupError``, one line that says what and what to do; every replica
-is left exactly as it was (recovery is the first step that touches one).
+is left exactly as it was (recovery is the first step that touches one). From the recovery on,
+and the stop, the daemon is `serve`'s: this module builds what it runs on.
 """
 
 from __future__ import annotations
@@ -21,60 +22,48 @@ import logging
 import logging.handlers
 import os
 import secrets
-import signal
 import socket
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Literal
 
 import attrs
-import hypercorn.config
-import hypercorn.trio
 import trio
 
-from .._api.app import Api, LogSource
+from .._api.logs import LogSource
 from .._api.metrics import Metrics
 from .._api.serving import Serving
-from .._api.timeline import Timelines
-from .._api.timeline import record as record_timelines
-from .._backend.tasks import KILL_TIMEOUT_S
-from .._core.controller import Controller
 from .._files import create_private
 from .._leadership.keeper import Leadership, holder_name
 from .._model.errors import (
     ConfigError,
-    ControllerError,
     StartupError,
 )
 from .._model.lease import LeaseTiming
 from .._model.manifest import load_manifest
 from .._ports.runtime import Runtime
 from .._ports.store import LeaseStore
-from .ingress_fleet import Fleet, FleetOptions
+from .ingress_fleet import Fleet
 from .ingress_records import stop_leftovers
+from .ingress_slot import FleetOptions
 from .listen import bound
 from .log_format import private_log
-from .roles import STARTUP_ERRORS, Roles, leader_status, role_of, startup_reason
+from .roles import STARTUP_ERRORS, Roles, leader_status, startup_reason
+from .serve import Front, serve
 from .statedir import (
     STATE_DIR_ENV,
     TOKEN_ENV,
-    address_path,
     check_private,
     kept_token,
     locked,
     log_path,
-    mark_stopping,
     token_path,
-    write_address,
     write_token,
 )
 
 logger = logging.getLogger("controller.daemon")
 
-#: Beyond the longest drain and kill, how long ``controller shutdown`` waits for the runtime.
-SHUTDOWN_MARGIN_S = 30.0
 #: The daemon's own log in the state dir: rotated past this size, with this many old files.
 LOG_MAX_BYTES = 10 << 20
 LOG_BACKUPS = 3
@@ -177,10 +166,10 @@ async def run_daemon(options: DaemonOptions) -> None:
                     metrics,
                 )
                 try:
-                    await _serve(
+                    await serve(
                         roles,
-                        options,
-                        _Serving(sock, fleet),
+                        options.state_dir,
+                        Front(sock, fleet),
                         token,
                         metrics,
                         _log_source(runtime),
@@ -262,167 +251,6 @@ def _fleet(options: DaemonOptions, state_dir: Path) -> Fleet | None:
     )
     fleet.claim()
     return fleet
-
-
-@attrs.frozen
-class _Serving:
-    api: socket.socket
-    fleet: Fleet | None
-
-
-async def _serve(
-    roles: Roles,
-    options: DaemonOptions,
-    serving: _Serving,
-    token: str,
-    metrics: Metrics,
-    logs: LogSource | None,
-    keep_token: Callable[[], None],
-) -> None:
-    stop = trio.Event()
-    shutdown_asked = trio.Event()
-    shutdown_over = trio.Event()
-    left: list[str] = []
-    current = roles.serving
-
-    async def shutdown_done() -> list[str]:
-        await shutdown_over.wait()
-        return left
-
-    fleet = serving.fleet
-
-    timelines = Timelines()
-    app = Api(
-        None,
-        token=token,
-        render_metrics=metrics.render,
-        request_shutdown=shutdown_asked.set,
-        shutdown_done=shutdown_done,
-        logs=logs,
-        serving=current,
-        timelines=timelines,
-        ingress=fleet,
-    )
-    config = hypercorn.config.Config()
-    # Our socket, bound already; hypercorn takes it over (and closes it when it stops).
-    fd = serving.api.detach()
-    config.bind = [f"fd://{fd}"]
-    config.accesslog = None
-    config.errorlog = logging.getLogger("hypercorn.error")  # through our handlers, once
-    config.graceful_timeout = 2.0  # long polls end at once; nothing else takes long
-    address_file = address_path(options.state_dir)
-    serving_api = False
-    roles_scope = trio.CancelScope()
-    roles_done = trio.Event()
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-
-            async def on_signal() -> None:
-                async for signum in signals:
-                    mark_stopping(options.state_dir)
-                    logger.info(
-                        "%s: stopping; replicas keep running for the next start to adopt",
-                        signal.Signals(signum).name,
-                    )
-                    if not serving_api:
-                        # Still starting (recovering, or waiting on the store): stop here.
-                        stop.set()
-                        nursery.cancel_scope.cancel()
-                        return
-                    await hand_over()
-                    stop.set()
-                    return
-
-            async def on_shutdown() -> None:
-                await shutdown_asked.wait()
-                if current.ctl is not None:
-                    left.extend(await _wait_deleted(current.ctl))
-                if fleet is not None:
-                    await fleet.stop()
-                mark_stopping(options.state_dir)
-                await hand_over()
-                shutdown_over.set()
-                # The request waiting for this answers at once; the server's graceful stop
-                # gives it the time to.
-                stop.set()
-
-            async def run_roles(*, task_status: trio.TaskStatus[None]) -> None:
-                try:
-                    with roles_scope:
-                        await roles.run(task_status=task_status)
-                finally:
-                    roles_done.set()
-
-            async def hand_over() -> None:
-                """Stop leading (the controller closes) and release the lease before the API's
-                connections (long polls) are closed: a standby takes over at once."""
-                roles_scope.cancel()
-                await roles_done.wait()
-                with trio.move_on_after(roles.leadership.timing.renew_s * 2, shield=True):
-                    await roles.leadership.release()
-
-            nursery.start_soon(on_signal)
-            nursery.start_soon(on_shutdown)
-            nursery.start_soon(metrics.measure_loop_lag)
-            # Leads (recovered, the config applied) or stands by (the store's view built)
-            # before anything is served.
-            await nursery.start(run_roles)
-            nursery.start_soon(record_timelines, current, timelines)
-            keep_token()
-            # Returns once `stop` is set and the server has closed its connections.
-            serving_api = True
-            async with trio.open_nursery() as server:
-                binds = await server.start(
-                    # hypercorn types the app as its own ASGI union; ours is plain dicts.
-                    partial(hypercorn.trio.serve, app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
-                )
-                # hypercorn marks its sockets inheritable (for its own worker processes); ours
-                # must not be, or a child could keep the port open after we exit.
-                os.set_inheritable(fd, False)
-                url = binds[0]
-                write_address(options.state_dir, url, secrets.token_hex(8))
-                if fleet is not None:
-                    # The ingress processes follow the API: they start once it answers, and
-                    # take their first connection with the routes known.
-                    await nursery.start(fleet.run)
-                    count = len(fleet.members)
-                    logger.info(
-                        "ingress serving routes on http://%s (%d process%s)",
-                        fleet.address,
-                        count,
-                        "" if count == 1 else "es",
-                    )
-                logger.info(
-                    "listening on %s (token in %s), %s",
-                    url,
-                    token_path(options.state_dir),
-                    role_of(roles.leadership),
-                )
-            nursery.cancel_scope.cancel()
-    with contextlib.suppress(FileNotFoundError):
-        address_file.unlink()
-
-
-async def _wait_deleted(ctl: Controller) -> list[str]:
-    """Wait until every backend is gone (their deletes are durable already), within the
-    longest drain and kill of any: no longer, as no drain takes longer."""
-    backends = ctl.status().backends
-    longest = max((b.backend_config.graceful_shutdown_timeout_s for b in backends), default=0.0)
-    limit = longest + KILL_TIMEOUT_S + SHUTDOWN_MARGIN_S
-    logger.info("shutdown asked: draining and deleting every backend (for at most %gs)", limit)
-    # Until none is left, not until each delete's goal: a forced delete meanwhile (which cuts
-    # a drain short) supersedes the goal while its kills are still under way.
-    with trio.move_on_after(limit), contextlib.suppress(ControllerError):
-        await ctl.wait_until(lambda c: not c.status().backends)
-    left = [b.name for b in ctl.status().backends]
-    if left:
-        logger.error(
-            "shutdown: %s still being deleted after %gs; stopping anyway: their replicas keep "
-            "running, and the next start finishes the deletes",
-            ", ".join(left),
-            limit,
-        )
-    return left
 
 
 @contextlib.contextmanager

@@ -14,12 +14,12 @@ from typing import NoReturn, final
 import trio
 
 from .._backend.observe import NullObserver
-from .._backend.replica import Spec
 from .._core.controller import Controller
 from .._model.checkpoint import parse_all
 from .._model.json_values import JSON
 from .._model.policy import RestartPolicy
-from .._ports.runtime import DeathListener, ReplicaInfo, ReplicaSpec
+from .._model.spec import ReplicaSpec, Spec
+from .._ports.runtime import DeathListener, ReplicaInfo
 
 
 def store_view(data: Mapping[str, str], code_path: Sequence[str]) -> Controller:

@@ -1,13 +1,10 @@
 """LocalRuntime: each replica is a worker process on this machine, reached over a Unix socket.
 
-Layout of the runtime directory, per replica (``<id>`` is a digest of its tag, to keep socket
-paths short): ``<id>.spec.json`` (what the worker runs), ``<id>.sock`` (its socket),
-``<id>.pid`` (a forked worker's pid) and ``logs/<tag>.log`` (its stdout and stderr, kept after it
-is gone); ``zygote.log``, the fork server's stderr; and ``fence``, the highest epoch fenced
-over the directory (see Fencing below). Workers run in their own session and process group, so
-they outlive the controller and are killed as a group, and they inherit exactly three
-descriptors (stdin from /dev/null, the log, and their socket): nothing the controller's process
-holds, such as a listening port, outlives it in a worker.
+The runtime directory holds each replica's spec, socket, pid file and log (see ``layout``), and
+``fence``, the highest epoch fenced over it (see Fencing below). Workers run in their own
+session and process group, so they outlive the controller and are killed as a group, and they
+inherit exactly three descriptors (stdin from /dev/null, the log, and their socket): nothing the
+controller's process holds, such as a listening port, outlives it in a worker.
 
 How workers start: forked by the fork server (``zygote``), a process that has imported the
 worker's code once, in milliseconds; or, while it is not ready (or if it is turned off or
@@ -16,9 +13,8 @@ failed), spawned as ``python -m controller.worker``, in a hundred and more.
 How a restarted controller finds its workers: by their command lines in ``/proc``, which name the
 spec file, so even a worker started an instant before a crash is found; a forked worker has the
 fork server's command line instead, and is found by the ``<id>.pid`` file it writes before
-anything else. How death is noticed: a "monitor" connection per worker, which the worker never
-answers; it ends only when the process does. How exits are awaited: pidfds, which work for
-workers that are not our children too.
+anything else. How death is noticed and exits are awaited: see ``process``, the runtime's side
+of one worker process; what it asks of a worker, and how a refusal is raised: ``commands``.
 
 Fencing (several daemons over one directory, one of them the leader of an epoch; see
 ``Runtime.fence``): every request to a worker carries this runtime's epoch, and the worker, which
@@ -40,36 +36,31 @@ the store, which refuses the stale leader's intent before it asks for a start, c
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import hashlib
 import json
 import os
-import signal
 import socket
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, final
 
-import attrs
 import trio
 
-from .._files import private_dir, write_private
+from .._files import private_dir
 from .._model.errors import ConfigError, FencedError, ReplicaError, ReplicaGoneError
 from .._model.json_values import JSON
 from .._model.placement import SLOTS
-from .._ports.hosting import host_spec
-from .._ports.runtime import DeathListener, ReplicaInfo, ReplicaSpec, Watchers
-from .._procfs import describe_exit, exit_status, memory_bytes, scan_workers
+from .._model.spec import ReplicaSpec
+from .._ports.runtime import DeathListener, ReplicaInfo, Watchers
+from .._procfs import memory_bytes, scan_workers
+from .commands import ask_to_stop, command, connect
 from .fence_file import fenced_at, raise_fence
-from .logs import DEFAULT_MAX_BYTES, LogChunk, log_file, log_tags, prune_logs, read_log
-from .wire import LineStream, WireError
-from .zygote import ZYGOTE_MODULE, ForkLost, ForkServer, spawn_python
+from .layout import LOGS, ZYGOTE_LOG, check_socket_room, remove_replica_files, spec_path
+from .logs import DEFAULT_MAX_BYTES, LogChunk, log_file, log_tags, read_log
+from .process import WORKER_MODULE, WorkerProcess, launch
+from .wire import LineStream
+from .zygote import ZYGOTE_MODULE, ForkServer
 
-_WORKER_MODULE = "controller.worker"
-# sockaddr_un.sun_path is 108 bytes on Linux, including the final NUL.
-_MAX_SOCKET_PATH = 107
 # The default limit on workers: one per this much memory, and at most this many per core.
 _MEMORY_PER_REPLICA = 64 << 20
 _REPLICAS_PER_CORE = 256
@@ -82,22 +73,6 @@ def default_max_replicas() -> int:
     memory = memory_bytes()
     by_memory = memory // _MEMORY_PER_REPLICA if memory else cores * _REPLICAS_PER_CORE
     return max(1, min(by_memory, cores * _REPLICAS_PER_CORE))
-
-
-@final
-@attrs.define(eq=False)
-class _Worker:
-    tag: str
-    pid: int
-    pidfd: int
-    """Held from start or adoption on, so that a reused pid can never be mistaken for it."""
-    killing: bool = False
-    """Set when the stop is ours, so that the monitor does not report it as a death."""
-    exit_status: int | None = None
-    """Its wait status, once reaped by us (None if it was not our child)."""
-    forked_by: int | None = None
-    """The pid of our fork server, if it forked this worker (it is then the worker's parent,
-    which reaps it when asked); None if spawned, or forked by an earlier fork server."""
 
 
 @final
@@ -146,14 +121,7 @@ class LocalRuntime:
         preload_modules: Sequence[str] = (),
     ):
         self.runtime_dir = Path(runtime_dir).resolve()
-        longest = self.runtime_dir / ("0" * 16 + ".sock")
-        if len(os.fsencode(longest)) > _MAX_SOCKET_PATH:
-            raise ConfigError(
-                "runtime_dir",
-                f"is too long for Unix socket paths ({len(os.fsencode(longest))} > "
-                f"{_MAX_SOCKET_PATH} bytes with a socket name); choose a shorter directory",
-                str(self.runtime_dir),
-            )
+        check_socket_room(self.runtime_dir)
         if max_replicas is not None and (
             isinstance(max_replicas, bool) or not isinstance(max_replicas, int) or max_replicas < 1
         ):
@@ -163,7 +131,7 @@ class LocalRuntime:
             dict(capacity) if capacity is not None else {"CPU": float(os.cpu_count() or 1)}
         )
         self._capacity[SLOTS] = float(self.max_replicas)
-        self.logs_dir = self.runtime_dir / "logs"
+        self.logs_dir = self.runtime_dir / LOGS
         self._log_max_bytes = log_max_bytes
         self._logs_kept = logs_kept
         self._node = socket.gethostname()
@@ -172,7 +140,7 @@ class LocalRuntime:
         self._env = dict(env) if env is not None else None
         self.term_timeout_s = term_timeout_s
         self._epoch = 0
-        self._workers: dict[str, _Worker] = {}
+        self._workers: dict[str, WorkerProcess] = {}
         self._watchers = Watchers("LocalRuntime")
         if isinstance(preload_modules, str) or not all(
             isinstance(name, str) and name for name in preload_modules
@@ -192,19 +160,13 @@ class LocalRuntime:
                 env=self._worker_env,
                 preload=list(preload_modules),
                 # Beside the logs directory, which holds the replicas' logs only.
-                log_path=self.runtime_dir / "zygote.log",
+                log_path=self.runtime_dir / ZYGOTE_LOG,
             )
             if fork_server
             else None
         )
 
     # -- paths --
-
-    def _base(self, tag: str) -> Path:
-        return self.runtime_dir / hashlib.sha256(tag.encode()).hexdigest()[:16]
-
-    def _socket_path(self, tag: str) -> str:
-        return str(self._base(tag)) + ".sock"
 
     def _worker_env(self) -> dict[str, str]:
         return dict(os.environ if self._env is None else self._env)
@@ -285,7 +247,7 @@ class LocalRuntime:
         return sorted(found)
 
     def _scan(self) -> dict[str, set[int]]:
-        found = scan_workers(self.runtime_dir, _WORKER_MODULE, ZYGOTE_MODULE)
+        found = scan_workers(self.runtime_dir, WORKER_MODULE, ZYGOTE_MODULE)
         # Our own fork server has a forked worker's command line: never take it for one (a pid
         # file naming it would have to be stale and its start time a match, but still).
         zygote = self.fork_server_pid
@@ -302,55 +264,20 @@ class LocalRuntime:
         newer = await trio.to_thread.run_sync(fenced_at, self.runtime_dir)
         if newer > self._epoch:
             raise FencedError(f"start of replica {spec.tag}", self._epoch, newer)
-        base = self._base(spec.tag)
-        sock_path = self._socket_path(spec.tag)
-        port = _free_port()
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(sock_path)
-            listener.bind(sock_path)
-            listener.listen(64)
-            spec_path = str(base) + ".spec.json"
-            log_path = self.log_path(spec.tag)
-            worker_spec: dict[str, Any] = {
-                **host_spec(spec, self._pythonpath),
-                "port": port,
-                "listen_fd": listener.fileno(),
-                "log": str(log_path),
-                "log_max_bytes": self._log_max_bytes,
-                "epoch": self._epoch,
-            }
-            await trio.to_thread.run_sync(write_private, Path(spec_path), json.dumps(worker_spec))
-            forked = None
-            if self._fork_server is not None:
-                try:
-                    forked = await self._fork_server.fork(
-                        spec_path, str(log_path), str(base) + ".pid", listener
-                    )
-                except ForkLost:
-                    # Not spawned instead: a worker we do not know of may hold the socket. The
-                    # controller stops the tag, which finds that worker if it is there.
-                    raise ReplicaError(
-                        spec.tag, "WorkerDied", "the fork server died while forking its worker"
-                    ) from None
-            if forked is None:
-                pid, forked_by = self._spawn(spec_path, str(log_path), listener), None
-            else:
-                pid, forked_by = forked
-        finally:
-            listener.close()  # the worker holds its own copy now
-        try:
-            pidfd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            # Only a forked worker can be gone already (dead, and reaped by init after its fork
-            # server died): a spawned one stays our zombie.
-            raise ReplicaError(spec.tag, "WorkerDied", "its worker exited at once") from None
-        worker = _Worker(spec.tag, pid, pidfd, forked_by=forked_by)
+        worker, port = await launch(
+            self.runtime_dir,
+            spec,
+            pythonpath=self._pythonpath,
+            log_max_bytes=self._log_max_bytes,
+            epoch=self._epoch,
+            fork_server=self._fork_server,
+            python=self._python,
+            env=self._worker_env,
+        )
         self._workers[spec.tag] = worker
         await self._attach(worker)
         await self._request(spec.tag, {"op": "wait_ready"})
-        return ReplicaInfo(f"127.0.0.1:{port}", pid, self._node)
+        return ReplicaInfo(f"127.0.0.1:{port}", worker.pid, self._node)
 
     async def adopt_replica(self, tag: str) -> ReplicaInfo:
         self._watchers.check_running()
@@ -363,10 +290,10 @@ class LocalRuntime:
         pid = hello.get("pid")
         if not isinstance(pid, int) or pid not in pids:
             raise ReplicaGoneError(tag, f"its socket answered for pid {pid}, not one of {pids}")
-        spec = json.loads(await trio.Path(str(self._base(tag)) + ".spec.json").read_text())
+        spec = json.loads(await trio.Path(spec_path(self.runtime_dir, tag)).read_text())
         port = int(spec["port"])
         try:
-            worker = _Worker(tag, pid, os.pidfd_open(pid), forked_by=self._forked_by(pid))
+            worker = WorkerProcess.found(tag, pid, self.fork_server_pid)
         except ProcessLookupError:
             raise ReplicaGoneError(tag, "its worker exited during adoption") from None
         self._workers[tag] = worker
@@ -396,12 +323,12 @@ class LocalRuntime:
                 await self._gone(tag)
                 return
             try:
-                worker = _Worker(tag, pid, os.pidfd_open(pid), forked_by=self._forked_by(pid))
+                worker = WorkerProcess.found(tag, pid, self.fork_server_pid)
             except ProcessLookupError:
                 await self._gone(tag)
                 return
         try:
-            await self._ask_to_stop(tag)
+            await ask_to_stop(self.runtime_dir, tag, self._epoch, self.term_timeout_s)
         except BaseException:
             if not held:
                 os.close(worker.pidfd)
@@ -410,27 +337,10 @@ class LocalRuntime:
             self._workers[tag] = worker
         worker.killing = True
         try:
-            _signal_group(worker.pid, signal.SIGTERM)
-            with trio.move_on_after(self.term_timeout_s):
-                await self._wait_exit(worker)
-                return
-            _signal_group(worker.pid, signal.SIGKILL)
-            await self._wait_exit(worker)
+            await worker.terminate(self.term_timeout_s, self._fork_server)
         finally:
             self._forget(worker)
             await self._gone(tag)
-
-    async def _ask_to_stop(self, tag: str) -> None:
-        """Have the worker of `tag` accept a stop from our epoch; raise ``FencedError`` if it
-        refuses. Returns too if it cannot say: its socket does not answer, it fails, or it has
-        not replied within `term_timeout_s` (a hung or stopped worker, which is then signalled:
-        it can check nothing), or it already accepted a stop, or it predates ``stop``."""
-        with trio.move_on_after(self.term_timeout_s):
-            # FencedError is neither; OSError: a socket that takes no more connections.
-            with contextlib.suppress(ReplicaError, OSError):
-                await self._request(
-                    tag, {"op": "stop", "grace_s": 2 * self.term_timeout_s + _STOP_MARGIN_S}
-                )
 
     # -- internals --
 
@@ -446,172 +356,31 @@ class LocalRuntime:
             return None  # its socket is gone: the worker is, as far as we can tell
         return pid if isinstance(pid, int) and pid in pids else None
 
-    def _forked_by(self, pid: int) -> int | None:
-        """Our fork server's pid if it is the parent of `pid` (a worker found, not started, that
-        it forked in this runtime's life), so that it is asked to reap the worker; else None."""
-        zygote = self.fork_server_pid
-        if zygote is None:
-            return None
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                parent = int(f.read().rpartition(b")")[2].split()[1])
-        except (OSError, ValueError, IndexError):
-            return None
-        return zygote if parent == zygote else None
-
-    async def _attach(self, worker: _Worker) -> None:
+    async def _attach(self, worker: WorkerProcess) -> None:
         """Open the monitor connection, whose end means the process ended."""
         self._watchers.check_running()
-        lines = await self._connect(worker.tag)
+        lines = await connect(self.runtime_dir, worker.tag)
         await lines.send({"op": "monitor"})
         self._watchers.start_soon(self._monitor, worker, lines)
 
-    async def _monitor(self, worker: _Worker, lines: LineStream) -> None:
-        try:
-            while True:
-                # Nothing but the replica's own load comes this way; the end is the news.
-                load = (await lines.receive()).get("load")
-                if load is None or (isinstance(load, int) and not isinstance(load, bool)):
-                    self._watchers.load(worker.tag, load)
-        except (WireError, trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        finally:
-            with trio.CancelScope(shield=True):
-                await lines.aclose()
+    async def _monitor(self, worker: WorkerProcess, lines: LineStream) -> None:
+        await worker.watch(lines, self._watchers.load)
         if worker.killing or self._workers.get(worker.tag) is not worker:
             return
-        await self._wait_exit(worker)
-        status = worker.exit_status
-        if status is None:
-            # Not our child (started by an earlier controller): Linux may still say how it
-            # ended, while the pidfd is open.
-            status = exit_status(worker.pid, worker.pidfd)
+        how = await worker.wait_end(self._fork_server)
         self._forget(worker)
         await self._gone(worker.tag)
-        self._watchers.died(worker.tag, describe_exit(status))
+        self._watchers.died(worker.tag, how)
 
-    def _spawn(self, spec_path: str, log_path: str, listener: socket.socket) -> int:
-        return spawn_python(
-            self._python,
-            ["-m", _WORKER_MODULE, spec_path],
-            self._worker_env(),
-            keep_fd=listener.fileno(),
-            log_path=Path(log_path),
-        )
-
-    async def _wait_exit(self, worker: _Worker) -> None:
-        await trio.lowlevel.wait_readable(worker.pidfd)
-        if worker.forked_by is not None and self._fork_server is not None:
-            # Its fork server leaves it a zombie until asked: read how it ended first, while
-            # its /proc entry still says, then have it reaped.
-            status = exit_status(worker.pid, worker.pidfd)
-            reaped = await self._fork_server.reap(worker.pid, worker.forked_by)
-            worker.exit_status = status if status is not None else reaped
-            return
-        # Reap it if it is our child (started here, or adopted by a controller reopened in the
-        # same process); init reaps the others.
-        with contextlib.suppress(ChildProcessError):
-            pid, status = os.waitpid(worker.pid, os.WNOHANG)  # noqa: ASYNC222  # never blocks
-            if pid == worker.pid:
-                worker.exit_status = status
-
-    def _forget(self, worker: _Worker) -> None:
+    def _forget(self, worker: WorkerProcess) -> None:
         if self._workers.get(worker.tag) is worker:
             del self._workers[worker.tag]
             os.close(worker.pidfd)
 
-    async def _connect(self, tag: str) -> LineStream:
-        try:
-            stream = await trio.open_unix_socket(self._socket_path(tag))
-        except OSError as exc:
-            if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
-                raise ReplicaGoneError(
-                    tag, "its worker's socket does not answer (the worker is not running)"
-                ) from None
-            raise
-        return LineStream(stream)
-
     async def _request(self, tag: str, request: dict[str, Any]) -> dict[str, Any]:
-        """Send `request` (with our epoch) to the worker of `tag` and return its reply; raise
-        ``FencedError`` if the worker refuses our epoch, ``ReplicaError`` if it fails."""
-        lines = await self._connect(tag)
-        try:
-            await lines.send({**request, "epoch": self._epoch})
-            reply = await lines.receive()
-        except (WireError, trio.BrokenResourceError) as exc:
-            tail = await trio.to_thread.run_sync(self._log_tail, tag)
-            raise ReplicaError(tag, "WorkerDied", f"{exc}{tail}") from None
-        finally:
-            with trio.CancelScope(shield=True):
-                await lines.aclose()
-        if not reply.get("ok"):
-            if reply.get("fenced") is True:
-                newer = reply.get("epoch")
-                raise FencedError(
-                    f"{_WHAT.get(str(request.get('op')), request.get('op'))} of replica {tag}",
-                    self._epoch,
-                    newer if isinstance(newer, int) and not isinstance(newer, bool) else None,
-                )
-            if reply.get("error_type") == "WorkerStopping":
-                raise ReplicaGoneError(tag, "its worker accepted a stop and is ending")
-            traceback = reply.get("traceback")
-            raise ReplicaError(
-                tag,
-                str(reply.get("error_type")),
-                str(reply.get("message")),
-                traceback if isinstance(traceback, str) else None,
-            )
-        return reply
-
-    def _log_tail(self, tag: str) -> str:
-        # Blocking (a file read): run in a thread. Only the end of the log is read.
-        chunk = read_log(self.log_path(tag), tail=1, max_bytes=4096)
-        last = chunk.text.strip() if chunk is not None else ""
-        return f"; its log ends: {last}" if last else ""
+        """Send `request` to the worker of `tag` with our epoch; its reply (see ``command``)."""
+        return await command(self.runtime_dir, tag, self._epoch, request)
 
     async def _gone(self, tag: str) -> None:
-        """Remove what a worker that is gone leaves behind, but its log: that is kept for people
-        to read, and only the oldest beyond `logs_kept` are deleted."""
-        base = str(self._base(tag))
-        for suffix in (".sock", ".spec.json", ".pid"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(base + suffix)
-
-        def is_live(other: str) -> bool:
-            # A worker is alive exactly while its socket file is there.
-            return other in self._workers or os.path.exists(self._socket_path(other))
-
-        # One directory listing, bounded by the live workers and the kept logs; shielded, as a
-        # kill's cleanup is.
-        with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(prune_logs, self.logs_dir, is_live, self._logs_kept)
-
-
-#: How much longer than our own SIGTERM-then-SIGKILL a worker that accepted a stop waits before
-#: ending itself (should this runtime vanish in between).
-_STOP_MARGIN_S = 5.0
-#: What a request is called in a FencedError.
-_WHAT = {
-    "hello": "adoption",
-    "wait_ready": "start",
-    "reconfigure": "reconfigure",
-    "check_health": "health check",
-    "drain": "drain",
-    "stop": "kill",
-}
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    # start_new_session made the worker a group leader: its group id is its pid, and the group
-    # holds whatever the user's code started too.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
-
-
-def _free_port() -> int:
-    # A port the OS just handed out and we released: there is a small window in which another
-    # process could take it, which the worker then reports as a failed start.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        """Remove what a worker that is gone leaves behind, but its log (and old logs)."""
+        await remove_replica_files(self.runtime_dir, tag, self._workers, self._logs_kept)

@@ -1,4 +1,7 @@
-"""What a user asks for: a backend's config and how to build its replicas (validated)."""
+"""What a user asks for: a backend's config and how to build its replicas (validated).
+
+Fields that form a part of their own are checked in that part's module (autoscaling, health,
+resources, rollout, traffic); the rest, and the names a user writes, here."""
 
 from __future__ import annotations
 
@@ -10,17 +13,28 @@ import attrs
 
 from .autoscaling import AutoscalingConfig, autoscaling, autoscaling_schema
 from .errors import ConfigError
+from .health import (
+    MIN_HEALTH_CHECK_PERIOD_S,
+    failure_threshold,
+    health_check_period,
+    health_check_timeout,
+)
 from .json_values import JSON, MAX_JSON_DEPTH, check_json
-from .numbers import MAX_SECONDS, finite, seconds, whole
+from .numbers import MAX_SECONDS, seconds, whole
+from .resources import MAX_RESOURCE, resources
 from .rollout import (
+    LIMIT_SCHEMA,
     MAX_HISTORY,
     ON_FAILURE,
     OnFailure,
     history_limit,
+    max_surge,
+    max_unavailable,
     min_ready,
     on_failure,
     progress_deadline,
 )
+from .traffic import MAX_REQUESTS, ROUTE_PATTERN, max_ongoing, max_queued, route_prefix
 
 # Every rule below is written once more as JSON Schema (each field's ``metadata["schema"]``),
 # which the API's OpenAPI document is made from; tests/test_openapi.py checks that the two agree.
@@ -34,10 +48,6 @@ _NAME = re.compile(NAME_PATTERN)
 _ENTRYPOINT = re.compile(ENTRYPOINT_PATTERN)
 _KEYWORD = re.compile(_IDENTIFIER)
 _VERSION = re.compile(VERSION_PATTERN)
-#: A route: "/" or up to 16 segments of URL-safe characters, none empty, "." or "..", and none
-#: starting with "-" (the ingress keeps "/-/" for itself: ``/-/healthz``, ``/-/routes``).
-ROUTE_PATTERN = r"/|(?:/[A-Za-z0-9_~][A-Za-z0-9._~-]{0,62}){1,16}"
-_ROUTE = re.compile(ROUTE_PATTERN)
 
 # Beyond what JSON Schema can say (and so not checked by the document's tools): the server
 # refuses both with a 422 naming the rule.
@@ -49,21 +59,8 @@ _JSON_RULE = (
 #: The most replicas one backend may ask for, whatever the runtime: a count past it is a typo,
 #: refused before any runtime is asked (a runtime's own limit is usually far lower: a 409 then).
 MAX_REPLICAS = 1_000_000
-#: The most of one resource a replica may ask for: more is a typo, and would overflow placement's
-#: fixed-point arithmetic.
-MAX_RESOURCE = 1e15
-#: The most requests one replica may be sent at once, or one backend may queue at an ingress.
-MAX_REQUESTS = 1_000_000
 
 _SECONDS_SCHEMA: dict[str, Any] = {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_SECONDS}
-_LIMIT_SCHEMA: dict[str, Any] = {
-    "description": "a count of replicas (a whole number), or a fraction of num_replicas "
-    "(a number from 0 to 1 written with a decimal point: 1 is one replica, 1.0 is all of them)",
-    "anyOf": [
-        {"type": "integer", "minimum": 0},
-        {"type": "number", "minimum": 0, "maximum": 1},
-    ],
-}
 
 
 def check_backend_name(name: object) -> str:
@@ -95,60 +92,6 @@ def _start_timeout(value: object) -> float:
     return seconds("BackendConfig.start_timeout_s", value, allow_zero=False)
 
 
-def _failure_threshold(value: object) -> int:
-    count = whole(value)
-    if count is None or count < 1:
-        raise ConfigError(
-            "BackendConfig.health_check_failure_threshold", "must be a whole number >= 1", value
-        )
-    return count
-
-
-def _limit(field: str, value: object) -> int | float:
-    # An int is a count of replicas; a float is a fraction of num_replicas (as Kubernetes'
-    # "25%"), so 1 and 1.0 mean different things, and both survive a JSON round trip.
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(field, "must be a count (int >= 0) or a fraction (float 0.0-1.0)", value)
-    if isinstance(value, int):
-        if value < 0:
-            raise ConfigError(field, "a count must be >= 0", value)
-        return value
-    fraction = finite(value)
-    if fraction is not None and fraction > 1.0 and fraction.is_integer():
-        # JSON (and so the API's schema) cannot tell 2.0 from 2: above 1 it can only be a count.
-        return int(fraction)
-    if fraction is None or not 0.0 <= fraction <= 1.0:
-        raise ConfigError(field, "a fraction must be between 0.0 and 1.0", value)
-    return value
-
-
-def _max_surge(value: object) -> int | float:
-    return _limit("BackendConfig.max_surge", value)
-
-
-def _max_unavailable(value: object) -> int | float:
-    return _limit("BackendConfig.max_unavailable", value)
-
-
-#: The shortest health-check period: checks more often than this cost the controller and the
-#: replicas real CPU and tell nothing a 100 ms period would not.
-MIN_HEALTH_CHECK_PERIOD_S = 0.1
-
-
-def _health_check_period(value: object) -> float:
-    field = "BackendConfig.health_check_period_s"
-    period = seconds(field, value, allow_zero=True)
-    if 0 < period < MIN_HEALTH_CHECK_PERIOD_S:
-        raise ConfigError(
-            field, f"must be 0 (off) or at least {MIN_HEALTH_CHECK_PERIOD_S:g}", value
-        )
-    return period
-
-
-def _health_check_timeout(value: object) -> float:
-    return seconds("BackendConfig.health_check_timeout_s", value, allow_zero=False)
-
-
 def _version(value: object) -> str | None:
     if value is None:
         return None
@@ -157,61 +100,6 @@ def _version(value: object) -> str | None:
             "BackendConfig.version", "must be None or 1-200 printable ASCII characters", value
         )
     return value
-
-
-def _route_prefix(value: object) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not _ROUTE.fullmatch(value):
-        raise ConfigError(
-            "BackendConfig.route_prefix",
-            'must be None or a path like "/echo": "/" or segments of letters, digits and '
-            "'_.~-' (at most 16), none empty or starting with '.' or '-'",
-            value,
-        )
-    return value
-
-
-def _request_count(field: str, lowest: int, value: object) -> int:
-    count = whole(value)
-    if count is None or not lowest <= count <= MAX_REQUESTS:
-        raise ConfigError(
-            f"BackendConfig.{field}",
-            f"must be a whole number from {lowest} to {MAX_REQUESTS}",
-            value,
-        )
-    return count
-
-
-def _max_ongoing(value: object) -> int:
-    return _request_count("max_ongoing_requests", 1, value)
-
-
-def _max_queued(value: object) -> int:
-    return _request_count("max_queued_requests", 0, value)
-
-
-def _resources(value: object) -> dict[str, float]:
-    field = "BackendConfig.resources"
-    if not isinstance(value, Mapping):
-        raise ConfigError(
-            field, 'must be a mapping of resource name to amount, e.g. {"CPU": 1}', value
-        )
-    out: dict[str, float] = {}
-    for key, amount in value.items():
-        if not isinstance(key, str) or not key:
-            raise ConfigError(field, "resource names are non-empty strings", key)
-        number = (
-            None
-            if isinstance(amount, bool) or not isinstance(amount, (int, float))
-            else finite(amount)
-        )
-        if number is None or not 0 <= number <= MAX_RESOURCE:
-            raise ConfigError(
-                f"{field}[{key!r}]", f"must be a finite number from 0 to {MAX_RESOURCE:g}", amount
-            )
-        out[key] = number
-    return out
 
 
 def _schema(**schema: Any) -> dict[str, Any]:
@@ -281,7 +169,7 @@ class BackendConfig:
 
     resources: dict[str, float] = attrs.field(
         factory=dict,
-        converter=_resources,
+        converter=resources,
         metadata=_schema(
             type="object",
             propertyNames={"minLength": 1},
@@ -291,20 +179,20 @@ class BackendConfig:
     """What one replica reserves on the runtime, e.g. ``{"CPU": 1}``. Empty: nothing."""
 
     max_surge: int | float = attrs.field(
-        default=0.25, converter=_max_surge, metadata=_schema(**_LIMIT_SCHEMA)
+        default=0.25, converter=max_surge, metadata=_schema(**LIMIT_SCHEMA)
     )
     """During an update, how many replicas may run above `num_replicas`: a count (int) or a
     fraction of `num_replicas` (float, rounded up). Like Kubernetes' maxSurge."""
 
     max_unavailable: int | float = attrs.field(
-        default=0.25, converter=_max_unavailable, metadata=_schema(**_LIMIT_SCHEMA)
+        default=0.25, converter=max_unavailable, metadata=_schema(**LIMIT_SCHEMA)
     )
     """During an update, how many of `num_replicas` may be unavailable: a count (int) or a
     fraction (float, rounded down). Also bounds how many replicas are reconfigured at once."""
 
     health_check_period_s: float = attrs.field(
         default=10.0,
-        converter=_health_check_period,
+        converter=health_check_period,
         # One number type with the gap as a further rule, so that client generators see a
         # plain number; the gap is a choice, not a `not`, which schemathesis cannot draw from
         # below the document's root (a manifest's backends).
@@ -319,20 +207,20 @@ class BackendConfig:
     turns health checks off."""
 
     health_check_timeout_s: float = attrs.field(
-        default=30.0, converter=_health_check_timeout, metadata=_schema(**_SECONDS_SCHEMA)
+        default=30.0, converter=health_check_timeout, metadata=_schema(**_SECONDS_SCHEMA)
     )
     """How long one health check may take before it counts as failed."""
 
     health_check_failure_threshold: int = attrs.field(
         default=3,
-        converter=_failure_threshold,
+        converter=failure_threshold,
         metadata=_schema(type="integer", minimum=1),
     )
     """Consecutive failed checks after which a replica is stopped and replaced."""
 
     route_prefix: str | None = attrs.field(
         default=None,
-        converter=_route_prefix,
+        converter=route_prefix,
         metadata=_schema(type=["string", "null"], pattern=f"^(?:{ROUTE_PATTERN})$"),
     )
     """Where the ingress serves the backend: requests whose path is this prefix or below it
@@ -341,7 +229,7 @@ class BackendConfig:
 
     max_ongoing_requests: int = attrs.field(
         default=100,
-        converter=_max_ongoing,
+        converter=max_ongoing,
         metadata=_schema(type="integer", minimum=1, maximum=MAX_REQUESTS),
     )
     """How many requests one ingress sends one replica at once; more wait in the backend's
@@ -350,7 +238,7 @@ class BackendConfig:
 
     max_queued_requests: int = attrs.field(
         default=1000,
-        converter=_max_queued,
+        converter=max_queued,
         metadata=_schema(type="integer", minimum=0, maximum=MAX_REQUESTS),
     )
     """How many requests one ingress holds for the backend while every replica is at

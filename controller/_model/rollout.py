@@ -1,5 +1,6 @@
-"""The fields of a backend's config that steer its rollouts: the progress deadline, what a
-failed rollout does, how long a new replica must stay healthy, how many revisions are kept.
+"""The fields of a backend's config that steer its rollouts: how far an update may go above and
+below the count, the progress deadline, what a failed rollout does, how long a new replica must
+stay healthy, how many revisions are kept.
 
 None of them is part of a revision (they say how the controller rolls replicas out, not what the
 replicas run): changing them creates no revision and restarts nothing, and an undo keeps them.
@@ -7,10 +8,10 @@ replicas run): changing them creates no revision and restarts nothing, and an un
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from .errors import ConfigError
-from .numbers import seconds, whole
+from .numbers import finite, seconds, whole
 
 #: What a failed rollout does: stop where it is and keep what serves, or undo to the last
 #: revision that completed.
@@ -19,6 +20,42 @@ ON_FAILURE: tuple[OnFailure, ...] = ("halt", "rollback")
 #: The most revisions a backend may keep beyond those it must (a hundred is a long history; the
 #: whole history is one store record, written with each revision).
 MAX_HISTORY = 100
+
+#: Either limit as JSON Schema, for the API's document.
+LIMIT_SCHEMA: dict[str, Any] = {
+    "description": "a count of replicas (a whole number), or a fraction of num_replicas "
+    "(a number from 0 to 1 written with a decimal point: 1 is one replica, 1.0 is all of them)",
+    "anyOf": [
+        {"type": "integer", "minimum": 0},
+        {"type": "number", "minimum": 0, "maximum": 1},
+    ],
+}
+
+
+def _limit(field: str, value: object) -> int | float:
+    # An int is a count of replicas; a float is a fraction of num_replicas (as Kubernetes'
+    # "25%"), so 1 and 1.0 mean different things, and both survive a JSON round trip.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(field, "must be a count (int >= 0) or a fraction (float 0.0-1.0)", value)
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(field, "a count must be >= 0", value)
+        return value
+    fraction = finite(value)
+    if fraction is not None and fraction > 1.0 and fraction.is_integer():
+        # JSON (and so the API's schema) cannot tell 2.0 from 2: above 1 it can only be a count.
+        return int(fraction)
+    if fraction is None or not 0.0 <= fraction <= 1.0:
+        raise ConfigError(field, "a fraction must be between 0.0 and 1.0", value)
+    return value
+
+
+def max_surge(value: object) -> int | float:
+    return _limit("BackendConfig.max_surge", value)
+
+
+def max_unavailable(value: object) -> int | float:
+    return _limit("BackendConfig.max_unavailable", value)
 
 
 def progress_deadline(value: object) -> float:

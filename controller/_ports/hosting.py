@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .runtime import ReplicaSpec
+    from .._model.spec import ReplicaSpec
 
 #: Bounds on what one error reply carries: a message goes into one-line statuses, and a reply
 #: must stay far below the wire's line limit, whatever the user's code raised.

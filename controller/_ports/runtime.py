@@ -8,8 +8,8 @@ from typing import Protocol, final
 import attrs
 import trio
 
-from .._model.config import ReplicaConfig
 from .._model.json_values import JSON
+from .._model.spec import ReplicaSpec
 
 #: Called by a runtime, from trio, when a replica it started or adopted dies on its own:
 #: ``on_death(tag, reason)``. It must not block; the controller turns it into an event.
@@ -44,25 +44,6 @@ class ReplicaInfo:
     """Its process id, where it has one of its own."""
     node: str | None = None
     """The machine (or cluster node) it runs on."""
-
-
-@attrs.frozen
-class ReplicaSpec:
-    """Everything a runtime needs to start one replica."""
-
-    tag: str
-    """The replica's stable name; the runtime must be able to find the replica by it again later
-    (after a controller restart), through ``list_replicas`` and ``adopt_replica``."""
-    backend: str
-    """The backend it belongs to."""
-    version: str
-    """Its code version."""
-    replica_config: ReplicaConfig
-    """Which class, with which arguments."""
-    user_config: JSON
-    """Handed to the replica's ``reconfigure`` before it counts as ready."""
-    resources: Mapping[str, float]
-    """What it reserves."""
 
 
 class Runtime(Protocol):

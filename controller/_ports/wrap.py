@@ -9,7 +9,8 @@ from typing import TypeVar
 import trio
 
 from .._model.json_values import JSON
-from .runtime import DeathListener, ReplicaInfo, ReplicaSpec, Runtime
+from .._model.spec import ReplicaSpec
+from .runtime import DeathListener, ReplicaInfo, Runtime
 from .store import Store
 
 T = TypeVar("T")

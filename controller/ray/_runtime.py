@@ -33,8 +33,9 @@ from ray._private import state as ray_state
 from .._model.errors import ConfigError, FencedError, ReplicaError, ReplicaGoneError
 from .._model.json_values import JSON
 from .._model.placement import SLOTS
+from .._model.spec import ReplicaSpec
 from .._ports.hosting import host_spec
-from .._ports.runtime import DeathListener, ReplicaInfo, ReplicaSpec, Watchers
+from .._ports.runtime import DeathListener, ReplicaInfo, Watchers
 from ._await import wait_ref
 from ._host import ReplicaHost
 

@@ -3,8 +3,8 @@
 from ._conformance import CONFORMANCE_CHECKS as CONFORMANCE_CHECKS
 from ._conformance import FENCING_CHECKS as FENCING_CHECKS
 from ._conformance import Subject as Subject
-from ._fake_runtime import FakeReplica as FakeReplica
+from ._fake_replica import FakeReplica as FakeReplica
+from ._fake_replica import FakeState as FakeState
 from ._fake_runtime import FakeRuntime as FakeRuntime
-from ._fake_runtime import FakeState as FakeState
 from ._faults import ControllerCrash as ControllerCrash
 from ._faults import FaultInjector as FaultInjector

@@ -27,7 +27,8 @@ import trio
 from .._core.open import open_controller
 from .._model.config import BackendConfig, ReplicaConfig
 from .._model.errors import FencedError
-from .._ports.runtime import ReplicaSpec, Runtime
+from .._model.spec import ReplicaSpec
+from .._ports.runtime import Runtime
 from .._ports.store import Store
 from .._ports.wrap import RuntimeWrapper
 

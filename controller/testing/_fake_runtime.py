@@ -2,88 +2,17 @@
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import NoReturn, final
 
-import attrs
 import trio
 
 from .._model.errors import FencedError, ReplicaError, ReplicaGoneError
 from .._model.json_values import JSON
 from .._model.placement import SLOTS
-from .._ports.runtime import DeathListener, ReplicaSpec
-
-
-class FakeState(enum.Enum):
-    """Where a fake replica is, as the runtime (not the controller) sees it."""
-
-    #: ``start_replica`` was called and waits for ``finish_start`` or ``fail_start``.
-    STARTING = "STARTING"
-    #: Started; ready for requests.
-    READY = "READY"
-    #: Asked to drain; waits for ``finish_drain`` (unless the runtime drains instantly).
-    DRAINING = "DRAINING"
-    #: Killed, crashed, or failed to start. Dead replicas stay listed in ``replicas``.
-    DEAD = "DEAD"
-
-
-@final
-@attrs.define(eq=False)
-class FakeReplica:
-    """One fake replica and what happened to it, with the (trio) time of each step."""
-
-    tag: str
-    """The controller's tag for it."""
-    spec: ReplicaSpec
-    """What the controller asked for."""
-    state: FakeState = FakeState.STARTING
-    """Where it is."""
-    user_config: JSON = None
-    """The user config it holds (from its start, then from each reconfigure)."""
-    started_at: float = 0.0
-    """When ``start_replica`` was called."""
-    ready_at: float | None = None
-    """When it became ready."""
-    drain_requested_at: float | None = None
-    """When the controller asked it to drain."""
-    killed_at: float | None = None
-    """When it was killed by the controller (not set for a crash or a failed start)."""
-    stopped_at: float | None = None
-    """When it stopped, whatever the way: killed, crashed, or its start failed."""
-    reconfigure_calls: int = 0
-    """How many reconfigures it received."""
-    reconfigure_error: tuple[str, str] | None = None
-    """Make its next reconfigures raise ``(error_type, message)``; None: they succeed."""
-    reconfiguring: JSON = None
-    """The config of the reconfigure the test holds open (``auto_reconfigure=False``)."""
-    health_error: tuple[str, str] | None = None
-    """Make its health checks raise ``(error_type, message)``; None: they pass."""
-    health_hangs: bool = False
-    """Make its health checks never answer (the controller times them out)."""
-    health_checks: list[float] = attrs.field(factory=list)
-    """When each health check arrived."""
-    adoption_hangs: bool = False
-    """Make a controller's adoption of it never answer (a process hung while no controller
-    ran)."""
-    epoch: int = 0
-    """The highest epoch that has commanded it: its start's, then raised by an adoption or a
-    command from a higher one. Drains, reconfigures, health checks, kills and adoptions from a
-    lower epoch are refused (``FencedError``)."""
-    _start_done: trio.Event = attrs.field(factory=trio.Event)
-    _start_error: ReplicaError | None = None
-    _drain_done: trio.Event = attrs.field(factory=trio.Event)
-    _reconfigure_done: trio.Event | None = None
-    _reconfigure_outcome: tuple[str, str] | None = None
-
-    @property
-    def backend(self) -> str:
-        """The backend it belongs to."""
-        return self.spec.backend
-
-    @property
-    def address(self) -> str:
-        return f"fake://{self.tag}"
+from .._model.spec import ReplicaSpec
+from .._ports.runtime import DeathListener
+from ._fake_replica import FakeReplica, FakeState, Shared
 
 
 @final
@@ -136,7 +65,7 @@ class FakeRuntime:
             nodes = [dict(node) for node in capacity]
         else:
             nodes = [dict(capacity)]
-        self._shared = _Shared(
+        self._shared = Shared(
             auto_ready=auto_ready,
             auto_drain=auto_drain,
             auto_reconfigure=auto_reconfigure,
@@ -267,28 +196,18 @@ class FakeRuntime:
         """Make a pending start raise, as if the user's ``__init__`` raised `error_type` (with
         `traceback`, the user's traceback as text, if given)."""
         replica = self._get(tag, FakeState.STARTING)
-        replica._start_error = ReplicaError(tag, error_type, message, traceback)
-        replica.state = FakeState.DEAD
-        replica.stopped_at = trio.current_time()
-        replica._start_done.set()
+        replica._die(ReplicaError(tag, error_type, message, traceback))
         self._note(tag, f"start failed: {error_type}: {message}")
 
     def finish_reconfigure(self, tag: str) -> None:
         """Make a reconfigure held open (``auto_reconfigure=False``) succeed."""
-        self._end_reconfigure(tag, None)
+        self.replicas[tag]._end_reconfigure(None)
 
     def fail_reconfigure(
         self, tag: str, error_type: str = "ValueError", message: str = "bad config"
     ) -> None:
         """Make a reconfigure held open raise, as if the user's ``reconfigure`` raised."""
-        self._end_reconfigure(tag, (error_type, message))
-
-    def _end_reconfigure(self, tag: str, outcome: tuple[str, str] | None) -> None:
-        replica = self.replicas[tag]
-        if replica._reconfigure_done is None:
-            raise ValueError(f"replica {tag} has no reconfigure in flight")
-        replica._reconfigure_outcome = outcome
-        replica._reconfigure_done.set()
+        self.replicas[tag]._end_reconfigure((error_type, message))
 
     def finish_drain(self, tag: str) -> None:
         """Make a pending drain return."""
@@ -301,11 +220,7 @@ class FakeRuntime:
         replica = self.replicas[tag]
         if replica.state is FakeState.DEAD:
             raise ValueError(f"replica {tag} is already dead")
-        if replica.state is FakeState.STARTING:
-            replica._start_error = ReplicaError(tag, "ReplicaDied", reason)
-            replica._start_done.set()
-        replica.state = FakeState.DEAD
-        replica.stopped_at = trio.current_time()
+        replica._die(ReplicaError(tag, "ReplicaDied", reason))
         self._note(tag, f"crashed: {reason}")
         for listener in list(self._shared.listeners):
             listener(tag, reason)
@@ -372,9 +287,7 @@ class FakeRuntime:
             await trio.lowlevel.checkpoint()
         else:
             await replica._start_done.wait()
-        if replica._start_error is not None:
-            raise replica._start_error
-        return replica.address
+        return replica._start_outcome()
 
     async def adopt_replica(self, tag: str) -> str | None:
         replica = self.replicas.get(tag)
@@ -382,29 +295,15 @@ class FakeRuntime:
             raise ReplicaGoneError(tag)
         self._admit("adopt", replica)
         self._note(tag, "adopt")
-        if replica.adoption_hangs:
-            await trio.sleep_forever()
-        await replica._start_done.wait()
-        if replica._start_error is not None:
-            raise replica._start_error
-        return replica.address
+        return await replica._answer_adoption()
 
     async def reconfigure_replica(self, tag: str, user_config: JSON) -> None:
         self._admit("reconfigure", self.replicas.get(tag))
         replica = self._get(tag, FakeState.READY)
-        replica.reconfigure_calls += 1
-        error = replica.reconfigure_error
-        if self.auto_reconfigure:
-            await trio.lowlevel.checkpoint()
-        else:
-            replica.reconfiguring = user_config
-            replica._reconfigure_done = trio.Event()
+        held = not self.auto_reconfigure
+        if held:
             self._note(tag, "reconfigure")
-            try:
-                await replica._reconfigure_done.wait()
-            finally:
-                replica._reconfigure_done = None
-            error = replica._reconfigure_outcome
+        error = await replica._answer_reconfigure(user_config, held=held)
         if error is not None:
             self._note(tag, "reconfigure failed")
             raise ReplicaError(tag, *error)
@@ -413,13 +312,7 @@ class FakeRuntime:
 
     async def check_health_replica(self, tag: str) -> None:
         self._admit("check_health", self.replicas.get(tag))
-        replica = self._get(tag, FakeState.READY)
-        replica.health_checks.append(trio.current_time())
-        if replica.health_hangs:
-            await trio.sleep_forever()
-        await trio.lowlevel.checkpoint()
-        if replica.health_error is not None:
-            raise ReplicaError(tag, *replica.health_error)
+        await self._get(tag, FakeState.READY)._answer_health_check()
 
     async def drain_replica(self, tag: str) -> None:
         replica = self.replicas.get(tag)
@@ -446,11 +339,8 @@ class FakeRuntime:
                 self._refuse("kill", tag, replica.epoch)
             return
         self._admit("kill", replica)
-        if replica.state is FakeState.STARTING:
-            replica._start_error = ReplicaError(tag, "Killed", "killed while starting")
-            replica._start_done.set()
-        replica.state = FakeState.DEAD
-        replica.killed_at = replica.stopped_at = trio.current_time()
+        replica._die(ReplicaError(tag, "Killed", "killed while starting"))
+        replica.killed_at = replica.stopped_at
         self._note(tag, "killed")
 
     # -- internals --
@@ -478,9 +368,7 @@ class FakeRuntime:
         return replica
 
     def _ready(self, replica: FakeReplica) -> None:
-        replica.state = FakeState.READY
-        replica.ready_at = trio.current_time()
-        replica._start_done.set()
+        replica._become_ready()
         self._note(replica.tag, "ready")
 
     def _note(self, tag: str, what: str) -> None:
@@ -489,27 +377,3 @@ class FakeRuntime:
             shared.history.append((trio.current_time(), tag, what))
         shared.changed.set()
         shared.changed = trio.Event()
-
-
-@final
-@attrs.define(eq=False)
-class _Shared:
-    """What the views of one FakeRuntime share: the replicas, the test's settings, the
-    records."""
-
-    auto_ready: bool
-    auto_drain: bool
-    auto_reconfigure: bool
-    hung_drains: frozenset[str]
-    failing_starts: frozenset[str]
-    nodes: list[dict[str, float]]
-    record_history: bool
-    replicas: dict[str, FakeReplica] = attrs.field(factory=dict)
-    start_calls: int = 0
-    history: list[tuple[float, str, str]] = attrs.field(factory=list)
-    fenced: list[tuple[str, str, int]] = attrs.field(factory=list)
-    fenced_at: int = 0
-    """The highest epoch any view was fenced at: starts from a lower one are refused."""
-    listeners: list[DeathListener] = attrs.field(factory=list)
-    """The death listeners of the views that serve now."""
-    changed: trio.Event = attrs.field(factory=trio.Event)

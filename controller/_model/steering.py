@@ -15,12 +15,11 @@ from collections.abc import Callable, Iterable
 
 import attrs
 
-from .._backend.replica import Spec, deploy_record
-from .._model.code import CodeDigest
-from .._model.config import BackendConfig, ReplicaConfig
-from .._model.json_values import JSON
-from .._model.records import RevisionsRecord, SpecRecord
-from .._model.revisions import (
+from .code import CodeDigest
+from .config import BackendConfig, ReplicaConfig
+from .json_values import JSON
+from .records import RevisionsRecord, SpecRecord
+from .revisions import (
     Cause,
     Revision,
     RevisionBook,
@@ -31,6 +30,7 @@ from .._model.revisions import (
     trim,
     with_content,
 )
+from .spec import Spec, deploy_record
 
 
 @attrs.frozen

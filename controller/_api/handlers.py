@@ -1,0 +1,357 @@
+"""What each path of the API does: a handler a path, and the reads and changes of the
+controller it makes. ``app`` is the ASGI plumbing around them; ``routes``, which path is whose."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from .._core.controller import Controller
+from .._core.rollouts import with_code_checked
+from .._model.errors import ManifestError
+from .._model.load_report import parse_load_body
+from .._model.manifest import BackendDecl, parse_manifest
+from .._model.revisions import Cause
+from .._model.status import BackendSnapshot, BackendStatus
+from .bodies import (
+    backend_from_body,
+    cause_of,
+    optional_json,
+    scale_request,
+    undo_request,
+)
+from .console import Console
+from .http import (
+    HTTPError,
+    Receive,
+    Scope,
+    dump,
+    flag,
+    int_param,
+    number_param,
+    ok,
+    parse_json,
+)
+from .listing import list_backends
+from .logs import LogSource, read_logs
+from .openapi import OPENAPI
+from .serving import Serving
+from .timeline import Timelines
+from .views import applied_json, revision_json, snapshot_json, status_json
+
+MAX_WATCH_TIMEOUT_S = 60.0
+
+#: An answer: status, body, content type.
+Answer = tuple[int, bytes, str]
+
+
+@attrs.frozen
+class Call:
+    """One request, as its handler sees it."""
+
+    scope: Scope
+    receive: Receive
+    method: str
+    """The method; ``GET`` for a ``HEAD`` (then `head`)."""
+    head: bool
+    args: tuple[str, ...]
+    """What the path's pattern matched (a backend's name, say)."""
+    query: dict[str, list[str]]
+    body: bytes
+    """Read for the methods of the route's `bodies` only; else empty."""
+    by_session: bool
+    """Made with the console's session (not the token)."""
+
+
+class IngressView(Protocol):
+    """The daemon's ingress processes, as the API shows them."""
+
+    async def status(self) -> dict[str, Any]: ...
+
+    async def metrics(self) -> bytes:
+        """Their Prometheus text, summed."""
+        ...
+
+
+class Handlers:
+    """The API's handlers, a base of its ASGI app (`Api`, which sets these attributes): each
+    answers a `Call` from what the daemon serves now."""
+
+    _serving: Serving
+    _render_metrics: Callable[[], bytes]
+    _request_shutdown: Callable[[], None]
+    _shutdown_done: Callable[[], Awaitable[list[str]]] | None
+    _shutting_down: bool
+    _logs: LogSource | None
+    _console: Console
+    _timelines: Timelines
+    _ingress: IngressView | None
+
+    @property
+    def _ctl(self) -> Controller:
+        ctl = self._serving.ctl
+        if ctl is None:
+            raise HTTPError(503, "Starting", "the daemon is starting; try again", retry_after=1)
+        return ctl
+
+    @property
+    def _epoch(self) -> str:
+        return self._serving.epoch
+
+    # -- the handlers, one a path (see ``routes``) --
+
+    async def _healthz(self, call: Call) -> Answer:
+        return 200, dump({"ok": True}), "application/json"
+
+    async def _metrics(self, call: Call) -> Answer:
+        text = self._render_metrics()
+        if self._ingress is not None:
+            text += await self._ingress.metrics()
+        return 200, text, "text/plain; version=0.0.4; charset=utf-8"
+
+    async def _openapi(self, call: Call) -> Answer:
+        return 200, dump(OPENAPI), "application/json"
+
+    async def _ingress_status(self, call: Call) -> Answer:
+        if self._ingress is None:
+            return ok({"listen": None, "workers": 0, "processes": []})
+        return ok(await self._ingress.status())
+
+    async def _backends(self, call: Call) -> Answer:
+        listed = list_backends(self._ctl, call.query)
+        leadership = self._serving.leadership_json()
+        if leadership is not None:
+            listed["leadership"] = leadership
+        return ok(listed)
+
+    async def _backend(self, call: Call) -> Answer:
+        (name,) = call.args
+        if call.method == "GET":
+            return ok(status_json(self._status(name)))
+        if call.method == "PUT":
+            decl = backend_from_body(name, parse_json(call.body))
+            cause = cause_of(via="api", message=call.query.get("message", [None])[-1])
+            self._check_accepting()
+            return ok(await self._deploy(decl, cause), 200)
+        force = flag(call.query, "force", default=False)  # DELETE
+        if not force:
+            # A forced delete is taken even while shutting down: it only cuts short the
+            # drains a shutdown waits for (a replica that hangs in its drain).
+            self._check_accepting()
+        return ok(await self._delete(name, force), 202)
+
+    async def _logs_of(self, call: Call) -> Answer:
+        return ok(await read_logs(self._logs, self._status, call.args[0], call.query))
+
+    async def _revisions_of(self, call: Call) -> Answer:
+        return ok(await self._revisions(call.args[0]))
+
+    async def _steer(self, call: Call) -> Answer:
+        name, what = call.args
+        if what == "undo":
+            to_revision, force, cause = undo_request(await optional_json(call.scope, call.receive))
+            cause = _by(cause, call.by_session)
+            self._check_accepting()
+            await self._ctl.undo(name, to_revision, force=force, cause=cause)
+        else:
+            # Nothing to say but the name: any body is ignored, as the shutdown's is.
+            self._check_accepting()
+            await (self._ctl.pause if what == "pause" else self._ctl.resume)(name)
+        return ok(self._steered(name), 202)
+
+    async def _scale(self, call: Call) -> Answer:
+        (name,) = call.args
+        replicas, bounds, message = scale_request(await optional_json(call.scope, call.receive))
+        cause = _by(cause_of(via="api", message=message), call.by_session)
+        self._check_accepting()
+        goal = await self._ctl.scale(name, replicas, cause=cause, **bounds)
+        return ok({"name": name, "generation": goal.generation})
+
+    async def _history_of(self, call: Call) -> Answer:
+        (name,) = call.args
+        self._status(name)  # 404 for no such backend
+        return ok(self._timelines.json(name))
+
+    async def _changes_since(self, call: Call) -> Answer:
+        return ok(await self._changes(call.query, wait=not call.head))
+
+    async def _login_link(self, call: Call) -> Answer:
+        if call.by_session:
+            raise HTTPError(
+                403, "TokenNeeded", "a login link is made with the token, not a session"
+            )
+        code = self._console.sessions.new_link_code()
+        return ok({"code": code, "path": f"/login#code={code}"}, 201)
+
+    async def _apply_body(self, call: Call) -> Answer:
+        data = parse_json(call.body)
+        self._check_accepting()
+        return ok(await self._apply(data))
+
+    async def _watch_since(self, call: Call) -> Answer:
+        # HEAD: checked as a GET is, answered without the wait.
+        return ok(await self._watch(call.query, wait=not call.head))
+
+    async def _load(self, call: Call) -> Answer:
+        return ok(self._take_load(parse_json(call.body)))
+
+    async def _shutdown_call(self, call: Call) -> Answer:
+        wait = flag(call.query, "wait", default=True)
+        return ok(await self._shutdown(wait=wait), 200 if wait else 202)
+
+    def _take_load(self, data: Any) -> dict[str, Any]:
+        try:
+            reports = parse_load_body(data)
+        except ValueError as exc:
+            raise HTTPError(422, "InvalidLoad", str(exc)) from None
+        taken: list[str] = []
+        unknown: list[str] = []
+        for report in reports:
+            (taken if self._ctl.report_load(report) else unknown).append(report.backend)
+        return {"taken": taken, "unknown": unknown}
+
+    def _check_accepting(self) -> None:
+        if self._shutting_down:
+            raise HTTPError(
+                503, "ShuttingDown", "the daemon is shutting down: it takes no more changes"
+            )
+
+    async def _shutdown(self, *, wait: bool) -> dict[str, Any]:
+        self._check_accepting()
+        # No change may slip in behind the deletes: refused from now on (unless they fail).
+        self._shutting_down = True
+        try:
+            applied = await self._ctl.apply({}, prune=True)
+        except BaseException:
+            self._shutting_down = False
+            raise
+        deleting = sorted(applied.deleted)
+        self._request_shutdown()
+        if not wait or self._shutdown_done is None:
+            return {"shutting_down": True, "deleting": deleting}
+        # Answered once every drain is over: the caller learns what was left, if anything,
+        # before the daemon goes away.
+        left = await self._shutdown_done()
+        return {"shutting_down": True, "deleting": deleting, "left": left}
+
+    def _status(self, name: str) -> BackendStatus:
+        return self._ctl.status(name)
+
+    async def _deploy(self, decl: BackendDecl, cause: Cause) -> dict[str, Any]:
+        goal = await self._ctl.deploy(
+            decl.name, decl.backend_config, decl.replica_config, cause=cause
+        )
+        return {"name": decl.name, "generation": goal.generation}
+
+    async def _revisions(self, name: str) -> dict[str, Any]:
+        # Reading the sources (a package's files) is not for the loop's thread.
+        kept = self._ctl.revisions(name, check_code=False)
+        revisions = await trio.to_thread.run_sync(with_code_checked, kept, self._ctl.code_path)
+        rollout = self._ctl.status(name).rollout
+        current = None if rollout is None else rollout.revision
+        return {
+            "name": name,
+            "revisions": [revision_json(r, current=r.number == current) for r in revisions],
+        }
+
+    def _steered(self, name: str) -> dict[str, Any]:
+        """What an undo, a pause or a resume left: the spec's generation (a goal to wait
+        for) and where the backend's rollout stands."""
+        status = self._ctl.status(name)
+        rollout = status.rollout
+        return {
+            "name": name,
+            "generation": status.generation,
+            "revision": None if rollout is None else rollout.revision,
+            "restores": None if rollout is None else rollout.restores,
+            "paused": rollout is not None and rollout.paused,
+            "pending_revision": None if rollout is None else rollout.pending_revision,
+        }
+
+    async def _delete(self, name: str, force: bool) -> dict[str, Any]:
+        goal = await self._ctl.delete(name, force=force)
+        return {"name": name, "generation": goal.generation}
+
+    async def _apply(self, data: Any) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            raise HTTPError(422, "Invalid", "the body must be an object")
+        fields = {"backends", "prune", "source", "message", "source_digest", "via"}
+        unknown = sorted(set(data) - fields)
+        if unknown:
+            raise HTTPError(422, "Invalid", f"unknown fields: {', '.join(unknown)}")
+        prune = data.get("prune", False)
+        if not isinstance(prune, bool):
+            raise HTTPError(422, "Invalid", "prune: must be true or false")
+        source = data.get("source", "the request body")
+        if not isinstance(source, str):
+            raise HTTPError(422, "Invalid", "source: must be a string")
+        # The manifest a person applied is named in its revisions' history: the file (as the
+        # CLI sends it) and the digest of its bytes, which tells two versions of it apart.
+        cause = cause_of(
+            via=data.get("via", "api"),
+            message=data.get("message"),
+            manifest=data.get("source"),
+            manifest_digest=data.get("source_digest"),
+        )
+        try:
+            # Two backends claiming one route is a conflict (409), as when the route is
+            # another's already, not a fault of the body's shape: the schema holds each alone.
+            manifest = parse_manifest(
+                {"backends": data.get("backends", {})}, source, check_routes=False
+            )
+        except ManifestError as exc:
+            raise HTTPError(422, "InvalidManifest", str(exc), problems=exc.problems) from None
+        return applied_json(await self._ctl.apply_manifest(manifest, prune=prune, cause=cause))
+
+    async def _changes(self, query: dict[str, list[str]], *, wait: bool) -> dict[str, Any]:
+        """The console's long poll: answers once anything a status shows may have changed
+        after the caller's cursor (a pass of any backend's loop, or a switch of what this
+        daemon serves from: a new epoch), or at the timeout with the cursor unchanged."""
+        since = int_param(query, "since", None)
+        timeout = number_param(query, "timeout_s", 30.0)
+        if not 0 <= timeout <= MAX_WATCH_TIMEOUT_S:
+            raise HTTPError(400, "BadQuery", f"timeout_s must be in [0, {MAX_WATCH_TIMEOUT_S:g}]")
+        ctl, epoch = self._ctl, self._epoch
+        if wait and since == ctl.passes and query.get("epoch", [None])[0] == epoch:
+            with trio.move_on_after(timeout):
+                await self._serving.wait_changed(ctl, since)
+        now = self._ctl
+        return {"epoch": self._epoch, "cursor": now.passes}
+
+    async def _watch(self, query: dict[str, list[str]], *, wait: bool = True) -> dict[str, Any]:
+        since = int_param(query, "since", 0)
+        timeout = number_param(query, "timeout_s", 30.0)
+        if not 0 <= timeout <= MAX_WATCH_TIMEOUT_S:
+            raise HTTPError(400, "BadQuery", f"timeout_s must be in [0, {MAX_WATCH_TIMEOUT_S:g}]")
+        if not wait:
+            timeout = 0.0
+        ctl, epoch = self._ctl, self._epoch
+        if query.get("epoch", [epoch])[0] != epoch:
+            since = 0  # a restarted daemon counts afresh: the caller gets everything
+        # Only the newest deletions are kept: a cursor older than that gets every backend,
+        # marked complete, so that the watcher drops what it holds and the answer omits.
+        # A cursor from the future (never handed out by this daemon) is treated like one from
+        # before a restart: the caller gets everything, rather than nothing until it is reached.
+        complete = not ctl.watch_floor <= since <= ctl.watch_cursor or since == 0
+        found: list[BackendSnapshot] | None = []
+        with trio.move_on_after(timeout):
+            found = await self._serving.changes_since(ctl, 0 if complete else since)
+        if found is None:
+            # The daemon began or stopped leading meanwhile: nothing from here, and the
+            # watcher's next call (with this epoch, no longer the daemon's) gets everything.
+            return {"epoch": epoch, "cursor": since, "complete": False, "snapshots": []}
+        cursor = max([0 if complete else since, *(s.snapshot_id for s in found)])
+        return {
+            "epoch": epoch,
+            "cursor": cursor,
+            "complete": complete,
+            "snapshots": [snapshot_json(s) for s in found],
+        }
+
+
+def _by(cause: Cause, by_session: bool) -> Cause:
+    """A change asked from the console says so in its revision's history."""
+    return attrs.evolve(cause, via="console") if by_session else cause

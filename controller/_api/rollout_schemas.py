@@ -1,0 +1,135 @@
+"""The schemas of a backend's revisions and rollout (``GET .../revisions``, the ``rollout`` of
+a status, undo, pause and resume), written as the views (``views``) make them."""
+
+from __future__ import annotations
+
+from typing import Any, get_args
+
+from .._model.config import BackendConfig, ReplicaConfig, field_schemas
+from .._model.records import MAX_REVISION
+from .._model.revisions import VIA, RevisionOutcome
+from .schema_parts import BOOL, COUNT, MESSAGE, NULLABLE_STRING, STRING, VIA_HTTP, obj, ref
+
+#: The largest revision number a request may name (a signed 64-bit integer's, as for counts in
+#: a query): a larger one is a mistake, refused as such rather than looked for.
+_REVISION = {"type": "integer", "minimum": 1}
+_NULLABLE_REVISION = {"type": ["integer", "null"], "minimum": 1}
+
+_BACKEND_FIELDS = field_schemas(BackendConfig)
+_OUTCOMES: tuple[str, ...] = get_args(RevisionOutcome)
+#: What a revision's replicas run, in the fields a deploy names them by.
+_REVISION_CONFIG = obj(
+    {
+        **field_schemas(ReplicaConfig),
+        **{key: _BACKEND_FIELDS[key] for key in ("version", "user_config", "resources")},
+    }
+)
+
+ROLLOUT_SCHEMAS: dict[str, Any] = {
+    "Undo": obj(
+        {},
+        to_revision={
+            **_NULLABLE_REVISION,
+            "maximum": MAX_REVISION,
+            "description": "The revision whose content to bring back (see its revisions); "
+            "left out or null: the newest that completed with every replica serving",
+        },
+        force={
+            **BOOL,
+            "description": "Undo even if the entrypoint's source on disk is not what the "
+            "revision recorded (it would run today's code under the old config)",
+        },
+        message=MESSAGE,
+        via=VIA_HTTP,
+    ),
+    "RolloutAccepted": obj(
+        {
+            "name": STRING,
+            "generation": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "The spec's generation: wait for its goal as after a deploy",
+            },
+            "revision": {
+                **_NULLABLE_REVISION,
+                "description": "The revision the backend rolls out, or runs",
+            },
+            "restores": {
+                **_NULLABLE_REVISION,
+                "description": "That revision came from an undo: the one it brings back",
+            },
+            "paused": BOOL,
+            "pending_revision": {
+                **_NULLABLE_REVISION,
+                "description": "While paused: the revision a resume rolls out",
+            },
+        }
+    ),
+    "Rollout": obj(
+        {
+            "revision": {
+                **_NULLABLE_REVISION,
+                "description": "The target: the revision it rolls out, or runs once that is done",
+            },
+            "current_revision": {
+                **_NULLABLE_REVISION,
+                "description": "The newest revision whose rollout completed",
+            },
+            "outcome": {"enum": [*_OUTCOMES, None]},
+            "paused": BOOL,
+            "pending_revision": {
+                **_NULLABLE_REVISION,
+                "description": "While paused: the revision a resume rolls out",
+            },
+            "error": NULLABLE_STRING,
+            "restores": _NULLABLE_REVISION,
+            "automatic": {**BOOL, "description": "`revision` came from an automatic rollback"},
+        }
+    ),
+    "Cause": obj(
+        {
+            "via": {"enum": list(VIA)},
+            "message": NULLABLE_STRING,
+            "manifest": NULLABLE_STRING,
+            "manifest_digest": NULLABLE_STRING,
+        }
+    ),
+    "Revision": obj(
+        {
+            "number": _REVISION,
+            "version": {
+                **STRING,
+                "description": "Its replicas' version (`gen-N` when its config names none)",
+            },
+            "digest": {**STRING, "description": "A fingerprint of what its replicas run"},
+            "created_at": {"type": ["string", "null"], "format": "date-time"},
+            "cause": ref("Cause"),
+            "code": {
+                "oneOf": [
+                    {"type": "null"},
+                    obj({"module": STRING, "digest": STRING, "files": COUNT}),
+                ],
+                "description": "The entrypoint module's source when it was made (null: not "
+                "found on the controller's path, so not pinned)",
+            },
+            "code_changed": {
+                "type": ["boolean", "null"],
+                "description": "The source on disk is not `code` any more (null: cannot tell)",
+            },
+            "outcome": {"enum": list(_OUTCOMES)},
+            "error": NULLABLE_STRING,
+            "good": {
+                **BOOL,
+                "description": "It completed with replicas serving: a plain undo may go back to it",
+            },
+            "restores": {
+                **_NULLABLE_REVISION,
+                "description": "Made by an undo or a rollback: the revision it brings back",
+            },
+            "automatic": {**BOOL, "description": "Made by an automatic rollback"},
+            "current": {**BOOL, "description": "The one the backend rolls out, or runs"},
+            "config": _REVISION_CONFIG,
+        }
+    ),
+    "RevisionList": obj({"name": STRING, "revisions": {"type": "array", "items": ref("Revision")}}),
+}

@@ -1,0 +1,120 @@
+"""The schemas of a backend's status (its replicas, events, load and autoscaler), written as
+the views (``views``) make them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._model.status import BackendState, ReplicaState
+from .schema_parts import BOOL, INT, NULLABLE_STRING, STRING, obj, ref
+
+_REPLICA = obj(
+    {
+        "tag": STRING,
+        "state": {"enum": [s.value for s in ReplicaState]},
+        "version": STRING,
+        "address": NULLABLE_STRING,
+        "healthy": BOOL,
+        "pid": {"type": ["integer", "null"]},
+        "node": NULLABLE_STRING,
+        "created_at": {"type": ["string", "null"], "format": "date-time"},
+        "age_s": {"type": ["number", "null"], "minimum": 0},
+    }
+)
+_COUNTS = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}}
+_DECISION = {
+    "oneOf": [
+        {"type": "null"},
+        obj(
+            {
+                "time": {"type": ["string", "null"], "format": "date-time"},
+                "ongoing": {"type": ["number", "null"], "minimum": 0},
+                "not_ready": {"type": "integer", "minimum": 0},
+                "previous": {"type": "integer", "minimum": 0},
+                "recommended": {"type": "integer", "minimum": 0},
+                "target": {"type": "integer", "minimum": 0},
+                "reason": STRING,
+            }
+        ),
+    ]
+}
+
+STATUS_SCHEMAS: dict[str, Any] = {
+    "Replica": _REPLICA,
+    "Event": obj(
+        {"time": {"type": ["string", "null"], "format": "date-time"}, "kind": STRING}
+        | {"message": STRING}
+    ),
+    "BackendStatus": obj(
+        {
+            "name": STRING,
+            "state": {"enum": [s.value for s in BackendState]},
+            "reason": STRING,
+            "message": STRING,
+            "generation": INT,
+            "observed_generation": INT,
+            "deleting": BOOL,
+            "goal_done": BOOL,
+            "last_error": NULLABLE_STRING,
+            "last_traceback": NULLABLE_STRING,
+            "desired": {"type": "integer", "minimum": 0},
+            "version": STRING,
+            "ready": {"type": "integer", "minimum": 0},
+            "ready_of_version": {"type": "integer", "minimum": 0},
+            "config": ref("Backend"),
+            "counts": _COUNTS,
+            "counts_by_version": {"type": "object", "additionalProperties": _COUNTS},
+            "load": ref("BackendLoad"),
+            "autoscaler": {
+                "oneOf": [{"type": "null"}, ref("Autoscaler")],
+                "description": "Its autoscaler, if it is autoscaled",
+            },
+            "rollout": {
+                "oneOf": [{"type": "null"}, ref("Rollout")],
+                "description": "Its revisions' rollout: the target and the current revision",
+            },
+        },
+        replicas={
+            "type": "array",
+            "items": ref("Replica"),
+            "description": "Left out of a listing with view=summary",
+        },
+        events={
+            "type": "array",
+            "items": ref("Event"),
+            "description": "Left out of a listing with view=summary",
+        },
+    ),
+    "Autoscaler": obj(
+        {
+            "min_replicas": {"type": "integer", "minimum": 0},
+            "max_replicas": {"type": "integer", "minimum": 1},
+            "target_ongoing_requests": {"type": "number", "exclusiveMinimum": 0},
+            "target": {"type": "integer", "minimum": 0},
+            "capped_at": {
+                "type": ["integer", "null"],
+                "minimum": 0,
+                "description": "Set while the runtime fits fewer replicas than the target: "
+                "the most that fit, which the backend works toward meanwhile",
+            },
+            "last": {
+                **_DECISION,
+                "description": "Its latest evaluation: the load it saw (null: no signal), "
+                "what it recommended, what it set, and why",
+            },
+            "last_change": {
+                **_DECISION,
+                "description": "Its latest evaluation that changed the count",
+            },
+        }
+    ),
+    "BackendLoad": obj(
+        {
+            "in_flight": {"type": "integer", "minimum": 0},
+            "queued": {"type": "integer", "minimum": 0},
+            "replicas": _COUNTS,
+            "sources": {"type": "integer", "minimum": 0},
+            "self_reported": {"type": "integer", "minimum": 0},
+        }
+    ),
+}

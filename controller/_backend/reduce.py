@@ -1,0 +1,260 @@
+"""The reduce half of a backend's loop: how each event changes the backend's state.
+
+A spec taken, a replica started, failed, died, reconfigured or found unhealthy: each is applied
+by one small method, in the order the events came, before the pass decides anything. What a
+checkpoint holds is applied the same way, once, before the backend's task runs (``restore``).
+What the events decide to stop is marked STOPPING here; the stop task itself is the loop's to
+start (``_spawn_stop``, in ``loop``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from .._model.failures import FailureBook
+from .._model.records import EventsRecord, ReplicasRecord
+from .._model.revisions import RevisionBook
+from .._model.spec import Spec
+from .._model.status import BackendReason, BackendState, ReplicaState
+from .._ports.runtime import ReplicaInfo
+from . import events as ev
+from . import tasks as tasks
+from . import view as view
+from .failure_reports import FailureReports
+from .goal import Goal
+from .health import HealthChecks
+from .history import Journal
+from .intent import Intent
+from .replica import UNKNOWN_CONFIG, Replica
+from .replica_set import ReplicaSet
+from .rollout import Rollout
+from .scaling import Scaling
+
+logger = logging.getLogger("controller")
+
+
+class Reducer:
+    """Applies events to a backend's state (the ``Backend`` of ``loop``, which sets every
+    attribute named here)."""
+
+    name: str
+    spec: Spec
+    goal: Goal
+    revisions: RevisionBook
+    journal: Journal
+    replicas: dict[str, Replica]
+    _set: ReplicaSet
+    _tasks: tasks.Launcher
+    _alarm: tasks.Alarm
+    _intent: Intent
+    _failures: FailureBook
+    _reports: FailureReports
+    _rollout: Rollout
+    _health: HealthChecks
+    _scaling: Scaling
+    _change: tuple[BackendState, BackendReason]
+    _snapshot_dirty: bool
+    _restored: bool
+
+    # -- what the store held, before the task runs --
+
+    def restore(
+        self, record: ReplicasRecord | None, live: set[str], events: EventsRecord | None
+    ) -> list[str]:
+        """Before ``run``: rebuild replicas from a checkpoint, adopting what is alive and
+        forgetting what is not (returned, for the runtime to clear what they left behind)."""
+        # Those not alive, the plan replaces.
+        dropped = self._set.restore(record, live, graceful=not self.spec.force)
+        self._reports.restore(record.failed if record is not None else None)
+        self._restored = True
+        self._rollout.restore(record.rollout if record is not None else None, trio.current_time())
+        autoscale = record.autoscale if record is not None else None
+        self._scaling.restore(autoscale, self.spec.backend_config, trio.current_time())
+        self._intent.restored(changed=bool(dropped))
+        if not self.spec.deleting:
+            self._change = (BackendState.UPDATING, "Recovering")
+        self.journal.log.restore(events)
+        self.journal.recovered(self.spec.generation, len(self.replicas))
+        return dropped
+
+    def block_starts(self, reason: str) -> None:
+        """Before ``run``: start nothing new until the next deploy, because the spec cannot be
+        placed (a spec stored before the runtime shrank). Replicas already there stay."""
+        self._reports.infeasible(reason)
+
+    def _spawn_stop(self, replica: Replica) -> None:
+        """Start the stop task of `replica`, marked STOPPING already (the loop's)."""
+        raise NotImplementedError
+
+    def _apply(self, event: ev.Event) -> None:
+        if isinstance(event, ev.SpecChanged):
+            self._take_spec(event.spec, event.goal)
+            event.applied.set()
+            return
+        if isinstance(event, ev.Tick):
+            self._alarm.rang(event.at)
+            return
+        if isinstance(event, ev.Written):
+            self._intent.written(event.seq)
+            return
+        if isinstance(event, ev.RoomChecked):
+            self._scaling.room_checked(event)
+            return
+        if isinstance(event, ev.LoadChanged):
+            self._scaling.heard()  # the pass gives the autoscaler the book's new totals
+            return
+        replica = self.replicas.get(event.tag)
+        if replica is None:
+            return  # a late report about a replica already forgotten
+        if isinstance(event, ev.Started):
+            self._started(replica, event.info)
+        elif isinstance(event, ev.StartFailed):
+            self._start_failed(replica, event.error, event.traceback)
+        elif isinstance(event, ev.Stopped):
+            self._set.remove(event.tag)
+            self._tasks.gone(event.tag)
+            self._scaling.gone(event.tag)
+            logger.info("replica %s stopped", replica.tag)
+        elif isinstance(event, ev.Died):
+            self._died(replica, event.reason)
+        elif isinstance(event, ev.Reconfigured):
+            self._reconfigured(replica, event)
+        else:
+            self._health.reported(replica, event.error)
+
+    def _take_spec(self, spec: Spec, goal: Goal) -> None:
+        old = self.spec
+        if spec.generation == old.generation:
+            # Paused or resumed with nothing to roll out: the same spec and goal, noted.
+            self.spec = spec
+            self.journal.event("Paused" if spec.paused else "Resumed", view.describe_pause(spec))
+            return
+        self.goal.supersede()
+        self.spec, self.goal = spec, goal
+        # A new spec is a new attempt: the failures of the one it replaces do not carry over.
+        self._failures.new_generation()
+        self._set.set_failed(None)
+        self._change = view.classify(old, spec, self.revisions.get(spec.revision))
+        self.journal.event("Delete" if spec.deleting else "Deploy", view.describe_change(old, spec))
+        self._rollout.taken(old, spec, trio.current_time())
+        if spec.force:
+            self._set.cut_drains()
+            self._tasks.cut_drains()
+        self._scaling.configure(spec.backend_config, trio.current_time())
+        period = spec.backend_config.health_check_period_s
+        if period != old.backend_config.health_check_period_s:
+            self._health.reschedule(self.replicas, trio.current_time(), period)
+        self._snapshot_dirty = True
+
+    def _started(self, replica: Replica, info: ReplicaInfo) -> None:
+        self._tasks.ended(replica.tag)
+        if replica.state is ReplicaState.STOPPING:
+            self._spawn_stop(replica)  # ready just as the loop decided to stop it
+            return
+        if self._set.running(replica, info):
+            self._intent.touched()  # stored with the next write; no action waits on it
+        self._snapshot_dirty = True
+        of_target = replica.version == self.spec.version
+        self._failures.ready(of_target)
+        if of_target:
+            self._rollout.ready(replica, trio.current_time())
+        self._health.begin(replica, self.spec.backend_config)
+        logger.info("replica %s RUNNING at %s", replica.tag, info.address)
+
+    def _start_failed(self, replica: Replica, error: str | None, traceback: str | None) -> None:
+        self._tasks.ended(replica.tag)
+        if replica.state is ReplicaState.STOPPING:
+            self._spawn_stop(replica)  # the loop stopped it; its start task has ended
+            return
+        if error is None:
+            timeout = self.spec.backend_config.start_timeout_s
+            error = f"ReplicaStartTimeout: not ready within start_timeout_s={timeout:g}"
+        if replica.adopted:
+            # Not a failed start of the version: the plan simply replaces it.
+            logger.warning("replica %s: adoption failed (%s); replacing it", replica.tag, error)
+            self.journal.event("AdoptionFailed", f"replica {replica.tag}: {error}; replacing it")
+        else:
+            of_target = replica.version == self.spec.version
+            self._reports.start_failed(replica.tag, of_target, error, traceback)
+        self._stop_now(replica, graceful=False)  # what a failed start left behind
+
+    def _died(self, replica: Replica, reason: str) -> None:
+        if replica.state is ReplicaState.STOPPING:
+            return  # being stopped anyway; its stop task reports when it is gone
+        self._rollout.replica_failed(replica, f"died: {reason}", trio.current_time())
+        if replica.state is ReplicaState.STARTING:
+            of_target = replica.version == self.spec.version
+            self._reports.start_failed(replica.tag, of_target, reason, None)
+        else:
+            self._reports.failure(replica.tag, "Died", f"died: {reason}")
+        self._stop_now(replica, graceful=False)
+
+    def _reconfigured(self, replica: Replica, event: ev.Reconfigured) -> None:
+        self._tasks.ended(replica.tag)
+        if replica.state is ReplicaState.STOPPING:
+            self._spawn_stop(replica)  # stopped while it reconfigured; that task has ended
+            return
+        error = event.error
+        if error is None and event.cut:
+            error = "ReconfigureTimeout: no answer within start_timeout_s"
+        if error is None:
+            replica.state = ReplicaState.RUNNING
+            spec = self.spec
+            if event.config_digest == spec.config_digest:
+                self._set.set_config(replica, event.config_digest, spec.revision)
+                self._rollout.ready(replica, trio.current_time())
+            else:
+                self._set.set_config(replica, event.config_digest)
+            self._health.begin(replica, spec.backend_config)
+            logger.info("replica %s reconfigured", replica.tag)
+            return
+        message = f"reconfigure failed: {error}"
+        spec = self.spec
+        if (
+            self._failures.blocked is None
+            and spec.rollback is not None
+            and event.config_digest == spec.config_digest
+        ):
+            # An in-place change is a rollout too: its first failure halts it. The replicas
+            # not reconfigured yet keep the config before it; this one is taken back to it (the
+            # plan does that), or replaced with it if that fails too.
+            back = "taking it back to the config before"
+            self._reports.failure(replica.tag, "ReconfigureFailed", message, then=back)
+            reason = f"the new user config failed in replica {replica.tag}: {error}"
+            self._reports.deploy_failed("ReconfigureFailed", reason)
+            replica.state = ReplicaState.RUNNING
+            self._set.set_config(replica, UNKNOWN_CONFIG)
+            return
+        self._reports.failure(replica.tag, "ReconfigureFailed", message)
+        self._stop_now(replica, graceful=True)
+
+    def _ready_changed(self) -> None:
+        self._snapshot_dirty = True
+
+    def _check_failed(self, replica: Replica, error: str) -> None:
+        """A failed or late health check (the replica is out of the watch snapshot already):
+        replaced after `health_check_failure_threshold` in a row (not live)."""
+        threshold = self.spec.backend_config.health_check_failure_threshold
+        what = f"failed a health check: {error}"
+        self._rollout.replica_failed(replica, what, trio.current_time())
+        self.journal.event(
+            "Unhealthy",
+            f"replica {replica.tag}: health check {replica.check_failures}/{threshold} "
+            f"failed: {error}",
+        )
+        if replica.check_failures >= threshold:
+            self._reports.failure(replica.tag, "Unhealthy", f"unhealthy: {error}")
+            self._stop_now(replica, graceful=True)
+
+    # -- stops --
+
+    def _begin_stop(self, replica: Replica, *, graceful: bool) -> None:
+        if self._set.begin_stop(replica, graceful=graceful):
+            self._snapshot_dirty = True  # out of the watch snapshot before it is asked to drain
+        logger.info("replica %s STOPPING (%s)", replica.tag, "drain" if graceful else "kill")
+
+    def _stop_now(self, replica: Replica, *, graceful: bool) -> None:
+        self._begin_stop(replica, graceful=graceful)
+        self._spawn_stop(replica)

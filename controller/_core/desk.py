@@ -1,0 +1,399 @@
+"""The spec desk: the one writer of what is asked of every backend.
+
+Every spec, revision history, route claim and capacity reservation is written here and nowhere
+else, under one lock per name: a deploy, a delete, an undo or an automatic rollback each makes a
+``SpecChange`` (the pure functions of ``steering``) and commits it through ``commit``, which
+writes the spec with its revisions in one store batch and then hands it to the backend's loop
+as an event. The loop only marks how its rollout went in the revision book; a commit merges
+those marks rather than replacing them (``_write_with_histories``).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from typing import Any, Literal, final
+
+import attrs
+import trio
+
+from .._backend.goal import Goal
+from .._backend.history import plural
+from .._backend.loop import Backend, Shared
+from .._backend.observe import Observer
+from .._backend.watch import SnapshotHub
+from .._model.checkpoint import dump
+from .._model.code import CodeDigest, code_digest
+from .._model.config import BackendConfig, ReplicaConfig
+from .._model.errors import ControllerClosedError, UnknownBackendError
+from .._model.json_values import JSON
+from .._model.policy import RestartPolicy
+from .._model.records import RevisionsRecord, revisions_key, spec_key
+from .._model.revisions import Cause, Revision, RevisionBook, merged
+from .._model.spec import Spec, delete_record
+from .._model.steering import SpecChange, asked, deploy_change, restored
+from .._ports.runtime import Runtime
+from .._ports.store import Store
+from .capacity import Reservations
+from .locks import NameLocks
+from .routes import RouteClaims, route_of
+
+#: A backend's two configs, as a deploy names them.
+Configs = tuple[BackendConfig, ReplicaConfig]
+
+logger = logging.getLogger("controller")
+
+
+@attrs.frozen
+class Applied:
+    """What ``Controller.apply`` did."""
+
+    goals: Mapping[str, Goal]
+    """A goal for each backend of the call, in the order given."""
+    changed: frozenset[str]
+    """The backends whose spec the call changed (a new generation); the others were unchanged."""
+    deleted: Mapping[str, Goal]
+    """The backends the call deleted (``prune``), with their goals."""
+
+
+@final
+class SpecDesk:
+    """What is asked of each backend, its revisions and its goal, and the backends themselves:
+    written only by the desk's own methods, each under the name's lock."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        store: Store,
+        hub: SnapshotHub,
+        restart_policy: RestartPolicy,
+        rng: random.Random,
+        observer: Observer,
+        code_path: list[str],
+        *,
+        on_pass: Callable[[], None],
+        roll_back: Callable[[str, int], None],
+    ):
+        self._store = store
+        self._code_path = code_path
+        self._backends: dict[str, Backend] = {}
+        # What was last asked of each backend, and its goal, before its loop has taken it.
+        self._requested: dict[str, tuple[Spec, Goal]] = {}
+        # Those of them that keep a route, for the route check of each deploy: most backends
+        # have none, and a deploy beside 1,000 backends should not look at each.
+        self._routed: dict[str, Spec] = {}
+        # Each backend's revisions, shared with its loop (which marks how rollouts go).
+        self._books: dict[str, RevisionBook] = {}
+        self._locks = NameLocks(lambda name: name in self._backends)
+        self._routes = RouteClaims()
+        self._reservations = Reservations(runtime, self._backends, self.spec)
+        # Hand-overs of new specs to their loops not acknowledged yet, released if we close.
+        self._handovers: set[trio.Event] = set()
+        self._nursery: trio.Nursery | None = None
+        self._closed = False
+        self._shared = Shared(
+            runtime,
+            store,
+            hub,
+            restart_policy,
+            rng,
+            observer,
+            requested=lambda name: self._requested[name][0].generation,
+            room=self._reservations.room,
+            on_pass=on_pass,
+            on_forgotten=self._forgotten,
+            roll_back=roll_back,
+        )
+
+    # -- reading --
+
+    @property
+    def backends(self) -> Mapping[str, Backend]:
+        return self._backends
+
+    @property
+    def code_path(self) -> tuple[str, ...]:
+        return tuple(self._code_path)
+
+    @property
+    def locked_names(self) -> int:
+        """How many names have a lock now (for tests: none is left once nothing is asked)."""
+        return len(self._locks)
+
+    def spec(self, name: str) -> Spec | None:
+        """The spec last asked of `name` (None if there is none)."""
+        requested = self._requested.get(name)
+        return None if requested is None else requested[0]
+
+    def goal(self, name: str) -> Goal:
+        return self._requested[name][1]
+
+    def book(self, name: str) -> RevisionBook:
+        return self._books[name]
+
+    def held(self, name: str) -> tuple[str, JSON] | None:
+        """The config the replicas went back to, if the last spec's own change failed in one."""
+        backend, old = self._backends.get(name), self.spec(name)
+        if backend is not None and old is not None and backend.spec is old:
+            return backend.config_gone_back_to
+        return None
+
+    def live_revisions(self, name: str) -> set[int | None]:
+        """The revisions the backend's replicas run (none of them is trimmed from history)."""
+        backend = self._backends.get(name)
+        return set() if backend is None else {r.revision for r in backend.replicas.values()}
+
+    def code_of(self, entrypoint: str) -> CodeDigest | None:
+        # Read on the loop's thread: only when a deploy makes a revision, or an undo checks
+        # one (a few files for most entrypoints; the API lists revisions from a thread).
+        return code_digest(entrypoint, self._code_path)
+
+    # -- writing --
+
+    def hold(self, names: Collection[str]) -> AbstractAsyncContextManager[AsyncExitStack]:
+        """Hold the lock of every name of `names` (sorted, so that two holders never deadlock)."""
+        self.check_open()
+        return self._locks.hold(names)
+
+    def check_open(self) -> None:
+        if self._closed:
+            raise ControllerClosedError("the controller is closed; open a new one")
+
+    async def change_specs(
+        self,
+        wanted: Mapping[str, Configs | Callable[[Spec | None], Configs]],
+        *,
+        prune: bool,
+        cause: Cause | None,
+    ) -> Applied:
+        """Write the specs `wanted` (each given, or made from the spec asked last, read under
+        its name's lock) and hand them to their loops."""
+        async with self.hold(wanted) as locks:
+            declared = {
+                name: configs(self.spec(name)) if callable(configs) else configs
+                for name, configs in wanted.items()
+            }
+            deletes: list[str] = []
+            if prune:
+                # Locked after the named ones, which is safe: only `apply` locks several names,
+                # and one apply runs at a time. A name whose deploy is under way has no backend
+                # yet, but its lock: it is waited for, and deleted too once it has one.
+                others = sorted(
+                    n for n in {*self._backends, *self._locks.names()} if n not in declared
+                )
+                locks.callback(self._locks.drop, others)  # after they are released
+                for name in others:
+                    await locks.enter_async_context(self._locks[name])
+                deletes = [n for n in others if n in self._backends]
+            records: dict[str, SpecChange] = {}
+            now = time.time()
+            for name, configs in declared.items():
+                if not self._matches(name, *configs):
+                    records[name] = deploy_change(
+                        name,
+                        self.spec(name),
+                        self._books.get(name) or RevisionBook(),
+                        configs,
+                        cause=cause or Cause(),
+                        code_of=self.code_of,
+                        now=now,
+                        held=self.held(name),
+                        live=self.live_revisions(name),
+                    )
+            for name in deletes:
+                if name in self._backends and not self._requested[name][0].deleting:
+                    old = self._requested[name][0]
+                    records[name] = SpecChange(delete_record(name, old, force=False))
+            handovers = await self.commit(records)
+            applied = Applied(
+                goals={name: self._requested[name][1] for name in declared},
+                changed=frozenset(n for n in records if n in declared),
+                deleted={n: self._requested[n][1] for n in records if n not in declared},
+            )
+        await self.handed_over(handovers)
+        return applied
+
+    async def delete(self, name: str, *, force: bool) -> Goal:
+        async with self.hold([name]):
+            if name not in self._backends:
+                raise UnknownBackendError(name)
+            old, goal = self._requested[name]
+            if old.deleting and (old.force or not force):
+                return goal
+            handovers = await self.commit({name: SpecChange(delete_record(name, old, force=force))})
+            goal = self._requested[name][1]
+        await self.handed_over(handovers)
+        return goal
+
+    def _matches(
+        self, name: str, backend_config: BackendConfig, replica_config: ReplicaConfig
+    ) -> bool:
+        """Whether a deploy of these configs would change nothing. It would after a failure: a
+        deploy is what lifts DEPLOY_FAILED, even one that came after its goal was reached."""
+        if name not in self._requested:
+            return False
+        spec, goal = self._requested[name]
+        return (
+            not spec.deleting
+            and goal.error is None
+            and not self._backends[name].deploy_failed
+            and asked(spec, self._books[name]) == (backend_config, replica_config)
+        )
+
+    async def commit(self, changes: Mapping[str, SpecChange]) -> list[trio.Event]:
+        """Write `changes` in one batch (each spec with its revisions), after checking that every
+        scale-up among them fits, and hand each to its backend's loop (making new backends).
+        The caller holds the lock of every name involved. Returns the hand-overs to wait for."""
+        if not changes:
+            return []
+        specs = {name: Spec.from_record(change.record) for name, change in changes.items()}
+        writes: dict[str, str | None] = {spec_key(n): dump(c.record) for n, c in changes.items()}
+        claims = self._routes.claim(specs, self._routed.items())
+        try:
+            reserved = await self._reservations.reserve(specs)
+        except BaseException:
+            self._routes.release(claims)
+            raise
+        handovers: list[trio.Event] = []
+        new: list[Backend] = []
+        try:
+            # One step, shielded: a caller cancelled once the write has begun must not leave a
+            # spec durable but never handed to its loop (a phantom deploy at the next start).
+            with trio.CancelScope(shield=True):
+                histories = await self._write_with_histories(writes, changes)
+                for name in changes:
+                    book = self._books.setdefault(name, RevisionBook())
+                    if name in histories:
+                        book.revisions = histories[name]
+                for name, spec in specs.items():
+                    before = self._requested.get(name)
+                    if before is not None and before[0].generation == spec.generation:
+                        # A pause or a resume that rolls nothing out: the same goal goes on.
+                        goal = before[1]
+                        logger.info("backend %s: %s", name, "paused" if spec.paused else "resumed")
+                    else:
+                        kind: Literal["delete", "deploy"] = "delete" if spec.deleting else "deploy"
+                        goal = Goal(name, spec.generation, kind)
+                        _log_change(name, spec)
+                    self._request(name, spec, goal)
+                    backend = self._backends.get(name)
+                    if backend is None:
+                        new.append(self._new_backend(name, spec, goal, self._books[name]))
+                    else:
+                        handover = backend.request(spec, goal)
+                        self._handovers.add(handover)
+                        handovers.append(handover)
+                assert self._nursery is not None
+                for backend in new:
+                    await self._nursery.start(backend.run)
+        finally:
+            self._reservations.release(reserved)
+            self._routes.release(claims)
+        return handovers
+
+    async def _write_with_histories(
+        self, writes: dict[str, str | None], changes: Mapping[str, SpecChange]
+    ) -> dict[str, list[Revision]]:
+        """Write `writes` with the changes' histories; the histories written. Each was made
+        from a copy of its book, and the backend's rollout may mark a revision in the book
+        (begun, complete, failed) until its loop takes the new spec, during the write too:
+        each history takes the marks made since its copy, and is written again if one came
+        during the write."""
+        histories = {n: c.revisions for n, c in changes.items() if c.revisions is not None}
+        bases = {name: changes[name].base for name in histories}
+        due = set(histories)
+        while True:
+            for name in due:
+                now = self._book_now(name)
+                histories[name] = merged(histories[name], bases[name], now, changes[name].replaces)
+                bases[name] = now
+                writes[revisions_key(name)] = dump(RevisionsRecord(name, histories[name]))
+            await self._store.write(writes)
+            due = {name for name in histories if self._book_now(name) != bases[name]}
+            if not due:
+                return histories
+            writes = {}
+
+    def _book_now(self, name: str) -> tuple[Revision, ...]:
+        book = self._books.get(name)
+        return () if book is None else tuple(book.revisions)
+
+    async def handed_over(self, handovers: list[trio.Event]) -> None:
+        """Wait until each backend's loop has taken its new spec, so that what the caller reads
+        next (a status) shows it."""
+        for handover in handovers:
+            await handover.wait()
+            self._handovers.discard(handover)
+        self.check_open()
+
+    # -- backends --
+
+    def restored(self, name: str, spec: Spec, kept: RevisionsRecord | None) -> Backend:
+        """A backend made from what the store holds (a recovery, or a standby's view)."""
+        spec, book = restored(spec, kept, self.code_of, time.time())
+        self._books[name] = book
+        goal = Goal(name, spec.generation, "delete" if spec.deleting else "deploy")
+        self._request(name, spec, goal)
+        return self._new_backend(name, spec, goal, book)
+
+    def _new_backend(self, name: str, spec: Spec, goal: Goal, book: RevisionBook) -> Backend:
+        backend = Backend(name, spec, goal, self._locks[name], self._shared, book)
+        self._backends[name] = backend
+        return backend
+
+    def _request(self, name: str, spec: Spec, goal: Goal) -> None:
+        self._requested[name] = (spec, goal)
+        if route_of(spec) is None:
+            self._routed.pop(name, None)
+        else:
+            self._routed[name] = spec
+
+    def _forgotten(self, backend: Backend) -> None:
+        """A deleted backend is gone (its loop holds the name's lock)."""
+        name = backend.name
+        if self._backends.get(name) is backend:
+            del self._backends[name]
+            del self._requested[name]
+            self._routed.pop(name, None)
+            self._books.pop(name, None)
+            # The forgetting loop holds it, and does nothing more under it.
+            self._locks.drop([name], held_here=True)
+            self._reservations.forget(name)
+
+    # -- lifetime --
+
+    def open(self, nursery: trio.Nursery) -> None:
+        """Run new backends (and the desk's own tasks) in `nursery` from now on."""
+        self._nursery = nursery
+
+    def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: object) -> None:
+        """Run `fn(*args)` in the desk's nursery, unless it is closed (then nothing)."""
+        if self._nursery is not None and not self._closed:
+            self._nursery.start_soon(fn, *args)
+
+    def close(self) -> None:
+        """Fail every goal and hand-over waited on: nothing will answer them any more."""
+        self._closed = True
+        for backend in self._backends.values():
+            backend.goal.close()
+        for _, goal in self._requested.values():
+            goal.close()
+        for handover in self._handovers:
+            handover.set()
+
+
+def _log_change(name: str, spec: Spec) -> None:
+    if spec.deleting:
+        forced = ", forced" if spec.force else ""
+        logger.info("backend %s: delete (generation %d%s)", name, spec.generation, forced)
+        return
+    logger.info(
+        "backend %s: deploy generation %d: %s of version %s",
+        name,
+        spec.generation,
+        plural(spec.backend_config.num_replicas, "replica"),
+        spec.version,
+    )

@@ -1,0 +1,228 @@
+"""A backend's spec as the controller holds it, the records a change of it writes, and what a
+runtime is asked to start for one replica: plain data, derived from the stored record."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+import attrs
+
+from .config import BackendConfig, ReplicaConfig
+from .json_values import JSON, digest
+from .reconcile import Target, resolve_limits
+from .records import SpecRecord
+
+
+@attrs.frozen
+class ReplicaSpec:
+    """Everything a runtime needs to start one replica."""
+
+    tag: str
+    """The replica's stable name; the runtime must be able to find the replica by it again later
+    (after a controller restart), through ``list_replicas`` and ``adopt_replica``."""
+    backend: str
+    """The backend it belongs to."""
+    version: str
+    """Its code version."""
+    replica_config: ReplicaConfig
+    """Which class, with which arguments."""
+    user_config: JSON
+    """Handed to the replica's ``reconfigure`` before it counts as ready."""
+    resources: Mapping[str, float]
+    """What it reserves."""
+
+
+@attrs.frozen
+class Spec:
+    """A backend's spec in memory: the stored record plus what is derived from it."""
+
+    generation: int
+    backend_config: BackendConfig
+    replica_config: ReplicaConfig
+    deleting: bool
+    force: bool
+    version: str
+    """The code version replicas must have (``gen-N`` when the config names none)."""
+    config_digest: str
+    code_generation: int
+    """The generation whose code a config without a version runs (see ``version``)."""
+    rollback: tuple[str, JSON] | None = None
+    """For an in-place change of user config: the digest and value of the config the replicas
+    had before it, to go back to if the new one fails in a replica."""
+    revision: int | None = None
+    """The revision its replicas run (None only for a spec read from an older store, until
+    recovery gives it one)."""
+    paused: bool = False
+    """Rollouts are paused: later deploys are recorded, not rolled out."""
+    pending: int | None = None
+    """While paused: the revision to roll out on resume."""
+
+    @classmethod
+    def from_record(cls, record: SpecRecord) -> Spec:
+        config = record.backend_config
+        rollback = None
+        if record.rollback_config is not None:
+            previous = json.loads(record.rollback_config)
+            rollback = (digest(previous), previous)
+        return cls(
+            generation=record.generation,
+            backend_config=config,
+            replica_config=record.replica_config,
+            deleting=record.deleting,
+            force=record.force,
+            version=(
+                config.version
+                if config.version is not None
+                else f"gen-{record.code_generation or record.generation}"
+            ),
+            code_generation=record.code_generation or record.generation,
+            config_digest=digest(config.user_config),
+            rollback=rollback,
+            revision=record.revision,
+            paused=record.paused,
+            pending=record.pending,
+        )
+
+    def config_to_hold(self, *, rolled_back: bool) -> tuple[str, JSON]:
+        """The user config (digest, value) replicas should hold: the spec's, or, once it has
+        failed in a replica (`rolled_back`), the one before it."""
+        if rolled_back and self.rollback is not None:
+            return self.rollback
+        return self.config_digest, self.backend_config.user_config
+
+    def target(
+        self,
+        config_digest: str,
+        *,
+        blocked: bool,
+        deferred: bool,
+        replicas: int | None = None,
+        halted: bool = False,
+    ) -> Target:
+        """What the decision works toward for this spec; `replicas`: the autoscaler's count,
+        which an autoscaled backend has instead of `num_replicas`."""
+        config = self.backend_config
+        count = config.num_replicas if replicas is None else replicas
+        surge, unavailable = resolve_limits(count, config.max_surge, config.max_unavailable)
+        return Target(
+            num_replicas=count,
+            version=self.version,
+            config_digest=config_digest,
+            max_surge=surge,
+            max_unavailable=unavailable,
+            deleting=self.deleting,
+            starts_blocked=blocked,
+            starts_deferred=deferred,
+            halted=halted,
+        )
+
+    def replica_spec(self, name: str, tag: str, version: str, user_config: JSON) -> ReplicaSpec:
+        """What the runtime needs to start replica `tag` (of `version`) of backend `name`."""
+        return ReplicaSpec(
+            tag=tag,
+            backend=name,
+            version=version,
+            replica_config=self.replica_config,
+            user_config=user_config,
+            resources=self.backend_config.resources,
+        )
+
+    def to_record(self, name: str) -> SpecRecord:
+        """The record this spec was read from (its rollback config as stored)."""
+        rollback = None
+        if self.rollback is not None:
+            rollback = json.dumps(self.rollback[1], separators=(",", ":"), allow_nan=False)
+        return SpecRecord(
+            name,
+            self.generation,
+            self.backend_config,
+            self.replica_config,
+            deleting=self.deleting,
+            force=self.force,
+            rollback_config=rollback,
+            code_generation=self.code_generation,
+            revision=self.revision,
+            paused=self.paused,
+            pending=self.pending,
+        )
+
+
+def deploy_record(
+    name: str,
+    old: Spec | None,
+    backend_config: BackendConfig,
+    replica_config: ReplicaConfig,
+    *,
+    held: tuple[str, JSON] | None = None,
+    code_generation: int | None = None,
+    revision: int | None = None,
+    paused: bool = False,
+    pending: int | None = None,
+) -> SpecRecord:
+    """The record of a deploy of these configs over `old` (the spec last asked, if any).
+    `held` is the config the replicas went back to when `old`'s own change of config failed.
+    `code_generation`: the generation whose code an unversioned config runs, when it brings
+    back a revision's (an undo); otherwise kept if the code is the same, else this one."""
+    rollback = None
+    version = backend_config.version
+    digest_before, before = held or (
+        (old.config_digest, old.backend_config.user_config) if old is not None else ("", None)
+    )
+    if (
+        old is not None
+        and not old.deleting
+        and version is not None
+        and version == old.backend_config.version
+        and digest(backend_config.user_config) != digest_before
+    ):
+        # An in-place change of user config: keep the config the replicas hold, to go back to
+        # (never one that failed already).
+        rollback = json.dumps(before, separators=(",", ":"), allow_nan=False)
+    generation = old.generation + 1 if old is not None else 1
+    if (
+        code_generation is None
+        and old is not None
+        and _same_code(old, backend_config, replica_config)
+    ):
+        code_generation = old.code_generation
+    return SpecRecord(
+        name,
+        generation,
+        backend_config,
+        replica_config,
+        rollback_config=rollback,
+        code_generation=None if code_generation == generation else code_generation,
+        revision=revision,
+        paused=paused,
+        pending=pending,
+    )
+
+
+def _same_code(old: Spec, backend_config: BackendConfig, replica_config: ReplicaConfig) -> bool:
+    """Without a version, whether replicas of `old` run what these configs ask: the same class,
+    arguments, user config and resources. Scale, rollout limits, timeouts, health checks and
+    routing are the controller's business, not the replica's."""
+    before = old.backend_config
+    return (
+        not old.deleting
+        and backend_config.version is None
+        and before.version is None
+        and replica_config == old.replica_config
+        and backend_config.resources == before.resources
+        and digest(backend_config.user_config) == old.config_digest
+    )
+
+
+def delete_record(name: str, old: Spec, *, force: bool) -> SpecRecord:
+    """The record of a delete of `old` (the spec last asked)."""
+    return SpecRecord(
+        name,
+        old.generation + 1,
+        old.backend_config,
+        old.replica_config,
+        deleting=True,
+        force=force,
+        code_generation=old.code_generation,
+        revision=old.revision,
+    )

@@ -1,0 +1,27 @@
+"""The CLI's HTTP client against answers a daemon gives as it dies (no daemon needed)."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from controller._cli.client import Client, Unreachable
+
+
+async def test_an_answer_cut_short_is_a_daemon_gone_not_a_traceback() -> None:
+    # What a leader killed mid-answer leaves: its head, a part of its body, and the end.
+    async def cut_short(stream: trio.SocketStream) -> None:
+        await stream.receive_some(65536)
+        await stream.send_all(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 3123\r\n\r\n{"
+        )
+        await stream.aclose()
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, cut_short, listeners)
+        client = Client(f"http://127.0.0.1:{port}", None)
+        with trio.fail_after(10), pytest.raises(Unreachable, match="cannot reach the controller"):
+            await trio.to_thread.run_sync(client.call, "GET", "/api/v1/status")
+        nursery.cancel_scope.cancel()
