@@ -792,3 +792,28 @@ async def test_apply_wait_says_when_a_later_change_superseded_it(state_dir: Path
             (result,) = first
             assert result.returncode == 1
             assert b"superseded by generation 2" in result.stdout
+
+
+async def test_a_body_too_large_sent_whole_before_reading_gets_its_413(state_dir: Path) -> None:
+    # As urllib and most scripts send: the whole body, and only then the answer is read. The
+    # daemon refuses it unread; were the connection closed with the body unread, it would be
+    # reset, and the client would see that instead of the 413.
+    body = b"x" * (4 << 20)
+    with trio.fail_after(LIMIT_S):
+        async with running(state_dir) as daemon:
+            host, port = daemon.url.removeprefix("http://").rsplit(":", 1)
+            for _ in range(3):
+                async with await trio.open_tcp_stream(host, int(port)) as stream:
+                    await stream.send_all(
+                        b"PUT /api/v1/backends/a HTTP/1.1\r\nHost: h\r\n"
+                        b"Authorization: Bearer " + daemon.token.encode() + b"\r\n"
+                        b"Content-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n" % len(body) + body
+                    )
+                    answer = b""
+                    while chunk := await stream.receive_some(65536):
+                        answer += chunk
+                        if b"TooLarge" in answer:
+                            break
+                assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+                assert b"TooLarge" in answer

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, overload
+from typing import Any, NoReturn, overload
+
+import trio
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -14,6 +16,10 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 MAX_BODY_BYTES = 1 << 20
+#: A body refused as too large is still read, this far, and thrown away before the answer: a
+#: client that sends its whole body before it reads (urllib, most scripts) then gets the 413,
+#: not a connection reset (a socket closed with bytes unread resets the connection).
+DISCARD_BYTES, DISCARD_S = 8 << 20, 2.0
 
 
 class HTTPError(Exception):
@@ -106,8 +112,8 @@ def flag(query: dict[str, list[str]], name: str, *, default: bool) -> bool:
 async def read_body(scope: Scope, receive: Receive) -> bytes:
     declared = dict(scope["headers"]).get(b"content-length", b"").strip()
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        # Said to be too large: refused before any of it is awaited.
-        raise HTTPError(413, "TooLarge", f"the body is over {MAX_BODY_BYTES} bytes")
+        # Said to be too large: refused without keeping any of it.
+        await _too_large(receive)
     for key, value in scope["headers"]:
         if key == b"content-type":
             media_type = bytes(value).partition(b";")[0].strip().lower()
@@ -127,10 +133,25 @@ async def read_body(scope: Scope, receive: Receive) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > MAX_BODY_BYTES:
-            raise HTTPError(413, "TooLarge", f"the body is over {MAX_BODY_BYTES} bytes")
+            await _too_large(receive)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+async def _too_large(receive: Receive) -> NoReturn:
+    """Refuse a body over `MAX_BODY_BYTES`, once what follows of it (to `DISCARD_BYTES` or
+    `DISCARD_S`) has been read and dropped."""
+    left = DISCARD_BYTES
+    with trio.move_on_after(DISCARD_S):
+        while left > 0:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            left -= len(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+    raise HTTPError(413, "TooLarge", f"the body is over {MAX_BODY_BYTES} bytes")
 
 
 def _not_json(literal: str) -> Any:
