@@ -139,9 +139,34 @@ SLOW_MODULES = frozenset(
 )
 
 
+#: The longest files, longest first: a parallel run (``--dist loadfile``) hands out files in the
+#: order collected, so these start first and the short ones fill in around them, rather than a
+#: long file starting last and running alone at the end.
+LONGEST_FIRST = (
+    "test_ingress_attack",
+    "test_ray_runtime",
+    "test_daemon_start",
+    "test_daemon_hardening",
+    "test_ingress_daemon",
+    "test_standby_ray",
+    "test_daemon",
+    "test_examples",
+    "test_crash_points",
+    "test_standby_daemon",
+    "test_api_contract",
+)
+
+
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {module: n for n, module in enumerate(LONGEST_FIRST)}
+    # Stable: each file's tests keep their order.
+    items.sort(key=lambda item: rank.get(_module(item), len(rank)))
     for item in items:
-        module = item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+        module = _module(item)
         fixtures = set(getattr(item, "fixturenames", ()))
         if module in SLOW_MODULES or fixtures & SLOW_FIXTURES:
             item.add_marker(pytest.mark.slow)

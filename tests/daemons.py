@@ -381,3 +381,15 @@ async def standalone(nursery: trio.Nursery, daemon: Daemon, port: int, *extra: s
     nursery.start_soon(ingress.read, started)
     await started.wait()
     return ingress
+
+
+async def converged_daemon(
+    nursery: trio.Nursery, state_dir: Path, n: int, listen: str = "127.0.0.1:0"
+) -> Daemon:
+    """A daemon that applied a backend `a` of `n` replicas at start, and reached it."""
+    file = state_dir / "backends.toml"
+    file.write_text(manifest(a=trivial(n)))
+    daemon = Daemon(state_dir)
+    await daemon.start(nursery, "--config", str(file), listen=listen)
+    assert (await daemon.cli("wait", "a")).returncode == 0
+    return daemon
