@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -33,8 +34,23 @@ def local_cluster(
         ray.init(address=ray_cluster.address, logging_level=logging.WARNING)
         yield ray_cluster
     finally:
+        processes = [
+            info.process
+            for node in ray_cluster.list_all_nodes()  # type: ignore[no-untyped-call]
+            for infos in node.all_processes.values()
+            for info in infos
+            if info.process is not None
+        ]
         ray.shutdown()
         ray_cluster.shutdown()  # type: ignore[no-untyped-call]
+        # Ray waits a while for each of its processes, then leaves those still running: on a
+        # busy machine, some. They are reaped here, not by whichever later test happens to
+        # collect their Popen objects (a ResourceWarning then fails that test).
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=10)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
