@@ -58,6 +58,7 @@ class Autoscaler:
         self.last_change: ScaleDecision | None = None
         self.next_at = math.inf
         """When the windows, the rate limits or the zero delay may change the outcome."""
+        self._untold: tuple[AutoscalingConfig, ScaleState, ScaleDecision | None] | None = None
 
     @property
     def target(self) -> int | None:
@@ -89,7 +90,17 @@ class Autoscaler:
         inputs = Inputs(ongoing, not_ready() if fewer else 0)
         self.state, decision, wake = evaluate(config, before, inputs, now)
         self.next_at = math.inf if wake is None else wake
-        last, self.last = self.last, decision
+        self._untold = (config, before, self.last)
+        self.last = decision
+        return decision.changed
+
+    def tell(self) -> None:
+        """Tell of the last evaluation, if not yet: the pass does so after its rollout verdict,
+        so that the events keep the order they had when the verdict came first."""
+        if self._untold is None or self.state is None or self.last is None:
+            return
+        (config, before, last), self._untold = self._untold, None
+        decision = self.last
         if decision.changed:
             self.last_change = decision
             self._changed()
@@ -101,7 +112,6 @@ class Autoscaler:
                 self._touched()  # the windows changed: stored with the next write
             if last is None or last.reason != decision.reason:
                 logger.debug("backend %s: autoscaler: %s", self._name, describe(decision, config))
-        return decision.changed
 
     def status(self, capped_at: int | None = None) -> AutoscalerStatus | None:
         if self._config is None or self.state is None:

@@ -15,6 +15,7 @@ from typing import final
 import trio
 
 from .._model.config import BackendConfig
+from .._model.pass_plan import DueCheck, HealthState, PassPlan
 from .._model.status import ReplicaState
 from .replica import Replica
 from .tasks import Launcher
@@ -44,8 +45,8 @@ class HealthSchedule:
         """When the earliest entry is due (inf if none)."""
         return self._due[0][0] if self._due else math.inf
 
-    def due(self, now: float, replicas: Mapping[str, Replica]) -> Iterator[Replica]:
-        """The RUNNING replicas whose check is due at `now`; each entry is used once."""
+    def take_due(self, now: float, replicas: Mapping[str, Replica]) -> Iterator[Replica]:
+        """The RUNNING replicas whose check is due at `now`; each entry is taken once."""
         while self._due and self._due[0][0] <= now:
             at, _, tag = heapq.heappop(self._due)
             replica = replicas.get(tag)
@@ -54,7 +55,6 @@ class HealthSchedule:
                 and replica.next_check_at == at
                 and replica.state is ReplicaState.RUNNING
             ):
-                replica.next_check_at = math.inf
                 yield replica
 
 
@@ -79,7 +79,7 @@ class HealthChecks:
 
     @property
     def next_at(self) -> float:
-        """When `run_due` has something to do next (inf: never, unless told of more)."""
+        """When a pass has something to do next (inf: never, unless told of more)."""
         return min(self.schedule.next_at, self._adoptions_due)
 
     def adopting(self, replicas: Mapping[str, Replica], config: BackendConfig) -> None:
@@ -101,30 +101,42 @@ class HealthChecks:
             if replica.state is ReplicaState.RUNNING:
                 self.schedule.schedule(replica, now, period)
 
-    def run_due(self, now: float, replicas: Mapping[str, Replica], config: BackendConfig) -> None:
-        if now >= self._adoptions_due:
+    def read(self, now: float, replicas: Mapping[str, Replica], *, take: bool) -> HealthState:
+        """What a pass decides on; the checks due are taken off the schedule if `take`."""
+        due = (
+            tuple(
+                DueCheck(r.tag, r.checking, r.check_failures, r.version, r.ready_at)
+                for r in self.schedule.take_due(now, replicas)
+            )
+            if take
+            else ()
+        )
+        return HealthState(due, self.schedule.next_at, self._adoptions_due)
+
+    def carry_out(
+        self, plan: PassPlan, now: float, replicas: Mapping[str, Replica], config: BackendConfig
+    ) -> None:
+        """The pass's health checks: late ones fail, due ones start, in one wave."""
+        if plan.adoptions_late:
             self._adoptions_due = math.inf
             for replica in replicas.values():
                 if replica.state is ReplicaState.RECOVERING and replica.served and replica.healthy:
                     replica.healthy = False  # back in once adopted (RUNNING and ready)
                     self._ready_changed()
-        period = config.health_check_period_s
-        if period <= 0:
+        if plan.checks_off:
             self.schedule.clear()  # turned off by a redeploy: drop what the old spec scheduled
             return
-        wave: list[str] = []
-        for replica in self.schedule.due(now, replicas):
-            # The next check is due one period on, whatever this one does: a check still in
-            # flight then is late, and counts as failed.
-            self.schedule.schedule(replica, now, period)
-            if replica.checking:
-                late = f"HealthCheckLate: no answer within health_check_period_s={period:g}"
-                self._fail(replica, late)
-            else:
-                replica.checking = True
-                wave.append(replica.tag)
-        if wave:
-            self._launcher.checks(wave, config.health_check_timeout_s)
+        period = config.health_check_period_s
+        # The next check is due one period on, whatever this one does: a check still in flight
+        # then is late, and counts as failed.
+        for tag in plan.late:
+            self.schedule.schedule(replicas[tag], now, period)
+            self._fail(replicas[tag], plan.late_reason)
+        for tag in plan.checks:
+            self.schedule.schedule(replicas[tag], now, period)
+            replicas[tag].checking = True
+        if plan.checks:
+            self._launcher.checks(list(plan.checks), config.health_check_timeout_s)
 
     def reported(self, replica: Replica, error: str | None) -> None:
         """A check of `replica` returned (failed if `error`)."""

@@ -3,9 +3,10 @@
 The loop is the only writer of the backend's state. A spec change arrives as an event with its
 goal; every start, adoption, reconfigure, health check and stop runs as a task in the backend's
 nursery and reports with one event (``tasks``). The loop wakes on its channel, applies
-every queued event (``reduce``), asks the pure ``decide`` for a plan, publishes the watch
-snapshot, and acts, each action once the intent behind it is durable (``intent``). It decides
-every stop itself.
+every queued event (``reduce``), reads what its pass needs, asks the pure ``decide_pass`` for a
+plan (``_model.pass_plan``), publishes the watch snapshot, and carries the plan out through its
+helpers, each action once the intent behind it is durable (``intent``). It decides every stop
+itself.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import trio
 
 from .._model.failures import FailureBook
 from .._model.json_values import JSON
+from .._model.pass_plan import PassState, decide_pass
 from .._model.policy import RestartPolicy
-from .._model.reconcile import decide
 from .._model.records import (
     events_key,
     replicas_key,
@@ -263,42 +264,26 @@ class Backend(Reducer):
     # -- one pass --
 
     async def _pass(self) -> bool:
-        """Plan, publish, act. True once a deleted backend is gone for good."""
-        spec = self.spec
-        config = spec.backend_config
-        now = trio.current_time()
+        """Read, decide, publish, act. True once a deleted backend is gone for good."""
+        spec, config, now = self.spec, self.spec.backend_config, trio.current_time()
         config_digest, user_config = self._config_to_hold()
-        # A deadline that passed fails the rollout before this pass decides anything.
-        self._rollout.check_deadline(now, self._converged)
-        autoscaled = self._scaling.autoscaled and not spec.deleting
-        if autoscaled:
-            changed = self._scaling.evaluate(now, self._not_ready)
-            if self._load_only and not changed:
-                # New load and the same count: nothing else moved, so the plan is the last
-                # one (a backend of 10,000 replicas is not walked ten times a second).
-                self._arm_timer(now)
-                return False
-        count = self._scaling.count(self._held(), now) if autoscaled else None
-        if count is None:
-            self._scaling.not_autoscaled()
-        target = spec.target(
-            config_digest,
-            blocked=self._failures.starts_blocked,
-            deferred=self._failures.deferred(now),
-            replicas=count,
-            halted=self._failures.halted,
-        )
-        plan = decide(target, self.replicas.values(), self._set.census)
+        plan = decide_pass(self._read(now, config_digest, user_config is not None), now)
+        if plan.deadline_failure is not None:
+            self._reports.deploy_failed("ProgressDeadlineExceeded", plan.deadline_failure)
+        self._scaling.tell()
+        if plan.replicas is None:
+            # New load and the same count: nothing else moved, so the plan is the last one (a
+            # backend of 10,000 replicas is not walked ten times a second).
+            self._alarm.ask(plan.wake(self._failures.backoff_until))
+            return False
         self._observed_generation = spec.generation
-        # A count held back until the runtime says whether there is room is not the goal: a
-        # new autoscaled backend at 0 of its 1 is not done.
-        converged = plan.converged and not (autoscaled and self._scaling.asking_room)
-        self._converged = converged
-        if converged:
+        self._converged = plan.converged
+        if plan.converged:
             self._scaling.converged()
-            self._rollout.converged(now, target.num_replicas)
+        if plan.complete:
+            self._rollout.complete(plan.num_replicas)
 
-        stops = [self.replicas[tag] for tag in plan.stop]
+        stops = [self.replicas[tag] for tag in plan.replicas.stop]
         for replica in stops:
             graceful = not spec.force and replica.state is not ReplicaState.STARTING
             self._begin_stop(replica, graceful=graceful)
@@ -309,9 +294,9 @@ class Backend(Reducer):
                 config_digest,
                 revision=spec.revision,
             )
-            for _ in range(plan.start)
+            for _ in range(plan.replicas.start)
         ]
-        updates = [self.replicas[tag] for tag in plan.reconfigure]
+        updates = [self.replicas[tag] for tag in plan.replicas.reconfigure]
         if user_config is None:
             # Only a config that is not None is handed to replicas (new ones get none either):
             # those that had one are up to date as they are.
@@ -330,47 +315,59 @@ class Backend(Reducer):
         for replica in updates:
             self._tasks.reconfigure(replica, user_config, config_digest, config.start_timeout_s)
         self.journal.decision(spec.version, len(starts), [r.version for r in stops], len(updates))
-        self._health.run_due(now, self.replicas, config)
+        self._health.carry_out(plan, now, self.replicas, config)
         self._publish()  # a late health check may have taken a replica out
-        self._arm_timer(now)
-
-        if converged:
-            if spec.deleting:
-                return await self._forget()
-            if not self._rollout.active:  # nor within a new replica's min_ready_s
-                if not self.goal.done:
-                    self.journal.reached(spec.generation)
-                self.goal.complete()
+        # The backoff as the plan left it: a late check at its threshold backs off.
+        self._alarm.ask(plan.wake(self._failures.backoff_until))
+        if plan.forget:
+            return await self._forget()
+        if plan.reached:  # converged, and not within a new replica's min_ready_s
+            if not self.goal.done:
+                self.journal.reached(spec.generation)
+            self.goal.complete()
         # Let the tasks just started (and watchers just woken) run before the next pass, so a
         # burst of events is coalesced instead of handled one pass each.
         await trio.lowlevel.checkpoint()
         return False
 
+    def _read(self, now: float, config_digest: str, hands_config: bool) -> PassState:
+        """What the pass decides on. The autoscaler is evaluated and its count fitted here:
+        both are state that evaluating updates (``_model.pass_plan``)."""
+        census, version = self._set.census, self.spec.version
+        autoscaled = self._scaling.autoscaled and not self.spec.deleting
+        # Replicas not serving yet count as fully loaded before it scales down (asked lazily).
+        changed = autoscaled and self._scaling.evaluate(now, lambda: census.not_ready(version))
+        unchanged = autoscaled and self._load_only and not changed
+        held = census.total - census.count(ReplicaState.STOPPING)
+        count = self._scaling.count(held, now) if autoscaled and not unchanged else None
+        if not autoscaled:
+            self._scaling.not_autoscaled()
+        return PassState(
+            spec=self.spec,
+            config_digest=config_digest,
+            hands_config=hands_config,
+            blocked=self._failures.blocked,
+            backoff_until=self._failures.backoff_until,
+            converged=self._converged,
+            rollout=self._rollout.state(),
+            autoscaled=autoscaled,
+            count=count,
+            unchanged=unchanged,
+            asking_room=self._scaling.asking_room,
+            scaling_at=self._scaling.next_at,
+            health=self._health.read(now, self.replicas, take=not unchanged),
+            replicas=self.replicas.values(),
+            census=census,
+        )
+
     def _config_to_hold(self) -> tuple[str, JSON]:
         return self.spec.config_to_hold(rolled_back=self._failures.blocked == "ReconfigureFailed")
-
-    def _not_ready(self) -> int:
-        """Replicas of the target version asked for and not serving yet (the autoscaler counts
-        them as fully loaded before it scales down)."""
-        return self._set.census.not_ready(self.spec.version)
-
-    def _held(self) -> int:
-        census = self._set.census
-        return census.total - census.count(ReplicaState.STOPPING)
 
     @property
     def desired(self) -> int:
         """The replica count it moves to: the autoscaler's (as far as it fits), or the
         config's."""
         return self._scaling.desired(self.spec.backend_config.num_replicas)
-
-    def _arm_timer(self, now: float) -> None:
-        """Wake the loop at the next health check, backoff end or autoscaler window."""
-        rollout = self._rollout.next_at(self._converged)
-        when = min(self._health.next_at, self._scaling.next_at, rollout)
-        if self._failures.backoff_until > now:
-            when = min(when, self._failures.backoff_until)
-        self._alarm.ask(when)
 
     # -- replicas --
 

@@ -2,9 +2,10 @@
 watch over new replicas, the outcome (noted in the revision book and stored with the replicas),
 and what a failure does: halt, or ask the controller to roll back.
 
-The backend's loop feeds it (a new spec, a replica ready, a replica failed, a pass) with the time;
-it never acts on replicas itself: a failed rollout fails the deploy (``FailureReports``), which
-blocks new starts ("halt"), and a rollback is a new spec, which only the controller writes.
+The backend's loop feeds it (a new spec, a replica ready, a replica failed) with the time; its
+pass decides when the deadline fails it and when it completes (``_model.pass_plan``). It never
+acts on replicas itself: a failed rollout fails the deploy (``FailureReports``), which blocks new
+starts ("halt"), and a rollback is a new spec, which only the controller writes.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from typing import final
 
 from .._model.failures import FailureBook
+from .._model.pass_plan import RolloutState, unhealthy_after_ready
 from .._model.records import RolloutRecord
 from .._model.revisions import Revision, RevisionBook
 from .._model.spec import Spec
@@ -129,11 +131,9 @@ class Rollout:
         became ready less than ``min_ready_s`` ago, the rollout fails."""
         spec = self._spec()
         min_ready = spec.backend_config.min_ready_s
-        if (
-            not self.active
-            or replica.version != spec.version
-            or self._failures.blocked is not None
-            or now >= replica.ready_at + min_ready
+        blocked, of_spec = self._failures.blocked, replica.version == spec.version
+        if not unhealthy_after_ready(
+            self.active, blocked, of_spec, replica.ready_at, min_ready, now
         ):
             return
         after = now - replica.ready_at
@@ -143,46 +143,20 @@ class Rollout:
             f"became ready (min_ready_s={min_ready:g})",
         )
 
-    def converged(self, now: float, count: int) -> None:
-        """A pass found the replicas what the spec asks (`count` of them): complete, once the
-        newest has been ready for ``min_ready_s``."""
-        if self.active and not self._spec().deleting and now >= self.settled_at:
-            self._complete(count)
-
-    def check_deadline(self, now: float, converged: bool) -> None:
-        """Before a pass: a rollout that has not converged and made no progress within
-        ``progress_deadline_s`` fails."""
-        spec = self._spec()
-        config = spec.backend_config
-        if (
-            self.active
-            and not converged
-            and not spec.deleting
-            and self._failures.blocked is None
-            and now >= self.deadline(config.progress_deadline_s)
-        ):
-            self._deploy_failed(
-                "ProgressDeadlineExceeded",
-                f"ProgressDeadlineExceeded: no new replica of revision {self.revision} became "
-                f"ready within progress_deadline_s={config.progress_deadline_s:g}",
-            )
+    def state(self) -> RolloutState:
+        """What a pass decides on (``_model.pass_plan``)."""
+        deadline = self._spec().backend_config.progress_deadline_s
+        return RolloutState(self.active, self.revision, self.deadline(deadline), self.settled_at)
 
     def deadline(self, progress_deadline_s: float) -> float:
         return self.last_progress + progress_deadline_s if self.active else math.inf
 
-    def next_at(self, converged: bool) -> float:
-        """When the loop should look again: the deadline, or the end of the min-ready watch."""
-        if not self.active:
-            return math.inf
-        if converged:
-            return self.settled_at
-        return self.deadline(self._spec().backend_config.progress_deadline_s)
-
     # -- outcomes --
 
-    def _complete(self, count: int) -> None:
-        """Every replica runs the revision (and stayed healthy long enough): done. It is
-        `good` (an undo may go back to it) if it served at full count, one replica or more."""
+    def complete(self, count: int) -> None:
+        """Every replica runs the revision, and the newest has been ready for ``min_ready_s``
+        (the pass decides when): done. It is `good` (an undo may go back to it) if it served
+        at full count, one replica or more."""
         self.active = False
         self.book.mark(self.revision, outcome="complete", good=count > 0, error=None)
         self._touched()

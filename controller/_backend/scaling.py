@@ -102,6 +102,10 @@ class Scaling:
         """Evaluate the autoscaler on the load now; True if it changed its count."""
         return self.scaler.evaluate(self._book.ongoing(now), not_ready, now)
 
+    def tell(self) -> None:
+        """Tell of the last evaluation (its event, log and metric)."""
+        self.scaler.tell()
+
     def count(self, held: int, now: float) -> int:
         """The autoscaler's count, as far as the runtime fits it (`held` replicas are there)."""
         wanted = self.scaler.target

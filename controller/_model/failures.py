@@ -109,10 +109,20 @@ class FailureBook:
     def halted(self) -> bool:
         """The deploy failed on its own (its starts, the deadline, its new replicas' health):
         what it still has starting stops. Not a spec too large for the runtime at recovery."""
-        return self.blocked is not None and self.blocked not in ("Infeasible", "ReconfigureFailed")
+        return halts(self.blocked)
 
     @property
     def starts_blocked(self) -> bool:
         """No new start until the next deploy (a failed reconfigure still lets the replicas it
         stops be replaced, with the config before it)."""
-        return self.blocked is not None and self.blocked != "ReconfigureFailed"
+        return blocks_starts(self.blocked)
+
+
+def halts(blocked: Blocked | None) -> bool:
+    """See ``FailureBook.halted``."""
+    return blocked is not None and blocked not in ("Infeasible", "ReconfigureFailed")
+
+
+def blocks_starts(blocked: Blocked | None) -> bool:
+    """See ``FailureBook.starts_blocked``."""
+    return blocked is not None and blocked != "ReconfigureFailed"

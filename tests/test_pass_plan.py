@@ -1,0 +1,281 @@
+"""What one pass decides (``decide_pass``), on its own: no runtime, no store, no trio."""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from controller._model.census import Census
+from controller._model.config import BackendConfig, ReplicaConfig
+from controller._model.failures import Blocked
+from controller._model.pass_plan import (
+    DueCheck,
+    HealthState,
+    PassState,
+    RolloutState,
+    decide_pass,
+)
+from controller._model.reconcile import Plan
+from controller._model.spec import Spec
+from controller._model.status import ReplicaState
+
+S = ReplicaState
+NOW = 100.0
+
+
+@attrs.frozen
+class R:
+    tag: str
+    state: ReplicaState = S.RUNNING
+    version: str = "v1"
+    config_digest: str = "d1"
+    seq: int = 0
+    healthy: bool = True
+    served: bool = True
+
+
+def spec(n: int = 2, *, deleting: bool = False, **config: object) -> Spec:
+    backend = BackendConfig(num_replicas=n, version="v1", **config)
+    return Spec(
+        generation=1,
+        backend_config=backend,
+        replica_config=ReplicaConfig("m:C"),
+        deleting=deleting,
+        force=False,
+        version="v1",
+        config_digest="d1",
+        code_generation=1,
+        revision=1,
+    )
+
+
+IDLE = RolloutState(active=False, revision=1, deadline=math.inf, settled_at=-math.inf)
+NO_CHECKS = HealthState(due=(), rest_at=math.inf, adoptions_due=math.inf)
+
+
+def state(
+    replicas: list[R] | None = None,
+    *,
+    the_spec: Spec | None = None,
+    blocked: Blocked | None = None,
+    rollout: RolloutState = IDLE,
+    health: HealthState = NO_CHECKS,
+    **kwargs: object,
+) -> PassState:
+    replicas = [R("a"), R("b", seq=1)] if replicas is None else replicas
+    values: dict[str, object] = {
+        "spec": the_spec or spec(),
+        "config_digest": "d1",
+        "hands_config": True,
+        "blocked": blocked,
+        "backoff_until": -math.inf,
+        "converged": False,
+        "rollout": rollout,
+        "autoscaled": False,
+        "count": None,
+        "unchanged": False,
+        "asking_room": False,
+        "scaling_at": math.inf,
+        "health": health,
+        "replicas": replicas,
+        "census": Census.of(replicas),
+    }
+    values.update(kwargs)
+    return PassState(**values)  # type: ignore[arg-type]
+
+
+def due(tag: str, *, checking: bool = False, failures: int = 0, ready_at: float = 0.0) -> DueCheck:
+    return DueCheck(tag, checking, failures, "v1", ready_at)
+
+
+# -- the replica plan --
+
+
+def test_the_replica_plan_is_reconciles_and_converges() -> None:
+    plan = decide_pass(state(), NOW)
+    assert plan.replicas == Plan(converged=True)
+    assert plan.converged
+    assert plan.reached
+    assert not plan.forget
+    assert plan.num_replicas == 2
+
+
+def test_the_autoscalers_count_is_the_target() -> None:
+    plan = decide_pass(state(autoscaled=True, count=5), NOW)
+    assert plan.replicas is not None
+    assert plan.replicas.start == 3
+    assert plan.num_replicas == 5
+    assert not plan.converged
+
+
+def test_a_count_waiting_on_the_runtimes_answer_is_not_converged() -> None:
+    plan = decide_pass(state(autoscaled=True, count=2, asking_room=True), NOW)
+    assert plan.replicas is not None
+    assert plan.replicas.converged
+    assert not plan.converged
+    assert not plan.reached
+
+
+def test_a_backoff_defers_starts_until_it_ends() -> None:
+    assert decide_pass(state([], backoff_until=NOW + 1), NOW).replicas == Plan()
+    assert decide_pass(state([], backoff_until=NOW), NOW).replicas == Plan(start=2)
+
+
+def test_a_failed_deploy_starts_nothing() -> None:
+    plan = decide_pass(state([R("a")], blocked="StartFailures"), NOW)
+    assert plan.replicas == Plan()
+
+
+def test_a_deleted_backend_without_replicas_is_forgotten() -> None:
+    plan = decide_pass(state([], the_spec=spec(deleting=True)), NOW)
+    assert plan.forget
+    assert not plan.reached
+
+
+def test_only_load_and_the_same_count_skip_the_replica_plan() -> None:
+    health = HealthState(due=(), rest_at=NOW + 3, adoptions_due=NOW + 2)
+    plan = decide_pass(state(unchanged=True, health=health, scaling_at=NOW + 5), NOW)
+    assert plan.replicas is None
+    assert not plan.reached
+    assert not plan.forget
+    assert plan.checks == plan.late == ()
+    assert plan.wake_at == NOW + 2
+
+
+# -- the rollout --
+
+ACTIVE = RolloutState(active=True, revision=1, deadline=NOW, settled_at=NOW + 5)
+
+
+def test_a_rollout_past_its_deadline_fails_and_blocks_starts() -> None:
+    plan = decide_pass(state([R("a")], rollout=ACTIVE), NOW)
+    assert plan.deadline_failure == (
+        "ProgressDeadlineExceeded: no new replica of revision 1 became ready within "
+        "progress_deadline_s=600"
+    )
+    assert not plan.rollout_active
+    # Halted: starts none of the replica it lacks.
+    assert plan.replicas == Plan()
+
+
+def test_the_deadline_spares_a_converged_deleted_or_already_failed_rollout() -> None:
+    for kwargs in (
+        {"converged": True},
+        {"the_spec": spec(deleting=True)},
+        {"blocked": "StartFailures"},
+    ):
+        plan = decide_pass(state([R("a")], rollout=ACTIVE, **kwargs), NOW)
+        assert plan.deadline_failure is None
+    early = attrs.evolve(ACTIVE, deadline=NOW + 1)
+    assert decide_pass(state([R("a")], rollout=early), NOW).deadline_failure is None
+
+
+def test_a_converged_rollout_completes_once_settled() -> None:
+    waiting = attrs.evolve(ACTIVE, deadline=NOW + 10)
+    plan = decide_pass(state(rollout=waiting), NOW)
+    assert plan.converged
+    assert not plan.complete
+    assert plan.rollout_active
+    assert not plan.reached  # within the newest replica's min_ready_s
+    assert plan.wake_at == NOW + 5  # when it settles
+    settled = attrs.evolve(waiting, settled_at=NOW)
+    plan = decide_pass(state(rollout=settled), NOW)
+    assert plan.complete
+    assert not plan.rollout_active
+    assert plan.reached
+    assert plan.wake_at == math.inf
+
+
+# -- health checks --
+
+PERIOD = 10.0
+
+
+def test_due_checks_start_and_late_ones_fail() -> None:
+    health = HealthState(
+        due=(due("a"), due("b", checking=True)), rest_at=NOW + 20, adoptions_due=math.inf
+    )
+    plan = decide_pass(state(the_spec=spec(health_check_period_s=PERIOD), health=health), NOW)
+    assert plan.checks == ("a",)
+    assert plan.late == ("b",)
+    assert plan.late_reason == "HealthCheckLate: no answer within health_check_period_s=10"
+    assert plan.wake_at == NOW + 10  # the next check, one period on
+
+
+def test_replicas_the_plan_stops_or_reconfigures_are_not_checked() -> None:
+    health = HealthState(due=(due("a"), due("b")), rest_at=math.inf, adoptions_due=math.inf)
+    plan = decide_pass(state(the_spec=spec(1, health_check_period_s=PERIOD), health=health), NOW)
+    assert plan.replicas is not None
+    assert plan.replicas.stop == ("b",)
+    assert plan.checks == ("a",)
+    replicas = [R("a", config_digest="d0"), R("b", seq=1, config_digest="d0")]
+    health = HealthState(due=(due("a"),), rest_at=math.inf, adoptions_due=math.inf)
+    handed = decide_pass(
+        state(replicas, the_spec=spec(health_check_period_s=PERIOD), health=health), NOW
+    )
+    assert handed.replicas is not None
+    assert "a" in handed.replicas.reconfigure
+    assert handed.checks == ()
+    kept = decide_pass(
+        state(
+            replicas, the_spec=spec(health_check_period_s=PERIOD), health=health, hands_config=False
+        ),
+        NOW,
+    )
+    assert kept.checks == ("a",)  # no config to hand: it stays RUNNING
+
+
+def test_checks_turned_off_drop_the_schedule() -> None:
+    health = HealthState(due=(due("a"),), rest_at=NOW + 1, adoptions_due=math.inf)
+    plan = decide_pass(state(the_spec=spec(health_check_period_s=0.0), health=health), NOW)
+    assert plan.checks_off
+    assert plan.checks == plan.late == ()
+    assert plan.wake_at == math.inf
+
+
+def test_adoptions_that_did_not_answer_are_late_once() -> None:
+    health = HealthState(due=(), rest_at=math.inf, adoptions_due=NOW)
+    assert decide_pass(state(health=health), NOW).adoptions_late
+    plan = decide_pass(state(health=attrs.evolve(health, adoptions_due=NOW + 1)), NOW)
+    assert not plan.adoptions_late
+    assert plan.wake_at == NOW + 1
+
+
+def test_a_late_check_of_a_replica_just_ready_fails_the_rollout() -> None:
+    rollout = attrs.evolve(ACTIVE, deadline=NOW + 50)
+    config = spec(health_check_period_s=PERIOD, min_ready_s=30.0)
+    health = HealthState(
+        due=(due("a", checking=True, ready_at=NOW - 10),), rest_at=math.inf, adoptions_due=math.inf
+    )
+    plan = decide_pass(state([R("a")], the_spec=config, rollout=rollout, health=health), NOW)
+    assert not plan.rollout_active
+    assert plan.deadline_failure is None
+    assert plan.wake_at == NOW + 10  # no deadline left to wake for
+    settled = HealthState(
+        due=(due("a", checking=True, ready_at=NOW - 30),), rest_at=math.inf, adoptions_due=math.inf
+    )
+    plan = decide_pass(state([R("a")], the_spec=config, rollout=rollout, health=settled), NOW)
+    assert plan.rollout_active
+    assert plan.wake_at == NOW + 10
+
+
+# -- the wake-up --
+
+
+def test_the_wake_up_is_the_earliest_timer() -> None:
+    health = HealthState(due=(), rest_at=NOW + 7, adoptions_due=NOW + 9)
+    rollout = attrs.evolve(ACTIVE, deadline=NOW + 8)
+    plan = decide_pass(state([R("a")], rollout=rollout, health=health, scaling_at=NOW + 6), NOW)
+    assert plan.wake_at == NOW + 6
+    plan = decide_pass(state([R("a")], rollout=rollout, health=health), NOW)
+    assert plan.wake_at == NOW + 7
+    assert decide_pass(state([R("a")], rollout=rollout), NOW).wake_at == NOW + 8
+    assert decide_pass(state(), NOW).wake_at == math.inf
+
+
+def test_the_backoff_wakes_it_only_while_it_lasts() -> None:
+    plan = decide_pass(state(scaling_at=NOW + 5), NOW)
+    assert plan.wake(NOW + 2) == NOW + 2
+    assert plan.wake(NOW + 9) == NOW + 5
+    assert plan.wake(NOW) == NOW + 5  # over already
