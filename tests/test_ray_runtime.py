@@ -374,6 +374,9 @@ async def test_the_daemon_on_ray_keeps_its_replicas_across_a_restart(
     file.write_text(manifest(a={"entrypoint": "replicas:Trivial", "num_replicas": 2}))
     ray_args = ["--runtime", "ray", "--store", "ray", "--ray-address", cluster.address]
     ray_args += ["--namespace", harness.namespace]
+    # A lease longer than the default 2 s: on a starved machine a late renewal must not make
+    # this daemon stand by (test_standby_ray says why).
+    ray_args += ["--lease-duration", "5", "--lease-renew", "1"]
     try:
         with trio.fail_after(LIMIT_S):
             async with trio.open_nursery() as nursery:
