@@ -99,7 +99,6 @@ class Controller:
         resources) makes a new revision (see ``revisions``); `cause` says why, for its history.
         """
         _check_declared(name, backend_config, replica_config)
-        self._desk.check_open()
         applied = await self._desk.change_specs(
             {name: (backend_config, replica_config)}, prune=False, cause=cause
         )
@@ -136,7 +135,6 @@ class Controller:
             return config, spec.replica_config
 
         check_backend_name(name)
-        self._desk.check_open()
         applied = await self._desk.change_specs({name: scaled_spec}, prune=False, cause=cause)
         return applied.goals[name]
 
@@ -172,7 +170,6 @@ class Controller:
         """Drain and stop every replica of `name`, then forget it. Returns once the intent is
         durable, with the goal to await. `force` skips the graceful drain, and cuts short the
         drains under way."""
-        self._desk.check_open()
         return await self._desk.delete(name, force=force)
 
     # -- steering rollouts (the work is in ``rollouts``) --
