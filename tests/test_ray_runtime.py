@@ -330,7 +330,10 @@ async def test_a_driver_killed_mid_rollout_is_taken_over(
 ) -> None:
     import subprocess
 
-    with trio.fail_after(LIMIT_S):
+    # Eight actors start in turn here (three of v1, a v2 killed mid-start, three more of v2
+    # at 2 s each): about 40 s beside a full test run and a CPU hog, and past 60 s when the
+    # other run's Ray tests start actors at the same time. The bound is for a hang.
+    with trio.fail_after(LIMIT_S * 3):
         driver = await trio.lowlevel.open_process(
             [
                 sys.executable,

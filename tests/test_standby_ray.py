@@ -391,6 +391,9 @@ def recorder(path: Path, n: int, replicas: int) -> dict[str, Any]:
         "version": "v1",
         "user_config": {"n": n},
         "health_check_period_s": 0.2,  # the old leader has commands to send when it wakes
+        # Not replaced for checks late by a starved machine (3 late in a row, 0.6 s, were
+        # seen beside a CPU hog): these tests are about who may act, not about health.
+        "health_check_failure_threshold": 100,
         "graceful_shutdown_timeout_s": 5,
     }
 

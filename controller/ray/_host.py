@@ -2,7 +2,8 @@
 LocalRuntime worker process).
 
 It is an async actor, so that its monitor call, health checks and drains are answered while the
-user's code works: sync user methods run in a thread. Everything crossing the wire is JSON text:
+user's code works: sync user methods run in a thread, async ones under trio in a thread of their
+own (``_trio_thread``), as in LocalRuntime's worker. Everything crossing the wire is JSON text:
 the spec in, one reply object out (``{"ok": true, ...}`` or ``{"ok": false, "error_type",
 "message"}``), so that user errors arrive as data, never as pickled exceptions.
 
@@ -32,6 +33,7 @@ import ray
 
 from .._ports.context import ReplicaContext, set_context
 from .._ports.hosting import construct, describe_error
+from ._trio_thread import TrioThread
 
 _CONTRACT = ("reconfigure", "check_health", "drain")
 #: How long an actor that accepted a stop waits for the runtime's ``ray.kill`` before it ends
@@ -45,12 +47,20 @@ def _describe(exc: BaseException) -> dict[str, Any]:
     return {"ok": False, **describe_error(exc, text)}
 
 
+#: The replica's async methods run here, under trio, as in LocalRuntime's worker.
+_TRIO = TrioThread()
+
+
 async def _call(fn: Callable[..., Any], *args: Any) -> Any:
     if inspect.iscoroutinefunction(fn):
-        return await fn(*args)
+        return await _TRIO.run(fn, *args)
     result = await asyncio.to_thread(fn, *args)
     if inspect.isawaitable(result):
-        return await result
+
+        async def finish() -> Any:
+            return await result
+
+        return await _TRIO.run(finish)
     return result
 
 

@@ -8,3 +8,4 @@ from ._fake_replica import FakeState as FakeState
 from ._fake_runtime import FakeRuntime as FakeRuntime
 from ._faults import ControllerCrash as ControllerCrash
 from ._faults import FaultInjector as FaultInjector
+from ._trio_replica import TrioReplica as TrioReplica

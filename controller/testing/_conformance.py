@@ -155,6 +155,24 @@ async def check_adoption(subject: Subject) -> None:
         await (await ctl.delete("conf-adopt")).wait()
 
 
+async def check_trio_methods(subject: Subject) -> None:
+    """A replica's async methods run under trio (``reconfigure``, ``check_health`` and ``drain``
+    of ``controller.testing:TrioReplica`` await trio), whatever loop the runtime has."""
+    calls = _Calls(subject.runtime())
+    config = attrs.evolve(_config(1), user_config={"n": 1})
+    replica = ReplicaConfig("controller.testing:TrioReplica")
+    async with open_controller(runtime=calls, store=subject.store) as ctl:
+        await (await ctl.deploy("conf-trio", config, replica)).wait()
+        (tag,) = [r.tag for r in ctl.status("conf-trio").replicas]
+        await calls.inner.check_health_replica(tag)
+        again = attrs.evolve(config, user_config={"n": 2})
+        await (await ctl.deploy("conf-trio", again, replica)).wait()
+        assert ctl.status("conf-trio").replicas[0].tag == tag  # reconfigured in place
+        await (await ctl.delete("conf-trio")).wait()
+        assert ("reconfigure", "done") in calls.ops(tag)
+        assert ("drain", "done") in calls.ops(tag)
+
+
 #: Every check, in the order to run them.
 CONFORMANCE_CHECKS: Sequence[Callable[[Subject], Awaitable[None]]] = (
     check_start_and_delete,
@@ -162,6 +180,7 @@ CONFORMANCE_CHECKS: Sequence[Callable[[Subject], Awaitable[None]]] = (
     check_drain_ignored,
     check_death_is_reported,
     check_adoption,
+    check_trio_methods,
 )
 
 
