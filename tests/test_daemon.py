@@ -165,6 +165,44 @@ async def test_sigterm_then_restart_adopts_every_replica(state_dir: Path) -> Non
             assert b"adopting 2 replicas" in second.log
 
 
+async def test_a_restart_with_the_same_config_keeps_a_scale_and_a_rollout(
+    state_dir: Path,
+) -> None:
+    # A newcomer's story: the Quickstart's daemon, `scale`, a rollout to v1b by the API, Ctrl-C,
+    # the same command again. Nothing is deployed, nothing restarted; `apply --dry-run` of an
+    # edited file then shows the one field it would change.
+    file = state_dir / "backends.toml"
+    file.write_text(manifest(a=trivial(2)))
+    with trio.fail_after(LIMIT_S * 2):
+        async with trio.open_nursery() as nursery:
+            first = Daemon(state_dir)
+            await first.start(nursery, "--config", str(file))
+            assert (await first.cli("scale", "a", "3", "--wait")).returncode == 0
+            body = json.dumps(trivial(3, "v1b")).encode()
+            assert (await first.http("PUT", "/api/v1/backends/a", body))[0] == 200
+            assert (await first.cli("wait", "a")).returncode == 0
+            before = (await first.status())["a"]
+            pids = worker_pids(state_dir)
+            assert await first.stop(signal.SIGINT) == 0
+
+        async with running(state_dir, "--config", str(file)) as second:
+            assert (await second.cli("wait", "a")).returncode == 0
+            after = (await second.status())["a"]
+            assert after["generation"] == before["generation"]
+            assert after["counts_by_version"] == {"v1b": {"RUNNING": 3}}
+            assert worker_pids(state_dir) == pids  # adopted: none restarted
+            assert b"deploy generation" not in second.log
+
+            file.write_text(manifest(a=trivial(2, graceful_shutdown_timeout_s=5)))
+            result = await second.cli("apply", "-f", str(file), "--dry-run")
+            assert result.returncode == 0, result.stderr
+            assert result.stdout.decode().splitlines() == [
+                "backend/a changed (dry run)",
+                "  graceful_shutdown_timeout_s: 2.0 -> 5.0",
+            ]
+            assert (await second.status())["a"]["generation"] == before["generation"]
+
+
 async def test_metrics_parse_and_count_what_happened(state_dir: Path) -> None:
     file = state_dir / "backends.toml"
     file.write_text(manifest(a=trivial(2), b=trivial(1, "v7")))

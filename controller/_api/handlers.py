@@ -13,7 +13,7 @@ from .._core.controller import Controller
 from .._core.rollouts import with_code_checked
 from .._model.errors import ManifestError
 from .._model.load_report import parse_load_body
-from .._model.manifest import BackendDecl, parse_manifest
+from .._model.manifest import BackendDecl, Manifest, parse_manifest
 from .._model.revisions import Cause
 from .._model.status import BackendSnapshot, BackendStatus
 from .bodies import (
@@ -40,7 +40,7 @@ from .logs import LogSource, read_logs
 from .openapi import OPENAPI
 from .serving import Serving
 from .timeline import Timelines
-from .views import applied_json, revision_json, snapshot_json, status_json
+from .views import applied_json, diff_json, revision_json, snapshot_json, status_json
 
 MAX_WATCH_TIMEOUT_S = 60.0
 
@@ -191,6 +191,11 @@ class Handlers:
         self._check_accepting()
         return ok(await self._apply(data))
 
+    async def _diff_body(self, call: Call) -> Answer:
+        manifest, prune, _cause = self._apply_request(parse_json(call.body))
+        await trio.lowlevel.checkpoint()
+        return ok(diff_json(self._ctl.preview_manifest(manifest, prune=prune)))
+
     async def _watch_since(self, call: Call) -> Answer:
         # HEAD: checked as a GET is, answered without the wait.
         return ok(await self._watch(call.query, wait=not call.head))
@@ -276,6 +281,11 @@ class Handlers:
         return {"name": name, "generation": goal.generation}
 
     async def _apply(self, data: Any) -> dict[str, Any]:
+        manifest, prune, cause = self._apply_request(data)
+        return applied_json(await self._ctl.apply_manifest(manifest, prune=prune, cause=cause))
+
+    def _apply_request(self, data: Any) -> tuple[Manifest, bool, Cause]:
+        """An apply's body, checked: the manifest, whether to prune, and the cause."""
         if not isinstance(data, dict):
             raise HTTPError(422, "Invalid", "the body must be an object")
         fields = {"backends", "prune", "source", "message", "source_digest", "via"}
@@ -304,7 +314,7 @@ class Handlers:
             )
         except ManifestError as exc:
             raise HTTPError(422, "InvalidManifest", str(exc), problems=exc.problems) from None
-        return applied_json(await self._ctl.apply_manifest(manifest, prune=prune, cause=cause))
+        return manifest, prune, cause
 
     async def _changes(self, query: dict[str, list[str]], *, wait: bool) -> dict[str, Any]:
         """The console's long poll: answers once anything a status shows may have changed

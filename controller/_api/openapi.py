@@ -277,6 +277,14 @@ OPENAPI: dict[str, Any] = {
                 body="Apply",
             )
         },
+        "/api/v1/apply/diff": {
+            "post": operation(
+                "What an apply of this manifest would change, field by field; nothing is written",
+                answer("200", "What would change", "ApplyDiff"),
+                *WRITE_ERRORS,
+                body="Apply",
+            )
+        },
         "/api/v1/load": {
             "post": operation(
                 "Report an ingress's load (sent on change, and every 10 s while not zero)",

@@ -50,6 +50,7 @@ _ROUTES = [
     _path(r"/api/v1/changes", "GET HEAD", Handlers._changes_since),
     _path(r"/api/v1/console/links", "POST", Handlers._login_link, anywhere=True),
     _path(r"/api/v1/apply", "POST", Handlers._apply_body, bodies=frozenset({"POST"})),
+    _path(r"/api/v1/apply/diff", "POST", Handlers._diff_body, bodies=frozenset({"POST"})),
     _path(r"/api/v1/watch", "GET HEAD", Handlers._watch_since),
     _path(r"/api/v1/load", "POST", Handlers._load, bodies=frozenset({"POST"})),
     _path(r"/api/v1/shutdown", "POST", Handlers._shutdown_call),

@@ -211,6 +211,25 @@ SCHEMAS: dict[str, Any] = {
             "deleted": {"type": "array", "items": obj({"name": STRING, "generation": INT})},
         }
     ),
+    "ApplyDiff": obj(
+        {
+            "backends": {
+                "type": "array",
+                "items": obj(
+                    {
+                        "name": STRING,
+                        "action": {"enum": ["created", "changed", "unchanged", "deleted"]},
+                        "fields": {
+                            "type": "object",
+                            "additionalProperties": obj({"now": {}, "then": {}}),
+                            "description": "Each field that would change: its value now "
+                            "(null for a new backend) and then",
+                        },
+                    }
+                ),
+            }
+        }
+    ),
     "Snapshot": obj(
         {
             "name": STRING,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -10,6 +11,7 @@ import trio
 
 from .._core.desk import Applied
 from .._model.autoscale import ScaleDecision
+from .._model.last_applied import BackendDiff
 from .._model.manifest import BackendDecl, config_to_dict
 from .._model.revisions import Revision
 from .._model.status import (
@@ -194,6 +196,20 @@ def snapshot_json(snapshot: BackendSnapshot) -> dict[str, Any]:
         "replicas": [
             {"tag": r.tag, "version": r.version, "address": r.address} for r in snapshot.replicas
         ],
+    }
+
+
+def diff_json(diffs: Sequence[BackendDiff]) -> dict[str, Any]:
+    """What ``apply/diff`` answers: each backend's action, and each field it would change."""
+    return {
+        "backends": [
+            {
+                "name": d.name,
+                "action": d.action,
+                "fields": {f: {"now": now, "then": then} for f, (now, then) in d.fields.items()},
+            }
+            for d in diffs
+        ]
     }
 
 

@@ -34,7 +34,7 @@ from .._model.errors import ManifestError
 from .client import CLIError, describe_error, make_client
 from .console import add_console_parsers
 from .ingress import add_ingress_parser, describe_ingress
-from .output import print_backend, print_log, print_table
+from .output import print_backend, print_diff, print_log, print_table
 from .rollout import add_rollout_parser, seconds, wait_for
 from .run import add_run_parser
 
@@ -59,11 +59,19 @@ def cmd_apply(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise CLIError(f"error: cannot read {args.file}: {exc.strerror or exc}", 2) from None
     client = make_client(args)
+    # Only the fields the file sets: what the daemon merges with what it applied last.
+    backends = {
+        b.name: {k: v for k, v in b.to_dict().items() if k in b.given} for b in manifest.backends
+    }
+    if args.dry_run:
+        body = {"backends": backends, "prune": args.prune, "source": _one_line(str(args.file))}
+        print_diff(client.ok("POST", "/api/v1/apply/diff", body)["backends"])
+        return 0
     result = client.ok(
         "POST",
         "/api/v1/apply",
         {
-            "backends": {b.name: b.to_dict() for b in manifest.backends},
+            "backends": backends,
             "prune": args.prune,
             "source": _one_line(str(args.file)),
             "source_digest": digest,
@@ -239,6 +247,13 @@ def build_parser() -> argparse.ArgumentParser:
     apply.add_argument("-f", "--file", type=Path, required=True)
     apply.add_argument("--prune", action="store_true", help="delete backends not in the file")
     apply.add_argument("--wait", action="store_true", help="show progress until every goal ends")
+    apply.add_argument(
+        "--dry-run",
+        "--diff",
+        dest="dry_run",
+        action="store_true",
+        help="show what would change, field by field, and change nothing",
+    )
     apply.add_argument("--timeout", type=seconds, default=600.0)
     apply.add_argument(
         "-m", "--message", metavar="TEXT", help="why, kept in the revisions the change makes"

@@ -163,3 +163,21 @@ def print_backend(b: dict[str, Any]) -> None:
     print("Events:")
     for e in b["events"][-10:]:
         print(f"  {age(since(e['time'])):>5} ago  {e['kind']:<14} {e['message']}")
+
+
+def print_diff(backends: list[dict[str, Any]]) -> None:
+    """What ``apply --dry-run`` shows: each backend's action, then each field that would
+    change (``now -> then``; a new backend's fields as they would be)."""
+    for b in backends:
+        what = "deleted (pruned)" if b["action"] == "deleted" else b["action"]
+        print(f"backend/{b['name']} {what} (dry run)")
+        for field, change in b["fields"].items():
+            then = _value(change["then"])
+            if b["action"] == "created":
+                print(f"  {field}: {then}")
+            else:
+                print(f"  {field}: {_value(change['now'])} -> {then}")
+
+
+def _value(value: Any) -> str:
+    return json.dumps(value, separators=(", ", ": "))

@@ -7,6 +7,7 @@ the backends and the snapshot hub. It never writes a backend's state itself.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 from collections.abc import Callable, Mapping
@@ -24,8 +25,9 @@ from .._model.errors import (
     RolloutError,
     UnknownBackendError,
 )
+from .._model.last_applied import BackendDiff, applied_text, diff_of, merged
 from .._model.load_report import MAX_LOAD_COUNT
-from .._model.manifest import Manifest
+from .._model.manifest import BackendDecl, Manifest
 from .._model.policy import RestartPolicy
 from .._model.records import RevisionsRecord
 from .._model.revisions import Cause, Revision, with_content
@@ -38,6 +40,7 @@ from .._model.status import (
     ControllerStatus,
     LoadReport,
 )
+from .._model.steering import asked
 from .._ports.runtime import Runtime
 from .._ports.store import Store
 from . import rollouts as rollouts
@@ -142,9 +145,40 @@ class Controller:
         self, manifest: Manifest, *, prune: bool = False, cause: Cause | None = None
     ) -> Applied:
         """`apply` the backends `manifest` declares (``controller apply -f``, a daemon's
-        ``--config`` at start): all of them, or none."""
-        backends = {d.name: (d.backend_config, d.replica_config) for d in manifest.backends}
-        return await self.apply(backends, prune=prune, cause=cause)
+        ``--config`` at start): all of them, or none. Each merges with what a manifest applied
+        to it last, as ``kubectl apply`` does: a field the manifest changed since (or dropped)
+        is applied, the others keep their live values, so the same file again changes nothing
+        that ``scale`` or ``undo`` did. A backend no manifest applied takes it whole."""
+        # Merged under each name's lock (the desk calls `_merge` with the spec it holds).
+        wanted = {d.name: functools.partial(self._merge, d) for d in manifest.backends}
+        applied = {d.name: applied_text(d) for d in manifest.backends}
+        async with self._apply_lock:
+            return await self._desk.change_specs(wanted, prune=prune, cause=cause, applied=applied)
+
+    def preview_manifest(self, manifest: Manifest, *, prune: bool = False) -> list[BackendDiff]:
+        """What ``apply_manifest`` would change now, backend by backend and field by field
+        (``apply --dry-run``); nothing is written. ``ConfigError`` as the apply would raise."""
+        diffs = []
+        for decl in manifest.backends:
+            spec = self._desk.spec(decl.name)
+            live = self._live(decl.name, spec)
+            diffs.append(diff_of(decl.name, live, self._merge(decl, spec)))
+        if prune:
+            named = set(manifest.names)
+            for name in sorted(self._desk.backends):
+                spec = self._desk.spec(name)
+                if name not in named and spec is not None and not spec.deleting:
+                    diffs.append(BackendDiff(name, "deleted"))
+        return diffs
+
+    def _merge(self, decl: BackendDecl, spec: Spec | None) -> tuple[BackendConfig, ReplicaConfig]:
+        configs = merged(decl, None if spec is None else spec.applied, self._live(decl.name, spec))
+        _check_declared(decl.name, *configs)
+        return configs
+
+    def _live(self, name: str, spec: Spec | None) -> tuple[BackendConfig, ReplicaConfig] | None:
+        """The configs last asked of `name`, unless it has none or is being deleted."""
+        return None if spec is None or spec.deleting else asked(spec, self._desk.book(name))
 
     async def apply(
         self,

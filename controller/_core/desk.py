@@ -168,9 +168,13 @@ class SpecDesk:
         *,
         prune: bool,
         cause: Cause | None,
+        applied: Mapping[str, str] | None = None,
     ) -> Applied:
         """Write the specs `wanted` (each given, or made from the spec asked last, read under
-        its name's lock) and hand them to their loops."""
+        its name's lock) and hand them to their loops. `applied`: for a manifest's apply, the
+        fields it set per backend, kept for the next apply's merge (a change of them alone is
+        written too)."""
+        texts = applied or {}
         async with self.hold(wanted) as locks:
             declared = {
                 name: configs(self.spec(name)) if callable(configs) else configs
@@ -191,8 +195,11 @@ class SpecDesk:
             records: dict[str, SpecChange] = {}
             now = time.time()
             for name, configs in declared.items():
-                if not self._matches(name, *configs):
-                    records[name] = deploy_change(
+                text = texts.get(name)
+                if not self._matches(name, *configs) or (
+                    text is not None and self._requested[name][0].applied != text
+                ):
+                    change = deploy_change(
                         name,
                         self.spec(name),
                         self._books.get(name) or RevisionBook(),
@@ -203,18 +210,23 @@ class SpecDesk:
                         held=self.held(name),
                         live=self.live_revisions(name),
                     )
+                    if text is not None:
+                        change = attrs.evolve(
+                            change, record=attrs.evolve(change.record, applied=text)
+                        )
+                    records[name] = change
             for name in deletes:
                 if name in self._backends and not self._requested[name][0].deleting:
                     old = self._requested[name][0]
                     records[name] = SpecChange(delete_record(name, old, force=False))
             handovers = await self.commit(records)
-            applied = Applied(
+            result = Applied(
                 goals={name: self._requested[name][1] for name in declared},
                 changed=frozenset(n for n in records if n in declared),
                 deleted={n: self._requested[n][1] for n in records if n not in declared},
             )
         await self.handed_over(handovers)
-        return applied
+        return result
 
     async def delete(self, name: str, *, force: bool) -> Goal:
         async with self.hold([name]):

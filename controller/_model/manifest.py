@@ -42,6 +42,10 @@ class BackendDecl:
     name: str
     backend_config: BackendConfig
     replica_config: ReplicaConfig
+    given: frozenset[str] = attrs.field(default=frozenset(), eq=False)
+    """The fields its file or request set (the others are at their defaults): what an apply
+    merges (see ``last_applied``). Not part of its equality: two files that declare the same
+    configs declare the same backend."""
 
     def to_dict(self) -> dict[str, JSON]:
         """The flat form a file or a request body uses."""
@@ -166,7 +170,10 @@ def parse_backend(name: object, fields: object) -> tuple[BackendDecl | None, lis
     replica: dict[str, Any] = {k: v for k, v in fields.items() if k in _REPLICA_FIELDS}
     try:
         decl = BackendDecl(
-            str(name), BackendConfig.from_dict(backend), ReplicaConfig.from_dict(replica)
+            str(name),
+            BackendConfig.from_dict(backend),
+            ReplicaConfig.from_dict(replica),
+            frozenset(map(str, fields)),
         )
     except ConfigError as exc:
         return None, [f"{label}: {_field(exc)}: {_rule(exc)}"]

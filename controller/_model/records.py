@@ -14,9 +14,9 @@ from .config import BackendConfig, ReplicaConfig
 from .revisions import Revision, RevisionOutcome
 
 #: Bumped when the stored shape changes; a controller refuses data written by a newer one.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 #: Older schemas this controller still reads (their records lack fields that have defaults).
-READABLE_SCHEMAS = frozenset({1, 2, 3, 4, 5, 6, 7})
+READABLE_SCHEMAS = frozenset({1, 2, 3, 4, 5, 6, 7, 8})
 
 SPEC_PREFIX = "spec/"
 REPLICAS_PREFIX = "replicas/"
@@ -50,6 +50,9 @@ class SpecRecord:
     """Rollouts are paused: later deploys are recorded as revisions, not rolled out."""
     pending: int | None = None
     """While paused: the revision recorded last, to roll out on resume (None: none)."""
+    applied: str | None = None
+    """The fields a manifest last applied, as JSON text (None: never; before schema 8): the
+    base of the next apply's merge (see ``last_applied``)."""
     schema: int = SCHEMA_VERSION
 
 

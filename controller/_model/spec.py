@@ -57,6 +57,8 @@ class Spec:
     """Rollouts are paused: later deploys are recorded, not rolled out."""
     pending: int | None = None
     """While paused: the revision to roll out on resume."""
+    applied: str | None = None
+    """The fields a manifest last applied (JSON text), for the next apply's merge."""
 
     @classmethod
     def from_record(cls, record: SpecRecord) -> Spec:
@@ -82,6 +84,7 @@ class Spec:
             revision=record.revision,
             paused=record.paused,
             pending=record.pending,
+            applied=record.applied,
         )
 
     def config_to_hold(self, *, rolled_back: bool) -> tuple[str, JSON]:
@@ -145,6 +148,7 @@ class Spec:
             revision=self.revision,
             paused=self.paused,
             pending=self.pending,
+            applied=self.applied,
         )
 
 
@@ -196,6 +200,7 @@ def deploy_record(
         revision=revision,
         paused=paused,
         pending=pending,
+        applied=old.applied if old is not None and not old.deleting else None,
     )
 
 
