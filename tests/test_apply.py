@@ -276,3 +276,24 @@ async def test_a_forced_delete_cuts_short_the_drains_under_way(
         await (await ctl.delete("a", force=True)).wait()
         (replica,) = rt.replicas.values()
         assert replica.killed_at == t0  # not at the drain's deadline, 100 s on
+
+
+async def test_a_goal_resolves_only_once_what_its_outcome_wrote_is_stored(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Found by an outside review: a goal completed before its events ("reached") and the
+    # replicas' record were stored, so a program that read the store (or crashed) right after
+    # could miss them. Now its waiters are woken by the write that holds them.
+    rt = FakeRuntime()
+    store = Batches()
+    async with opened(rt, store) as ctl:
+        goal = await ctl.deploy("a", config(num_replicas=1), RC)
+        await settle()
+        store.gate = trio.Event()  # the backend's next writes wait
+        rt.finish_start(rt.tags(FakeState.STARTING)[0])
+        await settle()
+        assert not goal.done  # reached, but what says so is not stored yet
+        store.gate.set()
+        assert await goal.wait() is controller.GoalOutcome.COMPLETED
+        stored = await store.read_all()
+        assert "generation 1 reached" in stored["events/a"]

@@ -14,6 +14,7 @@ from .._model.records import FailureRecord
 from .goal import Goal
 from .history import Journal
 from .replica_set import ReplicaSet
+from .settle import GoalSettler
 
 #: The failures a restart must remember (``Infeasible`` is checked afresh at every start).
 Stored = Literal[
@@ -28,7 +29,7 @@ _DEPLOY = ("StartFailures", "ReconfigureFailed")
 class FailureReports:
     """One backend's failures, told and acted on. `current` gives the generation and the goal
     the backend works toward now; `rollout_failed` is told of a failed deploy and says what
-    follows (halted, or rolling back)."""
+    follows (halted, or rolling back); `settler` resolves the goal a failed deploy fails."""
 
     def __init__(
         self,
@@ -36,8 +37,10 @@ class FailureReports:
         journal: Journal,
         replicas: ReplicaSet,
         current: Callable[[], tuple[int, Goal]],
+        settler: GoalSettler,
         rollout_failed: Callable[[str], str] = lambda reason: "",
     ):
+        self._settler = settler
         self._book = book
         self._rollout_failed = rollout_failed
         self._journal = journal
@@ -76,7 +79,8 @@ class FailureReports:
             reason = f"{reason.rstrip('.')}; {then}"
         self._replicas.set_failed(FailureRecord(generation, kind, reason))
         self._journal.deploy_failed(reason, kind="DeployFailed" if kind in _DEPLOY else kind)
-        goal.fail(reason, traceback)
+        # Once stored, and once the replica whose start failed last is gone.
+        self._settler.resolve(goal, lambda goal: goal.fail(reason, traceback))
 
     def infeasible(self, reason: str) -> None:
         """The spec cannot be placed (one stored before the runtime shrank): DEPLOY_FAILED until

@@ -56,6 +56,9 @@ class Intent:
         self._events_stored = 0
         self._wanted = trio.Event()
         self._queued: list[tuple[int, Callable[[], object]]] = []
+        # after_stored's actions: those the next write takes, and those whose write landed.
+        self._after: list[Callable[[], object]] = []
+        self._landed: list[Callable[[], object]] = []
         self._failures = 0  # failed writes in a row, for the backoff
         self._touches = self._touches_stored = 0
         self._forgotten = False
@@ -104,11 +107,20 @@ class Intent:
         else:
             self._queued.append((self.record_seq, action))
 
+    def after_stored(self, action: Callable[[], object]) -> None:
+        """Do `action` (resolve a goal) once everything recorded so far, the record and the
+        events alike, is stored: by a write that starts after this call."""
+        self._after.append(action)
+        self._wanted.set()
+
     def written(self, seq: int) -> None:
-        """The writer's report: run the actions waiting for change `seq` or an earlier one."""
+        """The writer's report: run the actions waiting for change `seq` or an earlier one,
+        and those waiting for the write that landed."""
         self.durable_seq = max(self.durable_seq, seq)
         ready = [action for s, action in self._queued if s <= self.durable_seq]
         self._queued = [(s, a) for s, a in self._queued if s > self.durable_seq]
+        ready += self._landed
+        self._landed = []
         for action in ready:
             action()
 
@@ -136,6 +148,7 @@ class Intent:
         while True:
             await self._wanted.wait()
             self._wanted = trio.Event()
+            after, self._after = self._after, []
             # The texts and the sequence number are taken together, with no checkpoint in
             # between: the record text holds every change up to `seq`. A write that fails is
             # retried with the newest texts, which supersede the old (and hold every page
@@ -149,6 +162,7 @@ class Intent:
                     stored()
                     break
             self._stored_seq, self._events_stored, self._touches_stored = seq, events, touches
+            self._landed += after
             self._send(ev.Written(seq))
 
     def _changes(

@@ -57,6 +57,7 @@ from .replica import Replica, new_tag
 from .replica_set import ReplicaSet
 from .rollout import Rollout
 from .scaling import Scaling
+from .settle import GoalSettler
 from .watch import SnapshotHub
 
 logger = logging.getLogger("controller")
@@ -121,11 +122,16 @@ class Backend(Reducer):
         )
         self._tasks = tasks.Launcher(shared.runtime, self._intent, self._send_nowait)
         self._alarm = tasks.Alarm(self._tasks)
+        self._settler = GoalSettler(
+            self._intent,
+            lambda: any(_unfinished(r) for r in self.replicas.values()),
+        )
         self._reports = FailureReports(
             self._failures,
             self.journal,
             self._set,
             lambda: (self.spec.generation, self.goal),
+            self._settler,
             lambda reason: self._rollout.failed(reason),
         )
         self.revisions = revisions
@@ -321,10 +327,10 @@ class Backend(Reducer):
         self._alarm.ask(plan.wake(self._failures.backoff_until))
         if plan.forget:
             return await self._forget()
-        if plan.reached:  # converged, and not within a new replica's min_ready_s
-            if not self.goal.done:
-                self.journal.reached(spec.generation)
-            self.goal.complete()
+        # Converged, and not within a new replica's min_ready_s: complete once stored.
+        if plan.reached and not self._settler.resolving(self.goal):
+            self.journal.reached(spec.generation)
+            self._settler.resolve(self.goal, Goal.complete)
         # Let the tasks just started (and watchers just woken) run before the next pass, so a
         # burst of events is coalesced instead of handled one pass each.
         await trio.lowlevel.checkpoint()
@@ -443,3 +449,11 @@ class Backend(Reducer):
             scaling=self._scaling.under_way,
             revisions=self.revisions,
         )
+
+
+def _unfinished(replica: Replica) -> bool:
+    """Starting, or being stopped before it ever served (its start failed or was cut short):
+    a process that a failed goal must not leave behind."""
+    return replica.state is ReplicaState.STARTING or (
+        replica.state is ReplicaState.STOPPING and not replica.served
+    )

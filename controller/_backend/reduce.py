@@ -31,6 +31,7 @@ from .replica import UNKNOWN_CONFIG, Replica
 from .replica_set import ReplicaSet
 from .rollout import Rollout
 from .scaling import Scaling
+from .settle import GoalSettler
 
 logger = logging.getLogger("controller")
 
@@ -54,6 +55,7 @@ class Reducer:
     _rollout: Rollout
     _health: HealthChecks
     _scaling: Scaling
+    _settler: GoalSettler
     _change: tuple[BackendState, BackendReason]
     _snapshot_dirty: bool
     _restored: bool
@@ -116,6 +118,7 @@ class Reducer:
             self._set.remove(event.tag)
             self._tasks.gone(event.tag)
             self._scaling.gone(event.tag)
+            self._settler.gone(event.tag)
             logger.info("replica %s stopped", replica.tag)
         elif isinstance(event, ev.Died):
             self._died(replica, event.reason)
@@ -131,7 +134,7 @@ class Reducer:
             self.spec = spec
             self.journal.event("Paused" if spec.paused else "Resumed", view.describe_pause(spec))
             return
-        self.goal.supersede()
+        self._settler.supersede(self.goal)
         self.spec, self.goal = spec, goal
         # A new spec is a new attempt: the failures of the one it replaces do not carry over.
         self._failures.new_generation()
@@ -162,6 +165,7 @@ class Reducer:
             self._rollout.ready(replica, trio.current_time())
         self._health.begin(replica, self.spec.backend_config)
         logger.info("replica %s RUNNING at %s", replica.tag, info.address)
+        self._settler.gone(replica.tag)  # its start has ended: a failure waiting may resolve
 
     def _start_failed(self, replica: Replica, error: str | None, traceback: str | None) -> None:
         self._tasks.ended(replica.tag)
@@ -171,6 +175,9 @@ class Reducer:
         if error is None:
             timeout = self.spec.backend_config.start_timeout_s
             error = f"ReplicaStartTimeout: not ready within start_timeout_s={timeout:g}"
+        # Its process may live on (a hung start, a worker that failed to import): a goal this
+        # failure fails resolves once it is gone, so that nothing outlives a failed deploy.
+        self._settler.reaping(replica.tag)
         if replica.adopted:
             # Not a failed start of the version: the plan simply replaces it.
             logger.warning("replica %s: adoption failed (%s); replacing it", replica.tag, error)
