@@ -133,6 +133,28 @@ async def test_recovered_goals_can_be_superseded() -> None:
         assert ctl.status("a").generation == 2
 
 
+@pytest.mark.parametrize("kept", ["replicas/a", "revisions/a", "events/a"])
+async def test_a_backend_s_records_without_its_spec_stop_start_up_and_kill_nothing(
+    autojump_clock: trio.testing.MockClock, kept: str
+) -> None:
+    # Found by an outside attack: a store with a backend's replica record but no spec row was
+    # taken, and that backend's live replicas killed as strays.
+    store = controller.MemoryStore()
+    rt = FakeRuntime(auto_ready=True)
+    async with opened(rt, store) as ctl:
+        await (await ctl.deploy("a", config(num_replicas=2), RC)).wait()
+        await settle()
+    live = rt.tags()
+    damaged = {k: v for k, v in store.data.items() if k == kept or not k.endswith("/a")}
+    damaged = controller.MemoryStore(damaged)
+    with pytest.raises(controller.CheckpointError, match=f"'{kept}' has no spec") as info:
+        async with opened(rt, damaged):
+            pytest.fail("must not open")
+    assert "left untouched" in str(info.value)
+    assert damaged.writes == 0
+    assert rt.tags() == live  # nothing was killed
+
+
 @pytest.mark.parametrize(
     ("text", "match"),
     [

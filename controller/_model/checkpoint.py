@@ -261,6 +261,19 @@ def parse_all(items: dict[str, str]) -> Checkpoint:
             _check_numbers(key, kept)
             revisions[kept.name] = kept
         # Other keys belong to other users of a shared store (the daemon's own settings, say).
+    for prefix, records in (
+        (REPLICAS_PREFIX, replicas.keys() | pages.keys()),
+        (REVISIONS_PREFIX, revisions.keys()),
+        (EVENTS_PREFIX, events.keys()),
+    ):
+        for name in sorted(records - specs.keys()):
+            # A spec is written before (or with) its backend's other records, and deleted with
+            # them in one batch: without it, the controller cannot tell what those replicas
+            # are for, and must not take them for strays to kill.
+            raise CheckpointError(
+                f"store key {prefix + name!r} has no spec: {spec_key(name)!r} is missing; "
+                f"{_UNTOUCHED}"
+            )
     for name, spec in specs.items():
         kept_of = revisions.get(name)
         numbers = set() if kept_of is None else {r.number for r in kept_of.revisions}
