@@ -25,3 +25,20 @@ async def test_an_answer_cut_short_is_a_daemon_gone_not_a_traceback() -> None:
         with trio.fail_after(10), pytest.raises(Unreachable, match="cannot reach the controller"):
             await trio.to_thread.run_sync(client.call, "GET", "/api/v1/status")
         nursery.cancel_scope.cancel()
+
+
+def test_logs_show_a_replica_s_terminal_controls_escaped_unless_raw(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from controller._cli.output import print_log
+
+    # A replica that prints escapes could clear the screen, retitle the window or, with bidi
+    # controls, make a line read other than it is.
+    text = "ok\tfine\n\x1b[2J\x1b]0;owned\x07 \u202eevil\u202c é\n"
+    entry = {"text": text, "replica": "a#1", "state": "RUNNING"}
+    print_log(entry, prefix=False)
+    assert capsys.readouterr().out == "ok\tfine\n\\x1b[2J\\x1b]0;owned\\x07 \\u202eevil\\u202c é\n"
+    print_log(entry, prefix=True)
+    assert capsys.readouterr().out.splitlines()[1].startswith("[a#1] \\x1b[2J")
+    print_log(entry, prefix=False, raw=True)
+    assert capsys.readouterr().out == text

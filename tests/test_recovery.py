@@ -145,8 +145,9 @@ async def test_a_backend_s_records_without_its_spec_stop_start_up_and_kill_nothi
         await (await ctl.deploy("a", config(num_replicas=2), RC)).wait()
         await settle()
     live = rt.tags()
-    damaged = {k: v for k, v in store.data.items() if k == kept or not k.endswith("/a")}
-    damaged = controller.MemoryStore(damaged)
+    damaged = controller.MemoryStore(
+        {k: v for k, v in store.data.items() if k == kept or not k.endswith("/a")}
+    )
     with pytest.raises(controller.CheckpointError, match=f"'{kept}' has no spec") as info:
         async with opened(rt, damaged):
             pytest.fail("must not open")

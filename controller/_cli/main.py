@@ -146,7 +146,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     several = len(logs) > 1
     offsets: dict[str, int] = {}
     for entry in logs:
-        print_log(entry, several)
+        print_log(entry, several, raw=args.raw)
         offsets[entry["replica"]] = entry["offset"]
     if not args.follow:
         return 0
@@ -167,7 +167,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
             fresh = {**query, "replica": tag, "offset": offsets[tag]}
             chunk = client.ok("GET", f"{path}?{urllib.parse.urlencode(fresh)}")["logs"]
             for item in chunk:
-                print_log(item, several or len(offsets) > 1)
+                print_log(item, several or len(offsets) > 1, raw=args.raw)
                 offsets[tag] = item["offset"]
         # Like `kubectl logs -f` when its pod ends: all that was written has been shown.
         if not payload["exists"]:
@@ -270,6 +270,12 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--replica", help="one replica's tag (default: every one with a log)")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing what is new")
     logs.add_argument("--tail", type=int, default=100, help="lines of each (%(default)s)")
+    logs.add_argument(
+        "--raw",
+        action="store_true",
+        help="print control characters as they are (default: escaped, e.g. \\x1b, so that a "
+        "replica's output cannot drive the terminal)",
+    )
     logs.set_defaults(func=cmd_logs)
 
     delete = sub.add_parser("delete", help="drain and delete a backend")

@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from datetime import datetime
 from typing import Any
 
+#: What a replica's output may not send to the terminal as it is: C0 controls but tab and
+#: newline (escape sequences start with ESC), DEL, C1 controls, and the bidi controls that make
+#: a line read other than it is (Trojan Source).
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
-def print_log(entry: dict[str, Any], prefix: bool) -> None:
-    text = entry["text"]
+
+def safe_text(text: str) -> str:
+    """`text` with every control a terminal would act on shown as an escape (``\x1b``)."""
+    return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
+
+
+def print_log(entry: dict[str, Any], prefix: bool, *, raw: bool = False) -> None:
+    text = entry["text"] if raw else safe_text(entry["text"])
     if not prefix:
         sys.stdout.write(text)
     else:
