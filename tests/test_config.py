@@ -103,3 +103,15 @@ async def test_unknown_backend() -> None:
             await ctl.delete("nope")
         with pytest.raises(controller.UnknownBackendError):
             ctl.status("nope")
+
+
+@pytest.mark.parametrize(
+    "field", ["max_surge", "max_unavailable", "health_check_failure_threshold"]
+)
+@pytest.mark.parametrize("value", [1e308, 10**9, 1_000_001])
+def test_every_count_has_an_upper_bound(field: str, value: float) -> None:
+    # Found by an outside attack: these took 1e308 (a count no arithmetic downstream bounds).
+    with pytest.raises(controller.ConfigError, match=f"{field}: .*1000000") as info:
+        controller.BackendConfig(**{field: value})
+    assert info.value.field == f"BackendConfig.{field}"
+    assert getattr(controller.BackendConfig(**{field: 1_000_000}), field) == 1_000_000

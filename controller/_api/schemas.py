@@ -292,7 +292,11 @@ SCHEMAS: dict[str, Any] = {
                 "description": "How many replicas a backend without autoscaling runs",
             },
             min_replicas={**_REPLICA_COUNT, "description": "An autoscaled backend's lower bound"},
-            max_replicas={**_REPLICA_COUNT, "description": "An autoscaled backend's upper bound"},
+            max_replicas={
+                **_REPLICA_COUNT,
+                "minimum": 1,
+                "description": "An autoscaled backend's upper bound (at least 1)",
+            },
             message=MESSAGE,
         ),
         "anyOf": [

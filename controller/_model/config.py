@@ -20,7 +20,7 @@ from .health import (
     health_check_timeout,
 )
 from .json_values import JSON, MAX_JSON_DEPTH, check_json
-from .numbers import MAX_SECONDS, seconds, whole
+from .numbers import MAX_COUNT, MAX_SECONDS, seconds, whole
 from .resources import MAX_RESOURCE, resources
 from .rollout import (
     LIMIT_SCHEMA,
@@ -58,7 +58,7 @@ _JSON_RULE = (
 
 #: The most replicas one backend may ask for, whatever the runtime: a count past it is a typo,
 #: refused before any runtime is asked (a runtime's own limit is usually far lower: a 409 then).
-MAX_REPLICAS = 1_000_000
+MAX_REPLICAS = MAX_COUNT
 
 _SECONDS_SCHEMA: dict[str, Any] = {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_SECONDS}
 
@@ -214,7 +214,7 @@ class BackendConfig:
     health_check_failure_threshold: int = attrs.field(
         default=3,
         converter=failure_threshold,
-        metadata=_schema(type="integer", minimum=1),
+        metadata=_schema(type="integer", minimum=1, maximum=MAX_COUNT),
     )
     """Consecutive failed checks after which a replica is stopped and replaced."""
 

@@ -4,7 +4,7 @@ check may take, and how many failures in a row replace a replica."""
 from __future__ import annotations
 
 from .errors import ConfigError
-from .numbers import seconds, whole
+from .numbers import MAX_COUNT, seconds, whole
 
 #: The shortest health-check period: checks more often than this cost the controller and the
 #: replicas real CPU and tell nothing a 100 ms period would not.
@@ -27,8 +27,10 @@ def health_check_timeout(value: object) -> float:
 
 def failure_threshold(value: object) -> int:
     count = whole(value)
-    if count is None or count < 1:
+    if count is None or not 1 <= count <= MAX_COUNT:
         raise ConfigError(
-            "BackendConfig.health_check_failure_threshold", "must be a whole number >= 1", value
+            "BackendConfig.health_check_failure_threshold",
+            f"must be a whole number from 1 to {MAX_COUNT}",
+            value,
         )
     return count

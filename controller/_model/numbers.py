@@ -40,3 +40,8 @@ def seconds(field: str, value: object, *, allow_zero: bool) -> float:
             field, f"must be a finite number of seconds {rule} and at most {MAX_SECONDS:g}", value
         )
     return float(value)
+
+
+#: The largest count a config takes: replicas, a rollout's limits, a health-check threshold.
+#: Larger ones mean nothing more, and would pass a bound on no arithmetic downstream.
+MAX_COUNT = 1_000_000

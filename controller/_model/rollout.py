@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from .errors import ConfigError
-from .numbers import finite, seconds, whole
+from .numbers import MAX_COUNT, finite, seconds, whole
 
 #: What a failed rollout does: stop where it is and keep what serves, or undo to the last
 #: revision that completed.
@@ -26,7 +26,7 @@ LIMIT_SCHEMA: dict[str, Any] = {
     "description": "a count of replicas (a whole number), or a fraction of num_replicas "
     "(a number from 0 to 1 written with a decimal point: 1 is one replica, 1.0 is all of them)",
     "anyOf": [
-        {"type": "integer", "minimum": 0},
+        {"type": "integer", "minimum": 0, "maximum": MAX_COUNT},
         {"type": "number", "minimum": 0, "maximum": 1},
     ],
 }
@@ -38,12 +38,14 @@ def _limit(field: str, value: object) -> int | float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(field, "must be a count (int >= 0) or a fraction (float 0.0-1.0)", value)
     if isinstance(value, int):
-        if value < 0:
-            raise ConfigError(field, "a count must be >= 0", value)
+        if not 0 <= value <= MAX_COUNT:
+            raise ConfigError(field, f"a count must be from 0 to {MAX_COUNT}", value)
         return value
     fraction = finite(value)
     if fraction is not None and fraction > 1.0 and fraction.is_integer():
         # JSON (and so the API's schema) cannot tell 2.0 from 2: above 1 it can only be a count.
+        if fraction > MAX_COUNT:
+            raise ConfigError(field, f"a count must be from 0 to {MAX_COUNT}", value)
         return int(fraction)
     if fraction is None or not 0.0 <= fraction <= 1.0:
         raise ConfigError(field, "a fraction must be between 0.0 and 1.0", value)
