@@ -30,6 +30,7 @@ from .._model.config import BackendConfig
 from .._model.records import AutoscaleRecord
 from .._model.status import AutoscalerStatus
 from . import events as ev
+from .history import plural
 
 logger = logging.getLogger("controller")
 
@@ -164,8 +165,9 @@ class Autoscaler:
 def describe(decision: ScaleDecision, config: AutoscalingConfig) -> str:
     """``2 -> 5 replicas (ScaleUp): load 9 for 2 per replica, 0 not ready, recommended 5``."""
     load = "no signal" if decision.ongoing is None else f"load {decision.ongoing:g}"
+    target = plural(decision.target, "replica")
     return (
-        f"{decision.previous} -> {decision.target} replicas ({decision.reason}): {load} for "
+        f"{decision.previous} -> {target} ({decision.reason}): {load} for "
         f"{config.target_ongoing_requests:g} per replica, {decision.not_ready} not ready, "
         f"recommended {decision.recommended}"
     )

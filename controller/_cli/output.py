@@ -133,7 +133,8 @@ def print_backend(b: dict[str, Any]) -> None:
     scaler = b.get("autoscaler")
     if scaler is not None:
         summary = autoscale_summary(scaler, b["desired"])
-        print(f"Autoscaler:  {scaler['target']} replicas ({summary})")
+        target = scaler["target"]
+        print(f"Autoscaler:  {target} replica{'' if target == 1 else 's'} ({summary})")
         for label, key in (("last", "last"), ("last change", "last_change")):
             d = scaler.get(key)
             if d is not None:

@@ -180,8 +180,8 @@ def _check_code(desk: SpecDesk, name: str, target: Revision) -> None:
         raise CodeChangedError(
             f"backend {name!r}: revision {target.number} ran {recorded.module} with source "
             f"digest {recorded.digest[:12]}, and the code on disk is not that any more (an undo "
-            "would run today's code under the old revision's config); undo with force to do it "
-            "anyway"
+            "would run today's code under the old revision's config); undo with force "
+            "(`controller rollout undo --force`, or force=True) to do it anyway"
         )
 
 

@@ -38,7 +38,9 @@ class UnknownBackendError(ControllerError, LookupError):
 
     def __init__(self, name: str):
         self.name = name
-        super().__init__(f"backend {name!r} is not deployed; deploy it first or check the name")
+        super().__init__(
+            f"backend {name!r} is not deployed (`controller status` lists those that are)"
+        )
 
     def __str__(self) -> str:
         # LookupError's str() would quote the whole message as a repr.
