@@ -57,7 +57,7 @@ from .replica import Replica, new_tag
 from .replica_set import ReplicaSet
 from .rollout import Rollout
 from .scaling import Scaling
-from .settle import GoalSettler
+from .settle import GoalSettler, unfinished
 from .watch import SnapshotHub
 
 logger = logging.getLogger("controller")
@@ -123,8 +123,7 @@ class Backend(Reducer):
         self._tasks = tasks.Launcher(shared.runtime, self._intent, self._send_nowait)
         self._alarm = tasks.Alarm(self._tasks)
         self._settler = GoalSettler(
-            self._intent,
-            lambda: any(_unfinished(r) for r in self.replicas.values()),
+            self._intent, lambda: any(map(unfinished, self.replicas.values()))
         )
         self._reports = FailureReports(
             self._failures,
@@ -449,11 +448,3 @@ class Backend(Reducer):
             scaling=self._scaling.under_way,
             revisions=self.revisions,
         )
-
-
-def _unfinished(replica: Replica) -> bool:
-    """Starting, or being stopped before it ever served (its start failed or was cut short):
-    a process that a failed goal must not leave behind."""
-    return replica.state is ReplicaState.STARTING or (
-        replica.state is ReplicaState.STOPPING and not replica.served
-    )

@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import final
 
+from .._model.status import ReplicaState
 from .goal import Goal
 from .intent import Intent
+from .replica import Replica
 
 
 @final
@@ -64,3 +66,11 @@ class GoalSettler:
         held, self._held = self._held, []
         for action in held:
             self._intent.after_stored(action)
+
+
+def unfinished(replica: Replica) -> bool:
+    """Starting, or being stopped before it ever served (its start failed or was cut short):
+    a process that a failed goal must not leave behind."""
+    return replica.state is ReplicaState.STARTING or (
+        replica.state is ReplicaState.STOPPING and not replica.served
+    )
