@@ -260,13 +260,12 @@ async def test_a_standby_reads_the_store_and_sends_changes_to_the_leader(
                 assert code == 200, watch
                 [snapshot] = watch["snapshots"]
                 assert len(snapshot["replicas"]) == 2
-                # A clean stop of the leader hands over at once (the lease is released).
+                # A clean stop of the leader hands over at once: the lease is released, not
+                # left to lapse (said in the log; a bound in seconds failed beside a CPU hog).
                 assert a.process is not None
-                stopped_at = trio.current_time()
                 a.process.send_signal(signal.SIGINT)
                 assert await a.process.wait() == 0
                 await b.logged(b"leading as epoch 2")
-                assert trio.current_time() - stopped_at <= 1.5
                 assert b"was released" in b.log
                 status = await until(b, "app", settled("v1"))
                 assert pids(status) == pids(leader_status)
