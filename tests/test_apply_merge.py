@@ -104,7 +104,7 @@ async def test_a_merge_that_breaks_a_rule_between_fields_is_refused_naming_it() 
         surgeless = controller.BackendConfig(**{**_fields(now.backend_config), "max_surge": 0})
         await (await ctl.deploy("echo", surgeless, now.replica_config)).wait()
         before = _specs(await store.read_all())
-        with pytest.raises(controller.ConfigError, match="max_unavailable may not both be 0"):
+        with pytest.raises(controller.ConfigError, match="backend 'echo': .*may not both be 0"):
             await ctl.apply_manifest(manifest(max_unavailable=0))
         with pytest.raises(controller.ConfigError, match="max_unavailable may not both be 0"):
             ctl.preview_manifest(manifest(max_unavailable=0))
@@ -117,6 +117,24 @@ def test_the_merge_compares_values_as_the_configs_hold_them() -> None:
     live = (controller.BackendConfig(num_replicas=7, version="v1"), decl.replica_config)
     last = '{"entrypoint":"app.replica:Echo","num_replicas":2,"version":"v1"}'
     assert merged(decl, last, live)[0].num_replicas == 7
+
+
+async def test_one_and_one_point_zero_are_different_values() -> None:
+    # Found by a trial: max_surge 1 (one replica) then 1.0 (all of them), and true then 1 in a
+    # user config, were taken for the same values: the dry run said unchanged.
+    async with opened(FakeRuntime(auto_ready=True), controller.MemoryStore()) as ctl:
+        first = manifest(max_surge=1, user_config={"verbose": True})
+        await (await ctl.apply_manifest(first)).goals["echo"].wait()
+        then = manifest(max_surge=1.0, user_config={"verbose": 1})
+        [diff] = ctl.preview_manifest(then)
+        assert diff.fields == {
+            "max_surge": (1, 1.0),
+            "user_config": ({"verbose": True}, {"verbose": 1}),
+        }
+        await (await ctl.apply_manifest(then)).goals["echo"].wait()
+        config = ctl.status("echo").backend_config
+        assert type(config.max_surge) is float
+        assert type(config.user_config["verbose"]) is int  # type: ignore[index]
 
 
 def _specs(stored: dict[str, str]) -> dict[str, str]:

@@ -172,7 +172,17 @@ class Controller:
         return diffs
 
     def _merge(self, decl: BackendDecl, spec: Spec | None) -> tuple[BackendConfig, ReplicaConfig]:
-        configs = merged(decl, None if spec is None else spec.applied, self._live(decl.name, spec))
+        try:
+            configs = merged(
+                decl, None if spec is None else spec.applied, self._live(decl.name, spec)
+            )
+        except ConfigError as exc:
+            # The file alone was valid: a value it keeps from the live config breaks a rule.
+            raise ConfigError(
+                f"backend {decl.name!r}: {exc.field}",
+                f"{exc.rule}; with the live values of the fields the file does not change",
+                exc.value,
+            ) from None
         _check_declared(decl.name, *configs)
         return configs
 

@@ -65,7 +65,8 @@ def merged(decl: BackendDecl, last: str | None, live: Configs | None) -> Configs
     given = json.loads(applied_text(decl))
     fields = {**config_to_dict(live[0]), **config_to_dict(live[1])}
     for name, value in given.items():
-        if name not in before or before[name] != value:
+        # As JSON text: 1 (one replica) and 1.0 (all of them) differ, as do true and 1.
+        if name not in before or _dumps(before[name]) != _dumps(value):
             fields[name] = value
     for name in before.keys() - given.keys():
         fields[name] = {**_BACKEND_DEFAULTS, **_REPLICA_DEFAULTS}[name]
@@ -87,7 +88,7 @@ def changed_fields(before: Configs | None, after: Configs) -> dict[str, tuple[JS
     return {
         name: (None if before is None else _plain(old[name]), _plain(value))
         for name, value in new.items()
-        if _plain(old.get(name)) != _plain(value)
+        if _dumps(old.get(name)) != _dumps(value)
     }
 
 
