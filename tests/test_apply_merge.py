@@ -104,7 +104,7 @@ async def test_a_merge_that_breaks_a_rule_between_fields_is_refused_naming_it() 
         surgeless = controller.BackendConfig(**{**_fields(now.backend_config), "max_surge": 0})
         await (await ctl.deploy("echo", surgeless, now.replica_config)).wait()
         before = _specs(await store.read_all())
-        with pytest.raises(controller.ConfigError, match="backend 'echo': .*may not both be 0"):
+        with pytest.raises(controller.ConfigError, match=r"backend 'echo': .*may not both be 0"):
             await ctl.apply_manifest(manifest(max_unavailable=0))
         with pytest.raises(controller.ConfigError, match="max_unavailable may not both be 0"):
             ctl.preview_manifest(manifest(max_unavailable=0))
@@ -134,7 +134,9 @@ async def test_one_and_one_point_zero_are_different_values() -> None:
         await (await ctl.apply_manifest(then)).goals["echo"].wait()
         config = ctl.status("echo").backend_config
         assert type(config.max_surge) is float
-        assert type(config.user_config["verbose"]) is int  # type: ignore[index]
+        assert config.user_config == {"verbose": 1}
+        assert isinstance(config.user_config, dict)
+        assert type(config.user_config["verbose"]) is int
 
 
 def _specs(stored: dict[str, str]) -> dict[str, str]:
