@@ -289,16 +289,23 @@ SCHEMAS: dict[str, Any] = {
             {},
             replicas={
                 **_REPLICA_COUNT,
+                "type": ["integer", "null"],
                 "description": "How many replicas a backend without autoscaling runs",
             },
-            min_replicas={**_REPLICA_COUNT, "description": "An autoscaled backend's lower bound"},
+            min_replicas={
+                **_REPLICA_COUNT,
+                "type": ["integer", "null"],
+                "description": "An autoscaled backend's lower bound",
+            },
             max_replicas={
                 **_REPLICA_COUNT,
+                "type": ["integer", "null"],
                 "minimum": 1,
                 "description": "An autoscaled backend's upper bound (at least 1)",
             },
             message=MESSAGE,
         ),
+        # null is a count left out (the console sends an emptied field so).
         "anyOf": [
             {"required": ["replicas"]},
             {"required": ["min_replicas"]},
