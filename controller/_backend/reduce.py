@@ -118,7 +118,7 @@ class Reducer:
             self._set.remove(event.tag)
             self._tasks.gone(event.tag)
             self._scaling.gone(event.tag)
-            self._settler.gone(event.tag)
+            self._settler.gone()
             logger.info("replica %s stopped", replica.tag)
         elif isinstance(event, ev.Died):
             self._died(replica, event.reason)
@@ -165,7 +165,7 @@ class Reducer:
             self._rollout.ready(replica, trio.current_time())
         self._health.begin(replica, self.spec.backend_config)
         logger.info("replica %s RUNNING at %s", replica.tag, info.address)
-        self._settler.gone(replica.tag)  # its start has ended: a failure waiting may resolve
+        self._settler.gone()  # its start has ended: a failure waiting may resolve
 
     def _start_failed(self, replica: Replica, error: str | None, traceback: str | None) -> None:
         self._tasks.ended(replica.tag)
@@ -175,9 +175,6 @@ class Reducer:
         if error is None:
             timeout = self.spec.backend_config.start_timeout_s
             error = f"ReplicaStartTimeout: not ready within start_timeout_s={timeout:g}"
-        # Its process may live on (a hung start, a worker that failed to import): a goal this
-        # failure fails resolves once it is gone, so that nothing outlives a failed deploy.
-        self._settler.reaping(replica.tag)
         if replica.adopted:
             # Not a failed start of the version: the plan simply replaces it.
             logger.warning("replica %s: adoption failed (%s); replacing it", replica.tag, error)
@@ -185,7 +182,9 @@ class Reducer:
         else:
             of_target = replica.version == self.spec.version
             self._reports.start_failed(replica.tag, of_target, error, traceback)
-        self._stop_now(replica, graceful=False)  # what a failed start left behind
+        # What a failed start left behind (its process may live on: a hung start, a worker that
+        # failed to import): a goal this failure fails waits until it is gone (``settle``).
+        self._stop_now(replica, graceful=False)
 
     def _died(self, replica: Replica, reason: str) -> None:
         if replica.state is ReplicaState.STOPPING:

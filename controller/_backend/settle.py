@@ -26,7 +26,6 @@ class GoalSettler:
         # Whether a replica is starting, or being stopped before it ever served: a failure
         # waits for those too (each ends serving, or stopped).
         self._unfinished = unfinished
-        self._reaping: set[str] = set()
         self._held: list[Callable[[], None]] = []
         self._settling: tuple[Goal, Callable[[Goal], None]] | None = None
 
@@ -51,17 +50,12 @@ class GoalSettler:
             self._settling[1](goal)
         goal.supersede()
 
-    def reaping(self, tag: str) -> None:
-        """Replica `tag`'s start failed, and it is being stopped: hold resolutions until then."""
-        self._reaping.add(tag)
-
-    def gone(self, tag: str) -> None:
-        """Replica `tag` stopped, or its start ended."""
-        self._reaping.discard(tag)
+    def gone(self) -> None:
+        """A replica stopped, or its start ended: a resolution held for it may go on."""
         self._release()
 
     def _release(self) -> None:
-        if not self._held or self._reaping or self._unfinished():
+        if not self._held or self._unfinished():
             return
         held, self._held = self._held, []
         for action in held:
