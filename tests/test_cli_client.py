@@ -27,18 +27,20 @@ async def test_an_answer_cut_short_is_a_daemon_gone_not_a_traceback() -> None:
         nursery.cancel_scope.cancel()
 
 
-def test_logs_show_a_replica_s_terminal_controls_escaped_unless_raw(
+def test_what_the_cli_prints_shows_terminal_controls_escaped(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from controller._cli.output import print_log
+    import sys
 
-    # A replica that prints escapes could clear the screen, retitle the window or, with bidi
-    # controls, make a line read other than it is.
+    from controller._cli.output import EscapedText, print_log
+
+    # A replica that prints escapes (in its output, or in an error that status and apply
+    # --wait show) could clear the screen, retitle the window or, with bidi controls, make a
+    # line read other than it is. The CLI's stdout and stderr escape them (logs --raw does not).
     text = "ok\tfine\n\x1b[2J\x1b]0;owned\x07 \u202eevil\u202c é\n"
     entry = {"text": text, "replica": "a#1", "state": "RUNNING"}
-    print_log(entry, prefix=False)
+    escaped = EscapedText(sys.stdout)
+    escaped.write(text)
     assert capsys.readouterr().out == "ok\tfine\n\\x1b[2J\\x1b]0;owned\\x07 \\u202eevil\\u202c é\n"
     print_log(entry, prefix=True)
-    assert capsys.readouterr().out.splitlines()[1].startswith("[a#1] \\x1b[2J")
-    print_log(entry, prefix=False, raw=True)
-    assert capsys.readouterr().out == text
+    assert capsys.readouterr().out.splitlines()[1].startswith("[a#1] \x1b[2J")  # raw

@@ -17,6 +17,7 @@ controller console [--no-open]       (a one-time login link to the web console)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -34,7 +35,7 @@ from .._model.errors import ManifestError
 from .client import CLIError, describe_error, make_client
 from .console import add_console_parsers
 from .ingress import add_ingress_parser, describe_ingress
-from .output import print_backend, print_diff, print_log, print_table
+from .output import EscapedText, print_backend, print_diff, print_log, print_table, safe_text
 from .rollout import add_rollout_parser, seconds, wait_for
 from .run import add_run_parser
 
@@ -146,7 +147,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     several = len(logs) > 1
     offsets: dict[str, int] = {}
     for entry in logs:
-        print_log(entry, several, raw=args.raw)
+        print_log(entry, several)
         offsets[entry["replica"]] = entry["offset"]
     if not args.follow:
         return 0
@@ -167,7 +168,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
             fresh = {**query, "replica": tag, "offset": offsets[tag]}
             chunk = client.ok("GET", f"{path}?{urllib.parse.urlencode(fresh)}")["logs"]
             for item in chunk:
-                print_log(item, several or len(offsets) > 1, raw=args.raw)
+                print_log(item, several or len(offsets) > 1)
                 offsets[tag] = item["offset"]
         # Like `kubectl logs -f` when its pod ends: all that was written has been shown.
         if not payload["exists"]:
@@ -306,11 +307,18 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     code: int | str | None
     try:
         args = build_parser().parse_args(argv)
-        code = int(args.func(args))
+        if args.command == "run" or getattr(args, "raw", False):
+            code = int(args.func(args))
+        else:
+            with (
+                contextlib.redirect_stdout(EscapedText(sys.stdout)),
+                contextlib.redirect_stderr(EscapedText(sys.stderr)),
+            ):
+                code = int(args.func(args))
     except SystemExit as exc:  # argparse: --help, or a usage error (already printed)
         code = exc.code
     except CLIError as exc:
-        print(str(exc), file=sys.stderr)
+        print(safe_text(str(exc)), file=sys.stderr)  # it may quote a replica's error
         code = exc.code
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
         # A reply not shaped as a controller daemon's: another server at that address.

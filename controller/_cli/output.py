@@ -7,7 +7,7 @@ import re
 import sys
 import time
 from datetime import datetime
-from typing import Any
+from typing import Any, TextIO, final
 
 #: What a replica's output may not send to the terminal as it is: C0 controls but tab and
 #: newline (escape sequences start with ESC), DEL, C1 controls, and the bidi controls that make
@@ -20,8 +20,25 @@ def safe_text(text: str) -> str:
     return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
 
 
-def print_log(entry: dict[str, Any], prefix: bool, *, raw: bool = False) -> None:
-    text = entry["text"] if raw else safe_text(entry["text"])
+@final
+class EscapedText:
+    """A text stream that writes control characters escaped (``safe_text``): what the CLI
+    prints of replicas' text (their errors, tracebacks and events in ``status`` and ``apply
+    --wait``, their output in ``logs``) cannot drive the terminal. The CLI puts it around its
+    stdout and stderr (``logs --raw`` goes without)."""
+
+    def __init__(self, inner: TextIO) -> None:
+        self._inner = inner
+
+    def write(self, text: str) -> int:
+        return self._inner.write(safe_text(text))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def print_log(entry: dict[str, Any], prefix: bool) -> None:
+    text = entry["text"]
     if not prefix:
         sys.stdout.write(text)
     else:
