@@ -26,16 +26,16 @@ class GoalSettler:
         # Whether a replica is starting, or being stopped before it ever served: a failure
         # waits for those too (each ends serving, or stopped).
         self._unfinished = unfinished
-        self._held: list[Callable[[], None]] = []
+        # The goal on its way to resolve, how, and whether it went on to the intent writer.
         self._settling: tuple[Goal, Callable[[Goal], None]] | None = None
+        self._handed = False
 
     def resolve(self, goal: Goal, how: Callable[[Goal], None]) -> None:
         """Resolve `goal` by `how` (complete or fail it) in due course; the first way asked
         wins, as a goal resolves once."""
         if self.resolving(goal):
             return
-        self._settling = goal, how
-        self._held.append(lambda: how(goal))
+        self._settling, self._handed = (goal, how), False
         self._release()
 
     def resolving(self, goal: Goal) -> bool:
@@ -55,11 +55,11 @@ class GoalSettler:
         self._release()
 
     def _release(self) -> None:
-        if not self._held or self._unfinished():
+        if self._settling is None or self._handed or self._unfinished():
             return
-        held, self._held = self._held, []
-        for action in held:
-            self._intent.after_stored(action)
+        self._handed = True
+        goal, how = self._settling
+        self._intent.after_stored(lambda: how(goal))
 
 
 def unfinished(replica: Replica) -> bool:
