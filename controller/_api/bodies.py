@@ -88,6 +88,17 @@ def undo_request(data: Any) -> tuple[int | None, bool, Cause]:
     return to_revision, force, cause
 
 
+def restart_request(data: Any) -> Cause:
+    """A restart's body: ``{"message": str | null, "via": "api" | "cli" | "console"}``, every
+    field optional."""
+    if not isinstance(data, dict):
+        raise HTTPError(422, "Invalid", "the body must be an object")
+    unknown = sorted(set(data) - {"message", "via"})
+    if unknown:
+        raise HTTPError(422, "Invalid", f"unknown fields: {', '.join(unknown)}")
+    return cause_of(via=data.get("via", "api"), message=data.get("message"))
+
+
 def scale_request(data: Any) -> tuple[int | None, dict[str, int], str | None]:
     """A scale's body: ``{"replicas": N}`` for a fixed backend, ``{"min_replicas": A,
     "max_replicas": B}`` (either or both) for an autoscaled one, and an optional ``message``.

@@ -11,15 +11,16 @@ import trio
 
 from .._core.controller import Controller
 from .._core.rollouts import with_code_checked
-from .._model.errors import ManifestError
+from .._model.errors import ManifestError, UnknownBackendError
 from .._model.load_report import parse_load_body
 from .._model.manifest import BackendDecl, Manifest, parse_manifest
-from .._model.revisions import Cause
+from .._model.revisions import Cause, Revision
 from .._model.status import BackendSnapshot, BackendStatus
 from .bodies import (
     backend_from_body,
     cause_of,
     optional_json,
+    restart_request,
     scale_request,
     undo_request,
 )
@@ -130,7 +131,9 @@ class Handlers:
     async def _backend(self, call: Call) -> Answer:
         (name,) = call.args
         if call.method == "GET":
-            return ok(status_json(self._status(name)))
+            status = status_json(self._status(name))
+            status["code_changed"] = (await self._code_changed([name]))[name]
+            return ok(status)
         if call.method == "PUT":
             decl = backend_from_body(name, parse_json(call.body))
             cause = cause_of(via="api", message=call.query.get("message", [None])[-1])
@@ -156,6 +159,11 @@ class Handlers:
             cause = _by(cause, call.by_session)
             self._check_accepting()
             await self._ctl.undo(name, to_revision, force=force, cause=cause)
+        elif what == "restart":
+            body = await optional_json(call.scope, call.receive)
+            cause = _by(restart_request(body), call.by_session)
+            self._check_accepting()
+            await self._ctl.restart(name, cause=cause)
         else:
             # Nothing to say but the name: any body is ignored, as the shutdown's is.
             self._check_accepting()
@@ -263,7 +271,7 @@ class Handlers:
         }
 
     def _steered(self, name: str) -> dict[str, Any]:
-        """What an undo, a pause or a resume left: the spec's generation (a goal to wait
+        """What an undo, a restart, a pause or a resume left: the spec's generation (a goal to wait
         for) and where the backend's rollout stands."""
         status = self._ctl.status(name)
         rollout = status.rollout
@@ -282,7 +290,29 @@ class Handlers:
 
     async def _apply(self, data: Any) -> dict[str, Any]:
         manifest, prune, cause = self._apply_request(data)
-        return applied_json(await self._ctl.apply_manifest(manifest, prune=prune, cause=cause))
+        applied = await self._ctl.apply_manifest(manifest, prune=prune, cause=cause)
+        return applied_json(applied, await self._code_changed(list(applied.goals)))
+
+    async def _code_changed(self, names: list[str]) -> dict[str, bool | None]:
+        """For each backend, whether the source on disk of the revision its spec runs is not
+        what that revision recorded (None: cannot tell, or gone meanwhile)."""
+        running: dict[str, Revision | None] = {}
+        for name in names:
+            try:
+                rollout = self._ctl.status(name).rollout
+                kept = self._ctl.revisions(name, check_code=False)
+            except UnknownBackendError:  # deleted meanwhile
+                rollout, kept = None, ()
+            number = None if rollout is None else rollout.revision
+            running[name] = next((r for r in kept if r.number == number), None)
+        # Only pinned code can have changed; reading the sources (a package's files, each
+        # entrypoint once) is not for the loop's thread.
+        pinned = [r for r in running.values() if r is not None and r.code is not None]
+        checked = {}
+        if pinned:
+            found = await trio.to_thread.run_sync(with_code_checked, pinned, self._ctl.code_path)
+            checked = {id(r): c.code_changed for r, c in zip(pinned, found, strict=True)}
+        return {name: checked.get(id(r)) for name, r in running.items()}
 
     def _apply_request(self, data: Any) -> tuple[Manifest, bool, Cause]:
         """An apply's body, checked: the manifest, whether to prune, and the cause."""

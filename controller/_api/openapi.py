@@ -208,6 +208,29 @@ OPENAPI: dict[str, Any] = {
                 ),
             },
         },
+        "/api/v1/backends/{name}/restart": {
+            "parameters": [NAME],
+            "post": {
+                "operationId": "restartBackend",
+                **operation(
+                    "Restart: replace every replica, running the code on disk now",
+                    answer("202", "Stored; the backend rolls out from here", "RolloutAccepted"),
+                    "400",
+                    "404",
+                    "409-rollout",
+                    "413",
+                    "415",
+                    "422",
+                    "503",
+                    body="Restart",
+                    body_required=False,
+                    description="As `kubectl rollout restart`: a new revision with the content "
+                    "the backend runs and the code on disk now, rolled out under the backend's "
+                    "surge and unavailability limits (how edited code is shipped without a new "
+                    "version). Refused (409) while paused or deleting.",
+                ),
+            },
+        },
         "/api/v1/backends/{name}/scale": {
             "parameters": [NAME],
             "post": {
@@ -355,6 +378,7 @@ _deployed["links"] = {
         "getLogs",
         "getRevisions",
         "undoBackend",
+        "restartBackend",
         "pauseBackend",
         "resumeBackend",
     )

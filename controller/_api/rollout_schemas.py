@@ -42,6 +42,7 @@ ROLLOUT_SCHEMAS: dict[str, Any] = {
         message=MESSAGE,
         via=VIA_HTTP,
     ),
+    "Restart": obj({}, message=MESSAGE, via=VIA_HTTP),
     "RolloutAccepted": obj(
         {
             "name": STRING,
@@ -99,7 +100,8 @@ ROLLOUT_SCHEMAS: dict[str, Any] = {
             "number": _REVISION,
             "version": {
                 **STRING,
-                "description": "Its replicas' version (`gen-N` when its config names none)",
+                "description": "Its replicas' version (`gen-N` when its config names none; "
+                "`<version>+restart.N` after a restart)",
             },
             "digest": {**STRING, "description": "A fingerprint of what its replicas run"},
             "created_at": {"type": ["string", "null"], "format": "date-time"},
@@ -125,6 +127,11 @@ ROLLOUT_SCHEMAS: dict[str, Any] = {
             "restores": {
                 **_NULLABLE_REVISION,
                 "description": "Made by an undo or a rollback: the revision it brings back",
+            },
+            "restarts": {
+                **_NULLABLE_REVISION,
+                "description": "Made by a restart: the revision whose content it runs again, "
+                "with the code on disk then",
             },
             "automatic": {**BOOL, "description": "Made by an automatic rollback"},
             "current": {**BOOL, "description": "The one the backend rolls out, or runs"},

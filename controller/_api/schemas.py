@@ -206,7 +206,19 @@ SCHEMAS: dict[str, Any] = {
         {
             "applied": {
                 "type": "array",
-                "items": obj({"name": STRING, "generation": INT, "changed": BOOL}),
+                "items": obj(
+                    {
+                        "name": STRING,
+                        "generation": INT,
+                        "changed": BOOL,
+                        "code_changed": {
+                            "type": ["boolean", "null"],
+                            "description": "The source on disk is not what the revision it "
+                            "runs recorded: edited code waits for `POST .../restart` (null: "
+                            "cannot tell)",
+                        },
+                    }
+                ),
             },
             "deleted": {"type": "array", "items": obj({"name": STRING, "generation": INT})},
         }

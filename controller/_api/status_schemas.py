@@ -84,6 +84,12 @@ STATUS_SCHEMAS: dict[str, Any] = {
             "items": ref("Event"),
             "description": "Left out of a listing with view=summary",
         },
+        code_changed={
+            "type": ["boolean", "null"],
+            "description": "Only in a single backend's status: the source on disk of the "
+            "revision it runs (or rolls out) is not what that revision recorded, so edited code "
+            "waits for `POST .../restart` (null: cannot tell)",
+        },
     ),
     "Autoscaler": obj(
         {

@@ -142,6 +142,7 @@ def revision_json(revision: Revision, *, current: bool) -> dict[str, Any]:
         "error": revision.error,
         "good": revision.good,
         "restores": revision.restores,
+        "restarts": revision.restarts,
         "automatic": revision.automatic,
         "current": current,
         # What its replicas run, in the fields a deploy names them by: what an undo brings back.
@@ -213,12 +214,17 @@ def diff_json(diffs: Sequence[BackendDiff]) -> dict[str, Any]:
     }
 
 
-def applied_json(applied: Applied) -> dict[str, Any]:
-    """What an apply answers: each backend of the manifest, its generation and whether the
-    apply changed it, and the backends it deleted."""
+def applied_json(applied: Applied, code_changed: dict[str, bool | None]) -> dict[str, Any]:
+    """What an apply answers: each backend of the manifest, its generation, whether the apply
+    changed it and whether its code on disk did, and the backends it deleted."""
     return {
         "applied": [
-            {"name": name, "generation": goal.generation, "changed": name in applied.changed}
+            {
+                "name": name,
+                "generation": goal.generation,
+                "changed": name in applied.changed,
+                "code_changed": code_changed.get(name),
+            }
             for name, goal in applied.goals.items()
         ],
         "deleted": [

@@ -35,7 +35,15 @@ from .._model.errors import ManifestError
 from .client import CLIError, describe_error, make_client
 from .console import add_console_parsers
 from .ingress import add_ingress_parser, describe_ingress
-from .output import EscapedText, print_backend, print_diff, print_log, print_table, safe_text
+from .output import (
+    EscapedText,
+    code_notice,
+    print_backend,
+    print_diff,
+    print_log,
+    print_table,
+    safe_text,
+)
 from .rollout import add_rollout_parser, seconds, wait_for
 from .run import add_run_parser
 
@@ -83,6 +91,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
     for item in result["applied"]:
         what = "configured" if item["changed"] else "unchanged"
         print(f"backend/{item['name']} {what} (generation {item['generation']})")
+        if item.get("code_changed"):
+            print(f"  {code_notice(item['name'], None)}")
     for item in result["deleted"]:
         print(f"backend/{item['name']} deleted (pruned)")
     if not args.wait:

@@ -129,6 +129,16 @@ def print_table(backends: list[dict[str, Any]]) -> None:
         print("  ".join([*cells, row[4]]))
 
 
+def code_notice(name: str, revision: int | None) -> str:
+    """What to do when the code a backend runs was edited on disk: the same words after an
+    apply and in a status."""
+    which = "its revision" if revision is None else f"revision {revision}"
+    return (
+        f"code changed on disk since {which} was made: its replicas run the old code until "
+        f"`controller rollout restart {name}` ships it"
+    )
+
+
 def print_backend(b: dict[str, Any]) -> None:
     print(f"Name:        {b['name']}")
     print(f"State:       {b['state']} ({b['reason']})")
@@ -140,6 +150,8 @@ def print_backend(b: dict[str, Any]) -> None:
         print(f"Revision:    {rollout_summary(rollout)}")
         if rollout["error"]:
             print(f"  rollout error: {rollout['error']}")
+        if b.get("code_changed"):
+            print(f"  {code_notice(b['name'], rollout['revision'])}")
     load = b.get("load")
     if load is not None:
         route = b["config"].get("route_prefix")

@@ -3,6 +3,7 @@ follows a change until its goal ends (``rollout status``, ``wait``, ``apply --wa
 
 controller rollout history NAME [--json]
 controller rollout undo NAME [--to-revision N] [--force] [--message TEXT] [--wait]
+controller rollout restart NAME [--message TEXT] [--wait]
 controller rollout pause NAME
 controller rollout resume NAME [--wait]
 controller rollout status NAME          (the same as ``controller wait NAME``)
@@ -60,6 +61,19 @@ def cmd_undo(args: argparse.Namespace) -> int:
             f"backend/{args.name} rolling back to revision {result['restores']}'s content, as "
             f"revision {result['revision']} (generation {result['generation']})"
         )
+    if not args.wait:
+        return 0
+    return wait_for(client, [args.name], set(), args.timeout, {args.name: result["generation"]})
+
+
+def cmd_restart(args: argparse.Namespace) -> int:
+    client = make_client(args)
+    body = {"message": args.message, "via": "cli"}
+    result = client.ok("POST", backend_path(args.name, "restart"), body)
+    print(
+        f"backend/{args.name} restarting: revision {result['revision']} runs the same content "
+        f"with the code on disk now (generation {result['generation']})"
+    )
     if not args.wait:
         return 0
     return wait_for(client, [args.name], set(), args.timeout, {args.name: result["generation"]})
@@ -144,6 +158,8 @@ def describe_cause(revision: dict[str, Any]) -> str:
         parts.append(f"automatic rollback to revision {revision['restores']}")
     elif revision["restores"] is not None:
         parts.append(f"undo to revision {revision['restores']}")
+    elif revision.get("restarts") is not None:
+        parts.append(f"restart of revision {revision['restarts']}")
     parts.append(cause["via"])
     if cause["manifest"] is not None:
         parts.append(f"from {cause['manifest']}")
@@ -266,7 +282,7 @@ _MAX_TIMEOUT_S = 365 * 86400.0
 def add_rollout_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``controller rollout ...``, and ``controller wait`` (what ``rollout status`` was first
     called; kept as an alias)."""
-    rollout = sub.add_parser("rollout", help="a backend's revisions; undo, pause, resume")
+    rollout = sub.add_parser("rollout", help="a backend's revisions; undo, restart, pause, resume")
     verbs = rollout.add_subparsers(dest="verb", required=True)
 
     history = verbs.add_parser("history", help="a backend's revisions, oldest first")
@@ -292,6 +308,18 @@ def add_rollout_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     undo.add_argument("--wait", action="store_true", help="show progress until it ends")
     undo.add_argument("--timeout", type=seconds, default=600.0)
     undo.set_defaults(func=cmd_undo)
+
+    restart = verbs.add_parser(
+        "restart",
+        help="replace every replica, running the code on disk now (ship edited code)",
+    )
+    restart.add_argument("name")
+    restart.add_argument(
+        "-m", "--message", metavar="TEXT", help="why, kept in the revision the restart makes"
+    )
+    restart.add_argument("--wait", action="store_true", help="show progress until it ends")
+    restart.add_argument("--timeout", type=seconds, default=600.0)
+    restart.set_defaults(func=cmd_restart)
 
     pause = verbs.add_parser("pause", help="record later deploys without rolling them out")
     pause.add_argument("name")

@@ -47,6 +47,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         preload=tuple(args.preload),
         shared_dir=args.shared_dir,
         lease=lease,
+        reload=args.reload,
     )
     tune_gc()  # the daemon owns its process
     try:
@@ -108,6 +109,13 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="HOST:PORT of the ingress, which routes traffic to the backends (%(default)s)",
     )
     run.add_argument("--no-ingress", action="store_true", help="serve no ingress")
+    run.add_argument(
+        "--reload",
+        action="store_true",
+        help="development mode: when a backend's code changes on disk (looked at every 0.5 "
+        "seconds, acted on once it stops changing), restart that backend as `rollout restart` "
+        "does",
+    )
     run.add_argument(
         "--ingress-workers",
         type=ingress_workers,

@@ -249,6 +249,14 @@ class Controller:
         """
         return await rollouts.undo(self._desk, name, to_revision, force=force, cause=cause)
 
+    async def restart(self, name: str, *, cause: Cause | None = None) -> Goal:
+        """Replace every replica of `name` by a rolling update, as ``kubectl rollout restart``
+        does: a new revision with the content `name` runs and the code on disk now (how edited
+        code is shipped without a new version). An unversioned backend's replicas become
+        ``gen-N`` of this generation; a versioned one's ``<version>+restart.N``. Refused
+        (``RolloutError``, nothing written) while paused or deleting. Returns the goal."""
+        return await rollouts.restart(self._desk, name, cause=cause)
+
     async def pause(self, name: str) -> Goal:
         """Record `name`'s later deploys as revisions without rolling them out (changes of
         scale and settings still apply). A rollout under way goes on. Returns the goal."""

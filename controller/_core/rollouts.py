@@ -28,7 +28,13 @@ from .._model.errors import (
 )
 from .._model.revisions import Cause, Revision, RevisionBook
 from .._model.spec import Spec
-from .._model.steering import SpecChange, pause_change, resume_change, undo_change
+from .._model.steering import (
+    SpecChange,
+    pause_change,
+    restart_change,
+    resume_change,
+    undo_change,
+)
 from .desk import SpecDesk
 
 logger = logging.getLogger("controller")
@@ -84,6 +90,31 @@ async def undo(
         if not force:
             _check_code(desk, name, target)
         change = _undo_change(desk, name, old, book, target, cause or Cause())
+        handovers = await desk.commit({name: change})
+        goal = desk.goal(name)
+    await desk.handed_over(handovers)
+    return goal
+
+
+async def restart(desk: SpecDesk, name: str, *, cause: Cause | None) -> Goal:
+    """Replace every replica of `name` with one of the same content running the code on disk
+    now: a new revision, rolled out under the backend's surge and unavailability limits."""
+    async with desk.hold([name]):
+        old, book = _steerable(desk, name, "restart")
+        running = book.get(old.revision)
+        if running is None:  # only a spec read from a store before revisions, until recovery
+            raise RolloutError("NoRevision", f"backend {name!r} has no revision to restart yet")
+        change = restart_change(
+            name,
+            old,
+            running,
+            book,
+            cause=cause or Cause(),
+            code_of=desk.code_of,
+            now=time.time(),
+            held=desk.held(name),
+            live=desk.live_revisions(name),
+        )
         handovers = await desk.commit({name: change})
         goal = desk.goal(name)
     await desk.handed_over(handovers)
@@ -158,6 +189,11 @@ def _steerable(desk: SpecDesk, name: str, what: str) -> tuple[Spec, RevisionBook
         raise RolloutError(
             "Paused",
             f"backend {name!r} is paused: resume it first, or deploy the revision's config",
+        )
+    if what == "restart" and old.paused:
+        # As `kubectl rollout restart` of a paused Deployment: a restart is a rollout.
+        raise RolloutError(
+            "Paused", f"backend {name!r} is paused: resume it first (`controller rollout resume`)"
         )
     return old, desk.book(name)
 

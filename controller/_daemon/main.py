@@ -104,6 +104,8 @@ class DaemonOptions:
     leads, the others stand by); None: the state dir."""
     lease: LeaseTiming = attrs.field(factory=LeaseTiming)
     """How the leader keeps its lease, and how soon a standby takes over."""
+    reload: bool = False
+    """Restart a backend when its code changes on disk (a development mode)."""
 
 
 async def run_daemon(options: DaemonOptions) -> None:
@@ -164,6 +166,7 @@ async def run_daemon(options: DaemonOptions) -> None:
                     leadership,
                     serving,
                     metrics,
+                    reload=options.reload,
                 )
                 try:
                     await serve(

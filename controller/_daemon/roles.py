@@ -33,6 +33,7 @@ from .._model.revisions import Cause
 from .._model.status import ControllerStatus
 from .._ports.runtime import Runtime
 from .._ports.store import LeaseStore, Store
+from .reload import CodeWatch
 
 logger = logging.getLogger("controller.daemon")
 
@@ -62,6 +63,8 @@ class Roles:
     leadership: Leadership
     serving: Serving
     metrics: Metrics
+    reload: bool = False
+    """Restart a backend when its code changes on disk (``--reload``, for development)."""
     _applied: bool = False
     _view_of: dict[str, str] | None = None
     _up: bool = False
@@ -160,6 +163,8 @@ class Roles:
                             self._applied = True
                             await apply_at_start(ctl, self.manifest, self.config)
                         up()
+                        if self.reload:
+                            await CodeWatch(ctl).run()  # returns only once ctl closes
                         await trio.sleep_forever()
                     finally:
                         self.serving.stop_leading()

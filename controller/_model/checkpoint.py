@@ -17,7 +17,8 @@ Schema 2 added the events, each replica's creation time and a spec's rollback co
 each serving replica's address and a failed deploy; schema 4 a spec's code generation and the
 backend config's routing fields; schema 5 an autoscaler's state; schema 6 revisions (a fourth key
 per backend, ``revisions/<name>``, written by deploys with the spec), the revision of each replica
-and the pause of a spec; schema 7 the pages of replicas. Data of schemas 1 to 6 is still read.
+and the pause of a spec; schema 7 the pages of replicas; schema 8 what a manifest last applied;
+schema 9 a restart's generation (spec and revision). Data of schemas 1 to 8 is still read.
 """
 
 from __future__ import annotations

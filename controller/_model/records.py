@@ -14,9 +14,9 @@ from .config import BackendConfig, ReplicaConfig
 from .revisions import Revision, RevisionOutcome
 
 #: Bumped when the stored shape changes; a controller refuses data written by a newer one.
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 #: Older schemas this controller still reads (their records lack fields that have defaults).
-READABLE_SCHEMAS = frozenset({1, 2, 3, 4, 5, 6, 7, 8})
+READABLE_SCHEMAS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9})
 
 SPEC_PREFIX = "spec/"
 REPLICAS_PREFIX = "replicas/"
@@ -53,6 +53,10 @@ class SpecRecord:
     applied: str | None = None
     """The fields a manifest last applied, as JSON text (None: never; before schema 8): the
     base of the next apply's merge (see ``last_applied``)."""
+    restarted: int | None = None
+    """For a config with a version: the generation of the ``rollout restart`` whose replicas
+    these are (their version is ``<version>+restart.<N>``), kept while the replicas' content
+    is the same (None: never restarted; before schema 9)."""
     schema: int = SCHEMA_VERSION
 
 

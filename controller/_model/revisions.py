@@ -169,6 +169,12 @@ class Revision:
     """Made by an undo or a rollback: the revision whose content it brings back."""
     automatic: bool = False
     """Made by an automatic rollback (``on_failure = "rollback"``)."""
+    restarted: int | None = None
+    """Its replicas come from a ``rollout restart`` of a config with a version: the restart's
+    generation, which their version carries (``v1+restart.7``)."""
+    restarts: int | None = None
+    """Made by ``rollout restart``: the revision whose content it runs again, with the code on
+    disk then."""
     code_changed: bool | None = None
     """Filled when listed: whether the code on disk differs from `code` now (None: cannot
     tell). Never stored."""
@@ -176,8 +182,15 @@ class Revision:
     @property
     def version(self) -> str:
         """The version its replicas have (``gen-N`` when its config names none)."""
-        content = self.content
-        return content.version if content.version is not None else f"gen-{self.code_generation}"
+        return replica_version(self.content.version, self.code_generation, self.restarted)
+
+
+def replica_version(version: str | None, code_generation: int, restarted: int | None) -> str:
+    """The version replicas of a config have: its own, marked by a restart if one made them;
+    ``gen-N`` (N: the generation whose code they run) when it names none."""
+    if version is None:
+        return f"gen-{code_generation}"
+    return version if restarted is None else f"{version}+restart.{restarted}"
 
 
 def make_revision(
@@ -191,6 +204,8 @@ def make_revision(
     outcome: RevisionOutcome = "in_progress",
     restores: int | None = None,
     automatic: bool = False,
+    restarted: int | None = None,
+    restarts: int | None = None,
 ) -> Revision:
     return Revision(
         number,
@@ -204,6 +219,8 @@ def make_revision(
         outcome=outcome,
         restores=restores,
         automatic=automatic,
+        restarted=restarted,
+        restarts=restarts,
     )
 
 
@@ -324,6 +341,8 @@ def describe_cause(revision: Revision) -> str:
         parts.append(f"automatic rollback to revision {revision.restores}")
     elif revision.restores is not None:
         parts.append(f"undo to revision {revision.restores}")
+    elif revision.restarts is not None:
+        parts.append(f"restart of revision {revision.restarts}")
     parts.append(cause.via)
     if cause.manifest is not None:
         parts.append(f"from {cause.manifest}")

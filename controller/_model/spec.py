@@ -12,6 +12,7 @@ from .config import BackendConfig, ReplicaConfig
 from .json_values import JSON, digest
 from .reconcile import Target, resolve_limits
 from .records import SpecRecord
+from .revisions import replica_version
 
 
 @attrs.frozen
@@ -59,6 +60,8 @@ class Spec:
     """While paused: the revision to roll out on resume."""
     applied: str | None = None
     """The fields a manifest last applied (JSON text), for the next apply's merge."""
+    restarted: int | None = None
+    """The generation of the restart whose replicas these are (a config with a version)."""
 
     @classmethod
     def from_record(cls, record: SpecRecord) -> Spec:
@@ -73,10 +76,10 @@ class Spec:
             replica_config=record.replica_config,
             deleting=record.deleting,
             force=record.force,
-            version=(
-                config.version
-                if config.version is not None
-                else f"gen-{record.code_generation or record.generation}"
+            version=replica_version(
+                config.version,
+                record.code_generation or record.generation,
+                record.restarted,
             ),
             code_generation=record.code_generation or record.generation,
             config_digest=digest(config.user_config),
@@ -85,6 +88,7 @@ class Spec:
             paused=record.paused,
             pending=record.pending,
             applied=record.applied,
+            restarted=record.restarted,
         )
 
     def config_to_hold(self, *, rolled_back: bool) -> tuple[str, JSON]:
@@ -149,6 +153,7 @@ class Spec:
             paused=self.paused,
             pending=self.pending,
             applied=self.applied,
+            restarted=self.restarted,
         )
 
 
@@ -163,11 +168,14 @@ def deploy_record(
     revision: int | None = None,
     paused: bool = False,
     pending: int | None = None,
+    restarted: int | None = None,
 ) -> SpecRecord:
     """The record of a deploy of these configs over `old` (the spec last asked, if any).
     `held` is the config the replicas went back to when `old`'s own change of config failed.
     `code_generation`: the generation whose code an unversioned config runs, when it brings
-    back a revision's (an undo); otherwise kept if the code is the same, else this one."""
+    back a revision's (an undo); otherwise kept if the code is the same, else this one.
+    `restarted`: the restart a versioned config's replicas come from, when it brings back a
+    revision's or makes one; otherwise `old`'s, kept while the replicas' content is the same."""
     rollback = None
     version = backend_config.version
     digest_before, before = held or (
@@ -190,6 +198,13 @@ def deploy_record(
         and _same_code(old, backend_config, replica_config)
     ):
         code_generation = old.code_generation
+    if (
+        restarted is None
+        and old is not None
+        and not old.deleting
+        and same_replicas(old, backend_config, replica_config)
+    ):
+        restarted = old.restarted
     return SpecRecord(
         name,
         generation,
@@ -201,6 +216,7 @@ def deploy_record(
         paused=paused,
         pending=pending,
         applied=old.applied if old is not None and not old.deleting else None,
+        restarted=restarted,
     )
 
 
@@ -219,6 +235,18 @@ def _same_code(old: Spec, backend_config: BackendConfig, replica_config: Replica
     )
 
 
+def same_replicas(old: Spec, backend_config: BackendConfig, replica_config: ReplicaConfig) -> bool:
+    """With a version, whether these configs ask for the replicas `old` has (a change of user
+    config is made in place, so it keeps them too)."""
+    before = old.backend_config
+    return (
+        backend_config.version is not None
+        and backend_config.version == before.version
+        and replica_config == old.replica_config
+        and backend_config.resources == before.resources
+    )
+
+
 def delete_record(name: str, old: Spec, *, force: bool) -> SpecRecord:
     """The record of a delete of `old` (the spec last asked)."""
     return SpecRecord(
@@ -230,4 +258,5 @@ def delete_record(name: str, old: Spec, *, force: bool) -> SpecRecord:
         force=force,
         code_generation=old.code_generation,
         revision=old.revision,
+        restarted=old.restarted,
     )

@@ -30,7 +30,7 @@ from .revisions import (
     trim,
     with_content,
 )
-from .spec import Spec, deploy_record
+from .spec import Spec, deploy_record, same_replicas
 
 
 @attrs.frozen
@@ -79,7 +79,7 @@ def deploy_change(
     generation = 1 if old is None else old.generation + 1
     running = None if old is None or old.deleting else book.get(old.revision)
 
-    def new(outcome: RevisionOutcome, code_generation: int) -> Revision:
+    def new(outcome: RevisionOutcome, code_generation: int, restarted: int | None) -> Revision:
         return make_revision(
             book.next_number,
             content,
@@ -88,6 +88,7 @@ def deploy_change(
             code=code_of(replica_config.entrypoint),
             code_generation=code_generation,
             outcome=outcome,
+            restarted=restarted,
         )
 
     if old is not None and running is not None and old.paused:
@@ -99,7 +100,11 @@ def deploy_change(
             pending = None  # back to what runs: nothing left to roll out
         elif kept is None or kept.digest != content.digest:
             # Its replicas, once resumed, are this generation's code (`gen-N`).
-            revisions.append(new("pending", generation))
+            # Replicas its content leaves as they are keep their restart, as at a resume.
+            restarted = (
+                old.restarted if same_replicas(old, backend_config, replica_config) else None
+            )
+            revisions.append(new("pending", generation, restarted))
             pending = revisions[-1].number
         if pending != old.pending:
             revisions = superseded(revisions, [old.pending])
@@ -126,7 +131,7 @@ def deploy_change(
     record = deploy_record(
         name, old, backend_config, replica_config, held=held, revision=book.next_number
     )
-    revision = new("in_progress", _code_generation(record))
+    revision = new("in_progress", _code_generation(record), record.restarted)
     replaced = () if old is None else (old.revision,)
     revisions = [*superseded(revisions, replaced), revision]
     return _change(record, revisions, backend_config, live, book, replaced)
@@ -161,6 +166,48 @@ def undo_change(
         code_generation=_code_generation(record),
         restores=target.number,
         automatic=automatic,
+        restarted=record.restarted,
+    )
+    revisions = [*superseded(book.revisions, [old.revision]), revision]
+    return _change(record, revisions, record.backend_config, live, book, (old.revision,))
+
+
+def restart_change(
+    name: str,
+    old: Spec,
+    running: Revision,
+    book: RevisionBook,
+    *,
+    cause: Cause,
+    code_of: CodeOf,
+    now: float,
+    held: tuple[str, JSON] | None,
+    live: Iterable[int | None],
+) -> SpecChange:
+    """`running`'s content again as a new revision, pinned to the code on disk now, with
+    replicas of a new version (``gen-N`` of this generation, or ``<version>+restart.N``), so
+    that the rolling update replaces every one, as ``kubectl rollout restart`` does."""
+    content = running.content
+    generation = old.generation + 1
+    record = deploy_record(
+        name,
+        old,
+        with_content(old.backend_config, content),
+        content.replica_config,
+        held=held,
+        code_generation=generation,
+        revision=book.next_number,
+        restarted=None if content.version is None else generation,
+    )
+    revision = make_revision(
+        book.next_number,
+        content,
+        now=now,
+        cause=cause,
+        code=code_of(content.replica_config.entrypoint),
+        code_generation=generation,
+        restarted=record.restarted,
+        restarts=running.number,
     )
     revisions = [*superseded(book.revisions, [old.revision]), revision]
     return _change(record, revisions, record.backend_config, live, book, (old.revision,))
@@ -218,6 +265,7 @@ def _running(
         revision=number,
         paused=paused,
         pending=pending,
+        restarted=revision.restarted,
     )
 
 
