@@ -82,7 +82,7 @@ async def test_a_dry_run_shows_each_field_and_writes_nothing() -> None:
         await (await ctl.scale("echo", 4)).wait()
         before = _specs(await store.read_all())
         changed = manifest(num_replicas=3, user_config={"greeting": "hi"})
-        diffs = ctl.preview_manifest(changed, prune=True)
+        diffs = await ctl.preview_manifest(changed, prune=True)
         assert diffs == [
             BackendDiff(
                 "echo",
@@ -91,7 +91,7 @@ async def test_a_dry_run_shows_each_field_and_writes_nothing() -> None:
             ),
             BackendDiff("other", "deleted"),
         ]
-        assert ctl.preview_manifest(manifest()) == [BackendDiff("echo", "unchanged")]
+        assert await ctl.preview_manifest(manifest()) == [BackendDiff("echo", "unchanged")]
         assert _specs(await store.read_all()) == before
 
 
@@ -107,7 +107,7 @@ async def test_a_merge_that_breaks_a_rule_between_fields_is_refused_naming_it() 
         with pytest.raises(controller.ConfigError, match=r"backend 'echo': .*may not both be 0"):
             await ctl.apply_manifest(manifest(max_unavailable=0))
         with pytest.raises(controller.ConfigError, match="max_unavailable may not both be 0"):
-            ctl.preview_manifest(manifest(max_unavailable=0))
+            await ctl.preview_manifest(manifest(max_unavailable=0))
         assert _specs(await store.read_all()) == before
 
 
@@ -126,7 +126,7 @@ async def test_one_and_one_point_zero_are_different_values() -> None:
         first = manifest(max_surge=1, user_config={"verbose": True})
         await (await ctl.apply_manifest(first)).goals["echo"].wait()
         then = manifest(max_surge=1.0, user_config={"verbose": 1})
-        [diff] = ctl.preview_manifest(then)
+        [diff] = await ctl.preview_manifest(then)
         assert diff.fields == {
             "max_surge": (1, 1.0),
             "user_config": ({"verbose": True}, {"verbose": 1}),

@@ -3,6 +3,7 @@ controller it makes. ``app`` is the ASGI plumbing around them; ``routes``, which
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -11,6 +12,7 @@ import trio
 
 from .._core.controller import Controller
 from .._core.rollouts import with_code_checked
+from .._core.turns import take_turns
 from .._model.errors import ManifestError, UnknownBackendError
 from .._model.load_report import parse_load_body
 from .._model.manifest import BackendDecl, Manifest, parse_manifest
@@ -44,6 +46,8 @@ from .timeline import Timelines
 from .views import applied_json, diff_json, revision_json, snapshot_json, status_json
 
 MAX_WATCH_TIMEOUT_S = 60.0
+#: A manifest of more backends than this is parsed in a thread (a few milliseconds' worth).
+PARSE_INLINE_MAX = 64
 
 #: An answer: status, body, content type.
 Answer = tuple[int, bytes, str]
@@ -200,9 +204,8 @@ class Handlers:
         return ok(await self._apply(data))
 
     async def _diff_body(self, call: Call) -> Answer:
-        manifest, prune, _cause = self._apply_request(parse_json(call.body))
-        await trio.lowlevel.checkpoint()
-        return ok(diff_json(self._ctl.preview_manifest(manifest, prune=prune)))
+        manifest, prune, _cause = await self._apply_request(parse_json(call.body))
+        return ok(diff_json(await self._ctl.preview_manifest(manifest, prune=prune)))
 
     async def _watch_since(self, call: Call) -> Answer:
         # HEAD: checked as a GET is, answered without the wait.
@@ -289,7 +292,7 @@ class Handlers:
         return {"name": name, "generation": goal.generation}
 
     async def _apply(self, data: Any) -> dict[str, Any]:
-        manifest, prune, cause = self._apply_request(data)
+        manifest, prune, cause = await self._apply_request(data)
         applied = await self._ctl.apply_manifest(manifest, prune=prune, cause=cause)
         return applied_json(applied, await self._code_changed(list(applied.goals)))
 
@@ -305,6 +308,7 @@ class Handlers:
                 rollout, kept = None, ()
             number = None if rollout is None else rollout.revision
             running[name] = next((r for r in kept if r.number == number), None)
+            await take_turns(len(running))
         # Only pinned code can have changed; reading the sources (a package's files, each
         # entrypoint once) is not for the loop's thread.
         pinned = [r for r in running.values() if r is not None and r.code is not None]
@@ -314,7 +318,7 @@ class Handlers:
             checked = {id(r): c.code_changed for r, c in zip(pinned, found, strict=True)}
         return {name: checked.get(id(r)) for name, r in running.items()}
 
-    def _apply_request(self, data: Any) -> tuple[Manifest, bool, Cause]:
+    async def _apply_request(self, data: Any) -> tuple[Manifest, bool, Cause]:
         """An apply's body, checked: the manifest, whether to prune, and the cause."""
         if not isinstance(data, dict):
             raise HTTPError(422, "Invalid", "the body must be an object")
@@ -336,12 +340,19 @@ class Handlers:
             manifest=data.get("source"),
             manifest_digest=data.get("source_digest"),
         )
+        backends = data.get("backends", {})
+        # Two backends claiming one route is a conflict (409), as when the route is another's
+        # already, not a fault of the body's shape: the schema holds each alone.
+        parse = functools.partial(
+            parse_manifest, {"backends": backends}, source, check_routes=False
+        )
         try:
-            # Two backends claiming one route is a conflict (409), as when the route is
-            # another's already, not a fault of the body's shape: the schema holds each alone.
-            manifest = parse_manifest(
-                {"backends": data.get("backends", {})}, source, check_routes=False
-            )
+            if isinstance(backends, dict) and len(backends) > PARSE_INLINE_MAX:
+                # ~0.1 ms a backend: thousands would stall the loop (and the lease) for
+                # seconds; in a thread, the loop keeps its turns. A few stay inline.
+                manifest = await trio.to_thread.run_sync(parse)
+            else:
+                manifest = parse()
         except ManifestError as exc:
             raise HTTPError(422, "InvalidManifest", str(exc), problems=exc.problems) from None
         return manifest, prune, cause

@@ -45,6 +45,7 @@ from .._ports.runtime import Runtime
 from .._ports.store import Store
 from . import rollouts as rollouts
 from .desk import Applied, SpecDesk
+from .turns import take_turns
 
 logger = logging.getLogger("controller")
 
@@ -151,11 +152,16 @@ class Controller:
         that ``scale`` or ``undo`` did. A backend no manifest applied takes it whole."""
         # Merged under each name's lock (the desk calls `_merge` with the spec it holds).
         wanted = {d.name: functools.partial(self._merge, d) for d in manifest.backends}
-        applied = {d.name: applied_text(d) for d in manifest.backends}
+        applied = {}
+        for decl in manifest.backends:
+            applied[decl.name] = applied_text(decl)
+            await take_turns(len(applied))
         async with self._apply_lock:
             return await self._desk.change_specs(wanted, prune=prune, cause=cause, applied=applied)
 
-    def preview_manifest(self, manifest: Manifest, *, prune: bool = False) -> list[BackendDiff]:
+    async def preview_manifest(
+        self, manifest: Manifest, *, prune: bool = False
+    ) -> list[BackendDiff]:
         """What ``apply_manifest`` would change now, backend by backend and field by field
         (``apply --dry-run``); nothing is written. ``ConfigError`` as the apply would raise."""
         diffs = []
@@ -163,6 +169,7 @@ class Controller:
             spec = self._desk.spec(decl.name)
             live = self._live(decl.name, spec)
             diffs.append(diff_of(decl.name, live, self._merge(decl, spec)))
+            await take_turns(len(diffs))
         if prune:
             named = set(manifest.names)
             for name in sorted(self._desk.backends):

@@ -10,11 +10,12 @@ those marks rather than replacing them (``_write_with_histories``).
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
-from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, final
 
 import attrs
@@ -38,8 +39,9 @@ from .._model.steering import SpecChange, asked, deploy_change, restored
 from .._ports.runtime import Runtime
 from .._ports.store import Store
 from .capacity import Reservations
-from .locks import NameLocks
+from .locks import Held, NameLocks
 from .routes import RouteClaims, route_of
+from .turns import take_turns
 
 #: A backend's two configs, as a deploy names them.
 Configs = tuple[BackendConfig, ReplicaConfig]
@@ -153,7 +155,7 @@ class SpecDesk:
 
     # -- writing --
 
-    def hold(self, names: Collection[str]) -> AbstractAsyncContextManager[AsyncExitStack]:
+    def hold(self, names: Collection[str]) -> AbstractAsyncContextManager[Held]:
         """Hold the lock of every name of `names` (sorted, so that two holders never deadlock)."""
         self.check_open()
         return self._locks.hold(names)
@@ -176,10 +178,10 @@ class SpecDesk:
         written too)."""
         texts = applied or {}
         async with self.hold(wanted) as locks:
-            declared = {
-                name: configs(self.spec(name)) if callable(configs) else configs
-                for name, configs in wanted.items()
-            }
+            declared = {}
+            for name, configs in wanted.items():
+                declared[name] = configs(self.spec(name)) if callable(configs) else configs
+                await take_turns(len(declared))  # each name is ours: its spec stays
             deletes: list[str] = []
             if prune:
                 # Locked after the named ones, which is safe: only `apply` locks several names,
@@ -188,13 +190,16 @@ class SpecDesk:
                 others = sorted(
                     n for n in {*self._backends, *self._locks.names()} if n not in declared
                 )
-                locks.callback(self._locks.drop, others)  # after they are released
+                locks.after_release(functools.partial(self._locks.drop, others))
                 for name in others:
-                    await locks.enter_async_context(self._locks[name])
+                    await locks.take(name)
                 deletes = [n for n in others if n in self._backends]
             records: dict[str, SpecChange] = {}
             now = time.time()
-            for name, configs in declared.items():
+            # One read of each entrypoint's source for the whole change, not one a backend.
+            code_of = functools.cache(self.code_of)
+            for done, (name, configs) in enumerate(declared.items(), 1):
+                await take_turns(done)
                 text = texts.get(name)
                 if not self._matches(name, *configs) or (
                     text is not None and self._requested[name][0].applied != text
@@ -205,7 +210,7 @@ class SpecDesk:
                         self._books.get(name) or RevisionBook(),
                         configs,
                         cause=cause or Cause(),
-                        code_of=self.code_of,
+                        code_of=code_of,
                         now=now,
                         held=self.held(name),
                         live=self.live_revisions(name),
@@ -261,8 +266,12 @@ class SpecDesk:
         The caller holds the lock of every name involved. Returns the hand-overs to wait for."""
         if not changes:
             return []
-        specs = {name: Spec.from_record(change.record) for name, change in changes.items()}
-        writes: dict[str, str | None] = {spec_key(n): dump(c.record) for n, c in changes.items()}
+        specs: dict[str, Spec] = {}
+        writes: dict[str, str | None] = {}
+        for name, change in changes.items():
+            specs[name] = Spec.from_record(change.record)
+            writes[spec_key(name)] = dump(change.record)
+            await take_turns(len(specs))
         claims = self._routes.claim(specs, self._routed.items())
         try:
             reserved = await self._reservations.reserve(specs)
@@ -280,7 +289,9 @@ class SpecDesk:
                     book = self._books.setdefault(name, RevisionBook())
                     if name in histories:
                         book.revisions = histories[name]
-                for name, spec in specs.items():
+                for done, (name, spec) in enumerate(specs.items(), 1):
+                    # Shielded, not frozen: the names are ours, and other backends go on.
+                    await take_turns(done)
                     before = self._requested.get(name)
                     if before is not None and before[0].generation == spec.generation:
                         # A pause or a resume that rolls nothing out: the same goal goes on.
@@ -318,7 +329,8 @@ class SpecDesk:
         bases = {name: changes[name].base for name in histories}
         due = set(histories)
         while True:
-            for name in due:
+            for done, name in enumerate(due, 1):
+                await take_turns(done)
                 now = self._book_now(name)
                 histories[name] = merged(histories[name], bases[name], now, changes[name].replaces)
                 bases[name] = now
