@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from ._model.status import BackendState as BackendState
     from ._model.status import BackendStatus as BackendStatus
     from ._model.status import ControllerStatus as ControllerStatus
+    from ._model.status import FailedStart as FailedStart
     from ._model.status import GoalOutcome as GoalOutcome
     from ._model.status import LoadReport as LoadReport
     from ._model.status import ReplicaState as ReplicaState
@@ -118,6 +119,7 @@ _HOME: dict[str, str] = {
     "BackendState": "._model.status",
     "BackendStatus": "._model.status",
     "ControllerStatus": "._model.status",
+    "FailedStart": "._model.status",
     "GoalOutcome": "._model.status",
     "LoadReport": "._model.status",
     "ReplicaState": "._model.status",

@@ -1,9 +1,10 @@
 """The web console in a real browser (Debian's Chromium, driven by Playwright) against a real
 daemon with real workers running the README's example backends: the login and a one-time link,
 the overview, a scale from the CLI showing on an open page within a second, the scale, undo and
-delete actions with their confirmations (and a forged change refused), a backend's page and a
-replica's log. No page may log an error in the browser's console. A screenshot of each page is
-kept in ``artifacts/console/`` (``$CONSOLE_ARTIFACTS``).
+delete actions with their confirmations (and a forged change refused), a backend's page, a
+replica's log, and a failed backend's page (each failed start's error, traceback and kept log,
+gone once it is healthy again). No page may log an error in the browser's console. A
+screenshot of each page is kept in ``artifacts/console/`` (``$CONSOLE_ARTIFACTS``).
 
 Skipped, saying why, where Chromium or Playwright is missing; ``.ci/run`` installs both and sets
 ``CONTROLLER_BROWSER_TESTS=required``, under which a missing browser fails instead."""
@@ -481,6 +482,74 @@ def test_undo_and_delete_ask_first_and_act_through_the_api(tab: Tab) -> None:
     tab.page.click("#confirm-ok")
     daemon.wait_until("scratch deleted", lambda: "scratch" not in _names(daemon))
     tab.page.wait_for_function("() => document.body.textContent.includes('does not exist')")
+
+
+def test_a_failed_start_shows_its_error_traceback_and_log_until_the_backend_is_healthy(
+    tab: Tab,
+) -> None:
+    daemon = tab.daemon
+    spec = {
+        "entrypoint": "echo_replica:Echo",
+        "num_replicas": 1,
+        "version": "v1",
+        # Milliseconds as a word: Echo's __init__ fails on it, in the user's own file.
+        "init_kwargs": {"work_ms": "five"},
+        "graceful_shutdown_timeout_s": 2,
+        "resources": {"CPU": 0.1},
+    }
+    daemon.api("PUT", "/api/v1/backends/broken", spec)
+    try:
+        daemon.wait_until(
+            "broken's deploy failed", lambda: daemon.status("broken")["state"] == "DEPLOY_FAILED"
+        )
+        failed = daemon.status("broken")["failed_starts"]
+        assert len(failed) == 3
+        tab.log_in()
+        tab.go("/backends/broken")
+        tab.page.wait_for_selector('h1 .badge[data-state="DEPLOY_FAILED"]')
+        tab.page.wait_for_function(
+            "() => document.querySelectorAll('#failed-starts .failed-start').length === 3"
+        )
+        last = f'#failed-starts .failed-start[data-replica="{failed[-1]["replica"]}"]'
+        assert tab.page.inner_text(f"{last} .error-type") == "TypeError"
+        assert tab.page.inner_text(f"{last} .error-message") == (
+            "unsupported operand type(s) for /: 'str' and 'int'"
+        )
+        traceback = tab.page.inner_text(f"{last} pre.traceback")
+        assert 'examples/echo_replica.py", line' in traceback
+        assert "self.work_s = work_ms / 1000" in traceback
+        assert tab.page.inner_text("#last-error").startswith("Last error: TypeError: unsupported")
+        rollout = tab.page.inner_text("#rollout")
+        assert "From nothing (first deploy) to revision 1: failed" in rollout
+        assert "None: no replica of any version" in rollout
+        assert "revision -" not in rollout
+        tab.page.wait_for_selector("#no-replicas:not([hidden])")
+        assert "failed starts" in tab.page.inner_text("#no-replicas")
+        tab.shot("backend-failed")
+
+        # The kept log of a replica that is gone.
+        tab.page.click(f"{last} a[href*='/logs/']")
+        tab.page.wait_for_url(re.compile(r".*/backends/broken/logs/broken%23[0-9a-f]+$"))
+        tab.page.wait_for_function(
+            "() => document.querySelector('#log').textContent.includes('TypeError: unsupported')"
+        )
+        assert "echo_replica.py" in tab.page.inner_text("#log")
+        tab.page.wait_for_selector('.log-meta .badge[data-state="GONE"]')
+
+        # Fixed: once healthy, nothing of the failure stays but its events.
+        daemon.api("PUT", "/api/v1/backends/broken", {**spec, "version": "v2", "init_kwargs": {}})
+        tab.go("/backends/broken")
+        tab.page.wait_for_selector('h1 .badge[data-state="HEALTHY"]')
+        tab.page.wait_for_selector("#replicas tr[data-replica]")
+        assert tab.page.is_hidden("#last-error")
+        assert tab.page.is_hidden("#failed-starts")
+        assert tab.page.is_hidden("#rollout")
+        status = daemon.status("broken")
+        assert (status["last_error"], status["failed_starts"]) == (None, [])
+        assert "StartFailed" in tab.page.inner_text("#events")
+    finally:
+        daemon.api("DELETE", "/api/v1/backends/broken?force=true")
+        daemon.wait_until("broken deleted", lambda: "broken" not in _names(daemon))
 
 
 def _done(status: dict[str, Any], version: str) -> bool:

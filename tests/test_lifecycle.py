@@ -303,11 +303,13 @@ async def test_health_checks_run_on_schedule_and_replace_after_the_threshold(
         assert sick not in {r.tag for r in ctl.snapshot("a").replicas}
         assert rt.replicas[sick].state is S.DRAINING
         assert rt.replicas[sick].drain_requested_at == t0 + 30
+        assert "unhealthy: RuntimeError: db connection lost" in (ctl.status("a").last_error or "")
         await rt.wait_until(lambda r: r.replicas[sick].state is S.DEAD)
         assert rt.replicas[sick].killed_at == t0 + 35
         await rt.wait_until(lambda r: len(r.tags(S.READY)) == 2)
-        assert "unhealthy: RuntimeError: db connection lost" in (ctl.status("a").last_error or "")
         assert rt.replicas[well].health_checks[:3] == [t0 + 10, t0 + 20, t0 + 30]
+        await settle()
+        assert ctl.status("a").last_error is None  # replaced: healthy again
 
 
 async def test_no_health_check_before_ready_and_never_two_at_once(

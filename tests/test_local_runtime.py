@@ -150,13 +150,14 @@ async def test_a_worker_killed_with_sigkill_is_replaced(harness: Harness) -> Non
             victim = min(before)
             os.kill(victim, signal.SIGKILL)
             await serving(ctl, "a", 1)
+            # Said while it is replaced (the replacement waits out a backoff of a second).
+            assert "killed by SIGKILL" in (ctl.status("a").last_error or "")
             await serving(ctl, "a", 2)
             after = set(worker_pids(harness.runtime_dir))
             assert victim not in after
             assert len(after) == 2
             assert len(after & before) == 1
             assert is_zombie_or_gone(victim) == "gone"
-            assert "killed by SIGKILL" in (ctl.status("a").last_error or "")
             await (await ctl.delete("a", force=True)).wait()
 
 

@@ -41,6 +41,23 @@ _DECISION = {
 
 STATUS_SCHEMAS: dict[str, Any] = {
     "Replica": _REPLICA,
+    "FailedStart": obj(
+        {
+            "replica": {**STRING, "description": "Its tag: the logs endpoint's `replica`"},
+            "version": STRING,
+            "time": {"type": ["string", "null"], "format": "date-time"},
+            "error": {**STRING, "description": "As `last_error` says it: `Type: message`"},
+            "error_type": {
+                **NULLABLE_STRING,
+                "description": "The exception's name; null if the error names none",
+            },
+            "message": STRING,
+            "traceback": {
+                **NULLABLE_STRING,
+                "description": "The replica's own, where its runtime reported one",
+            },
+        }
+    ),
     "Event": obj(
         {"time": {"type": ["string", "null"], "format": "date-time"}, "kind": STRING}
         | {"message": STRING}
@@ -55,7 +72,10 @@ STATUS_SCHEMAS: dict[str, Any] = {
             "observed_generation": INT,
             "deleting": BOOL,
             "goal_done": BOOL,
-            "last_error": NULLABLE_STRING,
+            "last_error": {
+                **NULLABLE_STRING,
+                "description": "The latest replica failure, until the backend is healthy again",
+            },
             "last_traceback": NULLABLE_STRING,
             "desired": {"type": "integer", "minimum": 0},
             "version": STRING,
@@ -89,6 +109,12 @@ STATUS_SCHEMAS: dict[str, Any] = {
             "description": "Only in a single backend's status: the source on disk of the "
             "revision it runs (or rolls out) is not what that revision recorded, so edited code "
             "waits for `POST .../restart` (null: cannot tell)",
+        },
+        failed_starts={
+            "type": "array",
+            "items": ref("FailedStart"),
+            "description": "Its latest failed starts, oldest first, until it is healthy "
+            "again; left out of a listing with view=summary",
         },
     ),
     "Autoscaler": obj(

@@ -97,6 +97,18 @@ def status_json(status: BackendStatus, *, summary: bool = False) -> dict[str, An
         out["events"] = [
             {"time": iso(e.wall_time), "kind": e.kind, "message": e.message} for e in status.events
         ]
+        out["failed_starts"] = [
+            {
+                "replica": f.tag,
+                "version": f.version,
+                "time": iso(f.wall_time),
+                "error": f.error,
+                "error_type": f.error_type,
+                "message": f.message,
+                "traceback": f.traceback,
+            }
+            for f in status.failed_starts
+        ]
     return out
 
 

@@ -61,9 +61,12 @@ class FailureReports:
         backoff = self._book.failed(trio.current_time(), error)
         self._journal.failure(tag, kind, error, then or backoff, traceback)
 
-    def start_failed(self, tag: str, of_target: bool, error: str, traceback: str | None) -> None:
+    def start_failed(
+        self, tag: str, version: str, of_target: bool, error: str, traceback: str | None
+    ) -> None:
         """A start failed: counted, and the deploy fails if it was the last chance."""
         blocks = self._book.start_failed(of_target, error)
+        self._journal.start_failed(tag, version, error, traceback)
         self.failure(tag, "StartFailed", error, traceback)
         if blocks:
             self.deploy_failed("StartFailures", self._book.why_blocked(error), traceback)

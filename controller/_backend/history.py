@@ -12,13 +12,16 @@ import trio
 
 from .._model.checkpoint import dump
 from .._model.records import EventRecord, EventsRecord
-from .._model.status import BackendEvent
+from .._model.status import BackendEvent, FailedStart
 from .observe import Observer
 
 logger = logging.getLogger("controller")
 
 #: How many recent events each backend keeps (in memory and in the store).
 EVENTS_KEPT = 50
+#: How many failed starts each backend's status shows: a failed deploy's (3 by default) and
+#: a few more, not the whole of a crash loop's tracebacks.
+FAILED_STARTS_KEPT = 5
 
 
 def plural(n: int, word: str) -> str:
@@ -92,14 +95,18 @@ class EventLog:
 @final
 class Journal:
     """What a backend tells of itself, in one place: its events (kept, and stored once `changed`
-    has been called), its log lines, its failure metrics and its latest error."""
+    has been called), its log lines, its failure metrics, its latest error and failed starts."""
 
     def __init__(self, name: str, observer: Observer, changed: Callable[[], None]):
         self.name = name
         self.log = EventLog(name)
         self.last_error: str | None = None
-        """The most recent failure of any generation."""
+        """The most recent failure of any generation, until the backend is healthy again."""
         self.last_traceback: str | None = None
+        self.failed_starts: collections.deque[FailedStart] = collections.deque(
+            maxlen=FAILED_STARTS_KEPT
+        )
+        """The latest failed starts of any generation, until the backend is healthy again."""
         self._observer = observer
         self._changed = changed
 
@@ -120,6 +127,16 @@ class Journal:
         else:
             logger.warning("replica %s: %s (%s)", tag, error, then)
         self.event(kind, f"replica {tag}: {error}; {then}")
+
+    def start_failed(self, tag: str, version: str, error: str, traceback: str | None) -> None:
+        """Kept for the status (the replica itself is about to go); told by ``failure``."""
+        self.failed_starts.append(FailedStart(tag, version, error, traceback, time.time()))
+
+    def healthy(self) -> None:
+        """The backend is healthy again (converged, every replica passing its checks, no failed
+        deploy): its earlier failures are history, which the events keep, not its status."""
+        self.last_error = self.last_traceback = None
+        self.failed_starts.clear()
 
     def decision(
         self, version: str, starts: int, stopped_versions: Sequence[str], updates: int

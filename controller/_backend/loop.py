@@ -25,12 +25,7 @@ from .._model.failures import FailureBook
 from .._model.json_values import JSON
 from .._model.pass_plan import PassState, decide_pass
 from .._model.policy import RestartPolicy
-from .._model.records import (
-    events_key,
-    replicas_key,
-    revisions_key,
-    spec_key,
-)
+from .._model.records import events_key, replicas_key, revisions_key, spec_key
 from .._model.revisions import RevisionBook
 from .._model.spec import Spec
 from .._model.status import (
@@ -285,6 +280,8 @@ class Backend(Reducer):
         self._converged = plan.converged
         if plan.converged:
             self._scaling.converged()
+            if self._failures.blocked is None and not self._set.unhealthy and not spec.deleting:
+                self.journal.healthy()  # else a failure long mended reads as news
         if plan.complete:
             self._rollout.complete(plan.num_replicas)
 
@@ -440,8 +437,7 @@ class Backend(Reducer):
             observed_generation=self._observed_generation,
             converged=self._converged,
             change=self._change,
-            last_error=(self.journal.last_error, self.journal.last_traceback),
-            events=self.journal.log.events,
+            journal=self.journal,
             load=self._scaling.load(trio.current_time()),
             desired=self.desired if self._scaling.autoscaled else None,
             autoscaler=self._scaling.status(self.spec.backend_config.num_replicas),

@@ -181,7 +181,7 @@ class Reducer:
             self.journal.event("AdoptionFailed", f"replica {replica.tag}: {error}; replacing it")
         else:
             of_target = replica.version == self.spec.version
-            self._reports.start_failed(replica.tag, of_target, error, traceback)
+            self._reports.start_failed(replica.tag, replica.version, of_target, error, traceback)
         # What a failed start left behind (its process may live on: a hung start, a worker that
         # failed to import): a goal this failure fails waits until it is gone (``settle``).
         self._stop_now(replica, graceful=False)
@@ -192,7 +192,7 @@ class Reducer:
         self._rollout.replica_failed(replica, f"died: {reason}", trio.current_time())
         if replica.state is ReplicaState.STARTING:
             of_target = replica.version == self.spec.version
-            self._reports.start_failed(replica.tag, of_target, reason, None)
+            self._reports.start_failed(replica.tag, replica.version, of_target, reason, None)
         else:
             self._reports.failure(replica.tag, "Died", f"died: {reason}")
         self._stop_now(replica, graceful=False)

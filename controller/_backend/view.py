@@ -14,7 +14,6 @@ from .._model.revisions import Revision, RevisionBook
 from .._model.spec import Spec
 from .._model.status import (
     AutoscalerStatus,
-    BackendEvent,
     BackendLoad,
     BackendReason,
     BackendSnapshot,
@@ -26,7 +25,7 @@ from .._model.status import (
     ServingReplica,
 )
 from .goal import Goal
-from .history import plural
+from .history import Journal, plural
 from .replica import Replica
 
 
@@ -62,8 +61,7 @@ def status_of(
     observed_generation: int,
     converged: bool,
     change: tuple[BackendState, BackendReason],
-    last_error: tuple[str | None, str | None],
-    events: Iterable[BackendEvent],
+    journal: Journal,
     load: BackendLoad,
     desired: int | None = None,
     autoscaler: AutoscalerStatus | None = None,
@@ -71,8 +69,9 @@ def status_of(
     revisions: RevisionBook | None = None,
 ) -> BackendStatus:
     """The frozen status of a backend (``ctl.status(name)``); `desired`: the autoscaler's
-    count, if it is autoscaled. Without `replicas`, a summary: no replicas and no events, its
-    counts from the `tally` alone."""
+    count, if it is autoscaled; `journal` tells its latest error, failed starts and events.
+    Without `replicas`, a summary: no replicas, failed starts or events, its counts from the
+    `tally` alone."""
     views = tuple(
         ReplicaStatus(r.tag, r.state, r.version, r.address, r.healthy, r.pid, r.node, r.created_at)
         for r in replicas or ()
@@ -97,10 +96,11 @@ def status_of(
         replica_config=spec.replica_config,
         deleting=spec.deleting,
         goal_done=goal.done,
-        last_error=last_error[0],
+        last_error=journal.last_error,
         replicas=views,
-        events=() if replicas is None else tuple(events),
-        last_traceback=last_error[1],
+        events=() if replicas is None else tuple(journal.log.events),
+        last_traceback=journal.last_traceback,
+        failed_starts=() if replicas is None else tuple(journal.failed_starts),
         load=load,
         version=spec.version,
         desired=desired,

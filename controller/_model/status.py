@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping
 from typing import Literal
 
@@ -83,6 +84,40 @@ class BackendEvent:
     """What happened, in words."""
     wall_time: float | None = None
     """When, by the wall clock (seconds since the epoch), for people to read."""
+
+
+#: An error as the controller words a replica's (``ReplicaError.summary``): ``Type: message``.
+#: A reason without an exception's name (``worker process killed by SIGKILL``) does not match.
+_SUMMARY = re.compile(r"([A-Za-z_][\w.]*): (.*)", re.DOTALL)
+
+
+@attrs.frozen
+class FailedStart:
+    """A replica whose start failed, as status reports it until the backend is healthy again.
+    The replica itself is gone; its log, where the runtime keeps logs, is kept under its tag."""
+
+    tag: str
+    """The replica (its kept log's name)."""
+    version: str
+    """The version it was to run."""
+    error: str
+    """What went wrong, as ``last_error`` says it: ``ValueError: bad port``."""
+    traceback: str | None
+    """The replica's own traceback, where its runtime reported one."""
+    wall_time: float
+    """When, by the wall clock (seconds since the epoch)."""
+
+    @property
+    def error_type(self) -> str | None:
+        """The exception's name (``ValueError``), if `error` names one."""
+        found = _SUMMARY.fullmatch(self.error)
+        return None if found is None else found[1]
+
+    @property
+    def message(self) -> str:
+        """`error` without the exception's name."""
+        found = _SUMMARY.fullmatch(self.error)
+        return self.error if found is None else found[2]
 
 
 class GoalOutcome(enum.Enum):
@@ -275,7 +310,7 @@ class BackendStatus:
     goal_done: bool
     """True when the latest goal is reached (or failed)."""
     last_error: str | None
-    """The most recent replica failure, as ``Type: message``."""
+    """The most recent replica failure, as ``Type: message``, until it is healthy again."""
     replicas: tuple[ReplicaStatus, ...]
     """Every replica the controller holds for it, by tag."""
     events: tuple[BackendEvent, ...]
@@ -292,6 +327,9 @@ class BackendStatus:
     """Its autoscaler, if it is autoscaled."""
     rollout: RolloutStatus | None = None
     """Its revisions and their rollout."""
+    failed_starts: tuple[FailedStart, ...] = ()
+    """Its latest failed starts, oldest first, until it is healthy again (left out of a
+    summary, as `replicas` are)."""
     tally: Mapping[tuple[str, ReplicaState], int] | None = None
     """Set when `replicas` and `events` were left out (``Controller.summary``): how many
     replicas of each version are in each state, which `counts_by_version` then reads."""

@@ -1,9 +1,10 @@
-// A backend's page (/backends/{name}): its summary, actions, rollout, replicas, chart,
-// events and revisions.
+// A backend's page (/backends/{name}): its summary, latest error, actions, rollout, failed
+// starts, replicas, chart, events and revisions.
 
 import { getJSON, isAbort, pages, paths } from "./api.js";
 import * as actions from "./actions.js";
 import { drawChart } from "./chart.js";
+import { failedStarts, rolloutWords } from "./failures.js";
 import {
   age, append, badge, dash, el, link, loadText, range, syncRows, table, timeAgo,
 } from "./dom.js";
@@ -91,11 +92,13 @@ export function backendPage(main, signal, name) {
     view = {
       state: el("span", { className: "title-badge" }),
       reason: el("p", { className: "reason" }),
+      lastError: el("p", { id: "last-error", className: "last-error", hidden: true }),
       summary: el("dl", { id: "summary", className: "summary" }),
       undo: button("undo", "Undo", "undo", () => actions.undo(name)),
       rollout: el("section", { id: "rollout", className: "rollout", hidden: true }),
+      failures: el("section", { id: "failed-starts", className: "failures", hidden: true }),
       replicas: replicas.tbody,
-      noReplicas: el("p", { className: "empty", hidden: true }, "No replicas."),
+      noReplicas: el("p", { id: "no-replicas", className: "empty", hidden: true }),
       chart: el("div", { id: "chart", className: "chart-box" }),
       events: events.tbody,
       revisions: revisions.tbody,
@@ -106,6 +109,7 @@ export function backendPage(main, signal, name) {
       el("p", { className: "crumbs" }, link(pages.overview(), "Backends"), " / "),
       el("h1", {}, name, " ", view.state),
       view.reason,
+      view.lastError,
       view.summary,
       el("div", { className: "buttons" },
         button("scale", "Scale", "scale", () => actions.scale(status)),
@@ -113,6 +117,7 @@ export function backendPage(main, signal, name) {
         view.undo,
       ),
       view.rollout,
+      view.failures,
       el("h2", {}, "Replicas"), replicas.table, view.noReplicas,
       el("h2", {}, "Replicas and load, last hour"), view.chart,
       el("h2", {}, "Events"), events.table,
@@ -147,7 +152,15 @@ export function backendPage(main, signal, name) {
     update(view.summary, JSON.stringify(rows), () => rows.map(([term, value, id]) =>
       el("div", {}, el("dt", {}, term), el("dd", id ? { id } : {}, value))));
 
+    // Gone from the status once the backend is healthy again: nothing stale stays here.
+    view.lastError.hidden = !s.last_error;
+    update(view.lastError, JSON.stringify(s.last_error), () => s.last_error
+      ? [el("strong", {}, "Last error: "), el("span", { className: "message" }, s.last_error)]
+      : null);
     showRollout(s);
+    const failed = s.failed_starts ?? [];
+    view.failures.hidden = failed.length === 0;
+    update(view.failures, JSON.stringify(failed), () => failedStarts(name, failed));
 
     syncRows(view.replicas, s.replicas ?? [], {
       key: (r) => r.tag,
@@ -166,6 +179,9 @@ export function backendPage(main, signal, name) {
       ),
     });
     view.noReplicas.hidden = (s.replicas ?? []).length !== 0;
+    view.noReplicas.textContent = failed.length
+      ? "No replicas: none is starting or running (see the failed starts above)."
+      : "No replicas.";
 
     const events = newestFirst(s.events);
     update(view.events, JSON.stringify(events), () => events.map((e) =>
@@ -184,9 +200,9 @@ export function backendPage(main, signal, name) {
     const versions = Object.entries(s.counts_by_version ?? {});
     const signature = JSON.stringify([r, versions, s.version, s.config?.max_surge, s.config?.max_unavailable]);
     update(view.rollout, signature, () => [
-      el("h2", {}, `Rollout of revision ${dash(r.revision)}`),
-      el("p", {},
-        `From revision ${dash(r.current_revision)} to ${dash(r.revision)}: ${dash(r.outcome)}`,
+      el("h2", {}, Number.isInteger(r.revision) ? `Rollout of revision ${r.revision}` : "Rollout"),
+      el("p", { className: "rollout-words" },
+        rolloutWords(r),
         r.paused ? el("strong", { className: "paused" }, " (paused)") : null,
         r.automatic ? " (automatic)" : null,
       ),
@@ -195,12 +211,15 @@ export function backendPage(main, signal, name) {
           el("thead", {}, el("tr", {},
             el("th", { scope: "col" }, "Version"), el("th", { scope: "col" }, ""),
             el("th", { scope: "col" }, "Replicas"))),
-          el("tbody", {}, versions.map(([version, counts]) =>
-            el("tr", { dataset: { version } },
-              el("td", {}, version),
-              el("td", {}, version === s.version ? "new" : "old"),
-              el("td", {}, countsText(counts)),
-            ))),
+          el("tbody", {}, versions.length === 0
+            ? el("tr", {}, el("td", { colSpan: 3, className: "muted" },
+              `None: no replica of any version is starting or running (the target is ${dash(s.version)})`))
+            : versions.map(([version, counts]) =>
+              el("tr", { dataset: { version } },
+                el("td", {}, version),
+                el("td", {}, version === s.version ? "new" : "old"),
+                el("td", {}, countsText(counts)),
+              ))),
         )),
       el("p", { className: "muted" },
         `max surge ${dash(s.config?.max_surge)}, max unavailable ${dash(s.config?.max_unavailable)}`,
