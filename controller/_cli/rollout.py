@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .client import Client, CLIError, leader_answer, make_client
-from .output import age, indent, since
+from .output import age, indent, since, table
 
 #: The longest a watch request waits before the CLI refreshes what it shows.
 _REFRESH_S = 1.0
@@ -117,10 +117,7 @@ def print_history(revisions: list[dict[str, Any]]) -> None:
                 describe_cause(r),
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    for row in rows:
-        cells = [cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)]
-        print("  ".join([*cells, row[-1]]).rstrip())
+    print("\n".join(table(rows)))
     for r in revisions:
         if r["error"]:
             print(f"revision {r['number']} failed: {r['error']}")
