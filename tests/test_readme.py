@@ -1,0 +1,49 @@
+"""The README against the code: every reason the code can give is listed."""
+
+from __future__ import annotations
+
+import ast
+import typing
+from pathlib import Path
+
+from controller import BackendReason
+from controller._model.autoscale import ScaleReason
+
+ROOT = Path(__file__).parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def reason_aliases() -> dict[str, tuple[str, ...]]:
+    """Every ``...Reason = Literal[...]`` in the package, read from the source: a new kind of
+    reason is found without this test being told of it. (mypy holds the code to these
+    aliases: a reason outside them does not type-check.)"""
+    found = {}
+    for path in sorted((ROOT / "controller").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id.endswith("Reason")
+                and isinstance(node.value, ast.Subscript)
+                and ast.unparse(node.value.value) in ("Literal", "typing.Literal")
+            ):
+                values = ast.literal_eval(node.value.slice)
+                found[node.targets[0].id] = values if isinstance(values, tuple) else (values,)
+    return found
+
+
+def test_the_source_holds_the_reasons_the_package_exports() -> None:
+    aliases = reason_aliases()
+    assert aliases["BackendReason"] == typing.get_args(BackendReason)
+    assert aliases["ScaleReason"] == typing.get_args(ScaleReason)
+
+
+def test_every_reason_the_code_can_give_is_in_the_readme() -> None:
+    missing = [
+        f"{alias}: {reason}"
+        for alias, reasons in reason_aliases().items()
+        for reason in reasons
+        if f"`{reason}`" not in README
+    ]
+    assert missing == []
