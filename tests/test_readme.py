@@ -1,13 +1,18 @@
-"""The README against the code: every reason the code can give is listed."""
+"""The README against the code: every reason the code can give is listed; every example it
+names is shipped (tests/test_examples.py runs them)."""
 
 from __future__ import annotations
 
 import ast
+import re
 import typing
 from pathlib import Path
 
+import pytest
+
 from controller import BackendReason
 from controller._model.autoscale import ScaleReason
+from controller._model.manifest import load_manifest
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
@@ -47,3 +52,17 @@ def test_every_reason_the_code_can_give_is_in_the_readme() -> None:
         if f"`{reason}`" not in README
     ]
     assert missing == []
+
+
+def test_every_example_the_readme_names_is_shipped() -> None:
+    named = set(re.findall(r"\bexamples/[\w./-]*\w", README))
+    assert "examples/broken.toml" in named
+    assert sorted(path for path in named if not (ROOT / path).is_file()) == []
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.toml")), ids=lambda p: p.name)
+def test_every_example_manifest_is_valid_and_its_code_is_shipped_beside_it(path: Path) -> None:
+    manifest = load_manifest(path)
+    for backend in manifest.backends:
+        module = backend.replica_config.entrypoint.partition(":")[0]
+        assert (ROOT / "examples" / f"{module.replace('.', '/')}.py").is_file(), backend.name
