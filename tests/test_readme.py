@@ -66,3 +66,12 @@ def test_every_example_manifest_is_valid_and_its_code_is_shipped_beside_it(path:
     for backend in manifest.backends:
         module = backend.replica_config.entrypoint.partition(":")[0]
         assert (ROOT / "examples" / f"{module.replace('.', '/')}.py").is_file(), backend.name
+
+
+def test_the_readme_says_how_to_deploy_code_from_a_directory_of_ones_own() -> None:
+    # Where a ModuleNotFoundError's hint sends the user: --pythonpath is the daemon's, so a
+    # directory of one's own takes a restart with it added.
+    own = README.split("**Your own code.**", 1)[1].split("\n\n", 1)[0]
+    assert "--pythonpath" in own
+    assert "restart the daemon with it added" in own
+    assert "ModuleNotFoundError" in own
