@@ -73,6 +73,7 @@ def test_bounds_limits_tolerance_and_windows_always_hold(
             assert ongoing == 0
             busy = [x.at for x in decisions[:-1] if x.ongoing != 0]
             assert now - max([0.0, *busy]) >= config.scale_to_zero_delay_s
+            assert d.recommended == 0  # what its event says
         if ongoing is None:
             assert d.target >= d.previous  # no signal never scales down
         if d.previous and ongoing is not None and d.previous > 0:
@@ -83,9 +84,7 @@ def test_bounds_limits_tolerance_and_windows_always_hold(
             # Up: never past what the load asks, nor past the lowest recommendation in the up
             # window, nor past the rate limit from the count a period ago.
             assert d.target <= math.ceil(ongoing / config.target_ongoing_requests)  # type: ignore[operator]
-            window = [
-                x.recommended for x in _windowed(decisions, now, config.upscale_stabilization_s)
-            ]
+            window = _held(_windowed(decisions, now, config.upscale_stabilization_s))
             assert d.target <= min([d.recommended, *window])
             added = sum(
                 x.target - x.previous
@@ -96,9 +95,7 @@ def test_bounds_limits_tolerance_and_windows_always_hold(
         if 0 < d.target < d.previous:
             # Down: never below the highest recommendation in the down window, nor below the
             # replicas that are not ready yet added to what the load asks.
-            window = [
-                x.recommended for x in _windowed(decisions, now, config.downscale_stabilization_s)
-            ]
+            window = _held(_windowed(decisions, now, config.downscale_stabilization_s))
             assert d.target >= max([d.recommended, *window])
             wanted = math.ceil(ongoing / config.target_ongoing_requests + not_ready)  # type: ignore[operator]
             assert d.target >= min(d.previous, max(wanted, config.min_replicas, 1))
@@ -123,6 +120,12 @@ def _windowed(decisions: list[ScaleDecision], now: float, window: float) -> list
     ]
 
 
+def _held(decisions: list[ScaleDecision]) -> list[int]:
+    """What the windows hold of `decisions`: their recommendations, a scale to zero's (0) as 1,
+    since zero is the scale-to-zero rule's alone and must not hold a later rise down."""
+    return [max(1, x.recommended) for x in decisions]
+
+
 def test_the_hpa_defaults() -> None:
     config = AutoscalingConfig(max_replicas=100)
     assert (config.min_replicas, config.tolerance, config.target_ongoing_requests) == (1, 0.1, 2)
@@ -144,5 +147,5 @@ def test_scale_down_by_a_percent_rounds_down_so_the_last_replica_can_go() -> Non
     state, decision, _ = evaluate(config, state, Inputs(0.0), 0.0)  # idle from the start
     assert decision.target == 1
     state, decision, _ = evaluate(config, state, Inputs(0.0), 100.0)
-    assert (decision.target, decision.reason) == (0, "ScaleToZero")
+    assert (decision.target, decision.recommended, decision.reason) == (0, 0, "ScaleToZero")
     assert config.down_limit(3) == 1  # HPA: 3 * 50 % = 1.5, truncated

@@ -258,6 +258,22 @@ async def test_scale_to_zero_after_the_delay_and_back_on_the_first_request(
         assert trio.current_time() == t1
 
 
+async def test_a_scale_to_zero_says_that_zero_was_recommended(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    scaling = auto(min_replicas=0, scale_to_zero_delay_s=60, downscale_stabilization_s=30)
+    scalings = Scalings()
+    async with autoscaled(scaling, 1, scalings=scalings) as (ctl, _ingress, _rt):
+        assert (await scalings.next())[1:] == (1, 0)
+        await settle()
+        change = last_change(ctl)
+        assert (change.reason, change.recommended, change.target) == ("ScaleToZero", 0, 0)
+        told = [e.message for e in ctl.status("a").events if e.kind == "Autoscale"]
+        assert told[-1] == (
+            "1 -> 0 replicas (ScaleToZero): load 0 for 2 per replica, 0 not ready, recommended 0"
+        )
+
+
 async def test_a_steady_trickle_never_flaps_between_one_and_zero(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

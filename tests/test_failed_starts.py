@@ -5,6 +5,7 @@ workers, real clock, every wait bounded."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,56 @@ async def test_a_failed_start_leaves_no_process_when_the_goal_fails(
                 await goal.wait()
             # At once, as a program that ends here would: the failed starts are gone.
             assert worker_pids(runtime_dir) == {}
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "first_line", "hint"),
+    [
+        (
+            "no_such_module:Echo",
+            "ModuleNotFoundError: No module named 'no_such_module'",
+            "the entrypoint's module 'no_such_module' is not on the replicas' import path",
+        ),
+        (
+            "missing_dependency_replica:Replica",
+            "Traceback (most recent call last):\n"
+            f'  File "{HERE / "missing_dependency_replica.py"}", line',
+            "the entrypoint's code imports 'no_such_dependency_of_a_replica'",
+        ),
+    ],
+    ids=["the entrypoint's module", "a module it imports"],
+)
+@pytest.mark.parametrize("fork_server", [True, False], ids=["forked", "spawned"])
+async def test_a_module_not_found_says_where_replicas_import_from_and_shows_no_host_frame(
+    runtime_dir: Path, entrypoint: str, first_line: str, hint: str, fork_server: bool
+) -> None:
+    runtime = controller.LocalRuntime(runtime_dir / "w", pythonpath=[HERE], fork_server=fork_server)
+    config = controller.BackendConfig(num_replicas=1, version="v1")
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(
+            runtime=runtime, store=controller.MemoryStore(), restart_policy=ONE_TRY
+        ) as ctl:
+            goal = await ctl.deploy("a", config, controller.ReplicaConfig(entrypoint))
+            with pytest.raises(controller.GoalFailed) as failed:
+                await goal.wait()
+            shown = failed.value.traceback
+            assert shown is not None
+            assert ctl.status("a").last_traceback == shown
+            # What status shows starts at the user's code (here: the error itself, when no
+            # frame is theirs), after a line that says what was left out and where it is.
+            left_out, _, rest = shown.partition("\n")
+            assert re.fullmatch(
+                r"\(\d+ frames of the replica's host, before its code, .*", left_out
+            )
+            assert rest.startswith(first_line), shown
+            for host in ("site-packages/trio", "importlib", "controller/_", "hosting.py"):
+                assert host not in rest, (host, shown)
+            assert hint in rest
+            assert f"--pythonpath: {HERE}" in rest
+            assert "`controller run --pythonpath DIR`" in rest
+            # The replica's log has the whole traceback, the host's frames and the hint too.
+            (log,) = (runtime_dir / "w" / "logs").glob("a#*.log")
+            whole = log.read_text()
+            assert "controller/_ports/hosting.py" in whole
+            assert "trio/_threads.py" in whole
+            assert hint in whole

@@ -13,6 +13,7 @@ import sys
 import webbrowser
 
 from .client import CLIError, make_client
+from .options import NAME_HELP, WAIT_TIMEOUT_HELP
 from .rollout import backend_path, seconds, wait_for
 
 
@@ -66,10 +67,10 @@ def add_console_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     console.set_defaults(func=cmd_console)
 
     scale = sub.add_parser("scale", help="set a backend's replicas (or its autoscaling range)")
-    scale.add_argument("name")
+    scale.add_argument("name", help=NAME_HELP)
     scale.add_argument("replicas", nargs="?", type=int, help="how many replicas to run")
     scale.add_argument("--min", type=int, help="an autoscaled backend's min_replicas")
     scale.add_argument("--max", type=int, help="an autoscaled backend's max_replicas")
     scale.add_argument("--wait", action="store_true", help="show progress until it is done")
-    scale.add_argument("--timeout", type=seconds, default=600.0)
+    scale.add_argument("--timeout", type=seconds, default=600.0, help=WAIT_TIMEOUT_HELP)
     scale.set_defaults(func=cmd_scale)

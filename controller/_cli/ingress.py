@@ -121,10 +121,6 @@ def add_ingress_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     ingress.add_argument(
         "--listen", default="127.0.0.1:8000", help="HOST:PORT to serve (default %(default)s)"
     )
-    # Also after the command (`controller ingress --url ...`), as one would write it: given
-    # here, they override the global ones; left out, those stand.
-    ingress.add_argument("--url", default=argparse.SUPPRESS, help="the daemon's API")
-    ingress.add_argument("--token", default=argparse.SUPPRESS, help="the API token")
     ingress.add_argument(
         "--also-url",
         action="append",
@@ -137,7 +133,8 @@ def add_ingress_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "--workers",
         type=int,
         default=1,
-        help="processes serving the port (SO_REUSEPORT); one per core uses them all",
+        help="processes serving the port (SO_REUSEPORT); one per core uses them all (default "
+        "%(default)s)",
     )
     ingress.add_argument(
         "--share-port",
@@ -146,7 +143,12 @@ def add_ingress_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "must follow the same daemon); without it, a port in use is refused",
     )
     ingress.add_argument("--access-log", action="store_true", help="one line per request")
-    ingress.add_argument("--log-format", choices=["human", "json"], default="human")
+    ingress.add_argument(
+        "--log-format",
+        choices=["human", "json"],
+        default="human",
+        help="log lines for people, or one JSON object each (default %(default)s)",
+    )
     ingress.set_defaults(func=cmd_ingress)
 
 

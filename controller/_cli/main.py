@@ -30,11 +30,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .._daemon.statedir import STATE_DIR_ENV, default_state_dir
 from .._model.errors import ManifestError
 from .client import CLIError, describe_error, make_client
 from .console import add_console_parsers
 from .ingress import add_ingress_parser, describe_ingress
+from .options import NAME_HELP, WAIT_TIMEOUT_HELP, add_global_options
 from .output import (
     EscapedText,
     code_notice,
@@ -241,21 +241,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="controller", description="A replica controller on trio: daemon and CLI."
     )
-    parser.add_argument(
-        "--state-dir",
-        type=Path,
-        default=default_state_dir(),
-        help=f"the daemon's files: token, address, store, workers (default ${STATE_DIR_ENV} or "
-        "~/.local/state/trio-controller)",
-    )
-    parser.add_argument("--url", help="the daemon's API (default: the one in the state dir)")
-    parser.add_argument("--token", help="API token (default $CONTROLLER_TOKEN or the state dir)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     add_run_parser(sub)
 
     apply = sub.add_parser("apply", help="create or update the backends of a file")
-    apply.add_argument("-f", "--file", type=Path, required=True)
+    apply.add_argument(
+        "-f", "--file", type=Path, required=True, help="the backends file (TOML, or JSON)"
+    )
     apply.add_argument("--prune", action="store_true", help="delete backends not in the file")
     apply.add_argument("--wait", action="store_true", help="show progress until every goal ends")
     apply.add_argument(
@@ -265,22 +258,24 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="show what would change, field by field, and change nothing",
     )
-    apply.add_argument("--timeout", type=seconds, default=600.0)
+    apply.add_argument("--timeout", type=seconds, default=600.0, help=WAIT_TIMEOUT_HELP)
     apply.add_argument(
         "-m", "--message", metavar="TEXT", help="why, kept in the revisions the change makes"
     )
     apply.set_defaults(func=cmd_apply)
 
     status = sub.add_parser("status", help="backends, states and replicas")
-    status.add_argument("name", nargs="?")
-    status.add_argument("--json", action="store_true")
+    status.add_argument("name", nargs="?", help="one backend, in full (default: a table of all)")
+    status.add_argument("--json", action="store_true", help="print the API's answer, as JSON")
     status.set_defaults(func=cmd_status)
 
     logs = sub.add_parser("logs", help="a backend's replica logs (kept for gone replicas too)")
-    logs.add_argument("name")
+    logs.add_argument("name", help=NAME_HELP)
     logs.add_argument("--replica", help="one replica's tag (default: every one with a log)")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing what is new")
-    logs.add_argument("--tail", type=int, default=100, help="lines of each (%(default)s)")
+    logs.add_argument(
+        "--tail", type=int, default=100, help="how many lines of each log (default %(default)s)"
+    )
     logs.add_argument(
         "--raw",
         action="store_true",
@@ -290,18 +285,25 @@ def build_parser() -> argparse.ArgumentParser:
     logs.set_defaults(func=cmd_logs)
 
     delete = sub.add_parser("delete", help="drain and delete a backend")
-    delete.add_argument("name")
-    delete.add_argument("--wait", action="store_true")
+    delete.add_argument("name", help=NAME_HELP)
+    delete.add_argument("--wait", action="store_true", help="show progress until it is gone")
     delete.add_argument("--force", action="store_true", help="skip the graceful drain")
-    delete.add_argument("--timeout", type=seconds, default=600.0)
+    delete.add_argument("--timeout", type=seconds, default=600.0, help=WAIT_TIMEOUT_HELP)
     delete.set_defaults(func=cmd_delete)
 
     shutdown = sub.add_parser("shutdown", help="drain and delete everything; stop the daemon")
-    shutdown.add_argument("--timeout", type=seconds, default=180.0)
+    shutdown.add_argument(
+        "--timeout",
+        type=seconds,
+        default=180.0,
+        help="how long to wait for the drains and the daemon's exit, in seconds (default "
+        "%(default)g)",
+    )
     shutdown.set_defaults(func=cmd_shutdown)
     add_rollout_parser(sub)
     add_ingress_parser(sub)
     add_console_parsers(sub)
+    add_global_options(parser)  # last: every subcommand takes them too
     return parser
 
 

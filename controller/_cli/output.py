@@ -6,6 +6,8 @@ import json
 import re
 import sys
 import time
+import unicodedata
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any, TextIO, final
 
@@ -35,6 +37,40 @@ class EscapedText:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+def display_width(text: str) -> int:
+    """The columns `text` takes on a terminal: two for each wide or fullwidth character (CJK,
+    most emoji), none for combining marks and zero-width format characters."""
+    width = 0
+    for char in text:
+        if unicodedata.category(char) in ("Mn", "Me", "Cf"):
+            continue
+        width += 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+    return width
+
+
+def table(
+    rows: Sequence[Sequence[str]], *, right: Collection[int] = (), indent: str = ""
+) -> list[str]:
+    """`rows` as lines whose columns line up on a terminal, two spaces apart; the columns in
+    `right` aligned right. Each cell is measured as it will be printed: escaped (``safe_text``,
+    which the CLI's stdout applies anyway; a tab or newline too, which would break the row)
+    and wide characters counted twice, so no content can push a column out of line."""
+    shown = [[_one_cell(cell) for cell in row] for row in rows]
+    widths = [max(display_width(row[i]) for row in shown) for i in range(len(shown[0]))]
+    lines = []
+    for row in shown:
+        cells = []
+        for i, (cell, width) in enumerate(zip(row, widths, strict=True)):
+            padding = " " * (width - display_width(cell))
+            cells.append(padding + cell if i in right else cell + padding)
+        lines.append((indent + "  ".join(cells)).rstrip())
+    return lines
+
+
+def _one_cell(text: str) -> str:
+    return safe_text(text).replace("\t", "\\t").replace("\n", "\\n")
 
 
 def print_log(entry: dict[str, Any], prefix: bool) -> None:
@@ -123,10 +159,7 @@ def print_table(backends: list[dict[str, Any]]) -> None:
             for version, states in sorted(b["counts_by_version"].items())
         )
         rows.append((b["name"], b["state"], ready_column(b), replicas or "-", b["message"]))
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    for row in rows:
-        cells = [cell.ljust(w) for cell, w in zip(row[:4], widths, strict=True)]
-        print("  ".join([*cells, row[4]]))
+    print("\n".join(table(rows)))
 
 
 def code_notice(name: str, revision: int | None) -> str:
@@ -198,12 +231,11 @@ def print_backend(b: dict[str, Any]) -> None:
                 "" if r["healthy"] else "(unhealthy)",
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    print("\n".join(table(rows, indent="  ")))
     print("Events:")
-    for e in b["events"][-10:]:
-        print(f"  {age(since(e['time'])):>5} ago  {e['kind']:<14} {e['message']}")
+    events = [(f"{age(since(e['time']))} ago", e["kind"], e["message"]) for e in b["events"][-10:]]
+    if events:
+        print("\n".join(table(events, right={0}, indent="  ")))
 
 
 def print_diff(backends: list[dict[str, Any]]) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .client import Client, CLIError, leader_answer, make_client
-from .output import age, indent, since
+from .output import age, indent, since, table
 
 #: The longest a watch request waits before the CLI refreshes what it shows.
 _REFRESH_S = 1.0
@@ -131,10 +131,7 @@ def print_history(revisions: list[dict[str, Any]]) -> None:
                 describe_cause(r),
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    for row in rows:
-        cells = [cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)]
-        print("  ".join([*cells, row[-1]]).rstrip())
+    print("\n".join(table(rows)))
     for r in revisions:
         if r["error"]:
             print(f"revision {r['number']} failed: {r['error']}")
@@ -286,14 +283,14 @@ def add_rollout_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     verbs = rollout.add_subparsers(dest="verb", required=True)
 
     history = verbs.add_parser("history", help="a backend's revisions, oldest first")
-    history.add_argument("name")
-    history.add_argument("--json", action="store_true")
+    history.add_argument("name", help="the backend's name")
+    history.add_argument("--json", action="store_true", help="print the API's answer, as JSON")
     history.set_defaults(func=cmd_history)
 
     undo = verbs.add_parser(
         "undo", help="go back to the last good revision's content (or --to-revision's)"
     )
-    undo.add_argument("name")
+    undo.add_argument("name", help="the backend's name")
     undo.add_argument(
         "--to-revision", type=_revision, metavar="N", help="the revision to bring back"
     )
@@ -306,7 +303,13 @@ def add_rollout_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "-m", "--message", metavar="TEXT", help="why, kept in the revision the undo makes"
     )
     undo.add_argument("--wait", action="store_true", help="show progress until it ends")
-    undo.add_argument("--timeout", type=seconds, default=600.0)
+    undo.add_argument(
+        "--timeout",
+        type=seconds,
+        default=600.0,
+        help="with --wait: how long to wait, in seconds (default %(default)g); past it the "
+        "command exits 1 and the change goes on",
+    )
     undo.set_defaults(func=cmd_undo)
 
     restart = verbs.add_parser(
@@ -322,19 +325,30 @@ def add_rollout_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     restart.set_defaults(func=cmd_restart)
 
     pause = verbs.add_parser("pause", help="record later deploys without rolling them out")
-    pause.add_argument("name")
+    pause.add_argument("name", help="the backend's name")
     pause.set_defaults(func=cmd_pause)
 
     resume = verbs.add_parser("resume", help="roll out what was deployed while paused")
-    resume.add_argument("name")
+    resume.add_argument("name", help="the backend's name")
     resume.add_argument("--wait", action="store_true", help="show progress until it ends")
-    resume.add_argument("--timeout", type=seconds, default=600.0)
+    resume.add_argument(
+        "--timeout",
+        type=seconds,
+        default=600.0,
+        help="with --wait: how long to wait, in seconds (default %(default)g); past it the "
+        "command exits 1 and the change goes on",
+    )
     resume.set_defaults(func=cmd_resume)
 
     for parent, command in ((verbs, "status"), (sub, "wait")):
         wait = parent.add_parser(command, help="wait until a backend's latest goal ends")
-        wait.add_argument("name")
-        wait.add_argument("--timeout", type=seconds, default=600.0)
+        wait.add_argument("name", help="the backend's name")
+        wait.add_argument(
+            "--timeout",
+            type=seconds,
+            default=600.0,
+            help="how long to wait, in seconds (default %(default)g); past it the command exits 1",
+        )
         wait.set_defaults(func=cmd_wait)
 
 

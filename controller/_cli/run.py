@@ -73,20 +73,42 @@ def _one_of(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseE
 
 def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run = sub.add_parser("run", help="run the controller daemon")
-    run.add_argument("--listen", default="127.0.0.1:7070", help="HOST:PORT (default %(default)s)")
-    run.add_argument("--runtime", choices=["local", "ray"], default="local")
-    run.add_argument("--store", choices=["sqlite", "ray"], default="sqlite")
+    run.add_argument(
+        "--listen", default="127.0.0.1:7070", help="HOST:PORT of the HTTP API (default %(default)s)"
+    )
+    run.add_argument(
+        "--runtime",
+        choices=["local", "ray"],
+        default="local",
+        help="where replicas run: worker processes on this host, or a Ray cluster (default "
+        "%(default)s)",
+    )
+    run.add_argument(
+        "--store",
+        choices=["sqlite", "ray"],
+        default="sqlite",
+        help="where the intent is kept: a SQLite file in the state dir (or --shared-dir), or "
+        "Ray's KV store (default %(default)s)",
+    )
     run.add_argument("--config", type=Path, help="a backends file to apply at start")
     run.add_argument(
         "--pythonpath",
         type=Path,
         action="append",
         default=[],
-        help="a directory replicas import from (repeatable)",
+        help="a directory replicas import their entrypoints from, before the daemon's own "
+        "path (repeatable); fixed for the daemon's life: another directory takes a restart",
     )
     run.add_argument("--ray-address", help="a running Ray cluster (with --runtime/--store ray)")
-    run.add_argument("--namespace", default="controller", help="Ray namespace (%(default)s)")
-    run.add_argument("--log-format", choices=["human", "json"], default="human")
+    run.add_argument(
+        "--namespace", default="controller", help="the Ray namespace (default %(default)s)"
+    )
+    run.add_argument(
+        "--log-format",
+        choices=["human", "json"],
+        default="human",
+        help="log lines for people, or one JSON object each (default %(default)s)",
+    )
     run.add_argument(
         "--allow-remote",
         action="store_true",
@@ -133,15 +155,15 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "--lease-duration",
         type=seconds,
         default=DURATION_S,
-        help="how long a leader may go without renewing its lease before a standby takes over "
-        "(%(default)ss)",
+        help="how long a leader may go without renewing its lease before a standby takes over, "
+        "in seconds (default %(default)g)",
     )
     run.add_argument(
         "--lease-renew",
         type=seconds,
         default=RENEW_S,
-        help="how often the leader renews and standbys read the lease (%(default)ss; at most "
-        "a third of --lease-duration)",
+        help="how often the leader renews and standbys read the lease, in seconds (default "
+        "%(default)g; at most a third of --lease-duration)",
     )
     run.add_argument("--access-log", action="store_true", help="the ingress logs each request")
     run.add_argument(

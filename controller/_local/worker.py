@@ -33,7 +33,6 @@ import json
 import os
 import signal
 import sys
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, final
@@ -41,17 +40,17 @@ from typing import Any, final
 import trio
 
 from .._ports.context import ReplicaContext, set_context
-from .._ports.hosting import construct, describe_error
+from .._ports.hosting import construct, describe_error, tracebacks
 from .logs import DEFAULT_MAX_BYTES, capture_output
 from .wire import LineStream, WireError
 
 
 def _describe(exc: BaseException) -> dict[str, str]:
-    """The user's exception as the runtime reports it: type, message and traceback (which
-    also goes to the worker's log)."""
-    text = "".join(traceback.format_exception(exc))
-    sys.stderr.write(text)
-    return describe_error(exc, text)
+    """The user's exception as the runtime reports it: type, message and its traceback from
+    the user's first frame; the whole traceback goes to the worker's log."""
+    whole, shown = tracebacks(exc)
+    sys.stderr.write(whole)
+    return describe_error(exc, shown)
 
 
 async def _call(fn: Callable[..., Any], *args: Any) -> Any:

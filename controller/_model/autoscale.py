@@ -173,7 +173,10 @@ def evaluate(
     if low == 0 and stable <= 1 and ongoing <= 0 and busy_at is not None:
         zero_at = busy_at + config.scale_to_zero_delay_s
         if now >= zero_at:
-            stable = 0
+            # The load asks for none, and has for the whole delay: zero is what this
+            # evaluation recommends (the windows keep the floor of 1 they were given above,
+            # so that the count that comes back from zero is not held down by it).
+            stable = recommended = 0
         else:
             wake.append(zero_at)
 

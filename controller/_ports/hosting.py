@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import importlib
 import sys
+import traceback as tb
 from collections.abc import Sequence
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -44,13 +46,102 @@ def add_to_path(pythonpath: Sequence[str]) -> None:
 
 def construct(spec: dict[str, Any]) -> Any:
     """Import the entrypoint and build the user's class (blocking: the caller runs it in a
-    thread, so that the host keeps answering while a slow import or constructor runs)."""
-    add_to_path(spec.get("pythonpath", []))
+    thread, so that the host keeps answering while a slow import or constructor runs). A
+    module not found carries a note on where replicas import from, and how to change it."""
+    pythonpath = spec.get("pythonpath", [])
+    add_to_path(pythonpath)
     module_name, _, attr_path = spec["entrypoint"].partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr_path.split("."):
-        obj = getattr(obj, part)
-    return obj(*spec.get("init_args", []), **spec.get("init_kwargs", {}))
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr_path.split("."):
+            obj = getattr(obj, part)
+        return obj(*spec.get("init_args", []), **spec.get("init_kwargs", {}))
+    except ModuleNotFoundError as exc:
+        exc.add_note(_not_found_hint(exc.name, module_name, pythonpath))
+        raise
+
+
+def _not_found_hint(missing: str | None, module_name: str, pythonpath: Sequence[str]) -> str:
+    where = ", ".join(pythonpath) if pythonpath else "none"
+    fix = (
+        "give its directory to the daemon with `controller run --pythonpath DIR` (a running "
+        "daemon takes another --pythonpath only when restarted; its replicas keep running), "
+        "or to the runtime's pythonpath=[...] when embedded"
+    )
+    if missing is not None and (module_name + ".").startswith(missing + "."):
+        return (
+            f"hint: the entrypoint's module {module_name!r} is not on the replicas' import "
+            f"path (their --pythonpath: {where}): {fix}"
+        )
+    return (
+        f"hint: the entrypoint's code imports {missing!r}, which is not on the replicas' "
+        f"import path (their --pythonpath: {where}): a package goes in the Python the "
+        f"replicas run ({sys.executable}); for code of your own, {fix}"
+    )
+
+
+#: The modules a replica's host runs its code under, whose frames come before the user's in
+#: every traceback: the host itself, trio and its thread hand-off, the import machinery.
+_HOST_MODULES = frozenset(
+    {
+        "trio",
+        "outcome",
+        "importlib",
+        "_frozen_importlib",
+        "_frozen_importlib_external",
+        "threading",
+        "concurrent",
+        "asyncio",
+        "ray",
+    }
+)
+
+
+def tracebacks(exc: BaseException) -> tuple[str, str]:
+    """`exc`'s traceback twice: whole, for the replica's log; and as the user reads it, from
+    the user's own first frame (the host's frames before it, ten or so of the controller, trio
+    and importlib, say nothing of their code), for status and the goal's error. With no frame
+    of the user's (their module not found) the latter is the error and its notes alone."""
+    whole = "".join(tb.format_exception(exc))
+    shown = tb.TracebackException.from_exception(exc)
+    hidden = _trim(shown, exc, set())
+    text = "".join(shown.format())
+    if hidden:
+        frames = "1 frame" if hidden == 1 else f"{hidden} frames"
+        text = (
+            f"({frames} of the replica's host, before its code, left out: the replica's log "
+            f"has the whole traceback)\n{text}"
+        )
+    return whole, text
+
+
+def _trim(shown: tb.TracebackException, exc: BaseException, seen: set[int]) -> int:
+    """Drop the host's leading frames from `shown` (made from `exc`), and from the exceptions
+    it chains or groups; how many went from `shown` itself."""
+    if id(exc) in seen:
+        return 0
+    seen.add(id(exc))
+    hidden = 0
+    frame = exc.__traceback__
+    while frame is not None and _of_host(frame.tb_frame):
+        hidden, frame = hidden + 1, frame.tb_next
+    shown.stack = tb.StackSummary.from_list(list(shown.stack)[hidden:])
+    pairs = [(shown.__cause__, exc.__cause__), (shown.__context__, exc.__context__)]
+    if isinstance(exc, BaseExceptionGroup):
+        pairs += zip(shown.exceptions or [], exc.exceptions, strict=False)
+    for inner_shown, inner in pairs:
+        if inner_shown is not None and inner is not None:
+            _trim(inner_shown, inner, seen)
+    return hidden
+
+
+def _of_host(frame: FrameType) -> bool:
+    name = str(frame.f_globals.get("__name__", ""))
+    parts = name.split(".")
+    if parts[0] == "controller":
+        # All of the package but its test kit, whose replicas a user may deploy.
+        return parts[1:2] != ["testing"]
+    return parts[0] in _HOST_MODULES
 
 
 def describe_error(exc: BaseException, traceback: str) -> dict[str, str]:

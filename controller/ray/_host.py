@@ -25,14 +25,13 @@ import json
 import os
 import socket
 import sys
-import traceback
 from collections.abc import Callable
 from typing import Any, final
 
 import ray
 
 from .._ports.context import ReplicaContext, set_context
-from .._ports.hosting import construct, describe_error
+from .._ports.hosting import construct, describe_error, tracebacks
 from ._trio_thread import TrioThread
 
 _CONTRACT = ("reconfigure", "check_health", "drain")
@@ -42,9 +41,9 @@ _SELF_EXIT_S = 30.0
 
 
 def _describe(exc: BaseException) -> dict[str, Any]:
-    text = "".join(traceback.format_exception(exc))
-    sys.stderr.write(text)  # into the actor's log, as the worker of LocalRuntime does
-    return {"ok": False, **describe_error(exc, text)}
+    whole, shown = tracebacks(exc)
+    sys.stderr.write(whole)  # into the actor's log, as the worker of LocalRuntime does
+    return {"ok": False, **describe_error(exc, shown)}
 
 
 #: The replica's async methods run here, under trio, as in LocalRuntime's worker.

@@ -1,0 +1,136 @@
+"""The CLI's tables line up whatever their cells hold: long words, wide characters, combining
+marks, control characters (shown escaped, so longer than they came). No daemon needed."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from controller._cli.output import EscapedText, display_width, print_backend, print_table
+from controller._cli.rollout import print_history
+
+#: Cells a column must not be pushed out of line by: a long word, CJK (two columns a character),
+#: a combining accent (none), a zero-width space (none), a terminal escape and a tab (escaped,
+#: four and two characters), and an emoji (two).
+AWKWARD = [
+    "ReplicaStartFailedAfterAVeryLongWhile",
+    "数据服务",
+    "cafe\u0301",
+    "zero\u200bwidth",
+    "red\x1b[31m",
+    "tab\there",
+    "ok\U0001f680",
+]
+
+
+def test_display_width_counts_columns_not_characters() -> None:
+    assert display_width("abc") == 3
+    assert display_width("数据") == 4
+    assert display_width("cafe\u0301") == 4
+    assert display_width("a\u200bb") == 2
+    assert display_width("\U0001f680") == 2
+
+
+def printed(show: Callable[[], None]) -> list[str]:
+    """What `show` prints, as the CLI prints it: through the escaping stream of its stdout."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(EscapedText(out)):
+        show()
+    return out.getvalue().splitlines()
+
+
+def starts(lines: Sequence[str], cells: Sequence[str]) -> set[int]:
+    """The display columns at which each line's cell begins (the cell as printed)."""
+    found = set()
+    for line, cell in zip(lines, cells, strict=True):
+        shown = cell.encode("unicode_escape").decode() if "\x1b" in cell else cell
+        shown = shown.replace("\t", "\\t")
+        assert shown in line, (shown, line)
+        found.add(display_width(line[: line.index(shown)]))
+    return found
+
+
+def backend(**fields: Any) -> dict[str, Any]:
+    status: dict[str, Any] = {
+        "name": "a",
+        "state": "HEALTHY",
+        "reason": "Converged",
+        "message": "1/1 replica of version v1 running",
+        "generation": 1,
+        "observed_generation": 1,
+        "ready": 1,
+        "desired": 1,
+        "ready_of_version": 1,
+        "version": "v1",
+        "counts_by_version": {"v1": {"RUNNING": 1}},
+        "last_error": None,
+        "config": {},
+        "replicas": [],
+        "events": [],
+    }
+    return {**status, **fields}
+
+
+def test_status_events_line_up_whatever_the_kind_and_message() -> None:
+    events = [
+        {"time": None, "kind": kind, "message": f"{kind} {n}"} for n, kind in enumerate(AWKWARD)
+    ]
+    lines = printed(lambda: print_backend(backend(events=events)))
+    shown = lines[lines.index("Events:") + 1 :]
+    assert len(shown) == len(events)
+    assert len(starts(shown, AWKWARD)) == 1
+    assert len(starts(shown, [f"{kind} {n}" for n, kind in enumerate(AWKWARD)])) == 1
+
+
+def test_status_replicas_line_up_whatever_the_version_and_address() -> None:
+    replicas = [
+        {
+            "tag": f"a#{n}",
+            "state": "RUNNING",
+            "version": text,
+            "address": text,
+            "pid": n,
+            "node": "host",
+            "age_s": 5.0,
+            "healthy": True,
+        }
+        for n, text in enumerate(AWKWARD)
+    ]
+    lines = printed(lambda: print_backend(backend(replicas=replicas)))
+    shown = lines[lines.index("Replicas:") + 2 : lines.index("Events:")]
+    assert len(starts(shown, ["host"] * len(AWKWARD))) == 1
+    assert len(starts(shown, ["5s"] * len(AWKWARD))) == 1
+
+
+def test_the_backend_table_lines_up_whatever_the_names() -> None:
+    backends = [backend(name=name, message=f"message of {name}") for name in AWKWARD]
+    lines = printed(lambda: print_table(backends))[1:]
+    assert len(starts(lines, ["HEALTHY"] * len(AWKWARD))) == 1
+    assert len(starts(lines, [f"message of {name}" for name in AWKWARD])) == 1
+
+
+@pytest.mark.parametrize("column", ["version", "outcome"])
+def test_rollout_history_lines_up_whatever_the_versions(column: str) -> None:
+    revisions = [
+        {
+            "number": n + 1,
+            "current": n == 0,
+            "version": text if column == "version" else "v1",
+            "outcome": text if column == "outcome" else "complete",
+            "good": True,
+            "code_changed": False,
+            "created_at": None,
+            "automatic": False,
+            "restores": None,
+            "cause": {"via": "cli", "manifest": None, "message": None},
+            "error": None,
+        }
+        for n, text in enumerate(AWKWARD)
+    ]
+    lines = printed(lambda: print_history(revisions))[1:]
+    assert len(starts(lines, ["matches"] * len(AWKWARD))) == 1
+    assert len(starts(lines, ["cli"] * len(AWKWARD))) == 1
