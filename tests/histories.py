@@ -73,7 +73,15 @@ def check_agreement(ctl: controller.Controller, rt: FakeRuntime) -> None:
         assert not summary.replicas
         assert not summary.events
         assert dict(summary.counts_by_version) == dict(full.counts_by_version)
-        assert attrs.evolve(summary, replicas=full.replicas, events=full.events, tally=None) == full
+        assert not summary.failed_starts
+        whole = attrs.evolve(
+            summary,
+            replicas=full.replicas,
+            events=full.events,
+            failed_starts=full.failed_starts,
+            tally=None,
+        )
+        assert whole == full
     # What each backend keeps counted as its replicas change is what counting them gives.
     for backend in ctl._backends.values():
         kept = backend._set

@@ -316,12 +316,18 @@ def add_rollout_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "restart",
         help="replace every replica, running the code on disk now (ship edited code)",
     )
-    restart.add_argument("name")
+    restart.add_argument("name", help="the backend's name")
     restart.add_argument(
         "-m", "--message", metavar="TEXT", help="why, kept in the revision the restart makes"
     )
     restart.add_argument("--wait", action="store_true", help="show progress until it ends")
-    restart.add_argument("--timeout", type=seconds, default=600.0)
+    restart.add_argument(
+        "--timeout",
+        type=seconds,
+        default=600.0,
+        help="with --wait: how long to wait, in seconds (default %(default)g); past it the "
+        "command exits 1 and the change goes on",
+    )
     restart.set_defaults(func=cmd_restart)
 
     pause = verbs.add_parser("pause", help="record later deploys without rolling them out")
