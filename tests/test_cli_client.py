@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import trio
 
@@ -44,3 +46,30 @@ def test_what_the_cli_prints_shows_terminal_controls_escaped(
     assert capsys.readouterr().out == "ok\tfine\n\\x1b[2J\\x1b]0;owned\\x07 \\u202eevil\\u202c é\n"
     print_log(entry, prefix=True)
     assert capsys.readouterr().out.splitlines()[1].startswith("[a#1] \x1b[2J")  # raw
+    # Invisible characters that hide text or make two names look alike are shown too; the
+    # joiners that emoji and some scripts need are not.
+    hidden = "ad\u200bmin\ufeff\U000e0041\u00ad\u2060 \U0001f468\u200d\U0001f469 \u0645\u200c\u06cc"
+    escaped.write(hidden)
+    assert capsys.readouterr().out == (
+        "ad\\u200bmin\\ufeff\\U000e0041\\xad\\u2060 \U0001f468\u200d\U0001f469 \u0645\u200c\u06cc"
+    )
+
+
+def test_prune_of_a_file_naming_no_backend_asks_for_all(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from controller._cli.main import main
+
+    empty = tmp_path / "empty.toml"
+    empty.write_text("[backends]\n")
+    # Refused before any daemon is asked (there is none in tmp_path): nothing is deleted.
+    with pytest.raises(SystemExit) as exited:
+        main(["--state-dir", str(tmp_path), "apply", "-f", str(empty), "--prune"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "names no backend, so --prune would delete every backend; add --all" in err
+    # With --all, it goes on to ask the daemon (here: none runs, which it says).
+    with pytest.raises(SystemExit) as exited:
+        main(["--state-dir", str(tmp_path), "apply", "-f", str(empty), "--prune", "--all"])
+    assert exited.value.code not in (0, None)
+    assert "names no backend" not in capsys.readouterr().err

@@ -2,7 +2,7 @@
 its HTTP API.
 
 controller run [--config FILE] [--listen HOST:PORT] [--runtime local|ray] [--store sqlite|ray]
-controller apply -f FILE [--prune] [--wait] [--message TEXT]
+controller apply -f FILE [--prune [--all]] [--wait] [--message TEXT]
 controller status [NAME] [--json]
 controller logs NAME [--replica TAG] [--follow] [--tail N]
 controller delete NAME [--wait] [--force]
@@ -67,6 +67,14 @@ def cmd_apply(args: argparse.Namespace) -> int:
         raise CLIError(str(exc), 2) from None
     except OSError as exc:
         raise CLIError(f"error: cannot read {args.file}: {exc.strerror or exc}", 2) from None
+    if args.prune and not manifest.backends and not args.prune_all:
+        # As `kubectl apply --prune` asks for --all: an emptied or wrong file must not delete
+        # every backend by accident.
+        raise CLIError(
+            f"error: {args.file} names no backend, so --prune would delete every backend; "
+            "add --all to mean it",
+            2,
+        )
     client = make_client(args)
     # Only the fields the file sets: what the daemon merges with what it applied last.
     backends = {
@@ -250,6 +258,12 @@ def build_parser() -> argparse.ArgumentParser:
         "-f", "--file", type=Path, required=True, help="the backends file (TOML, or JSON)"
     )
     apply.add_argument("--prune", action="store_true", help="delete backends not in the file")
+    apply.add_argument(
+        "--all",
+        dest="prune_all",
+        action="store_true",
+        help="with --prune and a file that names no backend: delete every backend",
+    )
     apply.add_argument("--wait", action="store_true", help="show progress until every goal ends")
     apply.add_argument(
         "--dry-run",
