@@ -75,7 +75,7 @@ async def test_ray_quickstart_serves_every_request_through_every_change() -> Non
 
 
 #: The README's worked rollout example: its ``console`` blocks, under this heading.
-ROLLOUTS = "## Rollouts: history, undo, pause, a deadline, automatic rollback"
+ROLLOUTS = "## Rollouts: history, undo, restart, pause, a deadline, automatic rollback"
 
 
 def readme_transcript() -> list[tuple[str, list[str]]]:
