@@ -269,3 +269,20 @@ def test_an_access_line_in_json_logs_has_its_fields_as_keys() -> None:
     entry = json.loads(JSONFormatter().format(record))
     assert entry["message"] == "GET /x"
     assert (entry["method"], entry["status"], entry["duration_ms"]) == ("GET", 200, 1.5)
+
+
+def test_a_human_log_line_escapes_what_it_quotes() -> None:
+    import logging
+
+    from controller._daemon.log_format import formatter
+
+    # A replica's error quoted in a log line: no terminal control, no second (forged) line.
+    error = "boom\n2026-01-01 00:00:00,000 ERROR   forged\x1b[2J \u202eevil"
+    record = logging.LogRecord(
+        "controller", logging.ERROR, "", 0, "start failed: %s", (error,), None
+    )
+    line = formatter("human").format(record)
+    assert "\n" not in line
+    assert line.endswith(
+        r"start failed: boom\n2026-01-01 00:00:00,000 ERROR   forged\x1b[2J \u202eevil"
+    )

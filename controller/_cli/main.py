@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .._model.errors import ManifestError
+from .._model.text import safe_text
 from .client import CLIError, describe_error, make_client
 from .console import add_console_parsers
 from .ingress import add_ingress_parser, describe_ingress
@@ -42,7 +43,6 @@ from .output import (
     print_diff,
     print_log,
     print_table,
-    safe_text,
 )
 from .rollout import add_rollout_parser, seconds, wait_for
 from .run import add_run_parser

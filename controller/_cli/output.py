@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import sys
 import time
 import unicodedata
@@ -11,21 +10,7 @@ from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any, TextIO, final
 
-#: What a replica's output may not send to the terminal as it is: C0 controls but tab and
-#: newline (escape sequences start with ESC), DEL, C1 controls, the bidi controls that make a
-#: line read other than it is (Trojan Source), and the invisible characters that hide text or
-#: make two different names look alike (the zero-width space, word joiner and invisible
-#: operators, the byte-order mark, the tag characters, soft hyphen). The zero-width joiner and
-#: non-joiner stay: emoji sequences and Persian and Indic scripts need them.
-_UNSAFE = re.compile(
-    "[\x00-\x08\x0b-\x1f\x7f-\x9f\xad\u061c\u200b\u200e\u200f\u202a-\u202e\u2060-\u2069"
-    "\ufeff\U000e0000-\U000e007f]"
-)
-
-
-def safe_text(text: str) -> str:
-    """`text` with every control a terminal would act on shown as an escape (``\x1b``)."""
-    return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
+from .._model.text import safe_text
 
 
 @final

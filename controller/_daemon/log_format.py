@@ -10,6 +10,8 @@ import logging.handlers
 import os
 from pathlib import Path
 
+from .._model.text import one_line
+
 
 class JSONFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -27,11 +29,21 @@ class JSONFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
+class HumanFormatter(logging.Formatter):
+    """One line a record: what a record quotes of a replica (its error, a path it asked for)
+    has its control characters and newlines escaped, so that it can neither drive the terminal
+    of whoever reads the log nor forge a line of its own. A traceback below stays as it is."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return one_line(super().formatMessage(record))
+
+
 def formatter(fmt: str) -> logging.Formatter:
-    """``human``: a line for people; ``json``: a JSON object a line."""
+    """``human``: a line for people; ``json``: a JSON object a line (its text escaped by
+    JSON, non-ASCII included)."""
     if fmt == "json":
         return JSONFormatter()
-    return logging.Formatter("%(asctime)s %(levelname)-7s %(message)s")
+    return HumanFormatter("%(asctime)s %(levelname)-7s %(message)s")
 
 
 def setup_logging(fmt: str, handler: logging.Handler | None = None) -> None:
