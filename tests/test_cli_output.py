@@ -12,9 +12,10 @@ import pytest
 
 from controller._cli.output import EscapedText, display_width, print_backend, print_table
 from controller._cli.rollout import print_history
+from controller._model.text import safe_text
 
 #: Cells a column must not be pushed out of line by: a long word, CJK (two columns a character),
-#: a combining accent (none), a zero-width space (none), a terminal escape and a tab (escaped,
+#: a combining accent (none), a zero-width space, a terminal escape and a tab (escaped: six,
 #: four and two characters), and an emoji (two).
 AWKWARD = [
     "ReplicaStartFailedAfterAVeryLongWhile",
@@ -47,8 +48,7 @@ def starts(lines: Sequence[str], cells: Sequence[str]) -> set[int]:
     """The display columns at which each line's cell begins (the cell as printed)."""
     found = set()
     for line, cell in zip(lines, cells, strict=True):
-        shown = cell.encode("unicode_escape").decode() if "\x1b" in cell else cell
-        shown = shown.replace("\t", "\\t")
+        shown = safe_text(cell).replace("\t", "\\t")
         assert shown in line, (shown, line)
         found.add(display_width(line[: line.index(shown)]))
     return found
