@@ -1,6 +1,6 @@
 """The web console in a real browser (Debian's Chromium, driven by Playwright) against a real
 daemon with real workers running the README's example backends: the login and a one-time link,
-the overview, a scale from the CLI showing on an open page within a second, the scale, undo and
+the overview, a scale from the CLI showing on an open page within a second, the scale, undo, restart and
 delete actions with their confirmations (and a forged change refused), a backend's page, a
 replica's log, and a failed backend's page (each failed start's error, traceback and kept log,
 gone once it is healthy again). No page may log an error in the browser's console. A
@@ -471,6 +471,18 @@ def test_undo_and_delete_ask_first_and_act_through_the_api(tab: Tab) -> None:
     daemon.wait_until("rolled back to v1", lambda: _done(daemon.status("scratch"), "v1"))
     newest = daemon.api("GET", "/api/v1/backends/scratch/revisions")["revisions"][-1]
     assert (newest["version"], newest["cause"]["via"], newest["restores"]) == ("v1", "console", 1)
+
+    # A restart asks first, and replaces the replicas with the same content, as a revision.
+    tab.page.click("button:has-text('Restart')")
+    tab.page.wait_for_selector("#confirm-dialog[open]")
+    tab.page.click("#confirm-ok")
+    tab.page.wait_for_function(
+        "() => document.body.textContent.includes('Restarting scratch as revision 4')"
+    )
+    newest = daemon.api("GET", "/api/v1/backends/scratch/revisions")["revisions"][-1]
+    assert (newest["number"], newest["restarts"], newest["cause"]["via"]) == (4, 3, "console")
+    restarted = f"v1+restart.{daemon.status('scratch')['generation']}"
+    daemon.wait_until("restarted", lambda: _done(daemon.status("scratch"), restarted))
 
     tab.page.click("button:has-text('Delete')")
     tab.page.wait_for_selector("#confirm-dialog[open]")

@@ -96,6 +96,19 @@ export async function undo(name, toRevision = null) {
     (r) => `Rolling ${name} ${to}${generation(r)}`);
 }
 
+/** Restart: every replica replaced by a rollout, running the code on disk now. */
+export async function restart(name) {
+  const values = await ask({
+    title: `Restart ${name}`,
+    question: `Replace every replica of ${name} by a rollout, running its code as it is on ` +
+      "disk now? Its content stays; the rollout keeps to its surge and unavailability limits.",
+    ok: "Restart",
+  });
+  if (!values) return;
+  await run(`Restarting ${name}`, () => send("POST", paths.restart(name), {}),
+    (r) => `Restarting ${name} as revision ${r.revision}${generation(r)}`);
+}
+
 /** Log out: ends the session on the server (no dialog: nothing is lost by it). */
 export async function logout() {
   try {

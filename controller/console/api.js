@@ -131,6 +131,7 @@ export const paths = {
   history: (name) => `/api/v1/backends/${enc(name)}/history`,
   scale: (name) => `/api/v1/backends/${enc(name)}/scale`,
   undo: (name) => `/api/v1/backends/${enc(name)}/undo`,
+  restart: (name) => `/api/v1/backends/${enc(name)}/restart`,
   logs: (name, tag, query) =>
     `/api/v1/backends/${enc(name)}/logs?replica=${enc(tag)}&${query}`,
   changes: (epoch, cursor) =>

@@ -113,6 +113,7 @@ export function backendPage(main, signal, name) {
       view.summary,
       el("div", { className: "buttons" },
         button("scale", "Scale", "scale", () => actions.scale(status)),
+        button("restart", "Restart", "restart", () => actions.restart(name)),
         button("delete", "Delete", "delete", () => actions.remove(name), "danger"),
         view.undo,
       ),
