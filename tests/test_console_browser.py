@@ -1,9 +1,9 @@
 """The web console in a real browser (Debian's Chromium, driven by Playwright) against a real
 daemon with real workers running the README's example backends: the login and a one-time link,
-the overview, a scale from the CLI showing on an open page within a second, the scale, undo, restart and
-delete actions with their confirmations (and a forged change refused), a backend's page, a
-replica's log, and a failed backend's page (each failed start's error, traceback and kept log,
-gone once it is healthy again). No page may log an error in the browser's console. A
+the overview, a scale from the CLI showing on an open page within a second, the scale, undo,
+restart and delete actions with their confirmations (and a forged change refused), a backend's
+page, a replica's log, and a failed backend's page (each failed start's error, traceback and
+kept log, gone once it is healthy again). No page may log an error in the browser's console. A
 screenshot of each page is kept in ``artifacts/console/`` (``$CONSOLE_ARTIFACTS``).
 
 Skipped, saying why, where Chromium or Playwright is missing; ``.ci/run`` installs both and sets
