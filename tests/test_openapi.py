@@ -153,6 +153,18 @@ async def test_each_path_refuses_other_methods_with_405_and_allow() -> None:
         assert (await call("GET", "/nope", token=None))[0] == 401  # no map of paths for free
 
 
+async def test_an_unknown_name_is_named_as_meant_not_as_encoded() -> None:
+    async with controller.open_controller(
+        runtime=FakeRuntime(auto_ready=True), store=STORE()
+    ) as ctl:
+        call = api(ctl)
+        for sent, meant in (("a%20b", "a b"), ("%C3%A9%E5%90%8D", "é名"), ("%252e", "%2e")):
+            for method, path in (("GET", sent), ("POST", f"{sent}/restart")):
+                status, _, body = await call(method, f"/api/v1/backends/{path}")
+                assert status == 404, (method, path)
+                assert repr(meant) in json.loads(body)["error"]["message"], (method, path)
+
+
 async def test_head_answers_the_headers_of_get_and_no_body() -> None:
     async with controller.open_controller(
         runtime=FakeRuntime(auto_ready=True), store=STORE()

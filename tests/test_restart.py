@@ -28,7 +28,7 @@ async def test_a_restart_replaces_every_replica_and_later_changes_keep_it() -> N
     async with opened(rt) as ctl:
         await (await ctl.deploy("a", config(num_replicas=3), RC)).wait()
         before = set(versions(rt))
-        goal = await ctl.restart("a", cause=Cause(via="cli", message="new code"))
+        goal = await ctl.restart("a", cause=Cause(via="cli", message="new code für Ümlaute"))
         assert await goal.wait() is GoalOutcome.COMPLETED
         after = versions(rt)
         assert len(after) == 3
@@ -38,7 +38,8 @@ async def test_a_restart_replaces_every_replica_and_later_changes_keep_it() -> N
         last = ctl.revisions("a")[-1]
         assert (last.number, last.restarts, last.version) == (2, 1, f"v1+restart.{generation}")
         assert last.digest == ctl.revisions("a")[0].digest  # the same content
-        assert describe_cause(last) == 'restart of revision 1, cli: "new code"'
+        # Text as written: only controls are escaped (by the CLI), not other languages.
+        assert describe_cause(last) == 'restart of revision 1, cli: "new code für Ümlaute"'
         assert ctl.status("a").version == f"v1+restart.{generation}"
         # A scale, and a change of user config (made in place), keep the restarted replicas.
         await (await ctl.deploy("a", config(num_replicas=4), RC)).wait()
@@ -167,3 +168,11 @@ async def test_reload_restarts_once_the_edit_has_settled_and_once_only(tmp_path:
         await watch.look()
         await watch.look()
         assert len(ctl.revisions("a")) == 2  # code gone: nothing to ship
+        # A backend declared before its module was written is restarted once it is.
+        await (await ctl.deploy("c", config(), controller.ReplicaConfig("later:App"))).wait()
+        assert ctl.revisions("c")[0].code is None
+        (tmp_path / "later.py").write_text("class App:\n    pass\n")
+        await watch.look()
+        await watch.look()
+        assert [r.restarts for r in ctl.revisions("c")] == [None, 1]
+        assert ctl.revisions("c")[-1].code is not None

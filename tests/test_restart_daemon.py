@@ -109,3 +109,32 @@ async def test_run_reload_ships_an_edit_by_itself(state_dir: Path, tmp_path: Pat
             assert 'restart of revision 1, controller: "--reload: the code changed on disk"' in (
                 history
             )
+
+
+async def test_a_release_directory_switched_by_its_symlink_is_what_a_restart_ships(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    # The `current -> releases/N` layout: the daemon is given the link, not a release.
+    first, file = user_code(tmp_path)
+    second = tmp_path / "release-2"
+    shutil.copytree(first, second)
+    edit(second)
+    current = tmp_path / "current"
+    current.symlink_to(first)
+    with trio.fail_after(LIMIT_S * 2):
+        async with running(
+            state_dir, "--pythonpath", str(current), "--config", str(file)
+        ) as daemon:
+            assert (await daemon.cli("wait", "echo")).returncode == 0
+            url = daemon.ingress_url + "/echo"
+            assert "edited" not in await _get(url)
+            switched = tmp_path / "current.new"
+            switched.symlink_to(second)
+            switched.rename(current)  # atomically, as a deploy script does
+            status = (await daemon.cli("status", "echo")).stdout.decode()
+            assert "`controller rollout restart echo` ships it" in status
+            result = await daemon.cli("rollout", "restart", "echo", "--wait")
+            assert result.returncode == 0, result.stderr
+            assert (await _get(url))["edited"] is True
+            history = (await daemon.cli("rollout", "history", "echo")).stdout.decode()
+            assert "CHANGED" not in history.splitlines()[-1]  # the restart pinned what runs

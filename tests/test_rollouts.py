@@ -160,7 +160,9 @@ async def test_no_good_revision_to_undo_to() -> None:
     rt = FakeRuntime()
     async with opened(rt) as ctl:
         await ctl.deploy("a", config(num_replicas=1), RC)
-        with pytest.raises(RolloutError, match="no earlier revision completed") as info:
+        with pytest.raises(
+            RolloutError, match="no earlier revision of other content completed"
+        ) as info:
             await ctl.undo("a")
         assert info.value.reason == "NoGoodRevision"
 

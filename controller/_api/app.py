@@ -14,7 +14,7 @@ import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from typing import final
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, unquote
 
 from .._core.controller import Controller
 from .._model.errors import ControllerError
@@ -153,7 +153,10 @@ class Api(Handlers):
     async def _route(self, scope: Scope, receive: Receive) -> Answer:
         method: str = scope["method"]
         path = path_of(scope)
-        route, args = find_route(path)
+        route, raw_args = find_route(path)
+        # Matched as sent, each part then read as the name it encodes ("a%20b" is "a b"), so
+        # that an error names what the client meant.
+        args = tuple(unquote(arg) for arg in raw_args)
         # Every path but the public ones needs the token (or the console's session), even to
         # learn that it does not exist.
         by_session = False if route is not None and route.public else self._authenticate(scope)

@@ -153,13 +153,16 @@ def print_table(backends: list[dict[str, Any]]) -> None:
     print("\n".join(table(rows)))
 
 
-def code_notice(name: str, revision: int | None) -> str:
+def code_notice(name: str, revision: int | None, *, paused: bool = False) -> str:
     """What to do when the code a backend runs was edited on disk: the same words after an
     apply and in a status."""
     which = "its revision" if revision is None else f"revision {revision}"
+    ship = f"`controller rollout restart {name}`"
+    if paused:  # a restart is refused while paused
+        ship = f"`controller rollout resume {name}` and then {ship}"
     return (
         f"code changed on disk since {which} was made: its replicas run the old code until "
-        f"`controller rollout restart {name}` ships it"
+        f"{ship} ships it"
     )
 
 
@@ -175,7 +178,8 @@ def print_backend(b: dict[str, Any]) -> None:
         if rollout["error"]:
             print(f"  rollout error: {rollout['error']}")
         if b.get("code_changed"):
-            print(f"  {code_notice(b['name'], rollout['revision'])}")
+            notice = code_notice(b["name"], rollout["revision"], paused=rollout["paused"])
+            print(f"  {notice}")
     load = b.get("load")
     if load is not None:
         route = b["config"].get("route_prefix")

@@ -162,7 +162,7 @@ def describe_cause(revision: dict[str, Any]) -> str:
         parts.append(f"from {cause['manifest']}")
     text = ", ".join(parts)
     if cause["message"] is not None:
-        text += f": {json.dumps(cause['message'])}"
+        text += f": {json.dumps(cause['message'], ensure_ascii=False)}"
     return text
 
 

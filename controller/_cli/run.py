@@ -33,7 +33,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         runtime=args.runtime,
         store=args.store,
         config=args.config,
-        pythonpath=tuple(args.pythonpath),
+        # Absolute, through its symlinks: what workers import is what revisions pin.
+        pythonpath=tuple(Path(os.path.abspath(p)) for p in args.pythonpath),
         ray_address=args.ray_address,
         namespace=args.namespace,
         allow_remote=args.allow_remote,

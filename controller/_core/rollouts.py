@@ -80,8 +80,9 @@ async def undo(
             if target is None:
                 raise RolloutError(
                     "NoGoodRevision",
-                    f"backend {name!r}: no earlier revision completed with every replica "
-                    "serving; name one with to_revision (see its revisions)",
+                    f"backend {name!r}: no earlier revision of other content completed with "
+                    "every replica serving (a restart keeps the content it restarts); name "
+                    "one with to_revision (see its revisions)",
                 )
         else:
             target = _kept(name, book, to_revision)

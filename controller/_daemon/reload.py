@@ -7,6 +7,8 @@ revision's entrypoint is digested as a deploy pins it (each entrypoint once). A 
 differs from the revision's and stays the same for one more look (the editor done saving)
 starts a restart. The restarted revision pins that digest, so a restart is never repeated for
 the same edit, nor for one that failed (its replicas' errors say why; the next edit tries again).
+What is looked at is what a revision pins: the entrypoint's module, or its whole top-level
+package; another plain module beside it that it imports is not (make the code a package).
 """
 
 from __future__ import annotations
@@ -54,8 +56,11 @@ class CodeWatch:
             entrypoint = revision.content.replica_config.entrypoint
             digest = now[entrypoint]
             recorded = None if revision.code is None else revision.code.digest
-            if digest is None or recorded is None or digest == recorded:
-                continue  # not found, never pinned, or what runs
+            if digest is None or digest == recorded:
+                # Not found now, or what runs. A revision made before its module was found
+                # (None) is restarted once it is: writing the code after declaring the
+                # backend is a way to start.
+                continue
             if before.get(entrypoint) != digest:
                 continue  # still changing: the next look decides
             await self._restart(name, revision.number)

@@ -135,7 +135,9 @@ class LocalRuntime:
         self._log_max_bytes = log_max_bytes
         self._logs_kept = logs_kept
         self._node = socket.gethostname()
-        self._pythonpath = [str(Path(p).resolve()) for p in pythonpath]
+        # Absolute, but through its symlinks: a `current -> releases/N` directory switched to
+        # another release is what the next worker imports (and what revisions pin).
+        self._pythonpath = [os.path.abspath(p) for p in pythonpath]
         self._python = python
         self._env = dict(env) if env is not None else None
         self.term_timeout_s = term_timeout_s

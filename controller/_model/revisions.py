@@ -348,5 +348,5 @@ def describe_cause(revision: Revision) -> str:
         parts.append(f"from {cause.manifest}")
     text = ", ".join(parts)
     if cause.message is not None:
-        text += f": {json.dumps(cause.message)}"
+        text += f": {json.dumps(cause.message, ensure_ascii=False)}"
     return text
