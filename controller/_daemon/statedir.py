@@ -6,7 +6,8 @@ Light on imports: the CLI reads the paths (to find the daemon and its token) wit
   second daemon on it is refused before it writes anything; deleting a file cannot undo that.
   ``lock`` names the holder's pid, for that refusal.
 - ``token``, ``daemon.json`` (the API's address, pid and epoch): written atomically, 0600.
-- ``controller.db``: the SQLite store, 0600. ``w/``: LocalRuntime's workers and their logs.
+- ``controller.db``: the SQLite store, 0600, and SQLite's ``-wal`` beside it (and its ``-shm``
+  when daemons share the store). ``w/``: LocalRuntime's workers and their logs.
 - ``daemon.log``: the daemon's own log, rotated.
 """
 
