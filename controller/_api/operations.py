@@ -26,6 +26,8 @@ _ERRORS = {
     "404-revision": "No such backend, or it keeps no such revision (UnknownRevision)",
     "409": "Valid, but it cannot be placed on the runtime (beside what runs already), or its "
     "route leads to another backend (RouteConflict); nothing was applied",
+    "409-log": "A replica's log file is a symlink or not a regular file (LogRefused): it is "
+    "not read, never followed",
     "409-rollout": "Refused as the backend is now, with the reason as the error's type: Paused "
     "(resume it first), Deleting, NoGoodRevision (no earlier revision completed: name one), or "
     "CodeChanged (the entrypoint's source on disk is not the revision's: undo with force); "
