@@ -33,6 +33,8 @@ _ERRORS = {
     "CodeChanged (the entrypoint's source on disk is not the revision's: undo with force); "
     "nothing was written",
     "413": "The body is over 1 MiB",
+    "429": "Too many wrong tokens from this client address, with answers still held "
+    "(TooManyFailures): try again after Retry-After; the right token is never refused",
     "415": "The body is not sent as application/json",
     "422": "The body is JSON but breaks a rule; `problems` lists each, naming the field",
     "403": "A console session may not do this (make a login link), or its change lacks the "
@@ -65,7 +67,7 @@ def operation(
     """An operation; each of `errors` is a status (``"409"``), or one with the reason it has
     here (``"409-rollout"``: a key of ``_ERRORS``)."""
     responses = dict(ok)
-    for key in ("401", *errors):
+    for key in ("401", "429", *errors):
         code = key.partition("-")[0]
         response: dict[str, Any] = {
             "description": _ERRORS[key],
@@ -73,7 +75,7 @@ def operation(
         }
         if code == "401":
             response["headers"] = {"WWW-Authenticate": {"schema": STRING, "required": True}}
-        if code == "503":
+        if code in ("429", "503"):
             response["headers"] = {"Retry-After": {"schema": INT}}
         responses[code] = response
     if "503" in errors:
