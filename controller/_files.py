@@ -4,15 +4,19 @@ A directory that another user can write into is a place where they can plant a s
 like one of our files, so that we overwrite whatever it points to (as root, anything). So the
 directories are checked (ours, writable by no one else), and files are never written through a
 symlink: each is written to a new temporary file and renamed over the old name, which replaces a
-symlink rather than following it.
+symlink rather than following it. Nor are they read through one (``open_regular``): a link
+planted where the daemon reads its token would make any file its token, and one in the place of
+a replica's log would serve any file the daemon can read to whoever holds the token.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 from ._model.errors import ConfigError
 
@@ -80,3 +84,50 @@ def create_private(path: Path) -> None:
             os.fchmod(fd, 0o600)
     finally:
         os.close(fd)
+
+
+class UnsafeFileError(OSError):
+    """A file refused before a byte of it was read: a symlink, or not a regular file."""
+
+    def __init__(self, path: str | os.PathLike[str], rule: str, code: int = errno.ELOOP):
+        super().__init__(code, rule, os.fspath(path))
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
+def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
+    """Open `path` to read, never through a symlink, and only if it is a regular file (a FIFO
+    would hang the reader, a device might never end). Raises ``UnsafeFileError`` for those,
+    ``FileNotFoundError`` (and the like) as ``open`` would."""
+    # O_NONBLOCK: opening a FIFO would wait for a writer; it changes nothing for a regular file.
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and os.path.islink(path):
+            raise UnsafeFileError(
+                path,
+                "is a symlink, which is not followed: the daemon reads the files of its state "
+                "dir only as themselves, since a link could point at any file; remove it",
+            ) from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise UnsafeFileError(
+                path, f"is not a regular file ({stat.filemode(mode)}); remove it", errno.EINVAL
+            )
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: str | os.PathLike[str], *, limit: int = 1 << 20) -> bytes:
+    """The bytes of `path`, opened by ``open_regular``; ``UnsafeFileError`` past `limit`."""
+    with open_regular(path) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise UnsafeFileError(path, f"is larger than {limit} bytes", errno.EFBIG)
+    return data

@@ -25,6 +25,7 @@ async def call(
     content_type: bytes | None = b"application/json",
     headers: tuple[tuple[bytes, bytes], ...] = (),
     raw_path: bytes | None = None,
+    client: tuple[str, int] | None = None,
 ) -> tuple[int, dict[str, str], bytes]:
     """One request; its (status, headers, body). `path` is as the server decodes it, `raw_path`
     as it was sent (if not given, `path` encoded as a client would: a "?" in it is part of the
@@ -52,6 +53,7 @@ async def call(
         "raw_path": raw_path if raw_path is not None else quote(path, safe=_PCHAR).encode(),
         "query_string": query,
         "headers": sent_headers,
+        "client": client,
     }
     await app(scope, receive, send)  # type: ignore[arg-type]
     answered = {k.decode(): v.decode() for k, v in sent[0]["headers"]}

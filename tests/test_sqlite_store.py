@@ -93,3 +93,98 @@ trio.run(main)
     out = result.stdout.decode()
     assert "disk I/O error" in out or "disk is full" in out, (out, result.stderr)
     assert "rollback" not in out
+
+
+async def test_an_exclusive_store_maps_no_shm_file(tmp_path: Path) -> None:
+    # Alone on its file, SQLite keeps the WAL's index in the heap: no -shm to fault on.
+    path = tmp_path / "s.db"
+    with controller.SQLiteStore(path, exclusive=True) as store:
+        await store.write({"a": "1"})
+        assert not (tmp_path / "s.db-shm").exists()
+        # One planted, cut to nothing and unreadable, is not SQLite's concern any more.
+        (tmp_path / "s.db-shm").write_bytes(b"")
+        (tmp_path / "s.db-shm").chmod(0)
+        await store.write({"b": "2"})
+        assert await store.read_all() == {"a": "1", "b": "2"}
+
+
+async def test_a_shm_file_cut_while_in_use_is_refused_not_touched(tmp_path: Path) -> None:
+    # Touching the lost pages of a mapped file is SIGBUS: in a child process, so that a failure
+    # of this test kills that, not the test run.
+    script = """
+import os, sys, trio, controller
+async def main():
+    path = sys.argv[1]
+    store = controller.SQLiteStore(path)
+    await store.write({"a": "1"})
+    os.truncate(path + "-shm", 0)
+    for op in (store.read_all, lambda: store.write({"b": "2"}), store.read_lease):
+        try:
+            await op()
+        except controller.StoreError as exc:
+            print(exc)
+    store.close()  # SQLite's close touches the index too: it must not fault either
+    with controller.SQLiteStore(path) as again:
+        print(await again.read_all())
+trio.run(main)
+"""
+    path = tmp_path / "s.db"
+    with trio.fail_after(30):
+        result = await trio.run_process(
+            [sys.executable, "-c", script, str(path)],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    assert result.returncode == 0, result.stderr.decode()
+    lines = result.stdout.decode().splitlines()
+    assert len(lines) == 4, lines
+    for line in lines[:3]:
+        assert f"{path}-shm" in line, line
+        assert "was truncated (from 32768 to 0 bytes) while in use" in line, line
+        assert "nothing was read or written" in line, line
+    assert lines[3] == "{'a': '1'}"
+
+
+@pytest.mark.parametrize(
+    ("suffix", "plant", "expected"),
+    [
+        ("-wal", "dir", "is not a regular file"),
+        ("-shm", "dir", "is not a regular file"),
+        ("-wal", "link", "is a symlink: SQLite would write its wal file wherever it points"),
+        ("-shm", "link", "is a symlink: SQLite would write its shm file wherever it points"),
+    ],
+)
+async def test_files_sqlite_would_misuse_are_named_before_it_opens_them(
+    tmp_path: Path, suffix: str, plant: str, expected: str
+) -> None:
+    path = tmp_path / "s.db"
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    planted = trio.Path(f"{path}{suffix}")
+    if plant == "dir":
+        await planted.mkdir()
+    else:
+        await planted.symlink_to(victim)
+    with controller.SQLiteStore(path) as store, pytest.raises(controller.StoreError) as caught:
+        await store.read_all()
+    assert f"{path}{suffix} {expected}" in str(caught.value)
+    assert victim.read_text() == "precious"
+
+
+@pytest.mark.slow  # SQLite's busy timeout, 5 s of the real clock, in a worker thread
+async def test_a_file_an_exclusive_store_holds_is_refused_after_one_wait(tmp_path: Path) -> None:
+    """Not 100 waits (the set-up's retries, for daemons opening a new file at once): a store
+    that another holds exclusively is refused after one busy timeout, saying why."""
+    path = tmp_path / "s.db"
+    with controller.SQLiteStore(path, exclusive=True) as alone:
+        await alone.write({"a": "1"})
+        # Another connection of this process counts as another holder, as another process's.
+        with (
+            controller.SQLiteStore(path) as other,
+            trio.fail_after(30),
+            pytest.raises(controller.StoreError, match="another connection holds it") as caught,
+        ):
+            await other.read_all()
+    assert "database is locked" in str(caught.value)
+    assert "the store of a daemon run without --shared-dir" in str(caught.value)

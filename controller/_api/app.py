@@ -74,6 +74,8 @@ class Api(Handlers):
         self._shutting_down = False
         self._logs = logs
         self._console = console if console is not None else Console(token)
+        self.throttle = self._console.throttle
+        """Wrong tokens, slowed and counted per client address: its `run` logs their summary."""
         self._timelines = timelines if timelines is not None else Timelines()
         self._ingress = ingress
 
@@ -159,7 +161,9 @@ class Api(Handlers):
         args = tuple(unquote(arg) for arg in raw_args)
         # Every path but the public ones needs the token (or the console's session), even to
         # learn that it does not exist.
-        by_session = False if route is not None and route.public else self._authenticate(scope)
+        by_session = (
+            False if route is not None and route.public else await self._authenticate(scope)
+        )
         if route is None:
             raise HTTPError(404, "NotFound", f"no such endpoint: {path}")
         check_method(method, route.methods, path)
@@ -172,15 +176,17 @@ class Api(Handlers):
         call = Call(scope, receive, "GET" if head else method, head, args, query, body, by_session)
         return await route.handler(self, call)
 
-    def _authenticate(self, scope: Scope) -> bool:
+    async def _authenticate(self, scope: Scope) -> bool:
         """The token, or the console's session (True): its cookie and its key, which the
         console's pages send in a header. The cookie alone is what another port of this host,
-        or a forged request, would have: a read without the key is 401, a change 403."""
+        or a forged request, would have: a read without the key is 401, a change 403. A wrong
+        token's answer is held, or refused (429), by the throttle: the right one never is."""
         for key, value in scope["headers"]:
             if key == b"authorization":
                 scheme, _, token = bytes(value).partition(b" ")
                 if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._token):
                     return False
+                await self.throttle.failed(scope, "the token is wrong")
                 raise HTTPError(401, "Unauthorized", "the token is wrong")
         session = self._console.session_of(scope)
         if session is not None and self._console.key_ok(scope, session):

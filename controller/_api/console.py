@@ -25,6 +25,7 @@ from .http import (
     path_of,
     read_body,
 )
+from .throttle import Throttle
 
 logger = logging.getLogger("controller.api")
 
@@ -95,9 +96,13 @@ class Console:
     """Serves the console's paths (`owns`) for the daemon's ASGI app, and tells it which
     requests carry a live session (`session_of`)."""
 
-    def __init__(self, token: str, sessions: Sessions | None = None):
+    def __init__(
+        self, token: str, sessions: Sessions | None = None, throttle: Throttle | None = None
+    ):
         self._token = token.encode()
         self.sessions = sessions if sessions is not None else Sessions(token)
+        self.throttle = throttle if throttle is not None else Throttle()
+        """Shared with the API's bearer tokens: one count per client address."""
         self._assets = _load_assets()
         self._etags = {
             name: b'"%s"' % hashlib.sha256(data).hexdigest()[:16].encode()
@@ -139,6 +144,8 @@ class Console:
             headers = [(b"content-type", b"application/json")]
             if exc.allow:
                 headers.append((b"allow", ", ".join(exc.allow).encode()))
+            if exc.retry_after is not None:
+                headers.append((b"retry-after", b"%d" % exc.retry_after))
         headers = [
             *headers,
             (b"content-length", b"%d" % len(body)),
@@ -207,7 +214,7 @@ class Console:
         if not isinstance(token, str) or not hmac.compare_digest(
             token.strip().encode(), self._token
         ):
-            logger.warning("console: a login with a wrong token")
+            await self.throttle.failed(scope, "the console's login with a wrong token")
             raise HTTPError(401, "Unauthorized", "that is not the daemon's token")
         return self._start_session(scope)
 
@@ -218,6 +225,7 @@ class Console:
         data = parse_json(await read_body(scope, receive))
         code = data.get("code") if isinstance(data, dict) else None
         if not isinstance(code, str) or not self.sessions.take_link_code(code):
+            await self.throttle.failed(scope, "a login link used, expired or never made")
             raise HTTPError(403, "LinkSpent", "this login link is used or expired")
         return self._start_session(scope)
 

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 import trio
 
+from .._files import UnsafeFileError
 from .._local.logs import LogChunk
 from .._model.errors import UnknownBackendError
 from .._model.status import BackendStatus
@@ -63,7 +64,10 @@ async def read_logs(
     def read() -> list[dict[str, Any]]:
         out = []
         for tag in tags:
-            chunk = logs.read_log(tag, offset=offset, tail=tail)
+            try:
+                chunk = logs.read_log(tag, offset=offset, tail=tail)
+            except UnsafeFileError as exc:
+                raise HTTPError(409, "LogRefused", f"the log of replica {tag}: {exc}") from None
             if chunk is not None:
                 state = current.get(tag, "GONE")
                 out.append(

@@ -158,6 +158,7 @@ OPENAPI: dict[str, Any] = {
                     answer("200", "Each replica's log", "Logs"),
                     "400",
                     "404",
+                    "409-log",
                     "501",
                     parameters=[
                         query("replica", STRING, "One replica's tag"),

@@ -26,11 +26,15 @@ _ERRORS = {
     "404-revision": "No such backend, or it keeps no such revision (UnknownRevision)",
     "409": "Valid, but it cannot be placed on the runtime (beside what runs already), or its "
     "route leads to another backend (RouteConflict); nothing was applied",
+    "409-log": "A replica's log file is a symlink or not a regular file (LogRefused): it is "
+    "not read, never followed",
     "409-rollout": "Refused as the backend is now, with the reason as the error's type: Paused "
     "(resume it first), Deleting, NoGoodRevision (no earlier revision completed: name one), or "
     "CodeChanged (the entrypoint's source on disk is not the revision's: undo with force); "
     "nothing was written",
     "413": "The body is over 1 MiB",
+    "429": "Too many wrong tokens from this client address, with answers still held "
+    "(TooManyFailures): try again after Retry-After; the right token is never refused",
     "415": "The body is not sent as application/json",
     "422": "The body is JSON but breaks a rule; `problems` lists each, naming the field",
     "403": "A console session may not do this (make a login link), or its change lacks the "
@@ -63,7 +67,7 @@ def operation(
     """An operation; each of `errors` is a status (``"409"``), or one with the reason it has
     here (``"409-rollout"``: a key of ``_ERRORS``)."""
     responses = dict(ok)
-    for key in ("401", *errors):
+    for key in ("401", "429", *errors):
         code = key.partition("-")[0]
         response: dict[str, Any] = {
             "description": _ERRORS[key],
@@ -71,7 +75,7 @@ def operation(
         }
         if code == "401":
             response["headers"] = {"WWW-Authenticate": {"schema": STRING, "required": True}}
-        if code == "503":
+        if code in ("429", "503"):
             response["headers"] = {"Retry-After": {"schema": INT}}
         responses[code] = response
     if "503" in errors:

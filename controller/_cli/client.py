@@ -14,6 +14,7 @@ from typing import Any
 
 from .._api.http import leader_of
 from .._daemon.statedir import TOKEN_ENV, check_private, daemon_running, read_address, token_path
+from .._files import UnsafeFileError, read_regular
 from .._model.errors import StartupError
 
 
@@ -187,7 +188,10 @@ def make_client(args: argparse.Namespace) -> Client:
         url = found
     if token is None:
         try:
-            token = token_path(state_dir).read_text().strip()
+            token = read_regular(token_path(state_dir), limit=4096).decode(errors="replace")
+            token = token.strip()
+        except UnsafeFileError as exc:
+            raise CLIError(f"error: the token {exc}") from None
         except OSError:
             token = None  # the daemon will say 401, and the message says where tokens come from
     return Client(url, token)

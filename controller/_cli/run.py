@@ -4,6 +4,8 @@ one line, not with a traceback from inside the daemon's nurseries."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
 import os
 from pathlib import Path
 
@@ -22,6 +24,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .._daemon.main import DaemonOptions, run_daemon
 
     setup_logging(args.log_format)
+    # A fatal signal (SIGBUS from a faulty mapped file, SIGSEGV) says so, with a traceback,
+    # rather than ending the daemon without a word; the state dir's log takes it once open.
+    with contextlib.suppress(RuntimeError, ValueError):  # no stderr to write to
+        faulthandler.enable()
     try:
         lease = LeaseTiming(duration_s=args.lease_duration, renew_s=args.lease_renew)
     except ConfigError as exc:

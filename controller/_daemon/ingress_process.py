@@ -65,7 +65,10 @@ def locate(state_dir: Path) -> tuple[str, str] | None:
     """Where the daemon of `state_dir` serves its API now, and its token; None while no daemon
     runs there."""
     url = read_address(state_dir).get("url")
-    token = kept_token(state_dir)
+    try:
+        token = kept_token(state_dir)
+    except OSError:
+        return None  # a link planted in its place: as if no daemon ran; the daemon says why
     if not isinstance(url, str) or token is None:
         return None
     return url, token

@@ -21,6 +21,7 @@ import attrs
 import h11
 import trio
 
+from .._files import open_regular, read_regular
 from .._model.errors import StartupError
 from .._procfs import command_line, exit_status, start_time
 from ..ingress import SourceError
@@ -55,7 +56,7 @@ class Record:
     @classmethod
     def read(cls, path: Path) -> Record | None:
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(read_regular(path))
             return cls(
                 slot=int(data["slot"]),
                 pid=int(data["pid"]),
@@ -236,7 +237,7 @@ def open_log(path: Path) -> int:
 
 def tail(path: Path, lines: int = 3) -> str:
     try:
-        with path.open("rb") as f:
+        with open_regular(path) as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - 4096))
             last = f.read().decode(errors="replace").strip().splitlines()[-lines:]

@@ -3,12 +3,16 @@ terminal, or to a private log file rotated by size."""
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import io
 import json
 import logging
 import logging.handlers
 import os
+import sys
 from pathlib import Path
+from typing import Any
 
 from .._model.text import one_line
 
@@ -55,12 +59,18 @@ def setup_logging(fmt: str, handler: logging.Handler | None = None) -> None:
     root.setLevel(logging.INFO)
 
 
-def private_log(path: Path, max_bytes: int, backups: int) -> logging.Handler:
+def private_log(
+    path: Path, max_bytes: int, backups: int, *, fatal_errors: bool = False
+) -> logging.Handler:
     """A handler writing to `path`, rotated past `max_bytes` with `backups` old files kept;
-    every one of them 0600 and never opened through a symlink."""
+    every one of them 0600 and never opened through a symlink. With `fatal_errors`, a fatal
+    signal (SIGBUS, SIGSEGV, SIGABRT...) writes the threads' tracebacks there too (through
+    `faulthandler`), until the handler is closed (then to stderr)."""
     for n in range(1, backups + 1):
         _make_private(Path(f"{path}.{n}"))
-    return _PrivateRotatingFileHandler(path, maxBytes=max_bytes, backupCount=backups)
+    return _PrivateRotatingFileHandler(
+        path, maxBytes=max_bytes, backupCount=backups, fatal_errors=fatal_errors
+    )
 
 
 def _make_private(path: Path) -> None:
@@ -78,8 +88,25 @@ def _make_private(path: Path) -> None:
 class _PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
     """A rotating log file that is 0600 and never opened through a symlink."""
 
+    def __init__(self, *args: Any, fatal_errors: bool = False, **kwargs: Any):
+        # Set first: the base class opens the file in its constructor.
+        self._fatal_errors = fatal_errors
+        super().__init__(*args, **kwargs)
+
     def _open(self) -> io.TextIOWrapper:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(self.baseFilename, flags, 0o600)
         os.fchmod(fd, 0o600)  # one left by an older daemon may be readable by others
-        return os.fdopen(fd, "a", encoding="utf-8")
+        stream = os.fdopen(fd, "a", encoding="utf-8")
+        if self._fatal_errors:
+            # Again at each rotation: faulthandler holds a descriptor, not a name.
+            faulthandler.enable(stream)
+        return stream
+
+    def close(self) -> None:
+        if self._fatal_errors and self.stream is not None:
+            self._fatal_errors = False
+            # Not to a closed file, whose descriptor number may be reused by then.
+            with contextlib.suppress(ValueError, AttributeError, RuntimeError):
+                faulthandler.enable(sys.stderr)
+        super().close()

@@ -23,6 +23,7 @@ import logging.handlers
 import os
 import secrets
 import socket
+import sqlite3
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -144,7 +145,7 @@ async def run_daemon(options: DaemonOptions) -> None:
             if "ray" in (options.runtime, options.store):
                 # Joining (or starting) a cluster takes seconds: not on the trio thread.
                 await trio.to_thread.run_sync(_connect_ray, options)
-            with _store(options, shared) as store:
+            with _store(options, shared, alone=shared == state_dir) as store:
                 runtime = _runtime(options, shared)
                 host, port = sock.getsockname()[:2]
                 leadership = Leadership(
@@ -261,7 +262,8 @@ def _file_log(state_dir: Path) -> Iterator[None]:
     """The daemon's log also goes to ``daemon.log`` in the state dir (rotated), in the format
     of its console log."""
     root = logging.getLogger()
-    handler = private_log(log_path(state_dir), LOG_MAX_BYTES, LOG_BACKUPS)
+    # Fatal signals too (SIGBUS, SIGSEGV): a death by one is then in the log, with a traceback.
+    handler = private_log(log_path(state_dir), LOG_MAX_BYTES, LOG_BACKUPS, fatal_errors=True)
     if root.handlers:
         handler.setFormatter(root.handlers[0].formatter)
     root.addHandler(handler)
@@ -273,20 +275,26 @@ def _file_log(state_dir: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _store(options: DaemonOptions, shared: Path) -> Iterator[LeaseStore]:
+def _store(options: DaemonOptions, shared: Path, *, alone: bool) -> Iterator[LeaseStore]:
+    """The store. `alone`: no other daemon shares its file (the state dir's lock makes sure),
+    so SQLite may keep its WAL index in this process's memory, not in a mapped ``-shm`` file
+    whose fault (truncated, a disk error) would kill the daemon with SIGBUS."""
     if options.store == "ray":
         from ..ray import RayKVStore
 
         yield RayKVStore(options.namespace)
         return
     from .._stores.sqlite import SQLiteStore
+    from .._stores.sqlite_files import check_files
 
     path = shared / "controller.db"
     try:
+        # SQLite's own errors name none of its files ("attempt to write a readonly database").
+        check_files(str(path), shm=not alone)
         create_private(path)
-    except (OSError, ConfigError) as exc:
+    except (OSError, ConfigError, sqlite3.Error) as exc:
         raise StartupError(f"cannot use the store {path}: {exc}") from None
-    with SQLiteStore(path) as store:
+    with SQLiteStore(path, exclusive=alone) as store:
         yield store
 
 

@@ -207,6 +207,8 @@ async def serve(
         async with trio.open_nursery() as daemon:
             daemon.start_soon(_on_signals, signals, stop, state_dir)
             daemon.start_soon(metrics.measure_loop_lag)
+            # Cancelled last: what it has not logged yet of wrong tokens is logged then.
+            daemon.start_soon(app.throttle.run)
             # The API closes before the ingress's start is waited for.
             async with trio.open_nursery() as ingress, trio.open_nursery() as api:
                 async with trio.open_nursery() as roles_nursery:

@@ -6,7 +6,8 @@ Light on imports: the CLI reads the paths (to find the daemon and its token) wit
   second daemon on it is refused before it writes anything; deleting a file cannot undo that.
   ``lock`` names the holder's pid, for that refusal.
 - ``token``, ``daemon.json`` (the API's address, pid and epoch): written atomically, 0600.
-- ``controller.db``: the SQLite store, 0600. ``w/``: LocalRuntime's workers and their logs.
+- ``controller.db``: the SQLite store, 0600, and SQLite's ``-wal`` beside it (and its ``-shm``
+  when daemons share the store). ``w/``: LocalRuntime's workers and their logs.
 - ``daemon.log``: the daemon's own log, rotated.
 """
 
@@ -22,7 +23,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from .._files import private_dir, write_private
+from .._files import UnsafeFileError, private_dir, read_regular, write_private
 from .._model.errors import ConfigError, StartupError
 
 STATE_DIR_ENV = "CONTROLLER_STATE_DIR"
@@ -58,7 +59,7 @@ def log_path(state_dir: Path) -> Path:
 def read_address(state_dir: Path) -> dict[str, object]:
     """What ``daemon.json`` says (``url``, ``pid``, ``epoch``), or nothing."""
     try:
-        data = json.loads(address_path(state_dir).read_text())
+        data = json.loads(read_regular(address_path(state_dir)))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -132,7 +133,7 @@ def mark_stopping(state_dir: Path) -> None:
 def _outwait_a_stopping_daemon(state_dir: Path, fd: int) -> bool:
     """Wait for the lock while its holder says it is stopping and is alive; True once taken."""
     try:
-        pid_text, _, mark = lock_path(state_dir).read_text(errors="replace").partition(" ")
+        pid_text, _, mark = _read_lock(state_dir).partition(" ")
         pid = int(pid_text)
     except (OSError, ValueError):
         return False
@@ -175,7 +176,7 @@ def daemon_running(state_dir: Path) -> bool:
 
 def _held_by_other(state_dir: Path) -> str:
     try:
-        pid = lock_path(state_dir).read_text(errors="replace").strip()[:32] or "unknown"
+        pid = _read_lock(state_dir).strip()[:32] or "unknown"
     except OSError:
         pid = "unknown"
     url = read_address(state_dir).get("url") or "its address not written yet"
@@ -186,11 +187,18 @@ def _held_by_other(state_dir: Path) -> str:
     )
 
 
+def _read_lock(state_dir: Path) -> str:
+    return read_regular(lock_path(state_dir), limit=4096).decode(errors="replace")
+
+
 def kept_token(state_dir: Path) -> str | None:
     """The token an earlier daemon wrote to this (locked, private) state dir, if it looks like
-    one: printable ASCII without spaces."""
+    one: printable ASCII without spaces. A symlink in its place is refused
+    (``UnsafeFileError``), not followed: it would make any file the token."""
     try:
-        token = token_path(state_dir).read_text(encoding="ascii").strip()
+        token = read_regular(token_path(state_dir), limit=4096).decode("ascii").strip()
+    except UnsafeFileError:
+        raise
     except (OSError, UnicodeDecodeError):
         return None
     return token if re.fullmatch(r"[!-~]{16,1024}", token) else None

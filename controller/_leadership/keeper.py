@@ -81,7 +81,6 @@ class Leadership:
                 self._store_failed("reading the lease", exc)
                 await trio.sleep(self.timing.renew_s)
                 continue
-            self._store_back()
             self.seen = lease
             now = trio.current_time()
             seen = watch(seen, lease, now)
@@ -101,10 +100,14 @@ class Leadership:
                     self._store_failed("claiming the lease", exc)
                     await trio.sleep(self.timing.renew_s)
                     continue
+                # Back only once a write went through too: a store that reads but cannot
+                # write (a full disk) would otherwise be logged as down and back twice a period.
+                self._store_back()
                 if won:
                     self._began(new, lease)
                     return new
                 continue  # another claimed or renewed it meanwhile: read it again at once
+            self._store_back()
             if on_read is not None:
                 await on_read()
             await trio.sleep_until(min(claim_at(seen, self.holder), now + self.timing.renew_s))

@@ -20,6 +20,8 @@ from typing import Any
 
 import attrs
 
+from .._files import UnsafeFileError, open_regular
+
 #: Past this size a log is rotated (the worker keeps one rotated file besides the current one).
 DEFAULT_MAX_BYTES = 8 << 20
 #: The most a single read returns: a tail of a huge line stays bounded too.
@@ -116,9 +118,10 @@ def read_log(
 ) -> LogChunk | None:
     """The last `tail` lines of the log at `path` (its rotated part included), or, given an
     `offset` from an earlier read, what was written since; `max_bytes` at most. None if there
-    is no such log."""
+    is no such log. A symlink in the place of the log or its rotated part is refused
+    (``UnsafeFileError``), never followed: it would serve whatever file it names."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             size = os.fstat(f.fileno()).st_size
             if offset is not None and 0 <= offset <= size:
                 start = max(offset, size - max_bytes)
@@ -131,14 +134,25 @@ def read_log(
     except FileNotFoundError:
         return None
     if offset is None and data.count(b"\n") <= tail and len(data) < max_bytes:
-        with contextlib.suppress(OSError), open(f"{path}.1", "rb") as old:
-            old.seek(0, os.SEEK_END)
-            old.seek(max(0, old.tell() - (max_bytes - len(data))))
-            data = old.read() + data
+        data = _rotated_tail(Path(f"{path}.1"), max_bytes - len(data)) + data
     lines = data.decode(errors="replace").splitlines(keepends=True)
     if offset is None:
         lines = lines[-tail:] if tail > 0 else []
     return LogChunk("".join(lines), size)
+
+
+def _rotated_tail(path: Path, size: int) -> bytes:
+    """The last `size` bytes of a rotated log; nothing if there is none (or it is unreadable)."""
+    try:
+        old = open_regular(path)
+    except UnsafeFileError:
+        raise
+    except OSError:
+        return b""
+    with old:
+        old.seek(0, os.SEEK_END)
+        old.seek(max(0, old.tell() - size))
+        return old.read()
 
 
 def log_tags(logs_dir: Path, prefix: str = "") -> list[str]:

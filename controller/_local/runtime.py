@@ -46,7 +46,7 @@ from typing import Any, final
 
 import trio
 
-from .._files import private_dir
+from .._files import private_dir, read_regular
 from .._model.errors import ConfigError, FencedError, ReplicaError, ReplicaGoneError
 from .._model.json_values import JSON
 from .._model.placement import SLOTS
@@ -292,7 +292,9 @@ class LocalRuntime:
         pid = hello.get("pid")
         if not isinstance(pid, int) or pid not in pids:
             raise ReplicaGoneError(tag, f"its socket answered for pid {pid}, not one of {pids}")
-        spec = json.loads(await trio.Path(spec_path(self.runtime_dir, tag)).read_text())
+        spec = json.loads(
+            await trio.to_thread.run_sync(read_regular, spec_path(self.runtime_dir, tag))
+        )
         port = int(spec["port"])
         try:
             worker = WorkerProcess.found(tag, pid, self.fork_server_pid)

@@ -39,6 +39,7 @@ from typing import Any, final
 
 import trio
 
+from .._files import read_regular
 from .._ports.context import ReplicaContext, set_context
 from .._ports.hosting import construct, describe_error, tracebacks
 from .logs import DEFAULT_MAX_BYTES, capture_output
@@ -346,8 +347,7 @@ def run(spec_path: str, listen_fd: int | None = None) -> None:
     """Host the replica that the spec file describes, until killed. `listen_fd` is the
     listening socket if not the spec's (a worker forked by the fork server receives it under
     a number of its own)."""
-    with open(spec_path) as f:
-        spec = json.load(f)
+    spec = json.loads(read_regular(spec_path))
     if listen_fd is not None:
         spec["listen_fd"] = listen_fd
     if spec.get("log"):

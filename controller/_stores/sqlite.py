@@ -7,6 +7,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Literal, TypeVar, final
 
 import attrs
@@ -14,12 +15,15 @@ import trio
 
 from .._model.errors import FencedError, StoreError
 from .._model.lease import Lease, same_grant
+from .sqlite_files import ShmGuard, check_files
 
 T = TypeVar("T")
 
 #: Opening a file others open at the same moment: how often, and how far apart, to try.
 _SETUP_ATTEMPTS = 100
 _SETUP_PAUSE_S = 0.01
+#: How long a statement waits for a lock another connection holds (SQLite's busy timeout).
+_LOCK_WAIT_S = 5.0
 
 
 @attrs.define(eq=False)
@@ -55,18 +59,34 @@ class SQLiteStore:
     loss; ``"NORMAL"`` survives a crash of the process, which is what the controller's recovery
     needs, and commits faster.
 
-    A new database file is created readable by its owner only (0600). Failures raise
-    ``StoreError`` with SQLite's own message (``disk I/O error``, ``file is not a database``...);
-    a failed write changes nothing.
+    `exclusive`: this store is the only user of the file (SQLite's exclusive locking mode),
+    and no other process or store may open it while it is open. SQLite then keeps the index of
+    its write-ahead log in this process's memory rather than in the ``-shm`` file that every
+    connection maps into its own, so no fault of that file (truncated by someone, a disk
+    error) can kill the process with SIGBUS. Shared (the default), the ``-shm`` file is checked
+    before each use, and one truncated, replaced or deleted meanwhile is refused, not touched.
+
+    A new database file is created readable by its owner only (0600). Before the file is
+    opened, the directory, the database, its ``-wal`` and (shared) its ``-shm`` are checked:
+    one this process cannot write is named in the error. Failures raise ``StoreError`` with
+    SQLite's own message (``disk I/O error``, ``file is not a database``...); a failed write
+    changes nothing.
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, synchronous: Literal["FULL", "NORMAL"] = "FULL"
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: Literal["FULL", "NORMAL"] = "FULL",
+        exclusive: bool = False,
     ):
         if synchronous not in ("FULL", "NORMAL"):
             raise ValueError(f'synchronous: must be "FULL" or "NORMAL" (got {synchronous!r})')
         self.path = os.fspath(path)
         self._synchronous = synchronous
+        self._exclusive = exclusive
+        memory = self.path == ":memory:"
+        self._shm = None if exclusive or memory else ShmGuard(self.path)
         self._conn: sqlite3.Connection | None = None
         self._inode: int | None = None
         self._wal_inode: int | None = None
@@ -87,11 +107,25 @@ class SQLiteStore:
     def close(self) -> None:
         """Close the connection; the next use opens it again."""
         if self._conn is not None:
+            if self._shm is not None:
+                self._shm.mend()
             self._conn.close()
             self._conn = None
 
-    def _connection(self) -> sqlite3.Connection:
+    def _connection(self, *, writing: bool = False) -> sqlite3.Connection:
+        """The connection, opened if need be; its files checked before it is used: for a
+        write, the database and its log; for any use, the ``-shm`` file."""
+        conn = self._open()
+        if writing:
+            self._check_file()
+        if self._shm is not None:
+            self._shm.check()
+        return conn
+
+    def _open(self) -> sqlite3.Connection:
         if self._conn is None:
+            if self.path != ":memory:":
+                check_files(self.path, shm=self._shm is not None)
             if self.path != ":memory:" and not os.path.exists(self.path):
                 # Checkpoints name what runs where: private from the first byte. Another
                 # daemon sharing the file may create it first: then it is there, as wanted.
@@ -102,16 +136,30 @@ class SQLiteStore:
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             try:
                 # First: the daemons sharing the file may hold its lock while this one opens.
-                conn.execute("PRAGMA busy_timeout=5000")
+                conn.execute(f"PRAGMA busy_timeout={int(_LOCK_WAIT_S * 1000)}")
+                # Before the first read, or SQLite maps the -shm file all the same.
+                if self._exclusive:
+                    conn.execute("PRAGMA locking_mode=EXCLUSIVE")
+                # The database itself is read, never mapped (a build may default otherwise).
+                conn.execute("PRAGMA mmap_size=0")
                 for attempt in range(_SETUP_ATTEMPTS):
+                    began = time.monotonic()
                     try:
                         self._set_up(conn)
                         break
                     except sqlite3.OperationalError as exc:
-                        # Daemons opening a new shared file at once: the switch to WAL
-                        # answers "locked" without waiting; it is over in a moment.
                         if "locked" not in str(exc) or attempt == _SETUP_ATTEMPTS - 1:
                             raise
+                        if time.monotonic() - began >= _LOCK_WAIT_S:
+                            # Its whole busy timeout waited out: a holder that lets go in
+                            # a moment would have let go by now.
+                            raise sqlite3.OperationalError(
+                                f"{exc}: another connection holds it, and may until it "
+                                "closes (a store opened with exclusive=True does: the "
+                                "store of a daemon run without --shared-dir)"
+                            ) from exc
+                        # Daemons opening a new shared file at once: the switch to WAL
+                        # answers "locked" without waiting; it is over in a moment.
                         time.sleep(_SETUP_PAUSE_S)  # a worker thread's: trio is not blocked
             except BaseException:
                 conn.close()
@@ -119,6 +167,10 @@ class SQLiteStore:
             self._conn = conn
             if self.path != ":memory:":
                 self._inode = os.stat(self.path).st_ino
+                self._wal_inode = None
+            if self._shm is not None:
+                self._shm.reset()
+                self._shm.seen()
         return self._conn
 
     def _set_up(self, conn: sqlite3.Connection) -> None:
@@ -154,8 +206,7 @@ class SQLiteStore:
         return dict(rows)
 
     def _commit_sync(self, epoch: int | None, changes: Mapping[str, str | None]) -> None:
-        conn = self._connection()
-        self._check_file()
+        conn = self._connection(writing=True)
         conn.execute("BEGIN IMMEDIATE")
         try:
             if epoch is not None:
@@ -173,8 +224,6 @@ class SQLiteStore:
             if deletes:
                 conn.executemany("DELETE FROM checkpoints WHERE key = ?", deletes)
             conn.execute("COMMIT")
-            if self._inode is not None and self._wal_inode is None:
-                self._wal_inode = _inode(self.path + "-wal")
         except BaseException:
             _roll_back(conn)
             raise
@@ -184,8 +233,7 @@ class SQLiteStore:
         return None if row is None else Lease.from_json(row[0])
 
     def _claim_sync(self, seen: Lease | None, new: Lease) -> bool:
-        conn = self._connection()
-        self._check_file()
+        conn = self._connection(writing=True)
         conn.execute("BEGIN IMMEDIATE")
         try:
             row = conn.execute("SELECT body FROM lease WHERE id = 1").fetchone()
@@ -204,8 +252,7 @@ class SQLiteStore:
             raise
 
     def _renew_sync(self, lease: Lease) -> None:
-        conn = self._connection()
-        self._check_file()
+        conn = self._connection(writing=True)
         conn.execute("BEGIN IMMEDIATE")
         try:
             held = _held_epoch(conn)
@@ -229,9 +276,18 @@ class SQLiteStore:
         except _Fenced as exc:
             raise FencedError("renewing the lease", lease.epoch, exc.held) from None
 
+    def _seen_after(self, fn: Callable[[], T]) -> T:
+        result = fn()
+        if self._inode is not None and self._wal_inode is None:
+            # The log exists once anything was read or written: from then on, it is this one.
+            self._wal_inode = _inode(self.path + "-wal")
+        if self._shm is not None:
+            self._shm.seen()  # SQLite may have grown it
+        return result
+
     async def _run(self, doing: str, fn: Callable[[], T]) -> T:
         try:
-            return await trio.to_thread.run_sync(fn, limiter=self._limiter)
+            return await trio.to_thread.run_sync(self._seen_after, fn, limiter=self._limiter)
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"{doing} {self.path}: {exc}") from exc
 
@@ -269,7 +325,9 @@ class SQLiteStore:
                     batch = self._pending.pop(epoch)
                     try:
                         await trio.to_thread.run_sync(
-                            self._commit_sync, epoch, batch.changes, limiter=self._limiter
+                            self._seen_after,
+                            partial(self._commit_sync, epoch, batch.changes),
+                            limiter=self._limiter,
                         )
                         self.transactions += 1
                     except (sqlite3.Error, OSError, _Fenced) as exc:
