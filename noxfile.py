@@ -67,6 +67,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "bench/ingress_bench.py", *_baseline(session), env=ray)
     session.run("python", "bench/autoscale_bench.py", "--serve-trials", "3", env=ray)
     session.run("python", "bench/failover_bench.py", "--trials", "3", env=ray)
+    session.run("python", "bench/apply_bench.py")
 
 
 @nox.session

@@ -91,6 +91,30 @@ async def test_a_prune_deletes_a_backend_whose_deploy_was_under_way() -> None:
         assert all(b.deleting or b.name not in ("a", "b") for b in ctl.status().backends)
 
 
+async def test_a_controller_closed_while_a_new_backend_is_written_says_so() -> None:
+    # Found by the apply benchmark: a leader that lost its lease while a new backend's spec was
+    # being written answered 500 ("Nursery is closed to new arrivals"), not "closed" (503).
+    memory = controller.MemoryStore()
+    store = HeldSpecWrites(memory)
+    errors: list[BaseException] = []
+    async with trio.open_nursery() as nursery:
+        async with opened(FakeRuntime(auto_ready=True), store) as ctl:
+            release = store.hold = trio.Event()
+
+            async def deploy() -> None:
+                try:
+                    await ctl.deploy("a", config(num_replicas=1), RC)
+                except controller.ControllerError as exc:
+                    errors.append(exc)
+
+            nursery.start_soon(deploy)
+            await store.holding.wait()
+        release.set()  # the write lands after the controller closed
+    assert [type(e) for e in errors] == [controller.ControllerClosedError]
+    assert "is stored" in str(errors[0])
+    assert "spec/a" in memory.data  # stored: the next controller carries it out
+
+
 async def test_apply_is_all_or_nothing() -> None:
     rt = FakeRuntime(auto_ready=True, max_replicas=3)
     store = controller.MemoryStore()

@@ -311,6 +311,13 @@ class SpecDesk:
                         handovers.append(handover)
                 assert self._nursery is not None
                 for backend in new:
+                    if self._closed:
+                        # Closed during the write (a leader that lost its lease): the change
+                        # is stored, and the controller that opens the store next goes on.
+                        raise ControllerClosedError(
+                            "the controller closed while the change was being written; it "
+                            "is stored, and the next controller to open the store carries it out"
+                        )
                     await self._nursery.start(backend.run)
         finally:
             self._reservations.release(reserved)
