@@ -243,6 +243,43 @@ async def test_a_bad_config_at_start_stops_before_anything(state_dir: Path) -> N
     assert not (state_dir / "token").exists()
 
 
+async def test_a_config_that_breaks_a_rule_merged_with_the_live_values_stops_the_start(
+    state_dir: Path,
+) -> None:
+    # Alone the file is fine; merged with what the API changed since (max_surge 0), it asks
+    # max_unavailable 0 too, which no rollout could keep. The start says so and stops (exit 2,
+    # as for a bad file), and the replicas run on untouched.
+    file = state_dir / "backends.toml"
+    file.write_text(manifest(a=trivial(1)))
+    with trio.fail_after(LIMIT_S * 2):
+        async with trio.open_nursery() as nursery:
+            first = Daemon(state_dir)
+            await first.start(nursery, "--config", str(file))
+            assert (await first.cli("wait", "a")).returncode == 0
+            body = json.dumps(trivial(1, max_surge=0, max_unavailable=1)).encode()
+            assert (await first.http("PUT", "/api/v1/backends/a", body))[0] == 200
+            assert (await first.cli("wait", "a")).returncode == 0
+            pids = worker_pids(state_dir)
+            assert await first.stop(signal.SIGINT) == 0
+        file.write_text(manifest(a=trivial(1, max_unavailable=0)))
+        here = str(Path(__file__).parent)
+        argv = [*Daemon(state_dir).cli_argv(), "run", "--listen", "127.0.0.1:0", "--no-ingress"]
+        result = await trio.run_process(
+            [*argv, "--pythonpath", here, "--config", str(file)],
+            capture_stderr=True,
+            check=False,
+        )
+        assert result.returncode == 2, result.stderr
+        err = result.stderr.decode()
+        assert "1 problem in" in err
+        assert "backend 'a': " in err
+        assert "may not both be 0" in err
+        assert worker_pids(state_dir) == pids  # untouched, for the next start to adopt
+        async with running(state_dir) as third:  # it adopts them (and shuts down at the end)
+            assert (await third.cli("wait", "a")).returncode == 0
+            assert worker_pids(state_dir) == pids
+
+
 async def test_json_logs_one_object_per_line(state_dir: Path) -> None:
     file = state_dir / "backends.toml"
     file.write_text(manifest(a=trivial(1)))

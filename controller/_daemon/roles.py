@@ -24,6 +24,7 @@ from .._model.errors import (
     CheckpointError,
     ConfigError,
     ControllerError,
+    ManifestError,
     StartupError,
     StoreError,
 )
@@ -205,6 +206,13 @@ async def apply_at_start(ctl: Controller, manifest: Manifest, source: Path | Non
             cause = Cause(via="cli", manifest=str(source), manifest_digest=digest)
     try:
         applied = await ctl.apply_manifest(manifest, cause=cause)
+    except ConfigError as exc:
+        # Checked alone before the start, the file breaks a rule once merged with the values
+        # the store holds (changed since by `scale`, an undo, the API): the start stops, as
+        # for a file that is bad alone (exit 2), and the replicas run on as they are.
+        raise ManifestError(
+            str(source), [f"{exc} (nothing was applied; the replicas run on as they were)"]
+        ) from None
     except ControllerError as exc:
         logger.error("applying %s: %s", source, exc)
     else:
