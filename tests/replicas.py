@@ -45,6 +45,19 @@ class FailsInInit:
         raise ValueError("bad port")
 
 
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text for you")
+
+
+class FailsUnprintably:
+    """Found by an attack: its error's str() raises, which took the worker down mid-start, and
+    the daemon with it (a stop and the monitor both waited on the worker's pidfd)."""
+
+    def __init__(self) -> None:
+        raise Unprintable()
+
+
 class Trivial:
     """Does nothing: for start-up benchmarks."""
 

@@ -27,8 +27,9 @@ ONE_TRY = controller.RestartPolicy(initial_delay_s=0, jitter=0, max_failed_start
         ("no_such_module:Echo", {}, "ModuleNotFoundError"),
         ("replicas:FailsInInit", {}, "ValueError: bad port"),
         ("replicas:SlowInit", {"seconds": 600}, "ReplicaStartTimeout"),
+        ("replicas:FailsUnprintably", {}, r"Unprintable: <its str\(\) failed>"),
     ],
-    ids=["import error", "__init__ raises", "hangs past the start timeout"],
+    ids=["import error", "__init__ raises", "hangs past the start timeout", "unprintable error"],
 )
 @pytest.mark.parametrize("fork_server", [True, False], ids=["forked", "spawned"])
 async def test_a_failed_start_leaves_no_process_when_the_goal_fails(

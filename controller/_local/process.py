@@ -49,6 +49,18 @@ class WorkerProcess:
     forked_by: int | None = None
     """The pid of our fork server, if it forked this worker (it is then the worker's parent,
     which reaps it when asked); None if spawned, or forked by an earlier fork server."""
+    exited: bool = False
+    """Its end was seen (and it was reaped, if that is ours to do)."""
+    _waiting: trio.Lock = attrs.field(factory=trio.Lock)
+    """Held by the one task that waits on the pidfd: trio lets one task wait on a descriptor,
+    and a stop and the monitor may both wait for the same end (a worker that dies as it is
+    stopped); the others wait for the lock, and find it ended."""
+
+    def close(self) -> None:
+        """Let go of the pidfd (once): the worker is forgotten."""
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
 
     @classmethod
     def found(cls, tag: str, pid: int, zygote: int | None) -> WorkerProcess:
@@ -71,6 +83,13 @@ class WorkerProcess:
                 await lines.aclose()
 
     async def wait_exit(self, fork_server: ForkServer | None) -> None:
+        async with self._waiting:
+            if self.exited or self.pidfd < 0:
+                return  # seen by another waiter, or forgotten by the stop that saw it
+            await self._wait_exit(fork_server)
+            self.exited = True
+
+    async def _wait_exit(self, fork_server: ForkServer | None) -> None:
         await trio.lowlevel.wait_readable(self.pidfd)
         if self.forked_by is not None and fork_server is not None:
             # Its fork server leaves it a zombie until asked: read how it ended first, while
@@ -90,7 +109,7 @@ class WorkerProcess:
         """Wait until it has exited; how it ended, in words."""
         await self.wait_exit(fork_server)
         status = self.exit_status
-        if status is None:
+        if status is None and self.pidfd >= 0:
             # Not our child (started by an earlier controller): Linux may still say how it
             # ended, while the pidfd is open.
             status = exit_status(self.pid, self.pidfd)

@@ -238,7 +238,7 @@ class LocalRuntime:
     def _let_go(self) -> None:
         # The workers live on; a controller opened later adopts them.
         for worker in self._workers.values():
-            os.close(worker.pidfd)
+            worker.close()
         self._workers.clear()
 
     async def capacity(self) -> Sequence[Mapping[str, float]] | None:
@@ -335,7 +335,7 @@ class LocalRuntime:
             await ask_to_stop(self.runtime_dir, tag, self._epoch, self.term_timeout_s)
         except BaseException:
             if not held:
-                os.close(worker.pidfd)
+                worker.close()
             raise
         if not held:
             self._workers[tag] = worker
@@ -372,6 +372,8 @@ class LocalRuntime:
         if worker.killing or self._workers.get(worker.tag) is not worker:
             return
         how = await worker.wait_end(self._fork_server)
+        if worker.killing or self._workers.get(worker.tag) is not worker:
+            return  # a stop came while it ended: the stop says what became of it
         self._forget(worker)
         await self._gone(worker.tag)
         self._watchers.died(worker.tag, how)
@@ -379,7 +381,7 @@ class LocalRuntime:
     def _forget(self, worker: WorkerProcess) -> None:
         if self._workers.get(worker.tag) is worker:
             del self._workers[worker.tag]
-            os.close(worker.pidfd)
+            worker.close()
 
     async def _request(self, tag: str, request: dict[str, Any]) -> dict[str, Any]:
         """Send `request` to the worker of `tag` with our epoch; its reply (see ``command``)."""

@@ -147,7 +147,10 @@ def _of_host(frame: FrameType) -> bool:
 def describe_error(exc: BaseException, traceback: str) -> dict[str, str]:
     """The user's exception as data: its type, its message and its traceback (the end of it,
     which names the failing line, if it is too long)."""
-    message = str(exc)
+    try:
+        message = str(exc)
+    except Exception:  # a user's __str__ that raises must not take the host down with it
+        message = "<its str() failed>"
     if len(message) > MAX_MESSAGE:
         message = message[:MAX_MESSAGE] + "..."
     if len(traceback) > MAX_TRACEBACK:
