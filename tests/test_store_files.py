@@ -162,3 +162,23 @@ async def test_a_store_that_reads_but_cannot_write_is_logged_once(
     assert [r.getMessage() for r in caplog.records] == [
         "claiming the lease: writing: database or disk is full; trying again every 0.5s"
     ]
+
+
+async def test_an_unexpected_error_that_stops_the_daemon_is_in_its_log(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by an attack: a daemon that died of a fault said so on stderr only; daemon.log,
+    # which a service manager's user reads, just stopped.
+    from controller._daemon import main
+
+    async def broken(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("a fault of ours")
+
+    monkeypatch.setattr(main, "serve", broken)
+    options = main.DaemonOptions(state_dir, listen="127.0.0.1:0", ingress_listen=None)
+    with pytest.raises(RuntimeError, match="a fault of ours"):
+        await main.run_daemon(options)
+    log = (state_dir / "daemon.log").read_text()
+    assert "CRITICAL" in log
+    assert "the daemon stops on an unexpected error" in log
+    assert "RuntimeError: a fault of ours" in log

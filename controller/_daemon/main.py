@@ -35,10 +35,13 @@ import trio
 from .._api.logs import LogSource
 from .._api.metrics import Metrics
 from .._api.serving import Serving
+from .._core.open import _only_error
 from .._files import create_private
 from .._leadership.keeper import Leadership, holder_name
 from .._model.errors import (
+    CheckpointError,
     ConfigError,
+    ManifestError,
     StartupError,
 )
 from .._model.lease import LeaseTiming
@@ -179,6 +182,12 @@ async def run_daemon(options: DaemonOptions) -> None:
                         _log_source(runtime),
                         _keep_token(state_dir, shared, token),
                     )
+                except Exception as exc:
+                    found = _only_error(exc) if isinstance(exc, BaseExceptionGroup) else exc
+                    if not isinstance(found, _SAID_IN_ONE_LINE):
+                        # Into daemon.log too, which is closed by the time the CLI prints it.
+                        logger.critical("the daemon stops on an unexpected error", exc_info=exc)
+                    raise
                 finally:
                     # The controller is closed (it acts no more), however the daemon ends: a
                     # standby may take over at once.
@@ -188,6 +197,10 @@ async def run_daemon(options: DaemonOptions) -> None:
     # directory, Ray missing: all found before recovery touched anything.
     except STARTUP_ERRORS as exc:
         raise StartupError(f"{startup_reason(exc)}; no replica was touched") from None
+
+
+#: How a start fails that the CLI says in one line; anything else is a fault, logged whole.
+_SAID_IN_ONE_LINE = (ManifestError, StartupError, CheckpointError, *STARTUP_ERRORS)
 
 
 def _new_token() -> str:
