@@ -134,3 +134,27 @@ def test_rollout_history_lines_up_whatever_the_versions(column: str) -> None:
     lines = printed(lambda: print_history(revisions))[1:]
     assert len(starts(lines, ["matches"] * len(AWKWARD))) == 1
     assert len(starts(lines, ["cli"] * len(AWKWARD))) == 1
+
+
+def test_a_replicas_error_cannot_print_lines_of_its_own_in_a_status() -> None:
+    # Found by an attack: a replica's error with a newline in it printed a forged line.
+    forged = "boom\n2026-12-02 14:00:00,000 INFO backend echo: goal of generation 9 reached"
+    failed = backend(
+        message=f"1 failed to start: {forged}",
+        last_error=f"ValueError: {forged}\u2028next",
+        rollout={
+            "revision": 2,
+            "current_revision": 1,
+            "outcome": "failed",
+            "restores": None,
+            "automatic": False,
+            "paused": False,
+            "pending_revision": None,
+            "error": forged,
+        },
+    )
+    lines = printed(lambda: print_backend(failed))
+    assert not any(line.startswith("2026-12-02") for line in lines)
+    assert any(line.startswith("Message:") and "\\n2026-12-02" in line for line in lines)
+    assert any(line.startswith("Last error:") and "\\u2028next" in line for line in lines)
+    assert any(line.startswith("  rollout error: boom\\n2026") for line in lines)

@@ -96,6 +96,21 @@ async def test_a_symlinked_token_stops_the_start_and_is_not_used(
     assert await trio.Path(victim).read_text() == SECRET + "\n"
 
 
+async def test_a_fifo_for_the_daemons_log_stops_the_start_at_once(state_dir: Path) -> None:
+    # Found by an attack: the start hung opening it (for a reader that never came), holding
+    # the state dir's lock.
+    os.mkfifo(state_dir / "daemon.log")
+    args = ["--listen", "127.0.0.1:0", "--no-ingress"]
+    with trio.fail_after(LIMIT_S):
+        result = await trio.run_process(
+            [*Daemon(state_dir).cli_argv(), "run", *ingress_args(args), *args],
+            capture_stderr=True,
+            check=False,
+        )
+    assert result.returncode == 1, result.stderr.decode()
+    assert f"{state_dir}/daemon.log: not a regular file" in one_line(result.stderr)
+
+
 async def test_the_cli_refuses_a_symlinked_token(state_dir: Path, victim: Path) -> None:
     (state_dir / "token").symlink_to(victim)
     with trio.fail_after(LIMIT_S):

@@ -10,7 +10,7 @@ from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any, TextIO, final
 
-from .._model.text import safe_text
+from .._model.text import one_line, safe_text
 
 
 @final
@@ -169,14 +169,15 @@ def code_notice(name: str, revision: int | None, *, paused: bool = False) -> str
 def print_backend(b: dict[str, Any]) -> None:
     print(f"Name:        {b['name']}")
     print(f"State:       {b['state']} ({b['reason']})")
-    print(f"Message:     {b['message']}")
+    # One line each: a replica's error quoted here must not print lines of its own.
+    print(f"Message:     {one_line(b['message'])}")
     print(f"Generation:  {b['generation']} (observed {b['observed_generation']})")
     print(f"Ready:       {ready_column(b)}")
     rollout = b.get("rollout")
     if rollout is not None and rollout["revision"] is not None:
         print(f"Revision:    {rollout_summary(rollout)}")
         if rollout["error"]:
-            print(f"  rollout error: {rollout['error']}")
+            print(f"  rollout error: {one_line(rollout['error'])}")
         if b.get("code_changed"):
             notice = code_notice(b["name"], rollout["revision"], paused=rollout["paused"])
             print(f"  {notice}")
@@ -202,7 +203,7 @@ def print_backend(b: dict[str, Any]) -> None:
                     f"recommended {d['recommended']}"
                 )
     if b["last_error"]:
-        print(f"Last error:  {b['last_error']}")
+        print(f"Last error:  {one_line(b['last_error'])}")
         if b.get("last_traceback"):
             print(indent(b["last_traceback"]))
     print("Config:")

@@ -19,6 +19,7 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._model.text import one_line
 from .client import Client, CLIError, leader_answer, make_client
 from .output import age, indent, since, table
 
@@ -208,20 +209,21 @@ def wait_for(
                     line = "deleted"
                 else:
                     pending.append(name)
-                    line = f"deleting: {status['message']}"
+                    line = f"deleting: {one_line(status['message'])}"
             elif status is None:
                 failed.append(name)
                 line = "not found (deleted meanwhile?)"
             else:
                 ready = status["ready_of_version"]
-                line = f"{ready}/{status['desired']} ready, {status['state']}: {status['message']}"
+                message = one_line(status["message"])
+                line = f"{ready}/{status['desired']} ready, {status['state']}: {message}"
                 if status["state"] == "DEPLOY_FAILED":
                     failed.append(name)
                     rollout = status.get("rollout") or {}
                     if rollout.get("outcome") == "failed" and rollout.get("error"):
-                        line += f" (the rollout failed: {rollout['error']})"
+                        line += f" (the rollout failed: {one_line(rollout['error'])})"
                     else:
-                        line += f" (last error: {status['last_error']})"
+                        line += f" (last error: {one_line(status['last_error'])})"
                     if status["reason"] in ("StartFailures", "ReconfigureFailed"):
                         # The replica's own traceback is of that failure; not of a deadline's.
                         tracebacks[name] = status.get("last_traceback")

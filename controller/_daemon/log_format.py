@@ -4,12 +4,14 @@ terminal, or to a private log file rotated by size."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import faulthandler
 import io
 import json
 import logging
 import logging.handlers
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -95,7 +97,18 @@ class _PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
 
     def _open(self) -> io.TextIOWrapper:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(self.baseFilename, flags, 0o600)
+        # Without blocking, then checked: a FIFO put in its place would hold the start (with
+        # the state dir's lock) until someone read it; one without a reader fails at once.
+        try:
+            fd = os.open(self.baseFilename, flags | os.O_NONBLOCK, 0o600)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:  # what a FIFO without a reader answers
+                raise
+            raise OSError(errno.EINVAL, "not a regular file", self.baseFilename) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, "not a regular file", self.baseFilename)
+        os.set_blocking(fd, True)
         os.fchmod(fd, 0o600)  # one left by an older daemon may be readable by others
         stream = os.fdopen(fd, "a", encoding="utf-8")
         if self._fatal_errors:
