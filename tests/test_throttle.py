@@ -14,7 +14,7 @@ import trio.testing
 import controller
 from controller._api.app import Api
 from controller._api.failures import FailureTable
-from controller._api.throttle import Throttle
+from controller._api.throttle import LOG_LINES, Throttle
 from controller.testing import FakeRuntime
 
 from .asgi import call
@@ -129,6 +129,28 @@ async def test_the_summary_comes_when_its_interval_ends_and_what_is_left_at_the_
         "3 failed logins from 127.0.0.1 in the last 60 s",
         "2 failed logins from 127.0.0.1 in the last 40 s",
     ]
+
+
+async def test_thousands_of_addresses_write_a_bounded_number_of_lines(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Found by an attack: 20,000 loopback addresses, 5 wrong tokens each, wrote 2 lines an
+    # address (35,748 lines in 100 s), which would rotate the daemon's real history away.
+    caplog.set_level(logging.INFO, logger="controller")
+    throttle = Throttle()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(throttle.run)
+        for n in range(2000):
+            scope = {"client": (f"127.0.{n // 250}.{n % 250}", 1), "method": "GET", "path": "/"}
+            for _ in range(3):
+                await throttle.failed(scope, "the token is wrong")
+        await trio.sleep(61)  # the interval ends: its lines are counted, not written
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) <= 2 * LOG_LINES + 2
+    assert lines[LOG_LINES].endswith(f"left out (at most {LOG_LINES} an interval are written)")
+    assert sum(int(line.split()[0]) for line in lines if "left out" in line) >= 3900
 
 
 async def test_the_right_token_is_never_held_up_by_wrong_ones_from_its_address(
