@@ -137,8 +137,9 @@ class Api(Handlers):
             raise HTTPError(
                 503,
                 "NoLeader",
-                "this daemon is a standby and no daemon leads just now (a takeover is under "
-                "way); nothing was changed, try again",
+                "no daemon leads just now: this one does not hold the lease (a takeover is "
+                "under way, or its store cannot be written: its log says which); nothing was "
+                "changed, try again",
                 retry_after=1,
             )
         query = scope.get("query_string", b"").decode()

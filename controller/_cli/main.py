@@ -141,7 +141,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 def describe_leadership(leadership: dict[str, Any]) -> str:
     """One line: who leads, since when, and what this daemon is."""
     if leadership.get("leader") is None:
-        return f"leader: none just now (epoch {leadership.get('epoch')}); this daemon stands by"
+        return (
+            f"leader: none just now (epoch {leadership.get('epoch')}); this daemon does not hold "
+            "the lease (a takeover, or a store it cannot write: its log says which)"
+        )
     role = "this daemon" if leadership.get("role") == "leader" else "another daemon"
     line = (
         f"leader: {role}, {leadership['leader']} (pid {leadership.get('pid')}), epoch "
