@@ -21,6 +21,7 @@ from typing import Any
 
 from .._model.text import one_line
 from .client import Client, CLIError, leader_answer, make_client
+from .options import WAIT_TIMEOUT_HELP
 from .output import age, indent, since, table
 
 #: The longest a watch request waits before the CLI refreshes what it shows.
@@ -304,14 +305,7 @@ def add_rollout_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     undo.add_argument(
         "-m", "--message", metavar="TEXT", help="why, kept in the revision the undo makes"
     )
-    undo.add_argument("--wait", action="store_true", help="show progress until it ends")
-    undo.add_argument(
-        "--timeout",
-        type=seconds,
-        default=600.0,
-        help="with --wait: how long to wait, in seconds (default %(default)g); past it the "
-        "command exits 1 and the change goes on",
-    )
+    _add_wait(undo)
     undo.set_defaults(func=cmd_undo)
 
     restart = verbs.add_parser(
@@ -322,14 +316,7 @@ def add_rollout_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     restart.add_argument(
         "-m", "--message", metavar="TEXT", help="why, kept in the revision the restart makes"
     )
-    restart.add_argument("--wait", action="store_true", help="show progress until it ends")
-    restart.add_argument(
-        "--timeout",
-        type=seconds,
-        default=600.0,
-        help="with --wait: how long to wait, in seconds (default %(default)g); past it the "
-        "command exits 1 and the change goes on",
-    )
+    _add_wait(restart)
     restart.set_defaults(func=cmd_restart)
 
     pause = verbs.add_parser("pause", help="record later deploys without rolling them out")
@@ -338,14 +325,7 @@ def add_rollout_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
     resume = verbs.add_parser("resume", help="roll out what was deployed while paused")
     resume.add_argument("name", help="the backend's name")
-    resume.add_argument("--wait", action="store_true", help="show progress until it ends")
-    resume.add_argument(
-        "--timeout",
-        type=seconds,
-        default=600.0,
-        help="with --wait: how long to wait, in seconds (default %(default)g); past it the "
-        "command exits 1 and the change goes on",
-    )
+    _add_wait(resume)
     resume.set_defaults(func=cmd_resume)
 
     for parent, command in ((verbs, "status"), (sub, "wait")):
@@ -358,6 +338,12 @@ def add_rollout_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
             help="how long to wait, in seconds (default %(default)g); past it the command exits 1",
         )
         wait.set_defaults(func=cmd_wait)
+
+
+def _add_wait(command: argparse.ArgumentParser) -> None:
+    """``--wait`` and its ``--timeout``, as every change's command takes them."""
+    command.add_argument("--wait", action="store_true", help="show progress until it ends")
+    command.add_argument("--timeout", type=seconds, default=600.0, help=WAIT_TIMEOUT_HELP)
 
 
 def _revision(text: str) -> int:

@@ -189,16 +189,10 @@ def restart_change(
     that the rolling update replaces every one, as ``kubectl rollout restart`` does."""
     content = running.content
     generation = old.generation + 1
-    record = deploy_record(
-        name,
-        old,
-        with_content(old.backend_config, content),
-        content.replica_config,
-        held=held,
-        code_generation=generation,
-        revision=book.next_number,
-        restarted=None if content.version is None else generation,
-    )
+    # The running revision as this generation's: its code, and a restart a version carries.
+    restarted = None if content.version is None else generation
+    again = attrs.evolve(running, code_generation=generation, restarted=restarted)
+    record = _running(name, old, again, book.next_number, held)
     revision = make_revision(
         book.next_number,
         content,
