@@ -84,7 +84,10 @@ def memory_bytes() -> int | None:
 
 
 def scan_workers(
-    runtime_dir: Path, module: str, zygote_module: str | None = None
+    runtime_dir: Path,
+    module: str,
+    zygote_module: str | None = None,
+    unreadable: dict[int, str] | None = None,
 ) -> dict[str, set[int]]:
     """The live workers of `runtime_dir`, from /proc: each tag with the pids that claim it (one,
     unless something poses as the worker: only the real one holds its socket, which is how
@@ -93,7 +96,10 @@ def scan_workers(
     A spawned worker's command line names its spec file. A worker forked by the fork server
     (`zygote_module`) has the fork server's command line, which names `runtime_dir`: it is found
     by the ``<id>.pid`` file it wrote there, whose pid and start time it must match (a pid
-    reused since is not taken for it), and its tag is in ``<id>.spec.json`` beside it."""
+    reused since is not taken for it), and its tag is in ``<id>.spec.json`` beside it.
+
+    A worker of `runtime_dir` whose spec file cannot be read (a link put in its place, gone,
+    damaged) has no tag to be found by: it goes in `unreadable` (pid: why), if given."""
     found: dict[str, set[int]] = {}
     prefix = str(runtime_dir) + os.sep
     forked = _pid_files(runtime_dir) if zygote_module is not None else {}
@@ -120,7 +126,9 @@ def scan_workers(
         try:
             with _open_no_link(spec_path) as f:
                 found.setdefault(json.load(f)["tag"], set()).add(pid)
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            if unreadable is not None:
+                unreadable[pid] = f"its spec file {spec_path} cannot be read ({exc})"
             continue
     return found
 

@@ -5,7 +5,9 @@ workers, real clock, every wait bounded."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -106,3 +108,37 @@ async def test_a_module_not_found_says_where_replicas_import_from_and_shows_no_h
             assert "controller/_ports/hosting.py" in whole
             assert "trio/_threads.py" in whole
             assert hint in whole
+
+
+async def test_a_worker_whose_record_was_replaced_is_named_in_the_log_not_left_unsaid(
+    runtime_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Found by an attack: a worker's spec file replaced by a link while no controller ran left
+    # the worker running beside its replacement, and nothing said so. Its tag is only in that
+    # file, so it is neither adopted nor stopped on a guess: the log names it, once.
+    from controller._local.layout import spec_path
+
+    def runtime() -> controller.LocalRuntime:
+        return controller.LocalRuntime(runtime_dir / "w", pythonpath=[HERE], fork_server=False)
+
+    store = controller.MemoryStore()
+    trivial = controller.ReplicaConfig("replicas:Trivial")
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(runtime=runtime(), store=store) as ctl:
+            await (await ctl.deploy("a", controller.BackendConfig(version="v1"), trivial)).wait()
+            [tag] = [r.tag for r in ctl.status("a").replicas]
+        [old] = worker_pids(runtime_dir)
+        spec = trio.Path(spec_path(runtime_dir / "w", tag))
+        elsewhere = trio.Path(runtime_dir / "elsewhere.json")
+        await elsewhere.write_text(await spec.read_text())
+        await spec.unlink()
+        await spec.symlink_to(elsewhere)
+        async with controller.open_controller(runtime=runtime(), store=store) as ctl:
+            await ctl.wait_until(lambda c: c.status("a").state is controller.BackendState.HEALTHY)
+            await (await ctl.delete("a")).wait()
+    told = [r.getMessage() for r in caplog.records if f"worker pid {old} " in r.getMessage()]
+    assert len(told) == 1, told
+    assert "is neither adopted nor stopped" in told[0]
+    assert f"{spec}" in told[0]
+    assert "is a symlink" in told[0] or "Too many levels of symbolic links" in told[0]
+    os.kill(old, signal.SIGKILL)  # what the log asks of a person

@@ -37,6 +37,7 @@ the store, which refuses the stale leader's intent before it asks for a start, c
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import sys
@@ -64,6 +65,8 @@ from .zygote import ZYGOTE_MODULE, ForkServer
 # The default limit on workers: one per this much memory, and at most this many per core.
 _MEMORY_PER_REPLICA = 64 << 20
 _REPLICAS_PER_CORE = 256
+
+logger = logging.getLogger("controller.runtime")
 
 
 def default_max_replicas() -> int:
@@ -143,6 +146,7 @@ class LocalRuntime:
         self.term_timeout_s = term_timeout_s
         self._epoch = 0
         self._workers: dict[str, WorkerProcess] = {}
+        self._unreadable_told: set[int] = set()
         self._watchers = Watchers("LocalRuntime")
         if isinstance(preload_modules, str) or not all(
             isinstance(name, str) and name for name in preload_modules
@@ -249,7 +253,21 @@ class LocalRuntime:
         return sorted(found)
 
     def _scan(self) -> dict[str, set[int]]:
-        found = scan_workers(self.runtime_dir, WORKER_MODULE, ZYGOTE_MODULE)
+        unreadable: dict[int, str] = {}
+        found = scan_workers(self.runtime_dir, WORKER_MODULE, ZYGOTE_MODULE, unreadable)
+        for pid, why in unreadable.items():
+            if pid not in self._unreadable_told:
+                # Not adopted (its tag is unknown) and not stopped (it may be a transient fault,
+                # and a stop on a guess could be an outage): said once, for a person to look.
+                self._unreadable_told.add(pid)
+                logger.warning(
+                    "worker pid %d of %s is neither adopted nor stopped: %s; stop it if it "
+                    "should not run (kill %d)",
+                    pid,
+                    self.runtime_dir,
+                    why,
+                    pid,
+                )
         # Our own fork server has a forked worker's command line: never take it for one (a pid
         # file naming it would have to be stale and its start time a match, but still).
         zygote = self.fork_server_pid
