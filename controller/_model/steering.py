@@ -23,6 +23,7 @@ from .revisions import (
     Cause,
     Revision,
     RevisionBook,
+    RevisionContent,
     RevisionOutcome,
     content_of,
     make_revision,
@@ -157,19 +158,9 @@ def undo_change(
     record = _running(
         name, old, target, book.next_number, held, paused=old.paused, pending=old.pending
     )
-    revision = make_revision(
-        book.next_number,
-        content,
-        now=now,
-        cause=cause,
-        code=code_of(content.replica_config.entrypoint),
-        code_generation=_code_generation(record),
-        restores=target.number,
-        automatic=automatic,
-        restarted=record.restarted,
-    )
-    revisions = [*superseded(book.revisions, [old.revision]), revision]
-    return _change(record, revisions, record.backend_config, live, book, (old.revision,))
+    revision = _made_for(record, content, book, cause, code_of, now)
+    revision = attrs.evolve(revision, restores=target.number, automatic=automatic)
+    return _replacing_running(old, book, record, revision, live)
 
 
 def restart_change(
@@ -193,18 +184,9 @@ def restart_change(
     restarted = None if content.version is None else generation
     again = attrs.evolve(running, code_generation=generation, restarted=restarted)
     record = _running(name, old, again, book.next_number, held)
-    revision = make_revision(
-        book.next_number,
-        content,
-        now=now,
-        cause=cause,
-        code=code_of(content.replica_config.entrypoint),
-        code_generation=generation,
-        restarted=record.restarted,
-        restarts=running.number,
-    )
-    revisions = [*superseded(book.revisions, [old.revision]), revision]
-    return _change(record, revisions, record.backend_config, live, book, (old.revision,))
+    revision = _made_for(record, content, book, cause, code_of, now)
+    revision = attrs.evolve(revision, restarts=running.number)
+    return _replacing_running(old, book, record, revision, live)
 
 
 def pause_change(name: str, old: Spec) -> SpecChange:
@@ -261,6 +243,38 @@ def _running(
         pending=pending,
         restarted=revision.restarted,
     )
+
+
+def _made_for(
+    record: SpecRecord,
+    content: RevisionContent,
+    book: RevisionBook,
+    cause: Cause,
+    code_of: CodeOf,
+    now: float,
+) -> Revision:
+    """The revision `record` rolls out, of `content`, pinned to the code on disk now."""
+    return make_revision(
+        book.next_number,
+        content,
+        now=now,
+        cause=cause,
+        code=code_of(content.replica_config.entrypoint),
+        code_generation=_code_generation(record),
+        restarted=record.restarted,
+    )
+
+
+def _replacing_running(
+    old: Spec,
+    book: RevisionBook,
+    record: SpecRecord,
+    revision: Revision,
+    live: Iterable[int | None],
+) -> SpecChange:
+    """`record` with `revision` in place of the one `old` runs (or rolled out)."""
+    revisions = [*superseded(book.revisions, [old.revision]), revision]
+    return _change(record, revisions, record.backend_config, live, book, (old.revision,))
 
 
 def _code_generation(record: SpecRecord) -> int:
