@@ -1,7 +1,12 @@
 """The attack on an ingress, as a process of its own (an attacker is not the test that judges):
 ``python flood.py PORT SECONDS IDLE`` floods 127.0.0.1:PORT for SECONDS with 60 KB URLs,
 malformed requests and IDLE connections that never send a byte (closed all at once and opened
-again every few seconds), then prints what it sent as JSON."""
+again every few seconds), then prints what it sent as JSON.
+
+The idle connections come from 127.0.0.1, the long URLs from 127.0.0.4 and the malformed
+requests from 127.0.0.5: from one address, the idle ones hold that address's share of
+connections and the rest is refused at the door before the ingress reads a byte of it (on a
+busy machine, all of it), so what the ingress makes of a long URL would go untried."""
 
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ LONG_PATH = b"/app/" + b"a/" * 30_000  # 60 KB
 async def long_urls(port: int, sent: dict[str, int]) -> None:
     while True:
         with contextlib.suppress(OSError, trio.BrokenResourceError), trio.move_on_after(2):
-            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            stream = await trio.open_tcp_stream("127.0.0.1", port, local_address="127.0.0.4")
             async with stream:
                 await stream.send_all(b"GET " + LONG_PATH + b" HTTP/1.1\r\nHost: x\r\n\r\n")
                 while await stream.receive_some(65536):
@@ -50,7 +55,7 @@ async def malformed(port: int, seed: int, sent: dict[str, int]) -> None:
     rng = random.Random(seed)
     while True:
         with contextlib.suppress(OSError, trio.BrokenResourceError), trio.move_on_after(2):
-            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            stream = await trio.open_tcp_stream("127.0.0.1", port, local_address="127.0.0.5")
             async with stream:
                 await stream.send_all(rng.choice(shapes(rng)))
                 while await stream.receive_some(65536):
