@@ -30,6 +30,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import reaper
+
 HERE = Path(__file__).parent
 TOKEN = os.urandom(16).hex()
 LIMIT_S = 600.0
@@ -111,6 +113,7 @@ def manifest(n: int) -> dict[str, Any]:
 
 
 def main() -> None:
+    reaper.leave_nothing()
     parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 5000])
     args = parser.parse_args()

@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import reaper
 import trio
 
 import controller
@@ -291,6 +292,7 @@ def summary(samples: Sequence[float]) -> dict[str, float]:
 
 
 def main() -> None:
+    reaper.leave_nothing()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="the cost window")
     parser.add_argument("--trials", type=int, default=10, help="cold starts per side")

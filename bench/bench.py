@@ -31,6 +31,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import reaper
 import trio
 import trio.testing
 
@@ -668,6 +669,7 @@ class Steps:
 
 
 def main() -> None:
+    reaper.leave_nothing()
     parser = argparse.ArgumentParser(description="controller benchmark")
     parser.add_argument(
         "--quick",

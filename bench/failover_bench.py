@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import reaper
 import trio
 
 HERE = Path(__file__).parent
@@ -352,6 +353,7 @@ def run_ray(trials: int, rounds: int) -> dict[str, Any]:
 
 
 def main() -> None:
+    reaper.leave_nothing()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=5, help="kills per measure and store")
     parser.add_argument("--rounds", type=int, default=300, help="writes per write measure")

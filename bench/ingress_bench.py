@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import c_proxies
+import reaper
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -1092,6 +1093,7 @@ def _provenance() -> dict[str, str]:
 
 
 def main() -> None:
+    reaper.leave_nothing()
     if len(sys.argv) > 1 and sys.argv[1] == "_load":
         _load_main(sys.argv[2:])
         return

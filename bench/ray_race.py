@@ -51,6 +51,7 @@ from controller.ray._await import wait_ref
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
+import reaper  # noqa: E402  # beside this file
 from noop_replica import DrainingNoop  # noqa: E402  # beside this file
 
 STEPS = (4, 8, 2)
@@ -327,6 +328,7 @@ def print_table(summary: dict[str, Any]) -> None:
 
 
 def main() -> None:
+    reaper.leave_nothing()
     parser = argparse.ArgumentParser(description="controller vs Ray Serve vs raw Ray")
     rounds = parser.add_mutually_exclusive_group()
     rounds.add_argument("--rounds", type=int, default=7, help="counted rounds (default 7)")

@@ -24,6 +24,7 @@ import controller
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 sys.path.insert(0, str(EXAMPLES))
+import reaper  # noqa: E402  # beside this file
 from router import Router  # noqa: E402  # the example router
 
 log = logging.getLogger("soak")
@@ -88,6 +89,7 @@ async def soak(state: Path, seconds: float, clients: int, rng: random.Random) ->
 
 
 def main() -> None:
+    reaper.leave_nothing()
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--seconds", type=float, default=180)
     parser.add_argument("--clients", type=int, default=4)
