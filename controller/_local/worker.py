@@ -43,7 +43,14 @@ from .._files import read_regular
 from .._ports.context import ReplicaContext, set_context
 from .._ports.hosting import construct, describe_error, tracebacks
 from .logs import DEFAULT_MAX_BYTES, capture_output
-from .wire import LineStream, WireError
+from .wire import (
+    MONITOR_CHECKS,
+    LineStream,
+    WireError,
+    check_passed,
+    encode,
+    parse_check_request,
+)
 
 
 def _describe(exc: BaseException) -> dict[str, str]:
@@ -157,6 +164,7 @@ class Worker:
             "pid": os.getpid(),
             "state": state,
             "epoch": self.epoch,
+            MONITOR_CHECKS: True,
         }
 
     async def answer(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -240,17 +248,54 @@ class Worker:
         return {"ok": True, "pid": os.getpid()}
 
     async def monitor(self, lines: LineStream) -> None:
-        """A monitor connection: never answered, so that its end tells the runtime the process
-        ended; it carries the replica's own load, when that changes. Returns when the runtime
-        hangs up (raising, as a closed connection does)."""
+        """A monitor connection: its end tells the runtime the process ended. It carries the
+        replica's own load, when that changes, and the runtime's health checks (see ``wire``).
+        Returns when the runtime hangs up (raising, as a closed connection does)."""
         sending = self.monitors[lines] = trio.Lock()
         try:
-            if self.load is not None:
-                async with sending:  # a restarted controller hears it at once
-                    await lines.send({"load": self.load})
-            await lines.receive()  # the runtime sends nothing more: this waits for its hang-up
+            # Checks that run user code do so in tasks of their own, bound to the connection: a
+            # slow or hung one holds up neither the others nor the load pushes.
+            async with trio.open_nursery() as checks:
+                try:
+                    await self._serve_checks(lines, sending, checks)
+                except (WireError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    hung_up: BaseException | None = exc  # raised out of the nursery as it is
+                    checks.cancel_scope.cancel()  # no one is left to answer
+                else:
+                    hung_up = None
+            if hung_up is not None:
+                raise hung_up
         finally:
             del self.monitors[lines]
+
+    async def _serve_checks(
+        self, lines: LineStream, sending: trio.Lock, checks: trio.Nursery
+    ) -> None:
+        if self.load is not None:
+            async with sending:  # a restarted controller hears it at once
+                await lines.send({"load": self.load})
+        while True:
+            asked = parse_check_request(await lines.receive_line())
+            if asked is None:
+                continue  # nothing else is asked here; an older runtime asks nothing
+            ident, epoch = asked
+            request = {"op": "check_health", "epoch": epoch}
+            if self.ready.is_set() and (
+                self.init_error is not None or getattr(self.instance, "check_health", None) is None
+            ):
+                # No user code to run: answered here, without a task.
+                refusal = self.check(request)
+                if refusal is None and self.init_error is not None:
+                    refusal = {"ok": False, **self.init_error}
+                await _answer_check(lines, sending, ident, refusal)
+            else:
+                checks.start_soon(self._check_and_answer, lines, sending, ident, request)
+
+    async def _check_and_answer(
+        self, lines: LineStream, sending: trio.Lock, ident: int, request: dict[str, Any]
+    ) -> None:
+        reply = await self.answer(request)
+        await _answer_check(lines, sending, ident, None if reply.get("ok") else reply)
 
     async def push_load(self) -> None:
         """For a replica with a ``load()`` method: call it every `LOAD_SAMPLE_S`, and push what
@@ -281,6 +326,18 @@ class Worker:
                         async with sending:
                             await lines.send({"load": count})
             await trio.sleep(LOAD_SAMPLE_S)
+
+
+async def _answer_check(
+    lines: LineStream, sending: trio.Lock, ident: int, refusal: dict[str, Any] | None
+) -> None:
+    """Answer check `ident` on a monitor connection: passed, or `refusal` (the runtime reads
+    one as ``command`` reads a reply)."""
+    line = check_passed(ident) if refusal is None else encode({**refusal, "check": ident})
+    # A runtime that hung up is told nothing: the monitor's reader ends the connection.
+    with contextlib.suppress(WireError, trio.BrokenResourceError, trio.ClosedResourceError):
+        async with sending:
+            await lines.send_line(line)
 
 
 #: How long an accepted stop waits for the runtime's signals before the worker ends itself
