@@ -19,7 +19,7 @@ from typing import Any, final
 import outcome
 import trio
 
-from .wire import LineStream, WireError, check_request, decode, parse_check_passed
+from .wire import MAX_LINE, LineStream, WireError, check_request, decode, parse_check_passed
 
 #: What a check's waiter is woken with: None if it passed, else the worker's refusal (a reply
 #: as ``commands.command`` reads one); `ENDED` if the connection ended first.
@@ -102,27 +102,48 @@ class MonitorLink:
     async def read(self, on_load: Callable[[int | None], None]) -> None:
         """Read what the worker sends until the connection ends: answers wake their checks,
         loads go to `on_load`. Every check still waiting then is woken with `ENDED`."""
+        # The socket is read here, not through the stream: a wait and one read per wake-up,
+        # which holds every answer that came meanwhile.
+        pending = bytearray(self.lines.take_buffered())
         try:
             while True:
-                line = await self.lines.receive_line()
-                ident = parse_check_passed(line)
-                if ident is not None:
-                    self._wake(ident, None)
+                end = pending.find(b"\n")
+                while end >= 0:
+                    self._received(bytes(pending[:end]), on_load)
+                    del pending[: end + 1]
+                    end = pending.find(b"\n")
+                if len(pending) > MAX_LINE:
+                    raise WireError("line too long")
+                await trio.lowlevel.wait_readable(self._fd)
+                try:
+                    chunk = os.read(self._fd, 65536)
+                except BlockingIOError:
                     continue
-                message = decode(line)
-                asked = message.get("check")
-                if isinstance(asked, int) and not isinstance(asked, bool):
-                    self._wake(asked, message)
-                    continue
-                load = message.get("load")
-                if load is None or (isinstance(load, int) and not isinstance(load, bool)):
-                    on_load(load)
-        except (WireError, trio.BrokenResourceError, trio.ClosedResourceError):
+                except OSError:
+                    return
+                if not chunk:
+                    return  # the worker's end
+                pending += chunk
+        except WireError:
             pass
         finally:
             self.end()
             with trio.CancelScope(shield=True):
                 await self.lines.aclose()
+
+    def _received(self, line: bytes, on_load: Callable[[int | None], None]) -> None:
+        ident = parse_check_passed(line)
+        if ident is not None:
+            self._wake(ident, None)
+            return
+        message = decode(line)
+        asked = message.get("check")
+        if isinstance(asked, int) and not isinstance(asked, bool):
+            self._wake(asked, message)
+            return
+        load = message.get("load")
+        if load is None or (isinstance(load, int) and not isinstance(load, bool)):
+            on_load(load)
 
     def end(self) -> None:
         """The connection is over (or let go): every check waiting is woken with `ENDED`."""

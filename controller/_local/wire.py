@@ -84,6 +84,12 @@ class LineStream:
                 raise WireError("connection closed")
             self._buffer += chunk
 
+    def take_buffered(self) -> bytes:
+        """What was received and not read yet (for a reader that reads the socket itself)."""
+        data = bytes(self._buffer)
+        self._buffer.clear()
+        return data
+
     async def aclose(self) -> None:
         await self.stream.aclose()
 
