@@ -17,7 +17,9 @@ CPU is theirs, not counted):
     workers' the real ``Worker`` class, each helper holding thousands of them.
 
 Prints a table and writes bench/check_results.json. ``--old-wire`` runs (b) with every check
-over a new connection (the path before), to compare.
+over a new connection, to compare; ``--no-checks`` runs (b) and (c) with checks off. (b) also
+runs against the package as it was before issue 31 (with that package first on the path): the
+modules only (a) and (c) need are imported where they are used.
 """
 
 from __future__ import annotations
@@ -34,16 +36,18 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 import controller
-from controller._local.commands import command, refused
-from controller._local.link import ENDED, MonitorLink
+from controller._local.commands import command
 from controller._local.wire import LineStream
 from controller._local.worker import Worker
 from controller._ports.wrap import RuntimeWrapper
+
+if TYPE_CHECKING:
+    from controller._local.link import MonitorLink
 
 HERE = Path(__file__).parent
 NOOP = controller.ReplicaConfig("noop_replica:Noop")
@@ -217,6 +221,8 @@ class WireRuntime:
         return []
 
     async def start_replica(self, spec: controller.ReplicaSpec) -> str | None:
+        from controller._local.link import MonitorLink  # see the module docstring
+
         assert self._nursery is not None
         path = self._helpers[self._started % len(self._helpers)]
         self._started += 1
@@ -234,6 +240,9 @@ class WireRuntime:
 
     async def check_health_replica(self, tag: str) -> None:
         # LocalRuntime.check_health_replica's own path for a worker that answers on its link.
+        from controller._local.commands import refused  # see the module docstring
+        from controller._local.link import ENDED
+
         answer = await self._links[tag].check(0)
         if answer is ENDED:
             raise controller.ReplicaError(tag, "WorkerDied", "its monitor connection ended")
