@@ -306,6 +306,51 @@ async def idle_wire(
     }
 
 
+# -- (d) Ray ----------------------------------------------------------------------------------
+
+
+async def per_check_ray(actors: int, waves: int) -> dict[str, Any]:
+    """(d): one check of a RayRuntime actor, as (a) measures LocalRuntime's: the controller's
+    process CPU per check over waves of `actors` checks (Ray's own threads in this process
+    count: they are the driver's). Needs a local Ray cluster, started here."""
+    import ray  # only here: the other sections need no Ray
+
+    from controller.ray import RayRuntime
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR)
+    try:
+        rt = RayRuntime(namespace="check-bench", pythonpath=[HERE])
+        samples: list[float] = []
+        async with trio.open_nursery() as nursery:
+            await nursery.start(rt.serve, lambda tag, reason: None)
+            tags = [f"r#{i}" for i in range(actors)]
+            async with trio.open_nursery() as starts:
+                for tag in tags:
+                    starts.start_soon(
+                        rt.start_replica, controller.ReplicaSpec(tag, "r", "v1", NOOP, None, {})
+                    )
+            gc.collect()
+            for wave in range(waves + 2):
+                c0 = time.process_time()
+                async with trio.open_nursery() as checks:
+                    for tag in tags:
+                        checks.start_soon(rt.check_health_replica, tag)
+                if wave >= 2:
+                    samples.append((time.process_time() - c0) / actors * 1e6)
+            async with trio.open_nursery() as kills:
+                for tag in tags:
+                    kills.start_soon(rt.kill_replica, tag)
+            nursery.cancel_scope.cancel()
+    finally:
+        ray.shutdown()
+    return {
+        "actors": actors,
+        "waves": waves,
+        "median_us": statistics.median(samples),
+        "p90_us": pct(samples, 0.9),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="health check costs (issue 31)")
     parser.add_argument("--helper", help=argparse.SUPPRESS)
@@ -314,7 +359,13 @@ def main() -> None:
     parser.add_argument("--idle-workers", type=int, default=300, help="(b): real workers held")
     parser.add_argument("--old-wire", action="store_true", help="(b): checks as before")
     parser.add_argument("--no-checks", action="store_true", help="(b), (c): checks off, to compare")
-    parser.add_argument("--only", choices=["a", "b", "c"], action="append", help="run these")
+    parser.add_argument(
+        "--only",
+        choices=["a", "b", "c", "ray"],
+        action="append",
+        help="run these sections (default: a, b and c; ray only when named)",
+    )
+    parser.add_argument("--actors", type=int, default=16, help="ray: actors checked")
     parser.add_argument("--out", type=Path, default=HERE / "check_results.json")
     args = parser.parse_args()
     if args.helper:
@@ -344,6 +395,9 @@ def main() -> None:
                 for helper in helpers:
                     helper.kill()
                     helper.wait()
+        if "ray" in only:
+            print(f"(d) one check, {args.actors} Ray actors ...", file=sys.stderr)
+            results["per_check_ray"] = trio.run(per_check_ray, args.actors, args.waves)
     results["loadavg_after"] = os.getloadavg()
     results["date"] = time.strftime("%Y-%m-%d %H:%M")
     args.out.write_text(json.dumps(results, indent=2) + "\n")
@@ -370,6 +424,12 @@ def print_table(r: dict[str, Any]) -> None:
     if "idle_wire" in r:
         c = r["idle_wire"]
         print(f"{'(c) idle, 10,000 on the wire':<58} {c['cpu_percent']:>13.2f}%  <= 2 %")
+    if "per_check_ray" in r:
+        f = r["per_check_ray"]
+        print(
+            f"{'(d) CPU per Ray check, median / p90':<58} "
+            f"{f['median_us']:>6.0f} / {f['p90_us']:<5.0f}us"
+        )
     la, lb = r["loadavg_before"], r["loadavg_after"]
     print(f"load average before {la[0]:.2f}, after {lb[0]:.2f}")
 
