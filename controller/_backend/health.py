@@ -4,17 +4,21 @@ A check is scheduled when the last one starts, not when it returns, so a check t
 noticed one period later ("late") instead of only at its own timeout: a replica that stops
 answering leaves the watch snapshot within a period.
 
-Due times are put on a grid (a tenth of the period, at most a second; the same grid for every
-backend): replicas started apart are then checked together, each group in one wave, after one
-timer and before one pass, instead of each check costing the controller a wake-up, a timer, a
-wave and a pass of its own (what a check costs at rest is mostly those, on real workers). A
-replica's checks stay one period apart; its first is up to half a step early or late.
+Due times are put on a grid (a tenth of the period, at most a second): replicas started apart
+are then checked together, each group in one wave, after one timer and before one pass, instead
+of each check costing the controller a wake-up, a timer, a wave and a pass of its own (what a
+check costs at rest is mostly those, on real workers). A replica's checks stay one period apart;
+its first is up to half a step early or late. Each backend's grid is shifted by a phase of its
+own (from its name), so that the backends' waves do not all come at one instant: a burst of
+every replica's checks at once would hold up the loop's other work, and keep thousands of tasks
+alive together.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+import zlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import final
 
@@ -30,10 +34,17 @@ from .tasks import Launcher
 GRID_MAX_S = 1.0
 
 
-def on_grid(at: float, period: float) -> float:
-    """`at`, moved to the nearest step of the grid of checks every `period` (see above)."""
+def on_grid(at: float, period: float, phase: float = 0.0) -> float:
+    """`at`, moved to the nearest step of the grid of checks every `period`, shifted by `phase`
+    (a fraction of a step, in [0, 1); see above)."""
     step = min(period / 10, GRID_MAX_S)
-    return round(at / step) * step
+    shift = phase * step
+    return round((at - shift) / step) * step + shift
+
+
+def grid_phase(name: str) -> float:
+    """The phase of backend `name`'s grid: spread over [0, 1), the same in every controller."""
+    return zlib.crc32(name.encode()) / 2**32
 
 
 @final
@@ -41,15 +52,16 @@ class HealthSchedule:
     """Due times of health checks: (time, seq, tag) entries, each checked against its replica
     when it comes up, so that a replica that left or was rescheduled needs no removal."""
 
-    def __init__(self) -> None:
+    def __init__(self, phase: float = 0.0) -> None:
         self._due: list[tuple[float, int, str]] = []
+        self._phase = phase
 
     def schedule(self, replica: Replica, now: float, period: float) -> None:
         """The replica's next check is one `period` from `now` (none if the period is 0)."""
         if period <= 0:
             replica.next_check_at = math.inf
             return
-        replica.next_check_at = on_grid(now + period, period)
+        replica.next_check_at = on_grid(now + period, period, self._phase)
         heapq.heappush(self._due, (replica.next_check_at, replica.seq, replica.tag))
 
     def clear(self) -> None:
@@ -85,8 +97,10 @@ class HealthChecks:
         launcher: Launcher,
         failed: Callable[[Replica, str], None],
         ready_changed: Callable[[], None],
+        *,
+        phase: float = 0.0,
     ):
-        self.schedule = HealthSchedule()
+        self.schedule = HealthSchedule(phase)
         self._launcher = launcher
         self._failed = failed
         self._ready_changed = ready_changed
