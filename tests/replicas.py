@@ -141,22 +141,26 @@ class SelfReporting:
 
 
 class CheckedByFile:
-    """A sync ``check_health`` that a test steers through the file at `path`: absent, it
-    passes; ``fail TEXT`` raises RuntimeError(TEXT); ``slow SECONDS`` sleeps that long (in the
-    worker's thread for sync user code), then passes, having first written to the FIFO at
-    ``<path>.entered`` if there is one (so a test knows, without sleeping, that it hangs now).
-    Its ``load()`` counts up, so that a test sees its pushes go on."""
+    """A sync ``check_health`` that a test steers through the file at `path` (or, for one
+    replica, ``<path>.<its pid>``, which comes first): absent, it passes; ``fail TEXT`` raises
+    RuntimeError(TEXT); ``slow SECONDS`` sleeps that long (in the worker's thread for sync user
+    code), then passes, having first written to the FIFO at ``<path>.entered`` if there is one
+    (so a test knows, without sleeping, that it hangs now). Its ``load()`` counts up, so that a
+    test sees its pushes go on."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.count = 0
 
     def check_health(self) -> None:
-        try:
-            with open(self.path) as f:
-                how, _, arg = f.read().partition(" ")
-        except FileNotFoundError:
-            return
+        how, arg = "", ""
+        for path in (f"{self.path}.{os.getpid()}", self.path):
+            try:
+                with open(path) as f:
+                    how, _, arg = f.read().partition(" ")
+                break
+            except FileNotFoundError:
+                continue
         if how == "fail":
             raise RuntimeError(arg)
         if how == "slow":

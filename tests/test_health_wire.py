@@ -41,6 +41,10 @@ def spec(tag: str, entry: controller.ReplicaConfig) -> controller.ReplicaSpec:
     return controller.ReplicaSpec(tag, tag.split("#")[0], "v1", entry, None, {})
 
 
+def write(path: str, text: str) -> None:
+    Path(path).write_text(text)
+
+
 class Deaths:
     def __init__(self) -> None:
         self.told: list[tuple[str, str]] = []
@@ -83,8 +87,8 @@ async def test_a_check_goes_over_the_monitor_connection_and_carries_the_users_er
             assert "check_health" in (failed.value.traceback or "")
             steer.unlink()
             await rt.check_health_replica("a#1")  # and it passes again
-            (pid,) = worker_pids(harness.runtime_dir)
-            os.killpg(pid, signal.SIGKILL)
+            await rt.kill_replica("a#1")  # its socket gone, it is signalled
+            assert worker_pids(harness.runtime_dir) == {}
             nursery.cancel_scope.cancel()
 
 
@@ -134,6 +138,11 @@ async def test_a_hung_check_fails_alone_and_holds_up_nothing(
             nursery.start_soon(hangs)
             entered = Path(f"{slow}.entered")
             assert await trio.to_thread.run_sync(entered.read_text) == "in"
+            # A connection of its own is answered as well, while the check hangs.
+            hello = LineStream(await trio.open_unix_socket(socket_path(rt.runtime_dir, "a#1")))
+            await hello.send({"op": "hello"})
+            assert (await hello.receive())["state"] == "ready"
+            await hello.aclose()
             slow.unlink()  # checks asked from now on pass at once, even on the same worker
             for _ in range(3):
                 await rt.check_health_replica("a#1")
@@ -220,6 +229,43 @@ async def test_a_worker_of_an_older_version_is_adopted_and_checked_as_before(
             assert not link.ended
             await second.kill_replica("a#1")
             nursery.cancel_scope.cancel()
+
+
+async def test_through_the_controller_a_hung_check_times_out_alone_and_errors_keep_their_text(
+    harness: Harness, tmp_path: Path
+) -> None:
+    steer = tmp_path / "steer"
+    config = controller.BackendConfig(
+        num_replicas=2,
+        version="v1",
+        health_check_period_s=0.5,
+        health_check_timeout_s=0.5,
+        health_check_failure_threshold=1000,  # kept, so that its checks go on failing
+    )
+
+    def failures(tag: str, text: str) -> int:
+        return sum(
+            1
+            for e in ctl.status("a").events
+            if e.kind == "Unhealthy" and f"replica {tag}:" in e.message and text in e.message
+        )
+
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
+            await (await ctl.deploy("a", config, checked(steer))).wait()
+            hung, other = ctl.status("a").replicas
+            assert hung.pid is not None
+            assert other.pid is not None
+            write(f"{steer}.{hung.pid}", "slow 600")
+            await ctl.wait_until(lambda c: failures(hung.tag, "HealthCheckTimeout") >= 3)
+            # Its checks time out one by one; the other replica's, due with them, pass.
+            healthy = {r.tag: r.healthy for r in ctl.status("a").replicas}
+            assert healthy == {hung.tag: False, other.tag: True}
+            assert failures(other.tag, "") == 0
+            write(f"{steer}.{other.pid}", "fail the disk is full")
+            error = "RuntimeError: the disk is full"  # the user's text, through the controller
+            await ctl.wait_until(lambda c: failures(other.tag, error) > 0)
+            await (await ctl.delete("a", force=True)).wait()
 
 
 # -- the wire, in-process ------------------------------------------------------------------------
