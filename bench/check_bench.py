@@ -366,6 +366,12 @@ def main() -> None:
         help="run these sections (default: a, b and c; ray only when named)",
     )
     parser.add_argument("--actors", type=int, default=16, help="ray: actors checked")
+    parser.add_argument(
+        "--default-gc",
+        action="store_true",
+        help="Python's collector settings, as an embedding application has them (default: the "
+        "daemon's, controller.tune_gc)",
+    )
     parser.add_argument("--out", type=Path, default=HERE / "check_results.json")
     args = parser.parse_args()
     if args.helper:
@@ -373,7 +379,12 @@ def main() -> None:
         return
     logging.getLogger("controller").setLevel(logging.ERROR)
     only = set(args.only or ["a", "b", "c"])
-    results: dict[str, Any] = {"loadavg_before": os.getloadavg()}
+    if not args.default_gc:
+        controller.tune_gc()  # as `controller run` does
+    results: dict[str, Any] = {
+        "loadavg_before": os.getloadavg(),
+        "gc": "default" if args.default_gc else "tuned",
+    }
     with tempfile.TemporaryDirectory(prefix="chk", dir="/tmp") as tmp:
         d = Path(tmp)
         if "a" in only:
