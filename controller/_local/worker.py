@@ -96,6 +96,9 @@ class Worker:
         """Set once a stop is accepted: the worker is ending and takes no other command."""
         self.nursery: trio.Nursery | None = None
         """Where the worker's own tasks run (the stop's safety net, the drain)."""
+        self.checking: trio.Event | None = None
+        self.check_answer: dict[str, Any] = {"ok": True}
+        """The user's check running now (set when it ends), and the answer of the last one."""
         self.drained: trio.Event | None = None
         self.drain_answer: dict[str, Any] = {"ok": True}
         """One drain for the worker's life: a controller that takes over a stop under way asks
@@ -194,6 +197,8 @@ class Worker:
             return {"ok": True}  # every method of the contract is optional
         if op == "drain":
             return await self.drain_once(method)
+        if op == "check_health":
+            return await self.check_once(method)
         try:
             if op == "reconfigure":
                 async with self.reconfiguring:
@@ -206,6 +211,28 @@ class Worker:
         except Exception as exc:
             return {"ok": False, **_describe(exc)}
         return {"ok": True}
+
+    async def check_once(self, method: Any) -> dict[str, Any]:
+        """Run the replica's check, or, if one runs already, wait for its answer: a check that
+        hangs holds one thread however many periods it spans, not one a period (which would
+        take every thread the worker has for user code, its load included)."""
+        if self.checking is None:
+            self.checking = running = trio.Event()
+            answer: dict[str, Any] = {"ok": True}
+            try:
+                await _call(method)
+            except Exception as exc:
+                answer = {"ok": False, **_describe(exc)}
+            except BaseException:
+                answer = {"ok": False, "error_type": "WorkerDied", "message": "check cut short"}
+                raise
+            finally:
+                self.checking, self.check_answer = None, answer
+                running.set()
+            return answer
+        running = self.checking
+        await running.wait()
+        return self.check_answer
 
     async def drain_once(self, method: Any) -> dict[str, Any]:
         """Run the replica's drain once (in the worker's nursery, so that a controller that
