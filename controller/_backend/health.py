@@ -4,21 +4,19 @@ A check is scheduled when the last one starts, not when it returns, so a check t
 noticed one period later ("late") instead of only at its own timeout: a replica that stops
 answering leaves the watch snapshot within a period.
 
-Due times are put on a grid (a tenth of the period, at most a second): replicas started apart
-are then checked together, each group in one wave, after one timer and before one pass, instead
-of each check costing the controller a wake-up, a timer, a wave and a pass of its own (what a
-check costs at rest is mostly those, on real workers). A replica's checks stay one period apart;
-its first is up to half a step early or late. Each backend's grid is shifted by a phase of its
-own (from its name), so that the backends' waves do not all come at one instant: a burst of
-every replica's checks at once would hold up the loop's other work, and keep thousands of tasks
-alive together.
+When a check comes due, the backend's checks due within the next tenth of the period (at most a
+second, `GATHER_MAX_S`) are taken with it, a little early: replicas started apart are then checked
+together, each group in one wave, after one timer and before one pass, instead of each check
+costing the controller a wake-up, a timer, a wave and a pass of its own (what a check costs at
+rest is mostly those, on real workers). Each replica keeps its own cadence (a check taken early
+schedules the next one a period after the time it was due), so the same groups form again each
+period; and backends started apart keep their waves apart.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-import zlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import final
 
@@ -30,21 +28,8 @@ from .._model.status import ReplicaState
 from .replica import Replica
 from .tasks import Launcher
 
-#: The longest step of the grid checks are due on.
-GRID_MAX_S = 1.0
-
-
-def on_grid(at: float, period: float, phase: float = 0.0) -> float:
-    """`at`, moved to the nearest step of the grid of checks every `period`, shifted by `phase`
-    (a fraction of a step, in [0, 1); see above)."""
-    step = min(period / 10, GRID_MAX_S)
-    shift = phase * step
-    return round((at - shift) / step) * step + shift
-
-
-def grid_phase(name: str) -> float:
-    """The phase of backend `name`'s grid: spread over [0, 1), the same in every controller."""
-    return zlib.crc32(name.encode()) / 2**32
+#: The most a check is taken early to go with the one due first (see above).
+GATHER_MAX_S = 1.0
 
 
 @final
@@ -52,16 +37,21 @@ class HealthSchedule:
     """Due times of health checks: (time, seq, tag) entries, each checked against its replica
     when it comes up, so that a replica that left or was rescheduled needs no removal."""
 
-    def __init__(self, phase: float = 0.0) -> None:
+    def __init__(self) -> None:
         self._due: list[tuple[float, int, str]] = []
-        self._phase = phase
+        self._gather = 0.0
 
-    def schedule(self, replica: Replica, now: float, period: float) -> None:
-        """The replica's next check is one `period` from `now` (none if the period is 0)."""
+    def schedule(self, replica: Replica, now: float, period: float, *, taken: bool = False) -> None:
+        """The replica's next check is one `period` from `now` (none if the period is 0); or,
+        if `taken` (its check, or its lateness, was just taken), one period from when it was
+        due, if that is later (taken early)."""
         if period <= 0:
             replica.next_check_at = math.inf
             return
-        replica.next_check_at = on_grid(now + period, period, self._phase)
+        self._gather = min(period / 10, GATHER_MAX_S)
+        due = replica.next_check_at
+        base = max(now, due) if taken and math.isfinite(due) else now
+        replica.next_check_at = base + period
         heapq.heappush(self._due, (replica.next_check_at, replica.seq, replica.tag))
 
     def clear(self) -> None:
@@ -73,8 +63,9 @@ class HealthSchedule:
         return self._due[0][0] if self._due else math.inf
 
     def take_due(self, now: float, replicas: Mapping[str, Replica]) -> Iterator[Replica]:
-        """The RUNNING replicas whose check is due at `now`; each entry is taken once."""
-        while self._due and self._due[0][0] <= now:
+        """The RUNNING replicas whose check is due at `now`, with those due soon after (see
+        above); each entry is taken once."""
+        while self._due and self._due[0][0] <= now + self._gather:
             at, _, tag = heapq.heappop(self._due)
             replica = replicas.get(tag)
             if (
@@ -97,10 +88,8 @@ class HealthChecks:
         launcher: Launcher,
         failed: Callable[[Replica, str], None],
         ready_changed: Callable[[], None],
-        *,
-        phase: float = 0.0,
     ):
-        self.schedule = HealthSchedule(phase)
+        self.schedule = HealthSchedule()
         self._launcher = launcher
         self._failed = failed
         self._ready_changed = ready_changed
@@ -159,10 +148,10 @@ class HealthChecks:
         # The next check is due one period on, whatever this one does: a check still in flight
         # then is late, and counts as failed.
         for tag in plan.late:
-            self.schedule.schedule(replicas[tag], now, period)
+            self.schedule.schedule(replicas[tag], now, period, taken=True)
             self._fail(replicas[tag], plan.late_reason)
         for tag in plan.checks:
-            self.schedule.schedule(replicas[tag], now, period)
+            self.schedule.schedule(replicas[tag], now, period, taken=True)
             replicas[tag].checking = True
         if plan.checks:
             self._launcher.checks(list(plan.checks), config.health_check_timeout_s)

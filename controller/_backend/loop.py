@@ -43,7 +43,7 @@ from . import tasks as tasks
 from . import view as view
 from .failure_reports import FailureReports
 from .goal import Goal
-from .health import HealthChecks, grid_phase
+from .health import HealthChecks
 from .history import Journal
 from .intent import Intent
 from .observe import Observer
@@ -143,9 +143,7 @@ class Backend(Reducer):
         )
         self._set.rollout = self._rollout.record
         self._restored = False
-        self._health = HealthChecks(
-            self._tasks, self._check_failed, self._ready_changed, phase=grid_phase(name)
-        )
+        self._health = HealthChecks(self._tasks, self._check_failed, self._ready_changed)
         self._load_only = False  # the events of this pass were all LoadChanged
         self._scaling = Scaling(
             name,
