@@ -1,7 +1,8 @@
 """What a health check costs the controller, on real workers and on LocalRuntime's wire (issue 31).
 
-Three figures, each of the controller's own process CPU (``time.process_time``; the workers'
-CPU is theirs, not counted):
+Three figures (a fourth, Ray's, when asked), each of the controller's own process CPU
+(``time.process_time``; the workers' CPU is theirs, not counted), with the collector set as the
+daemon sets it (``controller.tune_gc``) unless ``--default-gc``:
 
 (a) ``per_check``: one real LocalRuntime check, median and p90 over waves. `--workers` real
     workers (forked by the fork server) are checked together in a wave, each check a task of the
@@ -15,6 +16,8 @@ CPU is theirs, not counted):
     period) whose workers are served by two helper processes that answer on the same wire, one
     Unix connection per replica: the controller's side is LocalRuntime's (``MonitorLink``), the
     workers' the real ``Worker`` class, each helper holding thousands of them.
+(d) ``per_check_ray`` (``--only ray``; not in the default run, which stays near a minute): one
+    check of a RayRuntime actor, as (a), on a local Ray cluster started here.
 
 Prints a table and writes bench/check_results.json. ``--old-wire`` runs (b) with every check
 over a new connection, to compare; ``--no-checks`` runs (b) and (c) with checks off. (b) also
