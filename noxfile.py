@@ -68,6 +68,8 @@ def bench(session: nox.Session) -> None:
     session.run("python", "bench/autoscale_bench.py", "--serve-trials", "3", env=ray)
     session.run("python", "bench/failover_bench.py", "--trials", "3", env=ray)
     session.run("python", "bench/apply_bench.py")
+    # What a health check costs: real workers, and 10,000 replicas on the workers' wire (~90 s).
+    session.run("python", "bench/check_bench.py")
 
 
 @nox.session

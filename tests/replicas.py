@@ -138,3 +138,37 @@ class SelfReporting:
                 return int(f.read().strip() or 0)
         except FileNotFoundError:
             return 0
+
+
+class CheckedByFile:
+    """A sync ``check_health`` that a test steers through the file at `path` (or, for one
+    replica, ``<path>.<its pid>``, which comes first): absent, it passes; ``fail TEXT`` raises
+    RuntimeError(TEXT); ``slow SECONDS`` sleeps that long (in the worker's thread for sync user
+    code), then passes, having first written to the FIFO at ``<path>.entered`` if there is one
+    (so a test knows, without sleeping, that it hangs now). Its ``load()`` counts up, so that a
+    test sees its pushes go on."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.count = 0
+
+    def check_health(self) -> None:
+        how, arg = "", ""
+        for path in (f"{self.path}.{os.getpid()}", self.path):
+            try:
+                with open(path) as f:
+                    how, _, arg = f.read().partition(" ")
+                break
+            except FileNotFoundError:
+                continue
+        if how == "fail":
+            raise RuntimeError(arg)
+        if how == "slow":
+            if os.path.exists(f"{self.path}.entered"):
+                with open(f"{self.path}.entered", "w") as entered:
+                    entered.write("in")
+            time.sleep(float(arg))
+
+    def load(self) -> int:
+        self.count += 1
+        return self.count

@@ -341,6 +341,29 @@ async def test_no_health_check_before_ready_and_never_two_at_once(
         assert status.state is BackendState.UNHEALTHY
 
 
+async def test_checks_due_close_together_are_taken_together_each_on_its_own_cadence(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A check that comes due takes with it the backend's checks due within a tenth of the
+    # period (at most 1 s), a little early: one timer, wave and pass for them all. Each keeps
+    # its own cadence: the next is a period after it was due, so the group forms again.
+    rt = FakeRuntime(auto_ready=True)
+    async with opened(rt) as ctl:
+        t0 = trio.current_time()
+        await (await ctl.deploy("a", config(num_replicas=1, health_check_period_s=10), RC)).wait()
+        await trio.sleep_until(t0 + 0.5)
+        await (await ctl.deploy("a", config(num_replicas=2, health_check_period_s=10), RC)).wait()
+        await trio.sleep_until(t0 + 2.5)
+        await (await ctl.deploy("a", config(num_replicas=3, health_check_period_s=10), RC)).wait()
+        first, second, third = rt.tags()
+        assert rt.replicas[second].ready_at == t0 + 0.5
+        await trio.sleep_until(t0 + 33)
+        await settle()
+        assert rt.replicas[first].health_checks == [t0 + 10, t0 + 20, t0 + 30]
+        assert rt.replicas[second].health_checks == [t0 + 10, t0 + 20, t0 + 30]  # 0.5 s early
+        assert rt.replicas[third].health_checks == [t0 + 12.5, t0 + 22.5, t0 + 32.5]  # apart
+
+
 async def test_checks_due_together_answer_each_on_its_own(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

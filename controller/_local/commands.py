@@ -59,29 +59,40 @@ async def command(
         await lines.send({**request, "epoch": epoch})
         reply = await lines.receive()
     except (WireError, trio.BrokenResourceError) as exc:
-        tail = await trio.to_thread.run_sync(_log_tail, runtime_dir, tag)
-        raise ReplicaError(tag, "WorkerDied", f"{exc}{tail}") from None
+        raise await died(runtime_dir, tag, exc) from None
     finally:
         with trio.CancelScope(shield=True):
             await lines.aclose()
     if not reply.get("ok"):
-        if reply.get("fenced") is True:
-            newer = reply.get("epoch")
-            raise FencedError(
-                f"{_WHAT.get(str(request.get('op')), request.get('op'))} of replica {tag}",
-                epoch,
-                newer if isinstance(newer, int) and not isinstance(newer, bool) else None,
-            )
-        if reply.get("error_type") == "WorkerStopping":
-            raise ReplicaGoneError(tag, "its worker accepted a stop and is ending")
-        traceback = reply.get("traceback")
-        raise ReplicaError(
-            tag,
-            str(reply.get("error_type")),
-            str(reply.get("message")),
-            traceback if isinstance(traceback, str) else None,
-        )
+        raise refused(tag, epoch, str(request.get("op")), reply)
     return reply
+
+
+def refused(tag: str, epoch: int, op: str, reply: dict[str, Any]) -> ReplicaError | FencedError:
+    """What a worker's refusal of `op` (a reply that is not ok) raises."""
+    if reply.get("fenced") is True:
+        newer = reply.get("epoch")
+        return FencedError(
+            f"{_WHAT.get(op, op)} of replica {tag}",
+            epoch,
+            newer if isinstance(newer, int) and not isinstance(newer, bool) else None,
+        )
+    if reply.get("error_type") == "WorkerStopping":
+        return ReplicaGoneError(tag, "its worker accepted a stop and is ending")
+    traceback = reply.get("traceback")
+    return ReplicaError(
+        tag,
+        str(reply.get("error_type")),
+        str(reply.get("message")),
+        traceback if isinstance(traceback, str) else None,
+    )
+
+
+async def died(runtime_dir: Path, tag: str, why: object) -> ReplicaError:
+    """The error of a request whose connection ended before its answer: the worker died (its
+    log's last line says how, often)."""
+    tail = await trio.to_thread.run_sync(_log_tail, runtime_dir, tag)
+    return ReplicaError(tag, "WorkerDied", f"{why}{tail}")
 
 
 async def ask_to_stop(runtime_dir: Path, tag: str, epoch: int, term_timeout_s: float) -> None:

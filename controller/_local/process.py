@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, final
 
@@ -27,7 +28,7 @@ from .._model.spec import ReplicaSpec
 from .._ports.hosting import host_spec
 from .._procfs import describe_exit, exit_status
 from .layout import log_path, pid_path, socket_path, spec_path
-from .wire import LineStream, WireError
+from .link import MonitorLink
 from .zygote import ForkLost, ForkServer, spawn_python
 
 WORKER_MODULE = "controller.worker"
@@ -51,6 +52,8 @@ class WorkerProcess:
     which reaps it when asked); None if spawned, or forked by an earlier fork server."""
     exited: bool = False
     """Its end was seen (and it was reaped, if that is ours to do)."""
+    link: MonitorLink | None = None
+    """Its monitor connection, once open (health checks go over it)."""
     _waiting: trio.Lock = attrs.field(factory=trio.Lock)
     """Held by the one task that waits on the pidfd: trio lets one task wait on a descriptor,
     and a stop and the monitor may both wait for the same end (a worker that dies as it is
@@ -68,19 +71,10 @@ class WorkerProcess:
         it is gone); `zygote` is our fork server's pid, if one serves."""
         return cls(tag, pid, os.pidfd_open(pid), forked_by=_forked_by(pid, zygote))
 
-    async def watch(self, lines: LineStream, on_load: Callable[[str, int | None], None]) -> None:
-        """Pass on the loads it reports on its monitor connection, `lines`, until that ends."""
-        try:
-            while True:
-                # Nothing but the replica's own load comes this way; the end is the news.
-                load = (await lines.receive()).get("load")
-                if load is None or (isinstance(load, int) and not isinstance(load, bool)):
-                    on_load(self.tag, load)
-        except (WireError, trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        finally:
-            with trio.CancelScope(shield=True):
-                await lines.aclose()
+    async def watch(self, link: MonitorLink, on_load: Callable[[str, int | None], None]) -> None:
+        """Pass on the loads it reports on its monitor connection, `link`, and the answers to
+        checks, until that ends (the end is the news)."""
+        await link.read(partial(on_load, self.tag))
 
     async def wait_exit(self, fork_server: ForkServer | None) -> None:
         async with self._waiting:

@@ -54,12 +54,13 @@ from .._model.placement import SLOTS
 from .._model.spec import ReplicaSpec
 from .._ports.runtime import DeathListener, ReplicaInfo, Watchers
 from .._procfs import memory_bytes, scan_workers
-from .commands import ask_to_stop, command, connect
+from .commands import ask_to_stop, command, connect, died, refused
 from .fence_file import fenced_at, raise_fence
 from .layout import LOGS, ZYGOTE_LOG, check_socket_room, remove_replica_files, spec_path
+from .link import ENDED, MonitorLink
 from .logs import DEFAULT_MAX_BYTES, LogChunk, log_file, log_tags, read_log
 from .process import WORKER_MODULE, WorkerProcess, launch
-from .wire import LineStream
+from .wire import MONITOR_CHECKS
 from .zygote import ZYGOTE_MODULE, ForkServer
 
 # The default limit on workers: one per this much memory, and at most this many per core.
@@ -295,7 +296,7 @@ class LocalRuntime:
             env=self._worker_env,
         )
         self._workers[spec.tag] = worker
-        await self._attach(worker)
+        await self._attach(worker, checks=True)  # it runs this version's worker
         await self._request(spec.tag, {"op": "wait_ready"})
         return ReplicaInfo(f"127.0.0.1:{port}", worker.pid, self._node)
 
@@ -319,7 +320,8 @@ class LocalRuntime:
         except ProcessLookupError:
             raise ReplicaGoneError(tag, "its worker exited during adoption") from None
         self._workers[tag] = worker
-        await self._attach(worker)
+        # A worker started by an older version answers no checks on its monitor connection.
+        await self._attach(worker, checks=hello.get(MONITOR_CHECKS) is True)
         await self._request(tag, {"op": "wait_ready"})
         return ReplicaInfo(f"127.0.0.1:{port}", pid, self._node)
 
@@ -327,8 +329,20 @@ class LocalRuntime:
         await self._request(tag, {"op": "reconfigure", "user_config": user_config})
 
     async def check_health_replica(self, tag: str) -> None:
-        """Call the replica's ``check_health``; raises ReplicaError if it raises."""
-        await self._request(tag, {"op": "check_health"})
+        """Call the replica's ``check_health``; raises ReplicaError if it raises. Asked over
+        the worker's monitor connection if it answers checks there (see ``wire``), else over a
+        connection of its own."""
+        worker = self._workers.get(tag)
+        link = worker.link if worker is not None else None
+        if link is None or not link.checks:
+            await self._request(tag, {"op": "check_health"})
+            return
+        epoch = self._epoch
+        answer = await link.check(epoch)
+        if answer is ENDED:
+            raise await died(self.runtime_dir, tag, "its monitor connection ended")
+        if answer is not None:
+            raise refused(tag, epoch, "check_health", answer)
 
     async def drain_replica(self, tag: str) -> None:
         await self._request(tag, {"op": "drain"})
@@ -378,15 +392,17 @@ class LocalRuntime:
             return None  # its socket is gone: the worker is, as far as we can tell
         return pid if isinstance(pid, int) and pid in pids else None
 
-    async def _attach(self, worker: WorkerProcess) -> None:
-        """Open the monitor connection, whose end means the process ended."""
+    async def _attach(self, worker: WorkerProcess, *, checks: bool) -> None:
+        """Open the monitor connection, whose end means the process ended (and over which it
+        is checked, if `checks`)."""
         self._watchers.check_running()
         lines = await connect(self.runtime_dir, worker.tag)
         await lines.send({"op": "monitor"})
-        self._watchers.start_soon(self._monitor, worker, lines)
+        worker.link = link = MonitorLink(worker.tag, lines, checks=checks)
+        self._watchers.start_soon(self._monitor, worker, link)
 
-    async def _monitor(self, worker: WorkerProcess, lines: LineStream) -> None:
-        await worker.watch(lines, self._watchers.load)
+    async def _monitor(self, worker: WorkerProcess, link: MonitorLink) -> None:
+        await worker.watch(link, self._watchers.load)
         if worker.killing or self._workers.get(worker.tag) is not worker:
             return
         how = await worker.wait_end(self._fork_server)

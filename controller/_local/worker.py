@@ -43,7 +43,14 @@ from .._files import read_regular
 from .._ports.context import ReplicaContext, set_context
 from .._ports.hosting import construct, describe_error, tracebacks
 from .logs import DEFAULT_MAX_BYTES, capture_output
-from .wire import LineStream, WireError
+from .wire import (
+    MONITOR_CHECKS,
+    LineStream,
+    WireError,
+    check_passed,
+    encode,
+    parse_check_request,
+)
 
 
 def _describe(exc: BaseException) -> dict[str, str]:
@@ -89,6 +96,9 @@ class Worker:
         """Set once a stop is accepted: the worker is ending and takes no other command."""
         self.nursery: trio.Nursery | None = None
         """Where the worker's own tasks run (the stop's safety net, the drain)."""
+        self.checking: trio.Event | None = None
+        self.check_answer: dict[str, Any] = {"ok": True}
+        """The user's check running now (set when it ends), and the answer of the last one."""
         self.drained: trio.Event | None = None
         self.drain_answer: dict[str, Any] = {"ok": True}
         """One drain for the worker's life: a controller that takes over a stop under way asks
@@ -157,6 +167,7 @@ class Worker:
             "pid": os.getpid(),
             "state": state,
             "epoch": self.epoch,
+            MONITOR_CHECKS: True,
         }
 
     async def answer(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -186,6 +197,8 @@ class Worker:
             return {"ok": True}  # every method of the contract is optional
         if op == "drain":
             return await self.drain_once(method)
+        if op == "check_health":
+            return await self.check_once(method)
         try:
             if op == "reconfigure":
                 async with self.reconfiguring:
@@ -198,6 +211,28 @@ class Worker:
         except Exception as exc:
             return {"ok": False, **_describe(exc)}
         return {"ok": True}
+
+    async def check_once(self, method: Any) -> dict[str, Any]:
+        """Run the replica's check, or, if one runs already, wait for its answer: a check that
+        hangs holds one thread however many periods it spans, not one a period (which would
+        take every thread the worker has for user code, its load included)."""
+        if self.checking is None:
+            self.checking = running = trio.Event()
+            answer: dict[str, Any] = {"ok": True}
+            try:
+                await _call(method)
+            except Exception as exc:
+                answer = {"ok": False, **_describe(exc)}
+            except BaseException:
+                answer = {"ok": False, "error_type": "WorkerDied", "message": "check cut short"}
+                raise
+            finally:
+                self.checking, self.check_answer = None, answer
+                running.set()
+            return answer
+        running = self.checking
+        await running.wait()
+        return self.check_answer
 
     async def drain_once(self, method: Any) -> dict[str, Any]:
         """Run the replica's drain once (in the worker's nursery, so that a controller that
@@ -240,17 +275,54 @@ class Worker:
         return {"ok": True, "pid": os.getpid()}
 
     async def monitor(self, lines: LineStream) -> None:
-        """A monitor connection: never answered, so that its end tells the runtime the process
-        ended; it carries the replica's own load, when that changes. Returns when the runtime
-        hangs up (raising, as a closed connection does)."""
+        """A monitor connection: its end tells the runtime the process ended. It carries the
+        replica's own load, when that changes, and the runtime's health checks (see ``wire``).
+        Returns when the runtime hangs up (raising, as a closed connection does)."""
         sending = self.monitors[lines] = trio.Lock()
         try:
-            if self.load is not None:
-                async with sending:  # a restarted controller hears it at once
-                    await lines.send({"load": self.load})
-            await lines.receive()  # the runtime sends nothing more: this waits for its hang-up
+            # Checks that run user code do so in tasks of their own, bound to the connection: a
+            # slow or hung one holds up neither the others nor the load pushes.
+            async with trio.open_nursery() as checks:
+                try:
+                    await self._serve_checks(lines, sending, checks)
+                except (WireError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    hung_up: BaseException | None = exc  # raised out of the nursery as it is
+                    checks.cancel_scope.cancel()  # no one is left to answer
+                else:
+                    hung_up = None
+            if hung_up is not None:
+                raise hung_up
         finally:
             del self.monitors[lines]
+
+    async def _serve_checks(
+        self, lines: LineStream, sending: trio.Lock, checks: trio.Nursery
+    ) -> None:
+        if self.load is not None:
+            async with sending:  # a restarted controller hears it at once
+                await lines.send({"load": self.load})
+        while True:
+            asked = parse_check_request(await lines.receive_line())
+            if asked is None:
+                continue  # nothing else is asked here; an older runtime asks nothing
+            ident, epoch = asked
+            request = {"op": "check_health", "epoch": epoch}
+            if self.ready.is_set() and (
+                self.init_error is not None or getattr(self.instance, "check_health", None) is None
+            ):
+                # No user code to run: answered here, without a task.
+                refusal = self.check(request)
+                if refusal is None and self.init_error is not None:
+                    refusal = {"ok": False, **self.init_error}
+                await _answer_check(lines, sending, ident, refusal)
+            else:
+                checks.start_soon(self._check_and_answer, lines, sending, ident, request)
+
+    async def _check_and_answer(
+        self, lines: LineStream, sending: trio.Lock, ident: int, request: dict[str, Any]
+    ) -> None:
+        reply = await self.answer(request)
+        await _answer_check(lines, sending, ident, None if reply.get("ok") else reply)
 
     async def push_load(self) -> None:
         """For a replica with a ``load()`` method: call it every `LOAD_SAMPLE_S`, and push what
@@ -281,6 +353,18 @@ class Worker:
                         async with sending:
                             await lines.send({"load": count})
             await trio.sleep(LOAD_SAMPLE_S)
+
+
+async def _answer_check(
+    lines: LineStream, sending: trio.Lock, ident: int, refusal: dict[str, Any] | None
+) -> None:
+    """Answer check `ident` on a monitor connection: passed, or `refusal` (the runtime reads
+    one as ``command`` reads a reply)."""
+    line = check_passed(ident) if refusal is None else encode({**refusal, "check": ident})
+    # A runtime that hung up is told nothing: the monitor's reader ends the connection.
+    with contextlib.suppress(WireError, trio.BrokenResourceError, trio.ClosedResourceError):
+        async with sending:
+            await lines.send_line(line)
 
 
 #: How long an accepted stop waits for the runtime's signals before the worker ends itself
