@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import reaper
 import trio
 
 import controller
@@ -355,6 +356,7 @@ async def per_check_ray(actors: int, waves: int) -> dict[str, Any]:
 
 
 def main() -> None:
+    reaper.leave_nothing()
     parser = argparse.ArgumentParser(description="health check costs (issue 31)")
     parser.add_argument("--helper", help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=100, help="(a): real workers checked")
