@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -59,13 +58,17 @@ class EventLog:
 
     def __init__(self, name: str):
         self.name = name
-        self.events: collections.deque[BackendEvent] = collections.deque(maxlen=EVENTS_KEPT)
+        # A list, not a deque of `EVENTS_KEPT`: a backend at rest has a few events, and a deque
+        # holds a block of 64 slots from the start (~600 bytes a backend).
+        self.events: list[BackendEvent] = []
         self.added = 0
         """How many events were added in this process: the writer stores the log when this
         differs from what it stored last."""
 
     def add(self, kind: str, message: str) -> None:
         self.events.append(BackendEvent(trio.current_time(), kind, message, time.time()))
+        if len(self.events) > EVENTS_KEPT:
+            del self.events[0]
         self.added += 1
 
     def restore(self, record: EventsRecord | None) -> None:
