@@ -40,6 +40,8 @@ from controller._backend.watch import TOMBSTONES_KEPT
 from controller.testing import FakeRuntime, FakeState
 
 RC = controller.ReplicaConfig("bench.replica:Noop")
+#: How many backends of no replica the memory section holds, for the cost of a backend.
+SMALL_BACKENDS = 1000
 
 
 def cfg(n: int, *, health_check_period_s: float = 0.0) -> controller.BackendConfig:
@@ -199,12 +201,15 @@ async def poller_latency(replicas: int, samples: int, *, at_rest: bool) -> dict[
 # -- 2. throughput and 4. recovery --------------------------------------------------------------
 
 
-async def deploy_all(ctl: controller.Controller, names: Sequence[str], replicas: int) -> None:
+async def deploy_all(
+    ctl: controller.Controller, names: Sequence[str], replicas: int, health_s: float = 0.0
+) -> None:
     """Deploy every backend concurrently (as many clients would), then wait for every goal."""
     goals: list[controller.Goal] = []
+    config = cfg(replicas, health_check_period_s=health_s)
 
     async def deploy(name: str) -> None:
-        goals.append(await ctl.deploy(name, cfg(replicas), RC))
+        goals.append(await ctl.deploy(name, config, RC))
 
     async with trio.open_nursery() as nursery:
         for name in names:
@@ -214,14 +219,14 @@ async def deploy_all(ctl: controller.Controller, names: Sequence[str], replicas:
 
 
 async def throughput_and_recovery(
-    backends: int, per_backend: int, db: Path, listings: int = 0
+    backends: int, per_backend: int, db: Path, listings: int = 0, health_s: float = 0.0
 ) -> dict[str, float]:
     """Scale-up, recovery, then scale-down of `backends` x `per_backend`; with `listings`, also
     that many ``GET /api/v1/backends`` while the recovered controller holds every replica.
     Also the time Python's cycle collector took meanwhile (`gc_s`), under whatever thresholds
-    the caller set."""
+    the caller set. `health_s`: the replicas' health check period (0: no checks)."""
     with gc_timer() as gc_time:
-        figures = await _throughput_and_recovery(backends, per_backend, db, listings)
+        figures = await _throughput_and_recovery(backends, per_backend, db, listings, health_s)
     figures["gc_s"] = gc_time[0]
     figures["gc_thresholds"] = list(gc.get_threshold())  # type: ignore[assignment]
     return figures
@@ -256,16 +261,26 @@ def tuned_gc(fn: Any, *args: Any) -> Any:
 
 
 async def _throughput_and_recovery(
-    backends: int, per_backend: int, db: Path, listings: int
+    backends: int, per_backend: int, db: Path, listings: int, health_s: float
 ) -> dict[str, float]:
     rt = FakeRuntime(auto_ready=True, record_history=False)
     names = [f"b{i:04d}" for i in range(backends)]
-    figures: dict[str, float] = {}
+    replicas = backends * per_backend
+    figures: dict[str, float] = {"health_check_period_s": health_s}
     with controller.SQLiteStore(db) as store:
         async with controller.open_controller(runtime=rt, store=store) as ctl:
-            t0 = time.perf_counter()
-            await deploy_all(ctl, names, per_backend)
+            gc.collect()
+            rss0 = rss_bytes()["now"]
+            t0, c0 = time.perf_counter(), time.process_time()
+            await deploy_all(ctl, names, per_backend, health_s)
             figures["up_s"] = time.perf_counter() - t0
+            figures["up_cpu_us_per_replica"] = (time.process_time() - c0) / replicas * 1e6
+            gc.collect()
+            # The whole process's growth: the FakeRuntime's record of each replica, SQLite's
+            # cache and the high-water of 1,000 deploys at once included (section 5b has the
+            # controller's own).
+            rss = rss_bytes()
+            figures["up_rss_bytes_per_replica"] = (rss["now"] - rss0) / replicas
             assert sum(len(ctl.snapshot(n).replicas) for n in names) == backends * per_backend
             figures["up_sqlite_transactions"] = store.transactions
     # Recovery: a fresh controller, a fresh store object, the same file and runtime.
@@ -274,6 +289,7 @@ async def _throughput_and_recovery(
         async with controller.open_controller(runtime=rt, store=store) as ctl:
             await wait_serving(ctl, dict.fromkeys(names, per_backend))
             figures["recovery_s"] = time.perf_counter() - t0
+            recovered_at = trio.current_time()
             assert len(rt.replicas) == backends * per_backend  # none restarted
             if listings:
                 # After the recovery's trailing work (its checkpoint writes), so the listing is
@@ -286,11 +302,20 @@ async def _throughput_and_recovery(
                 summary = await api_listing(ctl, listings, b"view=summary")
                 for key, value in summary.items():
                     figures[f"listing_summary_{key}"] = value
-            t0 = time.perf_counter()
-            await deploy_all(ctl, names, 0)
+            if health_s > 0:
+                # The adopted replicas' first checks fall due one period after the recovery, all
+                # at once: the scale-down starts as they do, so that it meets a wave of checks
+                # of every replica (the worst case), not a quiet gap between two.
+                await trio.sleep_until(recovered_at + health_s)
+            t0, c0 = time.perf_counter(), time.process_time()
+            await deploy_all(ctl, names, 0, health_s)
             figures["down_s"] = time.perf_counter() - t0
+            # The CPU a replica's stop costs the process: its drain and kill tasks, the runtime's
+            # part (FakeRuntime's), the loop's passes and the checkpoints, and any health
+            # checks that fall due meanwhile.
+            figures["down_cpu_us_per_replica"] = (time.process_time() - c0) / replicas * 1e6
             assert rt.tags() == []
-    figures["replicas"] = backends * per_backend
+    figures["replicas"] = replicas
     figures["backends"] = backends
     return figures
 
@@ -440,6 +465,8 @@ class NullRuntime:
 
 
 async def memory_per_replica(replicas: int, backends: int = 100) -> float:
+    """The Python objects the controller holds per replica (tracemalloc), `replicas` over
+    `backends`; with no replicas, per backend instead."""
     store = controller.MemoryStore()
     async with controller.open_controller(runtime=NullRuntime(), store=store) as ctl:
         per = replicas // backends
@@ -463,7 +490,65 @@ async def memory_per_replica(replicas: int, backends: int = 100) -> float:
         after = tracemalloc.take_snapshot()
         tracemalloc.stop()
         grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
-        return (grown - store_bytes) / replicas
+        return (grown - store_bytes) / (replicas or backends)
+
+
+def rss_bytes() -> dict[str, int]:
+    """The process's resident set now and its high-water mark (VmRSS and VmHWM)."""
+    fields = {"VmRSS": "now", "VmHWM": "peak"}
+    out: dict[str, int] = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in fields:
+            out[fields[key]] = int(value.split()[0]) * 1024  # in kB
+    return out
+
+
+async def rss_probe(replicas: int, backends: int) -> dict[str, float]:
+    """Memory as the OS counts it: the process's RSS before and after deploying `replicas` over
+    `backends` (per replica; with no replicas, per backend), set up as `memory_per_replica`
+    (the do-nothing runtime, the memory store, whose copy is taken off) but untraced, since
+    tracemalloc's own records would be counted. Run in a fresh process (`memory_rss`): one
+    whose heap had grown before would take the new objects into room it already holds."""
+    store = controller.MemoryStore()
+    async with controller.open_controller(runtime=NullRuntime(), store=store) as ctl:
+        await (await ctl.deploy("warm", cfg(1), RC)).wait()
+        await trio.testing.wait_all_tasks_blocked()
+        gc.collect()
+        before = rss_bytes()
+        t0 = time.perf_counter()
+        config = cfg(replicas // backends, health_check_period_s=3600.0)
+        goals = [await ctl.deploy(f"b{i:04d}", config, RC) for i in range(backends)]
+        for goal in goals:
+            await goal.wait()
+        await trio.testing.wait_all_tasks_blocked()
+        took = time.perf_counter() - t0
+        gc.collect()
+        after = rss_bytes()
+        store_bytes = sum(len(v) + len(k) + 100 for k, v in store.data.items())
+    n = replicas or backends
+    return {
+        "replicas": replicas,
+        "backends": backends,
+        "rss_bytes_per": (after["now"] - before["now"] - store_bytes) / n,
+        # The most it held on the way (the high-water of the process, from this start).
+        "peak_bytes_per": (after["peak"] - before["now"] - store_bytes) / n,
+        "store_bytes_per": store_bytes / n,
+        "rss_before_mib": before["now"] / 2**20,
+        "took_s": took,
+    }
+
+
+def memory_rss(replicas: int, backends: int) -> dict[str, float]:
+    """`rss_probe` in a fresh Python process."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--rss-probe", str(replicas), str(backends)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    figures: dict[str, float] = json.loads(out)
+    return figures
 
 
 async def name_churn(names: int, batch: int = 100) -> dict[str, float]:
@@ -668,6 +753,36 @@ class Steps:
 # -- main ----------------------------------------------------------------------------------------
 
 
+def only_section(name: str, out: Path, quick: bool) -> None:
+    """``--only scale``: the 100,000 replicas' scale-up, recovery and scale-down, with health
+    checks off (no listing) and on; ``--only memory``: the memory section, traced and RSS.
+    Printed as JSON, and updated in `out` under their own keys (``only_scale``,
+    ``only_memory``), apart from a whole run's."""
+    backends, per = (1000, 10) if quick else (1000, 100)
+    figures: dict[str, Any] = {"load_before": os.getloadavg(), "commit": git_head()}
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        if name == "scale":
+            for key, health_s in (("checks_off", 0.0), ("checks_10s", 10.0)):
+                print(f"{backends * per:,} replicas, {key} ...", file=sys.stderr)
+                figures[key] = tuned_gc(
+                    throughput_and_recovery, backends, per, d / f"{key}.db", 0, health_s
+                )
+        else:
+            figures["traced_10000"] = trio.run(memory_per_replica, 10000)
+            figures["traced_big"] = trio.run(memory_per_replica, backends * per, backends)
+            figures["traced_backend"] = trio.run(memory_per_replica, 0, SMALL_BACKENDS)
+            figures["rss_10000"] = memory_rss(10000, 100)
+            figures["rss_big"] = memory_rss(backends * per, backends)
+            figures["rss_backend"] = memory_rss(0, SMALL_BACKENDS)
+    figures["load_after"] = os.getloadavg()
+    figures["date"] = time.strftime("%Y-%m-%d %H:%M")
+    kept = json.loads(out.read_text()) if out.exists() else {}
+    kept[f"only_{name}"] = figures
+    out.write_text(json.dumps(kept, indent=2) + "\n")
+    print(json.dumps(figures, indent=1))
+
+
 def main() -> None:
     reaper.leave_nothing()
     parser = argparse.ArgumentParser(description="controller benchmark")
@@ -679,10 +794,21 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"))
     parser.add_argument(
         "--only",
-        choices=["fork-server"],
+        choices=["fork-server", "scale", "memory"],
         help="run one section, and update its figures only in the results file",
     )
+    parser.add_argument(
+        "--rss-probe",
+        nargs=2,
+        type=int,
+        metavar=("REPLICAS", "BACKENDS"),
+        help="print, as JSON, the RSS a fresh process grows by per replica (per backend if "
+        "REPLICAS is 0) for REPLICAS over BACKENDS (the memory section runs this)",
+    )
     args = parser.parse_args()
+    if args.rss_probe:
+        print(json.dumps(trio.run(rss_probe, *args.rss_probe)))
+        return
     # The latency runs crash replicas on purpose; their warnings are not news here.
     logging.getLogger("controller").setLevel(logging.ERROR)
     if args.only == "fork-server":
@@ -695,6 +821,9 @@ def main() -> None:
         args.out.write_text(json.dumps(kept, indent=2) + "\n")
         print(f"{'measure':<30} {'figure':>22}  target")
         print_fork_table(figures)
+        return
+    if args.only in ("scale", "memory"):
+        only_section(args.only, args.out, args.quick)
         return
     quick = args.quick
     steps = Steps()
@@ -732,6 +861,11 @@ def main() -> None:
         results["throughput_big_default_gc"] = trio.run(
             throughput_and_recovery, big_backends, big_per, d / "big_gc.db"
         )
+        steps.step(f"the same, {n_big:,} replicas, health checks every 10 s (no listing)")
+        # The 10 s default period: each replica checked from 10 s after it is running.
+        results["throughput_big_checks"] = tuned_gc(
+            throughput_and_recovery, big_backends, big_per, d / "big_hc.db", 0, 10.0
+        )
         steps.step("listing 1,000 backends of 1 replica")
         results["api_listing_1000x1"] = trio.run(api_listing_small, 1000, 10 if quick else 50)
         steps.step(f"idle cost ({idle_s:g} s windows; one 10 s period with checks)")
@@ -756,6 +890,15 @@ def main() -> None:
             "replicas": n_big,
             "backends": big_backends,
             "bytes_per_replica": trio.run(memory_per_replica, n_big, big_backends),
+        }
+        steps.step(f"memory per backend, {SMALL_BACKENDS:,} backends of no replica")
+        results["memory_bytes_per_backend"] = trio.run(memory_per_replica, 0, SMALL_BACKENDS)
+        # The same three, as the OS counts them: each in a fresh process.
+        steps.step("RSS: 10,000 over 100 backends, then the others (fresh processes)")
+        results["memory_rss"] = {
+            "replicas_10000": memory_rss(10000, 100),
+            "replicas_big": memory_rss(n_big, big_backends),
+            "backends": memory_rss(0, SMALL_BACKENDS),
         }
         steps.step("name churn: backends created and deleted")
         # Measured over the last 10,000 names (TOMBSTONES_KEPT), traced from 10,000 before.
@@ -793,7 +936,9 @@ def print_table(r: dict[str, Any]) -> None:
         r["idle_cpu_percent"],
     )
     gd = r["throughput_big_default_gc"]
+    hc = r["throughput_big_checks"]
     ratio = lp["p50_ms"] / lt["p50_ms"]
+    rss = r["memory_rss"]
     n_big = f"{big['replicas']:,}"
     rows = [
         ("reaction p50 (trio)", f"{lt['p50_ms']:.3f} ms", ""),
@@ -820,6 +965,21 @@ def print_table(r: dict[str, Any]) -> None:
         (f"{n_big} -> 0", f"{big['down_s']:.3f} s", "<= 5 s"),
         (f"recovery, {n_big} live", f"{big['recovery_s']:.3f} s", "<= 5 s"),
         ("  of which the collector", f"{big['gc_s']:.3f} s", ""),
+        (
+            f"  {n_big} -> 0: CPU a replica",
+            f"{big['down_cpu_us_per_replica']:.0f} us",
+            "",
+        ),
+        (
+            "  the same, checks every 10 s",
+            " / ".join(f"{hc[k]:.1f}" for k in ("up_s", "down_s", "recovery_s")) + " s",
+            "up / down / rec, <= 5 s",
+        ),
+        (
+            f"    its {n_big} -> 0: CPU a replica",
+            f"{hc['down_cpu_us_per_replica']:.0f} us",
+            "",
+        ),
         (
             "  the same, default collector",
             " / ".join(f"{gd[k]:.1f}" for k in ("up_s", "down_s", "recovery_s", "gc_s")) + " s",
@@ -864,6 +1024,26 @@ def print_table(r: dict[str, Any]) -> None:
             f"memory per replica, {r['memory_big']['replicas']:,}",
             f"{r['memory_big']['bytes_per_replica']:.0f} B",
             "<= 1024 B",
+        ),
+        (
+            f"memory per backend ({SMALL_BACKENDS:,} of 0)",
+            f"{r['memory_bytes_per_backend']:.0f} B",
+            "",
+        ),
+        (
+            "RSS per replica, 10,000",
+            f"{rss['replicas_10000']['rss_bytes_per']:.0f} B",
+            "",
+        ),
+        (
+            f"RSS per replica, {r['memory_big']['replicas']:,}",
+            f"{rss['replicas_big']['rss_bytes_per']:.0f} B",
+            "<= 2048 B",
+        ),
+        (
+            f"RSS per backend ({SMALL_BACKENDS:,} of 0)",
+            f"{rss['backends']['rss_bytes_per']:.0f} B",
+            "<= 8192 B",
         ),
         (
             f"memory over the last {r['name_churn']['window']:,} of "

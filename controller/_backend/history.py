@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -59,13 +58,17 @@ class EventLog:
 
     def __init__(self, name: str):
         self.name = name
-        self.events: collections.deque[BackendEvent] = collections.deque(maxlen=EVENTS_KEPT)
+        # A list, not a deque of `EVENTS_KEPT`: a backend at rest has a few events, and a deque
+        # holds a block of 64 slots from the start (~600 bytes a backend).
+        self.events: list[BackendEvent] = []
         self.added = 0
         """How many events were added in this process: the writer stores the log when this
         differs from what it stored last."""
 
     def add(self, kind: str, message: str) -> None:
         self.events.append(BackendEvent(trio.current_time(), kind, message, time.time()))
+        if len(self.events) > EVENTS_KEPT:
+            del self.events[0]
         self.added += 1
 
     def restore(self, record: EventsRecord | None) -> None:
@@ -103,10 +106,10 @@ class Journal:
         self.last_error: str | None = None
         """The most recent failure of any generation, until the backend is healthy again."""
         self.last_traceback: str | None = None
-        self.failed_starts: collections.deque[FailedStart] = collections.deque(
-            maxlen=FAILED_STARTS_KEPT
-        )
-        """The latest failed starts of any generation, until the backend is healthy again."""
+        self.failed_starts: tuple[FailedStart, ...] = ()
+        """The latest failed starts of any generation, until the backend is healthy again. A
+        tuple, not a bounded deque: most backends have none, and an empty deque holds a block
+        of 64 slots (~600 bytes a backend)."""
         self._observer = observer
         self._changed = changed
 
@@ -130,13 +133,14 @@ class Journal:
 
     def start_failed(self, tag: str, version: str, error: str, traceback: str | None) -> None:
         """Kept for the status (the replica itself is about to go); told by ``failure``."""
-        self.failed_starts.append(FailedStart(tag, version, error, traceback, time.time()))
+        failed = FailedStart(tag, version, error, traceback, time.time())
+        self.failed_starts = (*self.failed_starts, failed)[-FAILED_STARTS_KEPT:]
 
     def healthy(self) -> None:
         """The backend is healthy again (converged, every replica passing its checks, no failed
         deploy): its earlier failures are history, which the events keep, not its status."""
         self.last_error = self.last_traceback = None
-        self.failed_starts.clear()
+        self.failed_starts = ()
 
     def decision(
         self, version: str, starts: int, stopped_versions: Sequence[str], updates: int

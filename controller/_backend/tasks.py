@@ -114,35 +114,71 @@ async def checks(runtime: Runtime, tags: list[str], limit_s: float, send: Send) 
             send(ev.HealthChecked(tag, late))
 
 
-async def stop(
-    runtime: Runtime, tag: str, grace_s: float, drain_scope: trio.CancelScope | None, send: Send
+async def stops(
+    runtime: Runtime,
+    tags: list[str],
+    grace_s: float | None,
+    drain_scope: trio.CancelScope,
+    send: Send,
 ) -> None:
-    """Drain (within `grace_s`, and `drain_scope`, which a forced delete cancels), then kill.
-    No drain if `drain_scope` is None. Reports Stopped."""
-    if drain_scope is not None and grace_s > 0:
-        await drain(runtime, tag, grace_s, drain_scope)
-    await kill_replica(runtime, tag)
-    send(ev.Stopped(tag))
+    """Stop a wave of replicas (those stopped together, with the same grace): drain each within
+    `grace_s` (none if None), in `drain_scope`, which a forced delete cancels, then kill it.
+    Reports Stopped for each, once it is killed (or its kill failed or timed out).
+
+    The wave shares one drain deadline and scope, and one shielded scope for its kills: a
+    scale-down of 100,000 stops 100,000 at once, and a replica then costs two tasks (its drain,
+    its kill) instead of a task and two scopes of its own: in trio alone, about 31 us instead
+    of 45 on the benchmark's machine."""
+    kills = _Kills(runtime, send)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(kills.run)
+        try:
+            if grace_s is None or grace_s <= 0:
+                for tag in tags:
+                    kills.kill(tag)
+            else:
+                await _drains(runtime, tags, grace_s, drain_scope, kills.kill)
+        finally:
+            kills.close()
 
 
-async def drain(runtime: Runtime, tag: str, grace_s: float, scope: trio.CancelScope) -> None:
-    """Drain within `grace_s`, in `scope` (which a forced delete cancels): the grace is the
-    scope's deadline, not a scope of its own, as every stop drains."""
+async def _drains(
+    runtime: Runtime,
+    tags: list[str],
+    grace_s: float,
+    scope: trio.CancelScope,
+    kill: Callable[[str], None],
+) -> None:
+    """Drain each of `tags` within `grace_s`, in `scope`, and hand each to `kill` as soon as its
+    drain ends: finished, failed, or cut short by `scope` (its deadline, a forced delete). One
+    cut short by the controller closing is left as it is, draining, as a crash would leave it:
+    the next controller finishes its stop."""
     deadline = trio.current_time() + grace_s
     scope.deadline = min(scope.deadline, deadline)
-    with scope:
+
+    async def one(tag: str) -> None:
+        ended = False
         try:
             await runtime.drain_replica(tag)
+            ended = True
         except Exception as exc:
+            ended = True
             logger.warning("replica %s: drain failed (%s); killing it now", tag, exc)
-    if scope.cancelled_caught and trio.current_time() >= deadline:
-        logger.info("replica %s: drain not done within %gs; killing it", tag, grace_s)
+        finally:
+            if ended or scope.cancel_called:
+                if not ended and trio.current_time() >= deadline:
+                    logger.info("replica %s: drain not done within %gs; killing it", tag, grace_s)
+                kill(tag)
+
+    with scope:
+        async with trio.open_nursery() as nursery:
+            for tag in tags:
+                nursery.start_soon(one, tag)
 
 
 async def kill_replica(runtime: Runtime, tag: str) -> None:
-    """Kill a replica, shielded and bounded: a kill that has begun finishes even when the
-    controller is closing, so no replica is left half-stopped, and a stuck runtime cannot hang
-    the close for longer than KILL_TIMEOUT_S."""
+    """Kill one replica alone (an orphan found at recovery), shielded and bounded as a wave's
+    kills are (``_Kills``)."""
     with trio.move_on_after(KILL_TIMEOUT_S, shield=True) as scope:
         try:
             await runtime.kill_replica(tag)
@@ -150,6 +186,57 @@ async def kill_replica(runtime: Runtime, tag: str) -> None:
             logger.exception("replica %s: kill failed", tag)
     if scope.cancelled_caught:
         logger.error("replica %s: kill did not finish within %gs", tag, KILL_TIMEOUT_S)
+
+
+@final
+class _Kills:
+    """The kills of a wave of stops, each in a task of its own, all in one shielded scope: a kill
+    that has begun finishes even when the controller is closing, so no replica is left
+    half-stopped; and the scope is bounded, KILL_TIMEOUT_S after the wave's last kill began, so
+    a stuck runtime cannot hang a close for longer. Kills are handed in (`kill`) until `close`."""
+
+    def __init__(self, runtime: Runtime, send: Send):
+        self._runtime = runtime
+        self._send = send
+        self._nursery: trio.Nursery | None = None
+        self._queued: list[str] = []
+        """Handed in before `run` opened its nursery."""
+        self._unfinished: set[str] = set()
+        self._last_at = -math.inf
+        self._closed = trio.Event()
+
+    def kill(self, tag: str) -> None:
+        self._unfinished.add(tag)
+        self._last_at = trio.current_time()
+        if self._nursery is None:
+            self._queued.append(tag)
+        else:
+            self._nursery.start_soon(self._one, tag)
+
+    def close(self) -> None:
+        """No more kills will be handed in."""
+        self._closed.set()
+
+    async def run(self) -> None:
+        with trio.CancelScope(shield=True) as scope:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                for tag in self._queued:
+                    nursery.start_soon(self._one, tag)
+                self._queued = []
+                await self._closed.wait()
+                scope.deadline = self._last_at + KILL_TIMEOUT_S
+        for tag in self._unfinished:
+            logger.error("replica %s: kill did not finish within %gs", tag, KILL_TIMEOUT_S)
+            self._send(ev.Stopped(tag))
+
+    async def _one(self, tag: str) -> None:
+        try:
+            await self._runtime.kill_replica(tag)
+        except Exception:
+            logger.exception("replica %s: kill failed", tag)
+        self._unfinished.discard(tag)
+        self._send(ev.Stopped(tag))
 
 
 Task = Callable[..., Coroutine[Any, Any, None]]
@@ -166,10 +253,11 @@ class Launcher:
     replicas at once in its own nursery would hold that much for good (~250 bytes a replica);
     a wave's are freed with it.
 
-    It holds each replica's live cancel scopes (the record holds only what is stored and
+    It holds each replica's live cancel scope (the record holds only what is stored and
     shown): the scope of its start, adoption or reconfigure, from when it is asked for (so that
-    a stop decided before the task runs cancels it) until the loop has heard how it ended; and
-    the scope of its drain, until it is gone."""
+    a stop decided before the task runs cancels it) until the loop has heard how it ended.
+    Stops are not per replica: those made durable together run as one wave (``stops``), with
+    one drain scope, held here until the wave ends, for a forced delete to cut."""
 
     def __init__(self, runtime: Runtime, intent: Intent, send: Send):
         self._runtime = runtime
@@ -180,7 +268,10 @@ class Launcher:
         self._waiting: list[tuple[Task, tuple[object, ...]]] | None = None
         """Tasks asked for while the next wave opens."""
         self._in_flight: dict[str, trio.CancelScope] = {}
-        self._drains: dict[str, trio.CancelScope] = {}
+        self._stopping: dict[float | None, list[str]] = {}
+        """Stops made durable, for the next wave of stops, by their grace (None: no drain)."""
+        self._drains: set[trio.CancelScope] = set()
+        """The drain scopes of the waves of stops under way."""
 
     def _start(self, fn: Task, *args: object) -> None:
         if self._wave is not None:
@@ -218,12 +309,35 @@ class Launcher:
         if in_flight is not None:
             self._intent.act(in_flight.cancel)
             return
-        drain_scope = None
-        if replica.graceful:
-            drain_scope = self._drains[replica.tag] = trio.CancelScope()
-        self._intent.act(
-            partial(self._start, stop, self._runtime, replica.tag, grace_s, drain_scope, self._send)
-        )
+        self._intent.act(partial(self._stop_soon, replica, grace_s))
+
+    def _stop_soon(self, replica: Replica, grace_s: float) -> None:
+        # Whether it drains is read now, not at the decision: a forced delete since then has
+        # made it ungraceful (``ReplicaSet.cut_drains``).
+        grace = grace_s if replica.graceful and grace_s > 0 else None
+        if not self._stopping:
+            # The wave's task runs once every action made durable with this one has run, so it
+            # takes them all.
+            self._start(self._stop_wave)
+        self._stopping.setdefault(grace, []).append(replica.tag)
+
+    async def _stop_wave(self) -> None:
+        waves, self._stopping = self._stopping, {}
+        if len(waves) == 1:
+            ((grace, tags),) = waves.items()
+            await self._stops(tags, grace)
+            return
+        async with trio.open_nursery() as nursery:
+            for grace, tags in waves.items():
+                nursery.start_soon(self._stops, tags, grace)
+
+    async def _stops(self, tags: list[str], grace: float | None) -> None:
+        scope = trio.CancelScope()
+        self._drains.add(scope)
+        try:
+            await stops(self._runtime, tags, grace, scope, self._send)
+        finally:
+            self._drains.discard(scope)
 
     def bring_up(self, replica: Replica, spec: ReplicaSpec | None, timeout_s: float) -> None:
         """Start (with a spec) or adopt `replica`, within `timeout_s` of asking the runtime."""
@@ -262,12 +376,15 @@ class Launcher:
     def gone(self, tag: str) -> None:
         """`tag` is stopped and forgotten."""
         self._in_flight.pop(tag, None)
-        self._drains.pop(tag, None)
 
     def cut_drains(self) -> None:
-        """Cut short every drain under way: their kills follow at once (a forced delete)."""
-        for scope in self._drains.values():
+        """Cut short every drain under way, and drain none of the stops waiting for their wave:
+        their kills follow at once (a forced delete)."""
+        for scope in self._drains:
             scope.cancel()
+        if any(grace is not None for grace in self._stopping):
+            tags = [tag for wave in self._stopping.values() for tag in wave]
+            self._stopping = {None: tags}
 
     def checks(self, tags: list[str], timeout_s: float) -> None:
         self._start(checks, self._runtime, tags, timeout_s, self._send)

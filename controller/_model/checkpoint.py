@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from json.encoder import encode_basestring_ascii as _quote
 from typing import Any, TypeVar
 
 import attrs
@@ -135,12 +136,32 @@ def dump(
 
 
 def dump_replica(record: ReplicaRecord) -> str:
-    """One replica's entry of a ReplicasRecord, as JSON text.
+    """One replica's entry of a ReplicasRecord, as JSON text: exactly what ``dump`` makes of it
+    (its fields in order, those at their default left out), written out by hand.
 
     The backend caches this per replica and joins the pieces with ``join_replicas``, so that a
-    checkpoint of 1,000 replicas does not re-encode the 999 that did not change.
+    checkpoint of 1,000 replicas does not re-encode the 999 that did not change. An entry is
+    still made at each start, each start's end and each stop, 300,000 for a scale-up and down
+    of 100,000: through cattrs and ``json.dumps`` one took 3.7 us, written out 0.8 us
+    (tests/test_checkpoint_pages.py holds the two to the same text).
     """
-    return json.dumps(_converter.unstructure(record), separators=(",", ":"), allow_nan=False)
+    text = (
+        f'{{"tag":{_quote(record.tag)},"version":{_quote(record.version)},'
+        f'"config_digest":{_quote(record.config_digest)}'
+    )
+    if record.stopping:
+        text += ',"stopping":true'
+    if record.created_ms is not None:
+        text += f',"created_ms":{int(record.created_ms)}'
+    if not record.served:
+        text += ',"served":false'
+    if record.address is not None:
+        text += f',"address":{_quote(record.address)}'
+    if record.revision is not None:
+        text += f',"revision":{int(record.revision)}'
+    if record.stopping_ms is not None:
+        text += f',"stopping_ms":{int(record.stopping_ms)}'
+    return text + "}"
 
 
 def join_replicas(
