@@ -12,6 +12,7 @@ itself.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -45,7 +46,6 @@ from .goal import Goal
 from .health import HealthChecks
 from .history import Journal
 from .intent import Intent
-from .mailbox import Mailbox
 from .observe import Observer
 from .reduce import Reducer
 from .replica import Replica, new_tag
@@ -105,7 +105,7 @@ class Backend(Reducer):
         # Unbounded, and that is safe: every event answers a task the loop itself started (one
         # each), a death (at most one per replica) or a spec change (one per deploy). Senders
         # must never block: some of them run in the runtime's own callbacks.
-        self._inbox = Mailbox()
+        self._send, self._receive = trio.open_memory_channel[ev.Event](math.inf)
         self._failures = FailureBook(shared.policy, shared.rng)
         self._change: tuple[BackendState, BackendReason] = view.classify(spec, spec)
         self._observed_generation = 0
@@ -237,7 +237,7 @@ class Backend(Reducer):
             self._rollout.started()
             done = await self._pass()
             while not done:
-                event = await self._inbox.receive()
+                event = await self._receive.receive()
                 taken_at = trio.current_time()
                 handled = 0
                 # Coalesce a burst: one pass for everything already queued.
@@ -247,7 +247,7 @@ class Backend(Reducer):
                     self._apply(event)
                     handled += 1
                     try:
-                        event = self._inbox.receive_nowait()
+                        event = self._receive.receive_nowait()
                     except trio.WouldBlock:
                         break
                 done = await self._pass()
@@ -259,7 +259,7 @@ class Backend(Reducer):
         self._shared.observer.forgotten(self.name)  # after its last pass is counted
 
     def _send_nowait(self, event: ev.Event) -> None:
-        self._inbox.send_nowait(event)
+        self._send.send_nowait(event)
 
     # -- one pass --
 
