@@ -23,7 +23,14 @@ MAX_EXAMPLES = int(os.environ.get("CONTRACT_EXAMPLES", "25"))
 async def test_schemathesis_finds_nothing(state_dir: Path) -> None:
     st = Path(sys.executable).with_name("st")
     manifest = str(EXAMPLES / "backends.toml")
-    extra = ("--config", manifest, "--pythonpath", str(EXAMPLES), "--max-replicas", "6")
+    extra: tuple[str, ...] = (
+        "--config",
+        manifest,
+        "--pythonpath",
+        str(EXAMPLES),
+        "--max-replicas",
+        "6",
+    )
     # What is checked here is the API's contract, not leadership: a lease of 10 s, so that a
     # busy CI machine (the Ray tests beside it) cannot take the lease of this lone daemon away
     # mid-run. Once its shutdown found the controller closed (the daemon answered; what
