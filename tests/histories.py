@@ -96,7 +96,7 @@ def check_agreement(ctl: controller.Controller, rt: FakeRuntime) -> None:
             for r in kept.by_tag.values()
             if r.view is not None and r.healthy and r.state is not controller.ReplicaState.STOPPING
         ]
-        assert sorted(kept.serving) == sorted(listed)
+        assert sorted(r.tag for r in kept.serving) == sorted(listed)
 
 
 async def quiet(ctl: controller.Controller, rt: FakeRuntime, latest: dict[str, object]) -> None:

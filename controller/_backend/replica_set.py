@@ -23,6 +23,7 @@ from .._model.records import (
     page_key,
     replicas_key,
 )
+from .._model.serving import ServingReplicas
 from .._model.status import ReplicaState, ServingReplica
 from .._ports.runtime import ReplicaInfo
 from .pages import Pages
@@ -56,8 +57,11 @@ class ReplicaSet:
         self.name = name
         self.by_tag: dict[str, Replica] = {}
         self.census = Census()
-        self.serving: dict[str, ServingReplica] = {}
-        """The replicas watchers are told of (listed, not stopping, healthy), by tag."""
+        self.serving = ServingReplicas()
+        """The replicas watchers are told of (listed, not stopping, healthy): immutable, each
+        change a new one sharing the rest, so that a snapshot takes it as it is."""
+        self._serving_at: dict[str, int] = {}
+        """Where each tag of `serving` is."""
         self.unhealthy = 0
         """How many of its replicas' latest health check failed."""
         # Each replica's checkpoint entry, in the order of `by_tag`, and the tags whose entry
@@ -98,7 +102,7 @@ class ReplicaSet:
         replica.owner = None
         self.census.remove(key_of(replica))
         self.unhealthy -= not replica.healthy
-        self.serving.pop(tag, None)
+        self._unlist(tag)
         assert replica.page is not None
         self._entries.remove(replica.page, tag)
         replica.page = None
@@ -116,9 +120,26 @@ class ReplicaSet:
     ) -> None:
         """`replica` will have this `view`, health and `state`: listed to watchers or not."""
         if view is not None and healthy and state is not ReplicaState.STOPPING:
-            self.serving[replica.tag] = view  # a replica listed already keeps its place
+            at = self._serving_at.get(replica.tag)
+            if at is None:
+                self._serving_at[replica.tag] = len(self.serving)
+                self.serving = self.serving.appended(view)
+            elif self.serving[at] is not view:
+                self.serving = self.serving.replaced(at, view)  # it keeps its place
         else:
-            self.serving.pop(replica.tag, None)
+            self._unlist(replica.tag)
+
+    def _unlist(self, tag: str) -> None:
+        """`tag` serves no more: the last listed takes its place, so that nothing else moves."""
+        at = self._serving_at.pop(tag, None)
+        if at is None:
+            return
+        last = len(self.serving) - 1
+        if at != last:
+            moved = self.serving[last]
+            self.serving = self.serving.replaced(at, moved)
+            self._serving_at[moved.tag] = at
+        self.serving = self.serving.without_last()
 
     def stale(self, replica: Replica) -> None:
         """`replica`'s checkpoint entry must be made anew."""
