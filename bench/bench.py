@@ -5,7 +5,9 @@ every section (fewer samples, 2 s idle windows, 10,000 replicas where the full r
 a smoke test of the harness, not figures to quote. Prints a table and writes the figures to
 ``bench/results.json``, with how long each section took. Real clock throughout; the runtime is
 ``FakeRuntime`` (or a do-nothing runtime for memory), the store a SQLite file, so the figures
-are the controller's own cost; but for sections 6 and 7, on real worker processes (7: a
+are the controller's own cost (the reaction a user feels, a crash to its replacement serving,
+is measured with the store's durable write in it, SQLite FULL and the memory store side by
+side: ``--only reaction`` runs it alone); but for sections 6 and 7, on real worker processes (7: a
 worker's start, forked by the fork server against spawned; ``--only fork-server`` runs it alone
 and updates only its figures).
 """
