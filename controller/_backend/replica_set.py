@@ -60,8 +60,6 @@ class ReplicaSet:
         self.serving = ServingReplicas()
         """The replicas watchers are told of (listed, not stopping, healthy): immutable, each
         change a new one sharing the rest, so that a snapshot takes it as it is."""
-        self._serving_at: dict[str, int] = {}
-        """Where each tag of `serving` is."""
         self.unhealthy = 0
         """How many of its replicas' latest health check failed."""
         # Each replica's checkpoint entry, in the order of `by_tag`, and the tags whose entry
@@ -102,7 +100,7 @@ class ReplicaSet:
         replica.owner = None
         self.census.remove(key_of(replica))
         self.unhealthy -= not replica.healthy
-        self._unlist(tag)
+        self._unlist(replica)
         assert replica.page is not None
         self._entries.remove(replica.page, tag)
         replica.page = None
@@ -120,25 +118,26 @@ class ReplicaSet:
     ) -> None:
         """`replica` will have this `view`, health and `state`: listed to watchers or not."""
         if view is not None and healthy and state is not ReplicaState.STOPPING:
-            at = self._serving_at.get(replica.tag)
+            at = replica.listed_at
             if at is None:
-                self._serving_at[replica.tag] = len(self.serving)
+                replica.listed_at = len(self.serving)
                 self.serving = self.serving.appended(view)
             elif self.serving[at] is not view:
                 self.serving = self.serving.replaced(at, view)  # it keeps its place
         else:
-            self._unlist(replica.tag)
+            self._unlist(replica)
 
-    def _unlist(self, tag: str) -> None:
-        """`tag` serves no more: the last listed takes its place, so that nothing else moves."""
-        at = self._serving_at.pop(tag, None)
+    def _unlist(self, replica: Replica) -> None:
+        """`replica` serves no more: the last listed takes its place, so nothing else moves."""
+        at = replica.listed_at
         if at is None:
             return
+        replica.listed_at = None
         last = len(self.serving) - 1
         if at != last:
             moved = self.serving[last]
             self.serving = self.serving.replaced(at, moved)
-            self._serving_at[moved.tag] = at
+            self.by_tag[moved.tag].listed_at = at
         self.serving = self.serving.without_last()
 
     def stale(self, replica: Replica) -> None:
