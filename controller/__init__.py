@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from ._model.revisions import Cause as Cause
     from ._model.revisions import Revision as Revision
     from ._model.revisions import RevisionContent as RevisionContent
+    from ._model.serving import ServingReplicas as ServingReplicas
     from ._model.spec import ReplicaSpec as ReplicaSpec
     from ._model.status import LOAD_TTL_S as LOAD_TTL_S
     from ._model.status import AutoscalerStatus as AutoscalerStatus
@@ -125,6 +126,7 @@ _HOME: dict[str, str] = {
     "ReplicaState": "._model.status",
     "ReplicaStatus": "._model.status",
     "ServingReplica": "._model.status",
+    "ServingReplicas": "._model.serving",
     "RolloutStatus": "._model.status",
     "Store": "._ports.store",
 }

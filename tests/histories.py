@@ -96,7 +96,11 @@ def check_agreement(ctl: controller.Controller, rt: FakeRuntime) -> None:
             for r in kept.by_tag.values()
             if r.view is not None and r.healthy and r.state is not controller.ReplicaState.STOPPING
         ]
-        assert sorted(kept.serving) == sorted(listed)
+        assert sorted(r.tag for r in kept.serving) == sorted(listed)
+        # Each listed replica knows its place in the list, and only those do.
+        assert {r.tag: r.listed_at for r in kept.by_tag.values() if r.listed_at is not None} == {
+            r.tag: i for i, r in enumerate(kept.serving)
+        }
 
 
 async def quiet(ctl: controller.Controller, rt: FakeRuntime, latest: dict[str, object]) -> None:

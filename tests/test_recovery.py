@@ -239,6 +239,29 @@ async def test_intent_reaches_the_store_before_the_runtime_is_asked() -> None:
     assert ordered.checked == ["start", "start", "drain"]
 
 
+async def test_cached_event_texts_make_the_same_log_as_cattrs() -> None:
+    from controller._backend.history import EVENTS_KEPT, EventLog
+    from controller._model.checkpoint import dump, load
+    from controller._model.records import EventRecord, EventsRecord
+
+    def as_cattrs(log: EventLog) -> str:
+        events = log.events
+        records = [EventRecord(round((e.wall_time or 0) * 1000), e.kind, e.message) for e in events]
+        return dump(EventsRecord(log.name, records))
+
+    log = EventLog("a")
+    assert log.text() == as_cattrs(log)
+    for i in range(EVENTS_KEPT + 7):  # past the bound: the oldest texts go with their events
+        log.add("Scale", f'event {i}: "quoted", unicode f\u00fcr, \u2028 and a newline\n')
+        assert log.text() == as_cattrs(log)
+    assert len(log.events) == EVENTS_KEPT
+    back = EventLog("a")
+    back.restore(load("events/a", log.text(), EventsRecord))
+    assert back.text() == log.text()
+    back.add("Ready", "after the restore")
+    assert back.text() == as_cattrs(back)
+
+
 def test_cached_replica_entries_make_the_same_checkpoint_as_cattrs() -> None:
     from controller._backend.pages import PAGE_SIZE, Pages
     from controller._model.checkpoint import dump, dump_replica, join_replicas, load

@@ -9,7 +9,7 @@ from typing import final
 
 import trio
 
-from .._model.checkpoint import dump
+from .._model.checkpoint import dump_event, join_events
 from .._model.records import EventRecord, EventsRecord
 from .._model.status import BackendEvent, FailedStart
 from .observe import Observer
@@ -58,41 +58,43 @@ class EventLog:
 
     def __init__(self, name: str):
         self.name = name
-        # A list, not a deque of `EVENTS_KEPT`: a backend at rest has a few events, and a deque
+        # Lists, not deques of `EVENTS_KEPT`: a backend at rest has a few events, and a deque
         # holds a block of 64 slots from the start (~600 bytes a backend).
         self.events: list[BackendEvent] = []
+        # Each event's stored text, made once: the log is stored with every checkpoint that
+        # adds an event, and re-encoding all 50 each time was a good part of a crash's cost.
+        self._texts: list[str] = []
         self.added = 0
         """How many events were added in this process: the writer stores the log when this
         differs from what it stored last."""
 
     def add(self, kind: str, message: str) -> None:
-        self.events.append(BackendEvent(trio.current_time(), kind, message, time.time()))
+        self._append(BackendEvent(trio.current_time(), kind, message, time.time()))
+        self.added += 1
+
+    def _append(self, event: BackendEvent) -> None:
+        self.events.append(event)
+        at_ms = round((event.wall_time or 0.0) * 1000)
+        self._texts.append(dump_event(EventRecord(at_ms, event.kind, event.message)))
         if len(self.events) > EVENTS_KEPT:
             del self.events[0]
-        self.added += 1
+            del self._texts[0]
 
     def restore(self, record: EventsRecord | None) -> None:
         """Take the events a previous controller stored. Their trio times are put on this
         process's clock, so that the order and the ages stay right."""
         self.events.clear()
+        self._texts.clear()
         if record is None:
             return
         now, wall = trio.current_time(), time.time()
         for e in record.events[-EVENTS_KEPT:]:
             at = e.at_ms / 1000
-            self.events.append(BackendEvent(now - (wall - at), e.kind, e.message, at))
+            self._append(BackendEvent(now - (wall - at), e.kind, e.message, at))
 
     def text(self) -> str:
-        """The log as stored."""
-        return dump(
-            EventsRecord(
-                self.name,
-                [
-                    EventRecord(round((e.wall_time or 0.0) * 1000), e.kind, e.message)
-                    for e in self.events
-                ],
-            )
-        )
+        """The log as stored (what ``dump(EventsRecord(...))`` makes of the events)."""
+        return join_events(self.name, self._texts)
 
 
 @final

@@ -77,6 +77,9 @@ class Replica:
     """The set it is in, told of its changes (None once removed)."""
     page: Page | None = attrs.field(default=None, repr=False)
     """The page of the set's checkpoint entries that holds its entry."""
+    listed_at: int | None = attrs.field(default=None, repr=False)
+    """Its place in its set's serving list while it is listed there (kept here rather than in
+    a dict by tag: a dict entry per replica costs more than this field)."""
 
     # Each write tells the set only what it keeps of that field: the census its count key
     # (state, version, config digest, served), the watch its entry (view, health, state). A

@@ -23,6 +23,7 @@ from .._model.records import (
     page_key,
     replicas_key,
 )
+from .._model.serving import ServingReplicas
 from .._model.status import ReplicaState, ServingReplica
 from .._ports.runtime import ReplicaInfo
 from .pages import Pages
@@ -56,8 +57,9 @@ class ReplicaSet:
         self.name = name
         self.by_tag: dict[str, Replica] = {}
         self.census = Census()
-        self.serving: dict[str, ServingReplica] = {}
-        """The replicas watchers are told of (listed, not stopping, healthy), by tag."""
+        self.serving = ServingReplicas()
+        """The replicas watchers are told of (listed, not stopping, healthy): immutable, each
+        change a new one sharing the rest, so that a snapshot takes it as it is."""
         self.unhealthy = 0
         """How many of its replicas' latest health check failed."""
         # Each replica's checkpoint entry, in the order of `by_tag`, and the tags whose entry
@@ -98,7 +100,7 @@ class ReplicaSet:
         replica.owner = None
         self.census.remove(key_of(replica))
         self.unhealthy -= not replica.healthy
-        self.serving.pop(tag, None)
+        self._unlist(replica)
         assert replica.page is not None
         self._entries.remove(replica.page, tag)
         replica.page = None
@@ -116,9 +118,27 @@ class ReplicaSet:
     ) -> None:
         """`replica` will have this `view`, health and `state`: listed to watchers or not."""
         if view is not None and healthy and state is not ReplicaState.STOPPING:
-            self.serving[replica.tag] = view  # a replica listed already keeps its place
+            at = replica.listed_at
+            if at is None:
+                replica.listed_at = len(self.serving)
+                self.serving = self.serving.appended(view)
+            elif self.serving[at] is not view:
+                self.serving = self.serving.replaced(at, view)  # it keeps its place
         else:
-            self.serving.pop(replica.tag, None)
+            self._unlist(replica)
+
+    def _unlist(self, replica: Replica) -> None:
+        """`replica` serves no more: the last listed takes its place, so nothing else moves."""
+        at = replica.listed_at
+        if at is None:
+            return
+        replica.listed_at = None
+        last = len(self.serving) - 1
+        if at != last:
+            moved = self.serving[last]
+            self.serving = self.serving.replaced(at, moved)
+            self.by_tag[moved.tag].listed_at = at
+        self.serving = self.serving.without_last()
 
     def stale(self, replica: Replica) -> None:
         """`replica`'s checkpoint entry must be made anew."""

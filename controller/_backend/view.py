@@ -11,6 +11,7 @@ import attrs
 from .._model.census import Census
 from .._model.failures import FailureBook
 from .._model.revisions import Revision, RevisionBook
+from .._model.serving import ServingReplicas
 from .._model.spec import Spec
 from .._model.status import (
     AutoscalerStatus,
@@ -22,7 +23,6 @@ from .._model.status import (
     ReplicaState,
     ReplicaStatus,
     RolloutStatus,
-    ServingReplica,
 )
 from .goal import Goal
 from .history import Journal, plural
@@ -129,19 +129,20 @@ def snapshot_of(
     name: str,
     snapshot_id: int,
     spec: Spec,
-    serving: Mapping[str, ServingReplica],
+    serving: ServingReplicas,
     forgotten: bool,
 ) -> BackendSnapshot:
     """What watchers see: the replicas that serve (``ReplicaSet.serving``: a replica has a view
     from its first RUNNING on; of those, the ones stopping and the ones whose latest health
-    check failed do not serve)."""
+    check failed do not serve). `serving` is immutable: the snapshot holds it as it is, no
+    replica copied."""
     deleted = spec.deleting and forgotten
     return BackendSnapshot(
         name,
         snapshot_id,
         None if deleted else spec.backend_config,
         None if deleted else spec.replica_config,
-        tuple(serving.values()),
+        serving,
         deleting=spec.deleting,
     )
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Iterable
 from json.encoder import encode_basestring_ascii as _quote
 from typing import Any, TypeVar
 
@@ -43,6 +44,7 @@ from .records import (
     SCHEMA_VERSION,
     SPEC_PREFIX,
     AutoscaleRecord,
+    EventRecord,
     EventsRecord,
     FailureRecord,
     ReplicaPageRecord,
@@ -183,6 +185,17 @@ def join_replicas(
         f'{{"name":{json.dumps(name)},"replicas":[{entries}],"failed":{failure},'
         f'"autoscale":{scale},"rollout":{roll},"pages":[{listed}],"schema":{SCHEMA_VERSION}}}'
     )
+
+
+def dump_event(record: EventRecord) -> str:
+    """One event of an EventsRecord, as JSON text: a backend keeps each event's text, so that
+    storing its log (on every checkpoint that adds an event) encodes the new events only."""
+    return json.dumps(_converter.unstructure(record), separators=(",", ":"), allow_nan=False)
+
+
+def join_events(name: str, entries: Iterable[str]) -> str:
+    """What ``dump(EventsRecord(name, ...))`` makes, from entries made by ``dump_event``."""
+    return f'{{"name":{json.dumps(name)},"events":[{",".join(entries)}],"schema":{SCHEMA_VERSION}}}'
 
 
 def join_page(name: str, page: int, entries: str) -> str:
