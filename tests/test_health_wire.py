@@ -4,6 +4,7 @@ at once, workers started by an older version), and the wire's two ends in-proces
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -20,6 +21,7 @@ from controller._local.link import ENDED, MonitorLink
 from controller._local.wire import (
     MONITOR_CHECKS,
     LineStream,
+    WireError,
     check_passed,
     check_request,
     decode,
@@ -403,3 +405,141 @@ async def test_a_worker_answers_on_its_monitor_and_refuses_a_stale_epoch() -> No
             assert worker.epoch == 4
             assert worker.hello()[MONITOR_CHECKS] is True
             nursery.cancel_scope.cancel()
+
+
+def test_numbers_too_long_for_the_wire_are_no_protocol_line() -> None:
+    # int() refuses strings of more than 4,300 digits: such a line must be no line, not a crash.
+    digits = b"9" * 5000
+    assert parse_check_passed(b"+" + digits) is None
+    assert parse_check_request(b"?" + digits + b" 1") is None
+    assert parse_check_request(b"?1 " + digits) is None
+    assert parse_check_request(b"?1 " + b"9" * 20) is None  # past any epoch
+    assert parse_check_request(b"?1 " + b"9" * 19) == (1, 10**19 - 1)
+    for line in (b'{"load": ' + digits + b"}", b"[" * 100_000):
+        with pytest.raises(WireError):
+            decode(line)
+
+
+@pytest.mark.parametrize(
+    "line", [b"+" + b"9" * 5000, b"[" * 100_000, b'{"check": 1, "ok": ' + b"1" * 5000 + b"}"]
+)
+async def test_a_worker_that_breaks_the_monitor_protocol_fails_its_checks_and_says_why(
+    line: bytes,
+) -> None:
+    link, far = await _pair()
+    buffer = bytearray()
+    answers: list[object] = []
+
+    async def ask() -> None:
+        answers.append(await link.check(1))
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(link.read, lambda load: None)
+            nursery.start_soon(ask)
+            await _asked(far, buffer)
+            await far.send_all(line + b"\n")
+            await trio.testing.wait_all_tasks_blocked()
+            # The reader ended, not the runtime: the waiting check is told, with the reason.
+            assert answers == [ENDED]
+            assert link.ended
+            assert "broke the protocol" in link.why
+        await far.aclose()
+
+
+async def test_a_worker_ignores_check_lines_with_numbers_too_long() -> None:
+    worker = Worker({"tag": "t#1", "epoch": 3})
+    worker.instance = object()
+    worker.ready.set()
+    ours, theirs = trio.socket.socketpair()
+    with trio.fail_after(5):
+        async with (
+            trio.SocketStream(ours) as near,
+            trio.SocketStream(theirs) as far,
+            trio.open_nursery() as nursery,
+        ):
+            nursery.start_soon(worker.monitor, LineStream(near))
+            lines = LineStream(far)
+            await lines.send_line(b"?" + b"9" * 5000 + b" 3\n?1 " + b"9" * 5000 + b"\n")
+            await lines.send_line(check_request(2, 3))
+            assert await lines.receive_line() == check_passed(2)[:-1]
+            assert worker.epoch == 3
+            nursery.cancel_scope.cancel()
+
+
+class _RaisingProperty:
+    @property
+    def check_health(self) -> None:
+        raise RuntimeError("looked up, and failed")
+
+    @property
+    def load(self) -> None:
+        raise RuntimeError("no load here")
+
+
+async def test_a_check_health_property_that_raises_is_the_users_failed_check() -> None:
+    worker = Worker({"tag": "t#1", "epoch": 3})
+    worker.instance = _RaisingProperty()
+    worker.ready.set()
+    ours, theirs = trio.socket.socketpair()
+    with trio.fail_after(5):
+        async with (
+            trio.SocketStream(ours) as near,
+            trio.SocketStream(theirs) as far,
+            trio.open_nursery() as nursery,
+        ):
+            nursery.start_soon(worker.monitor, LineStream(near))
+            await worker.push_load()  # returns: no load, and the worker lives on
+            lines = LineStream(far)
+            await lines.send_line(check_request(1, 3))
+            answer = decode(await lines.receive_line())
+            assert answer["check"] == 1
+            assert answer["error_type"] == "RuntimeError"
+            assert answer["message"] == "looked up, and failed"
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_check_cut_short_by_one_connection_is_run_again_for_another() -> None:
+    worker = Worker({"tag": "t#1", "epoch": 3})
+    release = trio.Event()
+    runs: list[int] = []
+
+    class Slow:
+        async def check_health(self) -> None:
+            runs.append(len(runs))
+            await release.wait()
+
+    worker.instance = Slow()
+    worker.ready.set()
+    pairs = [trio.socket.socketpair() for _ in range(2)]
+    fars = [LineStream(trio.SocketStream(b)) for _, b in pairs]
+
+    async def serve(near: trio.SocketStream) -> None:
+        async with near:
+            with contextlib.suppress(WireError):  # how a monitor ends when its runtime hangs up
+                await worker.monitor(LineStream(near))
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            for near, _ in pairs:
+                nursery.start_soon(serve, trio.SocketStream(near))
+            await fars[0].send_line(check_request(1, 3))
+            await trio.testing.wait_all_tasks_blocked()
+            await fars[1].send_line(check_request(1, 3))  # waits on the first one's check
+            await trio.testing.wait_all_tasks_blocked()
+            assert runs == [0]
+            await fars[0].aclose()  # the first asker hangs up: its check is cut short
+            await trio.testing.wait_all_tasks_blocked()
+            assert runs == [0, 1]  # the second runs its own, not "cut short"
+            release.set()
+            assert await fars[1].receive_line() == check_passed(1)[:-1]
+            await fars[1].aclose()
+
+
+def test_an_exception_class_name_of_megabytes_is_cut() -> None:
+    from controller._ports.hosting import MAX_TYPE_NAME, describe_error
+
+    error = type("E" * 300_000, (Exception,), {})("m")
+    described = describe_error(error, "")
+    assert len(described["error_type"]) == MAX_TYPE_NAME + 3
+    assert described["message"] == "m"

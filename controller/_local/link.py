@@ -39,6 +39,8 @@ class MonitorLink:
         self.checks = checks
         self.ended = False
         """The connection has ended: the worker has, or is ending."""
+        self.why = "its monitor connection ended"
+        """Why it ended, as a failed check says."""
         self._waiting: dict[int, trio.lowlevel.Task | None] = {}
         """The checks asked and not answered: each its parked task, or None until it parks."""
         self._early: dict[int, Answer] = {}
@@ -124,8 +126,9 @@ class MonitorLink:
                 if not chunk:
                     return  # the worker's end
                 pending += chunk
-        except WireError:
-            pass
+        except WireError as exc:
+            # The worker lives on; its checks fail from now on, and say why.
+            self.why = f"its worker broke the protocol of its monitor connection: {exc}"
         finally:
             self.end()
             with trio.CancelScope(shield=True):

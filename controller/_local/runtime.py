@@ -340,7 +340,7 @@ class LocalRuntime:
         epoch = self._epoch
         answer = await link.check(epoch)
         if answer is ENDED:
-            raise await died(self.runtime_dir, tag, "its monitor connection ended")
+            raise await died(self.runtime_dir, tag, link.why)
         if answer is not None:
             raise refused(tag, epoch, "check_health", answer)
 

@@ -21,6 +21,15 @@ MAX_LINE = 1 << 20
 MONITOR_CHECKS = "monitor_checks"
 
 
+#: The most digits an id or an epoch has on the wire (both are below 2**63): a longer number is
+#: not a protocol line, and never reaches ``int``, which refuses past 4,300 digits.
+_MAX_DIGITS = 19
+
+
+def _number(digits: bytes) -> int | None:
+    return int(digits) if digits.isdigit() and len(digits) <= _MAX_DIGITS else None
+
+
 def check_request(ident: int, epoch: int) -> bytes:
     """The line that asks for check `ident` as the leader of `epoch`."""
     return b"?%d %d\n" % (ident, epoch)
@@ -31,9 +40,10 @@ def parse_check_request(line: bytes) -> tuple[int, int] | None:
     if line[:1] != b"?":
         return None
     ident, _, epoch = line[1:].partition(b" ")
-    if not (ident.isdigit() and epoch.isdigit()):
+    number, at = _number(ident), _number(epoch)
+    if number is None or at is None:
         return None
-    return int(ident), int(epoch)
+    return number, at
 
 
 def check_passed(ident: int) -> bytes:
@@ -43,9 +53,9 @@ def check_passed(ident: int) -> bytes:
 
 def parse_check_passed(line: bytes) -> int | None:
     """The id of a passed check's line, or None if it is not one."""
-    if line[:1] != b"+" or not line[1:].isdigit():
+    if line[:1] != b"+":
         return None
-    return int(line[1:])
+    return _number(line[1:])
 
 
 class WireError(Exception):
@@ -103,7 +113,7 @@ def decode(line: bytes) -> dict[str, Any]:
     """The JSON object of `line` (``WireError`` if it is none)."""
     try:
         message = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python recurses
         raise WireError(f"not JSON: {line[:80]!r}") from None
     if not isinstance(message, dict):
         raise WireError(f"not a JSON object: {line[:80]!r}")

@@ -192,7 +192,10 @@ class Worker:
             return {"ok": False, **self.init_error}
         if op == "wait_ready":
             return {"ok": True}
-        method = getattr(self.instance, op, None)
+        try:
+            method = getattr(self.instance, op, None)
+        except Exception as exc:  # a property that raises: the user's error, not the worker's
+            return {"ok": False, **_describe(exc)}
         if method is None:
             return {"ok": True}  # every method of the contract is optional
         if op == "drain":
@@ -215,24 +218,27 @@ class Worker:
     async def check_once(self, method: Any) -> dict[str, Any]:
         """Run the replica's check, or, if one runs already, wait for its answer: a check that
         hangs holds one thread however many periods it spans, not one a period (which would
-        take every thread the worker has for user code, its load included)."""
-        if self.checking is None:
-            self.checking = running = trio.Event()
-            answer: dict[str, Any] = {"ok": True}
-            try:
-                await _call(method)
-            except Exception as exc:
-                answer = {"ok": False, **_describe(exc)}
-            except BaseException:
-                answer = {"ok": False, "error_type": "WorkerDied", "message": "check cut short"}
-                raise
-            finally:
-                self.checking, self.check_answer = None, answer
-                running.set()
-            return answer
-        running = self.checking
-        await running.wait()
-        return self.check_answer
+        take every thread the worker has for user code, its load included). A check cut short
+        (the connection that asked for it hung up) answers no one: those waiting for it run
+        their own."""
+        while self.checking is not None:
+            running = self.checking
+            await running.wait()
+            if self.check_answer is not _CUT_SHORT:
+                return self.check_answer
+        self.checking = running = trio.Event()
+        answer: dict[str, Any] = {"ok": True}
+        try:
+            await _call(method)
+        except Exception as exc:
+            answer = {"ok": False, **_describe(exc)}
+        except BaseException:
+            answer = _CUT_SHORT
+            raise
+        finally:
+            self.checking, self.check_answer = None, answer
+            running.set()
+        return answer
 
     async def drain_once(self, method: Any) -> dict[str, Any]:
         """Run the replica's drain once (in the worker's nursery, so that a controller that
@@ -308,7 +314,7 @@ class Worker:
             ident, epoch = asked
             request = {"op": "check_health", "epoch": epoch}
             if self.ready.is_set() and (
-                self.init_error is not None or getattr(self.instance, "check_health", None) is None
+                self.init_error is not None or not _has(self.instance, "check_health")
             ):
                 # No user code to run: answered here, without a task.
                 refusal = self.check(request)
@@ -329,7 +335,11 @@ class Worker:
         it returns (requests it holds, a whole number >= 0, at most `MAX_LOAD`) to the runtime
         when it changes; ``null`` once it raises or returns anything else, so that a stale
         figure does not hold the backend where it was."""
-        method = getattr(self.instance, "load", None)
+        try:
+            method = getattr(self.instance, "load", None)
+        except Exception as exc:  # a property that raises: said in the log, and no load
+            _describe(exc)
+            return
         if not callable(method):
             return
         complained = False
@@ -366,6 +376,18 @@ async def _answer_check(
         async with sending:
             await lines.send_line(line)
 
+
+def _has(instance: Any, name: str) -> bool:
+    """Whether the replica has a method `name` (True if looking raises: calling it then
+    reports the user's error)."""
+    try:
+        return getattr(instance, name, None) is not None
+    except Exception:
+        return True
+
+
+#: What a check cut short leaves for those that waited on it: nothing to answer with.
+_CUT_SHORT: dict[str, Any] = {"ok": False, "error_type": "WorkerDied", "message": "cut short"}
 
 #: How long an accepted stop waits for the runtime's signals before the worker ends itself
 #: (when the request does not say).

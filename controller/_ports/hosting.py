@@ -144,6 +144,10 @@ def _of_host(frame: FrameType) -> bool:
     return parts[0] in _HOST_MODULES
 
 
+#: The longest exception class name reported whole (Python's own are under 40 characters).
+MAX_TYPE_NAME = 200
+
+
 def describe_error(exc: BaseException, traceback: str) -> dict[str, str]:
     """The user's exception as data: its type, its message and its traceback (the end of it,
     which names the failing line, if it is too long)."""
@@ -155,4 +159,7 @@ def describe_error(exc: BaseException, traceback: str) -> dict[str, str]:
         message = message[:MAX_MESSAGE] + "..."
     if len(traceback) > MAX_TRACEBACK:
         traceback = "...\n" + traceback[-MAX_TRACEBACK:]
-    return {"error_type": type(exc).__name__, "message": message, "traceback": traceback}
+    kind = type(exc).__name__
+    if len(kind) > MAX_TYPE_NAME:  # a class made with a name of megabytes
+        kind = kind[:MAX_TYPE_NAME] + "..."
+    return {"error_type": kind, "message": message, "traceback": traceback}
