@@ -8,6 +8,7 @@ import contextlib
 import os
 import signal
 import socket
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -381,9 +382,12 @@ async def test_a_link_keeps_what_a_full_socket_did_not_take_and_sends_it_in_orde
     assert not link._unsent
 
 
-async def test_a_worker_answers_on_its_monitor_and_refuses_a_stale_epoch() -> None:
+@contextlib.asynccontextmanager
+async def _monitored(instance: object) -> AsyncIterator[tuple[Worker, LineStream]]:
+    """A ready worker of epoch 3 hosting `instance`, serving a monitor connection; yields it
+    and the runtime's end of that connection (within 5 s)."""
     worker = Worker({"tag": "t#1", "epoch": 3})
-    worker.instance = object()  # no check_health: answered without a task
+    worker.instance = instance
     worker.ready.set()
     ours, theirs = trio.socket.socketpair()
     with trio.fail_after(5):
@@ -393,18 +397,22 @@ async def test_a_worker_answers_on_its_monitor_and_refuses_a_stale_epoch() -> No
             trio.open_nursery() as nursery,
         ):
             nursery.start_soon(worker.monitor, LineStream(near))
-            lines = LineStream(far)
-            await lines.send_line(check_request(1, 3) + b"junk\n" + check_request(2, 2))
-            assert await lines.receive_line() == check_passed(1)[:-1]
-            refusal = decode(await lines.receive_line())
-            assert refusal["check"] == 2
-            assert refusal["fenced"] is True
-            assert refusal["epoch"] == 3
-            await lines.send_line(check_request(3, 4))  # a newer leader's check raises it
-            assert await lines.receive_line() == check_passed(3)[:-1]
-            assert worker.epoch == 4
-            assert worker.hello()[MONITOR_CHECKS] is True
+            yield worker, LineStream(far)
             nursery.cancel_scope.cancel()
+
+
+async def test_a_worker_answers_on_its_monitor_and_refuses_a_stale_epoch() -> None:
+    async with _monitored(object()) as (worker, lines):  # no check_health: answered without a task
+        await lines.send_line(check_request(1, 3) + b"junk\n" + check_request(2, 2))
+        assert await lines.receive_line() == check_passed(1)[:-1]
+        refusal = decode(await lines.receive_line())
+        assert refusal["check"] == 2
+        assert refusal["fenced"] is True
+        assert refusal["epoch"] == 3
+        await lines.send_line(check_request(3, 4))  # a newer leader's check raises it
+        assert await lines.receive_line() == check_passed(3)[:-1]
+        assert worker.epoch == 4
+        assert worker.hello()[MONITOR_CHECKS] is True
 
 
 def test_numbers_too_long_for_the_wire_are_no_protocol_line() -> None:
@@ -448,23 +456,11 @@ async def test_a_worker_that_breaks_the_monitor_protocol_fails_its_checks_and_sa
 
 
 async def test_a_worker_ignores_check_lines_with_numbers_too_long() -> None:
-    worker = Worker({"tag": "t#1", "epoch": 3})
-    worker.instance = object()
-    worker.ready.set()
-    ours, theirs = trio.socket.socketpair()
-    with trio.fail_after(5):
-        async with (
-            trio.SocketStream(ours) as near,
-            trio.SocketStream(theirs) as far,
-            trio.open_nursery() as nursery,
-        ):
-            nursery.start_soon(worker.monitor, LineStream(near))
-            lines = LineStream(far)
-            await lines.send_line(b"?" + b"9" * 5000 + b" 3\n?1 " + b"9" * 5000 + b"\n")
-            await lines.send_line(check_request(2, 3))
-            assert await lines.receive_line() == check_passed(2)[:-1]
-            assert worker.epoch == 3
-            nursery.cancel_scope.cancel()
+    async with _monitored(object()) as (worker, lines):
+        await lines.send_line(b"?" + b"9" * 5000 + b" 3\n?1 " + b"9" * 5000 + b"\n")
+        await lines.send_line(check_request(2, 3))
+        assert await lines.receive_line() == check_passed(2)[:-1]
+        assert worker.epoch == 3
 
 
 class _RaisingProperty:
@@ -478,25 +474,13 @@ class _RaisingProperty:
 
 
 async def test_a_check_health_property_that_raises_is_the_users_failed_check() -> None:
-    worker = Worker({"tag": "t#1", "epoch": 3})
-    worker.instance = _RaisingProperty()
-    worker.ready.set()
-    ours, theirs = trio.socket.socketpair()
-    with trio.fail_after(5):
-        async with (
-            trio.SocketStream(ours) as near,
-            trio.SocketStream(theirs) as far,
-            trio.open_nursery() as nursery,
-        ):
-            nursery.start_soon(worker.monitor, LineStream(near))
-            await worker.push_load()  # returns: no load, and the worker lives on
-            lines = LineStream(far)
-            await lines.send_line(check_request(1, 3))
-            answer = decode(await lines.receive_line())
-            assert answer["check"] == 1
-            assert answer["error_type"] == "RuntimeError"
-            assert answer["message"] == "looked up, and failed"
-            nursery.cancel_scope.cancel()
+    async with _monitored(_RaisingProperty()) as (worker, lines):
+        await worker.push_load()  # returns: no load, and the worker lives on
+        await lines.send_line(check_request(1, 3))
+        answer = decode(await lines.receive_line())
+        assert answer["check"] == 1
+        assert answer["error_type"] == "RuntimeError"
+        assert answer["message"] == "looked up, and failed"
 
 
 async def test_a_check_cut_short_by_one_connection_is_run_again_for_another() -> None:
