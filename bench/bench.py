@@ -853,6 +853,14 @@ class Steps:
 # -- main ----------------------------------------------------------------------------------------
 
 
+def keep_section(out: Path, key: str, figures: dict[str, Any]) -> None:
+    """Put one section's `figures` in the results file `out` under `key`, keeping the rest (a
+    section run alone updates only its own figures)."""
+    kept = json.loads(out.read_text()) if out.exists() else {}
+    kept[key] = figures
+    out.write_text(json.dumps(kept, indent=2) + "\n")
+
+
 def only_section(name: str, out: Path, quick: bool) -> None:
     """``--only scale``: the 100,000 replicas' scale-up, recovery and scale-down, with health
     checks off (no listing) and on; ``--only memory``: the memory section, traced and RSS.
@@ -877,9 +885,7 @@ def only_section(name: str, out: Path, quick: bool) -> None:
             figures["rss_backend"] = memory_rss(0, SMALL_BACKENDS)
     figures["load_after"] = os.getloadavg()
     figures["date"] = time.strftime("%Y-%m-%d %H:%M")
-    kept = json.loads(out.read_text()) if out.exists() else {}
-    kept[f"only_{name}"] = figures
-    out.write_text(json.dumps(kept, indent=2) + "\n")
+    keep_section(out, f"only_{name}", figures)
     print(json.dumps(figures, indent=1))
 
 
@@ -927,9 +933,7 @@ def main() -> None:
         figures = trio.run(fork_vs_spawn, 20)
         figures["command"] = "python bench/bench.py --only fork-server"
         figures["date"] = time.strftime("%Y-%m-%d")
-        kept = json.loads(args.out.read_text()) if args.out.exists() else {}
-        kept["fork_server"] = figures
-        args.out.write_text(json.dumps(kept, indent=2) + "\n")
+        keep_section(args.out, "fork_server", figures)
         print(f"{'measure':<30} {'figure':>22}  target")
         print_fork_table(figures)
         return
@@ -947,9 +951,7 @@ def main() -> None:
         figures["commit"] = git_head()
         figures["loadavg_before"] = load_before
         figures["loadavg_after"] = os.getloadavg()
-        kept = json.loads(args.out.read_text()) if args.out.exists() else {}
-        kept["reaction"] = figures
-        args.out.write_text(json.dumps(kept, indent=2) + "\n")
+        keep_section(args.out, "reaction", figures)
         print(f"{'measure':<30} {'figure':>22}  target")
         print_reaction_table(figures)
         return
