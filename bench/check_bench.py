@@ -5,11 +5,13 @@ Three figures (a fourth, Ray's, when asked), each of the controller's own proces
 daemon sets it (``controller.tune_gc``) unless ``--default-gc``:
 
 (a) ``per_check``: one real LocalRuntime check, median and p90 over waves. `--workers` real
-    workers (forked by the fork server) are checked together in a wave, each check a task of the
-    wave's task group as the controller's wave runs them; a wave's CPU over its checks is one
-    sample. Waves over the monitor connection (today's path) alternate with waves over a new
-    connection per check (the path before issue 31, which workers started by an older version
-    still take), so both meet the same machine load.
+    workers (forked by the fork server) are checked together in a wave; a wave's CPU over its
+    checks is one sample. Three ways take turns, so that all meet the same machine load: the
+    wave as the controller checks it now (``wave``: one ``check_health_replicas`` call, one task,
+    every request written before any answer is awaited); a task a check over the monitor
+    connection (``monitor``: the controller's path earlier in issue 31); and a task a check over
+    a new connection each (``new_connection``: the path before issue 31, which workers started
+    by an older version still take).
 (b) ``idle_real``: a controller holding `--idle-workers` real workers (one backend of them, the
     default 10 s check period) at rest, over one whole period; scaled to 10,000 replicas.
 (c) ``idle_wire``: a controller holding 10,000 replicas (100 backends of 100, the default
@@ -17,7 +19,8 @@ daemon sets it (``controller.tune_gc``) unless ``--default-gc``:
     Unix connection per replica: the controller's side is LocalRuntime's (``MonitorLink``), the
     workers' the real ``Worker`` class, each helper holding thousands of them.
 (d) ``per_check_ray`` (``--only ray``; not in the default run, which stays near a minute): one
-    check of a RayRuntime actor, as (a), on a local Ray cluster started here.
+    check of a RayRuntime actor, as (a), on a local Ray cluster started here: the wave in one
+    call (the controller's path now) taking turns with a task a check (the path before).
 
 Prints a table and writes bench/check_results.json. ``--old-wire`` runs (b) with every check
 over a new connection, to compare; ``--no-checks`` runs (b) and (c) with checks off. (b) also
@@ -38,6 +41,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +56,7 @@ from controller._ports.wrap import RuntimeWrapper
 
 if TYPE_CHECKING:
     from controller._local.link import MonitorLink
+    from controller._local.link_reader import LinkReader
 
 HERE = Path(__file__).parent
 NOOP = controller.ReplicaConfig("noop_replica:Noop")
@@ -97,8 +102,25 @@ class OldWire(RuntimeWrapper):
 
 async def per_check(workers: int, waves: int, d: Path) -> dict[str, Any]:
     rt = controller.LocalRuntime(d / "a", pythonpath=[HERE])
-    new = controller.LocalRuntime.check_health_replica
-    samples: dict[str, list[float]] = {"monitor": [], "new_connection": []}
+
+    async def wave_of(tags: list[str]) -> None:
+        # As the controller checks a wave now: one call, one task (``check_wave``).
+        answered: list[tuple[str, Exception | None]] = []
+        await rt.check_health_replicas(tags, answered.extend)
+        assert len(answered) == len(tags)
+        assert not any(error for _, error in answered)
+
+    async def each(how: Any, tags: list[str]) -> None:
+        async with trio.open_nursery() as checks:
+            for tag in tags:
+                checks.start_soon(how, rt, tag)
+
+    paths: dict[str, Any] = {
+        "wave": wave_of,
+        "monitor": partial(each, controller.LocalRuntime.check_health_replica),
+        "new_connection": partial(each, old_check),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in paths}
     async with trio.open_nursery() as nursery:
         await nursery.start(rt.serve, lambda tag, reason: None)
         await rt.wait_fork_server_ready()
@@ -113,14 +135,12 @@ async def per_check(workers: int, waves: int, d: Path) -> dict[str, Any]:
             for tag in tags:
                 starts.start_soon(start, tag)
         gc.collect()
-        for wave in range(2 * waves + 2):
-            name, how = ("monitor", new) if wave % 2 else ("new_connection", old_check)
+        for wave in range(len(paths) * (waves + 1)):
+            name = list(paths)[wave % len(paths)]
             c0 = time.process_time()
-            async with trio.open_nursery() as checks:
-                for tag in tags:
-                    checks.start_soon(how, rt, tag)
+            await paths[name](tags)
             spent = time.process_time() - c0
-            if wave >= 2:  # the first of each: warming up
+            if wave >= len(paths):  # the first of each: warming up
                 samples[name].append(spent / workers * 1e6)
         async with trio.open_nursery() as kills:
             for tag in tags:
@@ -199,11 +219,13 @@ def helper_main(path: str) -> None:
 
 class WireRuntime:
     """A runtime whose replicas are workers in helper processes, each reached over a monitor
-    connection of its own and checked over it as LocalRuntime checks (``MonitorLink``)."""
+    connection of its own, read and checked as LocalRuntime reads and checks them (``LinkReader``,
+    ``check_wave``)."""
 
     def __init__(self, helpers: Sequence[str]):
         self._helpers = helpers
         self._links: dict[str, MonitorLink] = {}
+        self._reader: LinkReader | None = None
         self._nursery: trio.Nursery | None = None
         self._started = 0
 
@@ -213,7 +235,11 @@ class WireRuntime:
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
+        from controller._local.link_reader import LinkReader  # see the module docstring
+
         async with trio.open_nursery() as nursery:
+            self._reader = LinkReader()
+            await nursery.start(self._reader.serve)
             self._nursery = nursery
             task_status.started()
             await trio.sleep_forever()
@@ -233,7 +259,8 @@ class WireRuntime:
         lines = LineStream(await trio.open_unix_socket(path))
         await lines.send({"op": "monitor"})
         link = self._links[spec.tag] = MonitorLink(spec.tag, lines, checks=True)
-        self._nursery.start_soon(link.read, lambda load: None)
+        assert self._reader is not None
+        self._nursery.start_soon(self._reader.read, link, lambda load: None)
         return None
 
     async def adopt_replica(self, tag: str) -> str | None:
@@ -252,6 +279,14 @@ class WireRuntime:
             raise controller.ReplicaError(tag, "WorkerDied", "its monitor connection ended")
         if answer is not None:
             raise refused(tag, 0, "check_health", answer)
+
+    async def check_health_replicas(
+        self, tags: Sequence[str], report: controller.CheckReport
+    ) -> None:
+        # LocalRuntime.check_health_replicas's own path for workers that answer on their links.
+        from controller._local.check_wave import check_wave  # see the module docstring
+
+        await check_wave([(tag, self._links[tag]) for tag in tags], 0, Path("/nonexistent"), report)
 
     async def drain_replica(self, tag: str) -> None:
         await trio.lowlevel.checkpoint()
@@ -324,23 +359,34 @@ async def per_check_ray(actors: int, waves: int) -> dict[str, Any]:
     ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR)
     try:
         rt = RayRuntime(namespace="check-bench", pythonpath=[HERE])
-        samples: list[float] = []
+        samples: dict[str, list[float]] = {"wave": [], "task_each": []}
         async with trio.open_nursery() as nursery:
             await nursery.start(rt.serve, lambda tag, reason: None)
             tags = [f"r#{i}" for i in range(actors)]
+
+            async def wave_of() -> None:
+                answered: list[tuple[str, Exception | None]] = []
+                await rt.check_health_replicas(tags, answered.extend)
+                assert len(answered) == len(tags)
+                assert not any(error for _, error in answered)
+
+            async def each() -> None:
+                async with trio.open_nursery() as checks:
+                    for tag in tags:
+                        checks.start_soon(rt.check_health_replica, tag)
+
             async with trio.open_nursery() as starts:
                 for tag in tags:
                     starts.start_soon(
                         rt.start_replica, controller.ReplicaSpec(tag, "r", "v1", NOOP, None, {})
                     )
             gc.collect()
-            for wave in range(waves + 2):
+            for wave in range(2 * (waves + 1)):
+                name, how = ("wave", wave_of) if wave % 2 else ("task_each", each)
                 c0 = time.process_time()
-                async with trio.open_nursery() as checks:
-                    for tag in tags:
-                        checks.start_soon(rt.check_health_replica, tag)
+                await how()
                 if wave >= 2:
-                    samples.append((time.process_time() - c0) / actors * 1e6)
+                    samples[name].append((time.process_time() - c0) / actors * 1e6)
             async with trio.open_nursery() as kills:
                 for tag in tags:
                     kills.start_soon(rt.kill_replica, tag)
@@ -350,8 +396,13 @@ async def per_check_ray(actors: int, waves: int) -> dict[str, Any]:
     return {
         "actors": actors,
         "waves": waves,
-        "median_us": statistics.median(samples),
-        "p90_us": pct(samples, 0.9),
+        # The wave, as the controller checks now; and a task a check, as before.
+        "median_us": statistics.median(samples["wave"]),
+        "p90_us": pct(samples["wave"], 0.9),
+        "task_each": {
+            "median_us": statistics.median(samples["task_each"]),
+            "p90_us": pct(samples["task_each"], 0.9),
+        },
     }
 
 
@@ -424,8 +475,14 @@ def print_table(r: dict[str, Any]) -> None:
     print(f"{'measure':<58} {'figure':>14}  target")
     if "per_check" in r:
         a = r["per_check"]
-        for name, label in (("monitor", "monitor connection"), ("new_connection", "before")):
-            f = a[name]
+        for name, label in (
+            ("wave", "a wave in one call"),
+            ("monitor", "a task a check, monitor connection"),
+            ("new_connection", "a task a check, new connection"),
+        ):
+            f = a.get(name)
+            if f is None:
+                continue
             print(
                 f"{'(a) CPU per real check, ' + label + ', median / p90':<58} "
                 f"{f['median_us']:>6.0f} / {f['p90_us']:<5.0f}us  <= 50 us (median)"
@@ -443,8 +500,13 @@ def print_table(r: dict[str, Any]) -> None:
     if "per_check_ray" in r:
         f = r["per_check_ray"]
         print(
-            f"{'(d) CPU per Ray check, median / p90':<58} "
+            f"{'(d) CPU per Ray check, a wave in one call, median / p90':<58} "
             f"{f['median_us']:>6.0f} / {f['p90_us']:<5.0f}us"
+        )
+        e = f["task_each"]
+        print(
+            f"{'(d) CPU per Ray check, a task a check, median / p90':<58} "
+            f"{e['median_us']:>6.0f} / {e['p90_us']:<5.0f}us"
         )
     la, lb = r["loadavg_before"], r["loadavg_after"]
     print(f"load average before {la[0]:.2f}, after {lb[0]:.2f}")

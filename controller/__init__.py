@@ -65,6 +65,8 @@ if TYPE_CHECKING:
     from ._model.status import ReplicaStatus as ReplicaStatus
     from ._model.status import RolloutStatus as RolloutStatus
     from ._model.status import ServingReplica as ServingReplica
+    from ._ports.runtime import BatchedChecks as BatchedChecks
+    from ._ports.runtime import CheckReport as CheckReport
     from ._ports.runtime import DeathListener as DeathListener
     from ._ports.runtime import ReplicaInfo as ReplicaInfo
     from ._ports.runtime import Runtime as Runtime
@@ -106,6 +108,8 @@ _HOME: dict[str, str] = {
     "Cause": "._model.revisions",
     "Revision": "._model.revisions",
     "RevisionContent": "._model.revisions",
+    "BatchedChecks": "._ports.runtime",
+    "CheckReport": "._ports.runtime",
     "DeathListener": "._ports.runtime",
     "ReplicaInfo": "._ports.runtime",
     "ReplicaSpec": "._model.spec",

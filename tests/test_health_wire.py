@@ -337,7 +337,6 @@ async def test_a_link_wakes_each_check_with_its_own_answer_and_forgets_one_cut()
             assert third_answer["message"] == "m"
             assert loads == [4]
             assert not link._waiting
-            assert not link._early
             # The worker's end wakes a check waiting, and answers later ones at once.
             nursery.start_soon(ask, "last")
             await _asked(far, buffer)

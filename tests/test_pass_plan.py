@@ -51,7 +51,7 @@ def spec(n: int = 2, *, deleting: bool = False, **config: object) -> Spec:
 
 
 IDLE = RolloutState(active=False, revision=1, deadline=math.inf, settled_at=-math.inf)
-NO_CHECKS = HealthState(due=(), rest_at=math.inf, adoptions_due=math.inf)
+NO_CHECKS = HealthState(due=(), late=(), rest_at=math.inf, adoptions_due=math.inf)
 
 
 def state(
@@ -85,8 +85,8 @@ def state(
     return PassState(**values)  # type: ignore[arg-type]
 
 
-def due(tag: str, *, checking: bool = False, failures: int = 0, ready_at: float = 0.0) -> DueCheck:
-    return DueCheck(tag, checking, failures, "v1", ready_at)
+def late(tag: str, *, failures: int = 0, ready_at: float = 0.0) -> DueCheck:
+    return DueCheck(tag, failures, "v1", ready_at)
 
 
 # -- the replica plan --
@@ -134,7 +134,7 @@ def test_a_deleted_backend_without_replicas_is_forgotten() -> None:
 
 
 def test_only_load_and_the_same_count_skip_the_replica_plan() -> None:
-    health = HealthState(due=(), rest_at=NOW + 3, adoptions_due=NOW + 2)
+    health = HealthState(due=(), late=(), rest_at=NOW + 3, adoptions_due=NOW + 2)
     plan = decide_pass(state(unchanged=True, health=health, scaling_at=NOW + 5), NOW)
     assert plan.replicas is None
     assert not plan.reached
@@ -193,9 +193,7 @@ PERIOD = 10.0
 
 
 def test_due_checks_start_and_late_ones_fail() -> None:
-    health = HealthState(
-        due=(due("a"), due("b", checking=True)), rest_at=NOW + 20, adoptions_due=math.inf
-    )
+    health = HealthState(due=("a",), late=(late("b"),), rest_at=NOW + 20, adoptions_due=math.inf)
     plan = decide_pass(state(the_spec=spec(health_check_period_s=PERIOD), health=health), NOW)
     assert plan.checks == ("a",)
     assert plan.late == ("b",)
@@ -204,13 +202,13 @@ def test_due_checks_start_and_late_ones_fail() -> None:
 
 
 def test_replicas_the_plan_stops_or_reconfigures_are_not_checked() -> None:
-    health = HealthState(due=(due("a"), due("b")), rest_at=math.inf, adoptions_due=math.inf)
+    health = HealthState(due=("a", "b"), late=(), rest_at=math.inf, adoptions_due=math.inf)
     plan = decide_pass(state(the_spec=spec(1, health_check_period_s=PERIOD), health=health), NOW)
     assert plan.replicas is not None
     assert plan.replicas.stop == ("b",)
     assert plan.checks == ("a",)
     replicas = [R("a", config_digest="d0"), R("b", seq=1, config_digest="d0")]
-    health = HealthState(due=(due("a"),), rest_at=math.inf, adoptions_due=math.inf)
+    health = HealthState(due=("a",), late=(), rest_at=math.inf, adoptions_due=math.inf)
     handed = decide_pass(
         state(replicas, the_spec=spec(health_check_period_s=PERIOD), health=health), NOW
     )
@@ -227,7 +225,7 @@ def test_replicas_the_plan_stops_or_reconfigures_are_not_checked() -> None:
 
 
 def test_checks_turned_off_drop_the_schedule() -> None:
-    health = HealthState(due=(due("a"),), rest_at=NOW + 1, adoptions_due=math.inf)
+    health = HealthState(due=("a",), late=(), rest_at=NOW + 1, adoptions_due=math.inf)
     plan = decide_pass(state(the_spec=spec(health_check_period_s=0.0), health=health), NOW)
     assert plan.checks_off
     assert plan.checks == plan.late == ()
@@ -235,7 +233,7 @@ def test_checks_turned_off_drop_the_schedule() -> None:
 
 
 def test_adoptions_that_did_not_answer_are_late_once() -> None:
-    health = HealthState(due=(), rest_at=math.inf, adoptions_due=NOW)
+    health = HealthState(due=(), late=(), rest_at=math.inf, adoptions_due=NOW)
     assert decide_pass(state(health=health), NOW).adoptions_late
     plan = decide_pass(state(health=attrs.evolve(health, adoptions_due=NOW + 1)), NOW)
     assert not plan.adoptions_late
@@ -246,14 +244,14 @@ def test_a_late_check_of_a_replica_just_ready_fails_the_rollout() -> None:
     rollout = attrs.evolve(ACTIVE, deadline=NOW + 50)
     config = spec(health_check_period_s=PERIOD, min_ready_s=30.0)
     health = HealthState(
-        due=(due("a", checking=True, ready_at=NOW - 10),), rest_at=math.inf, adoptions_due=math.inf
+        due=(), late=(late("a", ready_at=NOW - 10),), rest_at=math.inf, adoptions_due=math.inf
     )
     plan = decide_pass(state([R("a")], the_spec=config, rollout=rollout, health=health), NOW)
     assert not plan.rollout_active
     assert plan.deadline_failure is None
     assert plan.wake_at == NOW + 10  # no deadline left to wake for
     settled = HealthState(
-        due=(due("a", checking=True, ready_at=NOW - 30),), rest_at=math.inf, adoptions_due=math.inf
+        due=(), late=(late("a", ready_at=NOW - 30),), rest_at=math.inf, adoptions_due=math.inf
     )
     plan = decide_pass(state([R("a")], the_spec=config, rollout=rollout, health=settled), NOW)
     assert plan.rollout_active
@@ -264,7 +262,7 @@ def test_a_late_check_of_a_replica_just_ready_fails_the_rollout() -> None:
 
 
 def test_the_wake_up_is_the_earliest_timer() -> None:
-    health = HealthState(due=(), rest_at=NOW + 7, adoptions_due=NOW + 9)
+    health = HealthState(due=(), late=(), rest_at=NOW + 7, adoptions_due=NOW + 9)
     rollout = attrs.evolve(ACTIVE, deadline=NOW + 8)
     plan = decide_pass(state([R("a")], rollout=rollout, health=health, scaling_at=NOW + 6), NOW)
     assert plan.wake_at == NOW + 6

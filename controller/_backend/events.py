@@ -63,10 +63,10 @@ class Reconfigured:
 
 @attrs.frozen
 class HealthChecked:
-    """A health check returned; `error` is set if it failed or timed out."""
+    """Health checks ended (those of one wave that ended together): each replica's tag, and its
+    error if it failed or timed out."""
 
-    tag: str
-    error: str | None
+    results: list[tuple[str, str | None]]
 
 
 @attrs.frozen

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import final
 
 import trio
@@ -62,18 +62,32 @@ class HealthSchedule:
         """When the earliest entry is due (inf if none)."""
         return self._due[0][0] if self._due else math.inf
 
-    def take_due(self, now: float, replicas: Mapping[str, Replica]) -> Iterator[Replica]:
+    def take_due(self, now: float, replicas: Mapping[str, Replica]) -> list[Replica]:
         """The RUNNING replicas whose check is due at `now`, with those due soon after (see
         above); each entry is taken once."""
-        while self._due and self._due[0][0] <= now + self._gather:
-            at, _, tag = heapq.heappop(self._due)
+        due = self._due
+        until = now + self._gather
+        taken: list[Replica] = []
+        while due and due[0][0] <= until:
+            at, _, tag = heapq.heappop(due)
             replica = replicas.get(tag)
             if (
                 replica is not None
                 and replica.next_check_at == at
                 and replica.state is ReplicaState.RUNNING
             ):
-                yield replica
+                taken.append(replica)
+        return taken
+
+    def taken(self, replicas: list[Replica], now: float, period: float) -> None:
+        """``schedule(replica, now, period, taken=True)`` for each of `replicas` (a wave: the
+        loop a check costs at rest, so it is written out)."""
+        due = self._due
+        self._gather = min(period / 10, GATHER_MAX_S)
+        for replica in replicas:
+            at = replica.next_check_at
+            replica.next_check_at = (at if now < at < math.inf else now) + period
+            heapq.heappush(due, (replica.next_check_at, replica.seq, replica.tag))
 
 
 @final
@@ -121,15 +135,15 @@ class HealthChecks:
 
     def read(self, now: float, replicas: Mapping[str, Replica], *, take: bool) -> HealthState:
         """What a pass decides on; the checks due are taken off the schedule if `take`."""
-        due = (
-            tuple(
-                DueCheck(r.tag, r.checking, r.check_failures, r.version, r.ready_at)
-                for r in self.schedule.take_due(now, replicas)
-            )
-            if take
-            else ()
-        )
-        return HealthState(due, self.schedule.next_at, self._adoptions_due)
+        due: list[str] = []
+        late: list[DueCheck] = []
+        if take:
+            for r in self.schedule.take_due(now, replicas):
+                if r.checking:
+                    late.append(DueCheck(r.tag, r.check_failures, r.version, r.ready_at))
+                else:
+                    due.append(r.tag)
+        return HealthState(tuple(due), tuple(late), self.schedule.next_at, self._adoptions_due)
 
     def carry_out(
         self, plan: PassPlan, now: float, replicas: Mapping[str, Replica], config: BackendConfig
@@ -150,24 +164,29 @@ class HealthChecks:
         for tag in plan.late:
             self.schedule.schedule(replicas[tag], now, period, taken=True)
             self._fail(replicas[tag], plan.late_reason)
-        for tag in plan.checks:
-            self.schedule.schedule(replicas[tag], now, period, taken=True)
-            replicas[tag].checking = True
         if plan.checks:
+            checked = [replicas[tag] for tag in plan.checks]
+            self.schedule.taken(checked, now, period)
+            for replica in checked:
+                replica.checking = True
             self._launcher.checks(list(plan.checks), config.health_check_timeout_s)
 
-    def reported(self, replica: Replica, error: str | None) -> None:
-        """A check of `replica` returned (failed if `error`)."""
+    def reported(self, replica: Replica, error: str | None) -> bool:
+        """A check of `replica` returned (failed if `error`); False if that changes nothing but
+        the check's being in flight (it passed, and the replica was healthy and serving)."""
         replica.checking = False
         if replica.state is not ReplicaState.RUNNING:
-            return  # stopping, or being reconfigured (checked again once RUNNING)
+            return True  # stopping, or being reconfigured (checked again once RUNNING)
         if error is not None:
             self._fail(replica, error)
-            return
+            return True
+        if replica.check_failures == 0 and replica.healthy:
+            return False
         replica.check_failures = 0
         if not replica.healthy:
             replica.healthy = True
             self._ready_changed()  # ready again: back in the watch snapshot
+        return True
 
     def _fail(self, replica: Replica, error: str) -> None:
         replica.check_failures += 1

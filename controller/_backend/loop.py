@@ -240,17 +240,20 @@ class Backend(Reducer):
                 event = await self._receive.receive()
                 taken_at = trio.current_time()
                 handled = 0
-                # Coalesce a burst: one pass for everything already queued.
+                # Coalesce a burst: one pass for everything already queued, and none if it
+                # changed nothing a pass decides on (checks passing: a backend at rest).
                 self._load_only = True
+                quiet = True
                 while True:
                     self._load_only &= isinstance(event, ev.LoadChanged)
-                    self._apply(event)
+                    quiet = self._apply(event) and quiet
                     handled += 1
                     try:
                         event = self._receive.receive_nowait()
                     except trio.WouldBlock:
                         break
-                done = await self._pass()
+                if not quiet:
+                    done = await self._pass()
                 elapsed = trio.current_time() - taken_at
                 self._shared.observer.events_handled(self.name, handled, elapsed)
                 self._shared.on_pass()

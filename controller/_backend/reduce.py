@@ -90,7 +90,21 @@ class Reducer:
         """Start the stop task of `replica`, marked STOPPING already (the loop's)."""
         raise NotImplementedError
 
-    def _apply(self, event: ev.Event) -> None:
+    def _apply(self, event: ev.Event) -> bool:
+        """Take `event` in; True if it changed nothing a pass decides on (checks that passed,
+        of replicas already healthy), so that a pass for it alone would decide what the last
+        one did."""
+        if isinstance(event, ev.HealthChecked):
+            quiet = True
+            for tag, error in event.results:
+                checked = self.replicas.get(tag)
+                if checked is not None:  # else a late report about a replica already forgotten
+                    quiet = not self._health.reported(checked, error) and quiet
+            return quiet
+        self._take(event)
+        return False
+
+    def _take(self, event: ev.Event) -> None:
         if isinstance(event, ev.SpecChanged):
             self._take_spec(event.spec, event.goal)
             event.applied.set()
@@ -107,6 +121,7 @@ class Reducer:
         if isinstance(event, ev.LoadChanged):
             self._scaling.heard()  # the pass gives the autoscaler the book's new totals
             return
+        assert not isinstance(event, ev.HealthChecked)
         replica = self.replicas.get(event.tag)
         if replica is None:
             return  # a late report about a replica already forgotten
@@ -122,10 +137,8 @@ class Reducer:
             logger.info("replica %s stopped", replica.tag)
         elif isinstance(event, ev.Died):
             self._died(replica, event.reason)
-        elif isinstance(event, ev.Reconfigured):
-            self._reconfigured(replica, event)
         else:
-            self._health.reported(replica, event.error)
+            self._reconfigured(replica, event)
 
     def _take_spec(self, spec: Spec, goal: Goal) -> None:
         old = self.spec

@@ -20,7 +20,7 @@ import trio
 from .._model.errors import ReplicaError
 from .._model.json_values import JSON
 from .._model.spec import ReplicaSpec
-from .._ports.runtime import ReplicaInfo, Runtime
+from .._ports.runtime import ReplicaInfo, Runtime, check_each
 from . import events as ev
 from .intent import Intent
 from .replica import Replica
@@ -82,36 +82,45 @@ async def reconfigure(
 
 
 async def checks(runtime: Runtime, tags: list[str], limit_s: float, send: Send) -> None:
-    """Run one wave of health checks (of replicas due together), each bounded by `limit_s`.
-    Reports HealthChecked for each, as it answers or at the deadline. The wave shares one
-    deadline and one task group: a check is the commonest thing a backend at rest does, so it
-    costs a task, not a task and a scope of its own."""
-    unanswered = set(tags)
+    """Run one wave of health checks (of replicas due together), bounded by `limit_s`. Reports
+    HealthChecked for those that end together, as they end, and for the rest at the deadline.
 
-    async def one(tag: str) -> None:
-        error: str | None = None
-        try:
-            await runtime.check_health_replica(tag)
-        except ReplicaError as exc:
-            error = exc.summary
-        except Exception as exc:
-            # A bug in the runtime, not in the replica: say where, then count it as failed.
-            logger.exception("runtime error checking the health of %s", tag)
-            error = f"{type(exc).__name__}: {exc}"
-        unanswered.discard(tag)
-        send(ev.HealthChecked(tag, error))
+    A runtime with ``check_health_replicas`` takes the whole wave in one call; any other gets a
+    task a check (``check_each``). Either way the wave shares one deadline, and the checks that
+    answer together are one event: a check is the commonest thing a backend at rest does."""
+    unanswered = dict.fromkeys(tags)
 
+    def report(results: list[tuple[str, Exception | None]]) -> None:
+        out: list[tuple[str, str | None]] = []
+        for tag, exc in results:
+            if tag in unanswered:
+                del unanswered[tag]
+                out.append((tag, None if exc is None else _check_error(tag, exc)))
+        if out:
+            send(ev.HealthChecked(out))
+
+    batched = getattr(runtime, "check_health_replicas", None)
     with trio.move_on_after(limit_s):
-        if len(tags) == 1:
-            await one(tags[0])
-        else:
-            async with trio.open_nursery() as nursery:
-                for tag in tags:
-                    nursery.start_soon(one, tag)
+        try:
+            if batched is not None:
+                await batched(tags, report)
+            else:
+                await check_each(runtime, tags, report)
+        except Exception as exc:
+            # A bug in the runtime's batch, not in the replicas: every check left fails with it.
+            logger.exception("runtime error checking the health of %d replicas", len(unanswered))
+            report([(tag, exc) for tag in unanswered])
     late = f"HealthCheckTimeout: no answer within health_check_timeout_s={limit_s:g}"
-    for tag in tags:
-        if tag in unanswered:
-            send(ev.HealthChecked(tag, late))
+    if unanswered:
+        send(ev.HealthChecked([(tag, late) for tag in unanswered]))
+
+
+def _check_error(tag: str, exc: Exception) -> str:
+    if isinstance(exc, ReplicaError):
+        return exc.summary
+    # A bug in the runtime, not in the replica: say where, then count it as failed.
+    logger.error("runtime error checking the health of %s", tag, exc_info=exc)
+    return f"{type(exc).__name__}: {exc}"
 
 
 async def stops(

@@ -7,13 +7,13 @@ wrappers only hand the epoch on and tell the leader when it was refused.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import NoReturn, TypeVar, final
 
 import trio
 
 from .._model.errors import FencedError
-from .._ports.runtime import Runtime
+from .._ports.runtime import CheckReport, Runtime
 from .._ports.store import LeaseStore
 from .._ports.wrap import RuntimeWrapper, StoreWrapper
 
@@ -55,6 +55,21 @@ class FencedRuntime(RuntimeWrapper):
             return await work()
         except FencedError as exc:
             await _step_down(self._on_fenced, exc)
+
+    async def check_health_replicas(self, tags: Sequence[str], report: CheckReport) -> None:
+        def passed_on(results: list[tuple[str, Exception | None]]) -> None:
+            # A refused check is not reported, as in ``around``: the leader steps down, and the
+            # checks unwind as cancelled.
+            kept: list[tuple[str, Exception | None]] = []
+            for tag, exc in results:
+                if isinstance(exc, FencedError):
+                    self._on_fenced(exc)
+                else:
+                    kept.append((tag, exc))
+            if kept:
+                report(kept)
+
+        await self.inner_checks(tags, passed_on)
 
 
 async def _step_down(on_fenced: OnFenced, exc: FencedError) -> NoReturn:

@@ -5,8 +5,9 @@ write and a short read on a connection already open, not a connection of its own
 A check's request is written straight to the socket (it is non-blocking): no task, no lock, no
 wait unless the socket's buffer is full, which only a worker that reads nothing for a long time
 causes; what did not fit is then kept and written, in order, by the next check that waits for
-room. Each check waits for its answer parked (``wait_task_rescheduled``), and the reader (the
-task that watches the connection) wakes it with the answer; a check cancelled (its timeout) is
+room. Each check leaves a callable for its answer, which the reader (the task that watches the
+connection) hands it: one check's caller parks until then (``check``); a wave of checks of many
+workers (``check_wave``) parks once for all of them. A check given up (its timeout) is
 forgotten, and its late answer dropped.
 """
 
@@ -41,98 +42,126 @@ class MonitorLink:
         """The connection has ended: the worker has, or is ending."""
         self.why = "its monitor connection ended"
         """Why it ended, as a failed check says."""
-        self._waiting: dict[int, trio.lowlevel.Task | None] = {}
-        """The checks asked and not answered: each its parked task, or None until it parks."""
-        self._early: dict[int, Answer] = {}
-        """Answers that came before their check parked."""
+        self._waiting: dict[int, Callable[[Answer], None]] = {}
+        """The checks asked and not answered: what each answer is handed to."""
         self._next = 0
         self._unsent = bytearray()
         self._writing = False
         stream = lines.stream
         if not isinstance(stream, trio.SocketStream):
             raise TypeError(f"a monitor connection is a socket, not {stream!r}")
-        self._fd = stream.socket.fileno()
+        self.fd = stream.socket.fileno()
+        # The socket is read here, not through the stream: one read per wake-up, which holds
+        # every answer that came meanwhile.
+        self._pending = bytearray(lines.take_buffered())
+
+    def ask(self, epoch: int, on_answer: Callable[[Answer], None]) -> int | None:
+        """Ask for one health check as the leader of `epoch`, without waiting: `on_answer` is
+        handed what the worker answers (None: it passed), or `ENDED` if the connection ends
+        first (at once, if it has). Its id, for ``forget``; if ``blocked`` then, someone must
+        ``write`` for the request to go out."""
+        if self.ended:
+            on_answer(ENDED)
+            return None
+        ident = self._next
+        self._next += 1
+        # Listed before it is written: its answer may come while a full socket makes it wait.
+        self._waiting[ident] = on_answer
+        self._unsent += check_request(ident, epoch)
+        if not self._writing:
+            self._write_now()
+        return ident
+
+    @property
+    def blocked(self) -> bool:
+        """Requests are waiting for room in the socket, and no one is writing them."""
+        return bool(self._unsent) and not self._writing
+
+    def forget(self, ident: int) -> None:
+        """The check `ident` is given up (its timeout): a late answer is dropped."""
+        self._waiting.pop(ident, None)
 
     async def check(self, epoch: int) -> Answer:
         """Ask for one health check as the leader of `epoch`; what the worker answered (None:
         it passed), or `ENDED` if the connection ended before it did."""
-        if self.ended:
-            return ENDED
-        ident = self._next
-        self._next += 1
-        # Listed before it is written: its answer may come while a full socket makes it wait.
-        self._waiting[ident] = None
+        waiter = _Waiter()
+        ident = self.ask(epoch, waiter.answer)
         try:
-            self._unsent += check_request(ident, epoch)
-            if not self._writing:
-                await self._write()
+            if self.blocked:
+                await self.write()
             else:
                 await trio.lowlevel.checkpoint_if_cancelled()
-            if ident in self._early:
-                return self._early.pop(ident)
-            self._waiting[ident] = trio.lowlevel.current_task()
-
-            def abort(_: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
-                self._waiting.pop(ident, None)
-                return trio.lowlevel.Abort.SUCCEEDED
-
-            answer: Answer = await trio.lowlevel.wait_task_rescheduled(abort)
-            return answer
+            return await waiter.wait()
         finally:
-            self._waiting.pop(ident, None)
-            self._early.pop(ident, None)
+            if ident is not None:
+                self.forget(ident)
 
-    async def _write(self) -> None:
-        """Write what is unsent: at once if the socket takes it (the common case, which does not
-        yield), else as it makes room (other checks add to it meanwhile)."""
+    def _write_now(self) -> None:
+        """Write what the socket takes at once; the rest stays unsent."""
+        try:
+            sent = os.write(self.fd, self._unsent)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._unsent.clear()  # the connection is broken: the reader sees its end, and wakes all
+            return
+        del self._unsent[:sent]
+
+    async def write(self) -> None:
+        """Write what is unsent as the socket makes room (checks asked meanwhile add to it)."""
         self._writing = True
         try:
             while self._unsent:
-                try:
-                    sent = os.write(self._fd, self._unsent)
-                except BlockingIOError:
-                    sent = 0
-                except OSError:
-                    self._unsent.clear()
-                    return  # the connection is broken: the reader sees its end, and wakes all
-                del self._unsent[:sent]
-                if self._unsent:
-                    await trio.lowlevel.wait_writable(self._fd)
+                await trio.lowlevel.wait_writable(self.fd)
+                self._write_now()
         finally:
             self._writing = False
 
     async def read(self, on_load: Callable[[int | None], None]) -> None:
         """Read what the worker sends until the connection ends: answers wake their checks,
-        loads go to `on_load`. Every check still waiting then is woken with `ENDED`."""
-        # The socket is read here, not through the stream: a wait and one read per wake-up,
-        # which holds every answer that came meanwhile.
-        pending = bytearray(self.lines.take_buffered())
+        loads go to `on_load`. Every check still waiting then is woken with `ENDED`. (A
+        runtime holding many links reads them all with one task instead: ``LinkReader``.)"""
         try:
-            while True:
-                end = pending.find(b"\n")
-                while end >= 0:
-                    self._received(bytes(pending[:end]), on_load)
-                    del pending[: end + 1]
-                    end = pending.find(b"\n")
-                if len(pending) > MAX_LINE:
-                    raise WireError("line too long")
-                await trio.lowlevel.wait_readable(self._fd)
-                try:
-                    chunk = os.read(self._fd, 65536)
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    return
-                if not chunk:
-                    return  # the worker's end
-                pending += chunk
-        except WireError as exc:
-            # The worker lives on; its checks fail from now on, and say why.
-            self.why = f"its worker broke the protocol of its monitor connection: {exc}"
+            if self.take(on_load, b""):
+                while True:
+                    await trio.lowlevel.wait_readable(self.fd)
+                    if not self.pull(on_load):
+                        break
         finally:
-            self.end()
-            with trio.CancelScope(shield=True):
-                await self.lines.aclose()
+            await self.close()
+
+    def pull(self, on_load: Callable[[int | None], None]) -> bool:
+        """Read once what the socket holds (every answer that came since the last read) and
+        take its lines; False once the connection has ended, or broken the protocol."""
+        try:
+            chunk = os.read(self.fd, 65536)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        return bool(chunk) and self.take(on_load, chunk)  # no bytes: the worker's end
+
+    def take(self, on_load: Callable[[int | None], None], chunk: bytes) -> bool:
+        """Take the whole lines of what was read so far with `chunk`; False if one breaks the
+        protocol (the worker lives on; its checks fail from now on, and say why)."""
+        pending = self._pending
+        lines = (bytes(pending) + chunk if pending else chunk).split(b"\n")
+        pending[:] = lines.pop()  # what follows the last newline: a line still coming
+        try:
+            for line in lines:
+                self._received(line, on_load)
+            if len(pending) > MAX_LINE:
+                raise WireError("line too long")
+        except WireError as exc:
+            self.why = f"its worker broke the protocol of its monitor connection: {exc}"
+            return False
+        return True
+
+    async def close(self) -> None:
+        """End it (see ``end``) and close the socket."""
+        self.end()
+        with trio.CancelScope(shield=True):
+            await self.lines.aclose()
 
     def _received(self, line: bytes, on_load: Callable[[int | None], None]) -> None:
         ident = parse_check_passed(line)
@@ -155,10 +184,36 @@ class MonitorLink:
             self._wake(ident, ENDED)
 
     def _wake(self, ident: int, answer: Answer) -> None:
-        if ident not in self._waiting:
-            return  # it timed out, and was forgotten
-        task = self._waiting.pop(ident)
-        if task is None:
-            self._early[ident] = answer
+        on_answer = self._waiting.pop(ident, None)
+        if on_answer is not None:  # else it timed out, and was forgotten
+            on_answer(answer)
+
+
+@final
+class _Waiter:
+    """One check's caller, parked until its answer (which may come before it parks)."""
+
+    def __init__(self) -> None:
+        self._task: trio.lowlevel.Task | None = None
+        self._answered = False
+        self._answer: Answer = None
+
+    def answer(self, answer: Answer) -> None:
+        if self._task is not None:
+            trio.lowlevel.reschedule(self._task, outcome.Value(answer))
+            self._task = None
         else:
-            trio.lowlevel.reschedule(task, outcome.Value(answer))
+            self._answered, self._answer = True, answer
+
+    async def wait(self) -> Answer:
+        if self._answered:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return self._answer
+        self._task = trio.lowlevel.current_task()
+
+        def abort(_: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
+            self._task = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        answer: Answer = await trio.lowlevel.wait_task_rescheduled(abort)
+        return answer

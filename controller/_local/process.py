@@ -15,7 +15,6 @@ import os
 import signal
 import socket
 from collections.abc import Callable, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any, final
 
@@ -70,11 +69,6 @@ class WorkerProcess:
         """Hold the worker `pid` of `tag`, found rather than started (``ProcessLookupError`` if
         it is gone); `zygote` is our fork server's pid, if one serves."""
         return cls(tag, pid, os.pidfd_open(pid), forked_by=_forked_by(pid, zygote))
-
-    async def watch(self, link: MonitorLink, on_load: Callable[[str, int | None], None]) -> None:
-        """Pass on the loads it reports on its monitor connection, `link`, and the answers to
-        checks, until that ends (the end is the news)."""
-        await link.read(partial(on_load, self.tag))
 
     async def wait_exit(self, fork_server: ForkServer | None) -> None:
         async with self._waiting:

@@ -42,6 +42,7 @@ import os
 import socket
 import sys
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, final
 
@@ -52,12 +53,14 @@ from .._model.errors import ConfigError, FencedError, ReplicaError, ReplicaGoneE
 from .._model.json_values import JSON
 from .._model.placement import SLOTS
 from .._model.spec import ReplicaSpec
-from .._ports.runtime import DeathListener, ReplicaInfo, Watchers
+from .._ports.runtime import CheckReport, DeathListener, ReplicaInfo, Watchers, check_each
 from .._procfs import memory_bytes, scan_workers
+from .check_wave import check_wave
 from .commands import ask_to_stop, command, connect, died, refused
 from .fence_file import fenced_at, raise_fence
 from .layout import LOGS, ZYGOTE_LOG, check_socket_room, remove_replica_files, spec_path
 from .link import ENDED, MonitorLink
+from .link_reader import LinkReader
 from .logs import DEFAULT_MAX_BYTES, LogChunk, log_file, log_tags, read_log
 from .process import WORKER_MODULE, WorkerProcess, launch
 from .wire import MONITOR_CHECKS
@@ -149,6 +152,7 @@ class LocalRuntime:
         self._workers: dict[str, WorkerProcess] = {}
         self._unreadable_told: set[int] = set()
         self._watchers = Watchers("LocalRuntime")
+        self._reader = LinkReader()
         if isinstance(preload_modules, str) or not all(
             isinstance(name, str) and name for name in preload_modules
         ):
@@ -204,6 +208,7 @@ class LocalRuntime:
         private_dir(self.runtime_dir, "runtime_dir")
         private_dir(self.logs_dir, "runtime_dir")
         async with trio.open_nursery() as nursery:
+            await nursery.start(self._reader.serve)
             if self._fork_server is not None:
                 # It becomes ready in the background: a start meanwhile spawns its worker.
                 await nursery.start(self._fork_server.run)
@@ -344,6 +349,25 @@ class LocalRuntime:
         if answer is not None:
             raise refused(tag, epoch, "check_health", answer)
 
+    async def check_health_replicas(self, tags: Sequence[str], report: CheckReport) -> None:
+        """The checks of `tags` as a wave over their monitor connections (``check_wave``); a
+        worker that does not answer checks there is checked as ``check_health_replica`` does."""
+        linked: list[tuple[str, MonitorLink]] = []
+        others: list[str] = []
+        for tag in tags:
+            worker = self._workers.get(tag)
+            link = worker.link if worker is not None else None
+            if link is None or not link.checks:
+                others.append(tag)
+            else:
+                linked.append((tag, link))
+        if not others:
+            await check_wave(linked, self._epoch, self.runtime_dir, report)
+            return
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(check_each, self, others, report)
+            await check_wave(linked, self._epoch, self.runtime_dir, report)
+
     async def drain_replica(self, tag: str) -> None:
         await self._request(tag, {"op": "drain"})
 
@@ -402,7 +426,8 @@ class LocalRuntime:
         self._watchers.start_soon(self._monitor, worker, link)
 
     async def _monitor(self, worker: WorkerProcess, link: MonitorLink) -> None:
-        await worker.watch(link, self._watchers.load)
+        # Until the connection ends, which is the news; the loads it carries are passed on.
+        await self._reader.read(link, partial(self._watchers.load, worker.tag))
         if worker.killing or self._workers.get(worker.tag) is not worker:
             return
         how = await worker.wait_end(self._fork_server)

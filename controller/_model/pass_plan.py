@@ -40,11 +40,10 @@ class RolloutState:
 
 @attrs.frozen
 class DueCheck:
-    """A serving replica whose health check is due (taken off the schedule for this pass)."""
+    """A serving replica whose health check is due (taken off the schedule for this pass) while
+    its last check has not answered yet: this one is late."""
 
     tag: str
-    checking: bool
-    """Its last check has not answered yet: this one is late."""
     check_failures: int
     version: str
     ready_at: float
@@ -52,8 +51,11 @@ class DueCheck:
 
 @attrs.frozen
 class HealthState:
-    due: tuple[DueCheck, ...]
-    """In the order they fell due."""
+    due: tuple[str, ...]
+    """The replicas whose check is due and whose last check answered, in the order they fell
+    due (the commonest case by far: a tag is all a pass needs of them)."""
+    late: tuple[DueCheck, ...]
+    """Those whose check is due while their last one is still in flight, in order."""
     rest_at: float
     """When the earliest check left on the schedule is due (inf if none)."""
     adoptions_due: float
@@ -179,13 +181,16 @@ def decide_pass(state: PassState, now: float) -> PassPlan:
     left = set(replicas.stop)
     if state.hands_config:
         left.update(replicas.reconfigure)
-    due = [d for d in health.due if d.tag not in left] if period > 0 else []
-    late = [d for d in due if d.checking]
+    due = [t for t in health.due if t not in left] if period > 0 else []
+    late = [d for d in health.late if d.tag not in left] if period > 0 else []
     for check in late:
         ready_at, of_spec = check.ready_at, check.version == spec.version
         if unhealthy_after_ready(active, blocked, of_spec, ready_at, config.min_ready_s, now):
             blocked, active = "UnhealthyAfterReady", False
-    schedule_at = min(health.rest_at, now + period if due else math.inf) if period > 0 else math.inf
+    taken = due or late
+    schedule_at = (
+        min(health.rest_at, now + period if taken else math.inf) if period > 0 else math.inf
+    )
     return _plan(
         state,
         now,
@@ -198,7 +203,7 @@ def decide_pass(state: PassState, now: float) -> PassPlan:
         checks_off=period <= 0,
         late=tuple(d.tag for d in late),
         late_reason=f"HealthCheckLate: no answer within health_check_period_s={period:g}",
-        checks=tuple(d.tag for d in due if not d.checking),
+        checks=tuple(due),
         rollout_active=active,
         health_at=min(schedule_at, math.inf if adoptions_late else health.adoptions_due),
     )

@@ -15,6 +15,10 @@ from .._model.spec import ReplicaSpec
 #: ``on_death(tag, reason)``. It must not block; the controller turns it into an event.
 DeathListener = Callable[[str, str], None]
 
+#: How ``check_health_replicas`` reports checks as they end: a list of (tag, None if it passed,
+#: else what ``check_health_replica`` would have raised), each tag once. It must not block.
+CheckReport = Callable[[list[tuple[str, Exception | None]]], None]
+
 
 class ReplicaListener(Protocol):
     """What the controller hands ``serve``: a DeathListener that also takes the load a replica
@@ -97,7 +101,10 @@ class Runtime(Protocol):
         ...
 
     async def check_health_replica(self, tag: str) -> None:
-        """Call the replica's health check; raise ``ReplicaError`` if it reports a problem."""
+        """Call the replica's health check; raise ``ReplicaError`` if it reports a problem.
+
+        A runtime may also have ``check_health_replicas`` (``BatchedChecks``): the controller
+        then checks the replicas due together with one call of it instead of a task a check."""
         ...
 
     async def drain_replica(self, tag: str) -> None:
@@ -119,6 +126,38 @@ class Runtime(Protocol):
         epoch to this one. A runtime never fenced commands with epoch 0, which any fenced
         command outranks."""
         ...
+
+
+class BatchedChecks(Protocol):
+    """What a runtime may add to the Runtime protocol: the health checks of many replicas due
+    together in one call, which costs the controller one task (not one a check) and lets the
+    runtime ask them all before it waits for any."""
+
+    async def check_health_replicas(self, tags: Sequence[str], report: CheckReport) -> None:
+        """Check each of `tags` as ``check_health_replica`` does; `report` each as it ends (or
+        several together), and return once all are reported. Cancelled at the checks' deadline:
+        those not reported by then count as timed out."""
+        ...
+
+
+async def check_each(runtime: Runtime, tags: Sequence[str], report: CheckReport) -> None:
+    """``check_health_replicas`` for a runtime without it: a task a check, in one task group,
+    each reported as it ends."""
+
+    async def one(tag: str) -> None:
+        try:
+            await runtime.check_health_replica(tag)
+        except Exception as exc:
+            report([(tag, exc)])
+        else:
+            report([(tag, None)])
+
+    if len(tags) == 1:
+        await one(tags[0])
+        return
+    async with trio.open_nursery() as nursery:
+        for tag in tags:
+            nursery.start_soon(one, tag)
 
 
 @final

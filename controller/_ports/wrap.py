@@ -10,7 +10,7 @@ import trio
 
 from .._model.json_values import JSON
 from .._model.spec import ReplicaSpec
-from .runtime import DeathListener, ReplicaInfo, Runtime
+from .runtime import CheckReport, DeathListener, ReplicaInfo, Runtime, check_each
 from .store import Store
 
 T = TypeVar("T")
@@ -57,6 +57,20 @@ class RuntimeWrapper:
 
     async def check_health_replica(self, tag: str) -> None:
         await self.around("check_health", tag, lambda: self.inner.check_health_replica(tag))
+
+    async def check_health_replicas(self, tags: Sequence[str], report: CheckReport) -> None:
+        """Each check through ``around``, a task each. A wrapper that can do without ``around``
+        for checks overrides this to pass the inner runtime's batch on (``inner_checks``)."""
+        await check_each(self, tags, report)
+
+    async def inner_checks(self, tags: Sequence[str], report: CheckReport) -> None:
+        """The inner runtime's batch of checks, if it has one; else ``check_health_replicas``
+        as this class does it."""
+        batched = getattr(self.inner, "check_health_replicas", None)
+        if batched is None:
+            await check_each(self, tags, report)
+        else:
+            await batched(tags, report)
 
     async def drain_replica(self, tag: str) -> None:
         await self.around("drain", tag, lambda: self.inner.drain_replica(tag))

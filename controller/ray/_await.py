@@ -3,13 +3,15 @@
 ``ref.future()`` gives a ``concurrent.futures.Future`` that Ray completes from its own thread; its
 done-callback hands the wake-up to the trio loop with ``run_sync_soon``, which is thread-safe. So a
 wait costs no thread, and cancelling it simply stops waiting (``trio.to_thread.run_sync(ray.get)``
-could not be cancelled at all).
+could not be cancelled at all). ``wait_refs`` waits for many with one task (a wave of health
+checks).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import ray
@@ -44,3 +46,48 @@ async def wait_ref(ref: ray.ObjectRef[T], *, cancel_remote: bool = False) -> T:
     else:
         await trio.lowlevel.checkpoint()
     return future.result()
+
+
+async def wait_refs(
+    refs: Sequence[ray.ObjectRef[T]],
+    on_done: Callable[[list[tuple[int, concurrent.futures.Future[T]]]], None],
+) -> None:
+    """Wait for all of `refs` with one task: `on_done` is handed those done since it was last
+    called (each as its index and its future, whose ``result`` is the value or raises), until
+    all are. Cancelled, it stops waiting, and hands on nothing more."""
+    futures = [ref.future() for ref in refs]
+    token = trio.lowlevel.current_trio_token()
+    task = trio.lowlevel.current_task()
+    ready: list[int] = []
+    parked = False
+
+    def arrived(index: int) -> None:  # in the trio thread
+        nonlocal parked
+        ready.append(index)
+        if parked:
+            parked = False
+            trio.lowlevel.reschedule(task)
+
+    def abort(_: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
+        nonlocal parked
+        parked = False
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    for index, future in enumerate(futures):
+
+        def wake(_: object, index: int = index) -> None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(arrived, index)
+
+        future.add_done_callback(wake)
+    left = len(futures)
+    while left:
+        if ready:
+            await trio.lowlevel.checkpoint_if_cancelled()
+        else:
+            parked = True
+            await trio.lowlevel.wait_task_rescheduled(abort)
+        got = ready[:]
+        del ready[:]
+        left -= len(got)
+        on_done([(index, futures[index]) for index in got])

@@ -15,6 +15,7 @@ leader's intent before it asks for a start, does that.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -35,8 +36,8 @@ from .._model.json_values import JSON
 from .._model.placement import SLOTS
 from .._model.spec import ReplicaSpec
 from .._ports.hosting import host_spec
-from .._ports.runtime import DeathListener, ReplicaInfo, Watchers
-from ._await import wait_ref
+from .._ports.runtime import CheckReport, DeathListener, ReplicaInfo, Watchers, check_each
+from ._await import wait_ref, wait_refs
 from ._host import ReplicaHost
 
 logger = logging.getLogger("controller.ray")
@@ -226,6 +227,37 @@ class RayRuntime:
         # Asked even of a class without check_health: the answer shows the actor is responsive.
         await self._call(tag, "check_health", self._epoch)
 
+    async def check_health_replicas(self, tags: Sequence[str], report: CheckReport) -> None:
+        """A wave of checks: every call submitted in one hop to a thread (Ray's submission
+        blocks), and every answer awaited by one task (``wait_refs``), instead of a thread hop
+        and a task a check. Actors not known here are looked up and checked one by one."""
+        actors = [self._actors[tag] for tag in tags if tag in self._actors]
+        unknown = [tag for tag in tags if tag not in self._actors]
+        epoch = self._epoch
+
+        def answered(done: list[tuple[int, concurrent.futures.Future[str]]]) -> None:
+            results: list[tuple[str, Exception | None]] = []
+            for index, future in done:
+                actor = actors[index]
+                try:
+                    self._reply(actor, "check_health", future.result())
+                except ray.exceptions.RayError as exc:
+                    results.append((actor.tag, _ray_error(actor.tag, exc)))
+                except (ReplicaError, FencedError) as exc:
+                    results.append((actor.tag, exc))
+                else:
+                    results.append((actor.tag, None))
+            report(results)
+
+        async with trio.open_nursery() as nursery:
+            if unknown:
+                nursery.start_soon(check_each, self, unknown, report)
+            if actors:
+                calls = await trio.to_thread.run_sync(
+                    lambda: [actor.handle.check_health.remote(epoch) for actor in actors]
+                )
+                await wait_refs(calls, answered)
+
     async def drain_replica(self, tag: str) -> None:
         await self._call(tag, "drain", self._epoch, optional=True)
 
@@ -325,10 +357,12 @@ class RayRuntime:
                 lambda: getattr(actor.handle, method).remote(*args)
             )
             text = await wait_ref(call)
-        except ray.exceptions.RayActorError as exc:
-            raise ReplicaError(actor.tag, "ActorDied", _first_line(exc)) from None
         except ray.exceptions.RayError as exc:
-            raise ReplicaError(actor.tag, type(exc).__name__, _first_line(exc)) from None
+            raise _ray_error(actor.tag, exc) from None
+        return self._reply(actor, method, text)
+
+    def _reply(self, actor: _Actor, method: str, text: str) -> dict[str, Any]:
+        """The actor's answer to `method`, or what it refused with, raised."""
         reply: dict[str, Any] = json.loads(text)
         if not reply.get("ok"):
             newer = reply.get("fenced")
@@ -389,3 +423,10 @@ def _is_alive(handle: Any) -> bool:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _ray_error(tag: str, exc: ray.exceptions.RayError) -> ReplicaError:
+    """What Ray raised for a call to the actor of `tag`, as the replica's error."""
+    if isinstance(exc, ray.exceptions.RayActorError):
+        return ReplicaError(tag, "ActorDied", _first_line(exc))
+    return ReplicaError(tag, type(exc).__name__, _first_line(exc))

@@ -11,7 +11,7 @@ from .._model.errors import FencedError, ReplicaError, ReplicaGoneError
 from .._model.json_values import JSON
 from .._model.placement import SLOTS
 from .._model.spec import ReplicaSpec
-from .._ports.runtime import DeathListener
+from .._ports.runtime import CheckReport, DeathListener
 from ._fake_replica import FakeReplica, FakeState, Shared
 
 
@@ -313,6 +313,33 @@ class FakeRuntime:
     async def check_health_replica(self, tag: str) -> None:
         self._admit("check_health", self.replicas.get(tag))
         await self._get(tag, FakeState.READY)._answer_health_check()
+
+    async def check_health_replicas(self, tags: Sequence[str], report: CheckReport) -> None:
+        """Every check as ``check_health_replica`` does it, all after one checkpoint together;
+        those of replicas whose checks hang are never reported (the wave's deadline ends it)."""
+        results: list[tuple[str, Exception | None]] = []
+        answering: list[FakeReplica] = []
+        hangs = False
+        for tag in tags:
+            try:
+                self._admit("check_health", self.replicas.get(tag))
+                replica = self._get(tag, FakeState.READY)
+            except Exception as exc:
+                results.append((tag, exc))
+                continue
+            replica.health_checks.append(trio.current_time())
+            if replica.health_hangs:
+                hangs = True
+            else:
+                answering.append(replica)
+        await trio.lowlevel.checkpoint()
+        for replica in answering:
+            error = replica.health_error
+            failed = None if error is None else ReplicaError(replica.tag, *error)
+            results.append((replica.tag, failed))
+        report(results)
+        if hangs:
+            await trio.sleep_forever()
 
     async def drain_replica(self, tag: str) -> None:
         replica = self.replicas.get(tag)

@@ -1,0 +1,79 @@
+"""A wave of health checks over the monitor connections of many workers (``LocalRuntime``'s
+``check_health_replicas``): every request is written before any answer is awaited, and the wave's
+one task parks until answers come, then reports all that came meanwhile together. So a check
+costs the controller a short write, and a share of one wake-up and one report, instead of a task
+and an event of its own (a wave of 100 checks answered in one burst is one report)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+
+import trio
+
+from .._ports.runtime import CheckReport
+from .commands import died, refused
+from .link import ENDED, Answer, MonitorLink
+
+
+async def check_wave(
+    asked: Sequence[tuple[str, MonitorLink]], epoch: int, runtime_dir: Path, report: CheckReport
+) -> None:
+    """Check each (tag, link) of `asked` as the leader of `epoch`; `report` them as they answer;
+    return once all have. Cancelled (the wave's deadline), it forgets those left."""
+    task = trio.lowlevel.current_task()
+    answers: list[tuple[str, MonitorLink, Answer]] = []
+    parked = False
+
+    def answered(tag: str, link: MonitorLink, answer: Answer) -> None:
+        nonlocal parked
+        answers.append((tag, link, answer))
+        if parked:
+            parked = False
+            trio.lowlevel.reschedule(task)
+
+    def abort(_: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
+        nonlocal parked
+        parked = False
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    async def take_all() -> None:
+        nonlocal parked, answers
+        left = len(asked)
+        while left:
+            if answers:
+                await trio.lowlevel.checkpoint_if_cancelled()
+            else:
+                parked = True
+                await trio.lowlevel.wait_task_rescheduled(abort)
+            got, answers = answers, []
+            left -= len(got)
+            results: list[tuple[str, Exception | None]] = []
+            for tag, link, answer in got:
+                if answer is None:
+                    results.append((tag, None))
+                elif answer is ENDED:
+                    results.append((tag, await died(runtime_dir, tag, link.why)))
+                else:
+                    results.append((tag, refused(tag, epoch, "check_health", answer)))
+            report(results)
+
+    asking: list[tuple[MonitorLink, int]] = []
+    try:
+        for tag, link in asked:
+            ident = link.ask(epoch, partial(answered, tag, link))
+            if ident is not None:
+                asking.append((link, ident))
+        blocked = [link for link, _ in asking if link.blocked]
+        if not blocked:
+            await take_all()
+            return
+        # A worker that has read nothing for long: its requests go out as it makes room.
+        async with trio.open_nursery() as nursery:
+            for link in blocked:
+                nursery.start_soon(link.write)
+            await take_all()
+    finally:
+        for link, ident in asking:
+            link.forget(ident)
