@@ -5,6 +5,7 @@ wrappers around a runtime (fencing, metrics) and the controller's wave task make
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -57,6 +58,20 @@ async def links() -> AsyncIterator[Callable[[int], Pairs]]:
         await link.close()
 
 
+@contextlib.asynccontextmanager
+async def read(pairs: Pairs) -> AsyncIterator[trio.Nursery]:
+    """Every link of `pairs` read by one LinkReader (within 5 s); yields the nursery, which
+    is cancelled at the end."""
+    reader = LinkReader()
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(reader.serve)
+            for link, _ in pairs:
+                nursery.start_soon(reader.read, link, lambda load: None)
+            yield nursery
+            nursery.cancel_scope.cancel()
+
+
 async def _ident(far: trio.SocketStream) -> int:
     """The id of the one check request `far` has been sent."""
     line = b""
@@ -72,33 +87,25 @@ async def test_a_wave_is_asked_at_once_and_reported_as_its_answers_come(
 ) -> None:
     pairs = links(3)
     reports: list[Results] = []
-    reader = LinkReader()
-    with trio.fail_after(5):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(reader.serve)
-            for link, _ in pairs:
-                nursery.start_soon(reader.read, link, lambda load: None)
-            asked = [(link.tag, link) for link, _ in pairs]
-            nursery.start_soon(check_wave, asked, 7, tmp_path, reports.append)
-            # Every request is out before any answer.
-            idents = [await _ident(far) for _, far in pairs]
-            (_, a), (_, b), (_, c) = pairs
-            # Both written before the reader can run (send_all would let it run in between).
-            os.write(a.socket.fileno(), check_passed(idents[0]))
-            os.write(b.socket.fileno(), check_passed(idents[1]))
-            await trio.testing.wait_all_tasks_blocked()
-            # The two that came together are one report.
-            assert reports == [[("t#0", None), ("t#1", None)]]
-            await c.send_all(
-                b'{"check":%d,"ok":false,"error_type":"E","message":"m"}\n' % idents[2]
-            )
-            await trio.testing.wait_all_tasks_blocked()
-            assert len(reports) == 2
-            ((tag, error),) = reports[1]
-            assert tag == "t#2"
-            assert isinstance(error, ReplicaError)
-            assert error.summary == "E: m"
-            nursery.cancel_scope.cancel()
+    async with read(pairs) as nursery:
+        asked = [(link.tag, link) for link, _ in pairs]
+        nursery.start_soon(check_wave, asked, 7, tmp_path, reports.append)
+        # Every request is out before any answer.
+        idents = [await _ident(far) for _, far in pairs]
+        (_, a), (_, b), (_, c) = pairs
+        # Both written before the reader can run (send_all would let it run in between).
+        os.write(a.socket.fileno(), check_passed(idents[0]))
+        os.write(b.socket.fileno(), check_passed(idents[1]))
+        await trio.testing.wait_all_tasks_blocked()
+        # The two that came together are one report.
+        assert reports == [[("t#0", None), ("t#1", None)]]
+        await c.send_all(b'{"check":%d,"ok":false,"error_type":"E","message":"m"}\n' % idents[2])
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(reports) == 2
+        ((tag, error),) = reports[1]
+        assert tag == "t#2"
+        assert isinstance(error, ReplicaError)
+        assert error.summary == "E: m"
 
 
 async def test_a_wave_cut_by_its_deadline_forgets_the_checks_left(
@@ -106,61 +113,50 @@ async def test_a_wave_cut_by_its_deadline_forgets_the_checks_left(
 ) -> None:
     pairs = links(2)
     reports: list[Results] = []
-    reader = LinkReader()
-    with trio.fail_after(5):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(reader.serve)
-            for link, _ in pairs:
-                nursery.start_soon(reader.read, link, lambda load: None)
-            (quick, quick_far), (slow, slow_far) = pairs
-            late: list[int] = []
+    async with read(pairs) as nursery:
+        (quick, quick_far), (slow, slow_far) = pairs
+        late: list[int] = []
+        deadline = trio.CancelScope()
 
-            deadline = trio.CancelScope()
-
-            async def worker_ends() -> None:
-                await quick_far.send_all(check_passed(await _ident(quick_far)))
-                late.append(await _ident(slow_far))  # and not answered in time:
-                await trio.testing.wait_all_tasks_blocked()
-                deadline.cancel()  # the wave's deadline comes
-
-            nursery.start_soon(worker_ends)
-            with deadline:
-                await check_wave([("q", quick), ("s", slow)], 1, tmp_path, reports.append)
-            assert deadline.cancelled_caught
-            assert reports == [[("q", None)]]
-            assert not slow._waiting  # forgotten
-            await slow_far.send_all(check_passed(late[0]))
+        async def worker_ends() -> None:
+            await quick_far.send_all(check_passed(await _ident(quick_far)))
+            late.append(await _ident(slow_far))  # and not answered in time:
             await trio.testing.wait_all_tasks_blocked()
-            assert reports == [[("q", None)]]  # its late answer is dropped
-            assert not slow.ended  # and the connection lives on
-            nursery.cancel_scope.cancel()
+            deadline.cancel()  # the wave's deadline comes
+
+        nursery.start_soon(worker_ends)
+        with deadline:
+            await check_wave([("q", quick), ("s", slow)], 1, tmp_path, reports.append)
+        assert deadline.cancelled_caught
+        assert reports == [[("q", None)]]
+        assert not slow._waiting  # forgotten
+        await slow_far.send_all(check_passed(late[0]))
+        await trio.testing.wait_all_tasks_blocked()
+        assert reports == [[("q", None)]]  # its late answer is dropped
+        assert not slow.ended  # and the connection lives on
 
 
 async def test_a_connection_that_ends_in_a_wave_fails_its_check_as_a_death(
     tmp_path: Path, links: Callable[[int], Pairs]
 ) -> None:
-    ((link, far),) = links(1)
+    pairs = links(1)
+    ((link, far),) = pairs
     reports: list[Results] = []
-    reader = LinkReader()
-    with trio.fail_after(5):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(reader.serve)
-            nursery.start_soon(reader.read, link, lambda load: None)
+    async with read(pairs) as nursery:
 
-            async def worker_dies() -> None:
-                await _ident(far)
-                await far.aclose()
+        async def worker_dies() -> None:
+            await _ident(far)
+            await far.aclose()
 
-            nursery.start_soon(worker_dies)
-            await check_wave([("t#0", link)], 1, tmp_path, reports.append)
-            ((tag, error),) = reports[0]
-            assert tag == "t#0"
-            assert isinstance(error, ReplicaError)
-            assert error.error_type == "WorkerDied"
-            # A check asked of it now is answered at once, in the same way.
-            await check_wave([("t#0", link)], 1, tmp_path, reports.append)
-            assert isinstance(reports[1][0][1], ReplicaError)
-            nursery.cancel_scope.cancel()
+        nursery.start_soon(worker_dies)
+        await check_wave([("t#0", link)], 1, tmp_path, reports.append)
+        ((tag, error),) = reports[0]
+        assert tag == "t#0"
+        assert isinstance(error, ReplicaError)
+        assert error.error_type == "WorkerDied"
+        # A check asked of it now is answered at once, in the same way.
+        await check_wave([("t#0", link)], 1, tmp_path, reports.append)
+        assert isinstance(reports[1][0][1], ReplicaError)
 
 
 async def test_one_reader_reads_every_link_and_ends_each_alone(

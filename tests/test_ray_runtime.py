@@ -136,6 +136,32 @@ async def test_a_failing_health_check_replaces_the_replica(harness: Harness) -> 
             await (await ctl.delete("a")).wait()
 
 
+async def test_a_wave_of_checks_is_one_call_and_says_each_actors_outcome(
+    harness: Harness,
+) -> None:
+    rt = harness.runtime
+    with trio.fail_after(LIMIT_S):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(rt.serve, lambda tag, reason: None)
+            for tag in ("w#1", "w#2"):
+                spec = controller.ReplicaSpec(tag, "w", "v1", harness.recorder(), None, {})
+                await rt.start_replica(spec)
+            sick = pids(harness.record)[1]
+            await trio.Path(f"{harness.record}.sick.{sick}").touch()
+            got: list[tuple[str, Exception | None]] = []
+            await rt.check_health_replicas(["w#1", "w#2", "gone#1"], got.extend)
+            outcome = dict(got)
+            assert len(got) == 3
+            # The actor of the second pid is sick, whichever tag it has; the other passes.
+            failed = [tag for tag in ("w#1", "w#2") if outcome[tag] is not None]
+            assert len(failed) == 1
+            assert isinstance(outcome[failed[0]], controller.ReplicaError)
+            assert isinstance(outcome["gone#1"], controller.ReplicaGoneError)
+            for tag in ("w#1", "w#2"):
+                await rt.kill_replica(tag)
+            nursery.cancel_scope.cancel()
+
+
 async def test_an_actor_killed_from_outside_is_replaced(harness: Harness) -> None:
     with trio.fail_after(LIMIT_S):
         async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:

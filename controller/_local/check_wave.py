@@ -12,6 +12,7 @@ from pathlib import Path
 
 import trio
 
+from .._ports.arrivals import Arrivals
 from .._ports.runtime import CheckReport
 from .commands import died, refused
 from .link import ENDED, Answer, MonitorLink
@@ -22,32 +23,15 @@ async def check_wave(
 ) -> None:
     """Check each (tag, link) of `asked` as the leader of `epoch`; `report` them as they answer;
     return once all have. Cancelled (the wave's deadline), it forgets those left."""
-    task = trio.lowlevel.current_task()
-    answers: list[tuple[str, MonitorLink, Answer]] = []
-    parked = False
+    answers: Arrivals[tuple[str, MonitorLink, Answer]] = Arrivals()
 
     def answered(tag: str, link: MonitorLink, answer: Answer) -> None:
-        nonlocal parked
-        answers.append((tag, link, answer))
-        if parked:
-            parked = False
-            trio.lowlevel.reschedule(task)
-
-    def abort(_: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
-        nonlocal parked
-        parked = False
-        return trio.lowlevel.Abort.SUCCEEDED
+        answers.put((tag, link, answer))
 
     async def take_all() -> None:
-        nonlocal parked, answers
         left = len(asked)
         while left:
-            if answers:
-                await trio.lowlevel.checkpoint_if_cancelled()
-            else:
-                parked = True
-                await trio.lowlevel.wait_task_rescheduled(abort)
-            got, answers = answers, []
+            got = await answers.take()
             left -= len(got)
             results: list[tuple[str, Exception | None]] = []
             for tag, link, answer in got:

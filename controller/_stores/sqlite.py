@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sqlite3
 import time
@@ -213,16 +214,22 @@ class SQLiteStore:
                 held = _held_epoch(conn)
                 if held != epoch:
                     raise _Fenced(held)
-            puts = [(k, v) for k, v in changes.items() if v is not None]
-            deletes = [(k,) for k, v in changes.items() if v is None]
-            if puts:
-                conn.executemany(
-                    "INSERT INTO checkpoints (key, value) VALUES (?, ?) "
-                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                    puts,
-                )
-            if deletes:
-                conn.executemany("DELETE FROM checkpoints WHERE key = ?", deletes)
+            # Each kind of change is one statement over one JSON document, not a statement a
+            # row: this thread lets go of the GIL at every step of a statement, and has to win
+            # it back from the trio thread each time. Beside a busy loop that costs up to a
+            # switch interval (5 ms) a row: a batch of 4,000 rows took a second, long enough
+            # to cost the leader its lease, where one statement takes milliseconds.
+            puts = {k: v for k, v in changes.items() if v is not None}
+            deletes = [k for k, v in changes.items() if v is None]
+            for key, value in puts.items():
+                if not isinstance(key, str) or not isinstance(value, str):
+                    raise sqlite3.InterfaceError(f"the value of {key!r} is not text: {value!r:.80}")
+            if any("\x00" in text for pair in changes.items() for text in pair if text):
+                # SQLite's JSON ends a string at a NUL: such text goes a row at a time. (The
+                # controller's own values never hold one: they are JSON texts themselves.)
+                _commit_rows(conn, puts, deletes)
+            else:
+                _commit_documents(conn, puts, deletes)
             conn.execute("COMMIT")
         except BaseException:
             _roll_back(conn)
@@ -335,6 +342,33 @@ class SQLiteStore:
                     batch.done.set()
         finally:
             self._flushing = False
+
+
+_PUT = (
+    "INSERT INTO checkpoints (key, value) VALUES (?, ?) "
+    "ON CONFLICT(key) DO UPDATE SET value = excluded.value"
+)
+
+
+def _commit_documents(conn: sqlite3.Connection, puts: dict[str, str], deletes: list[str]) -> None:
+    if puts:
+        conn.execute(
+            "INSERT INTO checkpoints (key, value) SELECT key, value FROM json_each(?) "
+            "WHERE true ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (json.dumps(puts),),
+        )
+    if deletes:
+        conn.execute(
+            "DELETE FROM checkpoints WHERE key IN (SELECT value FROM json_each(?))",
+            (json.dumps(deletes),),
+        )
+
+
+def _commit_rows(conn: sqlite3.Connection, puts: dict[str, str], deletes: list[str]) -> None:
+    if puts:
+        conn.executemany(_PUT, puts.items())
+    if deletes:
+        conn.executemany("DELETE FROM checkpoints WHERE key = ?", [(k,) for k in deletes])
 
 
 def _held_epoch(conn: sqlite3.Connection) -> int:

@@ -17,6 +17,8 @@ from typing import TypeVar
 import ray
 import trio
 
+from .._ports.arrivals import Arrivals
+
 T = TypeVar("T")
 
 
@@ -57,37 +59,16 @@ async def wait_refs(
     all are. Cancelled, it stops waiting, and hands on nothing more."""
     futures = [ref.future() for ref in refs]
     token = trio.lowlevel.current_trio_token()
-    task = trio.lowlevel.current_task()
-    ready: list[int] = []
-    parked = False
-
-    def arrived(index: int) -> None:  # in the trio thread
-        nonlocal parked
-        ready.append(index)
-        if parked:
-            parked = False
-            trio.lowlevel.reschedule(task)
-
-    def abort(_: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
-        nonlocal parked
-        parked = False
-        return trio.lowlevel.Abort.SUCCEEDED
-
+    done: Arrivals[int] = Arrivals()
     for index, future in enumerate(futures):
 
         def wake(_: object, index: int = index) -> None:
             with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(arrived, index)
+                token.run_sync_soon(done.put, index)
 
         future.add_done_callback(wake)
     left = len(futures)
     while left:
-        if ready:
-            await trio.lowlevel.checkpoint_if_cancelled()
-        else:
-            parked = True
-            await trio.lowlevel.wait_task_rescheduled(abort)
-        got = ready[:]
-        del ready[:]
+        got = await done.take()
         left -= len(got)
         on_done([(index, futures[index]) for index in got])
