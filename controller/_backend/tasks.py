@@ -107,9 +107,12 @@ async def checks(runtime: Runtime, tags: list[str], limit_s: float, send: Send) 
             else:
                 await check_each(runtime, tags, report)
         except Exception as exc:
-            # A bug in the runtime's batch, not in the replicas: every check left fails with it.
+            # A bug in the runtime's batch, not in the replicas: every check left fails with it
+            # (said once in the log, not once a replica).
             logger.exception("runtime error checking the health of %d replicas", len(unanswered))
-            report([(tag, exc) for tag in unanswered])
+            error = f"{type(exc).__name__}: {exc}"
+            send(ev.HealthChecked([(tag, error) for tag in unanswered]))
+            unanswered.clear()
     late = f"HealthCheckTimeout: no answer within health_check_timeout_s={limit_s:g}"
     if unanswered:
         send(ev.HealthChecked([(tag, late) for tag in unanswered]))

@@ -17,9 +17,9 @@ import os
 from collections.abc import Callable
 from typing import Any, final
 
-import outcome
 import trio
 
+from .._ports.arrivals import Arrivals
 from .wire import MAX_LINE, LineStream, WireError, check_request, decode, parse_check_passed
 
 #: What a check's waiter is woken with: None if it passed, else the worker's refusal (a reply
@@ -84,14 +84,15 @@ class MonitorLink:
     async def check(self, epoch: int) -> Answer:
         """Ask for one health check as the leader of `epoch`; what the worker answered (None:
         it passed), or `ENDED` if the connection ended before it did."""
-        waiter = _Waiter()
-        ident = self.ask(epoch, waiter.answer)
+        answers: Arrivals[Answer] = Arrivals()
+        ident = self.ask(epoch, answers.put)
         try:
             if self.blocked:
                 await self.write()
             else:
                 await trio.lowlevel.checkpoint_if_cancelled()
-            return await waiter.wait()
+            (answer,) = await answers.take()
+            return answer
         finally:
             if ident is not None:
                 self.forget(ident)
@@ -187,33 +188,3 @@ class MonitorLink:
         on_answer = self._waiting.pop(ident, None)
         if on_answer is not None:  # else it timed out, and was forgotten
             on_answer(answer)
-
-
-@final
-class _Waiter:
-    """One check's caller, parked until its answer (which may come before it parks)."""
-
-    def __init__(self) -> None:
-        self._task: trio.lowlevel.Task | None = None
-        self._answered = False
-        self._answer: Answer = None
-
-    def answer(self, answer: Answer) -> None:
-        if self._task is not None:
-            trio.lowlevel.reschedule(self._task, outcome.Value(answer))
-            self._task = None
-        else:
-            self._answered, self._answer = True, answer
-
-    async def wait(self) -> Answer:
-        if self._answered:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            return self._answer
-        self._task = trio.lowlevel.current_task()
-
-        def abort(_: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
-            self._task = None
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        answer: Answer = await trio.lowlevel.wait_task_rescheduled(abort)
-        return answer
