@@ -251,6 +251,60 @@ async def test_a_hung_replica_leaves_the_snapshot_within_a_period_and_is_replace
         await serving(ctl, "a", 2)
 
 
+class _SlowChecks(RuntimeWrapper):
+    """Every check answers, and passes, `seconds` after it is asked."""
+
+    def __init__(self, inner: FakeRuntime, seconds: float):
+        super().__init__(inner)
+        self.seconds = seconds
+
+    async def check_health_replica(self, tag: str) -> None:
+        await trio.sleep(self.seconds)
+        await self.inner.check_health_replica(tag)
+
+
+async def test_a_check_always_slower_than_the_period_fails_until_the_replica_is_replaced(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Found by a trial: each slow check was counted late (failed), then its pass reset the count,
+    # so the replica went in and out of the snapshot for ever and was never replaced.
+    rt = FakeRuntime(auto_ready=True)
+    cfg = config(num_replicas=1, health_check_period_s=10, health_check_timeout_s=30)
+    async with opened(_SlowChecks(rt, 12)) as ctl:
+        await (await ctl.deploy("a", cfg, RC)).wait()
+        t0 = trio.current_time()
+        (slow,) = rt.tags()
+        with trio.fail_after(200):
+            await rt.wait_until(lambda r: r.replicas[slow].state is not S.READY)
+        # Checks at +10, +30 and +50 (one at a time), each late at +20, +40 and +60: the third
+        # late check is the third failure in a row.
+        assert trio.current_time() == t0 + 60
+        # (The runtime hears each 12 s after it is asked; the third had not reached it yet.)
+        assert rt.replicas[slow].health_checks == [t0 + 22, t0 + 42]
+        await serving(ctl, "a", 1)
+
+
+async def test_checks_turned_off_bring_back_a_replica_they_had_taken_out(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Found by a trial: with checks off, nothing would ever bring it back into the snapshot.
+    rt = FakeRuntime(auto_ready=True)
+    checked = config(num_replicas=2, health_check_period_s=10, health_check_failure_threshold=99)
+    async with opened(rt) as ctl:
+        await (await ctl.deploy("a", checked, RC)).wait()
+        failing, _ = rt.tags()
+        rt.replicas[failing].health_error = ("RuntimeError", "sick")
+        await trio.sleep(10.5)
+        assert failing not in {r.tag for r in ctl.snapshot("a").replicas}
+        unchecked = config(
+            num_replicas=2, health_check_period_s=0, health_check_failure_threshold=99
+        )
+        await (await ctl.deploy("a", unchecked, RC)).wait()
+        await serving(ctl, "a", 2)
+        assert failing in {r.tag for r in ctl.snapshot("a").replicas}
+        assert ctl.status("a").state is BackendState.HEALTHY
+
+
 async def test_waiters_get_controller_closed_error_when_it_closes(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

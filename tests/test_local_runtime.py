@@ -479,3 +479,38 @@ async def test_a_monitor_attached_while_the_load_changes_does_not_end_the_worker
         loads = [json.loads(line)["load"] for line in received.splitlines()]
         assert len(loads) >= 2, received
         assert all(isinstance(n, int) for n in loads), received
+
+
+class _Saying:
+    """A replica whose ``load()`` returns what the test last put in `said`."""
+
+    def __init__(self) -> None:
+        self.said: object = 0
+
+    def load(self) -> object:
+        return self.said
+
+
+async def test_a_load_past_the_largest_whole_number_says_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Found by a trial: 2**31 and 10**30 were cut to 2**31-1, which drove an autoscaler to its
+    # maximum; the README says a load outside 0 to 2**31-1 counts as saying nothing.
+    worker = Worker({"tag": "t#1", "epoch": 0})
+    instance = worker.instance = _Saying()
+    ours, theirs = trio.socket.socketpair()
+    heard: list[int | None] = []
+    async with (
+        trio.SocketStream(ours) as near,
+        trio.SocketStream(theirs) as far,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(worker.monitor, LineStream(near))
+        nursery.start_soon(worker.push_load)
+        lines = LineStream(far)
+        # Each differs from the one before as the worker pushes it (a push is of a change).
+        for said in (7, 2**31, 2**31 - 1, 10**30, 3, -1):
+            instance.said = said
+            heard.append((await lines.receive())["load"])
+        nursery.cancel_scope.cancel()
+    assert heard == [7, None, 2**31 - 1, None, 3, None]

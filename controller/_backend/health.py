@@ -127,11 +127,22 @@ class HealthChecks:
         self.schedule.schedule(replica, trio.current_time(), config.health_check_period_s)
 
     def reschedule(self, replicas: Mapping[str, Replica], now: float, period: float) -> None:
-        """A new period (or checks turned on or off): it applies to the replicas running now."""
+        """A new period (or checks turned on or off): it applies to the replicas running now.
+        Turned off, no check is waited for, and no failed one keeps a replica out of the watch
+        snapshot: nothing would ever bring it back."""
         self.schedule.clear()
+        back = False
         for replica in replicas.values():
-            if replica.state is ReplicaState.RUNNING:
-                self.schedule.schedule(replica, now, period)
+            if replica.state is not ReplicaState.RUNNING:
+                continue
+            self.schedule.schedule(replica, now, period)
+            if period <= 0:
+                replica.checking = replica.check_late = False
+                replica.check_failures = 0
+                if not replica.healthy:
+                    replica.healthy = back = True
+        if back:
+            self._ready_changed()
 
     def read(self, now: float, replicas: Mapping[str, Replica], *, take: bool) -> HealthState:
         """What a pass decides on; the checks due are taken off the schedule if `take`."""
@@ -163,6 +174,7 @@ class HealthChecks:
         # then is late, and counts as failed.
         for tag in plan.late:
             self.schedule.schedule(replicas[tag], now, period, taken=True)
+            replicas[tag].check_late = True
             self._fail(replicas[tag], plan.late_reason)
         if plan.checks:
             checked = [replicas[tag] for tag in plan.checks]
@@ -173,8 +185,15 @@ class HealthChecks:
 
     def reported(self, replica: Replica, error: str | None) -> bool:
         """A check of `replica` returned (failed if `error`); False if that changes nothing but
-        the check's being in flight (it passed, and the replica was healthy and serving)."""
+        the check's being in flight (it passed, and the replica was healthy and serving; or it
+        passed after it had been counted late; or it was no longer waited for)."""
+        if not replica.checking:
+            return False  # checks were turned off meanwhile
         replica.checking = False
+        if replica.check_late:
+            replica.check_late = False
+            if error is None:
+                return False  # counted failed when it was late: passing now undoes nothing
         if replica.state is not ReplicaState.RUNNING:
             return True  # stopping, or being reconfigured (checked again once RUNNING)
         if error is not None:

@@ -69,6 +69,9 @@ class Replica:
     """When its next health check is due (inf: none scheduled)."""
     checking: bool = False
     """A health check is in flight (never more than one)."""
+    check_late: bool = False
+    """The check in flight was counted late (failed): if it passes after all, that undoes
+    nothing, or a check always slower than the period would pass as often as it fails."""
     revision: int | None = None
     """The revision it was started with, or last reconfigured to."""
     ready_at: float = -math.inf

@@ -352,8 +352,13 @@ class Worker:
                     complained = True
                     _describe(exc)  # once, in the replica's log
             else:
-                if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-                    count = min(value, MAX_LOAD)
+                # Anything else, a number past MAX_LOAD too, says nothing (the README's rule).
+                if (
+                    isinstance(value, int)
+                    and not isinstance(value, bool)
+                    and 0 <= value <= MAX_LOAD
+                ):
+                    count = value
             if count != self.load:
                 self.load = count
                 for lines, sending in list(self.monitors.items()):
