@@ -372,3 +372,31 @@ async def test_the_daemons_metrics_time_each_check_of_a_wave() -> None:
         if sample.name.endswith("_count")
     }
     assert counts == {"ok": 1, "failed": 1, "timed_out": 1}
+
+
+async def test_a_worker_killed_while_its_child_holds_the_connection_is_seen_dead_at_once(
+    harness: Harness,
+) -> None:
+    # Found by a trial: a replica that forked (multiprocessing, a fork in the user's code) left
+    # a child holding the monitor connection open, so a kill -9 of the worker went unseen until
+    # its checks were late, and it was then "drained" for its whole grace.
+    rt = harness.runtime
+    deaths = Deaths()
+    with trio.fail_after(LIMIT_S):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(rt.serve, deaths)
+            await rt.start_replica(spec("f#1", controller.ReplicaConfig("replicas:Forks")))
+            pid = rt._workers["f#1"].pid
+            try:
+                os.kill(pid, signal.SIGKILL)  # the worker alone: its child lives on
+                await deaths.wait(lambda: deaths.told)
+                ((tag, how),) = deaths.told
+                assert tag == "f#1"
+                assert "SIGKILL" in how
+                got: Results = []
+                await rt.check_health_replicas(["f#1"], got.extend)
+                assert isinstance(got[0][1], ReplicaError)
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)  # the child, in the worker's group
+            nursery.cancel_scope.cancel()

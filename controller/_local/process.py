@@ -61,6 +61,8 @@ class WorkerProcess:
     def close(self) -> None:
         """Let go of the pidfd (once): the worker is forgotten."""
         if self.pidfd >= 0:
+            # A task still waiting on it (the monitor's watch of the process) is told first.
+            trio.lowlevel.notify_closing(self.pidfd)
             os.close(self.pidfd)
             self.pidfd = -1
 

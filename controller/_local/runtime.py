@@ -426,8 +426,13 @@ class LocalRuntime:
         self._watchers.start_soon(self._monitor, worker, link)
 
     async def _monitor(self, worker: WorkerProcess, link: MonitorLink) -> None:
-        # Until the connection ends, which is the news; the loads it carries are passed on.
-        await self._reader.read(link, partial(self._watchers.load, worker.tag))
+        # Until the connection ends, which is the news, or the process does: a child it forked
+        # (multiprocessing, a fork in the user's code) holds the connection open after it.
+        async with trio.open_nursery() as watching:
+            if worker.pidfd >= 0:
+                watching.start_soon(self._exited, worker, watching.cancel_scope)
+            await self._reader.read(link, partial(self._watchers.load, worker.tag))
+            watching.cancel_scope.cancel()
         if worker.killing or self._workers.get(worker.tag) is not worker:
             return
         how = await worker.wait_end(self._fork_server)
@@ -436,6 +441,13 @@ class LocalRuntime:
         self._forget(worker)
         await self._gone(worker.tag)
         self._watchers.died(worker.tag, how)
+
+    async def _exited(self, worker: WorkerProcess, reading: trio.CancelScope) -> None:
+        try:
+            await worker.wait_exit(self._fork_server)
+        except trio.ClosedResourceError:
+            return  # forgotten by a stop, which sees its end itself
+        reading.cancel()
 
     def _forget(self, worker: WorkerProcess) -> None:
         if self._workers.get(worker.tag) is worker:
