@@ -482,6 +482,30 @@ async def test_a_check_health_property_that_raises_is_the_users_failed_check() -
         assert answer["message"] == "looked up, and failed"
 
 
+class _Exits:
+    """A replica whose checks raise what would end a process, each in turn."""
+
+    def __init__(self) -> None:
+        self.raised = iter([SystemExit(5), KeyboardInterrupt(), GeneratorExit("gone")])
+
+    def check_health(self) -> None:
+        raise next(self.raised)
+
+
+async def test_a_check_that_raises_system_exit_fails_and_the_worker_lives_on() -> None:
+    # Found by a trial: sys.exit, KeyboardInterrupt or GeneratorExit from check_health ended the
+    # worker, and the error never showed (the death said only "exited with code 1").
+    async with _monitored(_Exits()) as (_, lines):
+        for ident, (kind, message) in enumerate(
+            [("SystemExit", "5"), ("KeyboardInterrupt", ""), ("GeneratorExit", "gone")]
+        ):
+            await lines.send_line(check_request(ident, 3))
+            answer = decode(await lines.receive_line())
+            assert answer["check"] == ident
+            assert answer["error_type"] == kind
+            assert answer["message"] == message
+
+
 async def test_a_check_cut_short_by_one_connection_is_run_again_for_another() -> None:
     worker = Worker({"tag": "t#1", "epoch": 3})
     release = trio.Event()

@@ -28,12 +28,10 @@ does, the worker kills its own group after the request's ``grace_s``.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import os
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, final
 
@@ -41,8 +39,9 @@ import trio
 
 from .._files import read_regular
 from .._ports.context import ReplicaContext, set_context
-from .._ports.hosting import construct, describe_error, tracebacks
+from .._ports.hosting import construct
 from .logs import DEFAULT_MAX_BYTES, capture_output
+from .user_calls import call, describe, has
 from .wire import (
     MONITOR_CHECKS,
     LineStream,
@@ -51,25 +50,6 @@ from .wire import (
     encode,
     parse_check_request,
 )
-
-
-def _describe(exc: BaseException) -> dict[str, str]:
-    """The user's exception as the runtime reports it: type, message and its traceback from
-    the user's first frame; the whole traceback goes to the worker's log."""
-    whole, shown = tracebacks(exc)
-    sys.stderr.write(whole)
-    return describe_error(exc, shown)
-
-
-async def _call(fn: Callable[..., Any], *args: Any) -> Any:
-    """Call a user method, sync or async. Sync code runs in a thread so the worker stays
-    responsive (pings, drains) while it works."""
-    if inspect.iscoroutinefunction(fn):
-        return await fn(*args)
-    result = await trio.to_thread.run_sync(lambda: fn(*args))
-    if inspect.isawaitable(result):
-        return await result
-    return result
 
 
 @final
@@ -112,9 +92,9 @@ class Worker:
             if self.spec.get("user_config") is not None:
                 reconfigure = getattr(self.instance, "reconfigure", None)
                 if reconfigure is not None:
-                    await _call(reconfigure, self.spec["user_config"])
+                    await call(reconfigure, self.spec["user_config"])
         except Exception as exc:
-            self.init_error = _describe(exc)
+            self.init_error = describe(exc)
         self.ready.set()
 
     async def handle(self, stream: trio.SocketStream) -> None:
@@ -195,7 +175,7 @@ class Worker:
         try:
             method = getattr(self.instance, op, None)
         except Exception as exc:  # a property that raises: the user's error, not the worker's
-            return {"ok": False, **_describe(exc)}
+            return {"ok": False, **describe(exc)}
         if method is None:
             return {"ok": True}  # every method of the contract is optional
         if op == "drain":
@@ -208,11 +188,11 @@ class Worker:
                     refusal = self.check(request)  # again, once its turn has come
                     if refusal is not None:
                         return refusal
-                    await _call(method, request.get("user_config"))
+                    await call(method, request.get("user_config"))
             else:
-                await _call(method)
+                await call(method)
         except Exception as exc:
-            return {"ok": False, **_describe(exc)}
+            return {"ok": False, **describe(exc)}
         return {"ok": True}
 
     async def check_once(self, method: Any) -> dict[str, Any]:
@@ -229,9 +209,9 @@ class Worker:
         self.checking = running = trio.Event()
         answer: dict[str, Any] = {"ok": True}
         try:
-            await _call(method)
+            await call(method)
         except Exception as exc:
-            answer = {"ok": False, **_describe(exc)}
+            answer = {"ok": False, **describe(exc)}
         except BaseException:
             answer = _CUT_SHORT
             raise
@@ -249,9 +229,9 @@ class Worker:
 
             async def drain() -> None:
                 try:
-                    await _call(method)
+                    await call(method)
                 except Exception as exc:
-                    self.drain_answer = {"ok": False, **_describe(exc)}
+                    self.drain_answer = {"ok": False, **describe(exc)}
                 finally:
                     done.set()
 
@@ -314,7 +294,7 @@ class Worker:
             ident, epoch = asked
             request = {"op": "check_health", "epoch": epoch}
             if self.ready.is_set() and (
-                self.init_error is not None or not _has(self.instance, "check_health")
+                self.init_error is not None or not has(self.instance, "check_health")
             ):
                 # No user code to run: answered here, without a task.
                 refusal = self.check(request)
@@ -338,7 +318,7 @@ class Worker:
         try:
             method = getattr(self.instance, "load", None)
         except Exception as exc:  # a property that raises: said in the log, and no load
-            _describe(exc)
+            describe(exc)
             return
         if not callable(method):
             return
@@ -346,11 +326,11 @@ class Worker:
         while True:
             count: int | None = None
             try:
-                value = await _call(method)
+                value = await call(method)
             except Exception as exc:
                 if not complained:
                     complained = True
-                    _describe(exc)  # once, in the replica's log
+                    describe(exc)  # once, in the replica's log
             else:
                 # Anything else, a number past MAX_LOAD too, says nothing (the README's rule).
                 if (
@@ -380,15 +360,6 @@ async def _answer_check(
     with contextlib.suppress(WireError, trio.BrokenResourceError, trio.ClosedResourceError):
         async with sending:
             await lines.send_line(line)
-
-
-def _has(instance: Any, name: str) -> bool:
-    """Whether the replica has a method `name` (True if looking raises: calling it then
-    reports the user's error)."""
-    try:
-        return getattr(instance, name, None) is not None
-    except Exception:
-        return True
 
 
 #: What a check cut short leaves for those that waited on it: nothing to answer with.
