@@ -5,13 +5,14 @@ tests/test_fork_server.py runs workers forked by the fork server."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import socket
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -456,6 +457,21 @@ class _Counting:
         return self.count
 
 
+@contextlib.asynccontextmanager
+async def _pushing(worker: Worker) -> AsyncIterator[trio.SocketStream]:
+    """`worker` serving a monitor connection and pushing its load; yields the runtime's end."""
+    ours, theirs = trio.socket.socketpair()
+    async with (
+        trio.SocketStream(ours) as near,
+        trio.SocketStream(theirs) as far,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(worker.monitor, LineStream(near))
+        nursery.start_soon(worker.push_load)
+        yield far
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_monitor_attached_while_the_load_changes_does_not_end_the_worker() -> None:
     # Found by an audit: a monitor's first send (the load a restarted controller must hear) and
     # push_load's send of a changed load could meet on one stream, and trio's BusyResourceError
@@ -464,18 +480,10 @@ async def test_a_monitor_attached_while_the_load_changes_does_not_end_the_worker
     for _ in range(20):
         worker = Worker({"tag": "t#1", "epoch": 0})
         worker.instance, worker.load = _Counting(), 1
-        ours, theirs = trio.socket.socketpair()
-        async with (
-            trio.SocketStream(ours) as near,
-            trio.SocketStream(theirs) as far,
-            trio.open_nursery() as nursery,
-        ):
-            nursery.start_soon(worker.monitor, LineStream(near))
-            nursery.start_soon(worker.push_load)
+        async with _pushing(worker) as far:
             received = b""
             while received.count(b"\n") < 2:  # the first load, and a changed one
                 received += await far.receive_some(4096)
-            nursery.cancel_scope.cancel()
         loads = [json.loads(line)["load"] for line in received.splitlines()]
         assert len(loads) >= 2, received
         assert all(isinstance(n, int) for n in loads), received
@@ -498,19 +506,11 @@ async def test_a_load_past_the_largest_whole_number_says_nothing(
     # maximum; the README says a load outside 0 to 2**31-1 counts as saying nothing.
     worker = Worker({"tag": "t#1", "epoch": 0})
     instance = worker.instance = _Saying()
-    ours, theirs = trio.socket.socketpair()
     heard: list[int | None] = []
-    async with (
-        trio.SocketStream(ours) as near,
-        trio.SocketStream(theirs) as far,
-        trio.open_nursery() as nursery,
-    ):
-        nursery.start_soon(worker.monitor, LineStream(near))
-        nursery.start_soon(worker.push_load)
+    async with _pushing(worker) as far:
         lines = LineStream(far)
         # Each differs from the one before as the worker pushes it (a push is of a change).
         for said in (7, 2**31, 2**31 - 1, 10**30, 3, -1):
             instance.said = said
             heard.append((await lines.receive())["load"])
-        nursery.cancel_scope.cancel()
     assert heard == [7, None, 2**31 - 1, None, 3, None]

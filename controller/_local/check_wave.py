@@ -6,14 +6,14 @@ and an event of its own (a wave of 100 checks answered in one burst is one repor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 
 import trio
 
 from .._ports.arrivals import Arrivals
-from .._ports.runtime import CheckReport
+from .._ports.runtime import CheckReport, Runtime, check_each
 from .commands import died, refused
 from .link import ENDED, Answer, MonitorLink
 
@@ -61,3 +61,22 @@ async def check_wave(
     finally:
         for link, ident in asking:
             link.forget(ident)
+
+
+async def check_links(
+    runtime: Runtime,
+    links: Mapping[str, MonitorLink | None],
+    epoch: int,
+    runtime_dir: Path,
+    report: CheckReport,
+) -> None:
+    """A wave over the links of the workers that answer checks on theirs; the others (started
+    by an older version, or not held) checked one by one, as `runtime` checks one."""
+    linked = [(tag, link) for tag, link in links.items() if link is not None and link.checks]
+    others = [tag for tag, link in links.items() if link is None or not link.checks]
+    if not others:
+        await check_wave(linked, epoch, runtime_dir, report)
+        return
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(check_each, runtime, others, report)
+        await check_wave(linked, epoch, runtime_dir, report)

@@ -53,9 +53,9 @@ from .._model.errors import ConfigError, FencedError, ReplicaError, ReplicaGoneE
 from .._model.json_values import JSON
 from .._model.placement import SLOTS
 from .._model.spec import ReplicaSpec
-from .._ports.runtime import CheckReport, DeathListener, ReplicaInfo, Watchers, check_each
+from .._ports.runtime import CheckReport, DeathListener, ReplicaInfo, Watchers
 from .._procfs import memory_bytes, scan_workers
-from .check_wave import check_wave
+from .check_wave import check_links
 from .commands import ask_to_stop, command, connect, died, refused
 from .fence_file import fenced_at, raise_fence
 from .layout import LOGS, ZYGOTE_LOG, check_socket_room, remove_replica_files, spec_path
@@ -350,23 +350,9 @@ class LocalRuntime:
             raise refused(tag, epoch, "check_health", answer)
 
     async def check_health_replicas(self, tags: Sequence[str], report: CheckReport) -> None:
-        """The checks of `tags` as a wave over their monitor connections (``check_wave``); a
-        worker that does not answer checks there is checked as ``check_health_replica`` does."""
-        linked: list[tuple[str, MonitorLink]] = []
-        others: list[str] = []
-        for tag in tags:
-            worker = self._workers.get(tag)
-            link = worker.link if worker is not None else None
-            if link is None or not link.checks:
-                others.append(tag)
-            else:
-                linked.append((tag, link))
-        if not others:
-            await check_wave(linked, self._epoch, self.runtime_dir, report)
-            return
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(check_each, self, others, report)
-            await check_wave(linked, self._epoch, self.runtime_dir, report)
+        """The checks of `tags` as a wave over their monitor connections (``check_wave``)."""
+        links = {tag: w.link if (w := self._workers.get(tag)) else None for tag in tags}
+        await check_links(self, links, self._epoch, self.runtime_dir, report)
 
     async def drain_replica(self, tag: str) -> None:
         await self._request(tag, {"op": "drain"})
