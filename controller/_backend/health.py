@@ -41,17 +41,13 @@ class HealthSchedule:
         self._due: list[tuple[float, int, str]] = []
         self._gather = 0.0
 
-    def schedule(self, replica: Replica, now: float, period: float, *, taken: bool = False) -> None:
-        """The replica's next check is one `period` from `now` (none if the period is 0); or,
-        if `taken` (its check, or its lateness, was just taken), one period from when it was
-        due, if that is later (taken early)."""
+    def schedule(self, replica: Replica, now: float, period: float) -> None:
+        """The replica's next check is one `period` from `now` (none if the period is 0)."""
         if period <= 0:
             replica.next_check_at = math.inf
             return
         self._gather = min(period / 10, GATHER_MAX_S)
-        due = replica.next_check_at
-        base = max(now, due) if taken and math.isfinite(due) else now
-        replica.next_check_at = base + period
+        replica.next_check_at = now + period
         heapq.heappush(self._due, (replica.next_check_at, replica.seq, replica.tag))
 
     def clear(self) -> None:
@@ -80,8 +76,9 @@ class HealthSchedule:
         return taken
 
     def taken(self, replicas: list[Replica], now: float, period: float) -> None:
-        """``schedule(replica, now, period, taken=True)`` for each of `replicas` (a wave: the
-        loop a check costs at rest, so it is written out)."""
+        """`replicas`' checks (or their lateness) were just taken: the next of each is one
+        `period` (above 0) from when it was due, if that is later than `now` (taken early), else
+        from `now`. A wave's loop: what a check costs at rest."""
         due = self._due
         self._gather = min(period / 10, GATHER_MAX_S)
         for replica in replicas:
@@ -172,10 +169,11 @@ class HealthChecks:
         period = config.health_check_period_s
         # The next check is due one period on, whatever this one does: a check still in flight
         # then is late, and counts as failed.
-        for tag in plan.late:
-            self.schedule.schedule(replicas[tag], now, period, taken=True)
-            replicas[tag].check_late = True
-            self._fail(replicas[tag], plan.late_reason)
+        late = [replicas[tag] for tag in plan.late]
+        self.schedule.taken(late, now, period)
+        for replica in late:
+            replica.check_late = True
+            self._fail(replica, plan.late_reason)
         if plan.checks:
             checked = [replicas[tag] for tag in plan.checks]
             self.schedule.taken(checked, now, period)
