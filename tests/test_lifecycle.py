@@ -8,6 +8,7 @@ import trio.testing
 
 import controller
 from controller import BackendState, GoalOutcome, ReplicaState
+from controller._api.views import status_json
 from controller.testing import FakeRuntime, FakeState
 
 from .conftest import RC, config, deploy_ready, opened, serving, settle
@@ -385,6 +386,11 @@ async def test_checks_due_together_answer_each_on_its_own(
         await settle()
         assert all(rt.replicas[t].health_checks == [t0 + 10] for t in (hung, sick, well))
         assert serving() == {hung, well}  # the failure is acted on at once
+        # READY counts what serves: a replica out of routing is out of it too, in the status,
+        # its summary (for a listing: no replica walked), its JSON and the charts' numbers.
+        assert ctl.status("a").ready == ctl.summary("a").ready == 2
+        assert status_json(ctl.summary("a"))["ready_of_version"] == 2
+        assert [n.ready for n in ctl.numbers()] == [2]
         await trio.sleep_until(t0 + 14.9)
         await settle()
         assert serving() == {hung, well}
@@ -393,6 +399,13 @@ async def test_checks_due_together_answer_each_on_its_own(
         assert serving() == {well}  # the hung one at its own timeout
         status = {r.tag: r.healthy for r in ctl.status("a").replicas}
         assert status == {hung: False, sick: False, well: True}
+        assert status_json(ctl.status("a"))["ready"] == 1
+        assert status_json(ctl.status("a"))["counts"] == {"RUNNING": 3}
+        rt.replicas[hung].health_hangs = False
+        rt.replicas[sick].health_error = None
+        await trio.sleep_until(t0 + 20)
+        await settle()
+        assert ctl.summary("a").ready == 3  # back once a check passes
 
 
 async def test_health_checks_can_be_turned_off(autojump_clock: trio.testing.MockClock) -> None:

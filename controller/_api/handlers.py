@@ -10,9 +10,9 @@ from typing import Any, Protocol
 import attrs
 import trio
 
+from .._backend.turns import take_turns
 from .._core.controller import Controller
 from .._core.rollouts import with_code_checked
-from .._core.turns import take_turns
 from .._model.errors import ManifestError, UnknownBackendError
 from .._model.load_report import parse_load_body
 from .._model.manifest import BackendDecl, Manifest, parse_manifest

@@ -15,7 +15,6 @@ from .._model.last_applied import BackendDiff
 from .._model.manifest import BackendDecl, config_to_dict
 from .._model.revisions import Revision
 from .._model.status import (
-    SERVING_STATES,
     AutoscalerStatus,
     BackendSnapshot,
     BackendStatus,
@@ -43,13 +42,9 @@ def status_json(status: BackendStatus, *, summary: bool = False) -> dict[str, An
     version = status.version
     counts: dict[str, int] = {}
     counts_by_version: dict[str, dict[str, int]] = {}
-    ready = ready_of_version = 0
     for (replica_version, state), n in status.counts_by_version.items():
         counts[state.value] = counts.get(state.value, 0) + n
         counts_by_version.setdefault(replica_version, {})[state.value] = n
-        if state in SERVING_STATES:
-            ready += n
-            ready_of_version += n if replica_version == version else 0
     now = time.time()
     out: dict[str, Any] = {
         "name": status.name,
@@ -64,8 +59,9 @@ def status_json(status: BackendStatus, *, summary: bool = False) -> dict[str, An
         "last_traceback": status.last_traceback,
         "desired": status.desired_replicas,
         "version": version,
-        "ready": ready,
-        "ready_of_version": ready_of_version,
+        # Those that serve: a replica failing its health checks is out of routing, and of these.
+        "ready": status.ready,
+        "ready_of_version": status.serving.get(version, 0),
         "config": BackendDecl(status.name, status.backend_config, status.replica_config).to_dict(),
         "counts": counts,
         "counts_by_version": counts_by_version,

@@ -19,6 +19,7 @@ from .._model.records import events_key
 from .._ports.store import Store
 from . import events as ev
 from .history import EventLog
+from .turns import Turns
 
 logger = logging.getLogger("controller")
 
@@ -40,8 +41,10 @@ class Intent:
         record: Callable[[], tuple[dict[str, str | None], Callable[[], None]]],
         history: EventLog,
         send: Callable[[ev.Event], None],
+        turns: Turns,
     ):
         self._name = name
+        self._turns = turns
         self._store = store
         self._record = record
         self._history = history
@@ -199,6 +202,9 @@ class Intent:
             await trio.sleep(delay)
             return False
         self._failures = 0
+        # One store write lands for every backend that asked meanwhile (thousands, in a prune):
+        # they go on in turns, not all in one round of the loop.
+        await self._turns.take()
         return True
 
 

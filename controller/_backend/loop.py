@@ -53,6 +53,7 @@ from .replica_set import ReplicaSet
 from .rollout import Rollout
 from .scaling import Scaling
 from .settle import GoalSettler, unfinished
+from .turns import Turns
 from .watch import SnapshotHub
 
 logger = logging.getLogger("controller")
@@ -77,6 +78,9 @@ class Shared:
     roll_back: Callable[[str, int], None]
     """Undo a backend's failed revision (given) to its last good one, in the controller's
     nursery (the spec is the controller's to write)."""
+    turns: Turns = attrs.field(factory=Turns)
+    """Taken before each pass and after each write, so that what wakes thousands of backends
+    at once does not hold the loop for seconds."""
 
 
 @final
@@ -113,7 +117,12 @@ class Backend(Reducer):
         self._snapshot_dirty = True
         self.journal = Journal(name, shared.observer, lambda: self._intent.events_changed())
         self._intent = Intent(
-            name, shared.store, self._set.record, self.journal.log, self._send_nowait
+            name,
+            shared.store,
+            self._set.record,
+            self.journal.log,
+            self._send_nowait,
+            shared.turns,
         )
         self._tasks = tasks.Launcher(shared.runtime, self._intent, self._send_nowait)
         self._alarm = tasks.Alarm(self._tasks)
@@ -238,6 +247,9 @@ class Backend(Reducer):
             done = await self._pass()
             while not done:
                 event = await self._receive.receive()
+                # A turn of the loop's: it also lets the tasks just started (and watchers just
+                # woken) run first, so a burst of events is coalesced, not handled a pass each.
+                await self._shared.turns.take()
                 taken_at = trio.current_time()
                 handled = 0
                 # Coalesce a burst: one pass for everything already queued, and none if it
@@ -330,9 +342,6 @@ class Backend(Reducer):
         if plan.reached and not self._settler.resolving(self.goal):
             self.journal.reached(spec.generation)
             self._settler.resolve(self.goal, Goal.complete)
-        # Let the tasks just started (and watchers just woken) run before the next pass, so a
-        # burst of events is coalesced instead of handled one pass each.
-        await trio.lowlevel.checkpoint()
         return False
 
     def _read(self, now: float, config_digest: str, hands_config: bool) -> PassState:
@@ -421,11 +430,10 @@ class Backend(Reducer):
     # -- views --
 
     def numbers(self) -> BackendNumbers:
-        """Its counts, from the census and the load book: no replica is walked."""
-        census = self._set.census
+        """Its counts, from those serving and the load book: no replica is walked."""
         load = self._scaling.load(trio.current_time())
         desired = 0 if self.spec.deleting else self.desired
-        ready = census.count(ReplicaState.RUNNING) + census.count(ReplicaState.UPDATING)
+        ready = len(self._set.serving)
         return BackendNumbers(self.name, desired, ready, load.in_flight, load.queued)
 
     def status(self, *, summary: bool = False) -> BackendStatus:
@@ -434,7 +442,7 @@ class Backend(Reducer):
             self.name,
             self.spec,
             None if summary else self.replicas.values(),
-            view.Tally.of(self._set.census, self._set.unhealthy),
+            view.Tally.of(self._set.census, self._set.unhealthy, self._set.serving_of),
             self._failures,
             goal=self.goal,
             observed_generation=self._observed_generation,

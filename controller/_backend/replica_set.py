@@ -62,6 +62,8 @@ class ReplicaSet:
         change a new one sharing the rest, so that a snapshot takes it as it is."""
         self.unhealthy = 0
         """How many of its replicas' latest health check failed."""
+        self.serving_of: dict[str, int] = {}
+        """How many replicas of each version are in `serving` (what READY counts)."""
         # Each replica's checkpoint entry, in the order of `by_tag`, and the tags whose entry
         # must be made anew: a checkpoint re-encodes only what changed, and joins the rest.
         self._entries = Pages()
@@ -122,7 +124,10 @@ class ReplicaSet:
             if at is None:
                 replica.listed_at = len(self.serving)
                 self.serving = self.serving.appended(view)
+                self._count(view.version, 1)
             elif self.serving[at] is not view:
+                self._count(self.serving[at].version, -1)
+                self._count(view.version, 1)
                 self.serving = self.serving.replaced(at, view)  # it keeps its place
         else:
             self._unlist(replica)
@@ -133,12 +138,20 @@ class ReplicaSet:
         if at is None:
             return
         replica.listed_at = None
+        self._count(self.serving[at].version, -1)
         last = len(self.serving) - 1
         if at != last:
             moved = self.serving[last]
             self.serving = self.serving.replaced(at, moved)
             self.by_tag[moved.tag].listed_at = at
         self.serving = self.serving.without_last()
+
+    def _count(self, version: str, change: int) -> None:
+        n = self.serving_of.get(version, 0) + change
+        if n:
+            self.serving_of[version] = n
+        else:
+            del self.serving_of[version]
 
     def stale(self, replica: Replica) -> None:
         """`replica`'s checkpoint entry must be made anew."""

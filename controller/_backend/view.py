@@ -37,13 +37,15 @@ class Tally:
 
     by_version: Mapping[tuple[str, ReplicaState], int]
     unhealthy: int
+    serving: Mapping[str, int]
+    """By version, those listed to watchers: running or updating, and healthy."""
 
     @classmethod
-    def of(cls, census: Census, unhealthy: int) -> Tally:
+    def of(cls, census: Census, unhealthy: int, serving: Mapping[str, int]) -> Tally:
         by_version: dict[tuple[str, ReplicaState], int] = {}
         for (state, version, _, _), n in census.items():
             by_version[version, state] = by_version.get((version, state), 0) + n
-        return cls(by_version, unhealthy)
+        return cls(by_version, unhealthy, dict(serving))
 
     @property
     def total(self) -> int:
@@ -107,6 +109,7 @@ def status_of(
         autoscaler=autoscaler,
         rollout=None if revisions is None else rollout_of(spec, revisions),
         tally=tally.by_version if replicas is None else None,
+        serving=tally.serving,
     )
 
 

@@ -18,6 +18,7 @@ import trio
 from .._backend.goal import Goal
 from .._backend.loop import Backend
 from .._backend.observe import Observer
+from .._backend.turns import take_turns
 from .._backend.watch import SnapshotHub, SnapshotStream
 from .._model.config import BackendConfig, ReplicaConfig, check_backend_name
 from .._model.errors import (
@@ -45,7 +46,6 @@ from .._ports.runtime import Runtime
 from .._ports.store import Store
 from . import rollouts as rollouts
 from .desk import Applied, SpecDesk
-from .turns import take_turns
 
 logger = logging.getLogger("controller")
 

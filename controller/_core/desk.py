@@ -25,6 +25,7 @@ from .._backend.goal import Goal
 from .._backend.history import plural
 from .._backend.loop import Backend, Shared
 from .._backend.observe import Observer
+from .._backend.turns import take_turns
 from .._backend.watch import SnapshotHub
 from .._model.checkpoint import dump
 from .._model.code import CodeDigest, code_digest
@@ -41,7 +42,6 @@ from .._ports.store import Store
 from .capacity import Reservations
 from .locks import Held, NameLocks
 from .routes import RouteClaims, route_of
-from .turns import take_turns
 
 #: A backend's two configs, as a deploy names them.
 Configs = tuple[BackendConfig, ReplicaConfig]

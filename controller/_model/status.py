@@ -225,7 +225,7 @@ class BackendNumbers:
     desired: int
     """As ``BackendStatus.desired_replicas``."""
     ready: int
-    """Replicas RUNNING or UPDATING."""
+    """Replicas serving (as ``BackendStatus.ready``)."""
     in_flight: int
     queued: int
 
@@ -340,6 +340,15 @@ class BackendStatus:
     tally: Mapping[tuple[str, ReplicaState], int] | None = None
     """Set when `replicas` and `events` were left out (``Controller.summary``): how many
     replicas of each version are in each state, which `counts_by_version` then reads."""
+    serving: Mapping[str, int] = attrs.field(factory=dict)
+    """How many replicas of each version serve: those listed to routers (ready, healthy and
+    not stopping; after a restart, also those that served and are being adopted). A replica
+    whose health check failed is left out until one passes."""
+
+    @property
+    def ready(self) -> int:
+        """How many replicas serve (READY in ``controller status``)."""
+        return sum(self.serving.values())
 
     @property
     def desired_replicas(self) -> int:

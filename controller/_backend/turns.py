@@ -1,0 +1,46 @@
+"""Turns on the controller's one loop: work that thousands of tasks must do at once is spread
+over many rounds of trio's scheduler, and its sockets (a lease renewal, an API request) are
+looked at between rounds."""
+
+from __future__ import annotations
+
+from typing import final
+
+import trio
+
+#: How many backends a pass handles between two turns of the rest of the loop (each costs up to
+#: ~0.5 ms, so a turn comes every few tens of milliseconds).
+TURN_EVERY = 64
+
+#: How many tasks go on after a turn in each round (a backend's pass after a burst of events
+#: costs ~0.2 ms at rest, so a round of them stays within a few milliseconds).
+PER_ROUND = 32
+
+
+async def take_turns(done: int) -> None:
+    """After every `TURN_EVERY` items of a pass (`done` so far), let the other tasks run: an
+    apply of thousands of backends must not hold up a lease renewal or a request for seconds."""
+    if done % TURN_EVERY == 0:
+        await trio.lowlevel.checkpoint()
+
+
+@final
+class Turns:
+    """At most `per_round` of the tasks that `take` a turn go on in each round of the scheduler.
+
+    trio runs every task that is ready, one after the other, before it looks at its sockets
+    again. One event can make thousands ready at once: a prune of 5,000 backends hands each its
+    delete, and the store write that lands for all of them wakes them all again. Each round of
+    5,000 passes held the loop for most of a second, with no request answered and no lease
+    renewed. A turn is a token held from one round to the next and given back as its task goes
+    on, so the rest wait, in order, for the rounds after. A task that finds a token free pays
+    one checkpoint.
+    """
+
+    def __init__(self, per_round: int = PER_ROUND):
+        self._tokens = trio.Semaphore(per_round)
+
+    async def take(self) -> None:
+        """Wait for a turn: what the caller does up to its next checkpoint is that turn."""
+        async with self._tokens:
+            pass
