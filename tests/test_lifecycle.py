@@ -390,6 +390,8 @@ async def test_checks_due_together_answer_each_on_its_own(
         # its summary (for a listing: no replica walked), its JSON and the charts' numbers.
         assert ctl.status("a").ready == ctl.summary("a").ready == 2
         assert status_json(ctl.summary("a"))["ready_of_version"] == 2
+        # And says why, though the replica is not replaced yet (one failure of three).
+        assert ctl.status("a").last_error == "unhealthy: RuntimeError: disk full"
         assert [n.ready for n in ctl.numbers()] == [2]
         await trio.sleep_until(t0 + 14.9)
         await settle()
@@ -406,6 +408,7 @@ async def test_checks_due_together_answer_each_on_its_own(
         await trio.sleep_until(t0 + 20)
         await settle()
         assert ctl.summary("a").ready == 3  # back once a check passes
+        assert ctl.status("a").last_error is None
 
 
 async def test_health_checks_can_be_turned_off(autojump_clock: trio.testing.MockClock) -> None:

@@ -133,6 +133,11 @@ class Journal:
             logger.warning("replica %s: %s (%s)", tag, error, then)
         self.event(kind, f"replica {tag}: {error}; {then}")
 
+    def unhealthy(self, error: str) -> None:
+        """A replica failed a health check, below its threshold: it serves no more, and the
+        status says why while it does not (an event tells each failed check)."""
+        self.last_error, self.last_traceback = f"unhealthy: {error}", None
+
     def start_failed(self, tag: str, version: str, error: str, traceback: str | None) -> None:
         """Kept for the status (the replica itself is about to go); told by ``failure``."""
         failed = FailedStart(tag, version, error, traceback, time.time())

@@ -266,6 +266,8 @@ class Reducer:
         if replica.check_failures >= threshold:
             self._reports.failure(replica.tag, "Unhealthy", f"unhealthy: {error}")
             self._stop_now(replica, graceful=True)
+        else:
+            self.journal.unhealthy(error)
 
     # -- stops --
 
