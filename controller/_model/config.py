@@ -109,10 +109,22 @@ def _schema(**schema: Any) -> dict[str, Any]:
 
 def fields_of(config: BackendConfig | ReplicaConfig) -> dict[str, Any]:
     """A config's fields by name, the autoscaling block as a plain mapping (or None)."""
-    out = attrs.asdict(config, recurse=False)
+    # By names read once a class, not attrs.asdict: a listing of 1,000 backends asks this
+    # 2,000 times, and asdict's generic walk was a sixth of it.
+    out = {name: getattr(config, name) for name in _field_names(type(config))}
     if out.get("autoscaling") is not None:
         out["autoscaling"] = attrs.asdict(out["autoscaling"])
     return out
+
+
+_FIELD_NAMES: dict[type[Any], tuple[str, ...]] = {}
+
+
+def _field_names(cls: type[Any]) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in attrs.fields(cls))
+    return names
 
 
 def field_schemas(cls: type[Any]) -> dict[str, dict[str, Any]]:
