@@ -39,6 +39,9 @@ class Scalings:
     def failure(self, backend: str, kind: str) -> None:
         pass
 
+    def late_checks(self, backend: str, count: int) -> None:
+        pass
+
     def rollout(self, backend: str, outcome: str) -> None:
         pass
 

@@ -8,10 +8,11 @@ import trio.testing
 
 import controller
 from controller import BackendState, GoalOutcome, ReplicaState
+from controller._api.metrics import Metrics
 from controller._api.views import status_json
 from controller.testing import FakeRuntime, FakeState
 
-from .conftest import RC, config, deploy_ready, opened, serving, settle
+from .conftest import DEADLOCK_LIMIT_S, RC, config, deploy_ready, opened, serving, settle
 
 S = FakeState
 
@@ -340,6 +341,51 @@ async def test_no_health_check_before_ready_and_never_two_at_once(
         status = ctl.status("a")
         assert status.replicas[0].healthy is False
         assert status.state is BackendState.UNHEALTHY
+
+
+async def test_late_checks_are_counted_in_the_daemons_metrics(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Found by a trial: a check failed as late makes no call to the runtime, so the histogram
+    # that times calls never saw it; a hung check looked, on /metrics, like no check at all.
+    rt = FakeRuntime()
+    metrics = Metrics()
+    cfg = config(
+        health_check_period_s=10,
+        health_check_timeout_s=30,
+        health_check_failure_threshold=10,
+        start_timeout_s=600,
+    )
+
+    def late() -> dict[str, float]:
+        return {
+            sample.labels["backend"]: sample.value
+            for family in metrics.registry.collect()
+            if family.name == "controller_health_checks_late"
+            for sample in family.samples
+            if sample.name.endswith("_total")
+        }
+
+    with trio.fail_after(DEADLOCK_LIMIT_S):
+        async with controller.open_controller(
+            runtime=rt, store=controller.MemoryStore(), observer=metrics
+        ) as ctl:
+            await ctl.deploy("a", cfg, RC)
+            await settle()
+            (tag,) = rt.tags(S.STARTING)
+            rt.finish_start(tag)
+            t0 = trio.current_time()
+            await settle()
+            rt.replicas[tag].health_hangs = True
+            await trio.sleep_until(t0 + 95)
+            await settle()
+            # Sent at +10, +40 and +70 (each hung until its timeout); late at +20, +30, +50,
+            # +60, +80 and +90.
+            assert rt.replicas[tag].health_checks == [t0 + 10, t0 + 40, t0 + 70]
+            assert late() == {"a": 6}
+            await (await ctl.delete("a", force=True)).wait()
+            await settle()
+            assert late() == {}  # a deleted backend's series go with it
 
 
 async def test_checks_due_close_together_are_taken_together_each_on_its_own_cadence(

@@ -52,6 +52,12 @@ class Metrics:
             ["backend", "kind"],
             registry=r,
         )
+        self.late_checks_total = Counter(
+            "controller_health_checks_late",
+            "Health checks failed as late: due while the one before was unanswered",
+            ["backend"],
+            registry=r,
+        )
         self.starts = Histogram(
             "controller_replica_start_seconds",
             "Replica start (or adoption) to ready, by outcome",
@@ -108,6 +114,9 @@ class Metrics:
         self.failures.labels(backend, kind).inc()
         self._kinds.setdefault(backend, set()).add(kind)
 
+    def late_checks(self, backend: str, count: int) -> None:
+        self.late_checks_total.labels(backend).inc(count)
+
     def autoscaled(self, backend: str, before: int, after: int) -> None:
         direction = "up" if after > before else "down"
         self.scalings.labels(backend, direction).inc()
@@ -121,6 +130,8 @@ class Metrics:
         # A deleted backend's series go with it: name churn must not grow the exposition.
         with contextlib.suppress(KeyError):
             self.events.remove(backend)
+        with contextlib.suppress(KeyError):
+            self.late_checks_total.remove(backend)
         for direction in self._directions.pop(backend, ()):
             with contextlib.suppress(KeyError):
                 self.scalings.remove(backend, direction)

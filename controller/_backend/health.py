@@ -99,10 +99,12 @@ class HealthChecks:
         launcher: Launcher,
         failed: Callable[[Replica, str], None],
         ready_changed: Callable[[], None],
+        late: Callable[[int], None],
     ):
         self.schedule = HealthSchedule()
         self._launcher = launcher
         self._failed = failed
+        self._late = late
         self._ready_changed = ready_changed
         self._adoptions_due = math.inf
 
@@ -171,6 +173,8 @@ class HealthChecks:
         # then is late, and counts as failed.
         late = [replicas[tag] for tag in plan.late]
         self.schedule.taken(late, now, period)
+        if late:
+            self._late(len(late))
         for replica in late:
             replica.check_late = True
             self._fail(replica, plan.late_reason)

@@ -152,7 +152,12 @@ class Backend(Reducer):
         )
         self._set.rollout = self._rollout.record
         self._restored = False
-        self._health = HealthChecks(self._tasks, self._check_failed, self._ready_changed)
+        self._health = HealthChecks(
+            self._tasks,
+            self._check_failed,
+            self._ready_changed,
+            late=lambda n: shared.observer.late_checks(name, n),
+        )
         self._load_only = False  # the events of this pass were all LoadChanged
         self._scaling = Scaling(
             name,

@@ -22,6 +22,11 @@ class Observer(Protocol):
         ReconfigureFailed."""
         ...
 
+    def late_checks(self, backend: str, count: int) -> None:
+        """`count` health checks of `backend` came due while the one before was unanswered:
+        each fails as late, without a call to the runtime (which times only the calls)."""
+        ...
+
     def autoscaled(self, backend: str, before: int, after: int) -> None:
         """`backend`'s autoscaler changed its replica count from `before` to `after`."""
         ...
@@ -42,6 +47,9 @@ class NullObserver:
         pass
 
     def failure(self, backend: str, kind: str) -> None:
+        pass
+
+    def late_checks(self, backend: str, count: int) -> None:
         pass
 
     def autoscaled(self, backend: str, before: int, after: int) -> None:
