@@ -24,7 +24,7 @@ import controller
 import controller.testing
 from controller import GoalOutcome
 from controller._local.wire import LineStream
-from controller._local.worker import Worker
+from controller._local.worker import LOAD_HUNG_S, LOAD_SAMPLE_S, Worker
 from controller._ports.wrap import RuntimeWrapper
 
 from .replicas import events
@@ -514,3 +514,41 @@ async def test_a_load_past_the_largest_whole_number_says_nothing(
             instance.said = said
             heard.append((await lines.receive())["load"])
     assert heard == [7, None, 2**31 - 1, None, 3, None]
+
+
+class _Hanging:
+    """A replica whose async ``load()`` waits for `go`, then says `said` (async, so that the
+    test's clock is trio's alone: a sync one would run in a thread the mock clock cannot see)."""
+
+    def __init__(self) -> None:
+        self.said = 5
+        self.go = trio.Event()
+        self.go.set()
+
+    async def load(self) -> int:
+        await self.go.wait()
+        return self.said
+
+
+async def test_a_load_that_hangs_says_nothing_until_it_returns(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Found by a trial: a load() that hung kept its last figure for good, holding an autoscaler
+    # where it was. It now says nothing once a call has not returned within LOAD_HUNG_S.
+    worker = Worker({"tag": "t#1", "epoch": 0})
+    instance = worker.instance = _Hanging()
+    heard: list[tuple[int | None, float]] = []
+    # Virtual seconds: a worker that never says None would otherwise be waited for ever.
+    with trio.fail_after(30):
+        async with _pushing(worker) as far:
+            lines = LineStream(far)
+            heard.append(((await lines.receive())["load"], 0.0))
+            instance.go = trio.Event()
+            began = trio.current_time()
+            heard.append(((await lines.receive())["load"], trio.current_time() - began))
+            instance.said = 6
+            instance.go.set()
+            heard.append(((await lines.receive())["load"], 0.0))
+    assert [load for load, _ in heard] == [5, None, 6], heard
+    # Said once the call has not returned for LOAD_HUNG_S (begun within a sample of the hang).
+    assert LOAD_HUNG_S <= heard[1][1] <= LOAD_HUNG_S + LOAD_SAMPLE_S

@@ -32,6 +32,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, final
 
@@ -313,8 +314,8 @@ class Worker:
     async def push_load(self) -> None:
         """For a replica with a ``load()`` method: call it every `LOAD_SAMPLE_S`, and push what
         it returns (requests it holds, a whole number >= 0, at most `MAX_LOAD`) to the runtime
-        when it changes; ``null`` once it raises or returns anything else, so that a stale
-        figure does not hold the backend where it was."""
+        when it changes; ``null`` once it raises or returns anything else, or has not returned
+        within `LOAD_HUNG_S`, so that a stale figure does not hold the backend where it was."""
         try:
             method = getattr(self.instance, "load", None)
         except Exception as exc:  # a property that raises: said in the log, and no load
@@ -322,6 +323,20 @@ class Worker:
             return
         if not callable(method):
             return
+        # One call at a time, in a task of its own: a call that hangs is waited for (a sync
+        # load() runs in a thread, which nothing can stop), but said to say nothing meanwhile.
+        sent, said = trio.open_memory_channel[int | None](0)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._sample_load, method, sent)
+            while True:
+                count: int | None = None
+                with trio.move_on_after(LOAD_HUNG_S):
+                    count = await said.receive()
+                await self._push(count)
+
+    async def _sample_load(
+        self, method: Callable[[], Any], sent: trio.MemorySendChannel[int | None]
+    ) -> None:
         complained = False
         while True:
             count: int | None = None
@@ -339,15 +354,17 @@ class Worker:
                     and 0 <= value <= MAX_LOAD
                 ):
                     count = value
-            if count != self.load:
-                self.load = count
-                for lines, sending in list(self.monitors.items()):
-                    with contextlib.suppress(
-                        WireError, trio.BrokenResourceError, trio.ClosedResourceError
-                    ):
-                        async with sending:
-                            await lines.send({"load": count})
+            await sent.send(count)
             await trio.sleep(LOAD_SAMPLE_S)
+
+    async def _push(self, count: int | None) -> None:
+        if count == self.load:
+            return
+        self.load = count
+        for lines, sending in list(self.monitors.items()):
+            with contextlib.suppress(WireError, trio.BrokenResourceError, trio.ClosedResourceError):
+                async with sending:
+                    await lines.send({"load": count})
 
 
 async def _answer_check(
@@ -401,6 +418,8 @@ async def _end_after(grace_s: float) -> None:
 #: the most it may say (as an ingress's report: past it is a bug, not a load).
 LOAD_SAMPLE_S = 0.1
 MAX_LOAD = 2**31 - 1
+#: How long a ``load()`` may take before the replica counts as saying nothing (until it returns).
+LOAD_HUNG_S = 1.0
 
 
 async def serve(spec: dict[str, Any]) -> None:
