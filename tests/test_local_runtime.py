@@ -12,9 +12,9 @@ import shutil
 import signal
 import socket
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 import trio
@@ -23,6 +23,7 @@ import trio.testing
 import controller
 import controller.testing
 from controller import GoalOutcome
+from controller._local.user_calls import call
 from controller._local.wire import LineStream
 from controller._local.worker import LOAD_HUNG_S, LOAD_SAMPLE_S, Worker
 from controller._ports.wrap import RuntimeWrapper
@@ -552,3 +553,17 @@ async def test_a_load_that_hangs_says_nothing_until_it_returns(
     assert [load for load, _ in heard] == [5, None, 6], heard
     # Said once the call has not returned for LOAD_HUNG_S (begun within a sample of the hang).
     assert LOAD_HUNG_S <= heard[1][1] <= LOAD_HUNG_S + LOAD_SAMPLE_S
+
+
+async def test_a_plain_method_that_returns_a_coroutine_has_it_awaited() -> None:
+    # Found by a trial: trio refused the thread's result with "Trio expected a sync function,
+    # but 'call.<locals>.<lambda>' appears to be asynchronous", naming nothing of the user's.
+    async def answer() -> int:
+        await trio.lowlevel.checkpoint()
+        return 7
+
+    class Replica:
+        def check_health(self) -> Coroutine[Any, Any, int]:
+            return answer()
+
+    assert await call(Replica().check_health) == 7

@@ -35,7 +35,9 @@ async def call(fn: Callable[..., Any], *args: Any) -> Any:
     try:
         if inspect.iscoroutinefunction(fn):
             return await fn(*args)
-        result = await trio.to_thread.run_sync(lambda: fn(*args))
+        # Boxed: trio refuses a thread's result that is a coroutine, naming our lambda, not the
+        # user's method; one returned by a plain method is awaited here, as an async one is.
+        (result,) = await trio.to_thread.run_sync(lambda: (fn(*args),))
         if inspect.isawaitable(result):
             return await result
         return result
