@@ -461,7 +461,7 @@ async def test_a_leader_stopped_past_its_lease_changes_nothing_when_it_wakes(
 
             # The store holds the new leader's change, as the new leader and the old one (now
             # a standby reading it) both say.
-            stored = store_view(await RayKVStore(namespace).read_all(), [str(HERE)])
+            stored = await store_view(await RayKVStore(namespace).read_all(), [str(HERE)])
             in_store = stored.status("app")
             assert in_store.backend_config.num_replicas == 3
             assert in_store.backend_config.user_config == {"n": 2}
