@@ -315,8 +315,9 @@ class SpecDesk:
                         # Closed during the write (a leader that lost its lease): the change
                         # is stored, and the controller that opens the store next goes on.
                         raise ControllerClosedError(
-                            "the controller closed while the change was being written; it "
-                            "is stored, and the next controller to open the store carries it out"
+                            "the controller closed while the change was being written (it "
+                            "stopped leading, or is shutting down); the change is stored, and "
+                            "the next controller to open the store (a new leader) carries it out"
                         )
                     await self._nursery.start(backend.run)
         finally:
