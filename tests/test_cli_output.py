@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from controller._cli.ingress import describe_ingress
 from controller._cli.output import EscapedText, display_width, print_backend, print_table
 from controller._cli.rollout import print_history
 from controller._model.text import safe_text
@@ -158,3 +159,16 @@ def test_a_replicas_error_cannot_print_lines_of_its_own_in_a_status() -> None:
     assert any(line.startswith("Message:") and "\\n2026-12-02" in line for line in lines)
     assert any(line.startswith("Last error:") and "\\u2028next" in line for line in lines)
     assert any(line.startswith("  rollout error: boom\\n2026") for line in lines)
+
+
+def test_the_ingress_line_names_the_slots_not_following_yet() -> None:
+    # Found by a trial: "not following this daemon yet: 0" read as a count of none.
+    processes = [
+        {"slot": 0, "pid": 11, "state": "serving", "following": False},
+        {"slot": 1, "pid": 12, "state": "serving", "following": True},
+    ]
+    line = describe_ingress({"listen": "127.0.0.1:8000", "processes": processes})
+    assert line == (
+        "ingress: 2/2 processes serving on http://127.0.0.1:8000 (pids 11, 12); "
+        "not following this daemon yet: slot 0"
+    )

@@ -182,5 +182,6 @@ def describe_ingress(ingress: dict[str, Any]) -> str:
         line += f"; {restarts} restarted" + (f" (last: {last[-1]})" if last else "")
     lost = [str(p["slot"]) for p in serving if not p.get("following")]
     if lost:
-        line += f"; not following this daemon yet: {', '.join(lost)}"
+        slots = "slot" if len(lost) == 1 else "slots"
+        line += f"; not following this daemon yet: {slots} {', '.join(lost)}"
     return line
