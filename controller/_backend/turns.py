@@ -4,9 +4,12 @@ looked at between rounds."""
 
 from __future__ import annotations
 
-from typing import final
+from collections.abc import Generator
+from typing import TypeVar, final
 
 import trio
+
+T = TypeVar("T")
 
 #: How many backends a pass handles between two turns of the rest of the loop (each costs up to
 #: ~0.5 ms, so a turn comes every few tens of milliseconds).
@@ -21,6 +24,20 @@ async def take_turns(done: int) -> None:
     """After every `TURN_EVERY` items of a pass (`done` so far), let the other tasks run: an
     apply of thousands of backends must not hold up a lease renewal or a request for seconds."""
     if done % TURN_EVERY == 0:
+        await trio.lowlevel.checkpoint()
+
+
+async def in_turns(steps: Generator[None, None, T]) -> T:
+    """Run `steps` (a generator that yields between its steps and returns a result) with a
+    turn of the rest of the loop at each step; its result. A thread would do as well on the
+    real clock, but under a test's MockClock a thread at work looks like every task asleep,
+    and the clock jumps."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: T = done.value
+            return result
         await trio.lowlevel.checkpoint()
 
 

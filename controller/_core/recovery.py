@@ -16,7 +16,8 @@ import trio
 from .._backend.history import plural
 from .._backend.loop import Backend
 from .._backend.tasks import kill_replica
-from .._model.checkpoint import parse_all
+from .._backend.turns import in_turns, take_turns
+from .._model.checkpoint import parse_in_steps
 from .._model.placement import Demand
 from .._model.records import RevisionsRecord, events_key, page_key, replicas_key, revisions_key
 from .._model.spec import Spec
@@ -33,13 +34,18 @@ async def recover(
     new_backend: Callable[[str, Spec, RevisionsRecord | None], Backend],
     nursery: trio.Nursery,
 ) -> None:
-    """Rebuild every stored backend with `new_backend`, and start their tasks in `nursery`."""
-    checkpoint = parse_all(await store.read_all())
+    """Rebuild every stored backend with `new_backend`, and start their tasks in `nursery`.
+
+    The loop goes on meanwhile (the lease's renewal among its tasks): the texts are parsed and
+    the backends restored in turns. A replica that dies meanwhile is one that died before its
+    adoption, which finds it gone."""
+    checkpoint = await in_turns(parse_in_steps(await store.read_all()))
     live = set(await runtime.list_replicas())
     backends: list[Backend] = []
     named: set[str] = set()
     gone: list[str] = []
-    for name, record in sorted(checkpoint.specs.items()):
+    for done, (name, record) in enumerate(sorted(checkpoint.specs.items()), 1):
+        await take_turns(done)
         backend = new_backend(name, Spec.from_record(record), checkpoint.revisions.get(name))
         gone += backend.restore(checkpoint.replicas.get(name), live, checkpoint.events.get(name))
         named.update(backend.replicas)

@@ -14,9 +14,9 @@ from typing import NoReturn, final
 import trio
 
 from .._backend.observe import NullObserver
-from .._backend.turns import take_turns
+from .._backend.turns import in_turns, take_turns
 from .._core.controller import Controller
-from .._model.checkpoint import parse_all
+from .._model.checkpoint import parse_in_steps
 from .._model.json_values import JSON
 from .._model.policy import RestartPolicy
 from .._model.spec import ReplicaSpec, Spec
@@ -27,12 +27,10 @@ async def store_view(data: Mapping[str, str], code_path: Sequence[str]) -> Contr
     """A controller holding what `data` (a store's keys) says; ``CheckpointError`` if it cannot
     be read.
 
-    Built while the daemon's loop goes on: a store of 16,000 backends took 6 s to read and
-    restore, in one step that held the standby's API (and every task of its loop) that long.
-    The texts are parsed in a thread (the loop then waits at most a switch interval for the
-    GIL), and the backends restored in turns."""
-    copied = dict(data)
-    checkpoint = await trio.to_thread.run_sync(parse_all, copied)
+    Built in turns with the rest of the daemon's loop: a store of 16,000 backends took 6 s to
+    parse and restore, in one step that held the standby's API (and every task of its loop)
+    that long."""
+    checkpoint = await in_turns(parse_in_steps(dict(data)))
     ctl = Controller(
         _Inert(), _Inert(), RestartPolicy(), random.Random(0), NullObserver(), list(code_path)
     )

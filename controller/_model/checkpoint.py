@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterable
+from collections.abc import Generator, Iterable
 from json.encoder import encode_basestring_ascii as _quote
 from typing import Any, TypeVar
 
@@ -256,14 +256,33 @@ class Checkpoint:
     revisions: dict[str, RevisionsRecord] = attrs.field(factory=dict)
 
 
+#: How many keys `parse_in_steps` parses between two of its steps.
+KEYS_A_STEP = 128
+
+
 def parse_all(items: dict[str, str]) -> Checkpoint:
     """Parse a whole store; raises CheckpointError before the controller acts on any of it."""
+    steps = parse_in_steps(items)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            checkpoint: Checkpoint = done.value
+            return checkpoint
+
+
+def parse_in_steps(items: dict[str, str]) -> Generator[None, None, Checkpoint]:
+    """``parse_all`` a step at a time: it yields after every `KEYS_A_STEP` keys, and returns
+    the checkpoint. A caller on an event loop lets its other tasks run at each step (parsing
+    a store of thousands of backends takes seconds)."""
     specs: dict[str, SpecRecord] = {}
     replicas: dict[str, ReplicasRecord] = {}
     pages: dict[str, dict[int, ReplicaPageRecord]] = {}
     events: dict[str, EventsRecord] = {}
     revisions: dict[str, RevisionsRecord] = {}
-    for key, text in items.items():
+    for done, (key, text) in enumerate(items.items(), 1):
+        if done % KEYS_A_STEP == 0:
+            yield
         if key.startswith(SPEC_PREFIX):
             spec = load(key, text, SpecRecord)
             _check_name(key, SPEC_PREFIX, spec.name)
