@@ -314,16 +314,21 @@ async def test_health_checks_run_on_schedule_and_replace_after_the_threshold(
         assert ctl.status("a").last_error is None  # replaced: healthy again
 
 
+#: Checks every 10 s that may hang 30 s, ten failures before a replacement, a slow start
+#: allowed: a hung check is late at each period in between.
+PATIENT = config(
+    health_check_period_s=10,
+    health_check_timeout_s=30,
+    health_check_failure_threshold=10,
+    start_timeout_s=600,
+)
+
+
 async def test_no_health_check_before_ready_and_never_two_at_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     rt = FakeRuntime()
-    cfg = config(
-        health_check_period_s=10,
-        health_check_timeout_s=30,
-        health_check_failure_threshold=10,
-        start_timeout_s=600,
-    )
+    cfg = PATIENT
     async with opened(rt) as ctl:
         await ctl.deploy("a", cfg, RC)
         await settle()
@@ -350,12 +355,7 @@ async def test_late_checks_are_counted_in_the_daemons_metrics(
     # that times calls never saw it; a hung check looked, on /metrics, like no check at all.
     rt = FakeRuntime()
     metrics = Metrics()
-    cfg = config(
-        health_check_period_s=10,
-        health_check_timeout_s=30,
-        health_check_failure_threshold=10,
-        start_timeout_s=600,
-    )
+    cfg = PATIENT
 
     def late() -> dict[str, float]:
         return {
