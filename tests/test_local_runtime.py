@@ -23,9 +23,10 @@ import trio.testing
 import controller
 import controller.testing
 from controller import GoalOutcome
+from controller._local.own_load import LOAD_HUNG_S, LOAD_SAMPLE_S
 from controller._local.user_calls import call
 from controller._local.wire import LineStream
-from controller._local.worker import LOAD_HUNG_S, LOAD_SAMPLE_S, Worker
+from controller._local.worker import Worker
 from controller._ports.wrap import RuntimeWrapper
 
 from .replicas import events

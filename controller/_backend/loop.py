@@ -13,18 +13,14 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import time
-from collections.abc import Awaitable, Callable
 from typing import final
 
-import attrs
 import trio
 
 from .._model.failures import FailureBook
 from .._model.json_values import JSON
 from .._model.pass_plan import PassState, decide_pass
-from .._model.policy import RestartPolicy
 from .._model.records import events_key, replicas_key, revisions_key, spec_key
 from .._model.revisions import RevisionBook
 from .._model.spec import Spec
@@ -36,8 +32,6 @@ from .._model.status import (
     LoadReport,
     ReplicaState,
 )
-from .._ports.runtime import Runtime
-from .._ports.store import Store
 from . import events as ev
 from . import tasks as tasks
 from . import view as view
@@ -46,41 +40,15 @@ from .goal import Goal
 from .health import HealthChecks
 from .history import Journal
 from .intent import Intent
-from .observe import Observer
 from .reduce import Reducer
 from .replica import Replica, new_tag
 from .replica_set import ReplicaSet
 from .rollout import Rollout
 from .scaling import Scaling
 from .settle import GoalSettler, unfinished
-from .turns import Turns
-from .watch import SnapshotHub
+from .shared import Shared
 
 logger = logging.getLogger("controller")
-
-
-@attrs.frozen
-class Shared:
-    """What the backends of one controller share, and how each tells the controller of itself."""
-
-    runtime: Runtime
-    store: Store
-    hub: SnapshotHub
-    policy: RestartPolicy
-    rng: random.Random
-    observer: Observer
-    requested: Callable[[str], int]
-    """The generation last asked of a name: a deleted backend is forgotten only if still that."""
-    room: Callable[[str, int], Awaitable[int]]
-    """How many of so many replicas of a backend fit on the runtime beside the others."""
-    on_pass: Callable[[], None]
-    on_forgotten: Callable[[Backend], None]
-    roll_back: Callable[[str, int], None]
-    """Undo a backend's failed revision (given) to its last good one, in the controller's
-    nursery (the spec is the controller's to write)."""
-    turns: Turns = attrs.field(factory=Turns)
-    """Taken before each pass and after each write, so that what wakes thousands of backends
-    at once does not hold the loop for seconds."""
 
 
 @final

@@ -23,8 +23,9 @@ import trio
 
 from .._backend.goal import Goal
 from .._backend.history import plural
-from .._backend.loop import Backend, Shared
+from .._backend.loop import Backend
 from .._backend.observe import Observer
+from .._backend.shared import Shared
 from .._backend.turns import take_turns
 from .._backend.watch import SnapshotHub
 from .._model.checkpoint import dump

@@ -32,7 +32,6 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, final
 
@@ -42,6 +41,7 @@ from .._files import read_regular
 from .._ports.context import ReplicaContext, set_context
 from .._ports.hosting import construct
 from .logs import DEFAULT_MAX_BYTES, capture_output
+from .own_load import read_load
 from .user_calls import call, describe, has
 from .wire import (
     MONITOR_CHECKS,
@@ -312,50 +312,8 @@ class Worker:
         await _answer_check(lines, sending, ident, None if reply.get("ok") else reply)
 
     async def push_load(self) -> None:
-        """For a replica with a ``load()`` method: call it every `LOAD_SAMPLE_S`, and push what
-        it returns (requests it holds, a whole number >= 0, at most `MAX_LOAD`) to the runtime
-        when it changes; ``null`` once it raises or returns anything else, or has not returned
-        within `LOAD_HUNG_S`, so that a stale figure does not hold the backend where it was."""
-        try:
-            method = getattr(self.instance, "load", None)
-        except Exception as exc:  # a property that raises: said in the log, and no load
-            describe(exc)
-            return
-        if not callable(method):
-            return
-        # One call at a time, in a task of its own: a call that hangs is waited for (a sync
-        # load() runs in a thread, which nothing can stop), but said to say nothing meanwhile.
-        sent, said = trio.open_memory_channel[int | None](0)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._sample_load, method, sent)
-            while True:
-                count: int | None = None
-                with trio.move_on_after(LOAD_HUNG_S):
-                    count = await said.receive()
-                await self._push(count)
-
-    async def _sample_load(
-        self, method: Callable[[], Any], sent: trio.MemorySendChannel[int | None]
-    ) -> None:
-        complained = False
-        while True:
-            count: int | None = None
-            try:
-                value = await call(method)
-            except Exception as exc:
-                if not complained:
-                    complained = True
-                    describe(exc)  # once, in the replica's log
-            else:
-                # Anything else, a number past MAX_LOAD too, says nothing (the README's rule).
-                if (
-                    isinstance(value, int)
-                    and not isinstance(value, bool)
-                    and 0 <= value <= MAX_LOAD
-                ):
-                    count = value
-            await sent.send(count)
-            await trio.sleep(LOAD_SAMPLE_S)
+        """Push the replica's own ``load()`` to the runtime when it changes (``own_load``)."""
+        await read_load(self.instance, self._push)
 
     async def _push(self, count: int | None) -> None:
         if count == self.load:
@@ -412,14 +370,6 @@ async def _end_after(grace_s: float) -> None:
     if os.getpgrp() == os.getpid():
         os.killpg(os.getpid(), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
-
-
-#: How often a replica's own ``load()`` is read (in its own process, on its own thread), and
-#: the most it may say (as an ingress's report: past it is a bug, not a load).
-LOAD_SAMPLE_S = 0.1
-MAX_LOAD = 2**31 - 1
-#: How long a ``load()`` may take before the replica counts as saying nothing (until it returns).
-LOAD_HUNG_S = 1.0
 
 
 async def serve(spec: dict[str, Any]) -> None:

@@ -1,0 +1,43 @@
+"""What the backends of one controller share, and how each tells the controller of itself."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import attrs
+
+from .._model.policy import RestartPolicy
+from .._ports.runtime import Runtime
+from .._ports.store import Store
+from .observe import Observer
+from .turns import Turns
+from .watch import SnapshotHub
+
+if TYPE_CHECKING:
+    from .loop import Backend
+
+
+@attrs.frozen
+class Shared:
+    """What the backends of one controller share, and how each tells the controller of itself."""
+
+    runtime: Runtime
+    store: Store
+    hub: SnapshotHub
+    policy: RestartPolicy
+    rng: random.Random
+    observer: Observer
+    requested: Callable[[str], int]
+    """The generation last asked of a name: a deleted backend is forgotten only if still that."""
+    room: Callable[[str, int], Awaitable[int]]
+    """How many of so many replicas of a backend fit on the runtime beside the others."""
+    on_pass: Callable[[], None]
+    on_forgotten: Callable[[Backend], None]
+    roll_back: Callable[[str, int], None]
+    """Undo a backend's failed revision (given) to its last good one, in the controller's
+    nursery (the spec is the controller's to write)."""
+    turns: Turns = attrs.field(factory=Turns)
+    """Taken before each pass and after each write, so that what wakes thousands of backends
+    at once does not hold the loop for seconds."""
