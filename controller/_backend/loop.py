@@ -220,10 +220,10 @@ class Backend(Reducer):
             done = await self._pass()
             while not done:
                 event = await self._receive.receive()
+                taken_at = trio.current_time()  # the wait for a turn counts in the latency
                 # A turn of the loop's: it also lets the tasks just started (and watchers just
                 # woken) run first, so a burst of events is coalesced, not handled a pass each.
                 await self._shared.turns.take()
-                taken_at = trio.current_time()
                 handled = 0
                 # Coalesce a burst: one pass for everything already queued, and none if it
                 # changed nothing a pass decides on (checks passing: a backend at rest).
