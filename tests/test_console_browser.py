@@ -89,6 +89,14 @@ class Daemon:
             raise AssertionError("the daemon did not start:\n" + "".join(self.log))
         self.url: str = json.loads((self.state_dir / "daemon.json").read_text())["url"]
         self.token = (self.state_dir / "token").read_text().strip()
+        # Its example backends all serving, its fork server up, before any test begins: a
+        # process it started during a test would count as that test's leftover (seen on a busy
+        # CI), and killing it would have the daemon start another during the next.
+        self.wait_until("serving", self._all_serving)
+
+    def _all_serving(self) -> bool:
+        listed = self.api("GET", "/api/v1/backends?view=summary")["backends"]
+        return bool(listed) and all(b["ready"] == b["desired"] for b in listed)
 
     def _read_log(self) -> None:
         assert self.process.stderr is not None
