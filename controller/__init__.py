@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ._model.errors import GoalFailed as GoalFailed
     from ._model.errors import InfeasibleError as InfeasibleError
     from ._model.errors import ManifestError as ManifestError
+    from ._model.errors import NodesUnsupportedError as NodesUnsupportedError
     from ._model.errors import ReplicaError as ReplicaError
     from ._model.errors import ReplicaGoneError as ReplicaGoneError
     from ._model.errors import RolloutError as RolloutError
@@ -42,7 +43,10 @@ if TYPE_CHECKING:
     from ._model.errors import StartupError as StartupError
     from ._model.errors import StoreError as StoreError
     from ._model.errors import UnknownBackendError as UnknownBackendError
+    from ._model.errors import UnknownNodeError as UnknownNodeError
     from ._model.json_values import JSON as JSON
+    from ._model.nodes import NodeInfo as NodeInfo
+    from ._model.nodes import NodeRow as NodeRow
     from ._model.policy import RestartPolicy as RestartPolicy
     from ._model.revisions import Cause as Cause
     from ._model.revisions import Revision as Revision
@@ -68,6 +72,7 @@ if TYPE_CHECKING:
     from ._ports.runtime import BatchedChecks as BatchedChecks
     from ._ports.runtime import CheckReport as CheckReport
     from ._ports.runtime import DeathListener as DeathListener
+    from ._ports.runtime import NodeRuntime as NodeRuntime
     from ._ports.runtime import ReplicaInfo as ReplicaInfo
     from ._ports.runtime import Runtime as Runtime
     from ._ports.store import Store as Store
@@ -93,6 +98,11 @@ _HOME: dict[str, str] = {
     "GoalFailed": "._model.errors",
     "InfeasibleError": "._model.errors",
     "ManifestError": "._model.errors",
+    "NodesUnsupportedError": "._model.errors",
+    "UnknownNodeError": "._model.errors",
+    "NodeInfo": "._model.nodes",
+    "NodeRow": "._model.nodes",
+    "NodeRuntime": "._ports.runtime",
     "ReplicaError": "._model.errors",
     "RouteConflictError": "._model.errors",
     "ReplicaGoneError": "._model.errors",

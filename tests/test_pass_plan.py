@@ -32,6 +32,7 @@ class R:
     config_digest: str = "d1"
     seq: int = 0
     healthy: bool = True
+    node: str | None = None
     served: bool = True
 
 

@@ -76,3 +76,44 @@ def test_an_absurd_count_costs_what_a_small_one_does() -> None:
     nodes = [{"CPU": 64.0, SLOTS: 1000.0}] * 1000
     assert place(nodes, [], [Demand("a", {"CPU": 0}, 10**18)]) == {"a": 1_000_000}
     assert place(nodes, [Demand("h", {}, 10**17)], [Demand("a", {}, 1)]) == {"a": 0}
+
+
+# -- node rules: a per-node limit and labels --
+
+
+def test_a_per_node_limit_counts_what_the_backend_holds_already() -> None:
+    from controller._model.nodes import NodeRules
+
+    nodes = [{SLOTS: 10.0}, {SLOTS: 10.0}, {SLOTS: 10.0}]
+    capped = NodeRules(max_per_node=2)
+    held = [Demand("api", {}, 4, rules=capped)]
+    assert place(nodes, held, [Demand("api", {}, 5, rules=capped)]) == {"api": 2}
+    # Another backend is not limited by api's rule.
+    assert place(nodes, held, [Demand("other", {}, 5)]) == {"other": 5}
+
+
+def test_labels_admit_only_the_nodes_that_carry_them() -> None:
+    from controller._model.nodes import NodeRules, label_keys
+
+    nodes = [{SLOTS: 4.0, **label_keys({"zone": "a"})}, {SLOTS: 4.0, **label_keys({"zone": "b"})}]
+    zone_a = NodeRules(labels={"zone": "a"})
+    assert place(nodes, [], [Demand("api", {}, 8, rules=zone_a)]) == {"api": 4}
+    assert place(nodes, [], [Demand("api", {}, 8)]) == {"api": 8}
+
+
+def test_choose_node_spreads_packs_and_respects_every_rule() -> None:
+    from controller._model.nodes import Candidate, NodeRules, choose_node
+
+    nodes = [
+        Candidate("a", {"zone": "a"}, True, 5),
+        Candidate("b", {"zone": "b"}, True, 5),
+        Candidate("c", {"zone": "a"}, True, 1),
+        Candidate("full", {"zone": "a"}, False, 5),
+    ]
+    held = {"a": 2, "b": 1, "c": 0}
+    assert choose_node(nodes, held, NodeRules()) == "c"  # fewest of the backend
+    assert choose_node(nodes, held, NodeRules(pack=True)) == "a"  # most, with room
+    assert choose_node(nodes, held, NodeRules(pack=True, max_per_node=2)) == "b"
+    assert choose_node(nodes, held, NodeRules(labels={"zone": "b"})) == "b"
+    assert choose_node(nodes, held, NodeRules(), cordoned={"c"}) == "b"
+    assert choose_node(nodes, held, NodeRules(max_per_node=1, labels={"zone": "b"})) is None

@@ -21,6 +21,7 @@ class R:
     config_digest: str = "d1"
     seq: int = 0
     healthy: bool = True
+    node: str | None = None
     served: bool = False
 
 
@@ -251,3 +252,63 @@ def test_deciding_from_the_counts_is_deciding_from_the_replicas(
     chosen = target(n, **dict.fromkeys(flags, True))
     assert decide(chosen, views) == _walked(chosen, views)
     assert decide(chosen, views, Census.of(views)) == _walked(chosen, views)
+
+
+# -- nodes: drains and node-aware scale-downs --
+
+
+def on(node: str, tag: str, seq: int, version: str = "v1") -> R:
+    return R(tag, S.RUNNING, version=version, seq=seq, node=node)
+
+
+def test_a_drain_starts_replacements_first_and_stops_nothing_until_they_serve() -> None:
+    replicas = [on("a", "a1", 1), on("a", "a2", 2), on("b", "b1", 3), on("c", "c1", 4)]
+    plan = decide(target(4, max_unavailable=1, max_surge=1, evict=frozenset({"a"})), replicas)
+    # Both of node a's replicas are replaced at once (beyond the surge of 1), none stopped yet.
+    assert plan == Plan(start=2)
+    started = [*replicas, R("n1", S.STARTING, seq=5, node="b"), R("n2", S.RUNNING, seq=6)]
+    plan = decide(target(4, max_unavailable=1, max_surge=1, evict=frozenset({"a"})), started)
+    # One replacement serves: one of node a's goes (make before break), the newest first.
+    assert plan == Plan(stop=("a2",))
+
+
+def test_a_drain_spends_the_budget_only_while_no_replacement_can_start() -> None:
+    replicas = [on("a", "a1", 1), on("a", "a2", 2), on("b", "b1", 3), on("c", "c1", 4)]
+    evict = frozenset({"a"})
+    blocked = decide(target(4, max_unavailable=1, starts_deferred=True, evict=evict), replicas)
+    assert blocked == Plan(stop=("a2",))  # 3 of 4 stay available: the budget of 1
+    none = decide(
+        target(4, max_unavailable=0, max_surge=1, starts_deferred=True, evict=evict), replicas
+    )
+    assert none == Plan()
+
+
+def test_a_drain_past_its_deadline_stops_the_node_s_replicas_now() -> None:
+    replicas = [on("a", "a1", 1), on("a", "a2", 2), on("b", "b1", 3)]
+    plan = decide(target(3, max_unavailable=0, evict_now=frozenset({"a"})), replicas)
+    assert plan == Plan(start=2, stop=("a1", "a2"))
+
+
+def test_a_drain_of_a_node_without_the_backend_changes_nothing() -> None:
+    replicas = [on("b", "b1", 1), on("c", "c1", 2)]
+    assert decide(target(2, evict=frozenset({"a"})), replicas).converged
+
+
+def test_a_scale_down_takes_from_the_fullest_nodes_when_spread() -> None:
+    replicas = [on("a", "a1", 1), on("a", "a2", 2), on("a", "a3", 3), on("b", "b1", 4)]
+    replicas += [on("b", "b2", 5), on("c", "c1", 6)]
+    plan = decide(target(3), replicas)
+    assert sorted(plan.stop) == ["a2", "a3", "b2"]  # one per node left
+
+
+def test_a_scale_down_empties_the_emptiest_nodes_when_packed() -> None:
+    replicas = [on("a", "a1", 1), on("a", "a2", 2), on("a", "a3", 3), on("b", "b1", 4)]
+    replicas += [on("b", "b2", 5), on("c", "c1", 6)]
+    plan = decide(target(3, pack=True), replicas)
+    assert sorted(plan.stop) == ["b1", "b2", "c1"]  # nodes b and c empty
+
+
+def test_a_scale_down_still_stops_starting_and_unhealthy_replicas_first() -> None:
+    replicas = [on("a", "a1", 1), on("a", "a2", 2), R("s", S.STARTING, seq=3, node="b")]
+    replicas += [R("u", S.RUNNING, seq=4, node="c", healthy=False)]
+    assert decide(target(2), replicas).stop == ("s", "u")

@@ -219,7 +219,9 @@ class Ordered:
     def __getattr__(self, name: str) -> object:
         return getattr(self.runtime, name)
 
-    async def start_replica(self, spec: controller.ReplicaSpec) -> str | None:
+    async def start_replica(
+        self, spec: controller.ReplicaSpec
+    ) -> controller.ReplicaInfo | str | None:
         record = self.stored(spec.tag)
         assert record is not None
         assert record.get("stopping", False) is False

@@ -108,6 +108,11 @@ class RoomChecked:
     room: int
 
 
+@attrs.frozen
+class NodesChanged:
+    """Nodes began or stopped draining: the pass reads which from the shared node state."""
+
+
 Event: TypeAlias = (
     Started
     | StartFailed
@@ -120,4 +125,5 @@ Event: TypeAlias = (
     | SpecChanged
     | LoadChanged
     | RoomChecked
+    | NodesChanged
 )

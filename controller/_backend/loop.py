@@ -152,6 +152,9 @@ class Backend(Reducer):
     def notify_died(self, tag: str, reason: str) -> None:
         self._send_nowait(ev.Died(tag, reason))
 
+    def notify_nodes(self) -> None:
+        self._send_nowait(ev.NodesChanged())
+
     def report_load(self, report: LoadReport) -> None:
         """Keep a source's latest load; the loop hears of it once however many arrive
         before it runs."""
@@ -345,6 +348,8 @@ class Backend(Reducer):
             health=self._health.read(now, self.replicas, take=not unchanged),
             replicas=self.replicas.values(),
             census=census,
+            evict=self._shared.nodes.evict,
+            evict_now=self._shared.nodes.evict_now,
         )
 
     def _config_to_hold(self) -> tuple[str, JSON]:

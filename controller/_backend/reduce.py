@@ -121,6 +121,8 @@ class Reducer:
         if isinstance(event, ev.LoadChanged):
             self._scaling.heard()  # the pass gives the autoscaler the book's new totals
             return
+        if isinstance(event, ev.NodesChanged):
+            return  # the pass reads the nodes to move off
         assert not isinstance(event, ev.HealthChecked)
         replica = self.replicas.get(event.tag)
         if replica is None:

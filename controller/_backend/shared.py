@@ -19,6 +19,16 @@ if TYPE_CHECKING:
     from .loop import Backend
 
 
+@attrs.define
+class Nodes:
+    """What the backends read of the nodes at each pass (the node desk's to write)."""
+
+    evict: frozenset[str] = frozenset()
+    """Nodes being drained: replace their replicas elsewhere, then stop them."""
+    evict_now: frozenset[str] = frozenset()
+    """Nodes whose drain deadline passed: stop their replicas now."""
+
+
 @attrs.frozen
 class Shared:
     """What the backends of one controller share, and how each tells the controller of itself."""
@@ -38,6 +48,8 @@ class Shared:
     roll_back: Callable[[str, int], None]
     """Undo a backend's failed revision (given) to its last good one, in the controller's
     nursery (the spec is the controller's to write)."""
+    nodes: Nodes = attrs.field(factory=lambda: Nodes())
+    """The nodes being drained, as the node desk last said."""
     turns: Turns = attrs.field(factory=Turns)
     """Taken before each pass and after each write, so that what wakes thousands of backends
     at once does not hold the loop for seconds."""

@@ -11,11 +11,13 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import final
 
+import attrs
 import trio
 
 from .._backend.history import plural
 from .._backend.loop import Backend
 from .._model.errors import InfeasibleError
+from .._model.nodes import NodeRules, rules_text
 from .._model.placement import SLOTS, Demand, need_of, place, total
 from .._model.reconcile import resolve_limits
 from .._model.spec import Spec
@@ -62,9 +64,7 @@ class Reservations:
             for name, backend in self._backends.items():
                 requested = self._requested(name)
                 assert requested is not None  # every backend has been asked something
-                have.append(
-                    Demand(name, backend.spec.backend_config.resources, held(backend, requested))
-                )
+                have.append(held_demand(name, backend, held(backend, requested)))
             problem = shortfalls(nodes, have + list(self._pending.values()), wanted)
             if problem is not None:
                 raise InfeasibleError(problem)
@@ -90,9 +90,11 @@ class Reservations:
                 granted, at = self._granted.get(other, (0, -math.inf))
                 if now - at < GRANT_HELD_S:
                     count = max(count, granted)
-                have.append(Demand(other, each.spec.backend_config.resources, count))
+                have.append(held_demand(other, each, count))
         have += [d for d in self._pending.values() if d.name != name]
-        want = Demand(name, backend.spec.backend_config.resources, wanted)
+        # Its own replicas count against its per-node limit: the want is what comes on top.
+        have.append(held_demand(name, backend, 0))
+        want = held_demand(name, backend, wanted)
         fits = min(wanted, place(nodes, have, [want])[name])
         self._granted[name] = (fits, now)
         return fits
@@ -108,6 +110,12 @@ class Reservations:
 
     def _extra(self, name: str, spec: Spec) -> int:
         return extra_replicas(self._backends.get(name), self._requested(name), spec)
+
+
+def held_demand(name: str, backend: Backend, count: int) -> Demand:
+    """`count` replicas of `backend` as its spec places them."""
+    spec = backend.spec
+    return Demand(name, spec.backend_config.resources, count, rules=spec.rules)
 
 
 def held(backend: Backend, requested: Spec) -> int:
@@ -158,7 +166,7 @@ def demand(name: str, requested: Spec | None, spec: Spec, extra: int) -> Demand:
             f"num_replicas {spec.backend_config.num_replicas} and {surge} more while the new "
             "version rolls out (max_surge)"
         )
-    return Demand(name, spec.backend_config.resources, extra, why)
+    return Demand(name, spec.backend_config.resources, extra, why, spec.rules)
 
 
 def shortfalls(
@@ -179,6 +187,7 @@ def shortfalls(
         reasons.append(
             f"backend {d.name!r}: cannot place {plural(d.count, 'more replica')}{why} needing "
             f"{needs} and a replica slot each; only {placed[d.name]} fit"
+            + _rule_to_blame(nodes, held, wanted, d, placed[d.name])
         )
     shown = sorted(keys) + ([SLOTS] if any(SLOTS in node for node in nodes) else [])
     in_use = _only(
@@ -188,6 +197,31 @@ def shortfalls(
         f"{'; '.join(reasons)}. The runtime offers {_describe_nodes(nodes, shown)}; this "
         f"controller's replicas already hold {in_use}. Lower num_replicas or resources, or add "
         f"capacity ({SLOTS} is how many replicas a node may hold, whatever they ask for)."
+    )
+
+
+def _rule_to_blame(
+    nodes: Sequence[Mapping[str, float]],
+    held: Sequence[Demand],
+    wanted: Sequence[Demand],
+    short: Demand,
+    placed: int,
+) -> str:
+    """Which of `short`'s node rules refuses the count, if the same count without them fits
+    more ("" if they are not to blame)."""
+    if short.rules == NodeRules():
+        return ""
+
+    def free(d: Demand) -> Demand:
+        return attrs.evolve(d, rules=NodeRules()) if d.name == short.name else d
+
+    unruled = place(nodes, [free(d) for d in held], [free(d) for d in wanted])[short.name]
+    if unruled <= placed:
+        return ""
+    admitting = sum(1 for node in nodes if short.rules.admits_capacity(node))
+    return (
+        f": {rules_text(short.rules)} allows no more ({admitting} of {len(nodes)} nodes "
+        f"admit the backend), where {unruled} would fit without it"
     )
 
 

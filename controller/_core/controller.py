@@ -29,6 +29,7 @@ from .._model.errors import (
 from .._model.last_applied import BackendDiff, applied_text, diff_of, merged
 from .._model.load_report import MAX_LOAD_COUNT
 from .._model.manifest import BackendDecl, Manifest
+from .._model.nodes import NodeRow
 from .._model.policy import RestartPolicy
 from .._model.records import RevisionsRecord
 from .._model.revisions import Cause, Revision, with_content
@@ -46,6 +47,7 @@ from .._ports.runtime import Runtime
 from .._ports.store import Store
 from . import rollouts as rollouts
 from .desk import Applied, SpecDesk
+from .nodes import NodeDesk
 
 logger = logging.getLogger("controller")
 
@@ -81,6 +83,7 @@ class Controller:
             roll_back=self._roll_back_soon,
         )
         self._backends = self._desk.backends
+        self._nodes = NodeDesk(runtime, store, self._backends, self._desk.nodes)
 
     # -- changing specs --
 
@@ -278,11 +281,35 @@ class Controller:
         """A backend's rollout of revision `failed` failed, with ``on_failure = "rollback"``."""
         self._desk.start_soon(rollouts.roll_back, self._desk, name, failed)
 
+    # -- nodes --
+
+    async def drain_node(self, node: str, *, deadline_s: float | None = None) -> NodeRow:
+        """Move every replica off `node` (an id, a unique prefix of one, or a unique address):
+        each backend starts replacements elsewhere first, then stops the node's replicas under
+        their graceful timeout, never with more than its ``max_unavailable`` unavailable.
+        Nothing new is placed there until ``uncordon_node``. After `deadline_s`, what is left
+        stops whatever the budgets say. Returns once the drain is durable."""
+        return await self._nodes.drain(node, deadline_s)
+
+    async def cordon_node(self, node: str) -> NodeRow:
+        """Place nothing new on `node`; what runs there stays."""
+        return await self._nodes.cordon(node)
+
+    async def uncordon_node(self, node: str) -> NodeRow:
+        """`node` takes new replicas again (a drain under way stops; nothing moves back)."""
+        return await self._nodes.uncordon(node)
+
+    async def nodes(self) -> list[NodeRow]:
+        """The runtime's nodes: their state, labels and replicas per backend. Raises
+        ``NodesUnsupportedError`` for a runtime of one machine."""
+        return await self._nodes.rows()
+
     # -- backends --
 
     def _opened(self, nursery: trio.Nursery) -> None:
         """Run backends and rollbacks in `nursery` from now on (``open_controller``'s)."""
         self._desk.open(nursery)
+        nursery.start_soon(self._nodes.run)
 
     def _restored(self, name: str, spec: Spec, kept: RevisionsRecord | None) -> Backend:
         """A backend made from what the store holds (by recovery, or a standby's view)."""
@@ -292,6 +319,9 @@ class Controller:
         backend = self._backends.get(tag.rpartition("#")[0])
         if backend is not None:
             backend.notify_died(tag, reason)
+
+    def _on_nodes_changed(self) -> None:
+        self._nodes.nodes_changed()
 
     def _on_replica_load(self, tag: str, ongoing: int | None) -> None:
         backend = self._backends.get(tag.rpartition("#")[0])

@@ -25,7 +25,7 @@ from .._backend.goal import Goal
 from .._backend.history import plural
 from .._backend.loop import Backend
 from .._backend.observe import Observer
-from .._backend.shared import Shared
+from .._backend.shared import Nodes, Shared
 from .._backend.turns import take_turns
 from .._backend.watch import SnapshotHub
 from .._model.checkpoint import dump
@@ -116,6 +116,11 @@ class SpecDesk:
     @property
     def backends(self) -> Mapping[str, Backend]:
         return self._backends
+
+    @property
+    def nodes(self) -> Nodes:
+        """What the backends read of the nodes (the node desk writes it)."""
+        return self._shared.nodes
 
     @property
     def code_path(self) -> tuple[str, ...]:

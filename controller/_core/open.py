@@ -66,7 +66,9 @@ async def open_controller(
             try:
                 async with trio.open_nursery() as inner:
                     controller._opened(inner)
-                    await recover(store, runtime, controller._restored, inner)
+                    await recover(
+                        store, runtime, controller._restored, inner, controller._nodes.restore
+                    )
                     try:
                         yield controller
                     finally:
@@ -100,3 +102,6 @@ class _Listener:
 
     def load(self, tag: str, ongoing: int | None) -> None:
         self.controller._on_replica_load(tag, ongoing)
+
+    def nodes_changed(self) -> None:
+        self.controller._on_nodes_changed()

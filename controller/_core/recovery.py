@@ -33,13 +33,16 @@ async def recover(
     runtime: Runtime,
     new_backend: Callable[[str, Spec, RevisionsRecord | None], Backend],
     nursery: trio.Nursery,
+    restore_nodes: Callable[[Mapping[str, str]], None] = lambda items: None,
 ) -> None:
     """Rebuild every stored backend with `new_backend`, and start their tasks in `nursery`.
 
     The loop goes on meanwhile (the lease's renewal among its tasks): the texts are parsed and
     the backends restored in turns. A replica that dies meanwhile is one that died before its
     adoption, which finds it gone."""
-    checkpoint = await in_turns(parse_in_steps(await store.read_all()))
+    items = await store.read_all()
+    restore_nodes(items)  # the backends' first passes know which nodes are drained
+    checkpoint = await in_turns(parse_in_steps(items))
     live = set(await runtime.list_replicas())
     backends: list[Backend] = []
     named: set[str] = set()
@@ -106,9 +109,11 @@ async def _block_what_cannot_fit(runtime: Runtime, backends: Sequence[Backend]) 
         return
     if nodes is None:
         return
-    held = [Demand(b.name, _resources(b), len(b.replicas)) for b in backends]
+    held = [Demand(b.name, _resources(b), len(b.replicas), rules=b.spec.rules) for b in backends]
     for backend in growing:
-        want = Demand(backend.name, _resources(backend), _missing(backend))
+        want = Demand(
+            backend.name, _resources(backend), _missing(backend), rules=backend.spec.rules
+        )
         problem = shortfalls(nodes, held, [want])
         if problem is None:
             held.append(want)  # later backends are placed beside this one

@@ -20,6 +20,15 @@ from .health import (
     health_check_timeout,
 )
 from .json_values import JSON, MAX_JSON_DEPTH, check_json
+from .nodes import (
+    LABEL_KEY_PATTERN,
+    LABEL_VALUE_PATTERN,
+    MAX_LABELS,
+    POLICIES,
+    max_per_node,
+    node_labels,
+    placement_policy,
+)
 from .numbers import MAX_COUNT, MAX_SECONDS, seconds, whole
 from .resources import MAX_RESOURCE, resources
 from .rollout import (
@@ -189,6 +198,38 @@ class BackendConfig:
         ),
     )
     """What one replica reserves on the runtime, e.g. ``{"CPU": 1}``. Empty: nothing."""
+
+    placement: str = attrs.field(
+        default="spread",
+        converter=placement_policy,
+        metadata=_schema(type="string", enum=list(POLICIES)),
+    )
+    """On a runtime of several nodes: ``"spread"`` starts each replica on the node with the
+    fewest of this backend (so that losing a node loses few), ``"pack"`` on the one with the
+    most that has room (so that a scale-down can empty whole nodes). Scale-downs stop replicas
+    from the nodes with the most of the backend first (spread) or the fewest (pack). Changing
+    it never restarts replicas."""
+
+    max_replicas_per_node: int | None = attrs.field(
+        default=None,
+        converter=max_per_node,
+        metadata=_schema(type=["integer", "null"], minimum=1, maximum=MAX_COUNT),
+    )
+    """The most replicas of this backend one node holds (None: no limit of its own). A count
+    that the nodes cannot hold under it is refused, naming the rule."""
+
+    node_labels: dict[str, str] = attrs.field(
+        factory=dict,
+        converter=node_labels,
+        metadata=_schema(
+            type="object",
+            maxProperties=MAX_LABELS,
+            propertyNames={"pattern": f"^{LABEL_KEY_PATTERN}$"},
+            additionalProperties={"type": "string", "pattern": f"^{LABEL_VALUE_PATTERN}$"},
+        ),
+    )
+    """Labels a node must carry to hold this backend's replicas (Ray's node labels), e.g.
+    ``{"zone": "a"}``. Custom resources (``resources``) select nodes too."""
 
     max_surge: int | float = attrs.field(
         default=0.25, converter=max_surge, metadata=_schema(**LIMIT_SCHEMA)

@@ -165,3 +165,15 @@ class FencedError(ControllerError):
             f"{what}: refused, epoch {epoch} is no longer the leader's{by}; this controller "
             "steps down"
         )
+
+
+class UnknownNodeError(ControllerError, LookupError):
+    """A call named a node the runtime does not have (or, by a prefix, several)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class NodesUnsupportedError(ControllerError):
+    """A call about nodes, to a controller whose runtime has no nodes of its own to tell apart
+    (LocalRuntime: one machine)."""

@@ -87,6 +87,9 @@ class PassState:
     health: HealthState
     replicas: Collection[ReplicaView]
     census: Census
+    evict: frozenset[str] = frozenset()
+    """Nodes being drained (``reconcile.Target.evict``)."""
+    evict_now: frozenset[str] = frozenset()
 
 
 @attrs.frozen
@@ -168,6 +171,8 @@ def decide_pass(state: PassState, now: float) -> PassPlan:
         deferred=now < state.backoff_until,
         replicas=state.count,
         halted=halts(blocked),
+        evict=state.evict,
+        evict_now=state.evict_now,
     )
     replicas = decide(target, state.replicas, state.census)
     # A count held back until the runtime says whether there is room is not the goal.

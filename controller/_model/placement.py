@@ -13,11 +13,16 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
+from .nodes import LABEL_PREFIX, NodeRules
+
 #: The capacity key that counts replicas themselves: each replica takes one on its node. A node
 #: whose capacity lacks it sets no limit on the count (a runtime written before it existed).
 SLOTS = "replica_slots"
 
 _UNIT = 10_000
+_PLAIN = NodeRules()
+#: A per-node room that is no limit (beyond any count a backend may ask for).
+_NO_CAP = 1 << 62
 
 
 def _units(amount: float) -> int:
@@ -33,6 +38,9 @@ class Demand:
     count: int
     why: str = ""
     """Where the count comes from, when it is not plainly what was asked (for messages)."""
+    rules: NodeRules = attrs.field(factory=NodeRules)
+    """Which nodes take its replicas, and how many each (the held and wanted demands of one
+    name share the per-node limit)."""
 
 
 def need_of(resources: Mapping[str, float]) -> dict[str, float]:
@@ -54,12 +62,12 @@ def place(
     that new replicas are not over-promised.
     """
     free = [{key: _units(amount) for key, amount in node.items()} for node in nodes]
+    # Per name with a per-node limit: how many of its replicas each node holds so far.
+    taken: dict[str, _Limit] = {}
     # Larger replicas first: first fit decreasing packs what is already there most tightly.
-    for resources, count in _runs(
-        sorted(held, key=lambda d: sum(d.resources.values()), reverse=True)
-    ):
-        need = {key: _units(amount) for key, amount in need_of(resources).items()}
-        left = _fill(free, need, count)
+    for run, count in _runs(sorted(held, key=lambda d: sum(d.resources.values()), reverse=True)):
+        need = {key: _units(amount) for key, amount in need_of(run.resources).items()}
+        left = _fill(free, need, count, _allowed(nodes, run, taken))
         if left:
             for key, amount in need.items():
                 node = max(free, key=lambda n: n.get(key, 0))
@@ -68,37 +76,73 @@ def place(
     placed: dict[str, int] = {}
     for demand in wanted:
         need = {key: _units(amount) for key, amount in need_of(demand.resources).items()}
-        placed[demand.name] = demand.count - _fill(free, need, demand.count)
+        allowed = _allowed(nodes, demand, taken)
+        placed[demand.name] = demand.count - _fill(free, need, demand.count, allowed)
     return placed
 
 
-def _runs(demands: Sequence[Demand]) -> list[tuple[Mapping[str, float], int]]:
+@attrs.define
+class _Limit:
+    """How many more replicas of one name each node may take under its rules."""
+
+    room: list[int]
+
+    def took(self, node: int, count: int) -> None:
+        self.room[node] -= count
+
+
+def _allowed(
+    nodes: Sequence[Mapping[str, float]], demand: Demand, taken: dict[str, _Limit]
+) -> _Limit | None:
+    """The limit `demand`'s rules (its labels and per-node cap) set, shared by every demand of
+    its name; None: no rule limits it."""
+    rules = demand.rules
+    if rules.max_per_node is None and not rules.labels:
+        return None
+    limit = taken.get(demand.name)
+    if limit is None:
+        cap = rules.max_per_node if rules.max_per_node is not None else _NO_CAP
+        room = [cap if rules.admits_capacity(node) else 0 for node in nodes]
+        limit = taken[demand.name] = _Limit(room)
+    return limit
+
+
+def _runs(demands: Sequence[Demand]) -> list[tuple[Demand, int]]:
     """Consecutive demands of the same resources as one: first fit places `a` then `b` of one
     kind exactly as it places `a + b` (the nodes the first filled have no room for the second),
     so a thousand backends of the same shape cost one fill, not a thousand. (What does not fit
-    at all is then counted against one node, the one with the most, rather than possibly two.)"""
-    runs: list[tuple[Mapping[str, float], int]] = []
+    at all is then counted against one node, the one with the most, rather than possibly two.)
+    A demand with node rules stands alone: its limits are its name's."""
+    runs: list[tuple[Demand, int]] = []
     for demand in demands:
-        if runs and runs[-1][0] == demand.resources:
-            runs[-1] = (runs[-1][0], runs[-1][1] + demand.count)
-        else:
-            runs.append((demand.resources, demand.count))
+        last = runs[-1][0] if runs else None
+        if (
+            last is not None
+            and demand.rules == last.rules == _PLAIN
+            and last.resources == demand.resources
+        ):
+            runs[-1] = (last, runs[-1][1] + demand.count)
+            continue
+        runs.append((demand, demand.count))
     return runs
 
 
-def _fill(free: list[dict[str, int]], need: Mapping[str, int], count: int) -> int:
-    """Place up to `count` replicas needing `need`, node by node; return how many did not fit.
+def _fill(
+    free: list[dict[str, int]], need: Mapping[str, int], count: int, limit: _Limit | None = None
+) -> int:
+    """Place up to `count` replicas needing `need`, node by node, within `limit`; return how
+    many did not fit.
 
     One replica at a time onto the first node with room is the same as filling each node in turn:
     a node that cannot take one more never can later, since nothing here frees resources.
     """
     left = count
-    for node in free:
+    for index, node in enumerate(free):
         if left <= 0:
             break
-        room = left
+        room = left if limit is None else min(left, limit.room[index])
         for key, amount in need.items():
-            if amount <= 0:
+            if amount <= 0 or room <= 0:
                 continue
             if key not in node:
                 if key == SLOTS:
@@ -111,14 +155,17 @@ def _fill(free: list[dict[str, int]], need: Mapping[str, int], count: int) -> in
         for key, amount in need.items():
             if amount > 0 and key in node:
                 node[key] -= amount * room
+        if limit is not None:
+            limit.took(index, room)
         left -= room
     return left
 
 
 def total(nodes: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """The sum of each resource over `nodes`."""
+    """The sum of each resource over `nodes` (labels are not amounts: left out)."""
     out: dict[str, float] = {}
     for node in nodes:
         for key, amount in node.items():
-            out[key] = out.get(key, 0.0) + amount
+            if not key.startswith(LABEL_PREFIX):
+                out[key] = out.get(key, 0.0) + amount
     return out

@@ -32,6 +32,11 @@ class ReplicaView(Counted, Protocol):
         """Start order within the backend: larger started later."""
         ...
 
+    @property
+    def node(self) -> str | None:
+        """The node it runs on, once its runtime has said."""
+        ...
+
 
 @attrs.frozen
 class Target:
@@ -52,6 +57,14 @@ class Target:
     under way stop too."""
     starts_deferred: bool = False
     """Backing off after a failure: start nothing now (a timer wakes the backend later)."""
+    evict: frozenset[str] = frozenset()
+    """Nodes being drained: their replicas are replaced elsewhere first (make before break),
+    then stopped, never leaving fewer than `num_replicas` - `max_unavailable` available."""
+    evict_now: frozenset[str] = frozenset()
+    """Nodes whose drain deadline has passed: their replicas stop now, whatever is available."""
+    pack: bool = False
+    """Placement packs: a scale-down empties the nodes with the fewest of the backend first
+    (else it takes from the nodes with the most)."""
 
 
 def resolve_limits(num_replicas: int, max_surge: float, max_unavailable: float) -> tuple[int, int]:
@@ -103,6 +116,45 @@ def stop_order(replicas: Sequence[ReplicaView], version: str) -> list[ReplicaVie
     return sorted(replicas, key=key)
 
 
+def excess_order(
+    replicas: Sequence[ReplicaView], version: str, count: int, *, pack: bool = False
+) -> list[ReplicaView]:
+    """The `count` of `replicas` a scale-down stops, in order: ``stop_order``'s ranks first,
+    and among the healthy replicas of `version`, one at a time from the node with the most
+    replicas left (spread, so the backend stays spread) or the fewest (pack, so whole nodes
+    empty); a node not known yet counts as a node of its own."""
+    ordered = stop_order(replicas, version)
+    if count <= 0:
+        return []
+    settled = [r for r in ordered if _settled_rank(r, version)]
+    if count <= len(ordered) - len(settled):
+        return ordered[:count]
+    chosen = [r for r in ordered if not _settled_rank(r, version)]
+    by_node: dict[str | None, list[ReplicaView]] = {}
+    for r in settled:  # newest first within a node, as stop_order has them
+        by_node.setdefault(r.node, []).append(r)
+    left = count - len(chosen)
+    while left > 0 and by_node:
+        # Few nodes, and a scale-down's count is what it is: a scan per stop is cheap enough.
+        pick = (min if pack else max)(by_node, key=lambda node: len(by_node[node]))
+        group = by_node[pick]
+        chosen.append(group.pop(0))
+        if not group:
+            del by_node[pick]
+        left -= 1
+    return chosen
+
+
+def _settled_rank(r: ReplicaView, version: str) -> bool:
+    """Whether `r` is in ``stop_order``'s last rank (ready, healthy, of `version`)."""
+    return (
+        r.state is not ReplicaState.STARTING
+        and not (r.state is ReplicaState.RECOVERING and not r.served)
+        and r.healthy
+        and r.version == version
+    )
+
+
 def decide(target: Target, replicas: Collection[ReplicaView], census: Census | None = None) -> Plan:
     """The plan that moves `replicas` toward `target`. `census` counts them (``Census.of``
     if not given): when the counts are enough to decide, no replica is looked at."""
@@ -117,8 +169,8 @@ def _settled(target: Target, census: Census) -> Plan | None:
     starts what is missing, or nothing (what `_walked` gives there too). None when replicas
     must be picked: some to stop (too many, an older version, a delete, a halt), or to
     reconfigure."""
-    if target.deleting or target.halted:
-        return None
+    if target.deleting or target.halted or target.evict or target.evict_now:
+        return None  # (a drain is rare: its backends' replicas are walked meanwhile)
     stopping, running = ReplicaState.STOPPING, ReplicaState.RUNNING
     version, digest = target.version, target.config_digest
     n_stopping = current = settled = 0
@@ -151,15 +203,22 @@ def _walked(target: Target, replicas: Collection[ReplicaView]) -> Plan:
     old: list[ReplicaView] = []
     n_stopping = 0
     old_stopping = False  # an older version is still on its way out: the update goes on
+    evict, evict_now = target.evict, target.evict_now
+    evicted: list[ReplicaView] = []  # of the target version, on a node being drained
+    forced: list[ReplicaView] = []  # on a node whose drain deadline has passed
     for r in replicas:
         if r.state is stopping:
             n_stopping += 1
             if r.version != target.version:
                 old_stopping = True
-        elif r.version == target.version:
+        elif evict_now and r.node in evict_now:
+            forced.append(r)
+        elif r.version == target.version and not (evict and r.node in evict):
             current.append(r)
         else:
             old.append(r)
+            if r.version == target.version:
+                evicted.append(r)
 
     def available(r: ReplicaView) -> bool:
         # Serving, as far as the controller knows: a replica being adopted that had been ready
@@ -170,12 +229,12 @@ def _walked(target: Target, replicas: Collection[ReplicaView]) -> Plan:
         )
 
     if target.deleting:
-        stops = stop_order(current + old, target.version)
+        stops = stop_order(current + old + forced, target.version)
         return Plan(stop=tuple(r.tag for r in stops), converged=not replicas)
 
     n = target.num_replicas
     can_start = not (target.starts_blocked or target.starts_deferred)
-    stop: list[str] = []
+    stop: list[str] = [r.tag for r in forced]
     if target.halted:
         # The deploy failed: its starts still under way stop too (and, after a restart, those
         # being adopted that never served), so that it stays where it halted: none comes up
@@ -189,9 +248,10 @@ def _walked(target: Target, replicas: Collection[ReplicaView]) -> Plan:
         current = [r for r in current if r not in unconfirmed]
     excess = len(current) - n
     if excess > 0:
-        ordered = stop_order(current, target.version)
-        stop.extend(r.tag for r in ordered[:excess])
-        current = ordered[excess:]
+        going = excess_order(current, target.version, excess, pack=target.pack)
+        stop.extend(r.tag for r in going)
+        gone = set(map(id, going))
+        current = [r for r in current if id(r) not in gone]
 
     available_new = 0  # RUNNING and healthy: what capacity can be counted on
     serving_new = 0  # RUNNING or UPDATING: the new version has shown it can start
@@ -219,7 +279,9 @@ def _walked(target: Target, replicas: Collection[ReplicaView]) -> Plan:
         # n - max_unavailable available. The unavailability budget is spent only once the new
         # version has shown it can start (or when surge is 0 and nothing else could proceed),
         # and never after the deploy failed: a release that cannot start replaces no one.
-        room = n + target.max_surge - (len(current) + len(old) + n_stopping)
+        # Replicas on a drained node are replaced all at once, beside the update's surge.
+        surge = max(target.max_surge, len(evicted))
+        room = n + surge - (len(current) + len(old) + n_stopping)
         if can_start:
             start = max(0, min(n - len(current), room))
         available_old = [r for r in old if available(r)]
@@ -228,6 +290,10 @@ def _walked(target: Target, replicas: Collection[ReplicaView]) -> Plan:
         stop.extend(r.tag for r in stop_order(idle_old, target.version))
         proven = (serving_new > 0 or target.max_surge == 0) and not target.starts_blocked
         floor = max(0, n - target.max_unavailable) if proven else n
+        if evicted and len(evicted) == len(old) and can_start:
+            # Only a drain: make before break. A drained node's replica goes once another
+            # serves in its place; the budget is spent only while no replacement can start.
+            floor = n
         removable = max(0, available_new + len(available_old) - floor)
         if target.halted:
             removable = 0  # a halted rollout stays as it is: no serving replica goes

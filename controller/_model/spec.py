@@ -10,6 +10,7 @@ import attrs
 
 from .config import BackendConfig, ReplicaConfig
 from .json_values import JSON, digest
+from .nodes import NodeRules
 from .reconcile import Target, resolve_limits
 from .records import SpecRecord
 from .revisions import replica_version
@@ -32,6 +33,8 @@ class ReplicaSpec:
     """Handed to the replica's ``reconfigure`` before it counts as ready."""
     resources: Mapping[str, float]
     """What it reserves."""
+    rules: NodeRules = attrs.field(factory=NodeRules)
+    """Which nodes it may go to, and how a backend's replicas are spread over them."""
 
 
 @attrs.frozen
@@ -106,6 +109,8 @@ class Spec:
         deferred: bool,
         replicas: int | None = None,
         halted: bool = False,
+        evict: frozenset[str] = frozenset(),
+        evict_now: frozenset[str] = frozenset(),
     ) -> Target:
         """What the decision works toward for this spec; `replicas`: the autoscaler's count,
         which an autoscaled backend has instead of `num_replicas`."""
@@ -122,6 +127,9 @@ class Spec:
             starts_blocked=blocked,
             starts_deferred=deferred,
             halted=halted,
+            evict=evict,
+            evict_now=evict_now,
+            pack=config.placement == "pack",
         )
 
     def replica_spec(self, name: str, tag: str, version: str, user_config: JSON) -> ReplicaSpec:
@@ -133,6 +141,15 @@ class Spec:
             replica_config=self.replica_config,
             user_config=user_config,
             resources=self.backend_config.resources,
+            rules=self.rules,
+        )
+
+    @property
+    def rules(self) -> NodeRules:
+        """Where its replicas may go."""
+        config = self.backend_config
+        return NodeRules(
+            config.placement == "pack", config.max_replicas_per_node, config.node_labels
         )
 
     def to_record(self, name: str) -> SpecRecord:

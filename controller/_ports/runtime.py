@@ -9,6 +9,7 @@ import attrs
 import trio
 
 from .._model.json_values import JSON
+from .._model.nodes import NodeInfo
 from .._model.spec import ReplicaSpec
 
 #: Called by a runtime, from trio, when a replica it started or adopted dies on its own:
@@ -128,6 +129,22 @@ class Runtime(Protocol):
         ...
 
 
+class NodeRuntime(Protocol):
+    """What a runtime of several nodes adds to the Runtime protocol (RayRuntime; FakeRuntime
+    given ``nodes``): its nodes, and which of them take no new replica. It places each start
+    itself, by the spec's rules (``_model.nodes.choose_node``), and says where in the
+    ``ReplicaInfo`` it returns. When its view of the nodes changes (one died, or the cluster
+    announced a drain), it calls the listener's ``nodes_changed()`` if it has one."""
+
+    async def nodes(self) -> Sequence[NodeInfo]:
+        """Every node it knows, alive or not."""
+        ...
+
+    def cordon(self, nodes: frozenset[str]) -> None:
+        """Start no replica on `nodes` from now on (the set replaces the last one)."""
+        ...
+
+
 class BatchedChecks(Protocol):
     """What a runtime may add to the Runtime protocol: the health checks of many replicas due
     together in one call, which costs the controller one task (not one a check) and lets the
@@ -200,6 +217,12 @@ class Watchers:
         take = getattr(self._on_death, "load", None)
         if take is not None:
             take(tag, ongoing)
+
+    def nodes_changed(self) -> None:
+        """Tell the controller, if one is listening and takes it, that the nodes changed."""
+        tell = getattr(self._on_death, "nodes_changed", None)
+        if tell is not None:
+            tell()
 
     def died(self, tag: str, reason: str) -> None:
         """Tell the controller, if one is listening, that `tag` died on its own."""

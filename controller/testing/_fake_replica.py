@@ -5,7 +5,7 @@ pool of them that every view of one FakeRuntime shares, with the test's settings
 from __future__ import annotations
 
 import enum
-from typing import final
+from typing import Any, final
 
 import attrs
 import trio
@@ -58,6 +58,8 @@ class FakeReplica:
     """Make its next reconfigures raise ``(error_type, message)``; None: they succeed."""
     reconfiguring: JSON = None
     """The config of the reconfigure the test holds open (``auto_reconfigure=False``)."""
+    node: str | None = None
+    """The node it was placed on (a FakeRuntime given ``nodes``)."""
     health_error: tuple[str, str] | None = None
     """Make its health checks raise ``(error_type, message)``; None: they pass."""
     health_hangs: bool = False
@@ -167,3 +169,5 @@ class Shared:
     listeners: list[DeathListener] = attrs.field(factory=list)
     """The death listeners of the views that serve now."""
     changed: trio.Event = attrs.field(factory=trio.Event)
+    cluster: Any = None
+    """The nodes (``_fake_nodes.FakeNodes``), for a FakeRuntime given ``nodes``."""

@@ -11,12 +11,13 @@ from .._model.errors import FencedError, ReplicaError, ReplicaGoneError
 from .._model.json_values import JSON
 from .._model.placement import SLOTS
 from .._model.spec import ReplicaSpec
-from .._ports.runtime import CheckReport, DeathListener
+from .._ports.runtime import CheckReport, DeathListener, ReplicaInfo
+from ._fake_nodes import FakeNodeControls, FakeNodes
 from ._fake_replica import FakeReplica, FakeState, Shared
 
 
 @final
-class FakeRuntime:
+class FakeRuntime(FakeNodeControls):
     """A runtime for tests: every replica is a Python object that the test moves along.
 
     - ``FakeRuntime()``: each start waits until the test calls ``finish_start(tag)`` or
@@ -31,6 +32,10 @@ class FakeRuntime:
       whatever ``auto_ready`` says.
     - ``crash(tag)``: a running replica dies on its own, and the controller is told.
     - ``capacity``: one mapping (one node) or a list of them (several nodes) for feasibility.
+    - ``nodes``: named nodes (each with its labels, in order; ``capacity`` then gives one
+      mapping for all or one each): the runtime places each start by the backend's rules
+      (spread, pack, ``max_replicas_per_node``, ``node_labels``), avoids cordoned nodes, and
+      the test can ``lose_node``, ``notice_drain`` and ``add_node``.
     - ``max_replicas``: how many replicas each node holds at all (its ``replica_slots``),
       100,000 by default, so that even a runtime with no other limit refuses an absurd count.
 
@@ -58,22 +63,26 @@ class FakeRuntime:
         capacity: Mapping[str, float] | Sequence[Mapping[str, float]] | None = None,
         max_replicas: int = 100_000,
         record_history: bool = True,
+        nodes: Mapping[str, Mapping[str, str]] | None = None,
     ):
+        named = nodes
         if capacity is None:
-            nodes: list[dict[str, float]] = [{}]
+            each: list[dict[str, float]] = [{}]
         elif isinstance(capacity, Sequence):
-            nodes = [dict(node) for node in capacity]
+            each = [dict(node) for node in capacity]
         else:
-            nodes = [dict(capacity)]
+            each = [dict(capacity)]
         self._shared = Shared(
             auto_ready=auto_ready,
             auto_drain=auto_drain,
             auto_reconfigure=auto_reconfigure,
             hung_drains=frozenset(hung_drains),
             failing_starts=frozenset(failing_starts),
-            nodes=[{**node, SLOTS: float(max_replicas)} for node in nodes],
+            nodes=[{**node, SLOTS: float(max_replicas)} for node in each],
             record_history=record_history,
         )
+        if named is not None:
+            self._shared.cluster = FakeNodes(named, self._shared.nodes)
         self.epoch = 0
         """The epoch this view commands replicas with (0 until ``fence``)."""
 
@@ -251,7 +260,8 @@ class FakeRuntime:
             self._shared.listeners.remove(on_death)
 
     async def capacity(self) -> Sequence[Mapping[str, float]] | None:
-        return self._shared.nodes
+        cluster = self._shared.cluster
+        return self._shared.nodes if cluster is None else cluster.capacity()
 
     def fence(self, epoch: int) -> None:
         """Command replicas as the leader of `epoch` from now on (this view only); starts from
@@ -263,19 +273,27 @@ class FakeRuntime:
         await trio.lowlevel.checkpoint()
         return self.tags()
 
-    async def start_replica(self, spec: ReplicaSpec) -> str | None:
+    async def start_replica(self, spec: ReplicaSpec) -> ReplicaInfo | str | None:
         if spec.tag in self.replicas and self.replicas[spec.tag].state is not FakeState.DEAD:
             raise AssertionError(f"controller bug: started {spec.tag} twice")
         self.start_calls += 1
         if self.epoch < self._shared.fenced_at:
             await trio.lowlevel.checkpoint()
             self._refuse("start", spec.tag, self._shared.fenced_at)
+        node = None
+        if self._shared.cluster is not None:
+            try:
+                node = self._cluster().place(spec, self.replicas.values())
+            except ReplicaError:
+                await trio.lowlevel.checkpoint()
+                raise
         replica = FakeReplica(
             spec.tag,
             spec,
             user_config=spec.user_config,
             started_at=trio.current_time(),
             epoch=self.epoch,
+            node=node,
         )
         self.replicas[spec.tag] = replica
         self._note(spec.tag, "start")
@@ -287,15 +305,15 @@ class FakeRuntime:
             await trio.lowlevel.checkpoint()
         else:
             await replica._start_done.wait()
-        return replica._start_outcome()
+        return self._info(replica, replica._start_outcome())
 
-    async def adopt_replica(self, tag: str) -> str | None:
+    async def adopt_replica(self, tag: str) -> ReplicaInfo | str | None:
         replica = self.replicas.get(tag)
         if replica is None or replica.state is FakeState.DEAD:
             raise ReplicaGoneError(tag)
         self._admit("adopt", replica)
         self._note(tag, "adopt")
-        return await replica._answer_adoption()
+        return self._info(replica, await replica._answer_adoption())
 
     async def reconfigure_replica(self, tag: str, user_config: JSON) -> None:
         self._admit("reconfigure", self.replicas.get(tag))
@@ -371,6 +389,9 @@ class FakeRuntime:
         self._note(tag, "killed")
 
     # -- internals --
+
+    def _info(self, replica: FakeReplica, address: str | None) -> ReplicaInfo | str | None:
+        return address if replica.node is None else ReplicaInfo(address, None, replica.node)
 
     def _admit(self, op: str, replica: FakeReplica | None) -> None:
         """Refuse `op` on a live `replica` that a higher epoch than ours has commanded; else
