@@ -217,3 +217,12 @@ async def test_naming_a_node_wrongly_is_a_clear_error(
         assert row.id == "n1"
     async with opened(FakeRuntime()) as ctl:
         assert await ctl.nodes() == []  # no nodes given: none to list
+
+
+async def test_a_cap_added_later_counts_the_replicas_already_there(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with opened(cluster()) as ctl:
+        await (await ctl.deploy("api", config(num_replicas=3), RC)).wait()
+        with pytest.raises(InfeasibleError, match="max_replicas_per_node=1 allows no more"):
+            await ctl.deploy("api", config(num_replicas=4, max_replicas_per_node=1), RC)

@@ -30,6 +30,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from controller.ray import RayKVStore, RayRuntime  # noqa: E402
+from controller.ray import _runtime as ray_runtime  # noqa: E402
 
 from .ray_cluster import local_cluster  # noqa: E402
 
@@ -245,7 +246,14 @@ async def test_a_replica_pending_past_its_start_timeout_is_killed_and_reported(
         """Claims unlimited capacity, so that Ray is asked for what it cannot place."""
         await trio.lowlevel.checkpoint()
 
+    async def anywhere(*args: object) -> str:
+        """A node chosen on a view that is out of date: Ray is left to place it, and cannot."""
+        await trio.lowlevel.checkpoint()
+        return "stale"
+
     monkeypatch.setattr(runtime, "capacity", unbounded)
+    monkeypatch.setattr(runtime._nodes, "choose", anywhere)
+    monkeypatch.setattr(ray_runtime, "placement_options", lambda node: {})
     config = cfg(resources={"slot": 2}, start_timeout_s=0.5)
     with trio.fail_after(LIMIT_S):
         async with controller.open_controller(

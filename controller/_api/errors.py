@@ -8,10 +8,12 @@ from .._model.errors import (
     ControllerError,
     FencedError,
     InfeasibleError,
+    NodesUnsupportedError,
     RolloutError,
     RouteConflictError,
     StoreError,
     UnknownBackendError,
+    UnknownNodeError,
 )
 from .http import HTTPError
 
@@ -23,6 +25,10 @@ def domain_error(exc: ControllerError) -> HTTPError:
     """The status code of each error the controller raises on purpose."""
     if isinstance(exc, UnknownBackendError):
         return HTTPError(404, "UnknownBackend", str(exc))
+    if isinstance(exc, UnknownNodeError):
+        return HTTPError(404, "UnknownNode", str(exc))
+    if isinstance(exc, NodesUnsupportedError):
+        return HTTPError(501, "NodesUnsupported", str(exc))
     if isinstance(exc, ConfigError):
         # Checked by the controller against what the backend is (a scale's count).
         return HTTPError(422, "Invalid", str(exc), problems=[str(exc)])

@@ -40,6 +40,7 @@ from .http import (
 )
 from .listing import list_backends
 from .logs import LogSource, read_logs
+from .nodes import node_json, steer_node
 from .openapi import OPENAPI
 from .serving import Serving
 from .timeline import Timelines
@@ -181,6 +182,15 @@ class Handlers:
         self._check_accepting()
         goal = await self._ctl.scale(name, replicas, cause=cause, **bounds)
         return ok({"name": name, "generation": goal.generation})
+
+    async def _nodes(self, call: Call) -> Answer:
+        return ok({"nodes": [node_json(row) for row in await self._ctl.nodes()]})
+
+    async def _steer_node(self, call: Call) -> Answer:
+        node, what = call.args
+        body = await optional_json(call.scope, call.receive)
+        self._check_accepting()
+        return ok(node_json(await steer_node(self._ctl, node, what, body)), 202)
 
     async def _history_of(self, call: Call) -> Answer:
         (name,) = call.args

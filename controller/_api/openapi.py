@@ -13,6 +13,7 @@ from typing import Any
 
 from .._model.status import BackendState
 from .listing import MAX_LIMIT
+from .nodes import PATHS as NODE_PATHS
 from .operations import (
     JSON_BODY,
     NAME,
@@ -354,6 +355,7 @@ OPENAPI: dict[str, Any] = {
                 description="Only with the token: a console session cannot make links.",
             )
         },
+        **NODE_PATHS,
         "/api/v1/shutdown": {
             "post": operation(
                 "Drain and delete every backend, then stop the daemon",

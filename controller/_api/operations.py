@@ -40,6 +40,9 @@ _ERRORS = {
     "403": "A console session may not do this (make a login link), or its change lacks the "
     "session's X-Console-Key header",
     "501": "This runtime keeps no replica logs the daemon can read (Ray)",
+    "404-node": "The runtime has no such node, or a prefix names several (UnknownNode)",
+    "501-node": "This runtime has no nodes to tell apart (LocalRuntime: one machine) "
+    "(NodesUnsupported)",
     "503": "The daemon is shutting down and takes no more changes, or the store cannot be "
     "written, or it is a standby while no daemon leads (NoLeader) (then with Retry-After); "
     "nothing was applied",

@@ -53,6 +53,8 @@ _ROUTES = [
     _path(r"/api/v1/apply/diff", "POST", Handlers._diff_body, bodies=frozenset({"POST"})),
     _path(r"/api/v1/watch", "GET HEAD", Handlers._watch_since),
     _path(r"/api/v1/load", "POST", Handlers._load, bodies=frozenset({"POST"})),
+    _path(r"/api/v1/nodes", "GET HEAD", Handlers._nodes),
+    _path(r"/api/v1/nodes/([^/]+)/(drain|cordon|uncordon)", "POST", Handlers._steer_node),
     _path(r"/api/v1/shutdown", "POST", Handlers._shutdown_call),
 ]
 

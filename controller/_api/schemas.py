@@ -14,6 +14,7 @@ from .._model.load_report import (
     SOURCE_PATTERN,
 )
 from .._model.revisions import MAX_MANIFEST
+from .nodes import SCHEMAS as NODE_SCHEMAS
 from .rollout_schemas import ROLLOUT_SCHEMAS
 from .schema_parts import (
     BOOL,
@@ -93,6 +94,7 @@ SCHEMAS: dict[str, Any] = {
     ),
     **ROLLOUT_SCHEMAS,
     **STATUS_SCHEMAS,
+    **NODE_SCHEMAS,
     "LoadReport": obj(
         {
             "source": {

@@ -12,6 +12,7 @@ controller shutdown
 controller ingress [--listen HOST:PORT] [--workers N]
 controller scale NAME REPLICAS | --min N --max N [--wait]
 controller console [--no-open]       (a one-time login link to the web console)
+controller node list | drain NODE [--deadline S] [--wait] | cordon NODE | uncordon NODE
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from .._model.text import safe_text
 from .client import CLIError, describe_error, make_client
 from .console import add_console_parsers
 from .ingress import add_ingress_parser, describe_ingress
+from .nodes import add_node_parser
 from .options import NAME_HELP, WAIT_TIMEOUT_HELP, add_global_options
 from .output import (
     EscapedText,
@@ -319,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     shutdown.set_defaults(func=cmd_shutdown)
     add_rollout_parser(sub)
     add_ingress_parser(sub)
+    add_node_parser(sub)
     add_console_parsers(sub)
     add_global_options(parser)  # last: every subcommand takes them too
     return parser

@@ -64,7 +64,10 @@ class Reservations:
             for name, backend in self._backends.items():
                 requested = self._requested(name)
                 assert requested is not None  # every backend has been asked something
-                have.append(held_demand(name, backend, held(backend, requested)))
+                count = held(backend, requested)
+                # Under the rules it is deployed with: its replicas count against the new cap.
+                rules = specs[name].rules if name in specs else backend.spec.rules
+                have.append(attrs.evolve(held_demand(name, backend, count), rules=rules))
             problem = shortfalls(nodes, have + list(self._pending.values()), wanted)
             if problem is not None:
                 raise InfeasibleError(problem)

@@ -33,25 +33,18 @@ from ray._private import state as ray_state
 
 from .._model.errors import ConfigError, FencedError, ReplicaError, ReplicaGoneError
 from .._model.json_values import JSON
-from .._model.placement import SLOTS
+from .._model.nodes import NodeInfo
 from .._model.spec import ReplicaSpec
 from .._ports.hosting import host_spec
 from .._ports.runtime import CheckReport, DeathListener, ReplicaInfo, Watchers, check_each
 from ._await import wait_ref, wait_refs
 from ._host import ReplicaHost
+from ._nodes import NAMED, RayNodes, placement_options, read_nodes
 
 logger = logging.getLogger("controller.ray")
 
 _Host = ray.remote(ReplicaHost)
 
-# BackendConfig.resources keys that Ray takes as keyword arguments; any other key is a custom
-# resource. Ray counts memory in bytes.
-_NAMED = {"CPU": "num_cpus", "GPU": "num_gpus", "memory": "memory"}
-# Resources Ray reports per node that replicas cannot ask for.
-_NOT_SCHEDULABLE = ("node:", "accelerator_type:", "object_store_memory")
-# The default limit on replicas per node: one per this much of the node's memory (each actor is
-# a Ray worker process of its own, about 100 MiB).
-_MEMORY_PER_REPLICA = 128 << 20
 # How long to wait before watching again an actor Ray calls unavailable (its node is unreachable
 # for now, which may pass) rather than dead.
 _UNAVAILABLE_RETRY_S = 1.0
@@ -117,7 +110,9 @@ class RayRuntime:
             raise ConfigError(
                 "max_replicas_per_node", "must be a whole number >= 1", max_replicas_per_node
             )
-        self._max_per_node = max_replicas_per_node
+        self._nodes = RayNodes(max_replicas_per_node)
+        self._placing: dict[str, tuple[str | None, str, Mapping[str, float]]] = {}
+        """Starts whose node is chosen and whose actor is not made yet (counted as placed)."""
         self.namespace = namespace
         self._pythonpath = [str(Path(p).resolve()) for p in pythonpath]
         self._replica_host = replica_host
@@ -150,32 +145,34 @@ class RayRuntime:
     ) -> None:
         if not ray.is_initialized():
             raise RuntimeError("RayRuntime needs a Ray connection: call ray.init() first")
-        # The actors live on (detached); a controller opened later adopts them. Cancelling the
-        # monitors cancelled their calls in the actors too.
-        await self._watchers.serve(on_death, task_status, self._actors.clear)
+
+        async def watchers(task_status: trio.TaskStatus[None]) -> None:
+            # The actors live on (detached); a controller opened later adopts them.
+            # Cancelling the monitors cancelled their calls in the actors too.
+            await self._watchers.serve(on_death, task_status, self._actors.clear)
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(watchers)
+            nursery.start_soon(self._nodes.watch, self._watchers.nodes_changed, self._node_lost)
+            task_status.started()
+
+    # -- nodes (NodeRuntime) --
+
+    async def nodes(self) -> Sequence[NodeInfo]:
+        return await trio.to_thread.run_sync(read_nodes)
+
+    def cordon(self, nodes: frozenset[str]) -> None:
+        self._nodes.cordoned = frozenset(nodes)
+
+    def _node_lost(self, node: str) -> None:
+        """Its actors are dead: say so now, rather than when each one's monitor call fails."""
+        for tag, actor in list(self._actors.items()):
+            if actor.node_id == node and not actor.killing:
+                del self._actors[tag]
+                self._watchers.died(tag, f"actor died: its node {node[:12]} died")
 
     async def capacity(self) -> Sequence[Mapping[str, float]] | None:
-        totals, available = await trio.to_thread.run_sync(_resources_per_node)
-        ours: dict[str, dict[str, float]] = {}
-        for actor in self._actors.values():
-            if actor.node_id is not None:
-                held = ours.setdefault(actor.node_id, {})
-                for key, amount in actor.resources.items():
-                    held[key] = held.get(key, 0.0) + amount
-        nodes = []
-        for node_id, total in sorted(totals.items()):
-            free = available.get(node_id, {})
-            mine = ours.get(node_id, {})
-            # What others hold is total - available - ours; what we may use is the rest.
-            node = {
-                key: min(amount, free.get(key, 0.0) + mine.get(key, 0.0))
-                for key, amount in total.items()
-                if not key.startswith(_NOT_SCHEDULABLE)
-            }
-            slots = self._max_per_node or int(total.get("memory", 0.0) // _MEMORY_PER_REPLICA)
-            node[SLOTS] = float(max(1, slots))
-            nodes.append(node)
-        return nodes
+        return await self._nodes.capacity([(a.node_id, a.resources) for a in self._actors.values()])
 
     async def list_replicas(self) -> Sequence[str]:
         named = await trio.to_thread.run_sync(lambda: ray.util.list_named_actors(True))
@@ -202,18 +199,37 @@ class RayRuntime:
         }
         custom = {}
         for key, amount in spec.resources.items():
-            if key in _NAMED:
-                options[_NAMED[key]] = int(amount) if key == "memory" else amount
+            if key in NAMED:
+                options[NAMED[key]] = int(amount) if key == "memory" else amount
             else:
                 custom[key] = amount
         if custom:
             options["resources"] = custom
         text = json.dumps(payload)
-        # Registering a named actor is a blocking round trip to the cluster's control store.
-        handle = await trio.to_thread.run_sync(lambda: _Host.options(**options).remote(text))
-        actor = _Actor(spec.tag, handle, dict(spec.resources))
+        node = await self._nodes.choose(spec, self._placed)
+        if node is None:
+            raise ReplicaError(
+                spec.tag,
+                "Unschedulable",
+                "no node may take it now: none that is alive, not cordoned or draining, "
+                "admitted by its node_labels and under its max_replicas_per_node has room",
+            )
+        # Counted as placed from here (no checkpoint since the choice), so that starts at once
+        # spread as one would one after another.
+        self._placing[spec.tag] = (node, spec.backend, dict(spec.resources))
+        options.update(placement_options(node))
+        try:
+            # Registering a named actor is a blocking round trip to the cluster's control store.
+            handle = await trio.to_thread.run_sync(lambda: _Host.options(**options).remote(text))
+        finally:
+            del self._placing[spec.tag]
+        actor = _Actor(spec.tag, handle, dict(spec.resources), node_id=node)
         self._actors[spec.tag] = actor
         return await self._await_ready(actor)
+
+    def _placed(self) -> list[tuple[str | None, str, Mapping[str, float]]]:
+        placed = [(a.node_id, a.tag.rpartition("#")[0], a.resources) for a in self._actors.values()]
+        return placed + list(self._placing.values())
 
     async def adopt_replica(self, tag: str) -> ReplicaInfo:
         self._watchers.check_running()
@@ -404,13 +420,6 @@ class RayRuntime:
             return
         del self._actors[actor.tag]
         self._watchers.died(actor.tag, f"actor died: {reason}")
-
-
-def _resources_per_node() -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
-    # Developer APIs of Ray: per-node totals and what is free now (exhausted keys are left out).
-    totals = ray_state.total_resources_per_node()  # type: ignore[no-untyped-call]
-    available = ray_state.available_resources_per_node()  # type: ignore[no-untyped-call]
-    return totals, available
 
 
 def _is_alive(handle: Any) -> bool:

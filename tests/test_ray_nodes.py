@@ -1,0 +1,246 @@
+"""A Ray cluster of four nodes on this machine (``ray.cluster_utils.Cluster``), each with a
+custom resource and a zone label so that placement is visible: spread, per-node caps and
+labels hold; a node drained under traffic through an ingress fails no request and never leaves
+fewer replicas serving than the budget allows; a node whose raylet is killed under traffic has
+its replicas replaced on the others, with the failed requests counted.
+
+Ray declares a node dead after its health checks fail: set to 0.5 s x 3 here (the default is
+3 s x 5, about 15 s), so that a loss is seen within seconds, as a tuned cluster would."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+
+import controller
+from controller.ingress import ControllerSource, Ingress, IngressConfig, open_listener
+
+from .http_client import Conn
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Ray tests run on Linux")
+
+ray = pytest.importorskip("ray")
+
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from controller.ray import RayKVStore, RayRuntime  # noqa: E402
+
+from .ray_cluster import local_cluster  # noqa: E402
+
+HERE = str(Path(__file__).parent)
+LIMIT_S = 180
+RC = controller.ReplicaConfig("http_replica:HTTPReplica")
+FAST_DEATH = {
+    "health_check_period_ms": 500,
+    "health_check_timeout_ms": 500,
+    "health_check_failure_threshold": 3,
+    "health_check_initial_delay_ms": 0,
+}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    head = {
+        "num_cpus": 1,
+        "resources": {"node0": 100},
+        "labels": {"zone": "a"},
+        "_system_config": FAST_DEATH,
+    }
+    more = [
+        {"num_cpus": 1, "resources": {"node1": 100}, "labels": {"zone": "a"}},
+        {"num_cpus": 1, "resources": {"node2": 100}, "labels": {"zone": "b"}},
+        {"num_cpus": 1, "resources": {"node3": 100}, "labels": {"zone": "b"}},
+    ]
+    with local_cluster(head, more) as ray_cluster:
+        yield ray_cluster
+
+
+_namespaces = iter(range(10**6))
+
+
+def cfg(**kwargs: object) -> controller.BackendConfig:
+    kwargs.setdefault("version", "v1")
+    kwargs.setdefault("health_check_period_s", 1.0)
+    kwargs.setdefault("graceful_shutdown_timeout_s", 5)
+    return controller.BackendConfig(**kwargs)
+
+
+@asynccontextmanager
+async def opened() -> AsyncIterator[tuple[controller.Controller, RayRuntime]]:
+    namespace = f"nodes{os.getpid()}-{next(_namespaces)}"
+    runtime = RayRuntime(namespace=namespace, pythonpath=[HERE])
+    async with controller.open_controller(runtime=runtime, store=RayKVStore(namespace)) as ctl:
+        try:
+            yield ctl, runtime
+        finally:
+            for status in ctl.status().backends:
+                await ctl.delete(status.name, force=True)
+            with trio.move_on_after(60):
+                await ctl.wait_until(lambda c: not c.status().backends)
+    assert await runtime_left(runtime) == []
+
+
+async def runtime_left(runtime: RayRuntime) -> list[str]:
+    return list(await runtime.list_replicas())
+
+
+def nodes_of(ctl: controller.Controller, name: str) -> Counter[str]:
+    return Counter(
+        r.node
+        for r in ctl.status(name).replicas
+        if r.node is not None and r.state is controller.ReplicaState.RUNNING
+    )
+
+
+def zone_of(cluster: Cluster) -> dict[str, str]:
+    return {n["NodeID"]: n["Labels"].get("zone", "") for n in ray.nodes() if n["Alive"]}
+
+
+def serving(ctl: controller.Controller, name: str) -> int:
+    return len(ctl.snapshot(name).replicas)
+
+
+async def test_spread_caps_labels_and_pack_hold_on_real_nodes(cluster: Cluster) -> None:
+    with trio.fail_after(LIMIT_S):
+        async with opened() as (ctl, runtime):
+            await (await ctl.deploy("spread", cfg(num_replicas=4), RC)).wait()
+            assert sorted(nodes_of(ctl, "spread").values()) == [1, 1, 1, 1]
+            # Where the actor says it runs (its own runtime context), not only our choice.
+            listed = {n.id for n in await runtime.nodes()}
+            assert set(nodes_of(ctl, "spread")) == listed
+            with pytest.raises(controller.InfeasibleError, match="max_replicas_per_node=1"):
+                await ctl.deploy("spread", cfg(num_replicas=5, max_replicas_per_node=1), RC)
+            zones = zone_of(cluster)
+            await (
+                await ctl.deploy("zoned", cfg(num_replicas=3, node_labels={"zone": "b"}), RC)
+            ).wait()
+            assert {zones[n] for n in nodes_of(ctl, "zoned")} == {"b"}
+            assert sorted(nodes_of(ctl, "zoned").values()) == [1, 2]
+            await (await ctl.deploy("packed", cfg(num_replicas=3, placement="pack"), RC)).wait()
+            assert list(nodes_of(ctl, "packed").values()) == [3]
+            # A node named by a custom resource: resources select nodes as labels do.
+            await (await ctl.deploy("on2", cfg(num_replicas=2, resources={"node2": 1}), RC)).wait()
+            assert len(nodes_of(ctl, "on2")) == 1
+
+
+class Traffic:
+    """Clients looping GETs through an ingress, counting answers by status (-1: the
+    connection failed)."""
+
+    def __init__(self, port: int, path: str):
+        self.port, self.path = port, path
+        self.counts: Counter[int] = Counter()
+        self.stop = trio.Event()
+        self._wanted: tuple[int, trio.Event] | None = None
+
+    async def answered(self, more: int) -> None:
+        """Wait until `more` requests more have been answered 200."""
+        done = trio.Event()
+        self._wanted = (self.counts[200] + more, done)
+        await done.wait()
+
+    async def client(self) -> None:
+        conn = await Conn.open(self.port)
+        try:
+            while not self.stop.is_set():
+                try:
+                    self.counts[(await conn.request(self.path)).status] += 1
+                    if self._wanted is not None and self.counts[200] >= self._wanted[0]:
+                        self._wanted[1].set()
+                except ConnectionError:
+                    self.counts[-1] += 1
+                    await conn.aclose()
+                    conn = await Conn.open(self.port)
+                await trio.sleep(0.01)
+        finally:
+            await conn.aclose()
+
+
+@asynccontextmanager
+async def traffic(ctl: controller.Controller, path: str) -> AsyncIterator[Traffic]:
+    async with trio.open_nursery() as nursery:
+        ingress = Ingress(ControllerSource(ctl), IngressConfig())
+        await nursery.start(ingress.run)
+        listener = await open_listener("127.0.0.1", 0)
+        await nursery.start(ingress.serve, [listener])
+        flow = Traffic(listener.socket.getsockname()[1], path)
+        for _ in range(4):
+            nursery.start_soon(flow.client)
+        try:
+            yield flow
+        finally:
+            flow.stop.set()
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_drain_under_traffic_fails_nothing_and_keeps_the_budget(cluster: Cluster) -> None:
+    with trio.fail_after(LIMIT_S):
+        async with opened() as (ctl, _):
+            config = cfg(num_replicas=4, route_prefix="/web", max_unavailable=0)
+            await (await ctl.deploy("web", config, RC)).wait()
+            target = next(iter(nodes_of(ctl, "web")))
+            lowest = 4
+
+            def record(c: controller.Controller) -> bool:
+                nonlocal lowest
+                lowest = min(lowest, serving(c, "web"))
+                return False
+
+            async with traffic(ctl, "/web/x") as flow, trio.open_nursery() as watching:
+                watching.start_soon(ctl.wait_until, record)
+                await flow.answered(20)
+                row = await ctl.drain_node(target[:12])  # a prefix names it
+                assert row.id == target
+                assert row.replicas == {"web": 1}
+                while {r.id: r.state for r in await ctl.nodes()}[target] != "drained":
+                    await ctl.wait_until(lambda c: target not in nodes_of(c, "web"))
+                await ctl.wait_until(lambda c: serving(c, "web") == 4)
+                await flow.answered(20)  # and traffic still flows after
+                watching.cancel_scope.cancel()
+            assert set(flow.counts) == {200}, flow.counts
+            assert lowest >= 4  # max_unavailable=0: a replacement served before each stop
+            assert target not in nodes_of(ctl, "web")
+            # Nothing new lands on a drained node, until it is uncordoned.
+            await (await ctl.deploy("web", cfg(num_replicas=6, route_prefix="/web"), RC)).wait()
+            assert target not in nodes_of(ctl, "web")
+            assert (await ctl.uncordon_node(target)).state == "ready"
+
+
+async def test_a_lost_node_s_replicas_serve_again_on_the_others(cluster: Cluster) -> None:
+    victim = next(iter(cluster.worker_nodes))
+    with trio.fail_after(LIMIT_S):
+        async with opened() as (ctl, _):
+            config = cfg(num_replicas=4, route_prefix="/lost", max_unavailable=0)
+            await (await ctl.deploy("lost", config, RC)).wait()
+            assert nodes_of(ctl, "lost")[victim.node_id] == 1
+            async with traffic(ctl, "/lost/x") as flow:
+                await flow.answered(20)
+                raylet = victim.all_processes["raylet"][0].process
+                killed_at = time.monotonic()
+                os.kill(raylet.pid, signal.SIGKILL)
+                raylet.wait()  # reaped, as init would: else its workers live on
+                await ctl.wait_until(
+                    lambda c: (
+                        victim.node_id not in nodes_of(c, "lost")
+                        and sum(nodes_of(c, "lost").values()) == 4
+                    )
+                )
+                back_s = time.monotonic() - killed_at
+                await flow.answered(20)
+            failed = flow.counts.total() - flow.counts[200]
+            print(f"node lost: back at full strength in {back_s:.2f}s; {failed} of "
+                  f"{flow.counts.total()} requests failed {dict(flow.counts)}")  # fmt: skip
+            assert back_s < 30
+            assert failed <= 20, flow.counts
+            rows = {r.id: r.state for r in await ctl.nodes()}
+            assert rows[victim.node_id] == "dead"
+    cluster.worker_nodes.discard(victim)  # gone: not one to shut down
