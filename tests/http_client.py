@@ -31,8 +31,8 @@ class Conn:
     conn: h11.Connection = attrs.field(factory=lambda: h11.Connection(h11.CLIENT))
 
     @classmethod
-    async def open(cls, port: int) -> Conn:
-        return cls(await trio.open_tcp_stream("127.0.0.1", port))
+    async def open(cls, port: int, host: str = "127.0.0.1") -> Conn:
+        return cls(await trio.open_tcp_stream(host, port))
 
     async def request(
         self,
@@ -96,9 +96,9 @@ class Conn:
         await self.stream.aclose()
 
 
-async def request(port: int, path: str, **kwargs: Any) -> Answer:
+async def request(port: int, path: str, *, host: str = "127.0.0.1", **kwargs: Any) -> Answer:
     """One request on a connection of its own."""
-    conn = await Conn.open(port)
+    conn = await Conn.open(port, host)
     try:
         return await conn.request(path, **kwargs)
     finally:

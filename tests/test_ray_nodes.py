@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -24,7 +25,9 @@ import trio
 import controller
 from controller.ingress import ControllerSource, Ingress, IngressConfig, open_listener
 
-from .http_client import Conn
+from .daemons import Daemon, deploy, running, until
+from .daemons import settled as settled_version
+from .http_client import Conn, request
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Ray tests run on Linux")
 
@@ -213,6 +216,64 @@ async def test_a_drain_under_traffic_fails_nothing_and_keeps_the_budget(cluster:
             await (await ctl.deploy("web", cfg(num_replicas=6, route_prefix="/web"), RC)).wait()
             assert target not in nodes_of(ctl, "web")
             assert (await ctl.uncordon_node(target)).state == "ready"
+
+
+async def test_a_daemon_runs_an_ingress_on_each_node_that_needs_one(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """``controller run --runtime ray --node-ingress 0``: an ingress on the head and on each
+    node with a replica of a routed backend; traffic enters through any of them; they follow
+    the replicas as they move (a drain), and a shutdown stops them all."""
+    namespace = f"nodes{os.getpid()}-{next(_namespaces)}"
+    ray_args = ("--runtime", "ray", "--store", "ray", "--ray-address", cluster.address)
+    extra = (*ray_args, "--namespace", namespace, "--no-ingress", "--node-ingress", "0")
+    head = ray.get_runtime_context().get_node_id()
+
+    async def entrances(daemon: Daemon) -> dict[str, dict[str, Any]]:
+        code, data = await daemon.http("GET", "/api/v1/ingress")
+        assert code == 200, data
+        return {e["node"]: e for e in data["nodes"]}
+
+    async def settled(daemon: Daemon, nodes: set[str]) -> dict[str, dict[str, Any]]:
+        """The ingresses once each of `nodes` has one serving (each start is logged)."""
+        for node in nodes:
+            await daemon.logged(f"ingress on node {node[:12]} serving on".encode())
+        found = await entrances(daemon)
+        assert set(found) == nodes, (found, nodes)
+        assert all(e["state"] == "serving" for e in found.values()), found
+        return found
+
+    with trio.fail_after(LIMIT_S * 2):
+        async with running(tmp_path / "d", *extra) as daemon:
+            await deploy(daemon, "web", num_replicas=2, route_prefix="/web", version="v1")
+            status = await until(daemon, "web", settled_version("v1"))
+            holding = {r["node"] for r in status["replicas"]}
+            assert len(holding) == 2  # spread
+            found = await settled(daemon, holding | {head})
+            for entry in found.values():
+                host, _, port = entry["address"].rpartition(":")
+                answer = await request(int(port), "/web/x", host=host)
+                assert answer.status == 200, (entry, answer.status)
+                assert answer.json()["replica"].startswith("web#")
+            listed = await daemon.cli("node", "list")
+            assert listed.returncode == 0, listed.stderr
+            assert found[head]["address"] in listed.stdout.decode()
+            shown = await daemon.cli("status")
+            assert b"node ingresses: " in shown.stdout
+            # A drained node keeps no ingress (unless it is the head): it follows the replicas.
+            away = next(iter(holding - {head}))
+            drained = await daemon.cli("node", "drain", away, "--wait", "--timeout", "60")
+            assert drained.returncode == 0, drained.stderr
+            status = await until(daemon, "web", settled_version("v1"))
+            now = {r["node"] for r in status["replicas"]}
+            assert away not in now
+            await daemon.logged(f"ingress on node {away[:12]} stopped".encode())
+            await settled(daemon, now | {head})
+            assert (await daemon.cli("node", "uncordon", away)).returncode == 0
+        gone = [
+            e for e in ray.util.list_named_actors(True) if e["namespace"] == f"{namespace}-ingress"
+        ]
+        assert gone == []  # the shutdown stopped every node's ingress
 
 
 async def test_a_lost_node_s_replicas_serve_again_on_the_others(cluster: Cluster) -> None:

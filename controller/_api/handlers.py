@@ -184,7 +184,12 @@ class Handlers:
         return ok({"name": name, "generation": goal.generation})
 
     async def _nodes(self, call: Call) -> Answer:
-        return ok({"nodes": [node_json(row) for row in await self._ctl.nodes()]})
+        rows = await self._ctl.nodes()
+        entrances: dict[str, list[str | None]] = {}
+        if self._ingress is not None:
+            for entry in (await self._ingress.status()).get("nodes", []):
+                entrances.setdefault(entry["node"], []).append(entry["address"])
+        return ok({"nodes": [node_json(row, entrances.get(row.id, [])) for row in rows]})
 
     async def _steer_node(self, call: Call) -> Answer:
         node, what = call.args

@@ -39,6 +39,17 @@ SCHEMAS: dict[str, Any] = {
         },
         ingresses={"type": "array", "items": NULLABLE_STRING},
     ),
+    "NodeIngress": obj(
+        {
+            "node": STRING,
+            "state": {"enum": ["starting", "serving", "restarting", "stopping"]},
+            "address": NULLABLE_STRING,
+            "pid": {"type": ["integer", "null"]},
+            "since": _WALL,
+            "restarts": {"type": "integer", "minimum": 0},
+            "last_exit": NULLABLE_STRING,
+        }
+    ),
     "Nodes": obj({"nodes": {"type": "array", "items": {"$ref": "#/components/schemas/Node"}}}),
     "NodeDrain": obj(
         {},

@@ -159,7 +159,12 @@ SCHEMAS: dict[str, Any] = {
                     }
                 ),
             },
-        }
+        },
+        nodes={
+            "type": "array",
+            "description": "With --node-ingress on Ray: the ingress on each node that needs one",
+            "items": ref("NodeIngress"),
+        },
     ),
     "LoadTaken": obj(
         {

@@ -36,7 +36,7 @@ from .._model.text import safe_text
 from .client import CLIError, describe_error, make_client
 from .console import add_console_parsers
 from .ingress import add_ingress_parser, describe_ingress
-from .nodes import add_node_parser
+from .nodes import add_node_parser, describe_node_ingresses
 from .options import NAME_HELP, WAIT_TIMEOUT_HELP, add_global_options
 from .output import (
     EscapedText,
@@ -137,6 +137,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     code, ingress = client.call("GET", "/api/v1/ingress")
     if code == 200 and isinstance(ingress, dict) and ingress.get("listen"):
         print(describe_ingress(ingress))
+    if code == 200 and isinstance(ingress, dict) and ingress.get("nodes"):
+        print(describe_node_ingresses(ingress["nodes"]))
     return 0
 
 

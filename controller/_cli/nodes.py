@@ -35,13 +35,14 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not nodes:
         print("No nodes.")
         return 0
-    rows = [("NODE", "STATE", "ADDRESS", "REPLICAS", "LABELS", "AGE")]
+    rows = [("NODE", "STATE", "ADDRESS", "INGRESS", "REPLICAS", "LABELS", "AGE")]
     for node in nodes:
         rows.append(
             (
                 node["id"],
                 _state(node),
                 node["address"] or "-",
+                ", ".join(a or "starting" for a in node.get("ingresses") or []) or "-",
                 ", ".join(f"{b}={n}" for b, n in node["replicas"].items()) or "-",
                 ",".join(f"{k}={v}" for k, v in node["labels"].items()) or "-",
                 age(None if node["since"] is None else time.time() - node["since"]),
@@ -49,6 +50,18 @@ def cmd_list(args: argparse.Namespace) -> int:
         )
     print("\n".join(table(rows)))
     return 0
+
+
+def describe_node_ingresses(entries: list[dict[str, Any]]) -> str:
+    """One line: the ingress on each node of a Ray cluster, and any trouble."""
+    serving = [e for e in entries if e["state"] == "serving"]
+    shown = ", ".join(f"{e['node'][:12]} on http://{e['address']}" for e in serving) or "-"
+    line = f"node ingresses: {len(serving)}/{len(entries)} serving ({shown})"
+    restarts = sum(int(e["restarts"]) for e in entries)
+    if restarts:
+        last = [e["last_exit"] for e in entries if e.get("last_exit")]
+        line += f"; {restarts} restarted" + (f" (last: {last[-1]})" if last else "")
+    return line
 
 
 def _state(node: dict[str, Any]) -> str:

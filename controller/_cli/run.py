@@ -33,6 +33,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         option = {"lease_duration_s": "--lease-duration"}.get(exc.field, "--lease-renew")
         raise CLIError(f"controller run: {option}: {exc.rule} (got {exc.value!r})", 2) from None
+    if args.node_ingress is not None and args.runtime != "ray":
+        raise CLIError("controller run: --node-ingress needs --runtime ray", 2)
     options = DaemonOptions(
         state_dir=args.state_dir,
         listen=args.listen,
@@ -55,6 +57,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         shared_dir=args.shared_dir,
         lease=lease,
         reload=args.reload,
+        node_ingress=args.node_ingress,
     )
     tune_gc()  # the daemon owns its process
     try:
@@ -69,6 +72,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise CLIError(f"controller run: {found}", 1) from None
         raise
     return 0
+
+
+def _node_port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port from 0 to 65535 (got {text!r})")
+    return port
 
 
 def _one_of(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
@@ -138,6 +151,14 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="HOST:PORT of the ingress, which routes traffic to the backends (%(default)s)",
     )
     run.add_argument("--no-ingress", action="store_true", help="serve no ingress")
+    run.add_argument(
+        "--node-ingress",
+        type=_node_port,
+        metavar="PORT",
+        help="with --runtime ray: an ingress on the head and on every node holding a routed "
+        "backend's replicas, each on its node's address at PORT (0: a free port on each, for "
+        "several nodes on one machine)",
+    )
     run.add_argument(
         "--reload",
         action="store_true",

@@ -54,7 +54,11 @@ class NodeDesk:
 
     @property
     def supported(self) -> bool:
-        return callable(getattr(self._runtime, "nodes", None))
+        runtime = self._runtime
+        # A wrapper (metrics, fencing) has the methods whatever it wraps: it says.
+        return callable(getattr(runtime, "nodes", None)) and bool(
+            getattr(runtime, "supports_nodes", True)
+        )
 
     # -- from recovery and the runtime --
 

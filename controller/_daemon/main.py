@@ -27,7 +27,7 @@ import sqlite3
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 import trio
@@ -110,6 +110,17 @@ class DaemonOptions:
     """How the leader keeps its lease, and how soon a standby takes over."""
     reload: bool = False
     """Restart a backend when its code changes on disk (a development mode)."""
+    node_ingress: int | None = None
+    """With the Ray runtime: the port of an ingress on the head and on each node holding a
+    routed backend's replicas (0: a free port each); None: none of these."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.node_ingress is not None and self.runtime != "ray":
+            raise ConfigError(
+                "node_ingress",
+                "needs the Ray runtime (one machine has one ingress)",
+                self.node_ingress,
+            )
 
 
 async def run_daemon(options: DaemonOptions) -> None:
@@ -171,6 +182,7 @@ async def run_daemon(options: DaemonOptions) -> None:
                     serving,
                     metrics,
                     reload=options.reload,
+                    node_ingresses=_node_ingresses(options),
                 )
                 try:
                     await serve(
@@ -330,6 +342,14 @@ def _runtime(options: DaemonOptions, shared: Path) -> Runtime:
         fork_server=options.fork_server,
         preload_modules=options.preload,
     )
+
+
+def _node_ingresses(options: DaemonOptions) -> Any:
+    if options.node_ingress is None:
+        return None
+    from ..ray._node_ingresses import NodeIngresses
+
+    return NodeIngresses(options.namespace, options.node_ingress)
 
 
 def _child_env() -> dict[str, str]:

@@ -8,6 +8,7 @@ import hashlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import attrs
 import trio
@@ -66,6 +67,9 @@ class Roles:
     metrics: Metrics
     reload: bool = False
     """Restart a backend when its code changes on disk (``--reload``, for development)."""
+    node_ingresses: Any = None
+    """The ingress on each node of a Ray cluster (``controller.ray._node_ingresses``), kept
+    while this daemon leads."""
     _applied: bool = False
     _view_of: dict[str, str] | None = None
     _next_view_at: float = 0.0
@@ -170,9 +174,12 @@ class Roles:
                             self._applied = True
                             await apply_at_start(ctl, self.manifest, self.config)
                         up()
-                        if self.reload:
-                            await CodeWatch(ctl).run()  # returns only once ctl closes
-                        await trio.sleep_forever()
+                        async with trio.open_nursery() as leading:
+                            if self.node_ingresses is not None:
+                                leading.start_soon(self.node_ingresses.run, ctl)
+                            if self.reload:
+                                await CodeWatch(ctl).run()  # returns only once ctl closes
+                            await trio.sleep_forever()
                     finally:
                         self.serving.stop_leading()
 

@@ -33,7 +33,7 @@ import socket
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 from pathlib import Path
-from typing import Literal, final
+from typing import Any, Literal, final
 
 import attrs
 import hypercorn.config
@@ -104,6 +104,23 @@ class Front:
     fleet: Fleet | None
 
 
+@attrs.frozen
+class WithNodes:
+    """The daemon's ingress as the API shows it: its own processes, and the ingress on each
+    node of a Ray cluster (``nodes``)."""
+
+    fleet: Fleet | None
+    nodes: Any
+
+    async def status(self) -> dict[str, Any]:
+        mine = await self.fleet.status() if self.fleet is not None else None
+        base = mine or {"listen": None, "workers": 0, "processes": []}
+        return {**base, "nodes": self.nodes.status()}
+
+    async def metrics(self) -> bytes:
+        return await self.fleet.metrics() if self.fleet is not None else b""
+
+
 async def serve(
     roles: Roles,
     state_dir: Path,
@@ -135,7 +152,7 @@ async def serve(
         logs=logs,
         serving=current,
         timelines=timelines,
-        ingress=fleet,
+        ingress=fleet if roles.node_ingresses is None else WithNodes(fleet, roles.node_ingresses),
     )
     config = hypercorn.config.Config()
     # Our socket, bound already; hypercorn takes it over (and closes it when it stops).
@@ -167,6 +184,8 @@ async def serve(
         os.set_inheritable(fd, False)
         url = binds[0]
         write_address(state_dir, url, secrets.token_hex(8))
+        if roles.node_ingresses is not None:
+            roles.node_ingresses.follow(url, token)
         ingress.start_soon(start_ingress, daemon, url)
 
     async def start_ingress(daemon: trio.Nursery, url: str) -> None:
@@ -202,6 +221,9 @@ async def serve(
         if fleet is not None:
             with trio.move_on_after(FLEET_STOP_S):
                 await fleet.stop()
+        if roles.node_ingresses is not None:
+            with trio.move_on_after(FLEET_STOP_S):
+                await roles.node_ingresses.stop()
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as daemon:

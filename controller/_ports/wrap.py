@@ -9,6 +9,7 @@ from typing import TypeVar
 import trio
 
 from .._model.json_values import JSON
+from .._model.nodes import NodeInfo
 from .._model.spec import ReplicaSpec
 from .runtime import CheckReport, DeathListener, ReplicaInfo, Runtime, check_each
 from .store import Store
@@ -40,6 +41,23 @@ class RuntimeWrapper:
 
     def fence(self, epoch: int) -> None:
         self.inner.fence(epoch)
+
+    # -- nodes, passed straight through when the inner runtime has them (NodeRuntime) --
+
+    @property
+    def supports_nodes(self) -> bool:
+        return callable(getattr(self.inner, "nodes", None)) and bool(
+            getattr(self.inner, "supports_nodes", True)
+        )
+
+    async def nodes(self) -> Sequence[NodeInfo]:
+        nodes: Callable[[], Awaitable[Sequence[NodeInfo]]] = getattr(self.inner, "nodes")  # noqa: B009
+        return await nodes()
+
+    def cordon(self, nodes: frozenset[str]) -> None:
+        cordon = getattr(self.inner, "cordon", None)
+        if cordon is not None:
+            cordon(nodes)
 
     async def list_replicas(self) -> Sequence[str]:
         return await self.around("list_replicas", None, self.inner.list_replicas)

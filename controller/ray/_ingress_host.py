@@ -1,0 +1,132 @@
+"""The Ray actor that runs one node's ingress: ``controller ingress`` in a process of its own on
+that node, following the daemon over its API as any ingress does, and listening on the node's
+address. The actor only starts it, tells when it ends, and stops it; the process dies with the
+actor (Ray kills an actor's children, and the process also asks the kernel for a signal should
+its parent die).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import sys
+import tempfile
+from typing import Any, final
+
+import ray
+
+#: How long the process may take to listen once started.
+_LISTEN_S = 30.0
+#: How long a stopped process may drain its requests (the ingress's own bound, and a margin).
+_STOP_S = 12.0
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@final
+class IngressHost:
+    """Built by the daemon's node ingresses as a named actor pinned to its node."""
+
+    def __init__(self, spec_json: str) -> None:
+        self._spec: dict[str, Any] = json.loads(spec_json)
+        self._process: asyncio.subprocess.Process | None = None
+        self._address = ""
+        self._log = ""
+
+    async def start(self) -> str:
+        """Start the ingress process (once: an adoption gets the one running) and answer once
+        it listens."""
+        if self._process is not None and self._process.returncode is None:
+            return self._reply()
+        spec = self._spec
+        host = spec["host"] or ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        port = spec["port"] or _free_port(host)
+        self._address = f"{host}:{port}"
+        argv = [sys.executable, "-m", "controller", "ingress", "--url", spec["url"]]
+        for url in spec["also_urls"]:
+            argv += ["--also-url", url]
+        argv += ["--listen", self._address]
+        fd, self._log = tempfile.mkstemp(prefix="controller-ingress-", suffix=".log")
+        env = {**os.environ, "CONTROLLER_TOKEN": spec["token"]}
+        try:
+            self._process = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=fd,
+                stderr=fd,
+                env=env,
+                preexec_fn=_die_with_parent,
+            )
+        finally:
+            os.close(fd)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _LISTEN_S
+        while loop.time() < deadline and self._process.returncode is None:
+            try:
+                _, writer = await asyncio.open_connection(host, port)
+            except OSError:
+                await asyncio.sleep(0.05)
+                continue
+            writer.close()
+            return self._reply()
+        return json.dumps({"ok": False, "error": f"it did not listen: {self._tail()}"})
+
+    async def wait_exit(self) -> str:
+        """Answers when the process ends: how it ended, and the end of its log."""
+        process = self._process
+        if process is None:
+            return json.dumps({"exit": "never started", "log": ""})
+        code = await process.wait()
+        said = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        return json.dumps({"exit": said, "log": self._tail()})
+
+    async def stop(self) -> str:
+        """SIGTERM: the ingress stops taking connections and finishes those under way."""
+        process = self._process
+        if process is not None and process.returncode is None:
+            process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), _STOP_S)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+        return json.dumps({"ok": True})
+
+    def _reply(self) -> str:
+        process = self._process
+        assert process is not None
+        node = ray.get_runtime_context().get_node_id()
+        return json.dumps(
+            {
+                "ok": True,
+                "address": self._address,
+                "pid": process.pid,
+                "node": node,
+                "log": self._log,
+            }
+        )
+
+    def _tail(self) -> str:
+        try:
+            with open(self._log, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 2000))
+                lines = f.read().decode(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return " | ".join(lines[-5:])
