@@ -9,6 +9,7 @@ Ray declares a node dead after its health checks fail: set to 0.5 s x 3 here (th
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -270,10 +271,45 @@ async def test_a_daemon_runs_an_ingress_on_each_node_that_needs_one(
             await daemon.logged(f"ingress on node {away[:12]} stopped".encode())
             await settled(daemon, now | {head})
             assert (await daemon.cli("node", "uncordon", away)).returncode == 0
+            # `controller logs` on Ray: each replica's actor reads its own output, on its node.
+            talker = {"entrypoint": "replicas:Talker", "num_replicas": 2, "version": "v1"}
+            code, data = await daemon.http(
+                "PUT", "/api/v1/backends/talk", json.dumps({**talker, "user_config": 7}).encode()
+            )
+            assert code == 200, data
+            await until(daemon, "talk", settled_version("v1"))
+            logs = await daemon.cli("logs", "talk")
+            assert logs.returncode == 0, logs.stderr
+            assert logs.stdout.count(b"talker says 7") == 2, logs.stdout
         gone = [
             e for e in ray.util.list_named_actors(True) if e["namespace"] == f"{namespace}-ingress"
         ]
         assert gone == []  # the shutdown stopped every node's ingress
+
+
+async def test_a_replica_s_own_load_reaches_the_autoscaler_on_ray(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    load_file = tmp_path / "load"
+    scaling = controller.AutoscalingConfig(
+        max_replicas=4, target_ongoing_requests=2, downscale_stabilization_s=0
+    )
+    config = cfg(num_replicas=1, autoscaling=scaling)
+    rc = controller.ReplicaConfig("replicas:SelfReporting", init_kwargs={"path": str(load_file)})
+    with trio.fail_after(LIMIT_S):
+        async with opened() as (ctl, _):
+            await (await ctl.deploy("own", config, rc)).wait()
+            # Each replica says it holds 6 (2 are wanted per replica): 3, 9 wanted, then 4.
+            load_file.write_text("6")
+            snapshot = ctl.snapshot("own")
+            while len(snapshot.replicas) != 4:
+                snapshot = (await ctl.listen_for_change({"own": snapshot.snapshot_id}))["own"]
+            status = ctl.status("own")
+            assert status.load.self_reported in (18, 24)  # the fourth may not have said yet
+            assert len(nodes_of(ctl, "own")) == 4  # and spread
+            load_file.write_text("0")  # idle: down to the minimum
+            while len(snapshot.replicas) != 1:
+                snapshot = (await ctl.listen_for_change({"own": snapshot.snapshot_id}))["own"]
 
 
 async def test_a_lost_node_s_replicas_serve_again_on_the_others(cluster: Cluster) -> None:

@@ -286,3 +286,25 @@ def test_a_human_log_line_escapes_what_it_quotes() -> None:
     assert line.endswith(
         r"start failed: boom\n2026-01-01 00:00:00,000 ERROR   forged\x1b[2J \u202eevil"
     )
+
+
+def test_locality_keeps_requests_on_the_node_until_its_replicas_are_full() -> None:
+    """With ``prefer_host``, the replicas at the ingress's host take every request while one
+    of the two drawn there has room (power of two choices among them); beyond, the choice
+    widens to all, so a full node spills over rather than queueing."""
+    routes = BackendRoutes("b", random.Random(7), lambda _: None, local_host="10.0.0.1")
+    replicas = [("near1", "10.0.0.1:1"), ("near2", "10.0.0.1:2")]
+    replicas += [("far1", "10.0.0.2:1"), ("far2", "10.0.0.2:2")]
+    routes.update(
+        RouteInfo("b", 1, True, False, "/b", 3, 10, tuple(replicas))  # max_ongoing 3
+    )
+    taken = [routes.try_acquire() for _ in range(6)]
+    assert sorted(s.tag for s in taken if s is not None) == ["near1"] * 3 + ["near2"] * 3
+    spilled = [routes.try_acquire() for _ in range(6)]
+    assert sorted(s.tag for s in spilled if s is not None) == ["far1"] * 3 + ["far2"] * 3
+    assert routes.try_acquire() is None  # all full: the request waits
+    # Without a preference, the same draws spread over every replica at once.
+    plain = BackendRoutes("b", random.Random(7), lambda _: None)
+    plain.update(RouteInfo("b", 1, True, False, "/b", 3, 10, tuple(replicas)))
+    first = {s.tag for s in (plain.try_acquire() for _ in range(6)) if s is not None}
+    assert first & {"far1", "far2"}

@@ -18,7 +18,8 @@ MAX_LOG_LINES = 10_000
 
 
 class LogSource(Protocol):
-    """Where replicas' logs are read from (LocalRuntime is one)."""
+    """Where replicas' logs are read from (LocalRuntime and RayRuntime are). Blocking: the API
+    calls them in a thread."""
 
     def log_tags(self, backend: str | None = None) -> list[str]: ...
 
@@ -39,8 +40,7 @@ async def read_logs(
         raise HTTPError(
             501,
             "NoLogs",
-            "this runtime keeps no replica logs the daemon can read; with the ray runtime, "
-            "use Ray's own logs (`ray logs actor --id ...`)",
+            "this runtime keeps no replica logs the daemon can read",
         )
     tail = int_param(query, "tail", 100)
     offset = int_param(query, "offset", None)

@@ -39,7 +39,7 @@ _ERRORS = {
     "422": "The body is JSON but breaks a rule; `problems` lists each, naming the field",
     "403": "A console session may not do this (make a login link), or its change lacks the "
     "session's X-Console-Key header",
-    "501": "This runtime keeps no replica logs the daemon can read (Ray)",
+    "501": "This runtime keeps no replica logs the daemon can read",
     "404-node": "The runtime has no such node, or a prefix names several (UnknownNode)",
     "501-node": "This runtime has no nodes to tell apart (LocalRuntime: one machine) "
     "(NodesUnsupported)",

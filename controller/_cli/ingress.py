@@ -38,7 +38,7 @@ def cmd_ingress(args: argparse.Namespace) -> int:
     if not args.share_port:
         port = _free_or_refused(host, port, args.listen)
     children = _spawn_others(args.workers, f"{host}:{port}")
-    config = IngressConfig(access_log=args.access_log)
+    config = IngressConfig(access_log=args.access_log, prefer_host=args.prefer_host)
     try:
         trio.run(serve, source, config, host, port)
     except OSError as exc:
@@ -143,6 +143,12 @@ def add_ingress_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "must follow the same daemon); without it, a port in use is refused",
     )
     ingress.add_argument("--access-log", action="store_true", help="one line per request")
+    ingress.add_argument(
+        "--prefer-host",
+        metavar="HOST",
+        help="locality: send requests to replicas serving at HOST (this node's address) while "
+        "one has room, and to the others only beyond that",
+    )
     ingress.add_argument(
         "--log-format",
         choices=["human", "json"],

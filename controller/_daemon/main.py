@@ -27,7 +27,7 @@ import sqlite3
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import attrs
 import trio
@@ -331,6 +331,8 @@ def _runtime(options: DaemonOptions, shared: Path) -> Runtime:
             namespace=options.namespace,
             pythonpath=options.pythonpath,
             max_replicas_per_node=options.max_replicas,
+            # An ingress on each node reaches replicas on the others: at their node's address.
+            replica_host=None if options.node_ingress is not None else "127.0.0.1",
         )
     from .._local.runtime import LocalRuntime
 
@@ -359,9 +361,13 @@ def _child_env() -> dict[str, str]:
 
 
 def _log_source(runtime: Runtime) -> LogSource | None:
-    from .._local.runtime import LocalRuntime
-
-    return runtime if isinstance(runtime, LocalRuntime) else None
+    """LocalRuntime reads its workers' log files; RayRuntime asks each replica's actor."""
+    has_logs = callable(getattr(runtime, "read_log", None))
+    return (
+        cast(LogSource, runtime)
+        if has_logs and callable(getattr(runtime, "log_tags", None))
+        else None
+    )
 
 
 def _connect_ray(options: DaemonOptions) -> None:

@@ -62,5 +62,10 @@ class IngressConfig:
     max_retries: int = attrs.field(default=3, validator=_count)
     """How many other replicas a request whose connection failed before it was sent is tried
     on (each replica once)."""
+    prefer_host: str | None = None
+    """Locality: send each request to a replica at this host (the ingress's own node) while one
+    of them has room, by power of two choices among them; only when all of them are at
+    ``max_ongoing_requests`` does the choice widen to every replica. None: every replica
+    alike."""
     access_log: bool = False
     """Log one line per request (logger ``controller.ingress.access``)."""

@@ -303,7 +303,9 @@ class Ingress:
         for name, info in routed.items():
             known = self._backends.get(name)
             if known is None:
-                known = self._backends[name] = BackendRoutes(name, self.rng, self._changed)
+                known = self._backends[name] = BackendRoutes(
+                    name, self.rng, self._changed, local_host=self.config.prefer_host
+                )
             if self._routed.get(name) != info:
                 left.extend(s.address for s in known.update(info))
         self._routed = routed

@@ -33,6 +33,24 @@ class RouteInfo:
     load brings a replica up) instead of getting 503 at once."""
 
 
+def _host(address: str) -> str:
+    return address.rpartition(":")[0].strip("[]")
+
+
+def choose_near(near: list[int], loads: list[int], limit: int, rng: random.Random) -> int | None:
+    """Power of two choices among the replicas at this ingress's host (`near`, indices into
+    `loads`): the less loaded of two drawn, if it has room, else the least loaded of them with
+    room (a scan of this node's few); None if all are full (the caller then chooses among
+    every replica, so a full node spills over to the others)."""
+    i = near[int(rng.random() * len(near))]
+    j = near[int(rng.random() * len(near))]
+    best = i if loads[i] <= loads[j] else j
+    if loads[best] < limit:
+        return best
+    least = min(near, key=loads.__getitem__)
+    return least if loads[least] < limit else None
+
+
 @final
 @attrs.define(eq=False)
 class Slot:
@@ -91,6 +109,10 @@ class BackendRoutes:
     _latencies: list[float] = attrs.field(factory=list)  # slots' latency_s, for `choose`
     _leaving: dict[str, Slot] = attrs.field(factory=dict)
     """Replicas gone from the snapshot with requests still in flight."""
+    local_host: str | None = None
+    """Replicas at this host are tried first (``IngressConfig.prefer_host``)."""
+    _local: list[int] = attrs.field(factory=list)
+    """The indices of those, when some replicas are elsewhere (else none: no choice to make)."""
 
     @property
     def queued(self) -> int:
@@ -127,6 +149,9 @@ class BackendRoutes:
             slot.index = index
         self._loads = [s.in_flight for s in self.slots]
         self._latencies = [s.latency_s for s in self.slots]
+        if self.local_host is not None:
+            near = [s.index for s in self.slots if _host(s.address) == self.local_host]
+            self._local = near if len(near) < len(self.slots) else []
         self._serve_queue()
         # A queue no replica will ever empty: those waiting hear so now, not at their timeout.
         # (One that scales from zero: their load is what brings its first replica.)
@@ -140,6 +165,10 @@ class BackendRoutes:
         """A replica with room for one more request (counted as in flight), or None."""
         if self._queue and not excluded:
             return None  # first come, first served: those waiting go first
+        if self._local and not excluded:
+            near = choose_near(self._local, self._loads, self.max_ongoing, self.rng)
+            if near is not None:
+                return self._take(near)
         index = choose(
             self._loads, self.max_ongoing, self.rng, self._indices(excluded), self._latencies
         )

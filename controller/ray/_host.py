@@ -20,21 +20,25 @@ itself should that not come) and refuses every later command, adoption included,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import os
 import socket
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, final
 
 import ray
 
+from .._local.logs import read_log
+from .._local.own_load import read_load
 from .._ports.context import ReplicaContext, set_context
 from .._ports.hosting import construct, describe_error, tracebacks
 from ._trio_thread import TrioThread
 
-_CONTRACT = ("reconfigure", "check_health", "drain")
+_CONTRACT = ("reconfigure", "check_health", "drain", "load")
 #: How long an actor that accepted a stop waits for the runtime's ``ray.kill`` before it ends
 #: itself (should the controller vanish in between).
 _SELF_EXIT_S = 30.0
@@ -76,6 +80,10 @@ class ReplicaHost:
     """Built by RayRuntime as a named, detached actor; not meant to be used directly."""
 
     def __init__(self, spec_json: str) -> None:
+        # One log a replica, as LocalRuntime keeps: its stderr (tracebacks) into the file Ray
+        # gave its stdout (which Ray's own log tools still follow).
+        with contextlib.suppress(OSError):
+            os.dup2(1, 2)
         self._spec: dict[str, Any] = json.loads(spec_json)
         self._instance: Any = None
         # Started by the first ready() call, shared by every later one: a controller that adopts
@@ -89,6 +97,12 @@ class ReplicaHost:
         # accepted a stop.
         self._epoch = 0
         self._stopping = False
+        # The replica's own load() as last read (by `read_load`, in the trio thread), and a
+        # number that grows with each change, for `load_changed` to wait on.
+        self._load: int | None = None
+        self._load_seq = 0
+        self._load_moved = asyncio.Event()
+        self._load_reader: asyncio.Future[Any] | None = None
 
     def _refused(self, epoch: int) -> str | None:
         """None if a command from `epoch` may go on (raising the actor's epoch to it), else the
@@ -188,6 +202,44 @@ class ReplicaHost:
         self._stopping = True
         asyncio.get_running_loop().call_later(_SELF_EXIT_S, os._exit, 0)
         return json.dumps({"ok": True})
+
+    async def load_changed(self, seq: int) -> str:
+        """Answers once the replica's own ``load()`` says something new since `seq` (0: at its
+        first figure): ``{"seq", "load"}``, the load None while it says nothing usable; or
+        ``{"none": true}`` for a class without ``load()``. Read every 0.1 s in the actor, as
+        LocalRuntime's worker reads it, so the runtime's one call waits without polling."""
+        if self._build is None:
+            return json.dumps({"none": True})
+        built = await asyncio.shield(self._build)
+        if not built["ok"] or "load" not in built["methods"]:
+            return json.dumps({"none": True})
+        if self._load_reader is None:
+            loop = asyncio.get_running_loop()
+
+            async def said(count: int | None) -> None:
+                loop.call_soon_threadsafe(self._loaded, count)
+
+            self._load_reader = asyncio.ensure_future(_TRIO.run(read_load, self._instance, said))
+        while self._load_seq <= seq:
+            await self._load_moved.wait()
+        return json.dumps({"seq": self._load_seq, "load": self._load})
+
+    def _loaded(self, count: int | None) -> None:
+        if count == self._load and self._load_seq > 0:
+            return
+        self._load, self._load_seq = count, self._load_seq + 1
+        self._load_moved.set()
+        self._load_moved = asyncio.Event()
+
+    async def read_log(self, offset: int | None = None, tail: int = 100) -> str:
+        """The replica's log (``controller logs``): the last `tail` lines, or what follows
+        `offset`; JSON ``{"text", "offset"}``, or null without one."""
+        try:
+            path = Path(os.readlink("/proc/self/fd/1"))
+        except OSError:
+            return json.dumps(None)
+        chunk = await asyncio.to_thread(read_log, path, offset=offset, tail=tail)
+        return json.dumps(None if chunk is None else {"text": chunk.text, "offset": chunk.offset})
 
     async def wait_until_dead(self) -> None:
         """Never returns: the call fails with RayActorError when the actor dies, which is how

@@ -60,7 +60,7 @@ class IngressHost:
         argv = [sys.executable, "-m", "controller", "ingress", "--url", spec["url"]]
         for url in spec["also_urls"]:
             argv += ["--also-url", url]
-        argv += ["--listen", self._address]
+        argv += ["--listen", self._address, "--prefer-host", host]
         fd, self._log = tempfile.mkstemp(prefix="controller-ingress-", suffix=".log")
         env = {**os.environ, "CONTROLLER_TOKEN": spec["token"]}
         try:

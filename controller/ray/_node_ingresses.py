@@ -19,14 +19,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import Any, final
+from typing import Any, Protocol, final
 
 import attrs
 import ray
 import trio
 
-from .._core.controller import Controller
-from .._model.status import ReplicaState
+from .._model.status import BackendStatus, ReplicaState
 from ._await import wait_ref
 from ._ingress_host import IngressHost
 
@@ -36,6 +35,16 @@ _Host = ray.remote(IngressHost)
 BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
 #: How long a node's ingress may take to start.
 START_S = 60.0
+
+
+class Controller(Protocol):
+    """What the node ingresses read of the leading controller (its public face)."""
+
+    def backend_names(self) -> list[str]: ...
+
+    def status(self, name: str) -> BackendStatus: ...
+
+    async def wait_until(self, predicate: Callable[[Any], bool]) -> None: ...
 
 
 @attrs.define

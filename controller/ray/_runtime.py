@@ -29,8 +29,8 @@ import ray
 import ray.exceptions
 import ray.util
 import trio
-from ray._private import state as ray_state
 
+from .._local.logs import LogChunk
 from .._model.errors import ConfigError, FencedError, ReplicaError, ReplicaGoneError
 from .._model.json_values import JSON
 from .._model.nodes import NodeInfo
@@ -38,8 +38,10 @@ from .._model.spec import ReplicaSpec
 from .._ports.hosting import host_spec
 from .._ports.runtime import CheckReport, DeathListener, ReplicaInfo, Watchers, check_each
 from ._await import wait_ref, wait_refs
+from ._errors import first_line, is_alive, ray_error, read_actor_log
 from ._host import ReplicaHost
 from ._nodes import NAMED, RayNodes, placement_options, read_nodes
+from ._own_load import follow_load
 
 logger = logging.getLogger("controller.ray")
 
@@ -258,7 +260,7 @@ class RayRuntime:
                 try:
                     self._reply(actor, "check_health", future.result())
                 except ray.exceptions.RayError as exc:
-                    results.append((actor.tag, _ray_error(actor.tag, exc)))
+                    results.append((actor.tag, ray_error(actor.tag, exc)))
                 except (ReplicaError, FencedError) as exc:
                     results.append((actor.tag, exc))
                 else:
@@ -306,13 +308,23 @@ class RayRuntime:
             if self._actors.get(tag) is actor:
                 del self._actors[tag]
 
+    # -- logs (the daemon's LogSource; blocking: called in a thread) --
+
+    def log_tags(self, backend: str | None = None) -> list[str]:
+        """The replicas this runtime commands now (a gone actor's log is Ray's alone)."""
+        return sorted(t for t in list(self._actors) if backend in (None, t.rpartition("#")[0]))
+
+    def read_log(self, tag: str, *, offset: int | None = None, tail: int = 100) -> LogChunk | None:
+        actor = self._actors.get(tag)
+        return None if actor is None else read_actor_log(actor.handle, offset, tail)
+
     # -- internals --
 
     async def _ask_to_stop(self, actor: _Actor) -> None:
         """Have `actor` accept a stop from our epoch; raise ``FencedError`` if it refuses.
         Returns too if it cannot say: Ray has not placed it, it has died, it has accepted a stop
         already, or it does not answer within `_STOP_ANSWER_S`."""
-        alive = await trio.to_thread.run_sync(_is_alive, actor.handle)
+        alive = await trio.to_thread.run_sync(is_alive, actor.handle)
         if not alive:
             await trio.lowlevel.checkpoint()
             return
@@ -332,6 +344,10 @@ class RayRuntime:
         actor.resources = reply.get("resources") or {}
         actor.methods = frozenset(reply.get("methods", ()))
         self._watchers.start_soon(self._monitor, actor)
+        if "load" in actor.methods:
+            self._watchers.start_soon(
+                follow_load, actor, lambda: self._actors.get(actor.tag) is actor, self._watchers
+            )
         address, pid = reply.get("address"), reply.get("pid")
         return ReplicaInfo(
             address if isinstance(address, str) else None,
@@ -374,7 +390,7 @@ class RayRuntime:
             )
             text = await wait_ref(call)
         except ray.exceptions.RayError as exc:
-            raise _ray_error(actor.tag, exc) from None
+            raise ray_error(actor.tag, exc) from None
         return self._reply(actor, method, text)
 
     def _reply(self, actor: _Actor, method: str, text: str) -> dict[str, Any]:
@@ -412,7 +428,7 @@ class RayRuntime:
                 await trio.sleep(_UNAVAILABLE_RETRY_S)
                 continue
             except ray.exceptions.RayActorError as exc:
-                reason = _first_line(exc)
+                reason = first_line(exc)
             else:
                 reason = "its monitor call returned"  # cannot happen: it waits forever
             break
@@ -420,22 +436,3 @@ class RayRuntime:
             return
         del self._actors[actor.tag]
         self._watchers.died(actor.tag, f"actor died: {reason}")
-
-
-def _is_alive(handle: Any) -> bool:
-    """Whether Ray has the actor running (not waiting to be placed, restarting or dead)."""
-    # A developer API of Ray, straight to the control store (no dashboard needed).
-    info = ray_state.actors(actor_id=handle._actor_id.hex())
-    return isinstance(info, dict) and info.get("State") == "ALIVE"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _ray_error(tag: str, exc: ray.exceptions.RayError) -> ReplicaError:
-    """What Ray raised for a call to the actor of `tag`, as the replica's error."""
-    if isinstance(exc, ray.exceptions.RayActorError):
-        return ReplicaError(tag, "ActorDied", _first_line(exc))
-    return ReplicaError(tag, type(exc).__name__, _first_line(exc))
