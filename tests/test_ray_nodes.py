@@ -205,8 +205,10 @@ async def test_a_drain_under_traffic_fails_nothing_and_keeps_the_budget(cluster:
                 row = await ctl.drain_node(target[:12])  # a prefix names it
                 assert row.id == target
                 assert row.replicas == {"web": 1}
-                while {r.id: r.state for r in await ctl.nodes()}[target] != "drained":
-                    await ctl.wait_until(lambda c: target not in nodes_of(c, "web"))
+                await ctl.wait_until(
+                    lambda c: all(r.node != target for r in c.status("web").replicas)
+                )
+                assert {r.id: r.state for r in await ctl.nodes()}[target] == "drained"
                 await ctl.wait_until(lambda c: serving(c, "web") == 4)
                 await flow.answered(20)  # and traffic still flows after
                 watching.cancel_scope.cancel()
@@ -341,3 +343,31 @@ async def test_a_lost_node_s_replicas_serve_again_on_the_others(cluster: Cluster
             rows = {r.id: r.state for r in await ctl.nodes()}
             assert rows[victim.node_id] == "dead"
     cluster.worker_nodes.discard(victim)  # gone: not one to shut down
+
+
+async def test_ray_s_own_drain_notice_moves_replicas_off_the_node(cluster: Cluster) -> None:
+    """A drain the cluster announces (``DrainNode``, as the autoscaler or a preemption sends
+    it) is taken as ``controller node drain`` is. Last in this module: Ray cannot take a drain
+    back, and the node stays out of use."""
+    from ray.core.generated import autoscaler_pb2
+
+    gcs = ray._private.worker.global_worker.gcs_client
+    with trio.fail_after(LIMIT_S):
+        async with opened() as (ctl, _):
+            await (await ctl.deploy("pre", cfg(num_replicas=3, max_unavailable=0), RC)).wait()
+            head = ray.get_runtime_context().get_node_id()
+            target = next(n for n in nodes_of(ctl, "pre") if n != head)
+            deadline_ms = int(time.time() * 1000) + 120_000
+            accepted, said = gcs.drain_node(
+                target, autoscaler_pb2.DRAIN_NODE_REASON_PREEMPTION, "preempted", deadline_ms
+            )
+            assert accepted, said
+            await ctl.wait_until(
+                lambda c: (
+                    sum(nodes_of(c, "pre").values()) == 3
+                    and all(r.node != target for r in c.status("pre").replicas)
+                )
+            )
+            row = {r.id: r for r in await ctl.nodes()}[target]
+            assert (row.state, row.notice) == ("drained", True)
+            assert row.deadline == pytest.approx(deadline_ms / 1000, abs=1)

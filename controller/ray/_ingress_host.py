@@ -42,18 +42,22 @@ def _free_port(host: str) -> int:
 class IngressHost:
     """Built by the daemon's node ingresses as a named actor pinned to its node."""
 
-    def __init__(self, spec_json: str) -> None:
-        self._spec: dict[str, Any] = json.loads(spec_json)
+    def __init__(self) -> None:
+        self._spec: dict[str, Any] = {}
         self._process: asyncio.subprocess.Process | None = None
         self._address = ""
         self._log = ""
 
-    async def start(self) -> str:
-        """Start the ingress process (once: an adoption gets the one running) and answer once
-        it listens."""
+    async def start(self, spec_json: str) -> str:
+        """Start the ingress process and answer once it listens. Once: a daemon that adopts
+        the actor gets the process running, unless it follows another daemon's API (a new
+        leader, or one restarted on another port), which is then stopped and started anew."""
+        spec = json.loads(spec_json)
         if self._process is not None and self._process.returncode is None:
-            return self._reply()
-        spec = self._spec
+            if spec == self._spec:
+                return self._reply()
+            await self.stop()
+        self._spec = spec
         host = spec["host"] or ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         port = spec["port"] or _free_port(host)
         self._address = f"{host}:{port}"

@@ -187,7 +187,7 @@ class NodeIngresses:
         """Start the node's ingress and wait until it ends; say how it ended."""
         reply: dict[str, Any] | None = None
         with trio.move_on_after(START_S):
-            reply = json.loads(await wait_ref(handle.start.remote()))
+            reply = json.loads(await wait_ref(handle.start.remote(self._spec())))
         if reply is None:
             return f"it did not start within {START_S:g}s"
         if not reply.get("ok"):
@@ -198,18 +198,15 @@ class NodeIngresses:
         ended = json.loads(await wait_ref(handle.wait_exit.remote()))
         return f"{ended['exit']}: {ended['log']}"
 
+    def _spec(self) -> str:
+        assert self._follow is not None
+        url, token, also = self._follow
+        spec = {"url": url, "token": token, "also_urls": list(also), "port": self.port}
+        return json.dumps({**spec, "host": self.host})
+
     def _actor(self, node: str) -> Any:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        assert self._follow is not None
-        url, token, also = self._follow
-        spec = {
-            "url": url,
-            "token": token,
-            "also_urls": list(also),
-            "port": self.port,
-            "host": self.host,
-        }
         return _Host.options(
             name=f"ingress-{node}",
             namespace=self.namespace,
@@ -218,7 +215,7 @@ class NodeIngresses:
             max_restarts=0,
             num_cpus=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-        ).remote(json.dumps(spec))
+        ).remote()
 
     async def _stop(self, handle: Any) -> None:
         with contextlib.suppress(ray.exceptions.RayError):
