@@ -54,10 +54,13 @@ def typecheck(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """The controller's own costs: bench/bench.py (options after ``--``), a large apply against a
-    real daemon, and what a health check costs (real workers, the workers' wire, Ray). Tables on
-    stdout, JSON in bench/results.json, bench/apply_results.json and bench/check_results.json.
+    real daemon, what a health check costs (real workers, the workers' wire, Ray), and a Ray
+    cluster of three nodes run as one service (bench/nodes_bench.py). Tables on stdout, JSON in
+    bench/results.json, bench/apply_results.json, bench/check_results.json and
+    bench/nodes_results.json.
     The comparisons with other systems are ``nox -s bench_compare``."""
-    session.install("-e", ".[ray]")
+    # Ray Serve: the node ingresses' opponent in bench/nodes_bench.py (benchmark-only).
+    session.install("-e", ".[ray]", "ray[serve]>=2.60")
     # 150 crashes a size and store, and 30,000 names of churn (its growth over the last 10,000,
     # as with 100,000): the two longest sections of bench.py, cut to keep the session near 13
     # minutes on 2 cores (about 18 at the script's own counts).
@@ -66,6 +69,8 @@ def bench(session: nox.Session) -> None:
     session.run("python", "bench/apply_bench.py")
     session.run("python", "bench/check_bench.py", *("--only", "a", "--only", "b", "--only", "c"))
     session.run("python", "bench/check_bench.py", "--only", "ray", "--out", "bench/check_ray.json")
+    # A Ray cluster as one service: a drain and a node lost under load, the node ingresses.
+    session.run("python", "bench/nodes_bench.py", env={"RAY_AUTH_MODE": "disabled"})
 
 
 @nox.session

@@ -18,6 +18,7 @@ import os
 import queue
 import threading
 import time
+from typing import cast
 
 from controller.worker import context
 
@@ -90,8 +91,8 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # Not asyncio's own class under uvloop (a Ray actor's loop policy): a cast, no check.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data

@@ -155,7 +155,8 @@ class NodeIngresses:
 
     async def _keep(self, node: str, *, task_status: trio.TaskStatus[trio.CancelScope]) -> None:
         """Keep `node`'s ingress serving, until cancelled: then stop it."""
-        entry = self.ingresses.setdefault(node, NodeIngress(node))
+        # Its own entry: a stop of this node's last ingress may still be finishing.
+        entry = self.ingresses[node] = NodeIngress(node)
         with trio.CancelScope() as scope:
             task_status.started(scope)
             handle = None
@@ -172,14 +173,15 @@ class NodeIngresses:
                     await trio.sleep(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)])
                     attempt += 1
             finally:
-                if node in self._dropping:
+                if scope.cancel_called and node in self._dropping:
                     self._dropping.discard(node)
                     entry.state = "stopping"
                     with trio.move_on_after(20, shield=True):
                         if handle is not None:
                             await self._stop(handle)
                     logger.info("ingress on node %s stopped", node[:12])
-                self.ingresses.pop(node, None)
+                if self.ingresses.get(node) is entry:
+                    del self.ingresses[node]
                 if not self.ingresses:
                     self._emptied.set()
 
