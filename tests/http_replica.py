@@ -9,6 +9,7 @@ POST /sha            reads the whole body, answers its length and sha256
 GET /stray           answers "ok", then sends bytes that look like another answer
 POST /early          answers 413 without reading the body, and keeps the connection open
 GET /watch-cancel    waits until the client hangs up, then appends "cancelled" to ``record``
+GET /drop            the replica that claimed ``slow_claim`` closes the connection unanswered
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import hashlib
 import json
 import os
 import select
+import socket
 import threading
 import time
 import urllib.parse
@@ -31,10 +33,12 @@ class HTTPReplica:
         self.tag = context().tag
         self.delay_s = delay_ms / 1000
         self.record = record
+        self.slow_claimed = False
         if slow_claim:
             # Only the replica that creates the claim file first is slow: one slow, one fast.
             try:
                 os.close(os.open(slow_claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                self.slow_claimed = True
             except FileExistsError:
                 self.delay_s = 0.0
         self.in_flight = 0
@@ -76,6 +80,11 @@ class HTTPReplica:
             time.sleep(float(query.get("ms", "100")) / 1000)
         if path == "hang":
             _wait_for_hangup(h)
+            return
+        if path == "drop" and self.slow_claimed:
+            # Dies with the request, as a replica whose node is lost: no answer at all.
+            h.close_connection = True
+            h.connection.shutdown(socket.SHUT_RDWR)
             return
         if path == "cut":
             h.send_response(200)

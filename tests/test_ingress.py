@@ -268,6 +268,29 @@ async def test_a_slow_replica_receives_fewer_requests(runtime_dir: Path, tmp_pat
     assert slow / (slow + fast) < 0.2, served
 
 
+async def test_a_request_a_replica_dies_with_goes_to_another_when_it_may_be_sent_twice(
+    runtime_dir: Path, tmp_path: Path
+) -> None:
+    """A replica that closes the connection without a byte of answer (its node lost, its
+    process killed mid-request): a GET goes to another replica, as a refused connection does;
+    a POST with a body, which it may have acted on, gets 502."""
+    dropping = controller.ReplicaConfig(
+        "http_replica:HTTPReplica", init_kwargs={"slow_claim": str(tmp_path / "drop")}
+    )
+    with trio.fail_after(LIMIT_S):
+        async with front(runtime_dir) as f:
+            await f.deploy("app", routed(num_replicas=2), dropping)
+            # First the POSTs: a GET it dropped would count against the replica and shun it.
+            posts = [
+                await request(f.port, "/app/drop", method="POST", body=b"x") for _ in range(20)
+            ]
+            assert {a.status for a in posts} == {200, 502}
+            dropped = [a.json()["error"]["message"] for a in posts if a.status == 502]
+            assert all("closed the connection without answering" in m for m in dropped)
+            answers = [await request(f.port, "/app/drop") for _ in range(20)]
+            assert {a.status for a in answers} == {200}
+
+
 async def test_a_client_that_hangs_up_cancels_its_request_at_the_replica(
     runtime_dir: Path, tmp_path: Path
 ) -> None:

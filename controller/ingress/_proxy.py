@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import socket
 from collections import deque
 from typing import Any, Protocol, final
 
@@ -28,9 +27,9 @@ from ._errors import ClientGone, Reply
 from ._metrics import IngressMetrics
 from ._ratelimit import RateLimitedLog
 from ._routing import RouteTable
-from ._sockets import READ_SIZE, send_all
+from ._sockets import receive_upstream, send_all
 from ._table import BackendRoutes, Rejected, Slot
-from ._upstream import NotSent, Pool, Stale, Upstream
+from ._upstream import Lost, NotSent, Pool, Stale, Upstream
 from ._wire import END, Problem, RequestHead, upstream_head
 
 access_logger = logging.getLogger("controller.ingress.access")
@@ -153,7 +152,7 @@ class Proxy:
     async def _forward(
         self, client: Client, head: RequestHead, backend: BackendRoutes, route: str
     ) -> tuple[int, bool]:
-        repeatable = not head.body and head.method in _REPEATABLE
+        repeatable = idempotent = not head.body and head.method in _REPEATABLE
         body = b""
         streamed = head.body
         if head.body and head.length is not None and head.length <= BUFFERED_BODY_BYTES:
@@ -168,7 +167,9 @@ class Proxy:
                 sent = upstream_head(head, client.peer, route, slot.address, head.chunked)
                 if body:
                     sent += body
-                return await self._through(client, head, backend, slot, sent, repeatable, streamed)
+                return await self._through(
+                    client, head, backend, slot, sent, (repeatable, idempotent), streamed
+                )
             except Stale:
                 # The replica had closed that kept connection (or died): its other kept ones
                 # go too, and the request goes again, once, on a new connection.
@@ -176,6 +177,7 @@ class Proxy:
                 repeatable = False
             except NotSent as exc:
                 backend.refused(slot)
+                self.pool.forget(slot.address)  # its kept connections are as dead
                 tried = tried | {slot.tag}
                 if len(tried) > self.config.max_retries:
                     raise Reply(502, "BadGateway", f"{exc}; tried {len(tried)} replicas") from None
@@ -215,12 +217,14 @@ class Proxy:
         backend: BackendRoutes,
         slot: Slot,
         sent: bytes,
-        repeatable: bool,
+        again: tuple[bool, bool],
         streamed: bool,
     ) -> tuple[int, bool]:
         """The request to the replica of `slot` (`sent`: its head, and its body unless it is
         `streamed`), and its answer to the client. ``NotSent`` while nothing reached the
-        replica; ``Stale`` for a `repeatable` request whose kept connection proved closed."""
+        replica (``Lost``: an idempotent one, `again`'s second, that it closed unanswered);
+        ``Stale`` for a repeatable one (the first) whose kept connection proved closed."""
+        repeatable = again[0]
         upstream = await self.pool.get(slot.address, check=not repeatable)
         client.upstream = upstream.address
         try:
@@ -233,7 +237,7 @@ class Proxy:
                 upstream.body_sent = True
             if streamed:
                 whole = await self._send_body(client, head, upstream, head.chunked)
-            return await self._relay(client, head, backend, slot, upstream, repeatable, whole)
+            return await self._relay(client, head, backend, slot, upstream, again, whole)
         finally:
             if slot.gone:
                 upstream.reusable = False
@@ -288,7 +292,7 @@ class Proxy:
         backend: BackendRoutes,
         slot: Slot,
         upstream: Upstream,
-        repeatable: bool,
+        again: tuple[bool, bool],
         whole: bool = True,
     ) -> tuple[int, bool]:
         """Wait for the replica's answer (within request_timeout_s, then each next part of it
@@ -302,12 +306,14 @@ class Proxy:
         answer: ResponseHead | None = None
         try:
             while answer is None:
-                data = await _receive(sock)
+                data = await receive_upstream(sock)
                 if not data:
-                    if repeatable and upstream.reused and not reader.began:
+                    if again[0] and upstream.reused and not reader.began:
                         raise Stale
                     how = "without answering" if whole else "while the request was sent"
                     message = f"the replica at {upstream.address} closed the connection {how}"
+                    if again[1] and not reader.began:
+                        raise Lost(message)  # it died with the request: another one takes it
                     raise Reply(502, "BadGateway", message)
                 try:
                     reader.feed(data)
@@ -336,7 +342,7 @@ class Proxy:
         await client.send(out)
         while not done:
             timer.set(trio.current_time() + timeout, "request")
-            data = await _receive(sock)
+            data = await receive_upstream(sock)
             if not data:
                 if not reader.closed():
                     raise ClientGone  # cut mid-answer: the client sees it broken
@@ -414,22 +420,6 @@ class Proxy:
                 *(peer, method, target, backend, status, elapsed * 1000),
                 extra={"fields": fields},
             )
-
-
-async def _receive(sock: socket.socket) -> bytes:
-    """The replica's next bytes (``b""``: it closed, or reset).
-
-    Other tasks run first, and only then is the socket tried: under load, by the time they
-    have, the answer is in, and the socket need not be registered with epoll and waited on
-    (a system call and a good part of a request's scheduling, saved)."""
-    await trio.lowlevel.checkpoint()
-    while True:
-        try:
-            return sock.recv(READ_SIZE)
-        except BlockingIOError:
-            await trio.lowlevel.wait_readable(sock)
-        except OSError:
-            return b""
 
 
 def _pass_on(events: deque[Any], out: bytearray, chunks: bool) -> bool:

@@ -25,6 +25,12 @@ class NotSent(Exception):
     another one (a refused connection, or one reset before the request went out)."""
 
 
+class Lost(NotSent):
+    """A replica closed (or reset) a new connection before any answer to a request that may
+    be sent twice (an idempotent method, no body): it died with the request, which goes to
+    another replica as one that was never sent does."""
+
+
 class Stale(Exception):
     """A kept connection turned out closed by the replica before it answered anything: a
     request that may be sent twice is sent again on a new connection."""
