@@ -4,7 +4,10 @@ notices, and the cordons kept across a restart."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -15,6 +18,13 @@ from controller import InfeasibleError, ReplicaState
 from controller.testing import FakeRuntime, FakeState
 
 from .conftest import RC, config, opened, settle
+from .daemons import Daemon, running, trivial, until
+
+
+async def deploy_trivial(daemon: Daemon, name: str, fields: dict[str, Any]) -> None:
+    code, data = await daemon.http("PUT", f"/api/v1/backends/{name}", json.dumps(fields).encode())
+    assert code == 200, data
+
 
 NODES = {"n1": {"zone": "a"}, "n2": {"zone": "a"}, "n3": {"zone": "b"}}
 
@@ -226,3 +236,25 @@ async def test_a_cap_added_later_counts_the_replicas_already_there(
         await (await ctl.deploy("api", config(num_replicas=3), RC)).wait()
         with pytest.raises(InfeasibleError, match="max_replicas_per_node=1 allows no more"):
             await ctl.deploy("api", config(num_replicas=4, max_replicas_per_node=1), RC)
+
+
+async def test_a_local_daemon_lists_its_machine_and_a_cordon_stops_new_starts(
+    state_dir: Path,
+) -> None:
+    """LocalRuntime has one node, this machine: `controller node list` shows it with its
+    replicas; cordoned, it starts nothing (said as Unschedulable) until uncordoned."""
+    with trio.fail_after(120):
+        async with running(state_dir / "d") as daemon:
+            await deploy_trivial(daemon, "t", trivial(2))
+            listed = await daemon.cli("node", "list", "--json")
+            assert listed.returncode == 0, listed.stderr
+            (machine,) = json.loads(listed.stdout)
+            assert machine["replicas"] == {"t": 2}
+            assert machine["state"] == "ready"
+            cordoned = await daemon.cli("node", "cordon", "127.0.0.1")  # named by its address
+            assert cordoned.returncode == 0, cordoned.stderr
+            await deploy_trivial(daemon, "t", trivial(3))
+            status = await until(daemon, "t", lambda s: "Unschedulable" in str(s["last_error"]))
+            assert status["ready"] == 2
+            assert (await daemon.cli("node", "uncordon", machine["id"])).returncode == 0
+            await until(daemon, "t", lambda s: s["ready"] == 3)

@@ -62,6 +62,7 @@ from .layout import LOGS, ZYGOTE_LOG, check_socket_room, remove_replica_files, s
 from .link import ENDED, MonitorLink
 from .link_reader import LinkReader
 from .logs import DEFAULT_MAX_BYTES, LogChunk, log_file, log_tags, read_log
+from .node import OneNode
 from .process import WORKER_MODULE, WorkerProcess, launch
 from .wire import MONITOR_CHECKS
 from .zygote import ZYGOTE_MODULE, ForkServer
@@ -83,7 +84,7 @@ def default_max_replicas() -> int:
 
 
 @final
-class LocalRuntime:
+class LocalRuntime(OneNode):
     """Replicas as worker processes on this machine (``python -m controller.worker``).
 
     `runtime_dir` holds the workers' sockets, specs and logs; a controller reopened with the same
@@ -94,8 +95,7 @@ class LocalRuntime:
     256 per core). `pythonpath` entries are put in front of ``sys.path`` in each worker, so
     that entrypoints can be found. `env` is the workers' environment (default: this process's).
     A worker that does not exit within `term_timeout_s` of SIGTERM gets SIGKILL. Each worker's
-    log is rotated past `log_max_bytes`; the logs of the newest `logs_kept` gone replicas are
-    kept.
+    log is rotated past `log_max_bytes`; the newest `logs_kept` gone replicas' logs are kept.
 
     With `fork_server` (the default), ``serve`` starts a fork server in the background: a Python
     process that imports the worker's code and the `preload_modules` once (with `pythonpath`
@@ -287,6 +287,7 @@ class LocalRuntime:
 
     async def start_replica(self, spec: ReplicaSpec) -> ReplicaInfo:
         self._watchers.check_running()
+        self.check_placeable(spec.tag)
         newer = await trio.to_thread.run_sync(fenced_at, self.runtime_dir)
         if newer > self._epoch:
             raise FencedError(f"start of replica {spec.tag}", self._epoch, newer)
