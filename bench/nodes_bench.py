@@ -31,7 +31,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -177,16 +177,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     daemon.cli("node", "drain", away, "--wait", "--timeout", "120")
                     drained["drain_s"] = time.monotonic() - began
 
-                during = threading.Thread(target=drain)
-                load = ib.load(
-                    entry,
-                    conns=args.conns,
-                    procs=1,
-                    warmup_s=0.5,
-                    seconds=args.seconds,
-                    during=during.start,
-                )
-                during.join()
+                load = under_load(entry, args, drain)
                 results["drain"] = {
                     **drained,
                     "requests": load["requests"],
@@ -221,16 +212,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         killed,
                     )
 
-                during = threading.Thread(target=kill)
-                load = ib.load(
-                    entry,
-                    conns=args.conns,
-                    procs=1,
-                    warmup_s=0.5,
-                    seconds=args.seconds,
-                    during=during.start,
-                )
-                during.join()
+                load = under_load(entry, args, kill)
                 made.worker_nodes.discard(victim)
                 lost["after_detection_s"] = lost["full_strength_s"] - lost["ray_detects_s"]
                 results["loss"] = {**lost, "requests": load["requests"], "failed": load["errors"]}
@@ -262,6 +244,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return results
+
+
+def under_load(
+    entry: tuple[str, int, str], args: argparse.Namespace, event: Callable[[], None]
+) -> dict[str, Any]:
+    """The load's figures, with `event` run in a thread once the measured window begins."""
+    during = threading.Thread(target=event)
+    load = ib.load(
+        entry, conns=args.conns, procs=1, warmup_s=0.5, seconds=args.seconds, during=during.start
+    )
+    during.join()
+    return load
 
 
 def killed_for(check: Any, since: float) -> float:

@@ -67,7 +67,7 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
     return result
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str) -> int:
     # Bind-and-release, as LocalRuntime does: a port taken meanwhile shows as a failed start.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -128,7 +128,7 @@ class ReplicaHost:
     async def _do_build(self) -> dict[str, Any]:
         spec = self._spec
         host = spec["host"] or ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-        port = _free_port(host)
+        port = free_port(host)
         set_context(ReplicaContext(spec["tag"], spec["backend"], spec["version"], port, host))
         try:
             # The import too, in a thread: the actor keeps answering while it runs.

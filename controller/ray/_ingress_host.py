@@ -13,12 +13,13 @@ import ctypes
 import json
 import os
 import signal
-import socket
 import sys
 import tempfile
 from typing import Any, final
 
 import ray
+
+from ._host import free_port
 
 #: How long the process may take to listen once started.
 _LISTEN_S = 30.0
@@ -29,13 +30,6 @@ _STOP_S = 12.0
 def _die_with_parent() -> None:
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @final
@@ -59,7 +53,7 @@ class IngressHost:
             await self.stop()
         self._spec = spec
         host = spec["host"] or ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-        port = spec["port"] or _free_port(host)
+        port = spec["port"] or free_port(host)
         self._address = f"{host}:{port}"
         argv = [sys.executable, "-m", "controller", "ingress", "--url", spec["url"]]
         for url in spec["also_urls"]:
