@@ -284,11 +284,9 @@ class Controller:
     # -- nodes --
 
     async def drain_node(self, node: str, *, deadline_s: float | None = None) -> NodeRow:
-        """Move every replica off `node` (an id, a unique prefix of one, or a unique address):
-        each backend starts replacements elsewhere first, then stops the node's replicas under
-        their graceful timeout, never with more than its ``max_unavailable`` unavailable.
-        Nothing new is placed there until ``uncordon_node``. After `deadline_s`, what is left
-        stops whatever the budgets say. Returns once the drain is durable."""
+        """Move every replica off `node` (an id, a unique prefix, or a unique address), make
+        before break within each backend's ``max_unavailable``, and place nothing new there
+        until ``uncordon_node``; past `deadline_s`, what is left stops. Returns once durable."""
         return await self._nodes.drain(node, deadline_s)
 
     async def cordon_node(self, node: str) -> NodeRow:
@@ -300,8 +298,7 @@ class Controller:
         return await self._nodes.uncordon(node)
 
     async def nodes(self) -> list[NodeRow]:
-        """The runtime's nodes: their state, labels and replicas per backend. Raises
-        ``NodesUnsupportedError`` for a runtime of one machine."""
+        """The runtime's nodes, their state and replicas per backend."""
         return await self._nodes.rows()
 
     # -- backends --
@@ -441,10 +438,8 @@ class Controller:
 
     def watch(self, name: str) -> SnapshotStream:
         """``async for snapshot in ctl.watch(name)``: `name`'s snapshot now and on every change.
-
-        A slow consumer skips straight to the newest snapshot; it never sees an older set after a
-        newer one. It holds no resources, so it can be abandoned at any point.
-        """
+        A slow consumer skips to the newest snapshot, never seeing an older one after a newer;
+        it holds no resources, so it can be abandoned at any point."""
         return SnapshotStream(self._hub, name)
 
 

@@ -32,6 +32,20 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+async def _copy(process: asyncio.subprocess.Process, fd: int, serving: asyncio.Event) -> None:
+    """Append `process`'s output to the file `fd` (closed at its end); set `serving` at its
+    line that says it serves, or at its end (it exited: the caller reads why)."""
+    assert process.stdout is not None
+    try:
+        async for line in process.stdout:
+            os.write(fd, line)
+            if b" serving on http" in line:
+                serving.set()
+    finally:
+        os.close(fd)
+        serving.set()
+
+
 @final
 class IngressHost:
     """Built by the daemon's node ingresses as a named actor pinned to its node."""
@@ -41,6 +55,7 @@ class IngressHost:
         self._process: asyncio.subprocess.Process | None = None
         self._address = ""
         self._log = ""
+        self._copier: asyncio.Future[None] | None = None
 
     async def start(self, spec_json: str) -> str:
         """Start the ingress process and answer once it listens. Once: a daemon that adopts
@@ -61,28 +76,23 @@ class IngressHost:
         argv += ["--listen", self._address, "--prefer-host", host]
         fd, self._log = tempfile.mkstemp(prefix="controller-ingress-", suffix=".log")
         env = {**os.environ, "CONTROLLER_TOKEN": spec["token"]}
-        try:
-            self._process = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=fd,
-                stderr=fd,
-                env=env,
-                preexec_fn=_die_with_parent,
-            )
-        finally:
-            os.close(fd)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + _LISTEN_S
-        while loop.time() < deadline and self._process.returncode is None:
-            try:
-                _, writer = await asyncio.open_connection(host, port)
-            except OSError:
-                await asyncio.sleep(0.05)
-                continue
-            writer.close()
+        self._process = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=env,
+            preexec_fn=_die_with_parent,
+        )
+        # Its output is copied to its log file by a task of the actor's, which also says when
+        # the process has logged that it serves: no polling of the port.
+        serving = asyncio.Event()
+        self._copier = asyncio.ensure_future(_copy(self._process, fd, serving))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(serving.wait(), _LISTEN_S)
+        if serving.is_set() and self._process.returncode is None:
             return self._reply()
-        return json.dumps({"ok": False, "error": f"it did not listen: {self._tail()}"})
+        return json.dumps({"ok": False, "error": f"it did not serve: {self._tail()}"})
 
     async def wait_exit(self) -> str:
         """Answers when the process ends: how it ended, and the end of its log."""
