@@ -381,8 +381,7 @@ class Controller:
 
     @property
     def passes(self) -> int:
-        """How many passes its backends' loops have made: anything in `status` may have changed
-        when this has grown (a cursor for ``wait_until(lambda c: c.passes > cursor)``)."""
+        """Passes its backends' loops have made: a cursor for ``wait_until`` (status may differ)."""
         return self._passes
 
     def report_load(self, report: LoadReport) -> bool:
