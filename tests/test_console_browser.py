@@ -303,6 +303,11 @@ def test_log_in_with_the_token_and_see_the_example_backends(tab: Tab) -> None:
     )
     assert tab.ready_text("greeter") == "1/1"
     assert "/echo" in tab.page.inner_text('tr[data-backend="echo"]')
+    # The runtime's nodes: LocalRuntime's one, this machine, holding the example's replicas.
+    tab.page.wait_for_selector("#nodes tr[data-node]")
+    machine = tab.page.inner_text("#nodes tr[data-node]")
+    assert "echo=2" in machine
+    assert "greeter=1" in machine
     tab.shot("overview")
 
 

@@ -126,6 +126,7 @@ export function sleep(ms, signal) {
 const enc = encodeURIComponent;
 export const paths = {
   backends: () => "/api/v1/backends",
+  nodes: () => "/api/v1/nodes",
   backend: (name) => `/api/v1/backends/${enc(name)}`,
   revisions: (name) => `/api/v1/backends/${enc(name)}/revisions`,
   history: (name) => `/api/v1/backends/${enc(name)}/history`,

@@ -14,7 +14,13 @@ export function overviewPage(main, signal) {
   backends.hidden = true;
   const empty = el("p", { className: "empty", hidden: true },
     "No backends. Apply some with ", el("code", {}, "controller apply -f FILE"), ".");
-  main.replaceChildren(el("h1", {}, "Backends"), backends, empty);
+  // The runtime's nodes, with their state, ingress and replicas (hidden without nodes).
+  const { table: nodes, tbody: nodeRows } = table("nodes", [
+    "Node", "State", "Address", "Ingress", "Replicas",
+  ]);
+  const nodesHeading = el("h2", { hidden: true }, "Nodes");
+  nodes.hidden = true;
+  main.replaceChildren(el("h1", {}, "Backends"), backends, empty, nodesHeading, nodes);
 
   // The latest status of each backend: a button acts on what the page shows now.
   let latest = new Map();
@@ -62,6 +68,35 @@ export function overviewPage(main, signal) {
     backends.hidden = list.length === 0;
     empty.hidden = list.length !== 0;
     disableActions(main);
+    await refreshNodes();
+  }
+
+  function nodeRow(node) {
+    const replicas = Object.entries(node.replicas).map(([b, n]) => `${b}=${n}`).join(", ");
+    const state = node.notice ? `${node.state} (cluster's notice)` : node.state;
+    return el("tr", { dataset: { node: node.id } },
+      el("td", { className: "name" }, node.id),
+      el("td", {}, state),
+      el("td", {}, dash(node.address)),
+      el("td", {}, dash((node.ingresses ?? []).filter((a) => a).join(", "))),
+      el("td", {}, dash(replicas)),
+    );
+  }
+
+  async function refreshNodes() {
+    let list = [];
+    try {
+      list = (await getJSON(paths.nodes(), signal)).nodes ?? [];
+    } catch (error) {
+      if (error?.name === "AbortError" || error?.status === 0) throw error;
+      // A runtime without nodes (501), or a standby that has none to show: no table.
+    }
+    syncRows(nodeRows, list, {
+      key: (n) => n.id,
+      sig: (n) => JSON.stringify(n),
+      render: nodeRow,
+    });
+    nodes.hidden = nodesHeading.hidden = list.length === 0;
   }
 
   live(signal, refresh);
