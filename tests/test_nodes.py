@@ -140,6 +140,8 @@ async def test_a_drain_makes_before_it_breaks_and_keeps_the_node_empty(
         # Nothing new lands on a drained node: a scale-up goes elsewhere.
         await (await ctl.deploy("api", config(num_replicas=6, max_unavailable=0), RC)).wait()
         assert rt.on_node("n1") == []
+        with pytest.raises(InfeasibleError, match=r"Not counted: 1 node cordoned or drained \(n1;"):
+            await ctl.deploy("big", config(num_replicas=11), RC)  # 16 slots on n2, n3 less 6
         row = await ctl.uncordon_node("n1")
         assert row.state == "ready"
         assert "n1" not in rt.cordoned
@@ -258,3 +260,33 @@ async def test_a_local_daemon_lists_its_machine_and_a_cordon_stops_new_starts(
             assert status["ready"] == 2
             assert (await daemon.cli("node", "uncordon", machine["id"])).returncode == 0
             await until(daemon, "t", lambda s: s["ready"] == 3)
+
+
+async def test_the_node_api_takes_only_what_it_documents(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Found by a trial: a cordon took a body of unknown fields, a cordon of a node being
+    drained ended its drain, and times were numbers where the API's other times are ISO."""
+    from .test_openapi import api
+
+    async with opened(cluster()) as ctl:
+        call = api(ctl)
+        bogus = b'{"bogus": 5}'
+        for verb in ("cordon", "uncordon"):
+            status, _, body = await call("POST", f"/api/v1/nodes/n1/{verb}", bogus)
+            assert status == 422, (verb, body)
+        assert (await call("POST", "/api/v1/nodes/n1/drain", bogus))[0] == 422
+        assert rt_cordoned(ctl) == set()  # nothing was written
+        status, _, body = await call("POST", "/api/v1/nodes/n2/drain", b'{"deadline_s": 60}')
+        assert status == 202, body
+        drained = json.loads(body)
+        assert drained["deadline"].endswith("Z")
+        assert drained["since"].endswith("Z")
+        status, _, body = await call("POST", "/api/v1/nodes/n2/cordon")
+        assert json.loads(body)["state"] in ("draining", "drained")  # the drain goes on
+        listed = json.loads((await call("GET", "/api/v1/nodes"))[2])["nodes"]
+        assert {n["id"]: n["state"] for n in listed}["n2"] in ("draining", "drained")
+
+
+def rt_cordoned(ctl: controller.Controller) -> set[str]:
+    return set(ctl._nodes._cordons)

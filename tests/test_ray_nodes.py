@@ -359,7 +359,10 @@ async def test_ray_s_own_drain_notice_moves_replicas_off_the_node(cluster: Clust
             target = next(n for n in nodes_of(ctl, "pre") if n != head)
             deadline_ms = int(time.time() * 1000) + 120_000
             accepted, said = gcs.drain_node(
-                target, autoscaler_pb2.DRAIN_NODE_REASON_PREEMPTION, "preempted", deadline_ms
+                target,
+                autoscaler_pb2.DRAIN_NODE_REASON_PREEMPTION,  # type: ignore[attr-defined]
+                "x",
+                deadline_ms,
             )
             assert accepted, said
             await ctl.wait_until(

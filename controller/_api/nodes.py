@@ -10,11 +10,12 @@ from .._model.numbers import MAX_SECONDS
 from .http import HTTPError
 from .operations import answer, operation
 from .schema_parts import BOOL, NULLABLE_STRING, STRING, obj
+from .views import iso
 
 if TYPE_CHECKING:
     from .._core.controller import Controller
 
-_WALL = {"type": ["number", "null"], "description": "Seconds since the epoch (wall clock)"}
+_WALL = {"type": ["string", "null"], "description": "ISO 8601, UTC"}
 
 SCHEMAS: dict[str, Any] = {
     "Node": obj(
@@ -125,7 +126,7 @@ PATHS: dict[str, Any] = {
 
 
 def node_json(row: NodeRow, ingresses: list[str | None] | None = None) -> dict[str, Any]:
-    out = row.to_json()
+    out = {**row.to_json(), "since": iso(row.since), "deadline": iso(row.deadline)}
     if ingresses is not None:
         out["ingresses"] = ingresses
     return out
@@ -152,6 +153,10 @@ def drain_request(data: Any) -> float | None:
 async def steer_node(ctl: Controller, node: str, what: str, body: Any) -> NodeRow:
     if what == "drain":
         return await ctl.drain_node(node, deadline_s=drain_request(body))
+    if body != {}:
+        # Nothing to say but the node: a field sent is a mistake to point out, not to drop.
+        said = "the body must be empty or {} (a cordon takes no field)"
+        raise HTTPError(422, "Invalid", said, problems=[said])
     if what == "cordon":
         return await ctl.cordon_node(node)
     return await ctl.uncordon_node(node)

@@ -27,6 +27,8 @@ class Nodes:
     """Nodes being drained: replace their replicas elsewhere, then stop them."""
     evict_now: frozenset[str] = frozenset()
     """Nodes whose drain deadline passed: stop their replicas now."""
+    cordoned: frozenset[str] = frozenset()
+    """Every node that takes no new replica (cordoned, draining, or announced to go)."""
 
 
 @attrs.frozen

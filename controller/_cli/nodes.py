@@ -12,11 +12,12 @@ import argparse
 import json
 import time
 import urllib.parse
+from datetime import datetime
 from typing import Any
 
 from .client import CLIError, make_client
 from .options import WAIT_TIMEOUT_HELP
-from .output import age, table
+from .output import age, since, table
 from .rollout import seconds
 
 #: How often ``drain --wait`` reads the node again.
@@ -24,6 +25,8 @@ _POLL_S = 0.5
 
 
 def _path(node: str, verb: str) -> str:
+    if not node:
+        raise CLIError("controller node: NODE is empty (`controller node list` shows them)", 2)
     return f"/api/v1/nodes/{urllib.parse.quote(node, safe='')}/{verb}"
 
 
@@ -45,7 +48,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                 ", ".join(a or "starting" for a in node.get("ingresses") or []) or "-",
                 ", ".join(f"{b}={n}" for b, n in node["replicas"].items()) or "-",
                 ",".join(f"{k}={v}" for k, v in node["labels"].items()) or "-",
-                age(None if node["since"] is None else time.time() - node["since"]),
+                age(since(node["since"])),
             )
         )
     print("\n".join(table(rows)))
@@ -69,7 +72,9 @@ def _state(node: dict[str, Any]) -> str:
     if node["notice"]:
         state += " (cluster's notice)"
     if node["deadline"] is not None and state.startswith("draining"):
-        state += f", deadline in {max(0, round(node['deadline'] - time.time()))}s"
+        at = datetime.fromisoformat(node["deadline"].replace("Z", "+00:00")).timestamp()
+        left = round(at - time.time())
+        state += f", deadline in {left}s" if left > 0 else ", deadline passed"
     return state
 
 
@@ -97,13 +102,16 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
 def cmd_cordon(args: argparse.Namespace) -> int:
     node = make_client(args).ok("POST", _path(args.node, "cordon"))
-    print(f"node/{node['id']} cordoned")
+    print(f"node/{node['id']} {'cordoned' if node['state'] == 'cordoned' else _state(node)}")
     return 0
 
 
 def cmd_uncordon(args: argparse.Namespace) -> int:
     node = make_client(args).ok("POST", _path(args.node, "uncordon"))
-    print(f"node/{node['id']} uncordoned")
+    if node["notice"]:
+        print(f"node/{node['id']} uncordoned, but still {_state(node)}: the cluster itself said so")
+    else:
+        print(f"node/{node['id']} uncordoned")
     return 0
 
 

@@ -38,8 +38,11 @@ class Reservations:
         runtime: Runtime,
         backends: Mapping[str, Backend],
         requested: Callable[[str], Spec | None],
+        left_out: Callable[[], frozenset[str]] = frozenset,
     ):
         self._runtime = runtime
+        self._left_out = left_out
+        """The nodes cordoned or drained, which the runtime's capacity leaves out."""
         self._backends = backends
         self._requested = requested
         self._pending: dict[str, Demand] = {}
@@ -70,6 +73,12 @@ class Reservations:
                 have.append(attrs.evolve(held_demand(name, backend, count), rules=rules))
             problem = shortfalls(nodes, have + list(self._pending.values()), wanted)
             if problem is not None:
+                out = sorted(self._left_out())
+                if out:
+                    problem += (
+                        f" Not counted: {plural(len(out), 'node')} cordoned or drained "
+                        f"({', '.join(n[:12] for n in out)}; `controller node uncordon`)."
+                    )
                 raise InfeasibleError(problem)
         for want in wanted:
             self._pending[want.name] = want

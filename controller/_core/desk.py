@@ -92,7 +92,9 @@ class SpecDesk:
         self._books: dict[str, RevisionBook] = {}
         self._locks = NameLocks(lambda name: name in self._backends)
         self._routes = RouteClaims()
-        self._reservations = Reservations(runtime, self._backends, self.spec)
+        self._reservations = Reservations(
+            runtime, self._backends, self.spec, lambda: self._shared.nodes.cordoned
+        )
         # Hand-overs of new specs to their loops not acknowledged yet, released if we close.
         self._handovers: set[trio.Event] = set()
         self._nursery: trio.Nursery | None = None

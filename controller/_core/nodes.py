@@ -147,6 +147,10 @@ class NodeDesk:
     async def _set(self, name: str, state: str, deadline_s: float | None) -> NodeRow:
         async with self._lock:
             node = await self._resolve(name)
+            held = self._cordons.get(node)
+            if state == "cordoned" and held is not None:
+                # Cordoned already, or more: a drain goes on (uncordon ends it).
+                return self._row(node, self._counts().get(node, {}))
             wall = time.time()
             cordon = Cordon(node, state, wall, None if deadline_s is None else wall + deadline_s)
             await self._store.write({NODE_PREFIX + node: cordon.to_json()})
@@ -205,6 +209,7 @@ class NodeDesk:
         if cordon is not None:
             cordon(cordoned)
         state = self._state
+        state.cordoned = cordoned
         if (evict, forced) != (state.evict, state.evict_now):
             state.evict, state.evict_now = evict, forced
             for backend in list(self._backends.values()):

@@ -45,6 +45,7 @@ from .._api.logs import LogSource
 from .._api.metrics import Metrics
 from .._api.timeline import Timelines
 from .._api.timeline import record as record_timelines
+from .._api.views import iso
 from .._backend.tasks import KILL_TIMEOUT_S
 from .._core.controller import Controller
 from .._model.errors import ControllerError
@@ -115,7 +116,8 @@ class WithNodes:
     async def status(self) -> dict[str, Any]:
         mine = await self.fleet.status() if self.fleet is not None else None
         base = mine or {"listen": None, "workers": 0, "processes": []}
-        return {**base, "nodes": self.nodes.status()}
+        nodes = [{**e, "since": iso(e["since"])} for e in self.nodes.status()]
+        return {**base, "nodes": nodes}
 
     async def metrics(self) -> bytes:
         return await self.fleet.metrics() if self.fleet is not None else b""

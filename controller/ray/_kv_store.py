@@ -34,6 +34,7 @@ import ray.exceptions
 import trio
 from ray.exceptions import RayError
 from ray.experimental import internal_kv
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .._model.errors import ConfigError, FencedError, StoreError
 from .._model.lease import Lease
@@ -171,6 +172,12 @@ class RayKVStore:
             "get_if_exists": True,  # one per namespace, whoever asks first makes it
             "max_restarts": -1,  # it keeps nothing of its own: restarted, it goes on
             "num_cpus": 0,
+            # Beside the daemon that makes it (the head, as a rule), not on whichever worker
+            # Ray picks: a worker node lost would cost the leader its lease while Ray notices
+            # and restarts the actor. Soft: should that node go, Ray places it elsewhere.
+            "scheduling_strategy": NodeAffinitySchedulingStrategy(
+                ray.get_runtime_context().get_node_id(), soft=True
+            ),
         }
         return _Fence.options(**options).remote(self.namespace)
 

@@ -122,7 +122,10 @@ class NodeIngresses:
     async def stop(self) -> None:
         """Stop every node's ingress (a shutdown), and return once they are gone."""
         self._stop_asked.set()
-        if self.ingresses:
+        while self.ingresses:
+            # A fresh event each wait: one set when a lost lead emptied the list must not
+            # pass for the stop of those a later lead started.
+            self._emptied = trio.Event()
             await self._emptied.wait()
 
     def status(self) -> list[dict[str, Any]]:
