@@ -372,5 +372,8 @@ async def test_ray_s_own_drain_notice_moves_replicas_off_the_node(cluster: Clust
                 )
             )
             row = {r.id: r for r in await ctl.nodes()}[target]
-            assert (row.state, row.notice) == ("drained", True)
-            assert row.deadline == pytest.approx(deadline_ms / 1000, abs=1)
+            # Ray may end a drained node once it is idle: it reads dead then.
+            assert row.state in ("drained", "dead"), row
+            if row.state == "drained":
+                assert row.notice
+                assert row.deadline == pytest.approx(deadline_ms / 1000, abs=1)
