@@ -133,6 +133,13 @@ class Daemon:
         listening.set()  # it exited; the caller's next request will say so
         self._grew.set()
 
+    async def logged_times(self, text: bytes, times: int) -> None:
+        """Wait until the daemon's log holds `text` `times` times (or the daemon has exited)."""
+        while self.log.count(text) < times:
+            if self.process is not None and self.process.returncode is not None:
+                raise AssertionError(f"the daemon exited before logging {text!r} again")
+            await self._grew.wait()
+
     async def logged(self, text: bytes) -> None:
         """Wait until the daemon's log holds `text` (or the daemon has exited)."""
         while text not in self.log:

@@ -247,7 +247,7 @@ async def test_a_daemon_runs_an_ingress_on_each_node_that_needs_one(
         return found
 
     with trio.fail_after(LIMIT_S * 2):
-        async with running(tmp_path / "d", *extra) as daemon:
+        async with trio.open_nursery() as outer, running(tmp_path / "d", *extra) as daemon:
             await deploy(daemon, "web", num_replicas=2, route_prefix="/web", version="v1")
             status = await until(daemon, "web", settled_version("v1"))
             holding = {r["node"] for r in status["replicas"]}
@@ -283,6 +283,17 @@ async def test_a_daemon_runs_an_ingress_on_each_node_that_needs_one(
             logs = await daemon.cli("logs", "talk")
             assert logs.returncode == 0, logs.stderr
             assert logs.stdout.count(b"talker says 7") == 2, logs.stdout
+            # Stopped (SIGTERM) and started again on the same port: the node ingresses run on
+            # through the restart, and the new daemon adopts the same processes.
+            before = {n: e["pid"] for n, e in (await entrances(daemon)).items()}
+            port = daemon.url.rpartition(":")[2]
+            assert await daemon.stop() == 0
+            serving = f"ingress on node {head[:12]} serving on".encode()
+            times = daemon.log.count(serving)
+            await daemon.start(outer, *extra, listen=f"127.0.0.1:{port}")
+            await daemon.logged_times(serving, times + 1)
+            adopted = {n: e["pid"] for n, e in (await entrances(daemon)).items()}
+            assert adopted[head] == before[head]
         gone = [
             e for e in ray.util.list_named_actors(True) if e["namespace"] == f"{namespace}-ingress"
         ]
