@@ -12,12 +12,11 @@ import argparse
 import json
 import time
 import urllib.parse
-from datetime import datetime
 from typing import Any
 
 from .client import CLIError, make_client
 from .options import WAIT_TIMEOUT_HELP
-from .output import age, since, table
+from .output import age, since, table, wall_time
 from .rollout import seconds
 
 #: How often ``drain --wait`` reads the node again.
@@ -72,8 +71,7 @@ def _state(node: dict[str, Any]) -> str:
     if node["notice"]:
         state += " (cluster's notice)"
     if node["deadline"] is not None and state.startswith("draining"):
-        at = datetime.fromisoformat(node["deadline"].replace("Z", "+00:00")).timestamp()
-        left = round(at - time.time())
+        left = round(wall_time(node["deadline"]) - time.time())
         state += f", deadline in {left}s" if left > 0 else ", deadline passed"
     return state
 

@@ -131,11 +131,15 @@ def age(seconds: float | None) -> str:
     return f"{int(seconds)}s"
 
 
+def wall_time(iso_time: str) -> float:
+    """An API time (ISO 8601, UTC) as seconds since the epoch."""
+    return datetime.fromisoformat(iso_time.replace("Z", "+00:00")).timestamp()
+
+
 def since(iso_time: str | None) -> float | None:
     if not iso_time:
         return None
-    moment = datetime.fromisoformat(iso_time.replace("Z", "+00:00"))
-    return max(0.0, time.time() - moment.timestamp())
+    return max(0.0, time.time() - wall_time(iso_time))
 
 
 def indent(text: str) -> str:

@@ -99,21 +99,17 @@ def stop_order(replicas: Sequence[ReplicaView], version: str) -> list[ReplicaVie
     never ready before a restart), then unhealthy ones, then older versions, then the rest;
     within each, the most recently started first."""
 
-    def key(r: ReplicaView) -> tuple[int, int]:
-        # A replica being adopted that had served may be serving still: not "unconfirmed".
-        if r.state is ReplicaState.STARTING or (
-            r.state is ReplicaState.RECOVERING and not r.served
-        ):
-            rank = 0
-        elif not r.healthy:
-            rank = 1
-        elif r.version != version:
-            rank = 2
-        else:
-            rank = 3
-        return rank, -r.seq
+    return sorted(replicas, key=lambda r: (_rank(r, version), -r.seq))
 
-    return sorted(replicas, key=key)
+
+def _rank(r: ReplicaView, version: str) -> int:
+    """``stop_order``'s rank of `r`: 0 first, 3 (ready, healthy, of `version`) last."""
+    # A replica being adopted that had served may be serving still: not "unconfirmed".
+    if r.state is ReplicaState.STARTING or (r.state is ReplicaState.RECOVERING and not r.served):
+        return 0
+    if not r.healthy:
+        return 1
+    return 2 if r.version != version else 3
 
 
 def excess_order(
@@ -126,10 +122,12 @@ def excess_order(
     ordered = stop_order(replicas, version)
     if count <= 0:
         return []
-    settled = [r for r in ordered if _settled_rank(r, version)]
-    if count <= len(ordered) - len(settled):
-        return ordered[:count]
-    chosen = [r for r in ordered if not _settled_rank(r, version)]
+    chosen: list[ReplicaView] = []
+    settled: list[ReplicaView] = []
+    for r in ordered:
+        (settled if _rank(r, version) == 3 else chosen).append(r)
+    if count <= len(chosen):
+        return chosen[:count]
     by_node: dict[str | None, list[ReplicaView]] = {}
     for r in settled:  # newest first within a node, as stop_order has them
         by_node.setdefault(r.node, []).append(r)
@@ -143,16 +141,6 @@ def excess_order(
             del by_node[pick]
         left -= 1
     return chosen
-
-
-def _settled_rank(r: ReplicaView, version: str) -> bool:
-    """Whether `r` is in ``stop_order``'s last rank (ready, healthy, of `version`)."""
-    return (
-        r.state is not ReplicaState.STARTING
-        and not (r.state is ReplicaState.RECOVERING and not r.served)
-        and r.healthy
-        and r.version == version
-    )
 
 
 def decide(target: Target, replicas: Collection[ReplicaView], census: Census | None = None) -> Plan:

@@ -152,7 +152,7 @@ class Proxy:
     async def _forward(
         self, client: Client, head: RequestHead, backend: BackendRoutes, route: str
     ) -> tuple[int, bool]:
-        repeatable = idempotent = not head.body and head.method in _REPEATABLE
+        repeatable = not head.body and head.method in _REPEATABLE
         body = b""
         streamed = head.body
         if head.body and head.length is not None and head.length <= BUFFERED_BODY_BYTES:
@@ -167,9 +167,7 @@ class Proxy:
                 sent = upstream_head(head, client.peer, route, slot.address, head.chunked)
                 if body:
                     sent += body
-                return await self._through(
-                    client, head, backend, slot, sent, (repeatable, idempotent), streamed
-                )
+                return await self._through(client, head, backend, slot, sent, repeatable, streamed)
             except Stale:
                 # The replica had closed that kept connection (or died): its other kept ones
                 # go too, and the request goes again, once, on a new connection.
@@ -217,14 +215,13 @@ class Proxy:
         backend: BackendRoutes,
         slot: Slot,
         sent: bytes,
-        again: tuple[bool, bool],
+        repeatable: bool,
         streamed: bool,
     ) -> tuple[int, bool]:
         """The request to the replica of `slot` (`sent`: its head, and its body unless it is
         `streamed`), and its answer to the client. ``NotSent`` while nothing reached the
-        replica (``Lost``: an idempotent one, `again`'s second, that it closed unanswered);
-        ``Stale`` for a repeatable one (the first) whose kept connection proved closed."""
-        repeatable = again[0]
+        replica (``Lost``: one that may be sent twice, closed unanswered); ``Stale`` for a
+        `repeatable` one whose kept connection proved closed."""
         upstream = await self.pool.get(slot.address, check=not repeatable)
         client.upstream = upstream.address
         try:
@@ -237,7 +234,7 @@ class Proxy:
                 upstream.body_sent = True
             if streamed:
                 whole = await self._send_body(client, head, upstream, head.chunked)
-            return await self._relay(client, head, backend, slot, upstream, again, whole)
+            return await self._relay(client, head, backend, slot, upstream, repeatable, whole)
         finally:
             if slot.gone:
                 upstream.reusable = False
@@ -292,7 +289,7 @@ class Proxy:
         backend: BackendRoutes,
         slot: Slot,
         upstream: Upstream,
-        again: tuple[bool, bool],
+        repeatable: bool,
         whole: bool = True,
     ) -> tuple[int, bool]:
         """Wait for the replica's answer (within request_timeout_s, then each next part of it
@@ -308,11 +305,11 @@ class Proxy:
             while answer is None:
                 data = await receive_upstream(sock)
                 if not data:
-                    if again[0] and upstream.reused and not reader.began:
+                    if repeatable and upstream.reused and not reader.began:
                         raise Stale
                     how = "without answering" if whole else "while the request was sent"
                     message = f"the replica at {upstream.address} closed the connection {how}"
-                    if again[1] and not reader.began:
+                    if not reader.began and not head.body and head.method in _REPEATABLE:
                         raise Lost(message)  # it died with the request: another one takes it
                     raise Reply(502, "BadGateway", message)
                 try:
