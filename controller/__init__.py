@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from ._local.runtime import LocalRuntime as LocalRuntime
     from ._model.autoscale import ScaleDecision as ScaleDecision
     from ._model.autoscaling import AutoscalingConfig as AutoscalingConfig
+    from ._model.canary import CanaryConfig as CanaryConfig
+    from ._model.canary import CanaryStep as CanaryStep
+    from ._model.canary_steps import CanaryStatus as CanaryStatus
+    from ._model.canary_steps import RevisionNumbers as RevisionNumbers
     from ._model.code import CodeDigest as CodeDigest
     from ._model.config import BackendConfig as BackendConfig
     from ._model.config import ReplicaConfig as ReplicaConfig
@@ -69,6 +73,8 @@ if TYPE_CHECKING:
     from ._model.status import ReplicaStatus as ReplicaStatus
     from ._model.status import RolloutStatus as RolloutStatus
     from ._model.status import ServingReplica as ServingReplica
+    from ._model.status import TrafficSplit as TrafficSplit
+    from ._model.verdict import RequestTally as RequestTally
     from ._ports.runtime import BatchedChecks as BatchedChecks
     from ._ports.runtime import CheckReport as CheckReport
     from ._ports.runtime import DeathListener as DeathListener
@@ -82,6 +88,12 @@ if TYPE_CHECKING:
 _HOME: dict[str, str] = {
     "BackendConfig": "._model.config",
     "AutoscalingConfig": "._model.autoscaling",
+    "CanaryConfig": "._model.canary",
+    "CanaryStep": "._model.canary",
+    "CanaryStatus": "._model.canary_steps",
+    "RevisionNumbers": "._model.canary_steps",
+    "TrafficSplit": "._model.status",
+    "RequestTally": "._model.verdict",
     "ScaleDecision": "._model.autoscale",
     "ReplicaConfig": "._model.config",
     "Applied": "._core.desk",

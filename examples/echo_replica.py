@@ -19,8 +19,10 @@ from controller.worker import context
 
 
 class Echo:
-    def __init__(self, work_ms: float = 5.0) -> None:
+    def __init__(self, work_ms: float = 5.0, fail_every: int = 0) -> None:
         self.work_s = work_ms / 1000
+        # A bad release for the canary example: every Nth request answers 500.
+        self.fail_every = fail_every
         self.greeting = "hello"
         self.tag = context().tag
         self.in_flight = 0
@@ -39,6 +41,11 @@ class Echo:
                     replica.in_flight += 1
                 try:
                     time.sleep(replica.work_s)  # stand-in for real work
+                    if replica.fail_every and (replica.served + 1) % replica.fail_every == 0:
+                        self.send_response(500)
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                        return
                     body = json.dumps(
                         {"replica": replica.tag, "greeting": replica.greeting, "pid": os.getpid()}
                     ).encode()

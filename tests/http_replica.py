@@ -10,6 +10,8 @@ GET /stray           answers "ok", then sends bytes that look like another answe
 POST /early          answers 413 without reading the body, and keeps the connection open
 GET /watch-cancel    waits until the client hangs up, then appends "cancelled" to ``record``
 GET /drop            the replica that claimed ``slow_claim`` closes the connection unanswered
+
+``error_every=N`` (init) answers every Nth request (of any path) with a 500: a bad release.
 """
 
 from __future__ import annotations
@@ -29,8 +31,12 @@ from controller.worker import context
 
 
 class HTTPReplica:
-    def __init__(self, delay_ms: float = 0.0, record: str = "", slow_claim: str = "") -> None:
+    def __init__(
+        self, delay_ms: float = 0.0, record: str = "", slow_claim: str = "", error_every: int = 0
+    ) -> None:
         self.tag = context().tag
+        self.error_every = error_every
+        self.served = 0
         self.delay_s = delay_ms / 1000
         self.record = record
         self.slow_claimed = False
@@ -76,6 +82,15 @@ class HTTPReplica:
         path = url.path.rstrip("/").rsplit("/", 1)[-1]
         if self.delay_s:
             time.sleep(self.delay_s)
+        if self.error_every:
+            with self.lock:
+                self.served += 1
+                failing = self.served % self.error_every == 0
+            if failing:
+                h.send_response(500)
+                h.send_header("Content-Length", "0")
+                h.end_headers()
+                return
         if path == "slow":
             time.sleep(float(query.get("ms", "100")) / 1000)
         if path == "hang":

@@ -29,7 +29,7 @@ def test_every_problem_is_reported_at_once() -> None:
     assert error.source == "f.toml"
     assert error.problems == [
         "extra: unknown top-level key; the only one is 'backends'",
-        "backend 'a': verison: unknown field; known fields are autoscaling, entrypoint, "
+        "backend 'a': verison: unknown field; known fields are autoscaling, canary, entrypoint, "
         "graceful_shutdown_timeout_s, health_check_failure_threshold, health_check_period_s, "
         "health_check_timeout_s, init_args, init_kwargs, max_ongoing_requests, "
         "max_queued_requests, max_replicas_per_node, max_surge, max_unavailable, min_ready_s, "

@@ -99,6 +99,16 @@ def restart_request(data: Any) -> Cause:
     return cause_of(via=data.get("via", "api"), message=data.get("message"))
 
 
+def steer_request(data: Any) -> Cause:
+    """A promote's or an abort's body: ``{"via": "api" | "cli"}``, optional."""
+    if not isinstance(data, dict):
+        raise HTTPError(422, "Invalid", "the body must be an object")
+    unknown = sorted(set(data) - {"via"})
+    if unknown:
+        raise HTTPError(422, "Invalid", f"unknown fields: {', '.join(unknown)}")
+    return cause_of(via=data.get("via", "api"))
+
+
 def scale_request(data: Any) -> tuple[int | None, dict[str, int], str | None]:
     """A scale's body: ``{"replicas": N}`` for a fixed backend, ``{"min_replicas": A,
     "max_replicas": B}`` (either or both) for an autoscaled one, and an optional ``message``.

@@ -24,6 +24,7 @@ from .bodies import (
     optional_json,
     restart_request,
     scale_request,
+    steer_request,
     undo_request,
 )
 from .console import Console
@@ -169,6 +170,11 @@ class Handlers:
             cause = _by(restart_request(body), call.by_session)
             self._check_accepting()
             await self._ctl.restart(name, cause=cause)
+        elif what in ("promote", "abort"):
+            body = await optional_json(call.scope, call.receive)
+            via = _by(steer_request(body), call.by_session).via
+            self._check_accepting()
+            await (self._ctl.promote if what == "promote" else self._ctl.abort)(name, via=via)
         else:
             # Nothing to say but the name: any body is ignored, as the shutdown's is.
             self._check_accepting()

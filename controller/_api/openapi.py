@@ -294,6 +294,52 @@ OPENAPI: dict[str, Any] = {
                 ),
             },
         },
+        "/api/v1/backends/{name}/promote": {
+            "parameters": [NAME],
+            "post": {
+                "operationId": "promoteBackend",
+                **operation(
+                    "Promote the canary release under way: skip its remaining steps",
+                    answer("202", "Done; the rolling replacement begins", "RolloutAccepted"),
+                    "400",
+                    "404",
+                    "409-rollout",
+                    "413",
+                    "415",
+                    "422",
+                    "503",
+                    body="Steer",
+                    body_required=False,
+                    description="Refused (409, NoCanary) unless a canary release is being "
+                    "judged (a `canary` block, a new version).",
+                ),
+            },
+        },
+        "/api/v1/backends/{name}/abort": {
+            "parameters": [NAME],
+            "post": {
+                "operationId": "abortBackend",
+                **operation(
+                    "Abort the canary release under way: back to the stable revision",
+                    answer(
+                        "202", "Done; its weight is 0 and its replicas drain", "RolloutAccepted"
+                    ),
+                    "400",
+                    "404",
+                    "409-rollout",
+                    "413",
+                    "415",
+                    "422",
+                    "503",
+                    body="Steer",
+                    body_required=False,
+                    description="The canary revision is marked failed with the step's numbers, "
+                    "and the stable revision's content is rolled out again as a new revision "
+                    "(its replicas are kept). Refused (409, NoCanary) unless a canary release "
+                    "is being judged.",
+                ),
+            },
+        },
         "/api/v1/apply": {
             "post": operation(
                 "Deploy every backend of a manifest, all or nothing; prune deletes the others",
@@ -384,5 +430,7 @@ _deployed["links"] = {
         "restartBackend",
         "pauseBackend",
         "resumeBackend",
+        "promoteBackend",
+        "abortBackend",
     )
 }

@@ -43,6 +43,7 @@ ROLLOUT_SCHEMAS: dict[str, Any] = {
         via=VIA_HTTP,
     ),
     "Restart": obj({}, message=MESSAGE, via=VIA_HTTP),
+    "Steer": obj({}, via=VIA_HTTP),
     "RolloutAccepted": obj(
         {
             "name": STRING,
@@ -85,6 +86,34 @@ ROLLOUT_SCHEMAS: dict[str, Any] = {
             "error": NULLABLE_STRING,
             "restores": _NULLABLE_REVISION,
             "automatic": {**BOOL, "description": "`revision` came from an automatic rollback"},
+            "canary": {
+                "oneOf": [{"type": "null"}, ref("Canary")],
+                "description": "`revision`'s canary release, while under way or just ended",
+            },
+        }
+    ),
+    "Canary": obj(
+        {
+            "revision": _REVISION,
+            "stable_revision": {**_REVISION, "description": "What it is judged against"},
+            "phase": {"enum": ["starting", "judging", "held", "promoted", "aborted"]},
+            "step": {"type": "integer", "minimum": 1},
+            "steps": {"type": "integer", "minimum": 1},
+            "weight": {"type": "number", "minimum": 0, "maximum": 100},
+            "pause_s": {"type": "number", "minimum": 0},
+            "elapsed_s": {"type": ["number", "null"], "minimum": 0},
+            "canary": ref("RevisionNumbers"),
+            "stable": ref("RevisionNumbers"),
+            "verdict": {**STRING, "description": "What the gates say of the step so far"},
+        }
+    ),
+    "RevisionNumbers": obj(
+        {
+            "version": STRING,
+            "requests": COUNT,
+            "errors": COUNT,
+            "error_rate": {"type": "number", "minimum": 0, "maximum": 1},
+            "p99_s": {"type": ["number", "null"], "minimum": 0},
         }
     ),
     "Cause": obj(
@@ -134,6 +163,14 @@ ROLLOUT_SCHEMAS: dict[str, Any] = {
                 "with the code on disk then",
             },
             "automatic": {**BOOL, "description": "Made by an automatic rollback"},
+            "canary_of": {
+                **_NULLABLE_REVISION,
+                "description": "Rolled out as a canary against this revision",
+            },
+            "canary_skipped": {
+                **NULLABLE_STRING,
+                "description": "Why a backend with a canary block rolled it out without one",
+            },
             "current": {**BOOL, "description": "The one the backend rolls out, or runs"},
             "config": _REVISION_CONFIG,
         }

@@ -44,7 +44,7 @@ _ROUTES = [
     _path(_NAME, "GET HEAD PUT DELETE", Handlers._backend, bodies=frozenset({"PUT"})),
     _path(_NAME + "/logs", "GET HEAD", Handlers._logs_of),
     _path(_NAME + "/revisions", "GET HEAD", Handlers._revisions_of),
-    _path(_NAME + "/(undo|pause|resume|restart)", "POST", Handlers._steer),
+    _path(_NAME + "/(undo|pause|resume|restart|promote|abort)", "POST", Handlers._steer),
     _path(_NAME + "/scale", "POST", Handlers._scale),
     _path(_NAME + "/history", "GET HEAD", Handlers._history_of),
     _path(r"/api/v1/changes", "GET HEAD", Handlers._changes_since),

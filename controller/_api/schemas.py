@@ -260,6 +260,19 @@ SCHEMAS: dict[str, Any] = {
                 "type": "array",
                 "items": obj({"tag": STRING, "version": STRING, "address": NULLABLE_STRING}),
             },
+            "traffic": {
+                "oneOf": [
+                    {"type": "null"},
+                    obj(
+                        {
+                            "canary_version": STRING,
+                            "stable_version": STRING,
+                            "weight": {"type": "number", "minimum": 0, "maximum": 100},
+                        }
+                    ),
+                ],
+                "description": "A canary release's split: the canary's percent of requests",
+            },
         }
     ),
     "Watch": obj(

@@ -7,10 +7,12 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import attrs
 import trio
 
 from .._core.desk import Applied
 from .._model.autoscale import ScaleDecision
+from .._model.canary_steps import CanaryStatus, RevisionNumbers
 from .._model.last_applied import BackendDiff
 from .._model.manifest import BackendDecl, config_to_dict
 from .._model.revisions import Revision
@@ -120,6 +122,35 @@ def rollout_json(rollout: RolloutStatus | None) -> dict[str, Any] | None:
         "error": rollout.error,
         "restores": rollout.restores,
         "automatic": rollout.automatic,
+        "canary": canary_json(rollout.canary),
+    }
+
+
+def canary_json(canary: CanaryStatus | None) -> dict[str, Any] | None:
+    if canary is None:
+        return None
+
+    def numbers(n: RevisionNumbers) -> dict[str, Any]:
+        return {
+            "version": n.version,
+            "requests": n.requests,
+            "errors": n.errors,
+            "error_rate": round(n.error_rate, 6),
+            "p99_s": None if n.p99_s is None else round(n.p99_s, 6),
+        }
+
+    return {
+        "revision": canary.revision,
+        "stable_revision": canary.stable_revision,
+        "phase": canary.phase,
+        "step": canary.step,
+        "steps": canary.steps,
+        "weight": canary.weight,
+        "pause_s": canary.pause_s,
+        "elapsed_s": None if canary.elapsed_s is None else round(canary.elapsed_s, 3),
+        "canary": numbers(canary.canary),
+        "stable": numbers(canary.stable),
+        "verdict": canary.verdict,
     }
 
 
@@ -152,6 +183,8 @@ def revision_json(revision: Revision, *, current: bool) -> dict[str, Any]:
         "restores": revision.restores,
         "restarts": revision.restarts,
         "automatic": revision.automatic,
+        "canary_of": revision.canary_of,
+        "canary_skipped": revision.canary_skipped,
         "current": current,
         # What its replicas run, in the fields a deploy names them by: what an undo brings back.
         "config": {
@@ -205,6 +238,7 @@ def snapshot_json(snapshot: BackendSnapshot) -> dict[str, Any]:
         "replicas": [
             {"tag": r.tag, "version": r.version, "address": r.address} for r in snapshot.replicas
         ],
+        "traffic": None if snapshot.traffic is None else attrs.asdict(snapshot.traffic),
     }
 
 

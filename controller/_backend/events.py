@@ -113,6 +113,22 @@ class NodesChanged:
     """Nodes began or stopped draining: the pass reads which from the shared node state."""
 
 
+@attrs.frozen
+class CanaryNumbers:
+    """An ingress reported numbers for the revisions of a canary release (one event for any
+    number of reports: the loop reads the sums from its canary)."""
+
+
+@attrs.frozen(eq=False)
+class CanaryCommand:
+    """A person asked to promote or abort the canary release under way (`via`: how), and
+    waits on `applied`."""
+
+    what: str
+    via: str
+    applied: trio.Event
+
+
 Event: TypeAlias = (
     Started
     | StartFailed
@@ -126,4 +142,6 @@ Event: TypeAlias = (
     | LoadChanged
     | RoomChecked
     | NodesChanged
+    | CanaryNumbers
+    | CanaryCommand
 )

@@ -18,7 +18,11 @@ from .settle import GoalSettler
 
 #: The failures a restart must remember (``Infeasible`` is checked afresh at every start).
 Stored = Literal[
-    "StartFailures", "ReconfigureFailed", "ProgressDeadlineExceeded", "UnhealthyAfterReady"
+    "StartFailures",
+    "ReconfigureFailed",
+    "ProgressDeadlineExceeded",
+    "UnhealthyAfterReady",
+    "CanaryAborted",
 ]
 
 

@@ -16,6 +16,7 @@ import math
 import time
 from typing import final
 
+import attrs
 import trio
 
 from .._model.failures import FailureBook
@@ -25,21 +26,21 @@ from .._model.records import events_key, replicas_key, revisions_key, spec_key
 from .._model.revisions import RevisionBook
 from .._model.spec import Spec
 from .._model.status import (
-    BackendNumbers,
     BackendReason,
     BackendState,
-    BackendStatus,
     LoadReport,
     ReplicaState,
 )
 from . import events as ev
 from . import tasks as tasks
 from . import view as view
+from .canary import Canary
 from .failure_reports import FailureReports
 from .goal import Goal
 from .health import HealthChecks
 from .history import Journal
 from .intent import Intent
+from .reading import Reading
 from .reduce import Reducer
 from .replica import Replica, new_tag
 from .replica_set import ReplicaSet
@@ -52,7 +53,7 @@ logger = logging.getLogger("controller")
 
 
 @final
-class Backend(Reducer):
+class Backend(Reducer, Reading):
     """A backend's state and its task. Made by the controller; ``run`` is the task."""
 
     def __init__(
@@ -103,7 +104,7 @@ class Backend(Reducer):
             self._set,
             lambda: (self.spec.generation, self.goal),
             self._settler,
-            lambda reason: self._rollout.failed(reason),
+            self._rollout_failed,
         )
         self.revisions = revisions
         """Its revisions: added by the controller, marked by the rollout."""
@@ -117,8 +118,18 @@ class Backend(Reducer):
             deploy_failed=self._reports.deploy_failed,
             roll_back=shared.roll_back,
             observer=shared.observer,
+            in_canary=lambda: self._canary.phase in ("judging", "aborted"),
         )
-        self._set.rollout = self._rollout.record
+        self._canary = Canary(
+            revisions,
+            self.journal,
+            touched=self._intent.touched,
+            wake=lambda: self._send_nowait(ev.CanaryNumbers()),
+            published=self._traffic_changed,
+            fail=lambda why: self._reports.deploy_failed("CanaryAborted", why),
+            progressed=self._rollout.progressed,
+        )
+        self._set.rollout = lambda: self._canary.recorded(self._rollout.record())
         self._restored = False
         self._health = HealthChecks(
             self._tasks,
@@ -155,52 +166,25 @@ class Backend(Reducer):
     def notify_nodes(self) -> None:
         self._send_nowait(ev.NodesChanged())
 
+    def steer_canary(self, what: str, via: str) -> trio.Event:
+        """Promote or abort the canary under way; the event returned is set once the loop
+        has done it."""
+        applied = trio.Event()
+        self._send_nowait(ev.CanaryCommand(what, via, applied))
+        return applied
+
     def report_load(self, report: LoadReport) -> None:
         """Keep a source's latest load; the loop hears of it once however many arrive
         before it runs."""
         self._scaling.report(report, trio.current_time())
+        if report.traffic:
+            self._canary.report(report.traffic)
 
     def report_replica_load(self, tag: str, ongoing: int | None) -> None:
         """Keep what a replica of this backend says of its own load (its ``load()``; None:
         it no longer says)."""
         if tag in self.replicas:
             self._scaling.report_own(tag, ongoing)
-
-    @property
-    def blocked(self) -> bool:
-        """It starts nothing until its next deploy (DEPLOY_FAILED on its starts)."""
-        return self._failures.starts_blocked
-
-    @property
-    def config_gone_back_to(self) -> tuple[str, JSON] | None:
-        """The user config (digest, value) the replicas went back to when this spec's change
-        of config failed in one of them (None if it did not)."""
-        return self.spec.rollback if self._failures.blocked == "ReconfigureFailed" else None
-
-    @property
-    def deploy_failed(self) -> bool:
-        """DEPLOY_FAILED, for any reason: the same spec deployed again is a new attempt."""
-        return self._failures.blocked is not None
-
-    def show_as_stored(self) -> None:
-        """After ``restore``, for a standby's view (which never runs): publish the replicas that
-        served, and say the backend is what its spec and replicas make it, not recovering."""
-        for replica in self.replicas.values():
-            # As the leader last wrote it: those that served, serve (a standby does not look).
-            if replica.state is ReplicaState.RECOVERING and replica.view is not None:
-                replica.state = ReplicaState.RUNNING
-        self._change = view.classify(self.spec, self.spec)
-        # The leader writes a spec before it acts on it: the stored spec is the one it follows.
-        self._observed_generation = self.spec.generation
-        self._scaling.as_stored()
-        running = [r for r in self.replicas.values() if r.state is ReplicaState.RUNNING]
-        if len(running) == len(self.replicas) == self.desired and all(
-            r.version == self.spec.version for r in running
-        ):
-            # All there, as asked: what the leader reported as its goal reached.
-            self._converged = True
-            self.goal.complete()
-        self._publish()
 
     # -- the task --
 
@@ -252,13 +236,25 @@ class Backend(Reducer):
     def _send_nowait(self, event: ev.Event) -> None:
         self._send.send_nowait(event)
 
+    def _traffic_changed(self) -> None:
+        self._snapshot_dirty = True
+
+    def _rollout_failed(self, reason: str) -> str:
+        if self._canary.phase == "judging":
+            self._canary.abort()  # weight 0 now, whatever failed it
+        return self._rollout.failed(reason)
+
     # -- one pass --
 
     async def _pass(self) -> bool:
         """Read, decide, publish, act. True once a deleted backend is gone for good."""
         spec, config, now = self.spec, self.spec.backend_config, trio.current_time()
         config_digest, user_config = self._config_to_hold()
-        plan = decide_pass(self._read(now, config_digest, user_config is not None), now)
+        serving = self._set.serving_of.get(spec.version, 0)
+        canary_at = self._canary.look(spec, now, serving, self.desired)
+        self._publish()  # a new weight reaches the ingresses before replicas move
+        state = self._read(now, config_digest, user_config is not None)
+        plan = decide_pass(attrs.evolve(state, canary_at=canary_at), now)
         if plan.deadline_failure is not None:
             self._reports.deploy_failed("ProgressDeadlineExceeded", plan.deadline_failure)
         self._scaling.tell()
@@ -289,6 +285,17 @@ class Backend(Reducer):
             )
             for _ in range(plan.replicas.start)
         ]
+        if plan.replicas.start_stable and state.split is not None:
+            stable = state.split
+            starts += [
+                self._set.add(
+                    new_tag(self.name, self.replicas),
+                    stable.stable_version,
+                    stable.stable_digest,
+                    revision=self._canary.stable_number,
+                )
+                for _ in range(plan.replicas.start_stable)
+            ]
         updates = [self.replicas[tag] for tag in plan.replicas.reconfigure]
         if user_config is None:
             # Only a config that is not None is handed to replicas (new ones get none either):
@@ -350,6 +357,7 @@ class Backend(Reducer):
             census=census,
             evict=self._shared.nodes.evict,
             evict_now=self._shared.nodes.evict_now,
+            split=self._canary.split(self.spec, self.desired),
         )
 
     def _config_to_hold(self) -> tuple[str, JSON]:
@@ -375,7 +383,12 @@ class Backend(Reducer):
         spec = None
         if not adopt:
             user_config = self._config_to_hold()[1]
-            spec = self.spec.replica_spec(self.name, replica.tag, replica.version, user_config)
+            of = self.spec
+            stable = self._canary.stable
+            if replica.version != of.version and stable is not None:
+                # A replica of the stable revision, beside a canary: its content.
+                of, user_config = of.running(stable.content), stable.content.user_config
+            spec = of.replica_spec(self.name, replica.tag, replica.version, user_config)
         self._tasks.bring_up(replica, spec, self.spec.backend_config.start_timeout_s)
 
     def _publish(self) -> None:
@@ -384,7 +397,12 @@ class Backend(Reducer):
             hub = self._shared.hub
             hub.publish(
                 view.snapshot_of(
-                    self.name, hub.next_id(), self.spec, self._set.serving, self.forgotten
+                    self.name,
+                    hub.next_id(),
+                    self.spec,
+                    self._set.serving,
+                    self.forgotten,
+                    self._canary.traffic(self.spec),
                 )
             )
 
@@ -404,32 +422,3 @@ class Backend(Reducer):
             self._shared.on_forgotten(self)
             logger.info("backend %s deleted", self.name)
             return True
-
-    # -- views --
-
-    def numbers(self) -> BackendNumbers:
-        """Its counts, from those serving and the load book: no replica is walked."""
-        load = self._scaling.load(trio.current_time())
-        desired = 0 if self.spec.deleting else self.desired
-        ready = len(self._set.serving)
-        return BackendNumbers(self.name, desired, ready, load.in_flight, load.queued)
-
-    def status(self, *, summary: bool = False) -> BackendStatus:
-        """Its status; a `summary` leaves out replicas and events, and walks no replica."""
-        return view.status_of(
-            self.name,
-            self.spec,
-            None if summary else self.replicas.values(),
-            view.Tally.of(self._set.census, self._set.unhealthy, self._set.serving_of),
-            self._failures,
-            goal=self.goal,
-            observed_generation=self._observed_generation,
-            converged=self._converged,
-            change=self._change,
-            journal=self.journal,
-            load=self._scaling.load(trio.current_time()),
-            desired=self.desired if self._scaling.autoscaled else None,
-            autoscaler=self._scaling.status(self.spec.backend_config.num_replicas),
-            scaling=self._scaling.under_way,
-            revisions=self.revisions,
-        )

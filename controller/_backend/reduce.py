@@ -22,6 +22,7 @@ from .._ports.runtime import ReplicaInfo
 from . import events as ev
 from . import tasks as tasks
 from . import view as view
+from .canary import Canary
 from .failure_reports import FailureReports
 from .goal import Goal
 from .health import HealthChecks
@@ -53,6 +54,7 @@ class Reducer:
     _failures: FailureBook
     _reports: FailureReports
     _rollout: Rollout
+    _canary: Canary
     _health: HealthChecks
     _scaling: Scaling
     _settler: GoalSettler
@@ -71,7 +73,10 @@ class Reducer:
         dropped = self._set.restore(record, live, graceful=not self.spec.force)
         self._reports.restore(record.failed if record is not None else None)
         self._restored = True
-        self._rollout.restore(record.rollout if record is not None else None, trio.current_time())
+        rollout = record.rollout if record is not None else None
+        self._rollout.restore(rollout, trio.current_time())
+        canary = rollout.canary if rollout is not None else None
+        self._canary.restore(canary, self.spec, trio.current_time())
         autoscale = record.autoscale if record is not None else None
         self._scaling.restore(autoscale, self.spec.backend_config, trio.current_time())
         self._intent.restored(changed=bool(dropped))
@@ -123,6 +128,13 @@ class Reducer:
             return
         if isinstance(event, ev.NodesChanged):
             return  # the pass reads the nodes to move off
+        if isinstance(event, ev.CanaryNumbers):
+            self._canary.heard()  # the pass judges the sums
+            return
+        if isinstance(event, ev.CanaryCommand):
+            self._canary.steer(event.what, event.via, trio.current_time())
+            event.applied.set()
+            return
         assert not isinstance(event, ev.HealthChecked)
         replica = self.replicas.get(event.tag)
         if replica is None:

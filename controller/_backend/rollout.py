@@ -46,6 +46,7 @@ class Rollout:
         deploy_failed: Callable[[Stored, str], None],
         roll_back: Callable[[str, int], None],
         observer: Observer,
+        in_canary: Callable[[], bool] = lambda: False,
     ):
         self.name = name
         self.book = book
@@ -56,6 +57,9 @@ class Rollout:
         self._deploy_failed = deploy_failed
         self._roll_back = roll_back
         self._observer = observer
+        # Whether the revision is in its canary steps (or was aborted in them): a failure
+        # there goes back to the stable revision whatever on_failure says.
+        self._in_canary = in_canary
         self.revision: int | None = None
         self.active = False
         """Under way: neither complete nor failed."""
@@ -106,7 +110,7 @@ class Rollout:
             self._failures.blocked is not None
             and kept is not None
             and kept.outcome == "failed"
-            and spec.backend_config.on_failure == "rollback"
+            and (spec.backend_config.on_failure == "rollback" or self._in_canary())
             and not spec.deleting
         )
 
@@ -142,6 +146,11 @@ class Rollout:
             f"replica {replica.tag} of revision {spec.revision} {what}, {after:g}s after it "
             f"became ready (min_ready_s={min_ready:g})",
         )
+
+    def progressed(self, now: float) -> None:
+        """A canary moved on (a step, or promotion): its deadline counts from now."""
+        if self.active:
+            self.last_progress = now
 
     def state(self) -> RolloutState:
         """What a pass decides on (``_model.pass_plan``)."""
@@ -181,6 +190,12 @@ class Rollout:
 
     def _then(self, revision: int) -> str:
         """What a failed rollout of `revision` does: halt, or ask for a rollback."""
+        if self._in_canary():
+            target = rollback_target(self.book, revision)
+            if isinstance(target, str):
+                return f"the canary is aborted; {target}: halted"
+            self._roll_back(self.name, revision)
+            return f"the canary is aborted: back to revision {target.number}, the stable one"
         if self._spec().backend_config.on_failure != "rollback":
             return "the rollout is halted where it is (on_failure=halt)"
         target = rollback_target(self.book, revision)
@@ -205,6 +220,9 @@ def rollback_target(book: RevisionBook, failed: int) -> Revision | str:
     revision = book.get(failed)
     if revision is not None and revision.automatic:
         return "the automatic rollback failed too"
+    stable = None if revision is None else book.get(revision.canary_of)
+    if stable is not None:
+        return stable  # a canary goes back to what it was judged against
     target = book.last_good()
     if target is None:
         return "no earlier revision completed, so there is none to roll back to"

@@ -8,6 +8,7 @@ from typing import final
 
 import attrs
 
+from .._model.canary_steps import CanaryStatus
 from .._model.census import Census
 from .._model.failures import FailureBook
 from .._model.revisions import Revision, RevisionBook
@@ -23,6 +24,7 @@ from .._model.status import (
     ReplicaState,
     ReplicaStatus,
     RolloutStatus,
+    TrafficSplit,
 )
 from .goal import Goal
 from .history import Journal, plural
@@ -69,6 +71,7 @@ def status_of(
     autoscaler: AutoscalerStatus | None = None,
     scaling: tuple[BackendState, BackendReason] | None = None,
     revisions: RevisionBook | None = None,
+    canary: CanaryStatus | None = None,
 ) -> BackendStatus:
     """The frozen status of a backend (``ctl.status(name)``); `desired`: the autoscaler's
     count, if it is autoscaled; `journal` tells its latest error, failed starts and events.
@@ -87,11 +90,21 @@ def status_of(
         change=change,
         scaling=scaling,
     )
+    message = describe(spec, tally, failures, converged=converged, desired=desired)
+    if canary is not None and canary.phase in ("starting", "judging", "held"):
+        # The replicas of the stable revision are not "older": they serve the rest.
+        if state is BackendState.UPDATING:
+            reason = "Canary"
+        message = (
+            f"canary at {canary.weight:g}% (step {canary.step}/{canary.steps}, {canary.phase}) "
+            f"beside version {canary.stable.version} (stable, revision "
+            f"{canary.stable_revision}); {message}"
+        )
     return BackendStatus(
         name=name,
         state=state,
         reason=reason,
-        message=describe(spec, tally, failures, converged=converged, desired=desired),
+        message=message,
         generation=spec.generation,
         observed_generation=observed_generation,
         backend_config=spec.backend_config,
@@ -107,13 +120,15 @@ def status_of(
         version=spec.version,
         desired=desired,
         autoscaler=autoscaler,
-        rollout=None if revisions is None else rollout_of(spec, revisions),
+        rollout=None if revisions is None else rollout_of(spec, revisions, canary),
         tally=tally.by_version if replicas is None else None,
         serving=tally.serving,
     )
 
 
-def rollout_of(spec: Spec, revisions: RevisionBook) -> RolloutStatus:
+def rollout_of(
+    spec: Spec, revisions: RevisionBook, canary: CanaryStatus | None = None
+) -> RolloutStatus:
     kept = revisions.get(spec.revision)
     current = revisions.current()
     return RolloutStatus(
@@ -125,6 +140,7 @@ def rollout_of(spec: Spec, revisions: RevisionBook) -> RolloutStatus:
         error=None if kept is None else kept.error,
         restores=None if kept is None else kept.restores,
         automatic=kept is not None and kept.automatic,
+        canary=canary,
     )
 
 
@@ -134,6 +150,7 @@ def snapshot_of(
     spec: Spec,
     serving: ServingReplicas,
     forgotten: bool,
+    traffic: TrafficSplit | None = None,
 ) -> BackendSnapshot:
     """What watchers see: the replicas that serve (``ReplicaSet.serving``: a replica has a view
     from its first RUNNING on; of those, the ones stopping and the ones whose latest health
@@ -147,6 +164,7 @@ def snapshot_of(
         None if deleted else spec.replica_config,
         serving,
         deleting=spec.deleting,
+        traffic=None if deleted else traffic,
     )
 
 

@@ -6,7 +6,7 @@ import json
 import sys
 import time
 import unicodedata
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TextIO, final
 
@@ -182,6 +182,8 @@ def print_backend(b: dict[str, Any]) -> None:
         print(f"Revision:    {rollout_summary(rollout)}")
         if rollout["error"]:
             print(f"  rollout error: {one_line(rollout['error'])}")
+        if rollout.get("canary"):
+            print(f"  {canary_line(rollout['canary'])}")
         if b.get("code_changed"):
             notice = code_notice(b["name"], rollout["revision"], paused=rollout["paused"])
             print(f"  {notice}")
@@ -254,3 +256,24 @@ def print_diff(backends: list[dict[str, Any]]) -> None:
 
 def _value(value: Any) -> str:
     return json.dumps(value, separators=(", ", ": "))
+
+
+def canary_line(canary: Mapping[str, Any]) -> str:
+    """A canary release in one line: its step, weight and phase, each side's numbers, and what
+    the gates say."""
+
+    def side(name: str, n: Mapping[str, Any]) -> str:
+        p99 = "-" if n["p99_s"] is None else f"{n['p99_s'] * 1000:.1f} ms"
+        return (
+            f"{name} {n['version']}: {n['requests']} requests, {n['error_rate']:.1%} errors, "
+            f"p99 {p99}"
+        )
+
+    elapsed = canary["elapsed_s"]
+    clock = "" if elapsed is None else f", {elapsed:.0f}/{canary['pause_s']:g}s"
+    return (
+        f"canary revision {canary['revision']} (stable {canary['stable_revision']}): step "
+        f"{canary['step']}/{canary['steps']} at {canary['weight']:g}%, {canary['phase']}"
+        f"{clock}; {side('canary', canary['canary'])}; {side('stable', canary['stable'])}; "
+        f"gates: {canary['verdict']}"
+    )

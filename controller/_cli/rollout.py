@@ -6,6 +6,8 @@ controller rollout undo NAME [--to-revision N] [--force] [--message TEXT] [--wai
 controller rollout restart NAME [--message TEXT] [--wait]
 controller rollout pause NAME
 controller rollout resume NAME [--wait]
+controller rollout promote NAME [--wait]   (a canary release: skip its remaining steps)
+controller rollout abort NAME [--wait]     (a canary release: back to the stable revision)
 controller rollout status NAME          (the same as ``controller wait NAME``)
 """
 
@@ -22,7 +24,7 @@ from typing import Any
 from .._model.text import one_line
 from .client import Client, CLIError, leader_answer, make_client
 from .options import WAIT_TIMEOUT_HELP
-from .output import age, indent, since, table
+from .output import age, canary_line, indent, since, table
 
 #: The longest a watch request waits before the CLI refreshes what it shows.
 _REFRESH_S = 1.0
@@ -105,6 +107,24 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return wait_for(client, [args.name], set(), args.timeout, {args.name: result["generation"]})
 
 
+def cmd_canary(args: argparse.Namespace) -> int:
+    client = make_client(args)
+    before = client.ok("GET", backend_path(args.name))
+    canary = (before.get("rollout") or {}).get("canary") or {}
+    result = client.ok("POST", backend_path(args.name, args.verb), {"via": "cli"})
+    where = f"at step {canary.get('step')} of {canary.get('steps')}" if canary else ""
+    if args.verb == "promote":
+        print(f"backend/{args.name}: canary revision {result['revision']} promoted {where}")
+    else:
+        print(
+            f"backend/{args.name}: canary revision {canary.get('revision')} aborted {where}: its "
+            f"weight is 0; back to revision {canary.get('stable_revision')}"
+        )
+    if not args.wait:
+        return 0
+    return wait_for(client, [args.name], set(), args.timeout)
+
+
 def cmd_wait(args: argparse.Namespace) -> int:
     client = make_client(args)
     client.ok("GET", backend_path(args.name))  # 404 if unknown
@@ -184,6 +204,7 @@ def wait_for(
     ours = ours or {}
     deadline = time.monotonic() + timeout
     shown: dict[str, str] = {}
+    canaries: dict[str, tuple[int, str, str]] = {}
     tracebacks: dict[str, str | None] = {}
     cursor, epoch = 0, ""
     while True:
@@ -230,6 +251,13 @@ def wait_for(
                         tracebacks[name] = status.get("last_traceback")
                 elif not status["goal_done"]:
                     pending.append(name)
+                canary = (status.get("rollout") or {}).get("canary")
+                if canary is not None and canary["phase"] not in ("promoted", "aborted"):
+                    # Shown when its step, phase or verdict moves: the numbers move always.
+                    said = (canary["step"], canary["phase"], canary["verdict"])
+                    if said != canaries.get(name):
+                        canaries[name] = said
+                        print(f"backend/{name}: {canary_line(canary)}", flush=True)
             if shown.get(name) != line:
                 shown[name] = line
                 print(f"backend/{name}: {line}", flush=True)
@@ -282,7 +310,9 @@ _MAX_TIMEOUT_S = 365 * 86400.0
 def add_rollout_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``controller rollout ...``, and ``controller wait`` (what ``rollout status`` was first
     called; kept as an alias)."""
-    rollout = sub.add_parser("rollout", help="a backend's revisions; undo, restart, pause, resume")
+    rollout = sub.add_parser(
+        "rollout", help="a backend's revisions; undo, restart, pause, resume, promote, abort"
+    )
     verbs = rollout.add_subparsers(dest="verb", required=True)
 
     history = verbs.add_parser("history", help="a backend's revisions, oldest first")
@@ -327,6 +357,15 @@ def add_rollout_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     resume.add_argument("name", help="the backend's name")
     _add_wait(resume)
     resume.set_defaults(func=cmd_resume)
+
+    for verb, what in (
+        ("promote", "a canary release: skip its remaining steps, replace the stable revision"),
+        ("abort", "a canary release: weight 0 now, drain it, back to the stable revision"),
+    ):
+        steer = verbs.add_parser(verb, help=what)
+        steer.add_argument("name", help="the backend's name")
+        _add_wait(steer)
+        steer.set_defaults(func=cmd_canary)
 
     for parent, command in ((verbs, "status"), (sub, "wait")):
         wait = parent.add_parser(command, help="wait until a backend's latest goal ends")

@@ -32,9 +32,9 @@ from .._model.manifest import BackendDecl, Manifest
 from .._model.nodes import NodeRow
 from .._model.policy import RestartPolicy
 from .._model.records import RevisionsRecord
-from .._model.revisions import Cause, Revision, with_content
+from .._model.revisions import Cause, Revision, Via, with_content
 from .._model.scale import scaled
-from .._model.spec import Spec
+from .._model.spec import Spec, check_declared
 from .._model.status import (
     BackendNumbers,
     BackendSnapshot,
@@ -105,7 +105,7 @@ class Controller:
         A deploy that changes what replicas run (their class, arguments, version, user config or
         resources) makes a new revision (see ``revisions``); `cause` says why, for its history.
         """
-        _check_declared(name, backend_config, replica_config)
+        check_declared(name, backend_config, replica_config)
         applied = await self._desk.change_specs(
             {name: (backend_config, replica_config)}, prune=False, cause=cause
         )
@@ -193,7 +193,7 @@ class Controller:
                 f"{exc.rule}; with the live values of the fields the file does not change",
                 exc.value,
             ) from None
-        _check_declared(decl.name, *configs)
+        check_declared(decl.name, *configs)
         return configs
 
     def _live(self, name: str, spec: Spec | None) -> tuple[BackendConfig, ReplicaConfig] | None:
@@ -216,7 +216,7 @@ class Controller:
                 raise ConfigError(
                     f"backends[{name!r}]", "must be a (BackendConfig, ReplicaConfig) pair", configs
                 )
-            _check_declared(name, *configs)
+            check_declared(name, *configs)
         async with self._apply_lock:
             return await self._desk.change_specs(dict(backends), prune=prune, cause=cause)
 
@@ -276,6 +276,14 @@ class Controller:
         """Roll out what was deployed while `name` was paused (its newest revision), if
         anything, and stop pausing. Returns the goal."""
         return await rollouts.steer(self._desk, name, "resume")
+
+    async def promote(self, name: str, *, via: Via = "python") -> Goal:
+        """Skip the rest of `name`'s canary steps (``RolloutError`` if none is under way)."""
+        return await rollouts.steer_canary(self._desk, name, "promote", via)
+
+    async def abort(self, name: str, *, via: Via = "python") -> Goal:
+        """Abort `name`'s canary: weight 0 now, its replicas drain, back to the stable one."""
+        return await rollouts.steer_canary(self._desk, name, "abort", via)
 
     def _roll_back_soon(self, name: str, failed: int) -> None:
         """A backend's rollout of revision `failed` failed, with ``on_failure = "rollback"``."""
@@ -440,11 +448,3 @@ class Controller:
         A slow consumer skips to the newest snapshot, never seeing an older one after a newer;
         it holds no resources, so it can be abandoned at any point."""
         return SnapshotStream(self._hub, name)
-
-
-def _check_declared(name: str, backend_config: object, replica_config: object) -> None:
-    check_backend_name(name)
-    if not isinstance(backend_config, BackendConfig):
-        raise ConfigError("backend_config", "must be a controller.BackendConfig", backend_config)
-    if not isinstance(replica_config, ReplicaConfig):
-        raise ConfigError("replica_config", "must be a controller.ReplicaConfig", replica_config)

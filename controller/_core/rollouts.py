@@ -152,7 +152,9 @@ async def roll_back(desk: SpecDesk, name: str, failed: int) -> None:
                 target = rollback_target(book, failed)
                 if isinstance(target, str):
                     return
-                cause = Cause("controller", f"revision {failed} failed (on_failure=rollback)")
+                kept = book.get(failed)
+                why = "its canary was aborted" if kept and kept.canary_of else "on_failure=rollback"
+                cause = Cause("controller", f"revision {failed} failed ({why})")
                 change = _undo_change(desk, name, old, book, target, cause, automatic=True)
                 handovers = await desk.commit({name: change})
                 backend.journal.event(
@@ -171,6 +173,22 @@ async def roll_back(desk: SpecDesk, name: str, failed: int) -> None:
             logger.error("backend %s: rollback not written (%s); retry in %gs", name, exc, delay)
             await trio.sleep(delay)
             delay = min(delay * 2, ROLL_BACK_RETRY_MAX_S)
+
+
+async def steer_canary(desk: SpecDesk, name: str, what: str, via: str) -> Goal:
+    """Promote or abort `name`'s canary release; its loop does it (the canary is its state)."""
+    desk.check_open()
+    backend = desk.backends.get(name)
+    if backend is None or backend.forgotten:
+        raise UnknownBackendError(name)
+    if backend.canary.phase != "judging":
+        raise RolloutError(
+            "NoCanary",
+            f"backend {name!r} has no canary release being judged, so there is nothing to "
+            f"{what} (`controller rollout status {name}` says where its rollout is)",
+        )
+    await backend.steer_canary(what, via).wait()
+    return desk.goal(name)
 
 
 def code_changed(revision: Revision, now: CodeDigest | None) -> bool | None:

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import attrs
 
 from .autoscaling import AutoscalingConfig, autoscaling, autoscaling_schema
+from .canary import CanaryConfig, canary, canary_dict, canary_schema
 from .errors import ConfigError
 from .health import (
     MIN_HEALTH_CHECK_PERIOD_S,
@@ -123,6 +124,8 @@ def fields_of(config: BackendConfig | ReplicaConfig) -> dict[str, Any]:
     out = {name: getattr(config, name) for name in _field_names(type(config))}
     if out.get("autoscaling") is not None:
         out["autoscaling"] = attrs.asdict(out["autoscaling"])
+    if out.get("canary") is not None:
+        out["canary"] = canary_dict(out["canary"])
     return out
 
 
@@ -334,6 +337,13 @@ class BackendConfig:
     )
     """How many revisions are kept beyond the current one (those that live replicas run, the
     one a rollout would go back to, and one paused are always kept)."""
+
+    canary: CanaryConfig | None = attrs.field(
+        default=None, converter=canary, metadata=_schema(**canary_schema())
+    )
+    """Roll new versions out as canaries (see ``CanaryConfig``): a share of the traffic in
+    steps, judged against the stable revision, then promoted or rolled back by itself. None:
+    rolling updates."""
 
     def __attrs_post_init__(self) -> None:
         if self.max_surge == 0 and self.max_unavailable == 0:

@@ -22,6 +22,7 @@ Blocked = Literal[
     "ReconfigureFailed",
     "ProgressDeadlineExceeded",
     "UnhealthyAfterReady",
+    "CanaryAborted",
 ]
 
 

@@ -9,12 +9,15 @@ from typing import Any
 
 from .config import NAME_PATTERN
 from .status import LoadReport
+from .verdict import RequestTally, tally_from_json
 
 #: A source id: what ``Ingress`` makes (``ingress-<host>-<pid>-<hex>``) or any short plain word.
 SOURCE_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}"
 MAX_LOAD_BACKENDS = 10_000
 MAX_LOAD_REPLICAS = 100_000
 MAX_LOAD_COUNT = 2**31 - 1
+#: A canary release has two revisions; a report may name a few more (one just superseded).
+MAX_TRAFFIC_VERSIONS = 8
 _SOURCE = re.compile(SOURCE_PATTERN)
 _NAME = re.compile(NAME_PATTERN)
 
@@ -23,10 +26,15 @@ def load_body(source: str, reports: list[LoadReport]) -> dict[str, Any]:
     """The body of one ``POST /api/v1/load`` carrying `reports` (all from `source`)."""
     return {
         "source": source,
-        "backends": {
-            r.backend: {"in_flight": dict(r.in_flight), "queued": r.queued} for r in reports
-        },
+        "backends": {r.backend: _one(r) for r in reports},
     }
+
+
+def _one(report: LoadReport) -> dict[str, Any]:
+    out: dict[str, Any] = {"in_flight": dict(report.in_flight), "queued": report.queued}
+    if report.traffic:
+        out["traffic"] = {v: tally.to_json() for v, tally in report.traffic.items()}
+    return out
 
 
 def parse_load_body(data: object) -> list[LoadReport]:
@@ -70,8 +78,14 @@ def _parse_one(source: str, name: object, load: object, problems: list[str]) -> 
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         problems.append(f"{label}: not a backend name")
         return None
-    if not isinstance(load, Mapping) or set(load) != {"in_flight", "queued"}:
-        problems.append(f"{label}: must be an object with exactly 'in_flight' and 'queued'")
+    if not isinstance(load, Mapping) or set(load) - {"traffic"} != {"in_flight", "queued"}:
+        problems.append(
+            f"{label}: must be an object with exactly 'in_flight' and 'queued' (and, during "
+            "a canary release, 'traffic')"
+        )
+        return None
+    traffic = _traffic(label, load.get("traffic", {}), problems)
+    if traffic is None:
         return None
     in_flight, queued = load["in_flight"], _count(load["queued"])
     if queued is None:
@@ -88,4 +102,23 @@ def _parse_one(source: str, name: object, load: object, problems: list[str]) -> 
             f"numbers from 0 to {MAX_LOAD_COUNT}"
         )
         return None
-    return LoadReport(source, name, {str(t): n for t, n in counts.items() if n}, queued)
+    in_flight_counts = {str(t): n for t, n in counts.items() if n}
+    return LoadReport(source, name, in_flight_counts, queued, traffic=traffic)
+
+
+def _traffic(label: str, value: object, problems: list[str]) -> dict[str, RequestTally] | None:
+    """A report's numbers per revision (by replica version), or None after noting the fault."""
+    if not isinstance(value, Mapping) or len(value) > MAX_TRAFFIC_VERSIONS:
+        problems.append(
+            f"{label}.traffic: must map at most {MAX_TRAFFIC_VERSIONS} replica versions to "
+            "{requests, errors, buckets}"
+        )
+        return None
+    out: dict[str, RequestTally] = {}
+    for version, numbers in value.items():
+        try:
+            out[str(version)] = tally_from_json(numbers)
+        except ValueError as exc:
+            problems.append(f"{label}.traffic[{str(version)[:64]!r}]: {exc}")
+            return None
+    return out

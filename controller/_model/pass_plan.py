@@ -20,6 +20,7 @@ from collections.abc import Collection
 
 import attrs
 
+from .canary_plan import CanarySplit, decide_split
 from .census import Census
 from .failures import Blocked, blocks_starts, halts
 from .reconcile import Plan, ReplicaView, decide
@@ -90,6 +91,10 @@ class PassState:
     evict: frozenset[str] = frozenset()
     """Nodes being drained (``reconcile.Target.evict``)."""
     evict_now: frozenset[str] = frozenset()
+    split: CanarySplit | None = None
+    """A canary release's split of the replicas (``canary_plan``), while it is judged."""
+    canary_at: float = math.inf
+    """When the canary's step wants a look."""
 
 
 @attrs.frozen
@@ -174,10 +179,17 @@ def decide_pass(state: PassState, now: float) -> PassPlan:
         evict=state.evict,
         evict_now=state.evict_now,
     )
-    replicas = decide(target, state.replicas, state.census)
+    split = state.split
+    if split is None:
+        replicas = decide(target, state.replicas, state.census)
+    else:
+        replicas = decide_split(target, split, state.replicas)
     # A count held back until the runtime says whether there is room is not the goal.
     converged = replicas.converged and not (state.autoscaled and state.asking_room)
-    complete = converged and active and not spec.deleting and now >= rollout.settled_at
+    # A canary completes only once promoted and rolled out (its split gone).
+    complete = (
+        converged and active and not spec.deleting and now >= rollout.settled_at and split is None
+    )
     active = active and not complete
 
     adoptions_late = now >= health.adoptions_due
@@ -234,6 +246,8 @@ def _plan(
     rollout = state.rollout
     if not rollout_active:
         rollout_at = math.inf
+    elif state.split is not None:
+        rollout_at = math.inf if converged else rollout.deadline  # the canary's steps lead
     else:
         rollout_at = rollout.settled_at if converged else rollout.deadline
     done = replicas is not None and converged
@@ -252,5 +266,5 @@ def _plan(
         rollout_active=rollout_active,
         reached=done and not state.spec.deleting and not rollout_active,
         forget=done and state.spec.deleting,
-        wake_at=min(health_at, state.scaling_at, rollout_at),
+        wake_at=min(health_at, state.scaling_at, rollout_at, state.canary_at),
     )

@@ -87,6 +87,8 @@ class Plan:
 
     start: int = 0
     """How many new replicas of the target version to start."""
+    start_stable: int = 0
+    """During a canary release: how many replicas of the stable revision to start."""
     stop: tuple[str, ...] = ()
     reconfigure: tuple[str, ...] = ()
     """RUNNING replicas of the target version to hand the new user config now."""

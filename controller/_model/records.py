@@ -92,7 +92,11 @@ class FailureRecord:
 
     generation: int
     reason: Literal[
-        "StartFailures", "ReconfigureFailed", "ProgressDeadlineExceeded", "UnhealthyAfterReady"
+        "StartFailures",
+        "ReconfigureFailed",
+        "ProgressDeadlineExceeded",
+        "UnhealthyAfterReady",
+        "CanaryAborted",
     ]
     message: str
     """Why, as the goal and the status said it."""
@@ -122,6 +126,21 @@ class RolloutRecord:
     outcome: RevisionOutcome
     good: bool = False
     error: str | None = None
+    canary: CanaryRecord | None = None
+    """Where its canary steps were, if it is rolled out as a canary."""
+
+
+@attrs.frozen
+class CanaryRecord:
+    """A canary's progress: its step, how long the step had run (holds left out) when this was
+    written, and when that was by the wall clock (milliseconds since the epoch)."""
+
+    step: int
+    elapsed_s: float | None
+    """None: the step's replicas were not all serving yet (its clock had not started)."""
+    at_ms: int
+    promoted: bool = False
+    aborted: bool = False
 
 
 @attrs.frozen

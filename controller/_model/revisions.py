@@ -175,6 +175,13 @@ class Revision:
     restarts: int | None = None
     """Made by ``rollout restart``: the revision whose content it runs again, with the code on
     disk then."""
+    canary_of: int | None = None
+    """Rolled out as a canary (``BackendConfig.canary``) against this revision, the stable
+    one: its replicas served the rest of the traffic until the canary was promoted or
+    aborted."""
+    canary_skipped: str | None = None
+    """Why a backend with a canary block rolled this revision out without one (the first
+    revision, or one whose replicas keep their version)."""
     code_changed: bool | None = None
     """Filled when listed: whether the code on disk differs from `code` now (None: cannot
     tell). Never stored."""
@@ -206,6 +213,7 @@ def make_revision(
     automatic: bool = False,
     restarted: int | None = None,
     restarts: int | None = None,
+    canary: tuple[int | None, str | None] = (None, None),
 ) -> Revision:
     return Revision(
         number,
@@ -221,7 +229,31 @@ def make_revision(
         automatic=automatic,
         restarted=restarted,
         restarts=restarts,
+        canary_of=canary[0],
+        canary_skipped=canary[1],
     )
+
+
+def canary_base(
+    book: RevisionBook, running: Revision | None, version: str, wanted: bool
+) -> tuple[int | None, str | None]:
+    """What a revision of replicas of `version` is rolled out against, when `wanted` (the
+    config has a canary block) and `running` is what the backend ran: (the stable revision,
+    None), or (None, why there is none). The stable revision is the one that completed, or,
+    while a canary is still being judged, that canary's own stable revision."""
+    if not wanted:
+        return None, None
+    stable = running
+    if running is not None and running.canary_of is not None and running.outcome != "complete":
+        stable = book.get(running.canary_of)
+    if stable is None or stable.outcome != "complete" or not stable.good:
+        return None, "no revision has completed with every replica serving to compare it with"
+    if stable.version == version:
+        return None, (
+            f"its replicas keep version {version!r} (a change of user_config alone is made in "
+            "place): give it a new version to try it as a canary"
+        )
+    return stable.number, None
 
 
 def trim(revisions: Sequence[Revision], limit: int, keep: Iterable[int]) -> list[Revision]:

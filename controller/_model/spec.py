@@ -8,12 +8,13 @@ from collections.abc import Mapping
 
 import attrs
 
-from .config import BackendConfig, ReplicaConfig
+from .config import BackendConfig, ReplicaConfig, check_backend_name
+from .errors import ConfigError
 from .json_values import JSON, digest
 from .nodes import NodeRules
 from .reconcile import Target, resolve_limits
 from .records import SpecRecord
-from .revisions import replica_version
+from .revisions import RevisionContent, replica_version, with_content
 
 
 @attrs.frozen
@@ -130,6 +131,14 @@ class Spec:
             evict=evict,
             evict_now=evict_now,
             pack=config.placement == "pack",
+        )
+
+    def running(self, content: RevisionContent) -> Spec:
+        """This spec's settings with `content`'s replicas (the stable revision of a canary)."""
+        return attrs.evolve(
+            self,
+            backend_config=with_content(self.backend_config, content),
+            replica_config=content.replica_config,
         )
 
     def replica_spec(self, name: str, tag: str, version: str, user_config: JSON) -> ReplicaSpec:
@@ -277,3 +286,12 @@ def delete_record(name: str, old: Spec, *, force: bool) -> SpecRecord:
         revision=old.revision,
         restarted=old.restarted,
     )
+
+
+def check_declared(name: str, backend_config: object, replica_config: object) -> None:
+    """A deploy's arguments, as a Python caller gives them: a plain name and configs."""
+    check_backend_name(name)
+    if not isinstance(backend_config, BackendConfig):
+        raise ConfigError("backend_config", "must be a controller.BackendConfig", backend_config)
+    if not isinstance(replica_config, ReplicaConfig):
+        raise ConfigError("replica_config", "must be a controller.ReplicaConfig", replica_config)

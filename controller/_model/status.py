@@ -11,8 +11,10 @@ import attrs
 
 from .autoscale import ScaleDecision
 from .autoscaling import AutoscalingConfig
+from .canary_steps import CanaryStatus
 from .config import BackendConfig, ReplicaConfig
 from .serving import ServingReplicas
+from .verdict import RequestTally
 
 
 class ReplicaState(enum.Enum):
@@ -67,6 +69,8 @@ BackendReason = Literal[
     "ReconfigureFailed",
     "ProgressDeadlineExceeded",
     "UnhealthyAfterReady",
+    "CanaryAborted",
+    "Canary",
     "Undo",
     "RollingBack",
     "Deleting",
@@ -149,6 +153,18 @@ def _serving(replicas: Iterable[ServingReplica]) -> ServingReplicas:
 
 
 @attrs.frozen
+class TrafficSplit:
+    """A canary release's share of a backend's requests, as the ingresses are told it: a
+    request goes to the canary's replicas with `weight` percent chance (or as a sticky hash or
+    a forcing header says), else to the stable revision's."""
+
+    canary_version: str
+    stable_version: str
+    weight: float
+    """Percent, 0 to 100 (0: an aborted canary whose replicas are on their way out)."""
+
+
+@attrs.frozen
 class BackendSnapshot:
     """What watchers (routers) need of a backend. A newer snapshot has a larger `snapshot_id`."""
 
@@ -167,6 +183,8 @@ class BackendSnapshot:
     deleting: bool = False
     """Its delete was asked for: its replicas are draining. It keeps no route: a backend
     deployed meanwhile may take it."""
+    traffic: TrafficSplit | None = None
+    """A canary release's split of the requests (None: every serving replica alike)."""
 
     @property
     def exists(self) -> bool:
@@ -210,6 +228,9 @@ class LoadReport:
     """Requests sent and not yet answered, by replica tag (replicas with none may be left out)."""
     queued: int = 0
     """Requests waiting at the ingress for a replica to have room."""
+    traffic: Mapping[str, RequestTally] = attrs.field(factory=dict)
+    """During a canary release: what the source counted since its last report for each
+    revision, by replica version (requests, errors, answer times)."""
 
 
 #: How long a load report counts. Reports are sent on change; a source whose load is not zero
@@ -290,6 +311,9 @@ class RolloutStatus:
     """`revision` came from an undo or a rollback: the revision whose content it brings back."""
     automatic: bool = False
     """`revision` came from an automatic rollback."""
+    canary: CanaryStatus | None = None
+    """`revision`'s canary release, while it is under way (and once it ended, until the next
+    spec)."""
 
 
 @attrs.frozen

@@ -25,8 +25,10 @@ from .revisions import (
     RevisionBook,
     RevisionContent,
     RevisionOutcome,
+    canary_base,
     content_of,
     make_revision,
+    replica_version,
     superseded,
     trim,
     with_content,
@@ -80,7 +82,12 @@ def deploy_change(
     generation = 1 if old is None else old.generation + 1
     running = None if old is None or old.deleting else book.get(old.revision)
 
-    def new(outcome: RevisionOutcome, code_generation: int, restarted: int | None) -> Revision:
+    def new(
+        outcome: RevisionOutcome,
+        code_generation: int,
+        restarted: int | None,
+        canary: tuple[int | None, str | None] = (None, None),
+    ) -> Revision:
         return make_revision(
             book.next_number,
             content,
@@ -90,6 +97,7 @@ def deploy_change(
             code_generation=code_generation,
             outcome=outcome,
             restarted=restarted,
+            canary=canary,
         )
 
     if old is not None and running is not None and old.paused:
@@ -132,7 +140,10 @@ def deploy_change(
     record = deploy_record(
         name, old, backend_config, replica_config, held=held, revision=book.next_number
     )
-    revision = new("in_progress", _code_generation(record), record.restarted)
+    generation = _code_generation(record)
+    version = replica_version(backend_config.version, generation, record.restarted)
+    canary = canary_base(book, running, version, backend_config.canary is not None)
+    revision = new("in_progress", generation, record.restarted, canary)
     replaced = () if old is None else (old.revision,)
     revisions = [*superseded(revisions, replaced), revision]
     return _change(record, revisions, backend_config, live, book, replaced)
@@ -209,9 +220,13 @@ def resume_change(
     if pending is None:
         return SpecChange(attrs.evolve(old.to_record(name), paused=False, pending=None))
     record = _running(name, old, pending, pending.number, held)
+    wanted = record.backend_config.canary is not None
+    canary_of, skipped = canary_base(book, book.get(old.revision), pending.version, wanted)
     revisions = superseded(book.revisions, [old.revision])
     revisions = [
-        attrs.evolve(r, outcome="in_progress") if r.number == pending.number else r
+        attrs.evolve(r, outcome="in_progress", canary_of=canary_of, canary_skipped=skipped)
+        if r.number == pending.number
+        else r
         for r in revisions
     ]
     return _change(record, revisions, record.backend_config, live, book, (old.revision,))

@@ -227,3 +227,25 @@ def expired_answer(phase: str, config: IngressConfig, upstream: str) -> tuple[in
         message = f"{where} stopped reading the request for {config.body_timeout_s:g} s"
         return 502, "BadGateway", message
     return None
+
+
+#: The end of a chunked body.
+LAST_CHUNK = b"0\r\n\r\n"
+
+
+def pass_on(events: collections.deque[Any], out: bytearray, chunks: bool) -> bool:
+    """Move the answer's events held so far into `out`, framed for the client; whether the
+    answer ended among them."""
+    while events:
+        event = events.popleft()
+        if event is END:
+            if chunks:
+                out += LAST_CHUNK
+            return True
+        if chunks:
+            out += b"%x\r\n" % len(event)
+            out += event
+            out += b"\r\n"
+        else:
+            out += event
+    return False

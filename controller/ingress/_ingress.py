@@ -358,7 +358,10 @@ class Ingress:
                     routes.in_flight() if routes is not None else {},
                     routes.queued if routes is not None else 0,
                 )
-                if self._sent.get(name) != report or idle.cancelled_caught:
+                tallies = routes.take_tallies() if routes is not None else {}
+                if tallies:
+                    report = attrs.evolve(report, traffic=tallies)
+                if self._sent.get(name) != report or idle.cancelled_caught or tallies:
                     reports.append(report)
             if reports:
                 try:
@@ -366,12 +369,16 @@ class Ingress:
                 except SourceError as exc:
                     logger.debug("ingress: load report not sent: %s", exc)
                     self._dirty.update(r.backend for r in reports)
+                    for report in reports:
+                        kept = self._backends.get(report.backend)
+                        if kept is not None and report.traffic:
+                            kept.give_back(dict(report.traffic))
                     retry = True
                 else:
                     retry = False
                     for report in reports:
                         if report.backend in self._backends:
-                            self._sent[report.backend] = report
+                            self._sent[report.backend] = attrs.evolve(report, traffic={})
                         else:
                             self._sent.pop(report.backend, None)  # gone: its last zero is sent
             await trio.sleep(REPORT_INTERVAL_S)

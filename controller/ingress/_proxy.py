@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections import deque
 from typing import Any, Protocol, final
 
 import trio
 
 from ._answers import (
+    LAST_CHUNK,
     ResponseHead,
     ResponseReader,
     error_body,
     expired_answer,
     own_answer,
+    pass_on,
     response_head,
 )
 from ._client import Client
@@ -28,9 +29,10 @@ from ._metrics import IngressMetrics
 from ._ratelimit import RateLimitedLog
 from ._routing import RouteTable
 from ._sockets import receive_upstream, send_all
+from ._split import Side, choose_side
 from ._table import BackendRoutes, Rejected, Slot
 from ._upstream import Lost, NotSent, Pool, Stale, Upstream
-from ._wire import END, Problem, RequestHead, upstream_head
+from ._wire import Problem, RequestHead, upstream_head
 
 access_logger = logging.getLogger("controller.ingress.access")
 logger = logging.getLogger("controller.ingress")
@@ -41,7 +43,6 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _NONE_TRIED: frozenset[str] = frozenset()
 #: Request bodies up to this size (by Content-Length) are read whole before a replica is chosen.
 BUFFERED_BODY_BYTES = 64 * 1024
-_LAST_CHUNK = b"0\r\n\r\n"
 #: Requests that may be sent twice (RFC 9110 9.2.2, less PUT and DELETE, whose effects a
 #: replica may not make idempotent): sent again once when a kept connection proves closed.
 _REPEATABLE = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE"})
@@ -161,19 +162,38 @@ class Proxy:
             body = await self._read_body(client, head)
             streamed = False
         tried: frozenset[str] = _NONE_TRIED
+        split = backend.split
+        side = None if split is None else choose_side(split, head.headers, backend.rng)
         while True:
-            slot = await self._acquire(backend, tried)
+            slot = await self._acquire(backend, tried, side)
+            taken_at = trio.current_time()
+            # What the gates of a canary release count: an answer's status, or none at all
+            # (a timeout, a 502) as an error; a request tried again elsewhere, or one whose
+            # client left, not at all.
+            outcome: int | None = 599
             try:
                 sent = upstream_head(head, client.peer, route, slot.address, head.chunked)
                 if body:
                     sent += body
-                return await self._through(client, head, backend, slot, sent, repeatable, streamed)
+                status, keep = await self._through(
+                    client, head, backend, slot, sent, repeatable, streamed
+                )
+                outcome = status
+                return status, keep
+            except Reply as reply:
+                outcome = reply.status
+                raise
+            except ClientGone:
+                outcome = None
+                raise
             except Stale:
+                outcome = None
                 # The replica had closed that kept connection (or died): its other kept ones
                 # go too, and the request goes again, once, on a new connection.
                 self.pool.forget(slot.address)
                 repeatable = False
             except NotSent as exc:
+                outcome = None
                 backend.refused(slot)
                 self.pool.forget(slot.address)  # its kept connections are as dead
                 tried = tried | {slot.tag}
@@ -182,14 +202,18 @@ class Proxy:
                 self.metrics.retried(backend.name)
                 logger.debug("backend %s: %s; trying another replica", backend.name, exc)
             finally:
+                if outcome is not None:
+                    backend.count(slot, outcome >= 500, trio.current_time() - taken_at)
                 backend.release(slot)
                 if slot.gone and not slot.in_flight:
                     # The last request to a replica that left: what was pooled for it before
                     # it left goes too (the snapshot that took it away could not close those).
                     self.pool.forget(slot.address)
 
-    async def _acquire(self, backend: BackendRoutes, tried: frozenset[str]) -> Slot:
-        slot = backend.try_acquire(tried)
+    async def _acquire(
+        self, backend: BackendRoutes, tried: frozenset[str], side: Side | None
+    ) -> Slot:
+        slot = backend.try_acquire(tried, side)
         if slot is not None:
             return slot
         try:
@@ -259,7 +283,7 @@ class Proxy:
         while True:
             chunk = await client.body()
             if chunk is None:
-                data = _LAST_CHUNK if chunked else b""
+                data = LAST_CHUNK if chunked else b""
             elif chunked:
                 data = b"%x\r\n%s\r\n" % (len(chunk), chunk)
             else:
@@ -335,7 +359,7 @@ class Proxy:
         client.answered = answer.status
         # From here on the client has the head: a failure can only cut the answer short. What
         # the replica has sent already goes with it, in one write: a small answer is one.
-        done = _pass_on(events, out, chunks)
+        done = pass_on(events, out, chunks)
         await client.send(out)
         while not done:
             timer.set(trio.current_time() + timeout, "request")
@@ -349,7 +373,7 @@ class Proxy:
                 except Problem:
                     raise ClientGone from None
             out = bytearray()
-            done = _pass_on(events, out, chunks)
+            done = pass_on(events, out, chunks)
             await client.send(out)
         upstream.reusable = (
             answer.keep_alive and reader.ended and not reader.extra and not upstream.body_sent
@@ -417,21 +441,3 @@ class Proxy:
                 *(peer, method, target, backend, status, elapsed * 1000),
                 extra={"fields": fields},
             )
-
-
-def _pass_on(events: deque[Any], out: bytearray, chunks: bool) -> bool:
-    """Move the answer's events held so far into `out`, framed for the client; whether the
-    answer ended among them."""
-    while events:
-        event = events.popleft()
-        if event is END:
-            if chunks:
-                out += _LAST_CHUNK
-            return True
-        if chunks:
-            out += b"%x\r\n" % len(event)
-            out += event
-            out += b"\r\n"
-        else:
-            out += event
-    return False

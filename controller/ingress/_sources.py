@@ -15,10 +15,12 @@ import trio
 
 from .._api.http import leader_of
 from .._core.controller import Controller
+from .._model.canary import CanaryConfig
 from .._model.config import BackendConfig
 from .._model.errors import ControllerClosedError
 from .._model.load_report import load_body
-from .._model.status import BackendSnapshot, LoadReport
+from .._model.status import BackendSnapshot, LoadReport, TrafficSplit
+from ._split import Split
 from ._table import RouteInfo
 
 
@@ -56,6 +58,29 @@ def route_info(snapshot: BackendSnapshot) -> RouteInfo:
         max_queued_requests=config.max_queued_requests,
         replicas=tuple((r.tag, r.address) for r in snapshot.replicas if r.address),
         scales_from_zero=config.autoscaling is not None and config.autoscaling.min_replicas == 0,
+        split=_split(snapshot.traffic, config.canary),
+        versions=()
+        if snapshot.traffic is None
+        else tuple((r.tag, r.version) for r in snapshot.replicas if r.address),
+    )
+
+
+def _split(traffic: TrafficSplit | None, canary: CanaryConfig | None) -> Split | None:
+    if traffic is None:
+        return None
+
+    def name(value: str | None) -> bytes | None:
+        return None if value is None else value.lower().encode("ascii")
+
+    return Split(
+        traffic.canary_version,
+        traffic.stable_version,
+        traffic.weight,
+        sticky_header=name(canary.sticky_header if canary else None),
+        sticky_cookie=None
+        if canary is None or canary.sticky_cookie is None
+        else canary.sticky_cookie.encode("ascii"),
+        force_header=name(canary.force_header if canary else None),
     )
 
 
@@ -284,6 +309,9 @@ def _error_of(data: Any) -> str:
 
 def _info_from_json(data: Mapping[str, Any]) -> RouteInfo:
     config = data.get("config") or {}
+    given = data.get("traffic")
+    traffic = None if given is None else TrafficSplit(**given)
+    canary = None if config.get("canary") is None else CanaryConfig.from_dict(config["canary"])
     return RouteInfo(
         name=str(data["name"]),
         snapshot_id=int(data["snapshot_id"]),
@@ -296,4 +324,10 @@ def _info_from_json(data: Mapping[str, Any]) -> RouteInfo:
             (str(r["tag"]), str(r["address"])) for r in data["replicas"] if r.get("address")
         ),
         scales_from_zero=(config.get("autoscaling") or {}).get("min_replicas") == 0,
+        split=_split(traffic, canary),
+        versions=()
+        if traffic is None
+        else tuple(
+            (str(r["tag"]), str(r["version"])) for r in data["replicas"] if r.get("address")
+        ),
     )

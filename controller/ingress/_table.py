@@ -12,7 +12,9 @@ from typing import Literal, final
 import attrs
 import trio
 
+from .._model.verdict import RequestTally
 from ._routing import choose
+from ._split import Side, Split
 
 
 @attrs.frozen
@@ -31,6 +33,10 @@ class RouteInfo:
     scales_from_zero: bool = False
     """Autoscaled down to 0 replicas when idle: with none, requests wait in the queue (their
     load brings a replica up) instead of getting 503 at once."""
+    split: Split | None = None
+    """A canary release's split of the requests (None: every replica alike)."""
+    versions: tuple[tuple[str, str], ...] = ()
+    """(tag, version) of each replica, while there is a split."""
 
 
 def _host(address: str) -> str:
@@ -65,6 +71,8 @@ class Slot:
     """Where it is in its backend's list (kept by ``BackendRoutes.update``)."""
     gone: bool = False
     """It left the snapshot: it is chosen no more; requests already sent to it complete."""
+    version: str = ""
+    """Its version, while its backend's requests are split (else not needed)."""
 
 
 #: The answer time a refused connection counts as (see ``BackendRoutes.refused``).
@@ -113,6 +121,12 @@ class BackendRoutes:
     """Replicas at this host are tried first (``IngressConfig.prefer_host``)."""
     _local: list[int] = attrs.field(factory=list)
     """The indices of those, when some replicas are elsewhere (else none: no choice to make)."""
+    split: Split | None = None
+    """A canary release's split: each request goes to a side first, then to a replica of it."""
+    _sides: dict[str, list[int]] = attrs.field(factory=dict)
+    """The indices of each side's replicas, while there is a split."""
+    tallies: dict[str, RequestTally] = attrs.field(factory=dict)
+    """What was answered since the last load report, by replica version, while split."""
 
     @property
     def queued(self) -> int:
@@ -147,6 +161,15 @@ class BackendRoutes:
                 self.slots.append(slot)
         for index, slot in enumerate(self.slots):
             slot.index = index
+        self.split = info.split
+        self._sides = {}
+        if info.split is not None:
+            versions = dict(info.versions)
+            for slot in self.slots:
+                slot.version = versions.get(slot.tag, "")
+                side = info.split.side_of(slot.version)
+                if side is not None:
+                    self._sides.setdefault(side, []).append(slot.index)
         self._loads = [s.in_flight for s in self.slots]
         self._latencies = [s.latency_s for s in self.slots]
         if self.local_host is not None:
@@ -161,10 +184,19 @@ class BackendRoutes:
         self.on_change(self)
         return closed
 
-    def try_acquire(self, excluded: frozenset[str] = frozenset()) -> Slot | None:
-        """A replica with room for one more request (counted as in flight), or None."""
+    def try_acquire(
+        self, excluded: frozenset[str] = frozenset(), side: Side | None = None
+    ) -> Slot | None:
+        """A replica with room for one more request (counted as in flight), or None. With a
+        `side` of a canary release: one of that revision's while one has room (else any)."""
         if self._queue and not excluded:
             return None  # first come, first served: those waiting go first
+        if side is not None and not excluded:
+            group = self._sides.get(side)
+            if group:
+                pick = choose_near(group, self._loads, self.max_ongoing, self.rng)
+                if pick is not None:
+                    return self._take(pick)
         if self._local and not excluded:
             near = choose_near(self._local, self._loads, self.max_ongoing, self.rng)
             if near is not None:
@@ -233,6 +265,26 @@ class BackendRoutes:
         slot.latency_s = seconds if latency == 0 else latency + (seconds - latency) * weight
         if not slot.gone:
             self._latencies[slot.index] = slot.latency_s
+
+    def count(self, slot: Slot, error: bool, seconds: float) -> None:
+        """A request `slot` took has ended (`error`: a 5xx, or no answer): counted for the
+        gates of a canary release, while there is one."""
+        if self.split is None or not slot.version:
+            return
+        tally = self.tallies.get(slot.version)
+        if tally is None:
+            tally = self.tallies[slot.version] = RequestTally()
+        tally.count(error, seconds)
+
+    def take_tallies(self) -> dict[str, RequestTally]:
+        """What was counted since the last call (for a load report)."""
+        taken, self.tallies = self.tallies, {}
+        return taken
+
+    def give_back(self, tallies: dict[str, RequestTally]) -> None:
+        """Counts a report could not deliver: sent with the next."""
+        for version, tally in tallies.items():
+            self.tallies.setdefault(version, RequestTally()).add(tally)
 
     def refused(self, slot: Slot) -> None:
         """A connection to `slot` failed before the request went out: it counts as a replica

@@ -1,0 +1,307 @@
+"""A backend's canary release, as its loop runs it: which step it is at, the step's clock,
+the numbers the ingresses report for each revision, and the moves the gates decide
+(``_model.canary_steps``). The loop is its only writer: it follows the spec, looks at each pass,
+and acts on a move (an abort fails the deploy, which rolls back to the stable revision).
+Reports from the ingresses only add to the step's numbers and wake the loop.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Literal, final
+
+import attrs
+import trio
+
+from .._model.canary import CanaryConfig, canary_count
+from .._model.canary_plan import CanarySplit
+from .._model.canary_steps import CanaryStatus, RevisionNumbers, StepMove, step_move
+from .._model.json_values import digest
+from .._model.records import CanaryRecord, RolloutRecord
+from .._model.revisions import Revision, RevisionBook
+from .._model.spec import Spec
+from .._model.status import TrafficSplit
+from .._model.verdict import RequestTally, Verdict, judge
+from .history import Journal
+
+Phase = Literal["off", "judging", "promoted", "aborted"]
+
+
+@final
+class Canary:
+    """The canary release of a backend's current revision, if it is one."""
+
+    def __init__(
+        self,
+        book: RevisionBook,
+        journal: Journal,
+        *,
+        touched: Callable[[], None],
+        wake: Callable[[], None],
+        published: Callable[[], None],
+        fail: Callable[[str], None],
+        progressed: Callable[[float], None],
+    ):
+        # `fail` fails the deploy (CanaryAborted: the rollback follows), `progressed` restarts
+        # the rollout's progress deadline; `published` asks for a new watch snapshot.
+        self._fail = fail
+        self._progressed = progressed
+        self._book = book
+        self._journal = journal
+        self._touched = touched
+        self._wake = wake
+        self._published = published
+        self.revision: int | None = None
+        self.phase: Phase = "off"
+        self.stable: Revision | None = None
+        self.version = ""
+        self.step = 0
+        self.started: float | None = None
+        """When the step's clock started (trio time); None until its replicas all serve."""
+        self._held_s = 0.0
+        self._held_since: float | None = None
+        self.numbers = {"canary": RequestTally(), "stable": RequestTally()}
+        self._told = False
+        self.verdict: Verdict | None = None
+
+    # -- following the spec --
+
+    def follow(self, spec: Spec, now: float) -> None:
+        """At each pass: the spec's revision is the one followed. A revision rolled out as a
+        canary starts at its first step; a canary that failed and is tried again, too."""
+        kept = self._book.get(spec.revision)
+        again = self.phase == "aborted" and kept is not None and kept.outcome == "in_progress"
+        if spec.revision == self.revision and not again:
+            return
+        self.revision, self.version = spec.revision, spec.version
+        self.phase, self.stable = "off", None
+        stable = None if kept is None or kept.canary_of is None else self._book.get(kept.canary_of)
+        if spec.deleting or kept is None or stable is None or kept.outcome != "in_progress":
+            return
+        self.phase, self.stable = "judging", stable
+        self._enter(0, now)
+
+    def restore(self, record: CanaryRecord | None, spec: Spec, now: float) -> None:
+        """After a restart: the step and its clock as a previous controller stored them. The
+        time since the record was written counts in the step unless the backend is paused; the
+        step's numbers start afresh (they were the ingresses', not stored)."""
+        self.follow(spec, now)
+        kept = self._book.get(spec.revision)
+        stable = None if kept is None else self._book.get(kept.canary_of)
+        if record is None or stable is None or spec.deleting:
+            return
+        self.revision, self.version, self.stable = spec.revision, spec.version, stable
+        self.step = max(0, min(record.step, len(self._steps(spec)) - 1))
+        self.phase = "aborted" if record.aborted else "promoted" if record.promoted else "judging"
+        self.started = None
+        if record.elapsed_s is not None:
+            away = 0.0 if spec.paused else max(0.0, time.time() - record.at_ms / 1000)
+            self.started = now - (record.elapsed_s + away)
+
+    def recorded(self, record: RolloutRecord | None) -> RolloutRecord | None:
+        """The rollout's record with the canary's progress in it."""
+        canary = self.record()
+        return record if record is None or canary is None else attrs.evolve(record, canary=canary)
+
+    def record(self) -> CanaryRecord | None:
+        if self.phase == "off":
+            return None
+        return CanaryRecord(
+            self.step,
+            self._elapsed(trio.current_time()),
+            round(time.time() * 1000),
+            promoted=self.phase == "promoted",
+            aborted=self.phase == "aborted",
+        )
+
+    # -- what the pass reads --
+
+    @property
+    def stable_number(self) -> int | None:
+        return None if self.stable is None else self.stable.number
+
+    def split(self, spec: Spec, num_replicas: int) -> CanarySplit | None:
+        """The replica plan's split while the canary is judged (or aborted: none of it)."""
+        stable = self.stable
+        if stable is None or self.phase not in ("judging", "aborted"):
+            return None
+        if spec.backend_config.canary is None and self.phase == "judging":
+            return None
+        weight = self.weight(spec)
+        count = 0 if self.phase == "aborted" else canary_count(num_replicas, weight)
+        return CanarySplit(stable.version, digest(stable.content.user_config), count)
+
+    def traffic(self, spec: Spec) -> TrafficSplit | None:
+        """What the ingresses are told: the canary's weight beside the stable revision."""
+        if self.stable is None or self.phase not in ("judging", "aborted"):
+            return None
+        return TrafficSplit(self.version, self.stable.version, self.weight(spec))
+
+    def weight(self, spec: Spec) -> float:
+        config = spec.backend_config.canary
+        if self.phase != "judging" or config is None:
+            return 0.0
+        return config.steps[min(self.step, len(config.steps) - 1)].weight
+
+    # -- numbers from the ingresses --
+
+    def report(self, tallies: Mapping[str, RequestTally]) -> None:
+        """Add an ingress's numbers (by replica version) to the step's, if its clock runs."""
+        if self.phase != "judging" or self.started is None or self.stable is None:
+            return
+        for version, tally in tallies.items():
+            side = (
+                "canary"
+                if version == self.version
+                else "stable"
+                if version == self.stable.version
+                else None
+            )
+            if side is not None:
+                self.numbers[side].add(tally)
+        if not self._told:
+            self._told = True
+            self._wake()
+
+    def heard(self) -> None:
+        self._told = False
+
+    # -- a pass's look, and what a person asks --
+
+    def look(self, spec: Spec, now: float, serving: int, num_replicas: int) -> float:
+        """Move the canary on, if one is under way (`serving`: its replicas that serve); when
+        its step wants a look next."""
+        self.follow(spec, now)
+        move = self._move(spec, now, serving, num_replicas)
+        if move is None or move.move != "wait":
+            return math.inf
+        return now + move.wake_in
+
+    def steer(self, what: str, via: str, now: float) -> None:
+        """A person's promote or abort (nothing, unless a canary is being judged)."""
+        if self.phase != "judging":
+            return
+        where = f"at step {self.step + 1}"
+        if what == "promote":
+            self.promote(f"promoted by a person ({via}) {where}")
+            self._progressed(now)
+            return
+        numbers = "" if self.verdict is None else f": {self.verdict.numbers}"
+        self.abort()
+        self._fail(f"aborted by a person ({via}) {where}{numbers}")
+
+    def _move(self, spec: Spec, now: float, serving: int, num_replicas: int) -> StepMove | None:
+        config = spec.backend_config.canary
+        if self.phase == "judging" and config is None:
+            self.promote("the canary block was taken out of the config")
+            self._progressed(now)
+            return StepMove("promote")
+        if self.phase != "judging" or config is None or self.stable is None:
+            return None
+        self.step = min(self.step, len(config.steps) - 1)
+        if self.started is None:
+            if serving < canary_count(num_replicas, self.weight(spec)):
+                return None
+            self.started = now
+            self._touched()
+            self._journal.event("CanaryStep", self._describe_step(config))
+        if spec.paused and self._held_since is None:
+            self._held_since = now
+        elif not spec.paused and self._held_since is not None:
+            self._held_s += now - self._held_since
+            self._held_since = None
+        self.verdict = judge(config, self.numbers["canary"], self.numbers["stable"])
+        elapsed = self._elapsed(now) or 0.0
+        deadline = spec.backend_config.progress_deadline_s
+        move = step_move(
+            config, self.step, elapsed, self.verdict, held=spec.paused, deadline_s=deadline
+        )
+        if move.move == "next":
+            self._journal.event(
+                "CanaryStepPassed", f"step {self.step + 1} passed: {self.verdict.numbers}"
+            )
+            self._enter(self.step + 1, now)
+            self._progressed(now)
+        elif move.move == "promote":
+            self.promote(f"every step passed: {self.verdict.numbers}")
+            self._progressed(now)
+        elif move.move == "abort":
+            self.abort()
+            self._fail(move.why)
+        return move
+
+    def promote(self, why: str) -> None:
+        """Past the last step (or skipped there by a person): the rolling replacement."""
+        self.phase = "promoted"
+        self._touched()
+        self._published()
+        self._journal.event("CanaryPromoted", f"revision {self.revision} promoted: {why}")
+
+    def abort(self) -> None:
+        """Weight 0 at once; the loop fails the deploy, which rolls back."""
+        self.phase = "aborted"
+        self._touched()
+        self._published()
+
+    def status(self, spec: Spec, now: float) -> CanaryStatus | None:
+        config = spec.backend_config.canary
+        stable, revision = self.stable, self.revision
+        if self.phase == "off" or config is None or stable is None or revision is None:
+            return None
+        step = min(self.step, len(config.steps) - 1)
+        phase: Literal["starting", "judging", "held", "promoted", "aborted"]
+        if self.phase in ("promoted", "aborted"):
+            phase = self.phase
+        elif self.started is None:
+            phase = "starting"
+        else:
+            phase = "held" if spec.paused else "judging"
+        verdict = judge(config, self.numbers["canary"], self.numbers["stable"])
+        return CanaryStatus(
+            revision,
+            stable.number,
+            phase,
+            step + 1,
+            len(config.steps),
+            self.weight(spec),
+            config.steps[step].pause_s,
+            self._elapsed(now),
+            _numbers(self.version, self.numbers["canary"]),
+            _numbers(stable.version, self.numbers["stable"]),
+            verdict.failed or ("passing" if verdict.enough else "waiting for min_requests"),
+        )
+
+    # -- inside --
+
+    def _enter(self, step: int, now: float) -> None:
+        self.step, self.started = step, None
+        self._held_s, self._held_since = 0.0, None
+        self.numbers = {"canary": RequestTally(), "stable": RequestTally()}
+        self._touched()
+        self._published()
+
+    def _elapsed(self, now: float) -> float | None:
+        if self.started is None:
+            return None
+        held = self._held_s + (0.0 if self._held_since is None else now - self._held_since)
+        return max(0.0, now - self.started - held)
+
+    def _describe_step(self, config: CanaryConfig) -> str:
+        step = config.steps[self.step]
+        return (
+            f"revision {self.revision}: step {self.step + 1} of {len(config.steps)}: "
+            f"{step.weight:g}% of requests for {step.pause_s:g}s"
+        )
+
+    @staticmethod
+    def _steps(spec: Spec) -> tuple[object, ...]:
+        config = spec.backend_config.canary
+        return () if config is None else config.steps
+
+
+def _numbers(version: str, tally: RequestTally) -> RevisionNumbers:
+    return RevisionNumbers(
+        version, tally.requests, tally.errors, tally.error_rate, tally.quantile(0.99)
+    )

@@ -1,0 +1,79 @@
+"""A canary release's split of a backend's requests at the ingress: which revision a request
+goes to, by weight, by a sticky hash of a header or cookie, or as a forcing header says; and
+what the ingress counts of each revision for the controller's gates.
+
+The controller tells the split in the backend's snapshot (``traffic``, the canary's weight and
+the two revisions' versions) and its config (``canary``: the sticky and forcing headers).
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from collections.abc import Sequence
+from typing import Literal
+
+import attrs
+
+Side = Literal["canary", "stable"]
+
+
+@attrs.frozen
+class Split:
+    """How one backend's requests are split now."""
+
+    canary_version: str
+    stable_version: str
+    weight: float
+    """The canary's percent of requests."""
+    sticky_header: bytes | None = None
+    """A header name (lower case) whose value picks the revision by hash."""
+    sticky_cookie: bytes | None = None
+    force_header: bytes | None = None
+    """A header name whose value ``canary`` or ``stable`` picks the revision."""
+
+    def side_of(self, version: str) -> Side | None:
+        if version == self.canary_version:
+            return "canary"
+        return "stable" if version == self.stable_version else None
+
+
+def choose_side(split: Split, headers: Sequence[tuple[bytes, bytes]], rng: random.Random) -> Side:
+    """Where one request goes. A forcing header wins (not toward a canary at weight 0: that
+    one was aborted); then a sticky header or cookie, hashed to a point in 0-100 that goes to
+    the canary below its weight, so that a client on the canary stays there as the weight
+    grows; else a draw."""
+    weight = split.weight
+    if split.force_header is not None and weight > 0:
+        forced = _header(headers, split.force_header)
+        if forced is not None:
+            value = forced.strip().lower()
+            if value == b"canary":
+                return "canary"
+            if value == b"stable":
+                return "stable"
+    key = None
+    if split.sticky_header is not None:
+        key = _header(headers, split.sticky_header)
+    if key is None and split.sticky_cookie is not None:
+        key = _cookie(headers, split.sticky_cookie)
+    point = (zlib.crc32(key) % 10_000) / 100 if key else rng.random() * 100
+    return "canary" if point < weight else "stable"
+
+
+def _header(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    for key, value in headers:
+        if key == name:
+            return value
+    return None
+
+
+def _cookie(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    for key, value in headers:
+        if key != b"cookie":
+            continue
+        for pair in value.split(b";"):
+            cookie, _, found = pair.strip().partition(b"=")
+            if cookie == name:
+                return found.strip(b'" ')
+    return None
