@@ -14,7 +14,7 @@ from typing import Any
 
 import trio
 
-from .daemons import LIMIT_S, Daemon, app, free_port, manifest, running, settled, until
+from .daemons import HERE, LIMIT_S, Daemon, app, free_port, manifest, running, settled, until
 from .http_client import request
 
 
@@ -279,3 +279,60 @@ async def test_a_daemon_killed_mid_canary_resumes_the_step_and_the_cli_steers(
                     if daemon.process is not None and daemon.process.returncode is None:
                         daemon.process.send_signal(signal.SIGKILL)
             nursery.cancel_scope.cancel()
+
+
+CANARIES = "## Canary releases: a share of the traffic, judged on its own numbers"
+
+
+def readme_commands() -> list[str]:
+    """The ``$ controller ...`` commands of the README's canary example, in order."""
+    readme = (HERE.parent / "README.md").read_text()
+    section = readme.split(CANARIES, 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```console\n(.*?)```", section, re.DOTALL)
+    return [line[2:] for line in block.splitlines() if line.startswith("$ controller ")]
+
+
+async def test_the_readme_canary_example_runs_as_written(state_dir: Path) -> None:
+    examples = HERE.parent / "examples"
+    port = free_port()
+    commands = readme_commands()
+    assert [c.split()[1:3] for c in commands] == [
+        ["apply", "-f"],
+        ["rollout", "history"],
+        ["apply", "-f"],
+    ]
+    with trio.fail_after(LIMIT_S * 6):
+        async with running(
+            state_dir,
+            "--config",
+            str(examples / "backends.toml"),
+            "--pythonpath",
+            str(examples),
+            "--ingress-listen",
+            f"127.0.0.1:{port}",
+        ) as daemon:
+            await until(daemon, "echo", settled("v1"))
+            load = Load(port, "/echo")
+            said = []
+            async with trio.open_nursery() as nursery:
+                for _ in range(4):
+                    nursery.start_soon(load.send)
+                for command in commands:
+                    args = [
+                        str(HERE.parent / a) if a.startswith("examples/") else a
+                        for a in command.split()[1:]
+                    ]
+                    result = await daemon.cli(*args)
+                    said.append((result.returncode, (result.stdout + result.stderr).decode()))
+                load.stop.set()
+            (bad, bad_out), (_, history), (fixed, fixed_out) = said
+            assert bad == 1, bad_out
+            assert "error rate" in bad_out and "the canary is aborted" in bad_out, bad_out
+            assert "failed: echo" in bad_out
+            assert "automatic rollback to revision 1" in history, history
+            assert fixed == 0, fixed_out
+            assert "step 3/3 at 50%" in fixed_out and fixed_out.rstrip().endswith("done"), fixed_out
+            # The bad release's failures are the few of its step: none once it was aborted.
+            failed = [i for i, (code, _) in enumerate(load.answers) if code != 200]
+            assert 0 < len(failed) < 0.05 * len(load.answers), (len(failed), len(load.answers))
+            print("\n".join(f"$ {c}\n{out}" for c, (_, out) in zip(commands, said, strict=True)))

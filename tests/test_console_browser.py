@@ -1,9 +1,10 @@
 """The web console in a real browser (Debian's Chromium, driven by Playwright) against a real
 daemon with real workers running the README's example backends: the login and a one-time link,
 the overview, a scale from the CLI showing on an open page within a second, the scale, undo,
-restart and delete actions with their confirmations (and a forged change refused), a backend's
-page, a replica's log, and a failed backend's page (each failed start's error, traceback and
-kept log, gone once it is healthy again). No page may log an error in the browser's console. A
+restart and delete actions with their confirmations (and a forged change refused), a canary
+release's panel with its promote and abort buttons, a backend's page, a replica's log, and a
+failed backend's page (each failed start's error, traceback and kept log, gone once it is
+healthy again). No page may log an error in the browser's console. A
 screenshot of each page is kept in ``artifacts/console/`` (``$CONSOLE_ARTIFACTS``).
 
 Skipped, saying why, where Chromium or Playwright is missing; ``.ci/run`` installs both and sets
@@ -507,6 +508,64 @@ def test_undo_and_delete_ask_first_and_act_through_the_api(tab: Tab) -> None:
     tab.page.click("#confirm-ok")
     daemon.wait_until("scratch deleted", lambda: "scratch" not in _names(daemon))
     tab.page.wait_for_function("() => document.body.textContent.includes('does not exist')")
+
+
+def test_a_canary_release_shows_its_step_and_is_promoted_and_aborted_from_its_page(
+    tab: Tab,
+) -> None:
+    daemon = tab.daemon
+    spec = {
+        "entrypoint": "echo_replica:Echo",
+        "num_replicas": 1,
+        "version": "v1",
+        "graceful_shutdown_timeout_s": 2,
+        "resources": {"CPU": 0.1},
+        "canary": {"steps": [{"weight": 50, "pause_s": 3600}]},
+    }
+    daemon.api("PUT", "/api/v1/backends/bird", spec)
+    daemon.wait_until("v1 rolled out", lambda: _done(daemon.status("bird"), "v1"))
+    daemon.api("PUT", "/api/v1/backends/bird", {**spec, "version": "v2"})
+
+    def judging() -> bool:
+        canary = (daemon.status("bird")["rollout"] or {}).get("canary") or {}
+        return canary.get("phase") == "judging"
+
+    daemon.wait_until("v2 judged as a canary", judging)
+    tab.log_in()
+    tab.go("/backends/bird")
+    tab.page.wait_for_selector("#canary")
+    step = tab.page.text_content("#canary-step") or ""
+    assert "Step 1 of 1 at 50%, judging" in step, step
+    assert tab.page.text_content("#canary tr[data-side='stable']") is not None
+    tab.shot("canary")
+    tab.page.click("#promote")
+    tab.page.wait_for_selector("#confirm-dialog[open]")
+    tab.page.click("#confirm-ok")
+    tab.page.wait_for_function(
+        "() => document.body.textContent.includes('Promoted revision 2 of bird')"
+    )
+    daemon.wait_until("v2 promoted and rolled out", lambda: _done(daemon.status("bird"), "v2"))
+    promoted = [e for e in daemon.status("bird")["events"] if e["kind"] == "CanaryPromoted"]
+    assert "promoted by a person (console)" in promoted[-1]["message"]
+
+    daemon.api("PUT", "/api/v1/backends/bird", {**spec, "version": "v3"})
+    daemon.wait_until("v3 judged as a canary", judging)
+    tab.page.wait_for_selector("#abort")
+    tab.page.click("#abort")
+    tab.page.wait_for_selector("#confirm-dialog[open]")
+    tab.page.click("#confirm-ok")
+    daemon.wait_until("back to v2", lambda: _done(daemon.status("bird"), "v2"))
+    kept = daemon.api("GET", "/api/v1/backends/bird/revisions")["revisions"]
+    assert [(r["version"], r["outcome"]) for r in kept] == [
+        ("v1", "complete"),
+        ("v2", "complete"),
+        ("v3", "failed"),
+        ("v2", "complete"),
+    ]
+    assert "aborted by a person (console)" in kept[2]["error"]
+    tab.page.wait_for_selector("#canary", state="detached")
+    daemon.api("DELETE", "/api/v1/backends/bird")
+    daemon.wait_until("bird deleted", lambda: "bird" not in _names(daemon))
 
 
 def test_a_failed_start_shows_its_error_traceback_and_log_until_the_backend_is_healthy(

@@ -11,6 +11,7 @@ from .._model.load_report import (
     MAX_LOAD_BACKENDS,
     MAX_LOAD_COUNT,
     MAX_LOAD_REPLICAS,
+    MAX_TRAFFIC_VERSIONS,
     SOURCE_PATTERN,
 )
 from .._model.revisions import MAX_MANIFEST
@@ -29,6 +30,9 @@ from .schema_parts import (
     ref,
 )
 from .status_schemas import STATUS_SCHEMAS
+
+#: A count in a canary's numbers (what a double holds exactly, as JSON readers keep it).
+_TALLY_COUNT = {"type": "integer", "minimum": 0, "maximum": 2**53 - 1}
 
 _BACKEND_FIELDS = field_schemas(BackendConfig)
 _REPLICA_COUNT = {"type": "integer", "minimum": 0, "maximum": MAX_REPLICAS}
@@ -118,7 +122,26 @@ SCHEMAS: dict[str, Any] = {
                             },
                         },
                         "queued": {"type": "integer", "minimum": 0, "maximum": MAX_LOAD_COUNT},
-                    }
+                    },
+                    traffic={
+                        "type": "object",
+                        "maxProperties": MAX_TRAFFIC_VERSIONS,
+                        "additionalProperties": obj(
+                            {
+                                "requests": _TALLY_COUNT,
+                                "errors": _TALLY_COUNT,
+                                "buckets": {
+                                    "type": "object",
+                                    "propertyNames": {"pattern": "^(?:[0-9]|[1-7][0-9]|80)$"},
+                                    "additionalProperties": _TALLY_COUNT,
+                                },
+                            }
+                        ),
+                        "description": "During a canary release: what was answered since the "
+                        "last report, by replica version; beyond what JSON Schema can say, "
+                        "errors are at most requests and the buckets count every request once "
+                        "(422 otherwise)",
+                    },
                 ),
                 "description": "Each backend's load: in flight per replica tag, and queued",
             },

@@ -251,16 +251,16 @@ def wait_for(
                         tracebacks[name] = status.get("last_traceback")
                 elif not status["goal_done"]:
                     pending.append(name)
-                canary = (status.get("rollout") or {}).get("canary")
-                if canary is not None and canary["phase"] not in ("promoted", "aborted"):
-                    # Shown when its step, phase or verdict moves: the numbers move always.
-                    said = (canary["step"], canary["phase"], canary["verdict"])
-                    if said != canaries.get(name):
-                        canaries[name] = said
-                        print(f"backend/{name}: {canary_line(canary)}", flush=True)
             if shown.get(name) != line:
                 shown[name] = line
                 print(f"backend/{name}: {line}", flush=True)
+            canary = ((status or {}).get("rollout") or {}).get("canary")
+            if canary is not None and canary["phase"] not in ("promoted", "aborted"):
+                # Shown when its step, phase or verdict moves: the numbers move always.
+                said = (canary["step"], canary["phase"], canary["verdict"])
+                if said != canaries.get(name):
+                    canaries[name] = said
+                    print(f"backend/{name}: {canary_line(canary)}", flush=True)
         if not pending:
             if failed:
                 for name in failed:

@@ -99,12 +99,15 @@ def tally_from_json(data: object) -> RequestTally:
         raise ValueError(f"buckets must map at most {MAX_BUCKET + 1} bucket numbers to counts")
     out: dict[int, int] = {}
     for key, n in buckets.items():
-        if not isinstance(key, str) or not key.isdigit() or int(key) > MAX_BUCKET or not _count(n):
+        if not isinstance(key, str) or key not in _BUCKET_KEYS or not _count(n):
             raise ValueError(f"buckets: keys are bucket numbers 0-{MAX_BUCKET}, values counts")
         out[int(key)] = n
     if sum(out.values()) != requests:
         raise ValueError("buckets must count every request once")
     return RequestTally(requests, errors, out)
+
+
+_BUCKET_KEYS = frozenset(str(k) for k in range(MAX_BUCKET + 1))
 
 
 def _count(value: object) -> bool:

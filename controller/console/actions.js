@@ -109,6 +109,34 @@ export async function restart(name) {
     (r) => `Restarting ${name} as revision ${r.revision}${generation(r)}`);
 }
 
+/** Promote a canary release: skip its remaining steps; the rolling replacement begins. */
+export async function promote(name, canary) {
+  const values = await ask({
+    title: `Promote ${name}'s canary`,
+    question: `Skip the remaining steps of revision ${canary.revision} (at ${canary.weight}%, ` +
+      `step ${canary.step} of ${canary.steps}) and replace revision ${canary.stable_revision} ` +
+      "with it by a rollout?",
+    ok: "Promote",
+  });
+  if (!values) return;
+  await run(`Promoting ${name}`, () => send("POST", paths.promote(name), {}),
+    () => `Promoted revision ${canary.revision} of ${name}: replacing the stable revision`);
+}
+
+/** Abort a canary release: its weight goes to 0, its replicas drain, back to stable. */
+export async function abort(name, canary) {
+  const values = await ask({
+    title: `Abort ${name}'s canary`,
+    question: `Send no more requests to revision ${canary.revision}, drain its replicas and ` +
+      `go back to revision ${canary.stable_revision}? The revision is marked failed.`,
+    ok: "Abort",
+    danger: true,
+  });
+  if (!values) return;
+  await run(`Aborting ${name}'s canary`, () => send("POST", paths.abort(name), {}),
+    () => `Aborted revision ${canary.revision} of ${name}: back to revision ${canary.stable_revision}`);
+}
+
 /** Log out: ends the session on the server (no dialog: nothing is lost by it). */
 export async function logout() {
   try {

@@ -227,7 +227,39 @@ export function backendPage(main, signal, name) {
         r.pending_revision !== null && r.pending_revision !== undefined
           ? `, revision ${r.pending_revision} waiting` : null),
       r.error ? el("p", { className: "error" }, `Error: ${r.error}`) : null,
+      r.canary ? canaryPanel(r.canary) : null,
     ]);
+  }
+
+  // A canary release: its step and weight, each revision's numbers in the step, what the
+  // gates say, and the buttons that skip to the end or go back.
+  function canaryPanel(c) {
+    const ms = (s) => (s === null || s === undefined ? "-" : `${(s * 1000).toFixed(1)} ms`);
+    const pct = (x) => `${(x * 100).toFixed(1)}%`;
+    const steering = ["starting", "judging", "held"].includes(c.phase);
+    const clock = c.elapsed_s === null ? "" : `, ${Math.floor(c.elapsed_s)}/${c.pause_s}s`;
+    const row = (label, weight, n) => el("tr", { dataset: { side: label } },
+      el("td", {}, label), el("td", {}, n.version), el("td", {}, `${weight}%`),
+      el("td", {}, String(n.requests)), el("td", {}, `${n.errors} (${pct(n.error_rate)})`),
+      el("td", {}, ms(n.p99_s)));
+    return el("div", { id: "canary", className: "canary" },
+      el("h3", {}, `Canary: revision ${c.revision} against revision ${c.stable_revision}`),
+      el("p", { id: "canary-step" },
+        `Step ${c.step} of ${c.steps} at ${c.weight}%, ${c.phase}${clock}. Gates: ${c.verdict}`),
+      el("div", { className: "table-scroll" },
+        el("table", { className: "versions" },
+          el("thead", {}, el("tr", {}, ...["Revision", "Version", "Weight", "Requests",
+            "Errors", "p99"].map((h) => el("th", { scope: "col" }, h)))),
+          el("tbody", {},
+            row("canary", c.weight, c.canary),
+            row("stable", Math.round((100 - c.weight) * 100) / 100, c.stable)))),
+      steering ? el("div", { className: "buttons" },
+        el("button", { type: "button", id: "promote", dataset: { action: "promote" },
+          onclick: () => actions.promote(name, c) }, "Promote"),
+        el("button", { type: "button", id: "abort", className: "danger",
+          dataset: { action: "abort" }, onclick: () => actions.abort(name, c) }, "Abort"),
+      ) : null,
+    );
   }
 
   function showRevisions(answer) {

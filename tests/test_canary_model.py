@@ -1,0 +1,180 @@
+"""The pure parts of canary releases: the block's rules (each fault names its field), the
+replica counts for a weight, the latency histogram and its p99, the gates, the step moves, the
+split of requests at the ingress (weights, sticky hashes, the forcing header), and the numbers
+a load report carries, checked before any is taken."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import controller
+from controller import CanaryConfig, ConfigError, RequestTally
+from controller._model.canary import canary_count
+from controller._model.canary_steps import step_move
+from controller._model.load_report import load_body, parse_load_body
+from controller._model.status import LoadReport
+from controller._model.verdict import bucket_of, bucket_top, judge, tally_from_json
+from controller.ingress._split import Split, choose_side
+
+
+@pytest.mark.parametrize(
+    ("block", "field"),
+    [
+        ({"steps": []}, "BackendConfig.canary.steps"),
+        ({"steps": [{"weight": 0, "pause_s": 1}]}, "BackendConfig.canary.steps[0].weight"),
+        ({"steps": [{"weight": 100, "pause_s": 1}]}, "BackendConfig.canary.steps[0].weight"),
+        ({"steps": [{"weight": 5, "pause_s": -1}]}, "BackendConfig.canary.steps[0].pause_s"),
+        ({"steps": [{"weight": 5}]}, "BackendConfig.canary.steps[0]"),
+        (
+            {"steps": [{"weight": 50, "pause_s": 1}, {"weight": 20, "pause_s": 1}]},
+            "BackendConfig.canary.steps[1].weight",
+        ),
+        ({"max_error_rate_increase": 2}, "BackendConfig.canary.max_error_rate_increase"),
+        ({"max_p99_ratio": 0.5}, "BackendConfig.canary.max_p99_ratio"),
+        ({"min_requests": 0}, "BackendConfig.canary.min_requests"),
+        ({"sticky_header": "X User"}, "BackendConfig.canary.sticky_header"),
+        ({"force_header": ""}, "BackendConfig.canary.force_header"),
+        ({"weights": [5]}, "BackendConfig.canary.weights"),
+    ],
+)
+def test_each_fault_of_the_block_names_its_field(block: dict[str, object], field: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        controller.BackendConfig(canary=block)
+    assert caught.value.field == field
+
+
+def test_an_empty_block_takes_the_default_steps_and_survives_json() -> None:
+    config = controller.BackendConfig(canary={})
+    assert config.canary is not None
+    assert [(s.weight, s.pause_s) for s in config.canary.steps] == [
+        (5, 60),
+        (25, 120),
+        (50, 120),
+    ]
+    again = controller.BackendConfig.from_dict(
+        {"canary": controller._model.config.fields_of(config)["canary"]}
+    )
+    assert again == config
+    assert CanaryConfig.from_dict({"sticky_header": "X-User"}).sticky_header == "x-user"
+
+
+@pytest.mark.parametrize(
+    ("n", "weight", "count"), [(4, 25, 1), (4, 26, 2), (2, 5, 1), (10, 50, 5), (0, 50, 0)]
+)
+def test_the_canary_runs_its_share_rounded_up_and_at_least_one(
+    n: int, weight: float, count: int
+) -> None:
+    assert canary_count(n, weight) == count
+
+
+@given(seconds=st.floats(min_value=0, max_value=1e6, allow_nan=False))
+def test_an_answer_time_falls_in_a_bucket_that_holds_it(seconds: float) -> None:
+    k = bucket_of(seconds)
+    assert seconds < bucket_top(k) or k == 80
+    assert k == 0 or seconds >= bucket_top(k - 1) * (1 - 1e-9)
+
+
+def test_p99_is_read_off_the_histogram_within_its_bucket() -> None:
+    tally = RequestTally()
+    for _ in range(990):
+        tally.count(False, 0.010)
+    for _ in range(10):
+        tally.count(True, 0.500)
+    p99 = tally.quantile(0.99)
+    assert p99 is not None
+    assert 0.010 <= p99 < 0.012
+    assert tally.error_rate == pytest.approx(0.01)
+    assert RequestTally().quantile(0.99) is None
+
+
+def tally(requests: int, errors: int = 0, seconds: float = 0.01) -> RequestTally:
+    t = RequestTally()
+    for i in range(requests):
+        t.count(i < errors, seconds)
+    return t
+
+
+def test_the_gates() -> None:
+    config = CanaryConfig(min_requests=100)
+    # Too few requests: no verdict, either way.
+    assert not judge(config, tally(99, 50), tally(1000)).enough
+    assert judge(config, tally(100), tally(1000)).failed is None
+    # One point over the stable's rate passes; more fails.
+    assert judge(config, tally(100, 1), tally(100)).failed is None
+    failed = judge(config, tally(100, 2), tally(100)).failed
+    assert failed is not None
+    assert failed.startswith("error rate 2.0% > stable 0.0% + 1.0%")
+    # A stable revision that fails as much is no worse than the canary.
+    assert judge(config, tally(100, 20), tally(100, 20)).failed is None
+    # Twice as slow fails; 1.4x passes; a few ms slower passes by the slack.
+    assert judge(config, tally(100, seconds=0.2), tally(100, seconds=0.1)).failed is not None
+    assert judge(config, tally(100, seconds=0.14), tally(100, seconds=0.1)).failed is None
+    assert judge(config, tally(100, seconds=0.004), tally(100, seconds=0.001)).failed is None
+
+
+def test_the_step_moves() -> None:
+    config = CanaryConfig.from_dict(
+        {"steps": [{"weight": 5, "pause_s": 60}, {"weight": 50, "pause_s": 60}], "min_requests": 10}
+    )
+    good = judge(config, tally(10), tally(10))
+    none = judge(config, tally(1), tally(10))
+    bad = judge(config, tally(10, 5), tally(10))
+    assert step_move(config, 0, 30, good, held=False, deadline_s=600).wake_in == 30
+    assert step_move(config, 0, 60, good, held=False, deadline_s=600).move == "next"
+    assert step_move(config, 1, 60, good, held=False, deadline_s=600).move == "promote"
+    assert step_move(config, 0, 1, bad, held=False, deadline_s=600).move == "abort"
+    assert step_move(config, 0, 1, bad, held=True, deadline_s=600).move == "abort"
+    assert step_move(config, 0, 61, good, held=True, deadline_s=600).move == "wait"
+    assert step_move(config, 0, 60, none, held=False, deadline_s=600).wake_in == 540
+    late = step_move(config, 0, 600, none, held=False, deadline_s=600)
+    assert late.move == "abort"
+    assert "no verdict within progress_deadline_s=600" in late.why
+
+
+def test_requests_split_by_weight_by_hash_and_by_force() -> None:
+    rng = random.Random(7)
+    split = Split("v2", "v1", 20.0, sticky_header=b"x-user", force_header=b"x-revision")
+    drawn = Counter(choose_side(split, [], rng) for _ in range(10_000))
+    assert 1800 < drawn["canary"] < 2200
+    # A sticky value picks one side, whatever the draw; a client on the canary at 20 % stays
+    # there at 50 %.
+    users = [[(b"x-user", f"user-{i}".encode())] for i in range(500)]
+    at_20 = [choose_side(split, u, rng) for u in users]
+    assert at_20 == [choose_side(split, u, rng) for u in users]
+    wider = Split("v2", "v1", 50.0, sticky_header=b"x-user")
+    at_50 = [choose_side(wider, u, rng) for u in users]
+    assert all(b == "canary" for a, b in zip(at_20, at_50, strict=True) if a == "canary")
+    assert 60 < at_20.count("canary") < 140
+    assert choose_side(split, [(b"x-revision", b"Canary")], rng) == "canary"
+    assert choose_side(split, [(b"x-revision", b"stable")], rng) == "stable"
+    # An aborted canary (weight 0) takes nothing, forced or not.
+    aborted = Split("v2", "v1", 0.0, force_header=b"x-revision")
+    assert choose_side(aborted, [(b"x-revision", b"canary")], rng) == "stable"
+    cookie = Split("v2", "v1", 50.0, sticky_cookie=b"session")
+    jar = [(b"cookie", b"a=1; session=abc; b=2")]
+    assert len({choose_side(cookie, jar, rng) for _ in range(50)}) == 1
+
+
+def test_a_load_report_carries_the_numbers_and_a_bad_one_is_refused_whole() -> None:
+    report = LoadReport("ingress-1", "a", {"a#1": 2}, 0, traffic={"v2": tally(5, 1)})
+    (parsed,) = parse_load_body(load_body("ingress-1", [report]))
+    assert parsed.traffic["v2"] == tally(5, 1)
+    body = load_body("ingress-1", [report])
+    body["backends"]["a"]["traffic"]["v2"]["errors"] = 6
+    with pytest.raises(ValueError, match=r"traffic\['v2'\]: requests and errors"):
+        parse_load_body(body)
+    body = load_body("ingress-1", [report])
+    body["backends"]["a"]["traffic"]["v2"]["buckets"] = {"81": 5}
+    with pytest.raises(ValueError, match="bucket numbers 0-80"):
+        parse_load_body(body)
+    body = load_body("ingress-1", [report])
+    body["backends"]["a"]["traffic"]["v2"]["buckets"] = {"3": 4}
+    with pytest.raises(ValueError, match="every request once"):
+        parse_load_body(body)
+    with pytest.raises(ValueError, match="requests and errors must be counts"):
+        tally_from_json({"requests": True, "errors": 0, "buckets": {}})
