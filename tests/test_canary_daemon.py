@@ -327,11 +327,13 @@ async def test_the_readme_canary_example_runs_as_written(state_dir: Path) -> Non
                 load.stop.set()
             (bad, bad_out), (_, history), (fixed, fixed_out) = said
             assert bad == 1, bad_out
-            assert "error rate" in bad_out and "the canary is aborted" in bad_out, bad_out
+            assert "error rate" in bad_out, bad_out
+            assert "the canary is aborted" in bad_out
             assert "failed: echo" in bad_out
             assert "automatic rollback to revision 1" in history, history
             assert fixed == 0, fixed_out
-            assert "step 3/3 at 50%" in fixed_out and fixed_out.rstrip().endswith("done"), fixed_out
+            assert "step 3/3 at 50%" in fixed_out, fixed_out
+            assert fixed_out.rstrip().endswith("done")
             # The bad release's failures are the few of its step: none once it was aborted.
             failed = [i for i, (code, _) in enumerate(load.answers) if code != 200]
             assert 0 < len(failed) < 0.05 * len(load.answers), (len(failed), len(load.answers))
