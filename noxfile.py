@@ -55,9 +55,10 @@ def typecheck(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """The controller's own costs: bench/bench.py (options after ``--``), a large apply against a
     real daemon, what a health check costs (real workers, the workers' wire, Ray), and a Ray
-    cluster of three nodes run as one service (bench/nodes_bench.py). Tables on stdout, JSON in
-    bench/results.json, bench/apply_results.json, bench/check_results.json and
-    bench/nodes_results.json.
+    cluster of three nodes run as one service (bench/nodes_bench.py), and a bad release as a
+    rolling update against a canary (bench/canary_bench.py). Tables on stdout, JSON in
+    bench/results.json, bench/apply_results.json, bench/check_results.json,
+    bench/nodes_results.json and bench/canary_results.json.
     The comparisons with other systems are ``nox -s bench_compare``."""
     # Ray Serve: the node ingresses' opponent in bench/nodes_bench.py (benchmark-only).
     session.install("-e", ".[ray]", "ray[serve]>=2.60")
@@ -71,6 +72,8 @@ def bench(session: nox.Session) -> None:
     session.run("python", "bench/check_bench.py", "--only", "ray", "--out", "bench/check_ray.json")
     # A Ray cluster as one service: a drain and a node lost under load, the node ingresses.
     session.run("python", "bench/nodes_bench.py", env={"RAY_AUTH_MODE": "disabled"})
+    # A bad release as a rolling update and as a canary, on the same load (about 80 s).
+    session.run("python", "bench/canary_bench.py")
 
 
 @nox.session

@@ -248,3 +248,57 @@ async def test_a_restart_mid_canary_goes_on_at_the_same_step() -> None:
             assert status.canary.elapsed_s < 20
             assert ctl.snapshot("a").traffic == controller.TrafficSplit("v2", "v1", 50.0)
             assert {r.tag for r in ctl.status("a").replicas} == tags  # adopted, none restarted
+
+
+async def test_a_scale_during_a_canary_scales_both_revisions(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with opened(FakeRuntime(auto_ready=True)) as ctl:
+        await stable_v1(ctl)
+        await ctl.deploy("a", canary_config(version="v2"), RC)
+        await settle()
+        assert versions(ctl) == {"v1": 4, "v2": 1}
+        await ctl.scale("a", 8)
+        await ctl.wait_until(lambda c: versions(c) == {"v1": 8, "v2": 2})
+        await ctl.scale("a", 2)
+        await ctl.wait_until(
+            lambda c: versions(c) == {"v1": 2, "v2": 1} and len(c.status("a").replicas) == 3
+        )
+        status = ctl.status("a").rollout
+        assert status is not None
+        assert status.canary is not None
+        assert (status.canary.phase, status.canary.weight) == ("judging", 25.0)
+
+
+async def test_a_deploy_during_a_canary_is_judged_against_the_same_stable_revision(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with opened(FakeRuntime(auto_ready=True)) as ctl:
+        await stable_v1(ctl)
+        await ctl.deploy("a", canary_config(version="v2"), RC)
+        await settle()
+        goal = await ctl.deploy("a", canary_config(version="v3"), RC)
+        await ctl.wait_until(lambda c: versions(c) == {"v1": 4, "v3": 1})
+        assert [(r.number, r.outcome, r.canary_of) for r in ctl.revisions("a")] == [
+            (1, "complete", None),
+            (2, "superseded", 1),
+            (3, "in_progress", 1),
+        ]
+        await ctl.promote("a")
+        await goal.wait()
+        assert versions(ctl) == {"v3": 4}
+
+
+async def test_no_canary_for_a_first_revision_or_a_change_of_user_config_alone(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with opened(FakeRuntime(auto_ready=True)) as ctl:
+        await stable_v1(ctl)
+        goal = await ctl.deploy("a", canary_config(user_config={"x": 1}), RC)
+        await goal.wait()
+        first, second = ctl.revisions("a")
+        assert first.canary_skipped is not None
+        assert "no revision has completed" in first.canary_skipped
+        assert second.canary_skipped is not None
+        assert "keep version 'v1'" in second.canary_skipped
+        assert ctl.snapshot("a").traffic is None

@@ -192,7 +192,11 @@ async def test_a_slow_release_is_stopped_by_the_latency_gate(state_dir: Path) ->
 
 async def test_a_sticky_client_stays_on_one_revision(state_dir: Path) -> None:
     fields: dict[str, Any] = {
-        "canary": {"steps": [{"weight": 50, "pause_s": 600}], "sticky_header": "X-User"}
+        "canary": {
+            "steps": [{"weight": 50, "pause_s": 600}],
+            "sticky_header": "X-User",
+            "force_header": "X-Revision",
+        }
     }
     good = state_dir / "good.toml"
     good.write_text(manifest(app=canary_app(**fields)))
@@ -224,6 +228,14 @@ async def test_a_sticky_client_stays_on_one_revision(state_dir: Path) -> None:
                 answer = await request(port, "/app/any")
                 drawn.add(versions[answer.json()["replica"]])
             assert drawn == {"v1", "v2"}
+            # The forcing header wins over the sticky one.
+            for side, version in (("canary", "v2"), ("stable", "v1")):
+                for user in range(10):
+                    headers = [("X-User", f"user-{user}"), ("X-Revision", side)]
+                    answer = await request(port, "/app/any", headers=headers)
+                    assert versions[answer.json()["replica"]] == version
+            _, metrics = await daemon.http("GET", "/metrics")
+            assert 'controller_canary_weight_percent{backend="app",revision="2"} 50.0' in metrics
 
 
 async def test_a_daemon_killed_mid_canary_resumes_the_step_and_the_cli_steers(

@@ -221,8 +221,25 @@ class _ReplicaCollector(Collector):
             "1 while a backend's rollouts are paused",
             labels=["backend"],
         )
+        weight = GaugeMetricFamily(
+            "controller_canary_weight_percent",
+            "The percent of requests a canary release under way gets (0 once aborted)",
+            labels=["backend", "revision"],
+        )
+        judged = GaugeMetricFamily(
+            "controller_canary_step_requests",
+            "Requests the ingresses counted for each revision of a canary release in its step, "
+            "and of them the errors",
+            labels=["backend", "side", "kind"],
+        )
         for backend in self._status().backends:
             rollout = backend.rollout
+            canary = None if rollout is None else rollout.canary
+            if canary is not None and canary.phase != "promoted":
+                weight.add_metric([backend.name, str(canary.revision)], canary.weight)
+                for side, numbers in (("canary", canary.canary), ("stable", canary.stable)):
+                    judged.add_metric([backend.name, side, "requests"], numbers.requests)
+                    judged.add_metric([backend.name, side, "errors"], numbers.errors)
             if rollout is not None:
                 for kind, number in (
                     ("target", rollout.revision),
@@ -257,6 +274,8 @@ class _ReplicaCollector(Collector):
         yield load
         yield revision
         yield paused
+        yield weight
+        yield judged
 
 
 #: For each timed runtime call: its histogram's label when it returns, when it raises, and when
