@@ -302,3 +302,23 @@ async def test_no_canary_for_a_first_revision_or_a_change_of_user_config_alone(
         assert second.canary_skipped is not None
         assert "keep version 'v1'" in second.canary_skipped
         assert ctl.snapshot("a").traffic is None
+
+
+async def test_a_canary_whose_replicas_cannot_start_goes_back_to_stable(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime(auto_ready=True)
+    async with opened(rt) as ctl:
+        await stable_v1(ctl)
+        rt.failing_starts = {"v2"}
+        # on_failure is "halt" (the default): a canary goes back all the same.
+        goal = await ctl.deploy("a", canary_config(version="v2"), RC)
+        await ended(goal)
+        assert goal.error is not None
+        assert "consecutive replica starts failed" in goal.error
+        assert "the canary is aborted: back to revision 1" in goal.error
+        await ctl.wait_until(lambda c: c.status("a").rollout.revision == 3)  # type: ignore[union-attr]
+        await ctl.wait_until(
+            lambda c: versions(c) == {"v1": 4} and len(c.status("a").replicas) == 4
+        )
+        assert [r.outcome for r in ctl.revisions("a")] == ["complete", "failed", "complete"]

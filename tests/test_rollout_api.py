@@ -134,6 +134,7 @@ async def test_revisions_are_listed_with_their_cause_and_config() -> None:
             "error": None,
             "restores": None,
             "automatic": False,
+            "canary": None,
         }
         assert (await api("HEAD", "/api/v1/backends/a/revisions"))[0] == 200
         status, answer = await api("GET", "/api/v1/backends/nope/revisions")

@@ -105,6 +105,7 @@ ROLLOUT_SCHEMAS: dict[str, Any] = {
             "canary": ref("RevisionNumbers"),
             "stable": ref("RevisionNumbers"),
             "verdict": {**STRING, "description": "What the gates say of the step so far"},
+            "gates": {**STRING, "description": "The gates, in words"},
         }
     ),
     "RevisionNumbers": obj(

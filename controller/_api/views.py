@@ -151,6 +151,7 @@ def canary_json(canary: CanaryStatus | None) -> dict[str, Any] | None:
         "canary": numbers(canary.canary),
         "stable": numbers(canary.stable),
         "verdict": canary.verdict,
+        "gates": canary.gates,
     }
 
 

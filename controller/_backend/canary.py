@@ -17,7 +17,13 @@ import trio
 
 from .._model.canary import CanaryConfig, canary_count
 from .._model.canary_plan import CanarySplit
-from .._model.canary_steps import CanaryStatus, RevisionNumbers, StepMove, step_move
+from .._model.canary_steps import (
+    CanaryStatus,
+    RevisionNumbers,
+    StepMove,
+    describe_gates,
+    step_move,
+)
 from .._model.json_values import digest
 from .._model.records import CanaryRecord, RolloutRecord
 from .._model.revisions import Revision, RevisionBook
@@ -65,12 +71,17 @@ class Canary:
         self.numbers = {"canary": RequestTally(), "stable": RequestTally()}
         self._told = False
         self.verdict: Verdict | None = None
+        self._config: CanaryConfig | None = None
+        self._due = math.inf
+        """When the step's pause ends (trio time; inf while held or not started)."""
 
     # -- following the spec --
 
     def follow(self, spec: Spec, now: float) -> None:
         """At each pass: the spec's revision is the one followed. A revision rolled out as a
         canary starts at its first step; a canary that failed and is tried again, too."""
+        if spec.revision == self.revision and self.phase != "aborted":
+            return  # (every pass asks: the common case reads no revision)
         kept = self._book.get(spec.revision)
         again = self.phase == "aborted" and kept is not None and kept.outcome == "in_progress"
         if spec.revision == self.revision and not again:
@@ -161,7 +172,13 @@ class Canary:
             )
             if side is not None:
                 self.numbers[side].add(tally)
-        if not self._told:
+        # A pass only when the numbers may move the canary: a gate failing, or enough of them
+        # once the pause is over (the step's timer wakes the loop at its end otherwise).
+        config = self._config
+        if self._told or config is None:
+            return
+        verdict = judge(config, self.numbers["canary"], self.numbers["stable"])
+        if verdict.failed is not None or (verdict.enough and trio.current_time() >= self._due):
             self._told = True
             self._wake()
 
@@ -175,6 +192,10 @@ class Canary:
         its step wants a look next."""
         self.follow(spec, now)
         move = self._move(spec, now, serving, num_replicas)
+        if move is not None and move.move == "next":
+            # The next step's clock starts now if its replicas serve already (else their
+            # start wakes the loop).
+            move = self._move(spec, now, serving, num_replicas)
         if move is None or move.move != "wait":
             return math.inf
         return now + move.wake_in
@@ -184,11 +205,13 @@ class Canary:
         if self.phase != "judging":
             return
         where = f"at step {self.step + 1}"
+        config, numbers = self._config, ""
+        if config is not None:
+            numbers = f": {judge(config, self.numbers['canary'], self.numbers['stable']).numbers}"
         if what == "promote":
-            self.promote(f"promoted by a person ({via}) {where}")
+            self.promote(f"promoted by a person ({via}) {where}{numbers}")
             self._progressed(now)
             return
-        numbers = "" if self.verdict is None else f": {self.verdict.numbers}"
         self.abort()
         self._fail(f"aborted by a person ({via}) {where}{numbers}")
 
@@ -214,6 +237,9 @@ class Canary:
             self._held_since = None
         self.verdict = judge(config, self.numbers["canary"], self.numbers["stable"])
         elapsed = self._elapsed(now) or 0.0
+        self._config = config
+        pause = config.steps[self.step].pause_s
+        self._due = math.inf if spec.paused else now + max(0.0, pause - elapsed)
         deadline = spec.backend_config.progress_deadline_s
         move = step_move(
             config, self.step, elapsed, self.verdict, held=spec.paused, deadline_s=deadline
@@ -271,12 +297,13 @@ class Canary:
             _numbers(self.version, self.numbers["canary"]),
             _numbers(stable.version, self.numbers["stable"]),
             verdict.failed or ("passing" if verdict.enough else "waiting for min_requests"),
+            describe_gates(config),
         )
 
     # -- inside --
 
     def _enter(self, step: int, now: float) -> None:
-        self.step, self.started = step, None
+        self.step, self.started, self._due = step, None, math.inf
         self._held_s, self._held_since = 0.0, None
         self.numbers = {"canary": RequestTally(), "stable": RequestTally()}
         self._touched()

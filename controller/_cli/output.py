@@ -275,5 +275,5 @@ def canary_line(canary: Mapping[str, Any]) -> str:
         f"canary revision {canary['revision']} (stable {canary['stable_revision']}): step "
         f"{canary['step']}/{canary['steps']} at {canary['weight']:g}%, {canary['phase']}"
         f"{clock}; {side('canary', canary['canary'])}; {side('stable', canary['stable'])}; "
-        f"gates: {canary['verdict']}"
+        f"gates ({canary['gates']}): {canary['verdict']}"
     )

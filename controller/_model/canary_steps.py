@@ -92,3 +92,14 @@ class CanaryStatus:
     stable: RevisionNumbers
     verdict: str
     """What the gates say of the step's numbers so far."""
+    gates: str = ""
+    """The gates, in words."""
+
+
+def describe_gates(config: CanaryConfig) -> str:
+    """``error rate <= stable + 1.0%; p99 <= 1.5x stable or + 10 ms; 100 requests each``."""
+    return (
+        f"error rate <= stable + {config.max_error_rate_increase:.1%}; p99 <= "
+        f"{config.max_p99_ratio:g}x stable or + {config.p99_slack_s * 1000:g} ms; "
+        f"{config.min_requests} requests each"
+    )

@@ -243,11 +243,26 @@ def canary_base(
     while a canary is still being judged, that canary's own stable revision."""
     if not wanted:
         return None, None
-    stable = running
-    if running is not None and running.canary_of is not None and running.outcome != "complete":
-        stable = book.get(running.canary_of)
-    if stable is None or stable.outcome != "complete" or not stable.good:
+    if running is None:
         return None, "no revision has completed with every replica serving to compare it with"
+    stable: Revision | None = running
+    if running.canary_of is not None and running.outcome != "complete":
+        stable = book.get(running.canary_of)
+    elif running.outcome != "complete" and any(
+        r.good and r.digest == running.digest for r in book.revisions
+    ):
+        # Still rolling out, of content that completed before (an undo, or the rollback of an
+        # aborted canary whose replicas are still draining): its replicas are that content's.
+        return _versus(running, version)
+    if stable is None or stable.outcome != "complete" or not stable.good:
+        return None, (
+            f"revision {running.number}, which the backend ran, had not completed with every "
+            "replica serving, so there was nothing to compare it with"
+        )
+    return _versus(stable, version)
+
+
+def _versus(stable: Revision, version: str) -> tuple[int | None, str | None]:
     if stable.version == version:
         return None, (
             f"its replicas keep version {version!r} (a change of user_config alone is made in "

@@ -309,7 +309,9 @@ def _change(
     after = RevisionBook(revisions)
     running = after.get(record.revision)
     good = after.last_good(unlike=None if running is None else running.digest)
-    keep = {record.revision, record.pending, None if good is None else good.number, *live}
+    # A canary's stable revision is kept while it is judged: an abort goes back to it.
+    stable = None if running is None else running.canary_of
+    keep = {record.revision, record.pending, None if good is None else good.number, stable, *live}
     kept = (n for n in keep if n is not None)
     trimmed = trim(revisions, config.revision_history_limit, kept)
     return SpecChange(record, trimmed, tuple(book.revisions), replaces)

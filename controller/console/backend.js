@@ -246,6 +246,7 @@ export function backendPage(main, signal, name) {
       el("h3", {}, `Canary: revision ${c.revision} against revision ${c.stable_revision}`),
       el("p", { id: "canary-step" },
         `Step ${c.step} of ${c.steps} at ${c.weight}%, ${c.phase}${clock}. Gates: ${c.verdict}`),
+      el("p", { className: "muted" }, `Gates: ${c.gates}`),
       el("div", { className: "table-scroll" },
         el("table", { className: "versions" },
           el("thead", {}, el("tr", {}, ...["Revision", "Version", "Weight", "Requests",

@@ -92,6 +92,9 @@ class Client:
         """The status of the answer whose head went out for the current request."""
         self.upstream = ""
         """The replica the current request went to (for what a timeout says)."""
+        self.waited_s: float | None = None
+        """How long that replica took to begin its answer, once it had the request (what a
+        canary's latency gate counts: not the connection's setup, nor the client's reading)."""
         self._idle = False
         self._unread = False
         """Closing with some of what the client sent unread: linger (`_linger`)."""

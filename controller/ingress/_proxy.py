@@ -166,7 +166,7 @@ class Proxy:
         side = None if split is None else choose_side(split, head.headers, backend.rng)
         while True:
             slot = await self._acquire(backend, tried, side)
-            taken_at = trio.current_time()
+            taken_at, client.waited_s = trio.current_time(), None
             # What the gates of a canary release count: an answer's status, or none at all
             # (a timeout, a 502) as an error; a request tried again elsewhere, or one whose
             # client left, not at all.
@@ -203,7 +203,9 @@ class Proxy:
                 logger.debug("backend %s: %s; trying another replica", backend.name, exc)
             finally:
                 if outcome is not None:
-                    backend.count(slot, outcome >= 500, trio.current_time() - taken_at)
+                    waited = client.waited_s
+                    seconds = trio.current_time() - taken_at if waited is None else waited
+                    backend.count(slot, outcome >= 500, seconds)
                 backend.release(slot)
                 if slot.gone and not slot.in_flight:
                     # The last request to a replica that left: what was pooled for it before
@@ -345,8 +347,9 @@ class Proxy:
                     assert isinstance(first, ResponseHead)
                     answer = first
         finally:
+            client.waited_s = trio.current_time() - sent_at
             if not client.gone:
-                backend.answered(slot, trio.current_time() - sent_at)  # a timeout counts
+                backend.answered(slot, client.waited_s)  # a timeout counts
         # The client's framing: the replica's length where it gave one; else chunks, or, for
         # an HTTP/1.0 client (which cannot read chunks), the connection's end.
         sized = answer.length is not None
