@@ -322,3 +322,22 @@ async def test_a_canary_whose_replicas_cannot_start_goes_back_to_stable(
             lambda c: versions(c) == {"v1": 4} and len(c.status("a").replicas) == 4
         )
         assert [r.outcome for r in ctl.revisions("a")] == ["complete", "failed", "complete"]
+
+
+async def test_a_canary_block_taken_out_promotes_and_a_delete_ends_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with opened(FakeRuntime(auto_ready=True)) as ctl:
+        await stable_v1(ctl)
+        goal = await ctl.deploy("a", canary_config(version="v2"), RC)
+        await settle()
+        assert versions(ctl) == {"v1": 4, "v2": 1}
+        goal = await ctl.deploy("a", config(num_replicas=4, version="v2"), RC)
+        await goal.wait()
+        assert versions(ctl) == {"v2": 4}
+        (promoted,) = events(ctl, "CanaryPromoted")
+        assert "the canary block was taken out of the config" in promoted
+        await ctl.deploy("a", canary_config(version="v3"), RC)
+        await ctl.wait_until(lambda c: versions(c) == {"v2": 4, "v3": 1})
+        await (await ctl.delete("a")).wait()
+        assert "a" not in ctl.backend_names()

@@ -80,6 +80,9 @@ class Canary:
     def follow(self, spec: Spec, now: float) -> None:
         """At each pass: the spec's revision is the one followed. A revision rolled out as a
         canary starts at its first step; a canary that failed and is tried again, too."""
+        if spec.deleting:
+            self.revision, self.phase, self.stable = spec.revision, "off", None
+            return
         if spec.revision == self.revision and self.phase != "aborted":
             return  # (every pass asks: the common case reads no revision)
         kept = self._book.get(spec.revision)
