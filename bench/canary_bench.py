@@ -26,15 +26,14 @@ import http.client
 import json
 import os
 import shutil
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import ingress_bench as ib
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -53,44 +52,11 @@ BACKEND: dict[str, Any] = {
 BAD = {"version": "v2", "init_kwargs": {"work_ms": 2, "fail_every": 5}}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+class Daemon(ib.Daemon):
+    """``ingress_bench``'s daemon, running the examples' replicas, with JSON calls."""
 
-
-class Daemon:
     def __init__(self, state_dir: Path, ingress_port: int) -> None:
-        self.dir = state_dir
-        self.log = (state_dir / "daemon.log").open("wb")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "controller",
-                "--state-dir",
-                str(state_dir),
-                "run",
-                "--listen",
-                "127.0.0.1:0",
-                "--ingress-listen",
-                f"127.0.0.1:{ingress_port}",
-                "--pythonpath",
-                str(EXAMPLES),
-            ],
-            cwd=ROOT,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-        info = state_dir / "daemon.json"
-        deadline = time.monotonic() + 30
-        while not info.exists():
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise RuntimeError(f"the daemon did not start: see {state_dir / 'daemon.log'}")
-            time.sleep(0.05)
-        time.sleep(0.05)
-        self.url = str(json.loads(info.read_text())["url"])
-        self.token = (state_dir / "token").read_text().strip()
+        super().__init__(state_dir, ingress_port, pythonpath=EXAMPLES)
 
     def api(self, method: str, path: str, body: Any = None) -> Any:
         host, port = self.url.removeprefix("http://").rsplit(":", 1)
@@ -117,22 +83,6 @@ class Daemon:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"not {what} within {timeout_s:g}s: {status['message']}")
             time.sleep(0.1)
-
-    def shutdown(self) -> None:
-        try:
-            subprocess.run(
-                [sys.executable, "-m", "controller", "--state-dir", str(self.dir), "shutdown"],
-                cwd=ROOT,
-                timeout=90,
-                check=False,
-                stdout=subprocess.DEVNULL,
-            )
-            self.proc.wait(30)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-            self.log.close()
 
 
 def settled(version: str) -> Any:
@@ -238,7 +188,7 @@ def main() -> None:
     parser.add_argument("--conns", type=int, default=8)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="canary-bench-"))
-    port = free_port()
+    port = ib.free_port()
     daemon = Daemon(tmp, port)
     results: dict[str, Any] = {"window_s": args.window, "conns": args.conns}
     try:

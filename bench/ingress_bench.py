@@ -414,7 +414,7 @@ FAST_MS, SLOW_MS = 2.0, 20.0
 class Daemon:
     """A controller daemon with its own state dir, its own ingress, and our backends."""
 
-    def __init__(self, state_dir: Path, ingress_port: int) -> None:
+    def __init__(self, state_dir: Path, ingress_port: int, pythonpath: Path = HERE) -> None:
         self.dir = state_dir
         self.ingress_port = ingress_port
         self.log = (state_dir / "daemon.log").open("wb")
@@ -431,7 +431,7 @@ class Daemon:
                 "--ingress-listen",
                 f"127.0.0.1:{ingress_port}",
                 "--pythonpath",
-                str(HERE),
+                str(pythonpath),
             ],
             cwd=ROOT,
             stdout=self.log,

@@ -6,9 +6,10 @@ daemon killed mid-canary resumed at the same step, and promote and abort from th
 
 from __future__ import annotations
 
-import json
 import re
 import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,10 @@ class Load:
             self._grew = trio.Event()
             await trio.lowlevel.checkpoint()
 
+    def start(self, nursery: trio.Nursery, tasks: int) -> None:
+        for _ in range(tasks):
+            nursery.start_soon(self.send)
+
     async def answered(self, count: int) -> None:
         """Wait until `count` requests in all have been answered."""
         while len(self.answers) < count:
@@ -52,6 +57,21 @@ class Load:
 
     def since_mark(self) -> list[tuple[int, str]]:
         return self.answers[self.mark :]
+
+
+@asynccontextmanager
+async def v1_serving(state_dir: Path, **fields: Any) -> AsyncIterator[tuple[Daemon, int, Path]]:
+    """A daemon with its ingress on a port of its own, serving `app` at v1 (`fields` on top of
+    ``canary_app``'s) from a manifest file; the file is yours to change."""
+    path = state_dir / "app.toml"
+    path.write_text(manifest(app=canary_app(**fields)))
+    port = free_port()
+    with trio.fail_after(LIMIT_S * 3):
+        async with running(
+            state_dir, "--config", str(path), "--ingress-listen", f"127.0.0.1:{port}"
+        ) as daemon:
+            await until(daemon, "app", settled("v1"))
+            yield daemon, port, path
 
 
 async def tags_by_version(daemon: Daemon) -> dict[str, str]:
@@ -70,172 +90,128 @@ def step_numbers(events: list[dict[str, Any]], kind: str) -> list[tuple[int, int
     return out
 
 
-async def backend(daemon: Daemon) -> dict[str, Any]:
-    code, data = await daemon.http("GET", "/api/v1/backends/app")
-    assert code == 200, data
-    return dict(data)
-
-
 async def test_a_bad_release_is_aborted_at_its_first_step(state_dir: Path) -> None:
-    good, bad = state_dir / "good.toml", state_dir / "bad.toml"
-    good.write_text(manifest(app=canary_app()))
-    # Every fifth request answers 500: a fifth of what the canary gets.
-    bad.write_text(manifest(app=canary_app("v2", init_kwargs={"error_every": 5})))
-    port = free_port()
-    with trio.fail_after(LIMIT_S * 3):
-        async with running(
-            state_dir, "--config", str(good), "--ingress-listen", f"127.0.0.1:{port}"
-        ) as daemon:
-            await until(daemon, "app", settled("v1"))
-            load = Load(port)
-            async with trio.open_nursery() as nursery:
-                for _ in range(4):
-                    nursery.start_soon(load.send)
-                result = await daemon.cli("apply", "-f", str(bad))
-                assert result.returncode == 0, result.stderr
-                await until(daemon, "app", lambda s: "v2" in {r["version"] for r in s["replicas"]})
-                serving = await tags_by_version(daemon)
-                # Back on the stable revision alone: the canary's revision failed, rolled back.
-                status = await until(
-                    daemon, "app", lambda s: s["rollout"]["revision"] == 3 and settled("v1")(s)
-                )
-                during = list(load.answers)
-                load.mark = len(load.answers)
-                await load.answered(load.mark + 200)
-                load.stop.set()
-            stable = sum(1 for code, tag in during if code == 200 and serving.get(tag) == "v1")
-            failed = [code for code, _ in during if code != 200]
-            # At 2%, the stable revision served nearly everything during the step; the few
-            # 500s are the canary's, before the abort; none after it.
-            assert stable >= 0.95 * len(during), (stable, len(during))
-            assert all(code == 500 for code in failed)
-            assert [code for code, _ in load.since_mark() if code != 200] == []
-            revision = (await daemon.http("GET", "/api/v1/backends/app/revisions"))[1]["revisions"]
-            assert [(r["number"], r["outcome"]) for r in revision] == [
-                (1, "complete"),
-                (2, "failed"),
-                (3, "complete"),
-            ]
-            assert revision[1]["canary_of"] == 1
-            assert "error rate" in revision[1]["error"], revision[1]["error"]
-            assert "step 1 of 1 (2%)" in revision[1]["error"]
-            assert status["rollout"]["automatic"] is True
-            history = await daemon.cli("rollout", "history", "app")
-            assert b"error rate" in history.stdout + history.stderr
+    async with v1_serving(state_dir) as (daemon, port, path):
+        load = Load(port)
+        async with trio.open_nursery() as nursery:
+            load.start(nursery, 4)
+            # Every fifth request answers 500: a fifth of what the canary gets.
+            path.write_text(manifest(app=canary_app("v2", init_kwargs={"error_every": 5})))
+            result = await daemon.cli("apply", "-f", str(path))
+            assert result.returncode == 0, result.stderr
+            await until(daemon, "app", lambda s: "v2" in {r["version"] for r in s["replicas"]})
+            serving = await tags_by_version(daemon)
+            # Back on the stable revision alone: the canary's revision failed, rolled back.
+            status = await until(
+                daemon, "app", lambda s: s["rollout"]["revision"] == 3 and settled("v1")(s)
+            )
+            during = list(load.answers)
+            load.mark = len(load.answers)
+            await load.answered(load.mark + 200)
+            load.stop.set()
+        stable = sum(1 for code, tag in during if code == 200 and serving.get(tag) == "v1")
+        failed = [code for code, _ in during if code != 200]
+        # At 2%, the stable revision served nearly everything during the step; the few 500s
+        # are the canary's, before the abort; none after it.
+        assert stable >= 0.95 * len(during), (stable, len(during))
+        assert all(code == 500 for code in failed)
+        assert [code for code, _ in load.since_mark() if code != 200] == []
+        revision = (await daemon.http("GET", "/api/v1/backends/app/revisions"))[1]["revisions"]
+        assert [(r["number"], r["outcome"]) for r in revision] == [
+            (1, "complete"),
+            (2, "failed"),
+            (3, "complete"),
+        ]
+        assert revision[1]["canary_of"] == 1
+        assert "error rate" in revision[1]["error"], revision[1]["error"]
+        assert "step 1 of 1 (2%)" in revision[1]["error"]
+        assert status["rollout"]["automatic"] is True
+        history = await daemon.cli("rollout", "history", "app")
+        assert b"error rate" in history.stdout + history.stderr
 
 
 async def test_a_healthy_release_is_promoted_at_the_weights_asked(state_dir: Path) -> None:
     steps = [{"weight": 10, "pause_s": 2}, {"weight": 50, "pause_s": 2}]
-    fields: dict[str, Any] = {"canary": {"steps": steps, "min_requests": 100, "p99_slack_s": 0.5}}
-    good = state_dir / "good.toml"
-    good.write_text(manifest(app=canary_app(**json.loads(json.dumps(fields)))))
-    port = free_port()
-    with trio.fail_after(LIMIT_S * 3):
-        async with running(
-            state_dir, "--config", str(good), "--ingress-listen", f"127.0.0.1:{port}"
-        ) as daemon:
-            await until(daemon, "app", settled("v1"))
-            load = Load(port)
-            async with trio.open_nursery() as nursery:
-                for _ in range(4):
-                    nursery.start_soon(load.send)
-                good.write_text(manifest(app=canary_app("v2", **json.loads(json.dumps(fields)))))
-                result = await daemon.cli("apply", "-f", str(good), "--wait", "--timeout", "60")
-                assert result.returncode == 0, result.stderr
-                load.stop.set()
-            out = result.stdout.decode()
-            assert "canary revision 2 (stable 1): step 1/2 at 10%" in out, out
-            status = await until(daemon, "app", settled("v2"))
-            assert [code for code, _ in load.answers if code != 200] == []
-            shares = [
-                c / (c + s) for c, s in step_numbers(status["events"], "CanaryStepPassed")
-            ] + [c / (c + s) for c, s in step_numbers(status["events"], "CanaryPromoted")]
-            assert len(shares) == 2, status["events"]
-            assert abs(shares[0] - 0.10) < 0.05, shares
-            assert abs(shares[1] - 0.50) < 0.08, shares
-            assert status["rollout"]["outcome"] == "complete"
+    block = {"steps": steps, "min_requests": 100, "p99_slack_s": 0.5}
+    async with v1_serving(state_dir, canary=block) as (daemon, port, path):
+        load = Load(port)
+        async with trio.open_nursery() as nursery:
+            load.start(nursery, 4)
+            path.write_text(manifest(app=canary_app("v2", canary=block)))
+            result = await daemon.cli("apply", "-f", str(path), "--wait", "--timeout", "60")
+            assert result.returncode == 0, result.stderr
+            load.stop.set()
+        out = result.stdout.decode()
+        assert "canary revision 2 (stable 1): step 1/2 at 10%" in out, out
+        status = await until(daemon, "app", settled("v2"))
+        assert [code for code, _ in load.answers if code != 200] == []
+        counted = step_numbers(status["events"], "CanaryStepPassed")
+        counted += step_numbers(status["events"], "CanaryPromoted")
+        shares = [c / (c + s) for c, s in counted]
+        assert len(shares) == 2, status["events"]
+        assert abs(shares[0] - 0.10) < 0.05, shares
+        assert abs(shares[1] - 0.50) < 0.08, shares
+        assert status["rollout"]["outcome"] == "complete"
 
 
 async def test_a_slow_release_is_stopped_by_the_latency_gate(state_dir: Path) -> None:
-    good = state_dir / "good.toml"
-    good.write_text(
-        manifest(
-            app=canary_app(
-                init_kwargs={"delay_ms": 40}, canary={"steps": [{"weight": 30, "pause_s": 60}]}
-            )
-        )
-    )
-    port = free_port()
-    with trio.fail_after(LIMIT_S * 3):
-        async with running(
-            state_dir, "--config", str(good), "--ingress-listen", f"127.0.0.1:{port}"
-        ) as daemon:
-            await until(daemon, "app", settled("v1"))
-            load = Load(port)
-            async with trio.open_nursery() as nursery:
-                for _ in range(6):
-                    nursery.start_soon(load.send)
-                slow = canary_app(
-                    "v2",
-                    init_kwargs={"delay_ms": 80},
-                    canary={"steps": [{"weight": 30, "pause_s": 60}]},
-                )
-                good.write_text(manifest(app=slow))
-                result = await daemon.cli("apply", "-f", str(good), "--wait", "--timeout", "60")
-                assert result.returncode == 1
-                load.stop.set()
-            await until(daemon, "app", lambda s: s["rollout"]["revision"] == 3 and settled("v1")(s))
-            kept = (await daemon.http("GET", "/api/v1/backends/app/revisions"))[1]["revisions"]
-            assert "p99" in kept[1]["error"], kept[1]["error"]
-            assert [code for code, _ in load.answers if code != 200] == []
+    block = {"steps": [{"weight": 30, "pause_s": 60}]}
+    async with v1_serving(state_dir, init_kwargs={"delay_ms": 40}, canary=block) as (
+        daemon,
+        port,
+        path,
+    ):
+        load = Load(port)
+        async with trio.open_nursery() as nursery:
+            load.start(nursery, 6)
+            slow = canary_app("v2", init_kwargs={"delay_ms": 80}, canary=block)
+            path.write_text(manifest(app=slow))
+            result = await daemon.cli("apply", "-f", str(path), "--wait", "--timeout", "60")
+            assert result.returncode == 1
+            load.stop.set()
+        await until(daemon, "app", lambda s: s["rollout"]["revision"] == 3 and settled("v1")(s))
+        kept = (await daemon.http("GET", "/api/v1/backends/app/revisions"))[1]["revisions"]
+        assert "p99" in kept[1]["error"], kept[1]["error"]
+        assert [code for code, _ in load.answers if code != 200] == []
 
 
 async def test_a_sticky_client_stays_on_one_revision(state_dir: Path) -> None:
-    fields: dict[str, Any] = {
-        "canary": {
-            "steps": [{"weight": 50, "pause_s": 600}],
-            "sticky_header": "X-User",
-            "force_header": "X-Revision",
-        }
+    block = {
+        "steps": [{"weight": 50, "pause_s": 600}],
+        "sticky_header": "X-User",
+        "force_header": "X-Revision",
     }
-    good = state_dir / "good.toml"
-    good.write_text(manifest(app=canary_app(**fields)))
-    port = free_port()
-    with trio.fail_after(LIMIT_S * 3):
-        async with running(
-            state_dir, "--config", str(good), "--ingress-listen", f"127.0.0.1:{port}"
-        ) as daemon:
-            await until(daemon, "app", settled("v1"))
-            good.write_text(manifest(app=canary_app("v2", **fields)))
-            result = await daemon.cli("apply", "-f", str(good))
-            assert result.returncode == 0, result.stderr
-            await until(
-                daemon, "app", lambda s: (s["rollout"]["canary"] or {}).get("phase") == "judging"
-            )
-            versions = await tags_by_version(daemon)
-            seen: dict[str, set[str]] = {}
-            for user in range(40):
-                for _ in range(4):
-                    answer = await request(port, "/app/any", headers=[("X-User", f"user-{user}")])
-                    assert answer.status == 200
-                    seen.setdefault(f"user-{user}", set()).add(versions[answer.json()["replica"]])
-            assert all(len(v) == 1 for v in seen.values()), seen
-            on_canary = sum(1 for v in seen.values() if v == {"v2"})
-            assert 8 <= on_canary <= 32, on_canary  # about half of 40
-            # Without the header: a draw each time, so both revisions answer.
-            drawn = set()
-            for _ in range(60):
-                answer = await request(port, "/app/any")
-                drawn.add(versions[answer.json()["replica"]])
-            assert drawn == {"v1", "v2"}
-            # The forcing header wins over the sticky one.
-            for side, version in (("canary", "v2"), ("stable", "v1")):
-                for user in range(10):
-                    headers = [("X-User", f"user-{user}"), ("X-Revision", side)]
-                    answer = await request(port, "/app/any", headers=headers)
-                    assert versions[answer.json()["replica"]] == version
-            _, metrics = await daemon.http("GET", "/metrics")
-            assert 'controller_canary_weight_percent{backend="app",revision="2"} 50.0' in metrics
+    async with v1_serving(state_dir, canary=block) as (daemon, port, path):
+        path.write_text(manifest(app=canary_app("v2", canary=block)))
+        result = await daemon.cli("apply", "-f", str(path))
+        assert result.returncode == 0, result.stderr
+        await until(
+            daemon, "app", lambda s: (s["rollout"]["canary"] or {}).get("phase") == "judging"
+        )
+        versions = await tags_by_version(daemon)
+        seen: dict[str, set[str]] = {}
+        for user in range(40):
+            for _ in range(4):
+                answer = await request(port, "/app/any", headers=[("X-User", f"user-{user}")])
+                assert answer.status == 200
+                seen.setdefault(f"user-{user}", set()).add(versions[answer.json()["replica"]])
+        assert all(len(v) == 1 for v in seen.values()), seen
+        on_canary = sum(1 for v in seen.values() if v == {"v2"})
+        assert 8 <= on_canary <= 32, on_canary  # about half of 40
+        # Without the header: a draw each time, so both revisions answer.
+        drawn = set()
+        for _ in range(60):
+            answer = await request(port, "/app/any")
+            drawn.add(versions[answer.json()["replica"]])
+        assert drawn == {"v1", "v2"}
+        # The forcing header wins over the sticky one.
+        for side, version in (("canary", "v2"), ("stable", "v1")):
+            for user in range(10):
+                headers = [("X-User", f"user-{user}"), ("X-Revision", side)]
+                answer = await request(port, "/app/any", headers=headers)
+                assert versions[answer.json()["replica"]] == version
+        _, metrics = await daemon.http("GET", "/metrics")
+        assert 'controller_canary_weight_percent{backend="app",revision="2"} 50.0' in metrics
 
 
 async def test_a_daemon_killed_mid_canary_resumes_the_step_and_the_cli_steers(
@@ -327,8 +303,7 @@ async def test_the_readme_canary_example_runs_as_written(state_dir: Path) -> Non
             load = Load(port, "/echo")
             said = []
             async with trio.open_nursery() as nursery:
-                for _ in range(4):
-                    nursery.start_soon(load.send)
+                load.start(nursery, 4)
                 for command in commands:
                     args = [
                         str(HERE.parent / a) if a.startswith("examples/") else a

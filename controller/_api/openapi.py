@@ -294,52 +294,6 @@ OPENAPI: dict[str, Any] = {
                 ),
             },
         },
-        "/api/v1/backends/{name}/promote": {
-            "parameters": [NAME],
-            "post": {
-                "operationId": "promoteBackend",
-                **operation(
-                    "Promote the canary release under way: skip its remaining steps",
-                    answer("202", "Done; the rolling replacement begins", "RolloutAccepted"),
-                    "400",
-                    "404",
-                    "409-rollout",
-                    "413",
-                    "415",
-                    "422",
-                    "503",
-                    body="Steer",
-                    body_required=False,
-                    description="Refused (409, NoCanary) unless a canary release is being "
-                    "judged (a `canary` block, a new version).",
-                ),
-            },
-        },
-        "/api/v1/backends/{name}/abort": {
-            "parameters": [NAME],
-            "post": {
-                "operationId": "abortBackend",
-                **operation(
-                    "Abort the canary release under way: back to the stable revision",
-                    answer(
-                        "202", "Done; its weight is 0 and its replicas drain", "RolloutAccepted"
-                    ),
-                    "400",
-                    "404",
-                    "409-rollout",
-                    "413",
-                    "415",
-                    "422",
-                    "503",
-                    body="Steer",
-                    body_required=False,
-                    description="The canary revision is marked failed with the step's numbers, "
-                    "and the stable revision's content is rolled out again as a new revision "
-                    "(its replicas are kept). Refused (409, NoCanary) unless a canary release "
-                    "is being judged.",
-                ),
-            },
-        },
         "/api/v1/apply": {
             "post": operation(
                 "Deploy every backend of a manifest, all or nothing; prune deletes the others",
@@ -418,6 +372,40 @@ OPENAPI: dict[str, Any] = {
 }
 
 # Stateful runs (and client generators) follow a deploy to what can be done with its backend.
+
+
+def _canary_path(verb: str, summary: str, done: str, description: str) -> dict[str, Any]:
+    """``POST /api/v1/backends/{name}/promote`` or ``.../abort``: a canary release steered."""
+    return {
+        "parameters": [NAME],
+        "post": {
+            "operationId": f"{verb}Backend",
+            **operation(
+                summary,
+                answer("202", done, "RolloutAccepted"),
+                *("400", "404", "409-rollout", "413", "415", "422", "503"),
+                body="Steer",
+                body_required=False,
+                description=description + " Refused (409, NoCanary) unless a canary release is "
+                "being judged (a `canary` block, a new version).",
+            ),
+        },
+    }
+
+
+OPENAPI["paths"]["/api/v1/backends/{name}/promote"] = _canary_path(
+    "promote",
+    "Promote the canary release under way: skip its remaining steps",
+    "Done; the rolling replacement begins",
+    "The canary's revision replaces the stable one by the rolling update.",
+)
+OPENAPI["paths"]["/api/v1/backends/{name}/abort"] = _canary_path(
+    "abort",
+    "Abort the canary release under way: back to the stable revision",
+    "Done; its weight is 0 and its replicas drain",
+    "The canary revision is marked failed with the step's numbers, and the stable revision's "
+    "content is rolled out again as a new revision (its replicas are kept).",
+)
 _deployed = OPENAPI["paths"]["/api/v1/backends/{name}"]["put"]["responses"]["200"]
 _deployed["links"] = {
     op: {"operationId": op, "parameters": {"name": "$response.body#/name"}}
