@@ -341,3 +341,20 @@ async def test_a_canary_block_taken_out_promotes_and_a_delete_ends_it(
         await ctl.wait_until(lambda c: versions(c) == {"v2": 4, "v3": 1})
         await (await ctl.delete("a")).wait()
         assert "a" not in ctl.backend_names()
+
+
+async def test_an_autoscaled_canary_grows_with_the_backend(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    auto = {"min_replicas": 4, "max_replicas": 8, "target_ongoing_requests": 2}
+    async with opened(FakeRuntime(auto_ready=True)) as ctl:
+        await (await ctl.deploy("a", canary_config(autoscaling=auto), RC)).wait()
+        await ctl.deploy("a", canary_config(version="v2", autoscaling=auto), RC)
+        await ctl.wait_until(lambda c: versions(c) == {"v1": 4, "v2": 1})
+        busy = {r.tag: 10 for r in ctl.status("a").replicas}
+        ctl.report_load(LoadReport("test", "a", busy, 0))
+        await ctl.wait_until(lambda c: versions(c) == {"v1": 8, "v2": 2})
+        status = ctl.status("a").rollout
+        assert status is not None
+        assert status.canary is not None
+        assert status.canary.phase == "judging"
