@@ -268,6 +268,11 @@ async def test_a_scale_during_a_canary_scales_both_revisions(
         assert status is not None
         assert status.canary is not None
         assert (status.canary.phase, status.canary.weight) == ("judging", 25.0)
+        # The state says the canary, not the scale.
+        assert (ctl.status("a").state, ctl.status("a").reason) == (
+            controller.BackendState.UPDATING,
+            "Canary",
+        )
 
 
 async def test_a_deploy_during_a_canary_is_judged_against_the_same_stable_revision(
@@ -358,3 +363,80 @@ async def test_an_autoscaled_canary_grows_with_the_backend(
         assert status is not None
         assert status.canary is not None
         assert status.canary.phase == "judging"
+
+
+async def test_a_canary_replica_that_dies_aborts_the_canary(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime(auto_ready=True)
+    async with opened(rt) as ctl:
+        await stable_v1(ctl)
+        goal = await ctl.deploy("a", canary_config(version="v2"), RC)
+        await ctl.wait_until(lambda c: versions(c) == {"v1": 4, "v2": 1})
+        (tag,) = [r.tag for r in ctl.status("a").replicas if r.version == "v2"]
+        rt.crash(tag, "segfault")
+        await ended(goal)
+        assert goal.error is not None
+        assert f"step 1: replica {tag} of the canary died: segfault" in goal.error
+        await ctl.wait_until(lambda c: c.status("a").rollout.revision == 3)  # type: ignore[union-attr]
+
+
+async def test_a_restart_waits_for_the_canary_and_is_a_canary_itself(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with opened(FakeRuntime(auto_ready=True)) as ctl:
+        await stable_v1(ctl)
+        goal = await ctl.deploy("a", canary_config(version="v2"), RC)
+        await settle()
+        with pytest.raises(RolloutError, match="in a canary release: promote or abort it first"):
+            await ctl.restart("a")
+        await ctl.promote("a")
+        await goal.wait()
+        goal = await ctl.restart("a")
+        await settle()
+        restarted = ctl.revisions("a")[-1]
+        assert (restarted.restarts, restarted.canary_of) == (2, 2)
+        assert versions(ctl) == {"v2": 4, f"v2+restart.{restarted.code_generation}": 1}
+        await ctl.promote("a")
+        await goal.wait()
+
+
+async def test_a_paused_step_keeps_its_clock_across_a_restart(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime(auto_ready=True)
+    store = controller.MemoryStore()
+    async with opened(rt, store) as ctl:
+        await stable_v1(ctl)
+        await ctl.deploy("a", canary_config(version="v2"), RC)
+        await settle()
+        await trio.sleep(30)
+        await ctl.pause("a")
+        await trio.sleep(100)
+    async with opened(rt, store) as ctl:
+        await ctl.wait_until(lambda c: versions(c) == {"v1": 4, "v2": 1})
+        await trio.sleep(50)
+        status = ctl.status("a").rollout
+        assert status is not None
+        assert status.canary is not None
+        assert (status.canary.phase, status.canary.step) == ("held", 1)
+        assert status.canary.elapsed_s == pytest.approx(30)
+
+
+async def test_a_backend_scaled_to_zero_holds_its_canary(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with opened(FakeRuntime(auto_ready=True)) as ctl:
+        await stable_v1(ctl)
+        await ctl.deploy("a", canary_config(version="v2"), RC)
+        await settle()
+        report(ctl, v2=tally(20), v1=tally(60))
+        await trio.sleep(10)
+        await ctl.scale("a", 0)
+        await trio.sleep(600)
+        status = ctl.status("a").rollout
+        assert status is not None
+        assert status.canary is not None
+        assert (status.canary.step, status.canary.elapsed_s) == (1, pytest.approx(10))
+        await ctl.scale("a", 4)
+        await ctl.wait_until(lambda c: versions(c) == {"v1": 4, "v2": 1})

@@ -126,6 +126,7 @@ SCHEMAS: dict[str, Any] = {
                     traffic={
                         "type": "object",
                         "maxProperties": MAX_TRAFFIC_VERSIONS,
+                        "propertyNames": {"pattern": "^[\\x20-\\x7e]{1,240}$"},
                         "additionalProperties": obj(
                             {
                                 "requests": _TALLY_COUNT,

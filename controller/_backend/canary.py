@@ -109,10 +109,11 @@ class Canary:
         self.revision, self.version, self.stable = spec.revision, spec.version, stable
         self.step = max(0, min(record.step, len(self._steps(spec)) - 1))
         self.phase = "aborted" if record.aborted else "promoted" if record.promoted else "judging"
-        self.started = None
-        if record.elapsed_s is not None:
-            away = 0.0 if spec.paused else max(0.0, time.time() - record.at_ms / 1000)
-            self.started = now - (record.elapsed_s + away)
+        offset = time.time() - now  # wall seconds minus trio seconds
+        self.started = None if record.started_ms is None else record.started_ms / 1000 - offset
+        self._held_s = record.held_s
+        since = record.held_since_ms
+        self._held_since = None if since is None else since / 1000 - offset
 
     def recorded(self, record: RolloutRecord | None) -> RolloutRecord | None:
         """The rollout's record with the canary's progress in it."""
@@ -122,10 +123,16 @@ class Canary:
     def record(self) -> CanaryRecord | None:
         if self.phase == "off":
             return None
+        offset = time.time() - trio.current_time()
+
+        def ms(t: float | None) -> int | None:
+            return None if t is None else round((t + offset) * 1000)
+
         return CanaryRecord(
             self.step,
-            self._elapsed(trio.current_time()),
-            round(time.time() * 1000),
+            ms(self.started),
+            self._held_s,
+            ms(self._held_since),
             promoted=self.phase == "promoted",
             aborted=self.phase == "aborted",
         )
@@ -218,6 +225,15 @@ class Canary:
         self.abort()
         self._fail(f"aborted by a person ({via}) {where}{numbers}")
 
+    def replica_failed(self, tag: str, version: str, what: str) -> None:
+        """A replica died, or is replaced as unhealthy: one of the canary's, during its steps,
+        aborts it (a release whose replicas crash is not promoted on the requests they
+        answered before)."""
+        if self.phase != "judging" or version != self.version:
+            return
+        self.abort()
+        self._fail(f"step {self.step + 1}: replica {tag} of the canary {what}")
+
     def _move(self, spec: Spec, now: float, serving: int, num_replicas: int) -> StepMove | None:
         config = spec.backend_config.canary
         if self.phase == "judging" and config is None:
@@ -227,26 +243,29 @@ class Canary:
         if self.phase != "judging" or config is None or self.stable is None:
             return None
         self.step = min(self.step, len(config.steps) - 1)
+        # Paused, or scaled to 0 (no replica of either revision to judge): the clock waits.
+        held = spec.paused or num_replicas <= 0
         if self.started is None:
-            if serving < canary_count(num_replicas, self.weight(spec)):
+            if num_replicas <= 0 or serving < canary_count(num_replicas, self.weight(spec)):
                 return None
             self.started = now
             self._touched()
             self._journal.event("CanaryStep", self._describe_step(config))
-        if spec.paused and self._held_since is None:
+        if held and self._held_since is None:
             self._held_since = now
-        elif not spec.paused and self._held_since is not None:
+            self._touched()  # stored: a restart keeps the hold's start
+        elif not held and self._held_since is not None:
             self._held_s += now - self._held_since
             self._held_since = None
+            self._touched()
+            self._progressed(now)  # a hold is no lack of progress: the deadline starts afresh
         self.verdict = judge(config, self.numbers["canary"], self.numbers["stable"])
         elapsed = self._elapsed(now) or 0.0
         self._config = config
         pause = config.steps[self.step].pause_s
-        self._due = math.inf if spec.paused else now + max(0.0, pause - elapsed)
+        self._due = math.inf if held else now + max(0.0, pause - elapsed)
         deadline = spec.backend_config.progress_deadline_s
-        move = step_move(
-            config, self.step, elapsed, self.verdict, held=spec.paused, deadline_s=deadline
-        )
+        move = step_move(config, self.step, elapsed, self.verdict, held=held, deadline_s=deadline)
         if move.move == "next":
             self._journal.event(
                 "CanaryStepPassed", f"step {self.step + 1} passed: {self.verdict.numbers}"

@@ -221,6 +221,7 @@ class Reducer:
             of_target = replica.version == self.spec.version
             self._reports.start_failed(replica.tag, replica.version, of_target, reason, None)
         else:
+            self._canary.replica_failed(replica.tag, replica.version, f"died: {reason}")
             self._reports.failure(replica.tag, "Died", f"died: {reason}")
         self._stop_now(replica, graceful=False)
 
@@ -278,6 +279,7 @@ class Reducer:
             f"failed: {error}",
         )
         if replica.check_failures >= threshold:
+            self._canary.replica_failed(replica.tag, replica.version, f"unhealthy: {error}")
             self._reports.failure(replica.tag, "Unhealthy", f"unhealthy: {error}")
             self._stop_now(replica, graceful=True)
         else:

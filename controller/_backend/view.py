@@ -93,8 +93,9 @@ def status_of(
     message = describe(spec, tally, failures, converged=converged, desired=desired)
     if canary is not None and canary.phase in ("starting", "judging", "held"):
         # The replicas of the stable revision are not "older": they serve the rest.
-        if state is BackendState.UPDATING:
-            reason = "Canary"
+        if state in (BackendState.UPDATING, BackendState.UPSCALING, BackendState.DOWNSCALING):
+            # A scale under way scales both revisions: the canary's steps are the news.
+            state, reason = BackendState.UPDATING, "Canary"
         message = (
             f"canary at {canary.weight:g}% (step {canary.step}/{canary.steps}, {canary.phase}) "
             f"beside version {canary.stable.version} (stable, revision "

@@ -209,6 +209,13 @@ def _steerable(desk: SpecDesk, name: str, what: str) -> tuple[Spec, RevisionBook
             "Paused",
             f"backend {name!r} is paused: resume it first, or deploy the revision's config",
         )
+    backend = desk.backends.get(name)
+    if what == "restart" and backend is not None and backend.canary.phase == "judging":
+        raise RolloutError(
+            "Canary",
+            f"backend {name!r} is in a canary release: promote or abort it first "
+            f"(`controller rollout promote {name}` or `controller rollout abort {name}`)",
+        )
     if what == "restart" and old.paused:
         # As `kubectl rollout restart` of a paused Deployment: a restart is a rollout.
         raise RolloutError(

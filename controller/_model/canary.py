@@ -30,6 +30,24 @@ MAX_MIN_REQUESTS = 1_000_000_000
 #: An HTTP header or cookie name: a token (RFC 9110), at most 64 characters.
 TOKEN_PATTERN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}"
 _TOKEN = re.compile(TOKEN_PATTERN)
+#: Headers that say how a request is framed or carried, not who sends it: never a client's
+#: key (a proxy may rewrite them), and Cookie has ``sticky_cookie``.
+RESERVED_HEADERS = frozenset(
+    {
+        "connection",
+        "content-length",
+        "cookie",
+        "expect",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -112,6 +130,13 @@ def _token(field: str) -> Any:
                 "must be None or a header or cookie name: 1-64 letters, digits or !#$%&'*+.^_`|~-",
                 value,
             )
+        if field.endswith("header") and value.lower() in RESERVED_HEADERS:
+            raise ConfigError(
+                f"{_PREFIX}.{field}",
+                "must not be a header that frames or carries the request "
+                f"({', '.join(sorted(RESERVED_HEADERS))}; for a cookie, sticky_cookie)",
+                value,
+            )
         return value.lower() if field.endswith("header") else value
 
     return check
@@ -187,6 +212,14 @@ class CanaryConfig:
     request to that revision, for testing. Off by default: anyone who can reach the ingress
     could use it."""
 
+    def __attrs_post_init__(self) -> None:
+        if self.force_header is not None and self.force_header == self.sticky_header:
+            raise ConfigError(
+                f"{_PREFIX}.force_header",
+                "must not be sticky_header too: one header cannot both force and hash",
+                self.force_header,
+            )
+
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> CanaryConfig:
         fields = attrs.fields_dict(cls)
@@ -218,7 +251,8 @@ def canary_schema() -> dict[str, Any]:
         "additionalProperties": False,
         "description": "Canary releases: a new revision takes a share of the traffic in steps "
         "and is judged on its own numbers; beyond what JSON Schema can say, step weights must "
-        "grow (422 otherwise)",
+        "grow, force_header must not be sticky_header, and neither may be a header that "
+        "frames or carries the request (422 otherwise)",
     }
 
 

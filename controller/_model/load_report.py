@@ -20,6 +20,9 @@ MAX_LOAD_COUNT = 2**31 - 1
 MAX_TRAFFIC_VERSIONS = 8
 _SOURCE = re.compile(SOURCE_PATTERN)
 _NAME = re.compile(NAME_PATTERN)
+#: A replica's version: a config's (1-200 printable ASCII) with a restart's ``+restart.N``.
+_VERSION = re.compile(r"[\x20-\x7e]{1,240}")
+VERSION_RULE = "1-240 printable ASCII characters"
 
 
 def load_body(source: str, reports: list[LoadReport]) -> dict[str, Any]:
@@ -116,6 +119,9 @@ def _traffic(label: str, value: object, problems: list[str]) -> dict[str, Reques
         return None
     out: dict[str, RequestTally] = {}
     for version, numbers in value.items():
+        if not isinstance(version, str) or not _VERSION.fullmatch(version):
+            problems.append(f"{label}.traffic: its keys must be replica versions ({VERSION_RULE})")
+            return None
         try:
             out[str(version)] = tally_from_json(numbers)
         except ValueError as exc:

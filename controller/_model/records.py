@@ -132,13 +132,16 @@ class RolloutRecord:
 
 @attrs.frozen
 class CanaryRecord:
-    """A canary's progress: its step, how long the step had run (holds left out) when this was
-    written, and when that was by the wall clock (milliseconds since the epoch)."""
+    """A canary's progress: its step, and its clock by the wall clock (milliseconds since the
+    epoch; the trio clock starts anew after a restart)."""
 
     step: int
-    elapsed_s: float | None
-    """None: the step's replicas were not all serving yet (its clock had not started)."""
-    at_ms: int
+    started_ms: int | None
+    """When the step's clock started (None: its replicas were not all serving yet)."""
+    held_s: float = 0.0
+    """How long the step was held (paused) before `held_since_ms`."""
+    held_since_ms: int | None = None
+    """When the hold under way began (None: not held)."""
     promoted: bool = False
     aborted: bool = False
 

@@ -196,7 +196,12 @@ def restart_change(
     again = attrs.evolve(running, code_generation=generation, restarted=restarted)
     record = _running(name, old, again, book.next_number, held)
     revision = _made_for(record, content, book, cause, code_of, now)
-    revision = attrs.evolve(revision, restarts=running.number)
+    # Edited code is a release like any other: a backend with a canary block tries it so.
+    wanted = record.backend_config.canary is not None
+    canary_of, skipped = canary_base(book, running, revision.version, wanted)
+    revision = attrs.evolve(
+        revision, restarts=running.number, canary_of=canary_of, canary_skipped=skipped
+    )
     return _replacing_running(old, book, record, revision, live)
 
 
