@@ -8,6 +8,7 @@ from typing import final
 
 import attrs
 
+from .._model.canary import canary_count
 from .._model.canary_steps import CanaryStatus
 from .._model.census import Census
 from .._model.failures import FailureBook
@@ -90,16 +91,28 @@ def status_of(
         change=change,
         scaling=scaling,
     )
-    message = describe(spec, tally, failures, converged=converged, desired=desired)
-    if canary is not None and canary.phase in ("starting", "judging", "held"):
+    steps = canary is not None and canary.phase in ("starting", "judging", "held")
+    besides = canary.stable.version if canary is not None and steps else None
+    message = describe(spec, tally, failures, converged=converged, desired=desired, besides=besides)
+    if canary is not None and steps:
         # The replicas of the stable revision are not "older": they serve the rest.
         if state in (BackendState.UPDATING, BackendState.UPSCALING, BackendState.DOWNSCALING):
             # A scale under way scales both revisions: the canary's steps are the news.
             state, reason = BackendState.UPDATING, "Canary"
+        # What it runs meanwhile: the stable revision at full strength, and the canary's.
+        base = spec.backend_config.num_replicas if desired is None else desired
+        count = canary_count(base, canary.weight)
+        desired = base + count
+        running = {v: n for (v, state_of_them), n in tally.by_version.items() if
+                   state_of_them is ReplicaState.RUNNING}  # fmt: skip
+        stable = canary.stable.version
+        # The counts by version say "older" of the stable revision's: said here instead.
+        rest = message.split("; ", 1)[1] if "; " in message else ""
         message = (
-            f"canary at {canary.weight:g}% (step {canary.step}/{canary.steps}, {canary.phase}) "
-            f"beside version {canary.stable.version} (stable, revision "
-            f"{canary.stable_revision}); {message}"
+            f"canary at {canary.weight:g}% (step {canary.step}/{canary.steps}, {canary.phase}): "
+            f"{running.get(spec.version, 0)}/{count} of version {spec.version} beside "
+            f"{running.get(stable, 0)}/{base} of version {stable} (stable, revision "
+            f"{canary.stable_revision})" + (f"; {rest}" if rest else "")
         )
     return BackendStatus(
         name=name,
@@ -204,8 +217,10 @@ def describe(
     *,
     converged: bool,
     desired: int | None = None,
+    besides: str | None = None,
 ) -> str:
     """``"2/5 replicas of version b running; 1 starting; 1 failed to start: ValueError: ..."``.
+    `besides`: a version that is not older (a canary's stable revision), left out.
 
     The failure shown is the last of the current generation only: a new deploy's first message
     does not show what went wrong with the one before it.
@@ -218,6 +233,8 @@ def describe(
     running = older = 0
     others: dict[str, int] = {}
     for (replica_version, state), n in tally.by_version.items():
+        if replica_version == besides:
+            continue
         if replica_version != version and state is not ReplicaState.STOPPING:
             older += n
         elif state is ReplicaState.RUNNING:

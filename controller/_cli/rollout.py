@@ -236,7 +236,10 @@ def wait_for(
                 failed.append(name)
                 line = "not found (deleted meanwhile?)"
             else:
-                ready = status["ready_of_version"]
+                canary = (status.get("rollout") or {}).get("canary")
+                steps = canary is not None and canary["phase"] not in ("promoted", "aborted")
+                # During a canary's steps both revisions serve: what is ready is all of them.
+                ready = status["ready"] if steps else status["ready_of_version"]
                 message = one_line(status["message"])
                 line = f"{ready}/{status['desired']} ready, {status['state']}: {message}"
                 if status["state"] == "DEPLOY_FAILED":
