@@ -441,3 +441,22 @@ async def test_a_backend_scaled_to_zero_holds_its_canary(
         assert status.canary.elapsed_s == pytest.approx(10)
         await ctl.scale("a", 4)
         await ctl.wait_until(lambda c: versions(c) == {"v1": 4, "v2": 1})
+
+
+async def test_a_canary_replica_gone_while_no_controller_ran_aborts_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime(auto_ready=True)
+    store = controller.MemoryStore()
+    async with opened(rt, store) as ctl:
+        await stable_v1(ctl)
+        await ctl.deploy("a", canary_config(version="v2"), RC)
+        await ctl.wait_until(lambda c: versions(c) == {"v1": 4, "v2": 1})
+        (tag,) = [r.tag for r in ctl.status("a").replicas if r.version == "v2"]
+    rt.crash(tag, "segfault")  # while no controller runs
+    async with opened(rt, store) as ctl:
+        await ctl.wait_until(lambda c: c.status("a").rollout.revision == 3)  # type: ignore[union-attr]
+        failed = ctl.revisions("a")[1]
+        assert failed.outcome == "failed"
+        assert failed.error is not None
+        assert f"replica {tag} of the canary was gone when the controller started" in failed.error

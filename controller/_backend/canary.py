@@ -72,6 +72,7 @@ class Canary:
         self._told = False
         self.verdict: Verdict | None = None
         self._config: CanaryConfig | None = None
+        self._lost: str | None = None
         self._due = math.inf
         """When the step's pause ends (trio time; inf while held or not started)."""
 
@@ -234,6 +235,12 @@ class Canary:
         self.abort()
         self._fail(f"step {self.step + 1}: replica {tag} of the canary {what}")
 
+    def lost(self, tag: str, version: str) -> None:
+        """After a restart: replica `tag` had served and was gone; one of the canary's fails it
+        at the loop's first look."""
+        if self.phase == "judging" and version == self.version and self._lost is None:
+            self._lost = f"replica {tag} of the canary was gone when the controller started again"
+
     def _move(self, spec: Spec, now: float, serving: int, num_replicas: int) -> StepMove | None:
         config = spec.backend_config.canary
         if self.phase == "judging" and config is None:
@@ -242,6 +249,11 @@ class Canary:
             return StepMove("promote")
         if self.phase != "judging" or config is None or self.stable is None:
             return None
+        if self._lost is not None:
+            why, self._lost = self._lost, None
+            self.abort()
+            self._fail(f"step {self.step + 1}: {why}")
+            return StepMove("abort", why)
         self.step = min(self.step, len(config.steps) - 1)
         # Paused, or scaled to 0 (no replica of either revision to judge): the clock waits.
         held = spec.paused or num_replicas <= 0
@@ -305,7 +317,7 @@ class Canary:
         elif self.started is None:
             phase = "starting"
         else:
-            phase = "held" if spec.paused else "judging"
+            phase = "held" if spec.paused or self._held_since is not None else "judging"
         verdict = judge(config, self.numbers["canary"], self.numbers["stable"])
         return CanaryStatus(
             revision,
@@ -313,9 +325,9 @@ class Canary:
             phase,
             step + 1,
             len(config.steps),
-            self.weight(spec),
+            100.0 if phase == "promoted" else self.weight(spec),
             config.steps[step].pause_s,
-            self._elapsed(now),
+            None if phase in ("promoted", "aborted") else self._elapsed(now),
             _numbers(self.version, self.numbers["canary"]),
             _numbers(stable.version, self.numbers["stable"]),
             verdict.failed or ("passing" if verdict.enough else "waiting for min_requests"),

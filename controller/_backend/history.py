@@ -28,24 +28,29 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def decision_line(version: str, starts: int, stopped_versions: Sequence[str], updates: int) -> str:
+def decision_line(
+    version: str, started: Sequence[str], stopped_versions: Sequence[str], updates: int
+) -> str:
     """One line per decision, each count with the version it concerns: a rollout's line names
-    the version it stops as well as the one it starts."""
+    the version it stops as well as the one it starts (a canary's, the two it starts)."""
     parts = []
-    if starts:
-        parts.append(f"starting {starts} (version {version})")
+    if started:
+        parts.append(f"starting {len(started)} ({_versions(started)})")
     if stopped_versions:
-        by_version: dict[str, int] = {}
-        for v in stopped_versions:
-            by_version[v] = by_version.get(v, 0) + 1
-        if len(by_version) == 1:
-            versions = f"version {next(iter(by_version))}"
-        else:
-            versions = ", ".join(f"{n} of {v}" for v, n in sorted(by_version.items()))
-        parts.append(f"stopping {len(stopped_versions)} ({versions})")
+        parts.append(f"stopping {len(stopped_versions)} ({_versions(stopped_versions)})")
     if updates:
         parts.append(f"reconfiguring {updates} (version {version})")
     return ", ".join(parts)
+
+
+def _versions(versions: Sequence[str]) -> str:
+    """``version v1``, or ``2 of v1, 1 of v2``."""
+    by_version: dict[str, int] = {}
+    for v in versions:
+        by_version[v] = by_version.get(v, 0) + 1
+    if len(by_version) == 1:
+        return f"version {next(iter(by_version))}"
+    return ", ".join(f"{n} of {v}" for v, n in sorted(by_version.items()))
 
 
 @final
@@ -150,15 +155,15 @@ class Journal:
         self.failed_starts = ()
 
     def decision(
-        self, version: str, starts: int, stopped_versions: Sequence[str], updates: int
+        self, version: str, started: Sequence[str], stopped_versions: Sequence[str], updates: int
     ) -> None:
         """A pass's starts, stops and reconfigures: logged; an event if it starts or stops."""
-        if starts or stopped_versions or updates:
-            line = decision_line(version, starts, stopped_versions, updates)
+        if started or stopped_versions or updates:
+            line = decision_line(version, started, stopped_versions, updates)
             logger.info("backend %s: %s", self.name, line)
-            if starts or stopped_versions:
+            if started or stopped_versions:
                 # Reconfigures are told replica by replica; the event is about the count.
-                self.event("Scale", decision_line(version, starts, stopped_versions, 0))
+                self.event("Scale", decision_line(version, started, stopped_versions, 0))
 
     def recovered(self, generation: int, live: int) -> None:
         self.event("Recovered", f"generation {generation}: adopting {plural(live, 'live replica')}")

@@ -314,7 +314,8 @@ class Backend(Reducer, Reading):
             self._spawn_bring_up(replica, adopt=False)
         for replica in updates:
             self._tasks.reconfigure(replica, user_config, config_digest, config.start_timeout_s)
-        self.journal.decision(spec.version, len(starts), [r.version for r in stops], len(updates))
+        started = [r.version for r in starts]
+        self.journal.decision(spec.version, started, [r.version for r in stops], len(updates))
         self._health.carry_out(plan, now, self.replicas, config)
         self._publish()  # a late health check may have taken a replica out
         # The backoff as the plan left it: a late check at its threshold backs off.

@@ -77,6 +77,11 @@ class Reducer:
         self._rollout.restore(rollout, trio.current_time())
         canary = rollout.canary if rollout is not None else None
         self._canary.restore(canary, self.spec, trio.current_time())
+        for rec in record.replicas if record is not None else ():
+            if rec.tag in dropped and rec.served and not rec.stopping:
+                # Gone while no controller ran: a canary's replica died as surely as one
+                # seen to die (its first pass aborts it).
+                self._canary.lost(rec.tag, rec.version)
         autoscale = record.autoscale if record is not None else None
         self._scaling.restore(autoscale, self.spec.backend_config, trio.current_time())
         self._intent.restored(changed=bool(dropped))

@@ -202,7 +202,7 @@ class Proxy:
                 self.metrics.retried(backend.name)
                 logger.debug("backend %s: %s; trying another replica", backend.name, exc)
             finally:
-                if outcome is not None:
+                if outcome is not None and not client.gone:  # (a hang-up is no answer)
                     waited = client.waited_s
                     seconds = trio.current_time() - taken_at if waited is None else waited
                     backend.count(slot, outcome >= 500, seconds)
