@@ -68,13 +68,19 @@ async def stable_v1(ctl: controller.Controller) -> None:
     assert goal.outcome is GoalOutcome.COMPLETED
 
 
+async def v2_as_canary(ctl: controller.Controller) -> controller.Goal:
+    """v1 serving, then v2 deployed as a canary: its goal, once the loop has taken it."""
+    await stable_v1(ctl)
+    goal = await ctl.deploy("a", canary_config(version="v2"), RC)
+    await settle()
+    return goal
+
+
 async def test_a_healthy_canary_goes_through_every_step_and_is_promoted(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with opened(FakeRuntime(auto_ready=True)) as ctl:
-        await stable_v1(ctl)
-        goal = await ctl.deploy("a", canary_config(version="v2"), RC)
-        await settle()
+        goal = await v2_as_canary(ctl)
         # The stable revision keeps its 4; the canary has 25% of 4 = 1, and a quarter of the
         # requests.
         assert versions(ctl) == {"v1": 4, "v2": 1}
@@ -118,9 +124,7 @@ async def test_a_canary_that_fails_the_error_gate_is_aborted_and_rolled_back(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with opened(FakeRuntime(auto_ready=True)) as ctl:
-        await stable_v1(ctl)
-        goal = await ctl.deploy("a", canary_config(version="v2"), RC)
-        await settle()
+        goal = await v2_as_canary(ctl)
         await trio.sleep(5)
         # A fifth of the canary's requests fail: aborted at once, before the pause ends.
         report(ctl, v2=tally(20, errors=4), v1=tally(60))
@@ -149,9 +153,7 @@ async def test_a_slow_canary_fails_the_latency_gate(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with opened(FakeRuntime(auto_ready=True)) as ctl:
-        await stable_v1(ctl)
-        goal = await ctl.deploy("a", canary_config(version="v2"), RC)
-        await settle()
+        goal = await v2_as_canary(ctl)
         report(ctl, v2=tally(20, seconds=0.2), v1=tally(60, seconds=0.1))
         await ended(goal)
         assert goal.error is not None
@@ -201,9 +203,7 @@ async def test_a_pause_holds_the_step_and_a_resume_goes_on(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with opened(FakeRuntime(auto_ready=True)) as ctl:
-        await stable_v1(ctl)
-        await ctl.deploy("a", canary_config(version="v2"), RC)
-        await settle()
+        await v2_as_canary(ctl)
         report(ctl, v2=tally(20), v1=tally(60))
         await trio.sleep(30)
         await ctl.pause("a")
@@ -254,9 +254,7 @@ async def test_a_scale_during_a_canary_scales_both_revisions(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with opened(FakeRuntime(auto_ready=True)) as ctl:
-        await stable_v1(ctl)
-        await ctl.deploy("a", canary_config(version="v2"), RC)
-        await settle()
+        await v2_as_canary(ctl)
         assert versions(ctl) == {"v1": 4, "v2": 1}
         await ctl.scale("a", 8)
         await ctl.wait_until(lambda c: versions(c) == {"v1": 8, "v2": 2})
@@ -279,9 +277,7 @@ async def test_a_deploy_during_a_canary_is_judged_against_the_same_stable_revisi
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with opened(FakeRuntime(auto_ready=True)) as ctl:
-        await stable_v1(ctl)
-        await ctl.deploy("a", canary_config(version="v2"), RC)
-        await settle()
+        await v2_as_canary(ctl)
         goal = await ctl.deploy("a", canary_config(version="v3"), RC)
         await ctl.wait_until(lambda c: versions(c) == {"v1": 4, "v3": 1})
         assert [(r.number, r.outcome, r.canary_of) for r in ctl.revisions("a")] == [
@@ -333,9 +329,7 @@ async def test_a_canary_block_taken_out_promotes_and_a_delete_ends_it(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with opened(FakeRuntime(auto_ready=True)) as ctl:
-        await stable_v1(ctl)
-        goal = await ctl.deploy("a", canary_config(version="v2"), RC)
-        await settle()
+        goal = await v2_as_canary(ctl)
         assert versions(ctl) == {"v1": 4, "v2": 1}
         goal = await ctl.deploy("a", config(num_replicas=4, version="v2"), RC)
         await goal.wait()
@@ -385,9 +379,7 @@ async def test_a_restart_waits_for_the_canary_and_is_a_canary_itself(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with opened(FakeRuntime(auto_ready=True)) as ctl:
-        await stable_v1(ctl)
-        goal = await ctl.deploy("a", canary_config(version="v2"), RC)
-        await settle()
+        goal = await v2_as_canary(ctl)
         with pytest.raises(RolloutError, match="in a canary release: promote or abort it first"):
             await ctl.restart("a")
         await ctl.promote("a")
@@ -407,9 +399,7 @@ async def test_a_paused_step_keeps_its_clock_across_a_restart(
     rt = FakeRuntime(auto_ready=True)
     store = controller.MemoryStore()
     async with opened(rt, store) as ctl:
-        await stable_v1(ctl)
-        await ctl.deploy("a", canary_config(version="v2"), RC)
-        await settle()
+        await v2_as_canary(ctl)
         await trio.sleep(30)
         await ctl.pause("a")
         await trio.sleep(100)
@@ -427,9 +417,7 @@ async def test_a_backend_scaled_to_zero_holds_its_canary(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with opened(FakeRuntime(auto_ready=True)) as ctl:
-        await stable_v1(ctl)
-        await ctl.deploy("a", canary_config(version="v2"), RC)
-        await settle()
+        await v2_as_canary(ctl)
         report(ctl, v2=tally(20), v1=tally(60))
         await trio.sleep(10)
         await ctl.scale("a", 0)
