@@ -29,7 +29,7 @@ from .._model.records import CanaryRecord, RolloutRecord
 from .._model.revisions import Revision, RevisionBook
 from .._model.spec import Spec
 from .._model.status import TrafficSplit
-from .._model.verdict import RequestTally, Verdict, judge
+from .._model.verdict import RequestTally, judge
 from .history import Journal
 
 Phase = Literal["off", "judging", "promoted", "aborted"]
@@ -70,7 +70,6 @@ class Canary:
         self._held_since: float | None = None
         self.numbers = {"canary": RequestTally(), "stable": RequestTally()}
         self._told = False
-        self.verdict: Verdict | None = None
         self._config: CanaryConfig | None = None
         self._lost: str | None = None
         self._due = math.inf
@@ -93,22 +92,23 @@ class Canary:
         self.revision, self.version = spec.revision, spec.version
         self.phase, self.stable = "off", None
         stable = None if kept is None or kept.canary_of is None else self._book.get(kept.canary_of)
-        if spec.deleting or kept is None or stable is None or kept.outcome != "in_progress":
+        if kept is None or stable is None or kept.outcome != "in_progress":
             return
         self.phase, self.stable = "judging", stable
         self._enter(0, now)
 
     def restore(self, record: CanaryRecord | None, spec: Spec, now: float) -> None:
-        """After a restart: the step and its clock as a previous controller stored them. The
-        time since the record was written counts in the step unless the backend is paused; the
-        step's numbers start afresh (they were the ingresses', not stored)."""
+        """After a restart: the step and its clock as a previous controller stored them (by the
+        wall clock: the time no controller ran counts, but for a hold under way); the step's
+        numbers are what the ingresses report from now on (they were never stored)."""
         self.follow(spec, now)
         kept = self._book.get(spec.revision)
         stable = None if kept is None else self._book.get(kept.canary_of)
         if record is None or stable is None or spec.deleting:
             return
         self.revision, self.version, self.stable = spec.revision, spec.version, stable
-        self.step = max(0, min(record.step, len(self._steps(spec)) - 1))
+        config = spec.backend_config.canary
+        self.step = max(0, min(record.step, 0 if config is None else len(config.steps) - 1))
         self.phase = "aborted" if record.aborted else "promoted" if record.promoted else "judging"
         offset = time.time() - now  # wall seconds minus trio seconds
         self.started = None if record.started_ms is None else record.started_ms / 1000 - offset
@@ -223,8 +223,7 @@ class Canary:
             self.promote(f"promoted by a person ({via}) {where}{numbers}")
             self._progressed(now)
             return
-        self.abort()
-        self._fail(f"aborted by a person ({via}) {where}{numbers}")
+        self._abort(f"aborted by a person ({via}) {where}{numbers}")
 
     def replica_failed(self, tag: str, version: str, what: str) -> None:
         """A replica died, or is replaced as unhealthy: one of the canary's, during its steps,
@@ -232,8 +231,7 @@ class Canary:
         answered before)."""
         if self.phase != "judging" or version != self.version:
             return
-        self.abort()
-        self._fail(f"step {self.step + 1}: replica {tag} of the canary {what}")
+        self._abort(f"step {self.step + 1}: replica {tag} of the canary {what}")
 
     def lost(self, tag: str, version: str) -> None:
         """After a restart: replica `tag` had served and was gone; one of the canary's fails it
@@ -250,9 +248,8 @@ class Canary:
         if self.phase != "judging" or config is None or self.stable is None:
             return None
         if self._lost is not None:
-            why, self._lost = self._lost, None
-            self.abort()
-            self._fail(f"step {self.step + 1}: {why}")
+            why, self._lost = f"step {self.step + 1}: {self._lost}", None
+            self._abort(why)
             return StepMove("abort", why)
         self.step = min(self.step, len(config.steps) - 1)
         # Paused, or scaled to 0 (no replica of either revision to judge): the clock waits.
@@ -271,25 +268,24 @@ class Canary:
             self._held_since = None
             self._touched()
             self._progressed(now)  # a hold is no lack of progress: the deadline starts afresh
-        self.verdict = judge(config, self.numbers["canary"], self.numbers["stable"])
+        verdict = judge(config, self.numbers["canary"], self.numbers["stable"])
         elapsed = self._elapsed(now) or 0.0
         self._config = config
         pause = config.steps[self.step].pause_s
         self._due = math.inf if held else now + max(0.0, pause - elapsed)
         deadline = spec.backend_config.progress_deadline_s
-        move = step_move(config, self.step, elapsed, self.verdict, held=held, deadline_s=deadline)
+        move = step_move(config, self.step, elapsed, verdict, held=held, deadline_s=deadline)
         if move.move == "next":
             self._journal.event(
-                "CanaryStepPassed", f"step {self.step + 1} passed: {self.verdict.numbers}"
+                "CanaryStepPassed", f"step {self.step + 1} passed: {verdict.numbers}"
             )
             self._enter(self.step + 1, now)
             self._progressed(now)
         elif move.move == "promote":
-            self.promote(f"every step passed: {self.verdict.numbers}")
+            self.promote(f"every step passed: {verdict.numbers}")
             self._progressed(now)
         elif move.move == "abort":
-            self.abort()
-            self._fail(move.why)
+            self._abort(move.why)
         return move
 
     def promote(self, why: str) -> None:
@@ -300,10 +296,15 @@ class Canary:
         self._journal.event("CanaryPromoted", f"revision {self.revision} promoted: {why}")
 
     def abort(self) -> None:
-        """Weight 0 at once; the loop fails the deploy, which rolls back."""
+        """Weight 0 at once (the caller fails the deploy, which rolls back)."""
         self.phase = "aborted"
         self._touched()
         self._published()
+
+    def _abort(self, why: str) -> None:
+        """Weight 0 at once, and the deploy failed for `why`: the rollback follows."""
+        self.abort()
+        self._fail(why)
 
     def status(self, spec: Spec, now: float) -> CanaryStatus | None:
         config = spec.backend_config.canary
@@ -355,11 +356,6 @@ class Canary:
             f"revision {self.revision}: step {self.step + 1} of {len(config.steps)}: "
             f"{step.weight:g}% of requests for {step.pause_s:g}s"
         )
-
-    @staticmethod
-    def _steps(spec: Spec) -> tuple[object, ...]:
-        config = spec.backend_config.canary
-        return () if config is None else config.steps
 
 
 def _numbers(version: str, tally: RequestTally) -> RevisionNumbers:

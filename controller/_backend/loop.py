@@ -16,7 +16,6 @@ import math
 import time
 from typing import final
 
-import attrs
 import trio
 
 from .._model.failures import FailureBook
@@ -253,8 +252,8 @@ class Backend(Reducer, Reading):
         serving = self._set.serving_of.get(spec.version, 0)
         canary_at = self._canary.look(spec, now, serving, self.desired)
         self._publish()  # a new weight reaches the ingresses before replicas move
-        state = self._read(now, config_digest, user_config is not None)
-        plan = decide_pass(attrs.evolve(state, canary_at=canary_at), now)
+        state = self._read(now, config_digest, user_config is not None, canary_at)
+        plan = decide_pass(state, now)
         if plan.deadline_failure is not None:
             self._reports.deploy_failed("ProgressDeadlineExceeded", plan.deadline_failure)
         self._scaling.tell()
@@ -328,7 +327,9 @@ class Backend(Reducer, Reading):
             self._settler.resolve(self.goal, Goal.complete)
         return False
 
-    def _read(self, now: float, config_digest: str, hands_config: bool) -> PassState:
+    def _read(
+        self, now: float, config_digest: str, hands_config: bool, canary_at: float
+    ) -> PassState:
         """What the pass decides on. The autoscaler is evaluated and its count fitted here:
         both are state that evaluating updates (``_model.pass_plan``)."""
         census, version = self._set.census, self.spec.version
@@ -359,6 +360,7 @@ class Backend(Reducer, Reading):
             evict=self._shared.nodes.evict,
             evict_now=self._shared.nodes.evict_now,
             split=self._canary.split(self.spec, self.desired),
+            canary_at=canary_at,
         )
 
     def _config_to_hold(self) -> tuple[str, JSON]:
