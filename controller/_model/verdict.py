@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Literal, final
+from typing import final
 
 import attrs
 
@@ -23,10 +23,6 @@ MAX_BUCKET = 80
 _LOG_GROWTH = math.log(BUCKET_GROWTH)
 #: The largest count kept (2**53 - 1).
 MAX_COUNT = 2**53 - 1
-
-#: Which revision a request went to.
-Side = Literal["canary", "stable"]
-SIDES: tuple[Side, ...] = ("canary", "stable")
 
 
 def bucket_of(seconds: float) -> int:

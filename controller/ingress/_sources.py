@@ -15,7 +15,7 @@ import trio
 
 from .._api.http import leader_of
 from .._core.controller import Controller
-from .._model.canary import CanaryConfig
+from .._model.canary import canary_dict
 from .._model.config import BackendConfig
 from .._model.errors import ControllerClosedError
 from .._model.load_report import load_body
@@ -58,29 +58,34 @@ def route_info(snapshot: BackendSnapshot) -> RouteInfo:
         max_queued_requests=config.max_queued_requests,
         replicas=tuple((r.tag, r.address) for r in snapshot.replicas if r.address),
         scales_from_zero=config.autoscaling is not None and config.autoscaling.min_replicas == 0,
-        split=_split(snapshot.traffic, config.canary),
+        split=_split(
+            snapshot.traffic, None if config.canary is None else canary_dict(config.canary)
+        ),
         versions=()
         if snapshot.traffic is None
         else tuple((r.tag, r.version) for r in snapshot.replicas if r.address),
     )
 
 
-def _split(traffic: TrafficSplit | None, canary: CanaryConfig | None) -> Split | None:
+def _split(traffic: TrafficSplit | None, canary: Mapping[str, Any] | None) -> Split | None:
+    """A snapshot's split, with the canary block's header names (as the daemon checked them:
+    only these three are read, so a block of a newer daemon's is no error here)."""
     if traffic is None:
         return None
 
-    def name(value: str | None) -> bytes | None:
-        return None if value is None else value.lower().encode("ascii")
+    def name(field: str, lower: bool) -> bytes | None:
+        value = (canary or {}).get(field)
+        if not isinstance(value, str):
+            return None
+        return (value.lower() if lower else value).encode("ascii", "replace")
 
     return Split(
         traffic.canary_version,
         traffic.stable_version,
         traffic.weight,
-        sticky_header=name(canary.sticky_header if canary else None),
-        sticky_cookie=None
-        if canary is None or canary.sticky_cookie is None
-        else canary.sticky_cookie.encode("ascii"),
-        force_header=name(canary.force_header if canary else None),
+        sticky_header=name("sticky_header", True),
+        sticky_cookie=name("sticky_cookie", False),
+        force_header=name("force_header", True),
     )
 
 
@@ -310,8 +315,12 @@ def _error_of(data: Any) -> str:
 def _info_from_json(data: Mapping[str, Any]) -> RouteInfo:
     config = data.get("config") or {}
     given = data.get("traffic")
-    traffic = None if given is None else TrafficSplit(**given)
-    canary = None if config.get("canary") is None else CanaryConfig.from_dict(config["canary"])
+    traffic = None
+    if given is not None:
+        traffic = TrafficSplit(
+            str(given["canary_version"]), str(given["stable_version"]), float(given["weight"])
+        )
+    canary = config.get("canary")
     return RouteInfo(
         name=str(data["name"]),
         snapshot_id=int(data["snapshot_id"]),
