@@ -23,9 +23,9 @@ import trio.testing
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from controller._http.connection import CLOSING_GRACE_S
 from controller._model.status import LoadReport
 from controller.ingress import Ingress, IngressConfig, RouteTable, open_listener
-from controller.ingress._client import CLOSING_GRACE_S
 from controller.ingress._sources import SourceError, read_answer
 from controller.ingress._table import RouteInfo
 

@@ -14,10 +14,10 @@ share one port with ``reuse_port``)::
 
 from __future__ import annotations
 
+from .._http.server import listener_port as listener_port
+from .._http.server import open_listener as open_listener
 from ._config import IngressConfig as IngressConfig
 from ._ingress import Ingress as Ingress
-from ._ingress import listener_port as listener_port
-from ._ingress import open_listener as open_listener
 from ._routing import RouteTable as RouteTable
 from ._routing import choose as choose
 from ._sources import ControllerSource as ControllerSource

@@ -3,33 +3,27 @@ reports its load back. One object per process; serve it on as many listeners as 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import random
 import secrets
 import socket
-from collections.abc import Iterator, Sequence
-from typing import Any, final
+from collections.abc import Sequence
+from typing import final
 
 import attrs
 import trio
 from prometheus_client import generate_latest
 
+from .._http.server import Server
 from .._model.status import LOAD_TTL_S, LoadReport
-from ._admission import Admission
-from ._client import Client
 from ._config import IngressConfig
-from ._hangups import Hangups
 from ._metrics import IngressMetrics
 from ._proxy import Proxy
-from ._ratelimit import RateLimitedLog
 from ._routing import RouteTable
-from ._sockets import close
 from ._sources import SourceError, WatchSource
 from ._table import BackendRoutes, RouteInfo
-from ._timers import Timers
 from ._upstream import Pool
 
 logger = logging.getLogger("controller.ingress")
@@ -38,8 +32,6 @@ logger = logging.getLogger("controller.ingress")
 REPORT_INTERVAL_S = 0.1
 #: How soon a report that did not go through is sent again.
 RETRY_REPORT_S = 0.5
-#: Connections taken from a listener's queue in one go before other tasks run.
-_ACCEPT_BATCH = 64
 _BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 
 
@@ -67,21 +59,21 @@ class Ingress:
     _conflicts: frozenset[str] = attrs.field(factory=frozenset, init=False)
     metrics: IngressMetrics = attrs.field(init=False)
     proxy: Proxy = attrs.field(init=False)
-    admission: Admission = attrs.field(init=False)
-    _accepting: list[trio.CancelScope] = attrs.field(factory=list, init=False)
+    server: Server = attrs.field(init=False)
+    """What takes and serves its client connections."""
     _retry_now: trio.Event = attrs.field(factory=trio.Event, init=False)
     connected: bool = attrs.field(default=False, init=False)
     """Whether the last call to the source worked."""
-    _warnings: RateLimitedLog = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         config = self.config
-        self.admission = Admission(config.max_connections, config.max_connections_per_client)
-        self.metrics = IngressMetrics(
-            self.load, lambda: (self.admission.open, self.admission.idle_count)
-        )
+        self.metrics = IngressMetrics(self.load, self._connections)
         self.proxy = Proxy(self, Pool(config.connect_timeout_s), config, self.metrics)
-        self._warnings = RateLimitedLog(logger)
+        self.server = Server(config, self.proxy, logger, "ingress", self.metrics.refused)
+
+    def _connections(self) -> tuple[int, int]:
+        admission = self.server.admission
+        return admission.open, admission.idle_count
 
     # -- what the proxy reads --
 
@@ -132,27 +124,10 @@ class Ingress:
     ) -> None:
         """Serve client connections on `listeners` until cancelled, or, after `close`, until
         the connections open then have ended."""
-        hangups, timers = Hangups(), Timers()
-        accepting = trio.CancelScope()
-        self._accepting.append(accepting)
         try:
-            # The hang-up watch and the deadlines outlive the connections they serve.
-            async with trio.open_nursery() as services:
-                services.start_soon(hangups.run)
-                services.start_soon(timers.run)
-                async with trio.open_nursery() as connections:
-                    with accepting:
-                        async with trio.open_nursery() as accepts:
-                            for listener in listeners:
-                                accepts.start_soon(
-                                    self._accept, listener, connections, hangups, timers
-                                )
-                            task_status.started()
-                services.cancel_scope.cancel()
+            await self.server.serve(listeners, task_status=task_status)
         finally:
-            self._accepting.remove(accepting)
             self.proxy.pool.close_all()
-            hangups.close()
 
     def retry_now(self) -> None:
         """Try the source again at once, if it could not be reached (a daemon that has just
@@ -164,96 +139,7 @@ class Ingress:
         once, new ones once they have had their first request answered (or `CLOSING_GRACE_S`
         passed without one), and the others after the request under way; ``serve`` then
         returns (bound the wait with a deadline of your own)."""
-        self.admission.closing = True
-        for scope in self._accepting:
-            scope.cancel()
-        for client in self.admission.idle_connections():
-            if isinstance(client, Client):
-                client.closing_now()
-
-    async def _accept(
-        self,
-        listener: trio.SocketListener,
-        nursery: trio.Nursery,
-        hangups: Hangups,
-        timers: Timers,
-    ) -> None:
-        # Accepted on a socket of our own over the listener's descriptor (a duplicate, closed
-        # here): plain non-blocking calls, as the connections use (see _sockets).
-        with listener.socket, _own_socket(listener.socket) as sock:
-            try:
-                while True:
-                    await trio.lowlevel.wait_readable(sock)
-                    for _ in range(_ACCEPT_BATCH):
-                        try:
-                            conn, address = sock.accept()
-                        except BlockingIOError:
-                            break
-                        except OSError as exc:
-                            # Out of descriptors, say: give those open a moment to finish.
-                            self._warnings.warn(
-                                "accept", "ingress: accept failed (%s); pausing 0.1 s", exc
-                            )
-                            await trio.sleep(0.1)
-                            break
-                        self._admit(conn, address, nursery, hangups, timers)
-            finally:
-                if self.admission.closing:
-                    # Closing a listener resets what waits in its queue, though its siblings
-                    # on the port (SO_REUSEPORT) would have taken it: take it all now, and
-                    # close at once after, so that only what arrives in between is lost.
-                    while True:
-                        try:
-                            conn, address = sock.accept()
-                        except OSError:
-                            break
-                        self._admit(conn, address, nursery, hangups, timers)
-
-    def _admit(
-        self,
-        conn: socket.socket,
-        address: Any,
-        nursery: trio.Nursery,
-        hangups: Hangups,
-        timers: Timers,
-    ) -> None:
-        peer = str(address[0]) if isinstance(address, tuple) else "-"
-        verdict = self.admission.admit(peer)
-        if verdict.refused is not None:
-            # Closed unanswered: an answer would be lost anyway in the reset that closing a
-            # socket with unread bytes sends.
-            conn.close()
-            self.metrics.refused(verdict.refused)
-            self._warnings.warn(
-                f"refused-{verdict.refused}",
-                "ingress: connection from %s refused (%s)",
-                peer,
-                "it has max_connections_per_client open"
-                if verdict.refused == "per_client"
-                else "max_connections open, none idle",
-            )
-            return
-        if isinstance(verdict.evict, Client):
-            self.metrics.refused("evicted")
-            verdict.evict.evict()
-        conn.setblocking(False)
-        with contextlib.suppress(OSError):  # not TCP (a Unix socket): nothing to set
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        client = Client(conn, peer, self.config, self.proxy, self.admission, timers, hangups)
-        nursery.start_soon(self._serve_one, client)
-
-    async def _serve_one(self, client: Client) -> None:
-        try:
-            await client.serve()
-        except Exception:
-            # A bug must not take the ingress down: the connection is closed (its slots are
-            # given back by the proxy's own finally), and the fault logged.
-            self._warnings.warn(
-                "connection-error",
-                "ingress: connection from %s failed",
-                client.peer,
-                exc_info=True,
-            )
+        self.server.close()
 
     async def _follow(self, task_status: trio.TaskStatus[None]) -> None:
         started = False
@@ -382,38 +268,3 @@ class Ingress:
                         else:
                             self._sent.pop(report.backend, None)  # gone: its last zero is sent
             await trio.sleep(REPORT_INTERVAL_S)
-
-
-async def open_listener(host: str, port: int, *, reuse_port: bool = False) -> trio.SocketListener:
-    """A listening socket on `host`:`port` (port 0: any free one). With `reuse_port`, several
-    processes may listen on one port (``SO_REUSEPORT``) and the kernel spreads connections
-    over them. Not inheritable: a replica never holds it open."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = trio.socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        await sock.bind((host, port))
-        sock.listen(1024)
-    except BaseException:
-        sock.close()
-        raise
-    return trio.SocketListener(sock)
-
-
-def listener_port(listener: trio.SocketListener) -> int:
-    return int(listener.socket.getsockname()[1])
-
-
-@contextlib.contextmanager
-def _own_socket(listener: trio.socket.SocketType) -> Iterator[socket.socket]:
-    sock = socket.socket(
-        listener.family, listener.type, listener.proto, fileno=os.dup(listener.fileno())
-    )
-    try:
-        sock.setblocking(False)
-        yield sock
-    finally:
-        close(sock)

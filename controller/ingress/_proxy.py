@@ -12,27 +12,27 @@ from typing import Any, Protocol, final
 
 import trio
 
-from ._answers import (
+from .._http.answers import (
     LAST_CHUNK,
     ResponseHead,
     ResponseReader,
     error_body,
-    expired_answer,
     own_answer,
     pass_on,
     response_head,
 )
-from ._client import Client
+from .._http.connection import Connection
+from .._http.errors import ClientGone, Reply
+from .._http.framing import Problem, RequestHead
+from .._http.ratelimit import RateLimitedLog
+from .._http.sockets import receive_upstream, send_all
 from ._config import IngressConfig
-from ._errors import ClientGone, Reply
 from ._metrics import IngressMetrics
-from ._ratelimit import RateLimitedLog
 from ._routing import RouteTable
-from ._sockets import receive_upstream, send_all
 from ._split import Side, choose_side
 from ._table import BackendRoutes, Rejected, Slot
 from ._upstream import Lost, NotSent, Pool, Stale, Upstream
-from ._wire import Problem, RequestHead, upstream_head
+from ._wire import upstream_head
 
 access_logger = logging.getLogger("controller.ingress.access")
 logger = logging.getLogger("controller.ingress")
@@ -76,7 +76,7 @@ class Proxy:
 
     # -- what a client connection asks --
 
-    async def exchange(self, client: Client, head: RequestHead) -> bool:
+    async def exchange(self, client: Connection, head: RequestHead) -> bool:
         """Serve `head` to `client`; whether its connection may carry another request."""
         started = trio.current_time()
         path = head.path
@@ -128,14 +128,14 @@ class Proxy:
                 status = client.answered or _EXPIRED_STATUS.get(client.expired_in, status)
             self._done(head, client.peer, name, route, status, started)
 
-    async def refuse(self, client: Client, problem: Problem) -> None:
+    async def refuse(self, client: Connection, problem: Problem) -> None:
         """Answer a request the client's reader could not read; the connection then closes."""
         self.metrics.bad_request(problem.status)
         body = error_body(problem.kind, str(problem))
         with contextlib.suppress(ClientGone):
             await client.send(own_answer(problem.status, b"application/json", body, close=True))
 
-    async def expired(self, client: Client, phase: str) -> None:
+    async def expired(self, client: Connection, phase: str) -> None:
         """A deadline passed (the connection's scope is cancelled): say so, if nothing of an
         answer went out yet, and the connection closes."""
         said = expired_answer(phase, self.config, client.upstream)
@@ -151,7 +151,7 @@ class Proxy:
     # -- forwarding --
 
     async def _forward(
-        self, client: Client, head: RequestHead, backend: BackendRoutes, route: str
+        self, client: Connection, head: RequestHead, backend: BackendRoutes, route: str
     ) -> tuple[int, bool]:
         repeatable = not head.body and head.method in _REPEATABLE
         body = b""
@@ -236,7 +236,7 @@ class Proxy:
 
     async def _through(
         self,
-        client: Client,
+        client: Connection,
         head: RequestHead,
         backend: BackendRoutes,
         slot: Slot,
@@ -266,7 +266,7 @@ class Proxy:
                 upstream.reusable = False
             self.pool.put(upstream)  # or closed, if it cannot carry another request
 
-    async def _read_body(self, client: Client, head: RequestHead) -> bytes:
+    async def _read_body(self, client: Connection, head: RequestHead) -> bytes:
         """The whole body of `head`, read before anything goes to a replica."""
         if head.expect_continue:
             await client.send(_CONTINUE)
@@ -276,7 +276,7 @@ class Proxy:
         return bytes(body)
 
     async def _send_body(
-        self, client: Client, head: RequestHead, upstream: Upstream, chunked: bool
+        self, client: Connection, head: RequestHead, upstream: Upstream, chunked: bool
     ) -> bool:
         """Stream the body to the replica; whether all of it went (False: the replica closed
         the connection first, which an early answer may explain)."""
@@ -310,7 +310,7 @@ class Proxy:
 
     async def _relay(
         self,
-        client: Client,
+        client: Connection,
         head: RequestHead,
         backend: BackendRoutes,
         slot: Slot,
@@ -387,7 +387,7 @@ class Proxy:
 
     async def _own(
         self,
-        client: Client,
+        client: Connection,
         head: RequestHead,
         status: int,
         kind: str,
@@ -403,7 +403,7 @@ class Proxy:
 
     async def _answer(
         self,
-        client: Client,
+        client: Connection,
         head: RequestHead,
         status: int,
         content_type: bytes,
@@ -444,3 +444,21 @@ class Proxy:
                 *(peer, method, target, backend, status, elapsed * 1000),
                 extra={"fields": fields},
             )
+
+
+def expired_answer(phase: str, config: IngressConfig, upstream: str) -> tuple[int, str, str] | None:
+    """What a client is told when the deadline of `phase` passes before any answer went out
+    (status, kind, message); None: nothing (an idle connection just closes)."""
+    where = f"the replica at {upstream}" if upstream else "the replica"
+    if phase == "head":
+        message = f"the request head did not arrive within {config.header_timeout_s:g} s"
+        return 408, "RequestTimeout", message
+    if phase == "body":
+        return 408, "RequestTimeout", f"the request body stalled for {config.body_timeout_s:g} s"
+    if phase == "request":
+        message = f"{where} did not answer within request_timeout_s={config.request_timeout_s:g}"
+        return 504, "GatewayTimeout", message
+    if phase == "upstream":
+        message = f"{where} stopped reading the request for {config.body_timeout_s:g} s"
+        return 502, "BadGateway", message
+    return None

@@ -9,7 +9,7 @@ from typing import final
 
 import trio
 
-from ._sockets import close, connect, is_idle_and_open
+from .._http.sockets import close, connect, is_idle_and_open
 
 #: Idle connections kept per replica; more are closed when their request ends.
 MAX_IDLE_PER_REPLICA = 64

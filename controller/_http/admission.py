@@ -1,4 +1,4 @@
-"""Which client connections an ingress takes, as a pure bookkeeping of counts: at most
+"""Which client connections a server takes, as a pure bookkeeping of counts: at most
 `max_connections` in all and `per_client` from one address; at the limit, the connection idle
 the longest (waiting for a request, none under way) is closed to make room, and only if none
 is idle is the newcomer refused. No I/O and no trio: the caller closes what it is told to."""
@@ -32,7 +32,7 @@ class Admission:
         self.per_client = per_client
         self.open = 0
         self.closing = False
-        """The ingress is closing: connections end after the request under way."""
+        """The server is closing: connections end after the request under way."""
         self._by_client: dict[str, int] = {}
         # Insertion order is idle-since order: a connection that turns idle goes to the end.
         self._idle: dict[Hashable, None] = {}

@@ -1,4 +1,4 @@
-"""Every client connection's deadline, kept by one task per ingress.
+"""Every client connection's deadline, kept by one task per server.
 
 A connection has one deadline at a time (its first byte, its head, a stalled body, the
 replica's answer, an idle keep-alive...), moved at each step of each request. Through trio, each

@@ -1,14 +1,16 @@
-"""One client connection, served by one task: read a request, serve it, read the next.
+"""One client connection, served by one task: read a request, have the handler serve it (the
+ingress's proxy, or a replica's own server), read the next.
 
-Everything the connection waits for has one deadline at a time, kept by the ingress's
-`Timers` (no cancel scope is made per request): a new connection's first byte and a request's
-head (``header_timeout_s``), a body that must not stall (``body_timeout_s``), the replica's
-answer (``request_timeout_s``), an idle keep-alive connection (``keepalive_timeout_s``). A
-deadline that passes cancels the connection's one scope, naming the phase it was in; the
-connection then says so to the client if it still can (408, 502, 504) and closes. The task
-reads only when it needs the next request or the next piece of a body, so a client is read
-no faster than its requests are served, and the ingress's `Hangups` tells it at once of a
-client that hangs up, which cancels its request at the replica too.
+Everything the connection waits for has one deadline at a time, kept by the server's `Timers`
+(no cancel scope is made per request): a new connection's first byte and a request's head
+(``header_timeout_s``), a body that must not stall (``body_timeout_s``), the answer (the
+handler's deadlines: a replica's, a request's), an idle keep-alive connection
+(``keepalive_timeout_s``). A deadline that passes cancels the connection's one scope, naming the
+phase it was in; the handler then says so to the client if it still can (408, 502, 504) and the
+connection closes. The task reads only when it needs the next request or the next piece of a
+body, so a client is read no faster than its requests are served, and the server's `Hangups`
+tells it at once of a client that hangs up, which cancels the request under way: at the
+ingress, and so at the replica, whose own connection's client (the ingress) has hung up too.
 """
 
 from __future__ import annotations
@@ -19,47 +21,47 @@ from typing import Protocol, final
 
 import trio
 
-from ._admission import Admission
-from ._config import IngressConfig
-from ._errors import ClientGone, Reply
-from ._hangups import Hangups
-from ._sockets import READ_SIZE, close, send_all
-from ._timers import Timers
-from ._wire import END, Problem, RequestHead, RequestReader
+from .admission import Admission
+from .errors import ClientGone, Reply
+from .framing import END, Problem, RequestHead, RequestReader
+from .hangups import Hangups
+from .limits import ConnectionLimits
+from .sockets import READ_SIZE, close, send_all
+from .timers import Timers
 
 #: After an answer that leaves part of the request unread, how long (and how much) of what
 #: the client still sends is read and dropped before the connection closes.
 LINGER_S = 2.0
 LINGER_BYTES = 4 << 20
-#: Once the ingress closes, how long a connection waiting for a request may take to send it.
+#: Once the server closes, how long a connection waiting for a request may take to send it.
 CLOSING_GRACE_S = 1.0
 
 
 class Handler(Protocol):
-    """What serves a client's requests (the proxy)."""
+    """What serves a client's requests (the ingress's proxy, a replica's server)."""
 
-    async def exchange(self, client: Client, head: RequestHead) -> bool:
+    async def exchange(self, conn: Connection, head: RequestHead) -> bool:
         """Serve one request; whether the connection may carry the next one."""
         ...
 
-    async def refuse(self, client: Client, problem: Problem) -> None:
+    async def refuse(self, conn: Connection, problem: Problem) -> None:
         """Answer a request that cannot be read (then the connection closes)."""
         ...
 
-    async def expired(self, client: Client, phase: str) -> None:
+    async def expired(self, conn: Connection, phase: str) -> None:
         """Say what ran out of time, if nothing of an answer was sent yet."""
         ...
 
 
 @final
-class Client:
+class Connection:
     """A client's connection: `serve` runs it until it ends; `evict` ends it from outside."""
 
     def __init__(
         self,
         sock: socket.socket,
         peer: str,
-        config: IngressConfig,
+        limits: ConnectionLimits,
         handler: Handler,
         admission: Admission,
         timers: Timers,
@@ -67,18 +69,19 @@ class Client:
     ):
         self.sock = sock
         self.peer = peer
-        self.config = config
+        self.limits = limits
         self._handler = handler
         self._admission = admission
         self._hangups = hangups
-        self._reader = RequestReader(config.max_target_bytes, config.max_header_bytes)
+        self._reader = RequestReader(limits.max_target_bytes, limits.max_header_bytes)
         self._events = self._reader.events
         self.scope = trio.CancelScope()
         """The connection's: cancelled when a deadline passes, it is evicted, or its client
         hangs up."""
         self.deadline = math.inf
         self.phase = "idle"
-        """What the deadline is for: idle, head, request, body, send, upstream."""
+        """What the deadline is for: idle, head, body, send, or one of the handler's (the
+        ingress's request, deadline and upstream)."""
         self.timer = timers.timer(self)
         self.expired_in: str | None = None
         """The phase whose deadline passed."""
@@ -91,10 +94,11 @@ class Client:
         self.answered: int | None = None
         """The status of the answer whose head went out for the current request."""
         self.upstream = ""
-        """The replica the current request went to (for what a timeout says)."""
+        """Where the current request went, if it went on (the ingress: for what a timeout
+        says)."""
         self.waited_s: float | None = None
-        """How long that replica took to begin its answer, once it had the request (what a
-        canary's latency gate counts: not the connection's setup, nor the client's reading)."""
+        """How long its answer took to begin, once the request was sent on (the ingress: what a
+        canary's latency gate counts, not the connection's setup, nor the client's reading)."""
         self._idle = False
         self._unread = False
         """Closing with some of what the client sent unread: linger (`_linger`)."""
@@ -179,11 +183,11 @@ class Client:
 
     @property
     def closing(self) -> bool:
-        """The ingress is closing: this connection ends after the request under way."""
+        """The server is closing: this connection ends after the request under way."""
         return self._admission.closing
 
     def closing_now(self) -> None:
-        """(The ingress is closing; this connection waits for a request.) A request already
+        """(The server is closing; this connection waits for a request.) A request already
         in its socket, or, on a connection just accepted, on its way (its client would not
         send it again on a new connection) is answered, with ``Connection: close``; else the
         connection closes: a kept one at once (its client sends again elsewhere), a new one
@@ -210,18 +214,18 @@ class Client:
         None if the client is done (it closed)."""
         events, reader = self._events, self._reader
         if not events:
-            config, sock = self.config, self.sock
+            limits, sock = self.limits, self.sock
             now = trio.current_time()
-            head_by = now + config.header_timeout_s
+            head_by = now + limits.header_timeout_s
             if reader.in_head:
                 # Begun behind an earlier request (pipelined): it must arrive whole in time.
                 self.timer.set(head_by, "head")
             else:
                 # A new connection must begin its request as soon as a head must arrive whole.
                 first = self.requests == 0
-                wait = config.header_timeout_s if first else config.keepalive_timeout_s
+                wait = limits.header_timeout_s if first else limits.keepalive_timeout_s
                 if self._admission.closing:
-                    wait = min(wait, CLOSING_GRACE_S)  # accepted as the ingress closed
+                    wait = min(wait, CLOSING_GRACE_S)  # accepted as the server closed
                 self.timer.set(now + wait, "idle")
                 self._admission.idle(self, True)
                 self._idle = True
@@ -241,7 +245,7 @@ class Client:
                 if self._idle:
                     self._admission.idle(self, False)
                     self._idle = False
-                    head_by = trio.current_time() + config.header_timeout_s
+                    head_by = trio.current_time() + limits.header_timeout_s
                 reader.feed(data)
                 if not events:
                     # A head begun and not whole: the rest must come by its deadline.
@@ -258,14 +262,14 @@ class Client:
     async def body(self) -> bytes | None:
         """The next chunk of the current request's body; None at its end. Raises `Reply`
         (400) if it cannot be read, ``ClientGone`` if the client left."""
-        events, config = self._events, self.config
+        events, limits = self._events, self.limits
         while not events:
             now = trio.current_time()
-            wait = config.body_timeout_s
-            if config.min_body_rate:
+            wait = limits.body_timeout_s
+            if limits.min_body_rate:
                 # What the client may still take and keep its average: the grace, and a second
                 # for each `min_body_rate` bytes sent, less what it has taken so far.
-                allowed = config.header_timeout_s + self._body_bytes / config.min_body_rate
+                allowed = limits.header_timeout_s + self._body_bytes / limits.min_body_rate
                 wait = min(wait, max(0.0, allowed - self._body_waited))
             self.timer.set(now + wait, "body")
             await trio.lowlevel.wait_readable(self.sock)
@@ -313,7 +317,7 @@ class Client:
             raise ClientGone from None
         if sent == len(data):
             return
-        self.timer.set(trio.current_time() + self.config.body_timeout_s, "send")
+        self.timer.set(trio.current_time() + self.limits.body_timeout_s, "send")
         try:
             await send_all(self.sock, memoryview(data)[sent:])
         except OSError:

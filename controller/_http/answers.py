@@ -1,6 +1,6 @@
-"""HTTP/1.1 answers: those replicas send, read through llhttp (``httptools``), and the heads
-the ingress writes to its clients (the replica's, re-framed, or an answer of its own). No I/O and
-no trio."""
+"""HTTP/1.1 answers: those a server sends, read through llhttp (``httptools``: how the ingress
+reads a replica's), and the heads our servers write (a replica's answer re-framed by the
+ingress, a replica's own, or an error of ours). No I/O and no trio."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from typing import Any, Final, final
 
 import httptools
 
-from ._config import IngressConfig
-from ._wire import END, HOP_BY_HOP, End, Problem, header_tokens
+from .framing import END, HOP_BY_HOP, End, Problem, header_tokens
 
 
 class _HeadOnly(Exception):
@@ -176,7 +175,7 @@ def own_answer(
     head_only: bool = False,
     extra: tuple[tuple[bytes, bytes], ...] = (),
 ) -> bytes:
-    """An answer of the ingress's own, whole."""
+    """An answer of our own (not passed on from elsewhere), whole."""
     out = [
         b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n"
         % (status, REASONS.get(status, b""), content_type, len(body))
@@ -207,26 +206,8 @@ REASONS: Final = {
 
 
 def error_body(kind: str, message: str, **extra: Any) -> bytes:
-    """The JSON body of an error of the ingress's own."""
+    """The JSON body of an error of ours."""
     return json.dumps({"error": {"type": kind, "message": message, **extra}}).encode()
-
-
-def expired_answer(phase: str, config: IngressConfig, upstream: str) -> tuple[int, str, str] | None:
-    """What a client is told when the deadline of `phase` passes before any answer went out
-    (status, kind, message); None: nothing (an idle connection just closes)."""
-    where = f"the replica at {upstream}" if upstream else "the replica"
-    if phase == "head":
-        message = f"the request head did not arrive within {config.header_timeout_s:g} s"
-        return 408, "RequestTimeout", message
-    if phase == "body":
-        return 408, "RequestTimeout", f"the request body stalled for {config.body_timeout_s:g} s"
-    if phase == "request":
-        message = f"{where} did not answer within request_timeout_s={config.request_timeout_s:g}"
-        return 504, "GatewayTimeout", message
-    if phase == "upstream":
-        message = f"{where} stopped reading the request for {config.body_timeout_s:g} s"
-        return 502, "BadGateway", message
-    return None
 
 
 #: The end of a chunked body.

@@ -1,8 +1,8 @@
-"""Noticing clients that hang up while their answer is awaited, with one task per ingress.
+"""Noticing clients that hang up while their answer is awaited, with one task per server.
 
 A connection's task waits on the replica while a request is under way, so it cannot also wait
 on its client. Instead of a second task per connection (or per request), each connection's
-client socket is put, once, in one epoll set of the ingress's, asking only for the peer's
+client socket is put, once, in one epoll set of the server's, asking only for the peer's
 hang-up (``EPOLLRDHUP``: a FIN, and a reset are always reported), once: bytes the client sends
 do not wake anyone. One task waits on that set (trio waits on the set's own descriptor) and
 tells the connection whose client left, which cancels what it has under way, at the replica
