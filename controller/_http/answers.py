@@ -5,8 +5,9 @@ ingress, a replica's own, or an error of ours). No I/O and no trio."""
 from __future__ import annotations
 
 import collections
+import http
 import json
-from typing import Any, Final, final
+from typing import Any, final
 
 import httptools
 
@@ -178,7 +179,7 @@ def own_answer(
     """An answer of our own (not passed on from elsewhere), whole."""
     out = [
         b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n"
-        % (status, REASONS.get(status, b""), content_type, len(body))
+        % (status, reason(status), content_type, len(body))
     ]
     for key, value in extra:
         out += (key, b": ", value, b"\r\n")
@@ -190,7 +191,44 @@ def own_answer(
     return b"".join(out)
 
 
-REASONS: Final = {
+def served_head(
+    status: int,
+    headers: list[tuple[bytes, bytes]],
+    *,
+    length: int | None,
+    close: bool,
+    chunked: bool = False,
+) -> bytes:
+    """The head of an answer a server makes itself (a replica's handler), with `headers` as
+    given (checked by the caller: tokens, no CR or LF), framed by `length`, else `chunked`,
+    else by the connection's end (then `close` must be set)."""
+    out = [b"HTTP/1.1 %d %s\r\n" % (status, reason(status))]
+    for key, value in headers:
+        out += (key, b": ", value, b"\r\n")
+    if length is not None:
+        out.append(b"content-length: %d\r\n" % length)
+    elif chunked:
+        out.append(b"transfer-encoding: chunked\r\n")
+    if close:
+        out.append(b"connection: close\r\n")
+    out.append(b"\r\n")
+    return b"".join(out)
+
+
+def reason(status: int) -> bytes:
+    """The reason phrase of `status` (empty for one HTTP does not name)."""
+    known = REASONS.get(status)
+    if known is None:
+        try:
+            known = http.HTTPStatus(status).phrase.encode()
+        except ValueError:
+            known = b""
+        if len(REASONS) < 200:
+            REASONS[status] = known
+    return known
+
+
+REASONS: dict[int, bytes] = {
     200: b"OK",
     400: b"Bad Request",
     404: b"Not Found",

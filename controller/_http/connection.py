@@ -79,6 +79,9 @@ class Connection:
         """The connection's: cancelled when a deadline passes, it is evicted, or its client
         hangs up."""
         self.deadline = math.inf
+        self.request_deadline = math.inf
+        """The current request's own deadline (its backend's ``request_timeout_s``, or its
+        caller's), which no phase's deadline outlasts: past it, the phase is ``deadline``."""
         self.phase = "idle"
         """What the deadline is for: idle, head, body, send, or one of the handler's (the
         ingress's request, deadline and upstream)."""
@@ -136,6 +139,7 @@ class Connection:
                 return
             self.requests += 1
             self.current, self.answered, self.upstream = event, None, ""
+            self.request_deadline = math.inf
             self.timer.set(math.inf, "request")
             try:
                 keep = await self._handler.exchange(self, event)
@@ -170,6 +174,14 @@ class Connection:
                 if not data:
                     return
                 dropped += len(data)
+
+    def arm(self, when: float, phase: str) -> None:
+        """The connection expires at `when` in `phase`, or at the request's own deadline if
+        that comes first."""
+        if self.request_deadline <= when:
+            self.timer.set(self.request_deadline, "deadline")
+        else:
+            self.timer.set(when, phase)
 
     def expire(self, phase: str) -> None:
         """(The timers) the deadline of `phase` has passed."""
@@ -271,7 +283,7 @@ class Connection:
                 # for each `min_body_rate` bytes sent, less what it has taken so far.
                 allowed = limits.header_timeout_s + self._body_bytes / limits.min_body_rate
                 wait = min(wait, max(0.0, allowed - self._body_waited))
-            self.timer.set(now + wait, "body")
+            self.arm(now + wait, "body")
             await trio.lowlevel.wait_readable(self.sock)
             self._body_waited += trio.current_time() - now
             try:
@@ -283,6 +295,9 @@ class Connection:
             if not data:
                 raise ClientGone
             self._reader.feed(data)
+            if events:
+                # What waits for the body next (a handler, a replica) keeps its own time.
+                self.timer.set(self.request_deadline, "deadline")
         event = events.popleft()
         if isinstance(event, bytes):
             self._body_bytes += len(event)
@@ -317,8 +332,9 @@ class Connection:
             raise ClientGone from None
         if sent == len(data):
             return
-        self.timer.set(trio.current_time() + self.limits.body_timeout_s, "send")
+        self.arm(trio.current_time() + self.limits.body_timeout_s, "send")
         try:
             await send_all(self.sock, memoryview(data)[sent:])
         except OSError:
             raise ClientGone from None
+        self.timer.set(self.request_deadline, "deadline")

@@ -1,11 +1,13 @@
-"""The worker process behind LocalRuntime: hosts one replica of a user's class.
+"""The worker process behind LocalRuntime: hosts one replica of a user's code.
 
 Started as ``python -m controller.worker SPEC_FILE``, or forked by the fork server
 (``zygote_main``), which then calls `run` as that command would. The runtime binds its Unix
-socket first, so it can reach the worker while the class is still being built; the worker then
-imports the entrypoint, builds the class and applies the user config. It answers requests (one
-JSON object per line) until it is killed; it never exits on its own, so a restarted controller
-can find it and adopt it.
+socket first, so it can reach the worker while the replica is still being built; the worker then
+imports the entrypoint, builds the replica (``_serving.entry``: a function, a callable class, an
+ASGI application, or a class that serves its own port) and applies the user config; for code
+it serves, it listens on the replica's port (``_serving.server``) before it counts as ready. It
+answers the runtime's requests (one JSON object per line) until it is killed; it never exits on
+its own, so a restarted controller can find it and adopt it.
 
 Fencing: the worker remembers the highest leader epoch that has commanded it (the spec's, from
 its start; an adoption's, ``hello`` with ``adopt``; any command's ``epoch``, which raises it) and
@@ -39,9 +41,10 @@ import trio
 
 from .._files import read_regular
 from .._ports.context import ReplicaContext, set_context
-from .._ports.hosting import construct
+from .._serving.entry import build
+from .._serving.server import ReplicaServer
 from .logs import DEFAULT_MAX_BYTES, capture_output
-from .own_load import read_load
+from .own_load import LOAD_SAMPLE_S, read_load
 from .user_calls import call, describe, has
 from .wire import (
     MONITOR_CHECKS,
@@ -58,6 +61,10 @@ class Worker:
     def __init__(self, spec: dict[str, Any]):
         self.spec = spec
         self.instance: Any = None
+        """What the contract's methods (``reconfigure``, ``check_health``, ``drain``,
+        ``load``) are looked up on: the user's instance; None for a function."""
+        self.server: ReplicaServer | None = None
+        """The replica's HTTP server, for code the worker serves."""
         self.ready = trio.Event()
         self.init_error: dict[str, str] | None = None
         # One reconfigure at a time: a controller restarted during one sends it again, and
@@ -89,11 +96,22 @@ class Worker:
         try:
             # The import too, in the thread: the worker keeps answering (hello, monitor) while
             # a slow import runs.
-            self.instance = await trio.to_thread.run_sync(construct, self.spec)
+            entry = await trio.to_thread.run_sync(build, self.spec)
+            self.instance = entry.instance
             if self.spec.get("user_config") is not None:
                 reconfigure = getattr(self.instance, "reconfigure", None)
                 if reconfigure is not None:
                     await call(reconfigure, self.spec["user_config"])
+            if entry.served:
+                serving = self.spec.get("serving", {})
+                self.server = ReplicaServer(
+                    entry,
+                    max_ongoing_requests=serving.get("max_ongoing_requests", 100),
+                    request_timeout_s=serving.get("request_timeout_s", 60.0),
+                )
+                assert self.nursery is not None
+                # Listening before it counts as ready: routers send at once.
+                await self.nursery.start(self.server.run, self.spec["host"], self.spec["port"])
         except Exception as exc:
             self.init_error = describe(exc)
         self.ready.set()
@@ -177,10 +195,10 @@ class Worker:
             method = getattr(self.instance, op, None)
         except Exception as exc:  # a property that raises: the user's error, not the worker's
             return {"ok": False, **describe(exc)}
-        if method is None:
-            return {"ok": True}  # every method of the contract is optional
         if op == "drain":
             return await self.drain_once(method)
+        if method is None:
+            return {"ok": True}  # every method of the contract is optional
         if op == "check_health":
             return await self.check_once(method)
         try:
@@ -223,14 +241,19 @@ class Worker:
 
     async def drain_once(self, method: Any) -> dict[str, Any]:
         """Run the replica's drain once (in the worker's nursery, so that a controller that
-        goes away mid-drain does not cut it), and answer every request for it when it ends."""
+        goes away mid-drain does not cut it), and answer every request for it when it ends:
+        for code it serves, its server's first (the requests under way end, then it stops
+        listening), then the user's ``drain`` if it has one."""
         if self.drained is None:
             self.drained = trio.Event()
             done = self.drained
 
             async def drain() -> None:
                 try:
-                    await call(method)
+                    if self.server is not None:
+                        await self.server.drain()
+                    if method is not None:
+                        await call(method)
                 except Exception as exc:
                     self.drain_answer = {"ok": False, **describe(exc)}
                 finally:
@@ -312,8 +335,18 @@ class Worker:
         await _answer_check(lines, sending, ident, None if reply.get("ok") else reply)
 
     async def push_load(self) -> None:
-        """Push the replica's own ``load()`` to the runtime when it changes (``own_load``)."""
-        await read_load(self.instance, self._push)
+        """Push the replica's own ``load()`` to the runtime when it changes (``own_load``);
+        without one, for code it serves, the requests its server holds (running and waiting),
+        at most every `LOAD_SAMPLE_S`."""
+        if self.server is None or has(self.instance, "load"):
+            await read_load(self.instance, self._push)
+            return
+        server = self.server
+        while True:
+            changed = server.next_change()  # before the push, which may wait
+            await self._push(server.load)
+            await changed.wait()
+            await trio.sleep(LOAD_SAMPLE_S)  # a burst of requests is one report
 
     async def _push(self, count: int | None) -> None:
         if count == self.load:
@@ -373,7 +406,10 @@ async def _end_after(grace_s: float) -> None:
 
 
 async def serve(spec: dict[str, Any]) -> None:
-    set_context(ReplicaContext(spec["tag"], spec["backend"], spec["version"], spec["port"]))
+    spec.setdefault("host", "127.0.0.1")
+    set_context(
+        ReplicaContext(spec["tag"], spec["backend"], spec["version"], spec["port"], spec["host"])
+    )
     worker = Worker(spec)
     # The runtime bound and listened on the socket before starting us and handed it over, so
     # it could connect from the first instant; it stays connectable exactly while we live.

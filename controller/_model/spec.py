@@ -18,6 +18,17 @@ from .revisions import RevisionContent, replica_version, with_content
 
 
 @attrs.frozen
+class ServingLimits:
+    """What a replica's own server enforces, for code the worker serves (its backend's config
+    at the replica's start)."""
+
+    max_ongoing_requests: int = 100
+    """Handlers that run at once; more requests wait in the replica."""
+    request_timeout_s: float = 60.0
+    """A request's deadline, unless its caller says less."""
+
+
+@attrs.frozen
 class ReplicaSpec:
     """Everything a runtime needs to start one replica."""
 
@@ -36,6 +47,8 @@ class ReplicaSpec:
     """What it reserves."""
     rules: NodeRules = attrs.field(factory=NodeRules)
     """Which nodes it may go to, and how a backend's replicas are spread over them."""
+    serving: ServingLimits = attrs.field(factory=ServingLimits)
+    """What its own server enforces (for code the worker serves)."""
 
 
 @attrs.frozen
@@ -151,6 +164,9 @@ class Spec:
             user_config=user_config,
             resources=self.backend_config.resources,
             rules=self.rules,
+            serving=ServingLimits(
+                self.backend_config.max_ongoing_requests, self.backend_config.request_timeout_s
+            ),
         )
 
     @property

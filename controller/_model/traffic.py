@@ -1,12 +1,13 @@
 """The fields of a backend's config that its ingress reads: where the backend is routed, how many
-requests one replica is sent at once, and how many the backend may queue."""
+requests one replica is sent at once, how many the backend may queue, and how long a request
+may take."""
 
 from __future__ import annotations
 
 import re
 
 from .errors import ConfigError
-from .numbers import whole
+from .numbers import seconds, whole
 
 #: A route: "/" or up to 16 segments of URL-safe characters, none empty, "." or "..", and none
 #: starting with "-" (the ingress keeps "/-/" for itself: ``/-/healthz``, ``/-/routes``).
@@ -48,3 +49,7 @@ def max_ongoing(value: object) -> int:
 
 def max_queued(value: object) -> int:
     return _request_count("max_queued_requests", 0, value)
+
+
+def request_timeout(value: object) -> float:
+    return seconds("BackendConfig.request_timeout_s", value, allow_zero=False)

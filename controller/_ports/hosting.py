@@ -6,10 +6,11 @@ Kept free of heavy imports (no trio), because every replica process imports it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 import traceback as tb
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,10 @@ def host_spec(spec: ReplicaSpec, pythonpath: Sequence[str]) -> dict[str, Any]:
         "init_kwargs": spec.replica_config.init_kwargs,
         "user_config": spec.user_config,
         "pythonpath": list(pythonpath),
+        "serving": {
+            "max_ongoing_requests": spec.serving.max_ongoing_requests,
+            "request_timeout_s": spec.serving.request_timeout_s,
+        },
     }
 
 
@@ -44,20 +49,34 @@ def add_to_path(pythonpath: Sequence[str]) -> None:
             sys.path.insert(0, entry)
 
 
-def construct(spec: dict[str, Any]) -> Any:
-    """Import the entrypoint and build the user's class (blocking: the caller runs it in a
-    thread, so that the host keeps answering while a slow import or constructor runs). A
-    module not found carries a note on where replicas import from, and how to change it."""
-    pythonpath = spec.get("pythonpath", [])
-    add_to_path(pythonpath)
+def load_entrypoint(spec: dict[str, Any]) -> Any:
+    """Import the entrypoint's module and return what the entrypoint names (blocking: the
+    caller runs it in a thread, so that the host keeps answering while a slow import runs)."""
+    add_to_path(spec.get("pythonpath", []))
     module_name, _, attr_path = spec["entrypoint"].partition(":")
-    try:
+    with import_hints(spec):
         obj: Any = importlib.import_module(module_name)
-        for part in attr_path.split("."):
-            obj = getattr(obj, part)
-        return obj(*spec.get("init_args", []), **spec.get("init_kwargs", {}))
+    for part in attr_path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def construct(spec: dict[str, Any]) -> Any:
+    """Import the entrypoint and build the user's class (blocking, as `load_entrypoint`)."""
+    cls = load_entrypoint(spec)
+    with import_hints(spec):
+        return cls(*spec.get("init_args", []), **spec.get("init_kwargs", {}))
+
+
+@contextlib.contextmanager
+def import_hints(spec: dict[str, Any]) -> Iterator[None]:
+    """A module not found (importing the entrypoint, or in what the user's code does first)
+    carries a note on where replicas import from, and how to change that."""
+    try:
+        yield
     except ModuleNotFoundError as exc:
-        exc.add_note(_not_found_hint(exc.name, module_name, pythonpath))
+        module_name = spec["entrypoint"].partition(":")[0]
+        exc.add_note(_not_found_hint(exc.name, module_name, spec.get("pythonpath", [])))
         raise
 
 

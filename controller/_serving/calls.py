@@ -1,0 +1,94 @@
+"""Calling a handler of requests: async code as it is, on the worker's trio loop; sync code in
+a thread of a bounded pool of the replica's own (so that handlers that block never take the
+threads its health checks and ``load()`` run in, nor more than the pool's threads); a generator,
+sync or async, iterated an item at a time."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, final
+
+import trio
+
+#: The most threads a replica's sync handlers take at once (fewer if its
+#: ``max_ongoing_requests`` is lower): more only adds contention for the GIL.
+MAX_HANDLER_THREADS = 64
+#: How long a streamed handler's generator may take to close once its request ends.
+CLOSE_S = 5.0
+
+
+@final
+class Caller:
+    """Calls `target` (a function, or a callable instance) with a request, or with nothing if
+    it takes no argument."""
+
+    def __init__(self, target: Any, threads: int):
+        function = target if inspect.isroutine(target) else target.__call__
+        self.function = function
+        try:
+            params = inspect.signature(function).parameters.values()
+            self.takes_request = any(
+                p.kind
+                in (
+                    inspect.Parameter.POSITIONAL_ONLY,
+                    inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                    inspect.Parameter.VAR_POSITIONAL,
+                )
+                for p in params
+            )
+        except (TypeError, ValueError):
+            self.takes_request = True
+        self.is_async = inspect.iscoroutinefunction(function)
+        self.makes_stream = inspect.isasyncgenfunction(function) or inspect.isgeneratorfunction(
+            function
+        )
+        self.limiter = trio.CapacityLimiter(max(1, min(threads, MAX_HANDLER_THREADS)))
+
+    @property
+    def in_thread(self) -> bool:
+        """Whether it runs in a thread (and so is called with the body read)."""
+        return not (self.is_async or self.makes_stream)
+
+    async def __call__(self, request: Any) -> Any:
+        args = (request,) if self.takes_request else ()
+        if self.is_async:
+            return await self.function(*args)
+        if self.makes_stream:
+            return self.function(*args)  # makes the generator: its code runs as it is iterated
+        # Abandoned on cancel (a deadline, a hang-up): the request ends at once, and the thread
+        # keeps its place in the pool until the code returns, so the pool stays bounded.
+        result = await trio.to_thread.run_sync(
+            self.function, *args, limiter=self.limiter, abandon_on_cancel=True
+        )
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+    async def items(self, stream: Iterator[Any] | AsyncIterator[Any]) -> AsyncIterator[Any]:
+        """The items of a handler's generator, as it yields them (a sync one's in the pool);
+        closed when the caller stops, so that its ``finally`` runs."""
+        if isinstance(stream, AsyncIterator):
+            try:
+                async for item in stream:
+                    yield item
+            finally:
+                # Its own `finally` runs, within a bound: cleanup that hangs ends no less.
+                with trio.move_on_after(CLOSE_S, shield=True):
+                    await stream.aclose()  # type: ignore[attr-defined]
+            return
+        done = object()
+        try:
+            while True:
+                item = await trio.to_thread.run_sync(
+                    next, stream, done, limiter=self.limiter, abandon_on_cancel=True
+                )
+                if item is done:
+                    return
+                yield item
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                with contextlib.suppress(ValueError):  # still running in an abandoned thread
+                    close()

@@ -1,0 +1,303 @@
+"""A replica's own HTTP server: the worker serves the backend's code (a function, a callable
+class, an ASGI application) on the port the runtime reserved for the replica, over the same
+HTTP/1.1 as the ingress (``_http``: one parser, one set of framing and smuggling rules).
+
+Each request is served by its connection's task, under that connection's one cancel scope: a
+client that hangs up (the ingress, whose own client did), or the request's deadline, cancels
+the handler where it waits, and every count taken for it is given back in the ``finally`` that
+encloses it. The deadline is the backend's ``request_timeout_s``, or less if the caller says
+so (``x-request-timeout-ms``: the time it has left, in milliseconds); past it the client gets
+504. At most ``max_ongoing_requests`` handlers run at once, however many ingresses send: more
+wait here, first come first served. What waits and what runs is the replica's load, which the
+worker reports as a replica's own ``load()``."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import sys
+from collections.abc import Callable
+from typing import Any, final
+
+import trio
+
+from .._http.answers import error_body, own_answer
+from .._http.connection import Connection
+from .._http.errors import ClientGone, Reply
+from .._http.framing import Problem, RequestHead
+from .._http.limits import ConnectionLimits
+from .._http.server import Server, open_listener
+from .._ports.hosting import tracebacks
+from .asgi import AppError, Exchange, Lifespan, http_scope
+from .calls import Caller
+from .entry import Entry
+from .outgoing import Outgoing
+from .request import Address, BodyTooLarge, Request
+from .response import Answer, answer_of, item_bytes
+
+logger = logging.getLogger("controller.worker")
+
+#: The time the caller has left for the request, in milliseconds (the ingress sends it, and a
+#: client may too, to shorten its backend's ``request_timeout_s``).
+TIMEOUT_HEADER = b"x-request-timeout-ms"
+#: The route prefix the request came in under (the ingress sends it): Starlette's root path.
+PREFIX_HEADER = b"x-forwarded-prefix"
+#: A drain waits until no request has been in flight for this long (routers stop sending
+#: first, but a request chosen just before may still be on its way).
+QUIET_S = 0.2
+#: Its clients are ingresses and handles, which hold many connections from one address.
+SERVER_LIMITS = ConnectionLimits(max_connections_per_client=10_000)
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_JSON = b"application/json"
+
+
+@final
+class ReplicaServer:
+    """Serves `entry` (any kind but a class that serves itself) until drained or cancelled."""
+
+    def __init__(
+        self, entry: Entry, *, max_ongoing_requests: int = 100, request_timeout_s: float = 60.0
+    ):
+        assert entry.served
+        self.entry = entry
+        self.max_ongoing_requests = max_ongoing_requests
+        self.request_timeout_s = request_timeout_s
+        self.in_flight = 0
+        """Requests whose handler runs now."""
+        self.waiting = 0
+        """Requests waiting for one of the `max_ongoing_requests` places."""
+        self.served = 0
+        """Requests ended, however they ended."""
+        self.failed = 0
+        """Requests whose handler raised (answered 500, or cut short)."""
+        self._slots = trio.Semaphore(max_ongoing_requests)
+        self._caller = None if entry.kind == "asgi" else Caller(entry.target, max_ongoing_requests)
+        self._lifespan = Lifespan(entry.target) if entry.kind == "asgi" else None
+        self._server = Server(SERVER_LIMITS, self, logger, "replica")
+        self._wake: trio.Event | None = None
+        self._clock: Callable[[], float] | None = None
+        self._address: tuple[str, int] = ("127.0.0.1", 0)
+        self._finished = trio.Event()
+
+    @property
+    def load(self) -> int:
+        """Requests it holds: running and waiting."""
+        return self.in_flight + self.waiting
+
+    def next_change(self) -> trio.Event:
+        """Set at the next change of `load` (or of the requests served)."""
+        if self._wake is None:
+            self._wake = trio.Event()
+        return self._wake
+
+    def _changed(self) -> None:
+        wake = self._wake
+        if wake is not None:
+            self._wake = None
+            wake.set()
+
+    async def run(
+        self, host: str, port: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Listen on `host`:`port` (refused at once if it is taken), start the application's
+        lifespan, and serve; ``task_status.started()`` once it takes connections. Returns once
+        drained."""
+        listener = await open_listener(host, port)
+        self._address = (host, int(listener.socket.getsockname()[1]))
+        self._clock = trio.lowlevel.current_clock().current_time
+        try:
+            async with trio.open_nursery() as nursery:
+                if self._lifespan is not None:
+                    await self._lifespan.startup(nursery)
+                await self._server.serve([listener], task_status=task_status)
+                if self._lifespan is not None:
+                    await self._lifespan.shutdown()
+                nursery.cancel_scope.cancel()
+        finally:
+            self._finished.set()
+
+    @property
+    def port(self) -> int:
+        return self._address[1]
+
+    async def drain(self) -> None:
+        """Wait for a quiet moment (nothing in flight, and nothing new for `QUIET_S`), then
+        stop: the listener closes (a late client is refused, and its router tries another
+        replica), and the application's lifespan shuts down. Bound it with a deadline."""
+        while True:
+            if self.load:
+                await self.next_change().wait()
+                continue
+            with trio.move_on_after(QUIET_S) as window:
+                await self.next_change().wait()
+            if window.cancelled_caught and not self.load:
+                break
+        self._server.close()
+        await self._finished.wait()
+
+    # -- one request (the connection's handler) --
+
+    async def exchange(self, conn: Connection, head: RequestHead) -> bool:
+        budget, root_path = self.request_timeout_s, ""
+        for name, value in head.headers:
+            if name == TIMEOUT_HEADER:
+                budget = min(budget, _milliseconds(value) / 1000)
+            elif name == PREFIX_HEADER:
+                root_path = value.decode("latin-1")
+        deadline = trio.current_time() + budget
+        conn.request_deadline = deadline
+        conn.timer.set(deadline, "deadline")
+        self.waiting += 1
+        self._changed()
+        try:
+            try:
+                self._slots.acquire_nowait()
+            except trio.WouldBlock:
+                await self._slots.acquire()  # in line, first come first served
+        finally:
+            self.waiting -= 1
+        self.in_flight += 1
+        try:
+            if self._lifespan is not None:
+                return await self._asgi(conn, head, root_path)
+            return await self._plain(conn, head, root_path, deadline)
+        finally:
+            self.in_flight -= 1
+            self.served += 1
+            self._slots.release()
+            self._changed()
+
+    def _reader(self, conn: Connection, head: RequestHead, done: list[bool]) -> Any:
+        """How a handler reads the body of `head` (None without one); `done` is set at its
+        end."""
+        if not head.body:
+            done.append(True)
+            return None
+        asked = False
+
+        async def read() -> bytes | None:
+            nonlocal asked
+            if not asked:
+                asked = True
+                if head.expect_continue and conn.answered is None:
+                    await conn.send(_CONTINUE)
+            chunk = await conn.body()
+            if chunk is None:
+                done.append(True)
+            return chunk
+
+        return read
+
+    async def _plain(
+        self, conn: Connection, head: RequestHead, root_path: str, deadline: float
+    ) -> bool:
+        caller = self._caller
+        assert caller is not None
+        done: list[bool] = []
+        request = Request(
+            head.method.decode("latin-1"),
+            head.target,
+            head.headers,
+            Address(conn.peer, 0),
+            self._reader(conn, head, done),
+            root_path=root_path,
+            deadline=deadline,
+            clock=self._clock,
+        )
+        outgoing = Outgoing(conn, head)
+        try:
+            if caller.in_thread and head.body:
+                await request.body()  # a sync handler is called with its body read
+            answer = answer_of(await caller(request))
+        except (ClientGone, Reply):
+            raise
+        except BodyTooLarge as exc:
+            answer = Answer(413, [(b"content-type", _JSON)], error_body("BodyTooLarge", str(exc)))
+        except Exception as exc:
+            self._failed(head, exc)
+            answer = _FAILED
+        if answer.stream is None:
+            body_done = bool(done) or conn.skip_body()
+            await outgoing.whole(answer.status, answer.headers, answer.body, keep=body_done)
+            return outgoing.keep
+        await outgoing.begin(answer.status, answer.headers, keep=bool(done), http_10=head.http_10)
+        try:
+            async for item in caller.items(answer.stream):
+                await outgoing.part(item_bytes(item))
+        except (ClientGone, Reply):
+            raise
+        except Exception as exc:
+            self._failed(head, exc)
+            raise ClientGone from None  # cut short: the client sees an answer that never ended
+        await outgoing.end()
+        return outgoing.keep
+
+    async def _asgi(self, conn: Connection, head: RequestHead, root_path: str) -> bool:
+        assert self._lifespan is not None
+        done: list[bool] = []
+        outgoing = Outgoing(conn, head)
+        scope = http_scope(head, conn.peer, self._address, root_path, self._lifespan.state)
+        exchange = Exchange(head, outgoing, self._reader(conn, head, done), scope)
+        try:
+            await self._lifespan.app(scope, exchange.receive, exchange.send)
+            if not outgoing.started:
+                raise AppError("the application returned without starting its response")
+            if not outgoing.done:
+                raise AppError("the application returned before its response's body ended")
+        except (ClientGone, Reply):
+            raise
+        except Exception as exc:
+            self._failed(head, exc)
+            if outgoing.started:
+                raise ClientGone from None
+            await outgoing.whole(_FAILED.status, _FAILED.headers, _FAILED.body, keep=False)
+        return outgoing.keep
+
+    def _failed(self, head: RequestHead, exc: BaseException) -> None:
+        """The handler raised: its traceback to the replica's log (not to the client)."""
+        self.failed += 1
+        whole, _ = tracebacks(exc)
+        target = head.target.decode("latin-1")[:200]
+        sys.stderr.write(f"{head.method.decode('latin-1')} {target} failed:\n{whole}")
+
+    # -- what the connection asks besides --
+
+    async def refuse(self, conn: Connection, problem: Problem) -> None:
+        body = error_body(problem.kind, str(problem))
+        with contextlib.suppress(ClientGone):
+            await conn.send(own_answer(problem.status, _JSON, body, close=True))
+
+    async def expired(self, conn: Connection, phase: str) -> None:
+        said = _EXPIRED.get(phase)
+        if said is None or conn.answered is not None:
+            return  # idle (closed without a word), or an answer under way (cut short)
+        status, kind, message = said
+        if phase == "deadline":
+            message += (
+                f" (request_timeout_s={self.request_timeout_s:g}, or less if its caller said)"
+            )
+        answer = own_answer(status, _JSON, error_body(kind, message), close=True)
+        with trio.move_on_after(SERVER_LIMITS.body_timeout_s), contextlib.suppress(ClientGone):
+            await conn.send(answer)
+
+
+def _milliseconds(value: bytes) -> float:
+    """A timeout header's milliseconds (at least 0); one that is not a number is none."""
+    try:
+        ms = float(value)
+    except ValueError:
+        return math.inf
+    return ms if ms >= 0 else 0.0
+
+
+_FAILED = Answer(
+    500,
+    [(b"content-type", _JSON)],
+    error_body("HandlerError", "the handler failed; the replica's log has the traceback"),
+)
+_EXPIRED: dict[str, tuple[int, str, str]] = {
+    "head": (408, "RequestTimeout", "the request head did not arrive in time"),
+    "body": (408, "RequestTimeout", "the request body stalled"),
+    "deadline": (504, "GatewayTimeout", "the handler did not answer within its deadline"),
+}
