@@ -47,7 +47,10 @@ BUFFERED_BODY_BYTES = 64 * 1024
 #: replica may not make idempotent): sent again once when a kept connection proves closed.
 _REPEATABLE = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE"})
 #: What a request that ran out of time in each phase is counted as.
-_EXPIRED_STATUS = {"head": 408, "body": 408, "request": 504, "upstream": 502}
+_EXPIRED_STATUS = {"head": 408, "body": 408, "request": 504, "upstream": 502, "deadline": 504}
+#: The time a request has left, in milliseconds: a client may send it to ask for less than its
+#: backend's request_timeout_s, and the ingress sends the replica what is left.
+TIMEOUT_HEADER = b"x-request-timeout-ms"
 
 
 class Routing(Protocol):
@@ -154,6 +157,9 @@ class Proxy:
         self, client: Connection, head: RequestHead, backend: BackendRoutes, route: str
     ) -> tuple[int, bool]:
         repeatable = not head.body and head.method in _REPEATABLE
+        # The request's own deadline, from here to the end of its answer: no phase's outlasts it.
+        client.request_deadline = deadline = trio.current_time() + _budget(head, backend)
+        client.timer.set(deadline, "deadline")
         body = b""
         streamed = head.body
         if head.body and head.length is not None and head.length <= BUFFERED_BODY_BYTES:
@@ -172,7 +178,8 @@ class Proxy:
             # client left, not at all.
             outcome: int | None = 599
             try:
-                sent = upstream_head(head, client.peer, route, slot.address, head.chunked)
+                left_ms = max(1, int((deadline - trio.current_time()) * 1000))
+                sent = upstream_head(head, client.peer, route, slot.address, head.chunked, left_ms)
                 if body:
                     sent += body
                 status, keep = await self._through(
@@ -300,7 +307,7 @@ class Proxy:
                 if sent < len(data):
                     # The replica must take the rest within body_timeout_s.
                     deadline = trio.current_time() + self.config.body_timeout_s
-                    client.timer.set(deadline, "upstream")
+                    client.arm(deadline, "upstream")
                     try:
                         await send_all(upstream.sock, memoryview(data)[sent:])
                     except OSError:
@@ -320,12 +327,12 @@ class Proxy:
     ) -> tuple[int, bool]:
         """Wait for the replica's answer (within request_timeout_s, then each next part of it
         within the same) and pass it on."""
-        timeout, sock, timer = self.config.request_timeout_s, upstream.sock, client.timer
+        timeout, sock = self.config.request_timeout_s, upstream.sock
         reader = ResponseReader()
         reader.head_only = head.method == b"HEAD"
         events = reader.events
         sent_at = trio.current_time()
-        timer.set(sent_at + timeout, "request")
+        client.arm(sent_at + timeout, "request")
         answer: ResponseHead | None = None
         try:
             while answer is None:
@@ -365,7 +372,7 @@ class Proxy:
         done = pass_on(events, out, chunks)
         await client.send(out)
         while not done:
-            timer.set(trio.current_time() + timeout, "request")
+            client.arm(trio.current_time() + timeout, "request")
             data = await receive_upstream(sock)
             if not data:
                 if not reader.closed():
@@ -461,4 +468,25 @@ def expired_answer(phase: str, config: IngressConfig, upstream: str) -> tuple[in
     if phase == "upstream":
         message = f"{where} stopped reading the request for {config.body_timeout_s:g} s"
         return 502, "BadGateway", message
+    if phase == "deadline":
+        message = (
+            "the request did not complete within its backend's request_timeout_s (or the "
+            f"{TIMEOUT_HEADER.decode()} it asked for)"
+        )
+        return 504, "GatewayTimeout", message
     return None
+
+
+def _budget(head: RequestHead, backend: BackendRoutes) -> float:
+    """The seconds `head` may take: its backend's request_timeout_s, or less if it asks."""
+    budget = backend.request_timeout_s
+    for name, value in head.headers:
+        if name == TIMEOUT_HEADER:
+            try:
+                asked = float(value) / 1000
+            except ValueError:
+                break
+            if asked >= 0:
+                budget = min(budget, asked)
+            break
+    return budget

@@ -56,6 +56,7 @@ def route_info(snapshot: BackendSnapshot) -> RouteInfo:
         route_prefix=config.route_prefix,
         max_ongoing_requests=config.max_ongoing_requests,
         max_queued_requests=config.max_queued_requests,
+        request_timeout_s=config.request_timeout_s,
         replicas=tuple((r.tag, r.address) for r in snapshot.replicas if r.address),
         scales_from_zero=config.autoscaling is not None and config.autoscaling.min_replicas == 0,
         split=_split(
@@ -329,6 +330,7 @@ def _info_from_json(data: Mapping[str, Any]) -> RouteInfo:
         route_prefix=config.get("route_prefix"),
         max_ongoing_requests=int(config.get("max_ongoing_requests", 100)),
         max_queued_requests=int(config.get("max_queued_requests", 1000)),
+        request_timeout_s=float(config.get("request_timeout_s", 60.0)),
         replicas=tuple(
             (str(r["tag"]), str(r["address"])) for r in data["replicas"] if r.get("address")
         ),

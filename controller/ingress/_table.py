@@ -37,6 +37,8 @@ class RouteInfo:
     """A canary release's split of the requests (None: every replica alike)."""
     versions: tuple[tuple[str, str], ...] = ()
     """(tag, version) of each replica, while there is a split."""
+    request_timeout_s: float = 60.0
+    """The backend's deadline for a whole request (``BackendConfig.request_timeout_s``)."""
 
 
 def _host(address: str) -> str:
@@ -108,6 +110,7 @@ class BackendRoutes:
     """Called when in-flight or queued counts change (the load reporter coalesces)."""
     max_ongoing: int = 100
     max_queued: int = 1000
+    request_timeout_s: float = 60.0
     route_prefix: str = "-"
     scales_from_zero: bool = False
     slots: list[Slot] = attrs.field(factory=list)
@@ -137,6 +140,7 @@ class BackendRoutes:
         that left with nothing in flight (their idle connections can be closed)."""
         self.max_ongoing = info.max_ongoing_requests
         self.max_queued = info.max_queued_requests
+        self.request_timeout_s = info.request_timeout_s
         self.route_prefix = info.route_prefix or "-"
         self.scales_from_zero = info.scales_from_zero
         fresh = dict(info.replicas)

@@ -8,19 +8,20 @@ from typing import Final
 
 from .._http.framing import HOP_BY_HOP, RequestHead
 
-#: Set by the ingress alone: a client's own are dropped.
-OURS: Final = frozenset({b"x-forwarded-proto", b"x-forwarded-prefix"})
+#: Set by the ingress alone: a client's own are dropped (its time left it reads first).
+OURS: Final = frozenset({b"x-forwarded-proto", b"x-forwarded-prefix", b"x-request-timeout-ms"})
 #: What a request's head loses on its way to a replica (more if its Connection names more).
 DROPPED: Final = HOP_BY_HOP | OURS
 _REWRITTEN: Final = frozenset({b"host", b"x-forwarded-for", b"cookie"})
 
 
 def upstream_head(
-    head: RequestHead, peer: str, route: str, fallback_host: str, chunked: bool
+    head: RequestHead, peer: str, route: str, fallback_host: str, chunked: bool, left_ms: int
 ) -> bytes:
     """The head sent to the replica: the client's, less what belongs to the client's hop (and
-    the headers its Connection header names), in origin form, with a Host, and with where it
-    came from. Every value sent was accepted by the reader, so it is valid on the wire."""
+    the headers its Connection header names), in origin form, with a Host, with where it came
+    from, and with the milliseconds it has left. Every value sent was accepted by the reader,
+    so it is valid on the wire."""
     # Most requests name nothing in Connection: their set is the framing's own, ours is known.
     dropped = DROPPED if head.dropped is HOP_BY_HOP else head.dropped | OURS
     out = [head.method, b" ", head.target, b" HTTP/1.1\r\n"]
@@ -50,7 +51,7 @@ def upstream_head(
         b", ".join(forwarded),
         b"\r\nx-forwarded-proto: http\r\nx-forwarded-prefix: ",
         route.encode(),
-        b"\r\n\r\n",
+        b"\r\nx-request-timeout-ms: %d\r\n\r\n" % left_ms,
     )
     return b"".join(out)
 
