@@ -56,12 +56,18 @@ def bench(session: nox.Session) -> None:
     """The controller's own costs: bench/bench.py (options after ``--``), a large apply against a
     real daemon, what a health check costs (real workers, the workers' wire, Ray), and a Ray
     cluster of three nodes run as one service (bench/nodes_bench.py), and a bad release as a
-    rolling update against a canary (bench/canary_bench.py). Tables on stdout, JSON in
-    bench/results.json, bench/apply_results.json, bench/check_results.json,
-    bench/nodes_results.json and bench/canary_results.json.
+    rolling update against a canary (bench/canary_bench.py), and backends as code served by
+    the worker against Ray Serve, HAProxy in front of uvicorn and uvicorn alone
+    (bench/serve_bench.py). Tables on stdout, JSON in bench/results.json,
+    bench/apply_results.json, bench/check_results.json, bench/nodes_results.json,
+    bench/canary_results.json and bench/serve_results.json.
     The comparisons with other systems are ``nox -s bench_compare``."""
-    # Ray Serve: the node ingresses' opponent in bench/nodes_bench.py (benchmark-only).
-    session.install("-e", ".[ray]", "ray[serve]>=2.60")
+    # Ray Serve: the node ingresses' opponent in bench/nodes_bench.py, and with uvicorn (as
+    # `pip install uvicorn[standard]` gives it: uvloop, httptools) and FastAPI the serving
+    # wing's in bench/serve_bench.py (benchmark-only).
+    session.install("-e", ".[ray]", "ray[serve]>=2.60", "uvicorn[standard]", "fastapi")
+    # HAProxy in front of uvicorn is one of serve_bench.py's contenders; wrk is its load.
+    _debian(session, {"haproxy": "haproxy", "wrk": "wrk"})
     # 150 crashes a size and store, and 30,000 names of churn (its growth over the last 10,000,
     # as with 100,000): the two longest sections of bench.py, cut to keep the session near 13
     # minutes on 2 cores (about 18 at the script's own counts).
@@ -74,6 +80,9 @@ def bench(session: nox.Session) -> None:
     session.run("python", "bench/nodes_bench.py", env={"RAY_AUTH_MODE": "disabled"})
     # A bad release as a rolling update and as a canary, on the same load (about 80 s).
     session.run("python", "bench/canary_bench.py")
+    # Backends as code (a function, a FastAPI app) against Ray Serve, HAProxy + uvicorn and
+    # uvicorn, alternating, and a function backend's first answer from zero (about 5 min).
+    session.run("python", "bench/serve_bench.py", env={"RAY_AUTH_MODE": "disabled"})
 
 
 @nox.session

@@ -44,7 +44,7 @@ from .._ports.context import ReplicaContext, set_context
 from .._serving.entry import build
 from .._serving.server import ReplicaServer
 from .logs import DEFAULT_MAX_BYTES, capture_output
-from .own_load import LOAD_SAMPLE_S, read_load
+from .own_load import read_load
 from .user_calls import call, describe, has
 from .wire import (
     MONITOR_CHECKS,
@@ -336,17 +336,12 @@ class Worker:
 
     async def push_load(self) -> None:
         """Push the replica's own ``load()`` to the runtime when it changes (``own_load``);
-        without one, for code it serves, the requests its server holds (running and waiting),
-        at most every `LOAD_SAMPLE_S`."""
+        without one, for code it serves, the requests its server holds (running and
+        waiting)."""
         if self.server is None or has(self.instance, "load"):
             await read_load(self.instance, self._push)
-            return
-        server = self.server
-        while True:
-            changed = server.next_change()  # before the push, which may wait
-            await self._push(server.load)
-            await changed.wait()
-            await trio.sleep(LOAD_SAMPLE_S)  # a burst of requests is one report
+        else:
+            await self.server.follow_load(self._push)
 
     async def _push(self, count: int | None) -> None:
         if count == self.load:

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, final
 
 import trio
@@ -46,6 +46,8 @@ PREFIX_HEADER = b"x-forwarded-prefix"
 #: A drain waits until no request has been in flight for this long (routers stop sending
 #: first, but a request chosen just before may still be on its way).
 QUIET_S = 0.2
+#: How often, at most, the replica's load is reported (as a ``load()`` method's is read).
+REPORT_S = 0.1
 #: Its clients are ingresses and handles, which hold many connections from one address.
 SERVER_LIMITS = ConnectionLimits(max_connections_per_client=10_000)
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -79,11 +81,23 @@ class ReplicaServer:
         self._clock: Callable[[], float] | None = None
         self._address: tuple[str, int] = ("127.0.0.1", 0)
         self._finished = trio.Event()
+        self.up = False
+        """It listens and its application has started: what fails now fails a live server."""
 
     @property
     def load(self) -> int:
         """Requests it holds: running and waiting."""
         return self.in_flight + self.waiting
+
+    async def follow_load(self, said: Callable[[int], Awaitable[None]]) -> None:
+        """Hand `said` each new figure of `load`, at most every `REPORT_S` (a burst of requests
+        is one report), until cancelled: the replica's own load, reported as a ``load()``
+        method's would be."""
+        while True:
+            changed = self.next_change()  # before `said`, which may wait
+            await said(self.load)
+            await changed.wait()
+            await trio.sleep(REPORT_S)
 
     def next_change(self) -> trio.Event:
         """Set at the next change of `load` (or of the requests served)."""
@@ -110,6 +124,7 @@ class ReplicaServer:
             async with trio.open_nursery() as nursery:
                 if self._lifespan is not None:
                     await self._lifespan.startup(nursery)
+                self.up = True
                 await self._server.serve([listener], task_status=task_status)
                 if self._lifespan is not None:
                     await self._lifespan.shutdown()

@@ -31,11 +31,14 @@ from pathlib import Path
 from typing import Any, final
 
 import ray
+import trio
 
 from .._local.logs import read_log
 from .._local.own_load import read_load
 from .._ports.context import ReplicaContext, set_context
-from .._ports.hosting import construct, describe_error, tracebacks
+from .._ports.hosting import describe_error, tracebacks
+from .._serving.entry import build
+from .._serving.server import ReplicaServer
 from ._trio_thread import TrioThread
 
 _CONTRACT = ("reconfigure", "check_health", "drain", "load")
@@ -67,6 +70,20 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
     return result
 
 
+async def _serve(
+    server: ReplicaServer, host: str, port: int, *, task_status: Any = trio.TASK_STATUS_IGNORED
+) -> None:
+    """The replica's HTTP server, a service of the actor's trio loop. A failure to start is
+    the start's; one once it serves is said in the log and ends only the server (the loop
+    goes on serving the replica's other calls)."""
+    try:
+        await server.run(host, port, task_status=task_status)
+    except Exception as exc:
+        if not server.up:
+            raise
+        _describe(exc)
+
+
 def free_port(host: str) -> int:
     # Bind-and-release, as LocalRuntime does: a port taken meanwhile shows as a failed start.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -86,6 +103,9 @@ class ReplicaHost:
             os.dup2(1, 2)
         self._spec: dict[str, Any] = json.loads(spec_json)
         self._instance: Any = None
+        # For code the actor serves (a function, a callable class, an ASGI app): its HTTP
+        # server, on the replica's address, run by the trio loop.
+        self._server: ReplicaServer | None = None
         # Started by the first ready() call, shared by every later one: a controller that adopts
         # this actor after a crash waits for the same build rather than starting another.
         self._build: asyncio.Task[dict[str, Any]] | None = None
@@ -132,21 +152,34 @@ class ReplicaHost:
         set_context(ReplicaContext(spec["tag"], spec["backend"], spec["version"], port, host))
         try:
             # The import too, in a thread: the actor keeps answering while it runs.
-            self._instance = await asyncio.to_thread(construct, spec)
+            entry = await asyncio.to_thread(build, spec)
+            self._instance = entry.instance
             if spec["user_config"] is not None:
                 reconfigure = getattr(self._instance, "reconfigure", None)
                 if reconfigure is not None:
                     await _call(reconfigure, spec["user_config"])
+            if entry.served:
+                serving = spec.get("serving", {})
+                self._server = ReplicaServer(
+                    entry,
+                    max_ongoing_requests=serving.get("max_ongoing_requests", 100),
+                    request_timeout_s=serving.get("request_timeout_s", 60.0),
+                )
+                # Listening before it counts as ready: routers send at once.
+                await _TRIO.start(_serve, self._server, host, port)
         except Exception as exc:
             return _describe(exc)
         node_id = ray.get_runtime_context().get_node_id()
+        methods = [m for m in _CONTRACT if callable(getattr(self._instance, m, None))]
+        if self._server is not None and "load" not in methods:
+            methods.append("load")  # its server's count of the requests it holds
         return {
             "ok": True,
             "address": f"{host}:{port}",
             "node_id": node_id,
             "pid": os.getpid(),
             "resources": spec["resources"],
-            "methods": [m for m in _CONTRACT if callable(getattr(self._instance, m, None))],
+            "methods": methods,
         }
 
     async def _user(self, name: str, *args: Any) -> str:
@@ -186,6 +219,9 @@ class ReplicaHost:
         return json.dumps(await asyncio.shield(self._drain))
 
     async def _drain_once(self) -> dict[str, Any]:
+        if self._server is not None:
+            # The requests under way end, then it stops listening; the user's drain after.
+            await _TRIO.run(self._server.drain)
         reply: dict[str, Any] = json.loads(await self._user("drain"))
         return reply
 
@@ -219,7 +255,11 @@ class ReplicaHost:
             async def said(count: int | None) -> None:
                 loop.call_soon_threadsafe(self._loaded, count)
 
-            self._load_reader = asyncio.ensure_future(_TRIO.run(read_load, self._instance, said))
+            if self._server is not None and not callable(getattr(self._instance, "load", None)):
+                reading = _TRIO.run(self._server.follow_load, said)
+            else:
+                reading = _TRIO.run(read_load, self._instance, said)
+            self._load_reader = asyncio.ensure_future(reading)
         while self._load_seq <= seq:
             await self._load_moved.wait()
         return json.dumps({"seq": self._load_seq, "load": self._load})

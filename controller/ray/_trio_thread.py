@@ -50,6 +50,18 @@ class TrioThread:
             raise
         return result.unwrap()
 
+    async def start(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Start `fn(*args)` as a service of the loop, as ``nursery.start`` does (it calls
+        ``task_status.started()`` when it is up), and return once it is: it runs on, in the
+        loop's own nursery, after this call. It must catch its own errors."""
+
+        async def start_in_loop() -> None:
+            nursery = self._loop[0] if self._loop is not None else None
+            assert nursery is not None
+            await nursery.start(fn, *args)
+
+        await self.run(start_in_loop)
+
     async def _start(self) -> tuple[trio.Nursery, trio.lowlevel.TrioToken]:
         return await asyncio.to_thread(self._started)
 

@@ -14,6 +14,7 @@ from .._model.errors import ReplicaError
 from .._model.json_values import JSON
 from .._model.spec import ReplicaSpec
 from .._ports.runtime import DeathListener
+from .._serving.server import ReplicaServer
 
 
 class FakeState(enum.Enum):
@@ -73,6 +74,9 @@ class FakeReplica:
     """The highest epoch that has commanded it: its start's, then raised by an adoption or a
     command from a higher one. Drains, reconfigures, health checks, kills and adoptions from a
     lower epoch are refused (``FencedError``)."""
+    server: ReplicaServer | None = None
+    """Its HTTP server, when it is code the runtime serves (``FakeRuntime(serve_http=True)``)."""
+    _server_scope: trio.CancelScope | None = None
     _start_done: trio.Event = attrs.field(factory=trio.Event)
     _start_error: ReplicaError | None = None
     _drain_done: trio.Event = attrs.field(factory=trio.Event)
@@ -86,6 +90,9 @@ class FakeReplica:
 
     @property
     def address(self) -> str:
+        """Where routers reach it: its HTTP server's address, or a name that reaches nothing."""
+        if self.server is not None:
+            return f"127.0.0.1:{self.server.port}"
         return f"fake://{self.tag}"
 
     # -- how it answers its runtime, as scripted --
@@ -103,6 +110,8 @@ class FakeReplica:
             self._start_done.set()
         self.state = FakeState.DEAD
         self.stopped_at = trio.current_time()
+        if self._server_scope is not None:
+            self._server_scope.cancel()  # its process is gone: so is what it served
 
     def _start_outcome(self) -> str | None:
         """Its address, once its start has ended; raises if the start failed."""
@@ -171,3 +180,7 @@ class Shared:
     changed: trio.Event = attrs.field(factory=trio.Event)
     cluster: Any = None
     """The nodes (``_fake_nodes.FakeNodes``), for a FakeRuntime given ``nodes``."""
+    serve_http: bool = False
+    """Code backends (a function, a callable class, an ASGI app) answer real HTTP."""
+    pythonpath: tuple[str, ...] = ()
+    """Where their entrypoints are imported from, before ``sys.path``."""

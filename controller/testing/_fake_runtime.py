@@ -11,7 +11,10 @@ from .._model.errors import FencedError, ReplicaError, ReplicaGoneError
 from .._model.json_values import JSON
 from .._model.placement import SLOTS
 from .._model.spec import ReplicaSpec
+from .._ports.hosting import host_spec
 from .._ports.runtime import CheckReport, DeathListener, ReplicaInfo
+from .._serving.entry import build
+from .._serving.server import ReplicaServer
 from ._fake_nodes import FakeNodeControls, FakeNodes
 from ._fake_replica import FakeReplica, FakeState, Shared
 
@@ -38,6 +41,11 @@ class FakeRuntime(FakeNodeControls):
       the test can ``lose_node``, ``notice_drain`` and ``add_node``.
     - ``max_replicas``: how many replicas each node holds at all (its ``replica_slots``),
       100,000 by default, so that even a runtime with no other limit refuses an absurd count.
+    - ``serve_http``: a replica of code the worker would serve (a function, a callable class,
+      an ASGI app: its entrypoint is imported, from ``pythonpath`` first) answers real HTTP on
+      a loopback port, its address, as LocalRuntime's would; a drain waits for its requests,
+      a kill or crash ends it. Its server runs in the ``serve`` of the view that started it,
+      and ends with it. Use the real clock (sockets do not wait for ``autojump_clock``).
 
     The same instance outlives a controller, like real processes do: hand it to a new controller
     over the same store to test recovery. Times are ``trio.current_time()``, so under
@@ -64,6 +72,8 @@ class FakeRuntime(FakeNodeControls):
         max_replicas: int = 100_000,
         record_history: bool = True,
         nodes: Mapping[str, Mapping[str, str]] | None = None,
+        serve_http: bool = False,
+        pythonpath: Sequence[str] = (),
     ):
         named = nodes
         if capacity is None:
@@ -80,7 +90,10 @@ class FakeRuntime(FakeNodeControls):
             failing_starts=frozenset(failing_starts),
             nodes=[{**node, SLOTS: float(max_replicas)} for node in each],
             record_history=record_history,
+            serve_http=serve_http,
+            pythonpath=tuple(str(p) for p in pythonpath),
         )
+        self._nursery: trio.Nursery | None = None
         if named is not None:
             self._shared.cluster = FakeNodes(named, self._shared.nodes)
         self.epoch = 0
@@ -95,6 +108,7 @@ class FakeRuntime(FakeNodeControls):
         other = FakeRuntime.__new__(FakeRuntime)
         other._shared = self._shared
         other.epoch = 0
+        other._nursery = None
         return other
 
     # -- the settings and records every view shares --
@@ -254,9 +268,12 @@ class FakeRuntime(FakeNodeControls):
     ) -> None:
         self._shared.listeners.append(on_death)
         try:
-            task_status.started()
-            await trio.sleep_forever()
+            async with trio.open_nursery() as nursery:  # the HTTP servers of its replicas
+                self._nursery = nursery
+                task_status.started()
+                await trio.sleep_forever()
         finally:
+            self._nursery = None
             self._shared.listeners.remove(on_death)
 
     async def capacity(self) -> Sequence[Mapping[str, float]] | None:
@@ -305,7 +322,11 @@ class FakeRuntime(FakeNodeControls):
             await trio.lowlevel.checkpoint()
         else:
             await replica._start_done.wait()
-        return self._info(replica, replica._start_outcome())
+        address = replica._start_outcome()
+        if self._shared.serve_http:
+            await self._serve_http(replica)
+            address = replica.address
+        return self._info(replica, address)
 
     async def adopt_replica(self, tag: str) -> ReplicaInfo | str | None:
         replica = self.replicas.get(tag)
@@ -368,6 +389,8 @@ class FakeRuntime(FakeNodeControls):
             replica.state = FakeState.DRAINING
             replica.drain_requested_at = trio.current_time()
         self._note(tag, "drain")
+        if replica.server is not None:
+            await replica.server.drain()  # the requests under way end, then it stops listening
         if self.auto_drain and replica.spec.replica_config.entrypoint not in self.hung_drains:
             replica._drain_done.set()
         await replica._drain_done.wait()
@@ -389,6 +412,33 @@ class FakeRuntime(FakeNodeControls):
         self._note(tag, "killed")
 
     # -- internals --
+
+    async def _serve_http(self, replica: FakeReplica) -> None:
+        """Build `replica`'s code and serve it on a loopback port (code that serves itself is
+        left as any fake replica is)."""
+        spec = host_spec(replica.spec, self._shared.pythonpath)
+        try:
+            entry = await trio.to_thread.run_sync(build, spec)
+        except Exception as exc:
+            error = ReplicaError(replica.tag, type(exc).__name__, str(exc))
+            replica._die(error)
+            raise error from exc
+        if not entry.served:
+            return
+        server = ReplicaServer(
+            entry,
+            max_ongoing_requests=replica.spec.serving.max_ongoing_requests,
+            request_timeout_s=replica.spec.serving.request_timeout_s,
+        )
+        assert self._nursery is not None, "FakeRuntime.serve is not running"
+        scope = trio.CancelScope()
+
+        async def serve(*, task_status: trio.TaskStatus[None]) -> None:
+            with scope:
+                await server.run("127.0.0.1", 0, task_status=task_status)
+
+        await self._nursery.start(serve)
+        replica.server, replica._server_scope = server, scope
 
     def _info(self, replica: FakeReplica, address: str | None) -> ReplicaInfo | str | None:
         return address if replica.node is None else ReplicaInfo(address, None, replica.node)
