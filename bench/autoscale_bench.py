@@ -190,28 +190,32 @@ def daemon(fork_server: bool) -> Iterator[tuple[int, int, str]]:
         shutil.rmtree(state, ignore_errors=True)
 
 
-def replicas(api: int, token: str) -> int:
-    status, body = get("127.0.0.1", api, "/api/v1/backends/cold", token)
+def replicas(api: int, token: str, backend: str = "cold") -> int:
+    status, body = get("127.0.0.1", api, f"/api/v1/backends/{backend}", token)
     assert status == 200, body
     return len(json.loads(body)["replicas"])
 
 
+def first_answer(api: int, ingress: int, token: str, backend: str, path: str) -> float:
+    """Wait until `backend` (autoscaled, no zero delay) has no replica, then time one request
+    to `path` through the ingress, from its send to its answer (seconds)."""
+    deadline = time.monotonic() + 30
+    while replicas(api, token, backend):  # back at zero (the delay is 0)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the backend {backend!r} did not scale to zero")
+        time.sleep(0.05)
+    time.sleep(0.3)  # the zero settled: no replica still stopping
+    start = time.perf_counter()
+    status, body = get("127.0.0.1", ingress, path)
+    took = time.perf_counter() - start
+    assert status == 200, body
+    return took
+
+
 def cold_starts(fork_server: bool, trials: int) -> list[float]:
     """First request to its answer, through the ingress, from zero replicas each time."""
-    out = []
     with daemon(fork_server) as (api, ingress, token):
-        for _ in range(trials):
-            deadline = time.monotonic() + 30
-            while replicas(api, token):  # back at zero (the delay is 0)
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the backend did not scale to zero")
-                time.sleep(0.05)
-            time.sleep(0.3)  # the zero settled: no replica still stopping
-            start = time.perf_counter()
-            status, body = get("127.0.0.1", ingress, "/cold")
-            out.append(time.perf_counter() - start)
-            assert status == 200, body
-    return out
+        return [first_answer(api, ingress, token, "cold", "/cold") for _ in range(trials)]
 
 
 class ServeCold:

@@ -414,7 +414,14 @@ FAST_MS, SLOW_MS = 2.0, 20.0
 class Daemon:
     """A controller daemon with its own state dir, its own ingress, and our backends."""
 
-    def __init__(self, state_dir: Path, ingress_port: int, pythonpath: Path = HERE) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        ingress_port: int,
+        pythonpath: Path = HERE,
+        extra: Sequence[str] = (),
+    ) -> None:
+        """`extra`: more options of ``controller run`` (``--ingress-workers 1``)."""
         self.dir = state_dir
         self.ingress_port = ingress_port
         self.log = (state_dir / "daemon.log").open("wb")
@@ -432,6 +439,7 @@ class Daemon:
                 f"127.0.0.1:{ingress_port}",
                 "--pythonpath",
                 str(pythonpath),
+                *extra,
             ],
             cwd=ROOT,
             stdout=self.log,
@@ -550,10 +558,18 @@ def ray_cluster(tmp: Path) -> Iterator[None]:
 
 
 @contextmanager
-def serve_app(port: int, *, access_log: bool) -> Iterator[None]:
-    """Serve's proxy on `port` and the trivial deployment (two replicas) at ``/bench``.
-    Serve logs every request by default; `access_log` False turns that off (proxy and
-    replicas), as the controller's ingress has it by default."""
+def serve_app(
+    port: int,
+    *,
+    access_log: bool,
+    target: Any = ServeTrivial,
+    name: str = "Trivial",
+    route_prefix: str = "/bench",
+    num_replicas: int = 2,
+) -> Iterator[None]:
+    """Serve's proxy on `port` and a deployment of `target` (by default the trivial class, two
+    replicas) at `route_prefix`. Serve logs every request by default; `access_log` False turns
+    that off (proxy and replicas), as the controller's ingress has it by default."""
     from ray import serve
 
     logging_config = {"enable_access_log": access_log}
@@ -563,15 +579,15 @@ def serve_app(port: int, *, access_log: bool) -> Iterator[None]:
     )
     try:
         deployment = serve.deployment(
-            name="Trivial",
-            num_replicas=2,
+            name=name,
+            num_replicas=num_replicas,
             max_ongoing_requests=100,  # as the controller's default (Serve's own is 5)
             ray_actor_options={"num_cpus": 0.25},
-        )(ServeTrivial)
+        )(target)
         serve.run(
             deployment.bind(),
             name="bench",
-            route_prefix="/bench",
+            route_prefix=route_prefix,
             logging_config=None if access_log else logging_config,
         )
         yield

@@ -82,6 +82,8 @@ if TYPE_CHECKING:
     from ._ports.runtime import ReplicaInfo as ReplicaInfo
     from ._ports.runtime import Runtime as Runtime
     from ._ports.store import Store as Store
+    from ._serving.request import Request as Request
+    from ._serving.response import Response as Response
     from ._stores.memory import MemoryStore as MemoryStore
     from ._stores.sqlite import SQLiteStore as SQLiteStore
 
@@ -155,6 +157,8 @@ _HOME: dict[str, str] = {
     "ServingReplicas": "._model.serving",
     "RolloutStatus": "._model.status",
     "Store": "._ports.store",
+    "Request": "._serving.request",
+    "Response": "._serving.response",
 }
 
 __all__ = sorted(_HOME)

@@ -298,7 +298,7 @@ def test_log_in_with_the_token_and_see_the_example_backends(tab: Tab) -> None:
     names = tab.page.eval_on_selector_all(
         "#backends tr[data-backend]", "rows => rows.map(r => r.dataset.backend)"
     )
-    assert names == ["echo", "greeter"]
+    assert names == ["echo", "greeter", "hello"]
     tab.page.wait_for_function(
         "() => document.querySelector('tr[data-backend=\"echo\"] .ready').textContent === '2/2'"
     )

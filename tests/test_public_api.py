@@ -57,6 +57,8 @@ EXPECTED = {
     "RouteConflictError",
     "LoadReport",
     "BackendLoad",
+    "Request",
+    "Response",
 }
 
 

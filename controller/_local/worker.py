@@ -42,7 +42,7 @@ import trio
 from .._files import read_regular
 from .._ports.context import ReplicaContext, set_context
 from .._serving.entry import build
-from .._serving.server import ReplicaServer
+from .._serving.server import ReplicaServer, serving_line
 from .logs import DEFAULT_MAX_BYTES, capture_output
 from .own_load import read_load
 from .user_calls import call, describe, has
@@ -112,6 +112,7 @@ class Worker:
                 assert self.nursery is not None
                 # Listening before it counts as ready: routers send at once.
                 await self.nursery.start(self.server.run, self.spec["host"], self.spec["port"])
+                print(serving_line(self.spec, entry), flush=True)  # the replica's log says
         except Exception as exc:
             self.init_error = describe(exc)
         self.ready.set()

@@ -5,6 +5,8 @@ Kept free of heavy imports (no trio), because every replica process imports it.
 
 from __future__ import annotations
 
+import contextvars
+
 import attrs
 
 
@@ -26,17 +28,31 @@ class ReplicaContext:
 
 
 _context: ReplicaContext | None = None
+#: A replica's own, where several share one process (FakeRuntime's served code): set in its
+#: tasks (and so in the threads they start), it wins over the process's.
+_here: contextvars.ContextVar[ReplicaContext | None] = contextvars.ContextVar(
+    "replica_context", default=None
+)
 
 
 def context() -> ReplicaContext:
     """The running replica's context; only inside a replica started by LocalRuntime or
-    RayRuntime."""
-    if _context is None:
+    RayRuntime (or served by FakeRuntime)."""
+    value = _here.get()
+    if value is None:
+        value = _context
+    if value is None:
         raise RuntimeError("controller.worker.context() is only available inside a replica")
-    return _context
+    return value
 
 
 def set_context(value: ReplicaContext) -> None:
     """For runtimes: what ``context()`` returns in this process from now on."""
     global _context
     _context = value
+
+
+def set_task_context(value: ReplicaContext) -> None:
+    """For runtimes that run several replicas in one process: what ``context()`` returns in the
+    calling task from now on, and in the tasks and threads it starts."""
+    _here.set(value)

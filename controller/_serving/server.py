@@ -316,3 +316,12 @@ _EXPIRED: dict[str, tuple[int, str, str]] = {
     "body": (408, "RequestTimeout", "the request body stalled"),
     "deadline": (504, "GatewayTimeout", "the handler did not answer within its deadline"),
 }
+
+
+def serving_line(spec: dict[str, Any], entry: Entry) -> str:
+    """What a replica's log says once its server listens."""
+    kinds = {"function": "a function", "callable": "a callable class", "asgi": "an ASGI app"}
+    return (
+        f"{spec['tag']}: serving HTTP on {spec['host']}:{spec['port']} "
+        f"({spec['entrypoint']}, {kinds.get(entry.kind, entry.kind)})"
+    )

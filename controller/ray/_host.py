@@ -38,7 +38,7 @@ from .._local.own_load import read_load
 from .._ports.context import ReplicaContext, set_context
 from .._ports.hosting import describe_error, tracebacks
 from .._serving.entry import build
-from .._serving.server import ReplicaServer
+from .._serving.server import ReplicaServer, serving_line
 from ._trio_thread import TrioThread
 
 _CONTRACT = ("reconfigure", "check_health", "drain", "load")
@@ -167,6 +167,7 @@ class ReplicaHost:
                 )
                 # Listening before it counts as ready: routers send at once.
                 await _TRIO.start(_serve, self._server, host, port)
+                print(serving_line({**spec, "host": host, "port": port}, entry), flush=True)
         except Exception as exc:
             return _describe(exc)
         node_id = ray.get_runtime_context().get_node_id()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import NoReturn, final
 
@@ -11,6 +12,7 @@ from .._model.errors import FencedError, ReplicaError, ReplicaGoneError
 from .._model.json_values import JSON
 from .._model.placement import SLOTS
 from .._model.spec import ReplicaSpec
+from .._ports.context import ReplicaContext, set_task_context
 from .._ports.hosting import host_spec
 from .._ports.runtime import CheckReport, DeathListener, ReplicaInfo
 from .._serving.entry import build
@@ -415,30 +417,42 @@ class FakeRuntime(FakeNodeControls):
 
     async def _serve_http(self, replica: FakeReplica) -> None:
         """Build `replica`'s code and serve it on a loopback port (code that serves itself is
-        left as any fake replica is)."""
-        spec = host_spec(replica.spec, self._shared.pythonpath)
-        try:
-            entry = await trio.to_thread.run_sync(build, spec)
-        except Exception as exc:
-            error = ReplicaError(replica.tag, type(exc).__name__, str(exc))
-            replica._die(error)
-            raise error from exc
-        if not entry.served:
-            return
-        server = ReplicaServer(
-            entry,
-            max_ongoing_requests=replica.spec.serving.max_ongoing_requests,
-            request_timeout_s=replica.spec.serving.request_timeout_s,
-        )
+        left as any fake replica is). Its ``controller.worker.context()`` is its own."""
         assert self._nursery is not None, "FakeRuntime.serve is not running"
+        spec = host_spec(replica.spec, self._shared.pythonpath)
+        port = _free_port()
+        here = ReplicaContext(replica.tag, replica.backend, replica.spec.version, port)
+        made: list[ReplicaServer] = []
+        failed: list[ReplicaError] = []
         scope = trio.CancelScope()
 
         async def serve(*, task_status: trio.TaskStatus[None]) -> None:
+            set_task_context(here)  # this task's, and its threads' (the build's too)
+            try:
+                entry = await trio.to_thread.run_sync(build, spec)
+            except Exception as exc:
+                failed.append(ReplicaError(replica.tag, type(exc).__name__, str(exc)))
+                task_status.started()
+                return
+            if not entry.served:
+                task_status.started()
+                return
+            server = ReplicaServer(
+                entry,
+                max_ongoing_requests=replica.spec.serving.max_ongoing_requests,
+                request_timeout_s=replica.spec.serving.request_timeout_s,
+            )
+            made.append(server)
             with scope:
-                await server.run("127.0.0.1", 0, task_status=task_status)
+                await server.run("127.0.0.1", port, task_status=task_status)
 
         await self._nursery.start(serve)
-        replica.server, replica._server_scope = server, scope
+        if failed:
+            replica._die(failed[0])
+            self._note(replica.tag, f"start failed: {failed[0]}")
+            raise failed[0]
+        if made:
+            replica.server, replica._server_scope = made[0], scope
 
     def _info(self, replica: FakeReplica, address: str | None) -> ReplicaInfo | str | None:
         return address if replica.node is None else ReplicaInfo(address, None, replica.node)
@@ -475,3 +489,11 @@ class FakeRuntime(FakeNodeControls):
             shared.history.append((trio.current_time(), tag, what))
         shared.changed.set()
         shared.changed = trio.Event()
+
+
+def _free_port() -> int:
+    # Bound and let go, as LocalRuntime does: a port taken meanwhile shows as a failed start.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
