@@ -445,16 +445,20 @@ class Daemon:
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 30
-        info = state_dir / "daemon.json"
-        while not info.exists():
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise RuntimeError(f"the daemon did not start: see {state_dir / 'daemon.log'}")
-            time.sleep(0.05)
-        time.sleep(0.05)  # written atomically, but read once whole
-        self.url = str(json.loads(info.read_text())["url"])
-        self.token = (state_dir / "token").read_text().strip()
-        wait_answers(f"{self.url}/healthz", times=1)
+        try:
+            deadline = time.monotonic() + 30
+            info = state_dir / "daemon.json"
+            while not info.exists():
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError(f"the daemon did not start: see {state_dir / 'daemon.log'}")
+                time.sleep(0.05)
+            time.sleep(0.05)  # written atomically, but read once whole
+            self.url = str(json.loads(info.read_text())["url"])
+            self.token = (state_dir / "token").read_text().strip()
+            wait_answers(f"{self.url}/healthz", times=1)
+        except BaseException:
+            self.shutdown()  # what it started so far (its ingress outlives a SIGTERM)
+            raise
 
     def cli(self, *args: str, timeout_s: float = 120.0) -> None:
         subprocess.run(

@@ -2,7 +2,10 @@
 in the same run, and a watch source that lists it. Whatever a client sends, every replica slot
 taken is given back (in flight and queued return to 0) and the next client is served; long
 paths cost little; paths another component could read differently are refused; no client can
-hold more than its share of connections."""
+hold more than its share of connections.
+
+The framing tests run against a replica's own server too (``target="replica"``: code the worker
+serves, over the same HTTP/1.1), which must hold to the same rules."""
 
 from __future__ import annotations
 
@@ -23,8 +26,11 @@ import trio.testing
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from controller import Request
 from controller._http.connection import CLOSING_GRACE_S
 from controller._model.status import LoadReport
+from controller._serving.entry import Entry
+from controller._serving.server import ReplicaServer
 from controller.ingress import Ingress, IngressConfig, RouteTable, open_listener
 from controller.ingress._sources import SourceError, read_answer
 from controller.ingress._table import RouteInfo
@@ -114,15 +120,53 @@ class Replica:
 
 
 @attrs.define
+class SeenApp:
+    """The replica server's counterpart of `Replica`: code the worker serves, answering every
+    request with what it saw (its target and headers), its body read first."""
+
+    seen: list[dict[str, Any]] = attrs.field(factory=list)
+
+    async def __call__(self, request: Request) -> dict[str, Any]:
+        request_seen = {
+            "path": request.target.decode("latin-1"),
+            "headers": [(k.decode(), v.decode("latin-1")) for k, v in request.raw_headers],
+        }
+        self.seen.append(request_seen)
+        await request.body()
+        return request_seen
+
+
+#: The servers the framing tests run against: the ingress (with a replica behind it), and a
+#: replica's own server (code the worker serves).
+TARGETS = ["ingress", "replica"]
+
+
+@attrs.define
 class Front:
-    ingress: Ingress
+    ingress: Ingress | None
     port: int
-    replica: Replica | RawReplica
+    replica: Replica | RawReplica | SeenApp
+    server: ReplicaServer | None = None
 
     def settled(self) -> bool:
         """Nothing in flight or queued, and no connection but idle ones."""
+        if self.server is not None:
+            return self.server.load == 0
+        assert self.ingress is not None
         load = self.ingress.load()
         return all(v == (0, 0) for v in load.values())
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        else:
+            assert self.ingress is not None
+            self.ingress.close()
+
+    @property
+    def the_ingress(self) -> Ingress:
+        assert self.ingress is not None
+        return self.ingress
 
 
 @attrs.define
@@ -171,8 +215,18 @@ class RawReplica:
 
 @asynccontextmanager
 async def front(
-    config: IngressConfig | None = None, replica: Replica | RawReplica | None = None
+    config: IngressConfig | None = None,
+    replica: Replica | RawReplica | None = None,
+    target: str = "ingress",
 ) -> AsyncIterator[Front]:
+    if target == "replica":
+        async with trio.open_nursery() as nursery:
+            app = SeenApp()
+            server = ReplicaServer(Entry("callable", app, app), limits=config or IngressConfig())
+            await nursery.start(server.run, "127.0.0.1", 0)
+            yield Front(None, server.port, app, server)
+            nursery.cancel_scope.cancel()
+        return
     async with trio.open_nursery() as nursery:
         replica = replica if replica is not None else Replica()
         await nursery.start(replica.serve)
@@ -221,11 +275,13 @@ _VALUES = st.binary(max_size=60).filter(lambda b: b"\r" not in b and b"\n" not i
 @example(headers=[(b"Connection", b"close, Content-Length, Host"), (b"Content-Length", b"0")])
 @example(headers=[(b"Expect", b"100-continue"), (b"Content-Length", b"3")])
 @example(headers=[(b"X-A", b"\x00\x7f\xff"), (b"Transfer-Encoding", b"gzip, chunked")])
+@pytest.mark.parametrize("target", TARGETS)
 async def test_whatever_headers_a_client_sends_every_slot_is_given_back(
-    headers: list[tuple[bytes, bytes]],
+    target: str, headers: list[tuple[bytes, bytes]]
 ) -> None:
     with trio.fail_after(LIMIT_S):
-        async with front(IngressConfig(body_timeout_s=0.2, header_timeout_s=0.5)) as f:
+        config = IngressConfig(body_timeout_s=0.2, header_timeout_s=0.5)
+        async with front(config, target=target) as f:
             head = b"GET /app/x HTTP/1.1\r\nHost: h\r\n"
             head += b"".join(name + b": " + value + b"\r\n" for name, value in headers)
             status = await _one_answer(f.port, head + b"\r\n")
@@ -275,7 +331,7 @@ async def test_the_trailing_semicolon_cookie_is_served_and_holds_nothing() -> No
             assert status == 200
             assert ["cookie", "theme=dark;"] in json.loads(body)["headers"]
         await trio.testing.wait_all_tasks_blocked()
-        assert f.ingress.load() == {"app": (0, 0)}
+        assert f.the_ingress.load() == {"app": (0, 0)}
         # The console's session cookie is dropped; the others go on, joined anew.
         status, body = await _answer_of(
             f.port,
@@ -285,8 +341,9 @@ async def test_the_trailing_semicolon_cookie_is_served_and_holds_nothing() -> No
         assert ["cookie", "theme=dark"] in json.loads(body)["headers"]
 
 
-async def test_long_targets_are_refused_at_once_and_cost_little() -> None:
-    async with front() as f:
+@pytest.mark.parametrize("target", TARGETS)
+async def test_long_targets_are_refused_at_once_and_cost_little(target: str) -> None:
+    async with front(target=target) as f:
         # A 1 MB request line: 414 before it has all arrived, and the connection closed.
         huge = b"GET /app/" + b"a" * (1 << 20) + b" HTTP/1.1\r\nHost: h\r\n\r\n"
         answer = await raw(f.port, huge)
@@ -301,6 +358,8 @@ async def test_long_targets_are_refused_at_once_and_cost_little() -> None:
         fits = "/app/" + "b" * (8192 - 5)
         assert (await request(f.port, fits)).status == 200
         assert (await request(f.port, fits + "b")).status == 414
+        if target == "replica":
+            return  # it routes nothing
         # Routing cost grows with the routes' depths, not with the path's length or depth.
         table, _ = RouteTable.build([("/app", "app"), ("/a/b/c", "abc"), ("/", "root")])
         deep = "/a/b/c/" + "x/" * 30_000
@@ -327,24 +386,29 @@ async def test_long_targets_are_refused_at_once_and_cost_little() -> None:
         "/app/.;x/y",
     ],
 )
-async def test_paths_another_component_could_read_otherwise_are_refused(path: str) -> None:
-    async with front() as f:
+@pytest.mark.parametrize("target", TARGETS)
+async def test_paths_another_component_could_read_otherwise_are_refused(
+    path: str, target: str
+) -> None:
+    async with front(target=target) as f:
         answer = await raw(f.port, f"GET {path} HTTP/1.1\r\nHost: h\r\n\r\n".encode("latin-1"))
         assert answer.startswith(b"HTTP/1.1 400 "), answer
         assert b'"BadPath"' in answer
         assert f.replica.seen == []
 
 
-async def test_the_replica_sees_the_path_routed_on() -> None:
-    async with front() as f:
+@pytest.mark.parametrize("target", TARGETS)
+async def test_the_replica_sees_the_path_routed_on(target: str) -> None:
+    async with front(target=target) as f:
         for path in ("/app", "/app/", "/app//x", "/app/x?a=/../b", "/app/x%20y", "/app/...x"):
             answer = await request(f.port, path)
             assert answer.status == 200, path
             assert answer.json()["path"] == path
 
 
-async def test_one_address_holds_at_most_its_share_of_connections() -> None:
-    async with front(IngressConfig(max_connections_per_client=3)) as f:
+@pytest.mark.parametrize("target", TARGETS)
+async def test_one_address_holds_at_most_its_share_of_connections(target: str) -> None:
+    async with front(IngressConfig(max_connections_per_client=3), target=target) as f:
         held = [await Conn.open(f.port) for _ in range(3)]
         for conn in held:
             assert (await conn.request("/app")).status == 200
@@ -352,7 +416,8 @@ async def test_one_address_holds_at_most_its_share_of_connections() -> None:
         assert await raw(f.port, b"GET /app HTTP/1.1\r\nHost: h\r\n\r\n") == b""
         other = await _from_address("127.0.0.2", f.port)
         assert other.startswith(b"HTTP/1.1 200 ")
-        assert f.ingress.metrics.refused_by == {"per_client": 1}
+        if f.ingress is not None:
+            assert f.ingress.metrics.refused_by == {"per_client": 1}
         await held[0].aclose()
         await trio.testing.wait_all_tasks_blocked()
         assert (await request(f.port, "/app")).status == 200  # room again
@@ -373,8 +438,10 @@ async def _from_address(source: str, port: int) -> bytes:
     return bytes(answer)
 
 
-async def test_a_connection_must_send_its_first_byte_within_the_head_timeout() -> None:
-    async with front(IngressConfig(header_timeout_s=0.3, keepalive_timeout_s=30)) as f:
+@pytest.mark.parametrize("target", TARGETS)
+async def test_a_connection_must_send_its_first_byte_within_the_head_timeout(target: str) -> None:
+    config = IngressConfig(header_timeout_s=0.3, keepalive_timeout_s=30)
+    async with front(config, target=target) as f:
         # Timed from before the connection: the ingress's 0.3 s count from its accept, which
         # a busy machine may make long after our connect returns.
         began = trio.current_time()
@@ -393,8 +460,9 @@ async def test_a_connection_must_send_its_first_byte_within_the_head_timeout() -
         await conn.aclose()
 
 
-async def test_a_request_with_both_framings_is_answered_and_closed() -> None:
-    async with front() as f:
+@pytest.mark.parametrize("target", TARGETS)
+async def test_a_request_with_both_framings_is_answered_and_closed(target: str) -> None:
+    async with front(target=target) as f:
         attack = (
             b"POST /app/x HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n"
             b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
@@ -406,11 +474,12 @@ async def test_a_request_with_both_framings_is_answered_and_closed() -> None:
         assert [s["path"] for s in f.replica.seen] == []
 
 
-async def test_a_fragment_in_the_target_is_refused() -> None:
-    async with front() as f:
-        for target in (b"/app#/../admin", b"/app/x#y", b"http://h/app#/../x"):
-            answer = await raw(f.port, b"GET " + target + b" HTTP/1.1\r\nHost: h\r\n\r\n")
-            assert answer.startswith(b"HTTP/1.1 400 "), (target, answer)
+@pytest.mark.parametrize("target", TARGETS)
+async def test_a_fragment_in_the_target_is_refused(target: str) -> None:
+    async with front(target=target) as f:
+        for sent in (b"/app#/../admin", b"/app/x#y", b"http://h/app#/../x"):
+            answer = await raw(f.port, b"GET " + sent + b" HTTP/1.1\r\nHost: h\r\n\r\n")
+            assert answer.startswith(b"HTTP/1.1 400 "), (sent, answer)
         assert f.replica.seen == []
 
 
@@ -422,7 +491,7 @@ async def test_bytes_a_replica_sends_past_its_answer_do_not_spoil_the_answer() -
             for _ in range(20):
                 answer = await request(f.port, path)
                 assert (answer.status, answer.body) == (200, b"hello"), path
-        assert f.ingress.proxy.pool.opened == 40  # none of those connections was kept
+        assert f.the_ingress.proxy.pool.opened == 40  # none of those connections was kept
 
 
 async def test_an_early_answer_to_a_large_upload_is_passed_on() -> None:
@@ -449,9 +518,10 @@ async def test_an_answer_of_ours_to_an_upload_arrives_whole_not_as_a_reset() -> 
             assert status == 404
 
 
-async def test_a_slow_body_is_cut_off_and_a_small_one_holds_no_slot_meanwhile() -> None:
+@pytest.mark.parametrize("target", TARGETS)
+async def test_a_slow_body_is_cut_off_and_a_small_one_holds_no_slot_meanwhile(target: str) -> None:
     config = IngressConfig(header_timeout_s=0.3, min_body_rate=1000)
-    async with front(config) as f:
+    async with front(config, target=target) as f:
         for length in (1000, 1_000_000):  # read whole before a slot is taken; streamed
             stream = await trio.open_tcp_stream("127.0.0.1", f.port)
             async with stream:
@@ -462,22 +532,27 @@ async def test_a_slow_body_is_cut_off_and_a_small_one_holds_no_slot_meanwhile() 
                     b"POST /app/x HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n\r\nx" % length
                 )
                 await trio.testing.wait_all_tasks_blocked(cushion=0.05)
-                held = f.ingress.load()["app"][0]
-                assert held == (0 if length == 1000 else 1)
+                if f.server is not None:
+                    # A replica's handler reads its own body: it holds its place meanwhile.
+                    assert f.server.in_flight == 1
+                else:
+                    held = f.the_ingress.load()["app"][0]
+                    assert held == (0 if length == 1000 else 1)
                 with trio.fail_after(5):
                     answer = await stream.receive_some(65536)
                 # 1 byte in 0.3 s of grace plus 1 ms: far under 1000 bytes a second.
                 assert answer.startswith(b"HTTP/1.1 408 "), answer
                 assert 0.29 <= trio.current_time() - began < 3
             await trio.testing.wait_all_tasks_blocked(cushion=0.05)
-            assert f.ingress.load()["app"] == (0, 0)
+            assert f.settled()
         # A body at a fair rate goes through.
         assert (await request(f.port, "/app/x", method="POST", body=b"y" * 200_000)).status == 200
 
 
-async def test_pipelining_is_bounded_and_a_begun_head_keeps_its_timeout() -> None:
+@pytest.mark.parametrize("target", TARGETS)
+async def test_pipelining_is_bounded_and_a_begun_head_keeps_its_timeout(target: str) -> None:
     config = IngressConfig(header_timeout_s=0.3)
-    async with front(config) as f:
+    async with front(config, target=target) as f:
         one = b"GET /app/p HTTP/1.1\r\nHost: h\r\n\r\n"
         # 50 in one go: the first 32 are served, then 400 and the connection closed.
         answer = await raw(f.port, one * 50)
@@ -493,8 +568,9 @@ async def test_pipelining_is_bounded_and_a_begun_head_keeps_its_timeout() -> Non
         assert trio.current_time() - began < 2
 
 
-async def test_versions_and_http_1_0_framing() -> None:
-    async with front() as f:
+@pytest.mark.parametrize("target", TARGETS)
+async def test_versions_and_http_1_0_framing(target: str) -> None:
+    async with front(target=target) as f:
         for version in (b"HTTP/1.2", b"HTTP/2.0", b"HTTP/9.9"):
             answer = await raw(f.port, b"GET /app " + version + b"\r\nHost: h\r\n\r\n")
             assert answer.startswith(b"HTTP/1.1 505 "), (version, answer)
@@ -526,18 +602,21 @@ async def test_a_client_that_leaves_before_it_is_answered_is_no_error(
     assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
 
 
-async def test_closing_answers_a_connection_just_accepted_and_closes_kept_ones() -> None:
+@pytest.mark.parametrize("target", TARGETS)
+async def test_closing_answers_a_connection_just_accepted_and_closes_kept_ones(
+    target: str,
+) -> None:
     """A connection accepted just before the ingress closes, whose request was on its way,
     is answered (its client would not send it again on a new connection); one kept alive
     between requests is closed at once; one that sends nothing goes after the grace."""
-    async with front() as f:
+    async with front(target=target) as f:
         kept = await Conn.open(f.port)
         assert (await kept.request("/app/a")).status == 200
         fresh = await trio.open_tcp_stream("127.0.0.1", f.port)
         silent = await trio.open_tcp_stream("127.0.0.1", f.port)
         await trio.testing.wait_all_tasks_blocked()  # both accepted, waiting for a request
         started = trio.current_time()
-        f.ingress.close()
+        f.close()
         await fresh.send_all(b"GET /app/b HTTP/1.1\r\nHost: h\r\n\r\n")
         answer = b""
         while chunk := await fresh.receive_some(65536):
@@ -562,10 +641,11 @@ async def _until_closed(sock: socket.socket) -> bytes:
         data += chunk
 
 
-async def test_closing_answers_a_request_already_in_a_kept_connection() -> None:
+@pytest.mark.parametrize("target", TARGETS)
+async def test_closing_answers_a_request_already_in_a_kept_connection(target: str) -> None:
     """A kept-alive connection whose next request is in its socket, unread, when the ingress
     closes: the request is answered (closing it unread would reset the connection)."""
-    async with front() as f:
+    async with front(target=target) as f:
         plain = socket.create_connection(("127.0.0.1", f.port))
         with plain:
             plain.setblocking(False)
@@ -574,7 +654,7 @@ async def test_closing_answers_a_request_already_in_a_kept_connection() -> None:
             first = plain.recv(65536)
             assert first.startswith(b"HTTP/1.1 200 ")
             plain.send(b"GET /app/c HTTP/1.1\r\nHost: h\r\n\r\n")  # no checkpoint: unread
-            f.ingress.close()
+            f.close()
             answer = await _until_closed(plain)
         assert answer.startswith(b"HTTP/1.1 200 "), answer
         assert b"connection: close" in answer.lower()

@@ -59,7 +59,12 @@ class ReplicaServer:
     """Serves `entry` (any kind but a class that serves itself) until drained or cancelled."""
 
     def __init__(
-        self, entry: Entry, *, max_ongoing_requests: int = 100, request_timeout_s: float = 60.0
+        self,
+        entry: Entry,
+        *,
+        max_ongoing_requests: int = 100,
+        request_timeout_s: float = 60.0,
+        limits: ConnectionLimits = SERVER_LIMITS,
     ):
         assert entry.served
         self.entry = entry
@@ -76,7 +81,8 @@ class ReplicaServer:
         self._slots = trio.Semaphore(max_ongoing_requests)
         self._caller = None if entry.kind == "asgi" else Caller(entry.target, max_ongoing_requests)
         self._lifespan = Lifespan(entry.target) if entry.kind == "asgi" else None
-        self._server = Server(SERVER_LIMITS, self, logger, "replica")
+        self._limits = limits
+        self._server = Server(limits, self, logger, "replica")
         self._wake: trio.Event | None = None
         self._clock: Callable[[], float] | None = None
         self._address: tuple[str, int] = ("127.0.0.1", 0)
@@ -130,6 +136,8 @@ class ReplicaServer:
                     await self._lifespan.shutdown()
                 nursery.cancel_scope.cancel()
         finally:
+            if not self.up:
+                listener.socket.close()  # its application never started: nothing served it
             self._finished.set()
 
     @property
@@ -148,8 +156,13 @@ class ReplicaServer:
                 await self.next_change().wait()
             if window.cancelled_caught and not self.load:
                 break
-        self._server.close()
+        self.close()
         await self._finished.wait()
+
+    def close(self) -> None:
+        """Stop taking connections now (``drain`` waits for a quiet moment first): the
+        listener closes, idle connections close, busy ones after their request."""
+        self._server.close()
 
     # -- one request (the connection's handler) --
 
@@ -293,7 +306,7 @@ class ReplicaServer:
                 f" (request_timeout_s={self.request_timeout_s:g}, or less if its caller said)"
             )
         answer = own_answer(status, _JSON, error_body(kind, message), close=True)
-        with trio.move_on_after(SERVER_LIMITS.body_timeout_s), contextlib.suppress(ClientGone):
+        with trio.move_on_after(self._limits.body_timeout_s), contextlib.suppress(ClientGone):
             await conn.send(answer)
 
 
