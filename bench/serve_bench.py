@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -57,6 +58,12 @@ BACKENDS = """
 [backends.hello]
 entrypoint = "serve_hello:hello"
 route_prefix = "/hello"
+num_replicas = 1
+version = "v1"
+
+[backends.hello_async]
+entrypoint = "serve_hello:hello_async"
+route_prefix = "/hello-async"
 num_replicas = 1
 version = "v1"
 
@@ -138,6 +145,16 @@ def uvicorn(app: str, port: int, log: Path, *options: str) -> Iterator[list[int]
         ingress_bench.stop(proc)
 
 
+def _title(pid: int) -> str:
+    """A process's command line, shortened (Ray's workers name themselves ``ray::...``)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return f"{pid}: gone"
+    text = " ".join(a.decode(errors="replace") for a in argv[:4] if a)
+    return f"{pid}: {text[:100]}"
+
+
 def _listening(port: int) -> bool:
     import socket
 
@@ -146,15 +163,20 @@ def _listening(port: int) -> bool:
 
 
 @contextmanager
-def daemon(state_dir: Path) -> Iterator[ingress_bench.Daemon]:
-    """Our daemon (one ingress process) with the benchmark's backends applied."""
-    (state_dir / "backends.toml").write_text(BACKENDS)
-    ours = ingress_bench.Daemon(state_dir, free_port(), extra=("--ingress-workers", "1"))
+def daemon() -> Iterator[ingress_bench.Daemon]:
+    """Our daemon (one ingress process) with the benchmark's backends applied; stopped with
+    ``controller shutdown`` (its ingress outlives a SIGTERM), its state dir removed."""
+    state_dir = Path(tempfile.mkdtemp(prefix="sbd", dir="/tmp"))  # mode 0700
     try:
-        ours.cli("apply", "-f", str(state_dir / "backends.toml"), "--wait")
-        yield ours
+        (state_dir / "backends.toml").write_text(BACKENDS)
+        ours = ingress_bench.Daemon(state_dir, free_port(), extra=("--ingress-workers", "1"))
+        try:
+            ours.cli("apply", "-f", str(state_dir / "backends.toml"), "--wait")
+            yield ours
+        finally:
+            ours.shutdown()
     finally:
-        ours.shutdown()
+        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 @contextmanager
@@ -285,6 +307,7 @@ def ratio(
 
 LABELS = {
     "ours": "ours: our ingress -> our worker (`--ingress-workers 1`, 1 replica)",
+    "ours_async": "ours, the function as `async def` (called on the worker's loop)",
     "worker": "our worker alone (direct to the replica's port)",
     "serve": "Ray Serve: its proxy -> `@serve.deployment` (1 replica, access log off)",
     "haproxy_uvicorn": "HAProxy (`nbthread 1`) -> uvicorn (1 process)",
@@ -305,10 +328,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             (tmp / "ray").mkdir()
             serve_port, serve_groups = serve_stack.enter_context(ray_serve(tmp / "ray"))
         print("our daemon: starting, applying the backends ...", file=sys.stderr)
-        state_dir = Path(tempfile.mkdtemp(prefix="sbd", dir="/tmp"))
-        ours = stack.enter_context(daemon(state_dir))
+        ours = stack.enter_context(daemon())
         replicas = ours.replicas()
         (hello_addr, hello_pid), (api_addr, api_pid) = replicas["hello"][0], replicas["api"][0]
+        async_pid = replicas["hello_async"][0][1]
         proxy_pids = ours.ingress_pids()
         control = [ours.proc.pid]
         uv_port, uv_api_port, ha_port = free_port(), free_port(), free_port()
@@ -331,6 +354,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 LABELS["ours"],
                 (here, ours.ingress_port, HELLO_PATH),
                 {"proxy": proxy_pids, "app": [hello_pid], "control": control},
+                "hello",
+            ),
+            Contender(
+                "ours_async",
+                LABELS["ours_async"],
+                (here, ours.ingress_port, "/hello-async?name=bench"),
+                {"proxy": proxy_pids, "app": [async_pid], "control": control},
                 "hello",
             ),
             Contender(
@@ -382,6 +412,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for c in contenders:
             host, port, path = c.target
             wait_answers(f"http://{host}:{port}{path}", times=5)
+        # What each CPU group is made of, for the record.
+        results["groups"] = {
+            c.name: {g: [_title(pid) for pid in pids] for g, pids in c.groups.items()}
+            for c in contenders
+        }
         rounds: dict[str, list[dict[str, Any]]] = {c.name: [] for c in contenders}
         for r in range(args.rounds):
             print(f"round {r + 1} of {args.rounds}", file=sys.stderr, flush=True)
@@ -450,6 +485,11 @@ def ratios(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     out["proxy_us_ingress_over_haproxy"] = ratio(rounds, "ours", "haproxy_uvicorn", _us("proxy"))
     out["app_us_worker_over_uvicorn"] = ratio(rounds, "ours", "haproxy_uvicorn", _us("app"))
     out["per_core_worker_over_uvicorn"] = ratio(rounds, "worker", "uvicorn", per_core)
+    # The same function as `async def`: what the sync function's thread costs.
+    out["per_core_ours_async_over_haproxy_uvicorn"] = ratio(
+        rounds, "ours_async", "haproxy_uvicorn", per_core
+    )
+    out["app_us_sync_over_async"] = ratio(rounds, "ours", "ours_async", _us("app"))
     out["per_core_fastapi_worker_over_uvicorn"] = ratio(
         rounds, "fastapi_worker", "fastapi_uvicorn", per_core
     )
@@ -613,7 +653,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=5, help="wrk's measured run")
     parser.add_argument("--warmup", type=int, default=1, help="wrk's warm-up run")
     parser.add_argument("--conns", type=int, default=32, help="wrk's connections")
-    parser.add_argument("--idle-seconds", type=float, default=2.0, help="one connection")
+    parser.add_argument("--idle-seconds", type=float, default=1.5, help="one connection")
     parser.add_argument("--cold-trials", type=int, default=10, help="scale from zero")
     parser.add_argument("--no-serve", action="store_true", help="skip Ray Serve")
     parser.add_argument("--profile", action="store_true", help="py-spy the workers at the end")

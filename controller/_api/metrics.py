@@ -226,6 +226,12 @@ class _ReplicaCollector(Collector):
             "The percent of requests a canary release under way gets (0 once aborted)",
             labels=["backend", "revision"],
         )
+        served = CounterMetricFamily(
+            "controller_replica_requests_served",
+            "Requests each replica has answered, by its own count (code the worker serves: a "
+            "function, a callable class, an ASGI app)",
+            labels=["backend", "replica"],
+        )
         judged = GaugeMetricFamily(
             "controller_canary_step_requests",
             "Requests the ingresses counted for each revision of a canary release in its step, "
@@ -251,6 +257,8 @@ class _ReplicaCollector(Collector):
                 paused.add_metric([backend.name], int(rollout.paused))
             in_flight.add_metric([backend.name], backend.load.in_flight)
             queued.add_metric([backend.name], backend.load.queued)
+            for tag, count in sorted(backend.load.served.items()):
+                served.add_metric([backend.name, tag], count)
             for (version, state), n in sorted(
                 backend.counts_by_version.items(), key=lambda item: (item[0][0], item[0][1].value)
             ):
@@ -276,6 +284,7 @@ class _ReplicaCollector(Collector):
         yield paused
         yield weight
         yield judged
+        yield served
 
 
 #: For each timed runtime call: its histogram's label when it returns, when it raises, and when

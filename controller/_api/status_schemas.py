@@ -147,6 +147,11 @@ STATUS_SCHEMAS: dict[str, Any] = {
             "replicas": _COUNTS,
             "sources": {"type": "integer", "minimum": 0},
             "self_reported": {"type": "integer", "minimum": 0},
+            "served": {
+                **_COUNTS,
+                "description": "Requests each replica has answered, by its own count (code "
+                "the worker serves)",
+            },
         }
     ),
 }

@@ -73,6 +73,7 @@ def status_json(status: BackendStatus, *, summary: bool = False) -> dict[str, An
             "replicas": dict(status.load.replicas),
             "sources": status.load.sources,
             "self_reported": status.load.self_reported,
+            "served": dict(status.load.served),
         },
         "autoscaler": _autoscaler_json(status.autoscaler, now),
         "rollout": rollout_json(status.rollout),

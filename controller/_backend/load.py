@@ -27,6 +27,8 @@ class LoadBook:
     _own: dict[str, int] = attrs.field(factory=dict, init=False)
     """What replicas report of themselves (their ``load()``), by tag, while they live."""
     _own_total: int = attrs.field(default=0, init=False)
+    _served: dict[str, int] = attrs.field(factory=dict, init=False)
+    """The requests each live replica says it has answered (code the worker serves)."""
 
     def take(self, report: LoadReport, now: float) -> bool:
         """Keep `report` as its source's latest; whether it changed what the book says."""
@@ -45,8 +47,13 @@ class LoadBook:
         self._own_total += ongoing - (before or 0)
         return before != ongoing
 
+    def take_served(self, tag: str, served: int) -> None:
+        """Keep the count of requests replica `tag` says it has answered."""
+        self._served[tag] = served
+
     def forget_own(self, tag: str) -> bool:
         """Replica `tag` is gone, or no longer says: what it said no longer counts."""
+        self._served.pop(tag, None)
         before = self._own.pop(tag, None)
         self._own_total -= before or 0
         return before is not None
@@ -79,4 +86,6 @@ class LoadBook:
                 if count:
                     replicas[tag] = replicas.get(tag, 0) + count
                     in_flight += count
-        return BackendLoad(in_flight, queued, replicas, sources, self._own_total)
+        return BackendLoad(
+            in_flight, queued, replicas, sources, self._own_total, dict(self._served)
+        )

@@ -179,11 +179,11 @@ class Backend(Reducer, Reading):
         if report.traffic:
             self._canary.report(report.traffic)
 
-    def report_replica_load(self, tag: str, ongoing: int | None) -> None:
+    def report_replica_load(self, tag: str, ongoing: int | None, served: int | None = None) -> None:
         """Keep what a replica of this backend says of its own load (its ``load()``; None:
-        it no longer says)."""
+        it no longer says), and of the requests it has answered (code the worker serves)."""
         if tag in self.replicas:
-            self._scaling.report_own(tag, ongoing)
+            self._scaling.report_own(tag, ongoing, served)
 
     # -- the task --
 

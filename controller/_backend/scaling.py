@@ -64,8 +64,11 @@ class Scaling:
         if self._book.take(report, now):
             self._changed()
 
-    def report_own(self, tag: str, ongoing: int | None) -> None:
-        """What a live replica says of its own load (None: it no longer says)."""
+    def report_own(self, tag: str, ongoing: int | None, served: int | None = None) -> None:
+        """What a live replica says of its own load (None: it no longer says), and of the
+        requests it has answered (status shows it; it moves no decision)."""
+        if served is not None:
+            self._book.take_served(tag, served)
         if self._book.forget_own(tag) if ongoing is None else self._book.take_own(tag, ongoing):
             self._changed()
 

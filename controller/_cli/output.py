@@ -216,8 +216,12 @@ def print_backend(b: dict[str, Any]) -> None:
     for key, value in b["config"].items():
         print(f"  {key}: {json.dumps(value)}")
     print("Replicas:")
-    rows = [("TAG", "STATE", "VERSION", "ADDRESS", "PID", "NODE", "AGE", "IN FLIGHT", "")]
+    rows = [
+        ("TAG", "STATE", "VERSION", "ADDRESS", "PID", "NODE", "AGE", "IN FLIGHT", "SERVED", "")
+    ]
     in_flight = (load or {}).get("replicas", {})
+    # Answered, by the replica's own count: code the worker serves says (others: "-").
+    served = (load or {}).get("served", {})
     for r in b["replicas"]:
         node = r["node"] or "-"
         rows.append(
@@ -230,6 +234,7 @@ def print_backend(b: dict[str, Any]) -> None:
                 node if len(node) <= 16 else node[:12] + "...",
                 age(r["age_s"]),
                 str(in_flight.get(r["tag"], 0)),
+                str(served.get(r["tag"], "-")),
                 "" if r["healthy"] else "(unhealthy)",
             )
         )

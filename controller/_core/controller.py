@@ -328,14 +328,16 @@ class Controller:
     def _on_nodes_changed(self) -> None:
         self._nodes.nodes_changed()
 
-    def _on_replica_load(self, tag: str, ongoing: int | None) -> None:
+    def _on_replica_load(self, tag: str, ongoing: int | None, served: int | None = None) -> None:
         backend = self._backends.get(tag.rpartition("#")[0])
         if backend is not None and not backend.forgotten:
             # The runtime passes on what the replica's code said: bounded here, as an
             # ingress's report is (10**400 is a bug in a replica, not a load).
             if ongoing is not None and not 0 <= ongoing <= MAX_LOAD_COUNT:
                 ongoing = None
-            backend.report_replica_load(tag, ongoing)
+            if served is not None and not 0 <= served < 1 << 63:
+                served = None
+            backend.report_replica_load(tag, ongoing, served)
 
     def _on_pass(self) -> None:
         self._passes += 1

@@ -100,8 +100,8 @@ class _Listener:
     def __call__(self, tag: str, reason: str) -> None:
         self.controller._on_death(tag, reason)
 
-    def load(self, tag: str, ongoing: int | None) -> None:
-        self.controller._on_replica_load(tag, ongoing)
+    def load(self, tag: str, ongoing: int | None, served: int | None = None) -> None:
+        self.controller._on_replica_load(tag, ongoing, served)
 
     def nodes_changed(self) -> None:
         self.controller._on_nodes_changed()

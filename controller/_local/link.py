@@ -22,6 +22,10 @@ import trio
 from .._ports.arrivals import Arrivals
 from .wire import MAX_LINE, LineStream, WireError, check_request, decode, parse_check_passed
 
+#: Where a worker's own load goes (requests it holds, None: it says nothing), with the requests
+#: it has answered (None: not known; code the worker serves says).
+OnLoad = Callable[[int | None, int | None], None]
+
 #: What a check's waiter is woken with: None if it passed, else the worker's refusal (a reply
 #: as ``commands.command`` reads one); `ENDED` if the connection ended first.
 Answer = dict[str, Any] | None
@@ -118,7 +122,7 @@ class MonitorLink:
         finally:
             self._writing = False
 
-    async def read(self, on_load: Callable[[int | None], None]) -> None:
+    async def read(self, on_load: OnLoad) -> None:
         """Read what the worker sends until the connection ends: answers wake their checks,
         loads go to `on_load`. Every check still waiting then is woken with `ENDED`. (A
         runtime holding many links reads them all with one task instead: ``LinkReader``.)"""
@@ -131,7 +135,7 @@ class MonitorLink:
         finally:
             await self.close()
 
-    def pull(self, on_load: Callable[[int | None], None]) -> bool:
+    def pull(self, on_load: OnLoad) -> bool:
         """Read once what the socket holds (every answer that came since the last read) and
         take its lines; False once the connection has ended, or broken the protocol."""
         try:
@@ -142,7 +146,7 @@ class MonitorLink:
             return False
         return bool(chunk) and self.take(on_load, chunk)  # no bytes: the worker's end
 
-    def take(self, on_load: Callable[[int | None], None], chunk: bytes) -> bool:
+    def take(self, on_load: OnLoad, chunk: bytes) -> bool:
         """Take the whole lines of what was read so far with `chunk`; False if one breaks the
         protocol (the worker lives on; its checks fail from now on, and say why)."""
         pending = self._pending
@@ -164,7 +168,7 @@ class MonitorLink:
         with trio.CancelScope(shield=True):
             await self.lines.aclose()
 
-    def _received(self, line: bytes, on_load: Callable[[int | None], None]) -> None:
+    def _received(self, line: bytes, on_load: OnLoad) -> None:
         ident = parse_check_passed(line)
         if ident is not None:
             self._wake(ident, None)
@@ -176,7 +180,9 @@ class MonitorLink:
             return
         load = message.get("load")
         if load is None or (isinstance(load, int) and not isinstance(load, bool)):
-            on_load(load)
+            served = message.get("served")
+            whole = isinstance(served, int) and not isinstance(served, bool)
+            on_load(load, served if whole else None)
 
     def end(self) -> None:
         """The connection is over (or let go): every check waiting is woken with `ENDED`."""

@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import select
-from collections.abc import Callable
 from typing import final
 
 import trio
 
-from .link import MonitorLink
-
-OnLoad = Callable[[int | None], None]
+from .link import MonitorLink, OnLoad
 
 
 @final

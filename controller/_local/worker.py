@@ -75,6 +75,8 @@ class Worker:
         the lock its senders take (its own task and `push_load` may both send, and trio lets
         one task at a time send on a stream)."""
         self.load: int | None = None
+        self.served: int | None = None
+        """The requests its server has answered, as last pushed (code it serves)."""
         epoch = _epoch_of(spec)
         if epoch is None:
             raise ValueError(f"the spec's epoch must be a whole number >= 0: {spec['epoch']!r}")
@@ -311,7 +313,7 @@ class Worker:
     ) -> None:
         if self.load is not None:
             async with sending:  # a restarted controller hears it at once
-                await lines.send({"load": self.load})
+                await lines.send(self._load_message())
         while True:
             asked = parse_check_request(await lines.receive_line())
             if asked is None:
@@ -344,14 +346,19 @@ class Worker:
         else:
             await self.server.follow_load(self._push)
 
-    async def _push(self, count: int | None) -> None:
-        if count == self.load:
+    async def _push(self, count: int | None, served: int | None = None) -> None:
+        if (count, served) == (self.load, self.served):
             return
-        self.load = count
+        self.load, self.served = count, served
         for lines, sending in list(self.monitors.items()):
             with contextlib.suppress(WireError, trio.BrokenResourceError, trio.ClosedResourceError):
                 async with sending:
-                    await lines.send({"load": count})
+                    await lines.send(self._load_message())
+
+    def _load_message(self) -> dict[str, Any]:
+        if self.served is None:
+            return {"load": self.load}
+        return {"load": self.load, "served": self.served}
 
 
 async def _answer_check(

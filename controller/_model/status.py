@@ -265,6 +265,9 @@ class BackendLoad:
     """How many sources reported."""
     self_reported: int = 0
     """What the replicas say they hold, summed (from their ``load()``, where they have one)."""
+    served: Mapping[str, int] = attrs.field(factory=dict)
+    """Requests each replica has answered, by its own count (code the worker serves: a
+    function, a callable class, an ASGI app; others are left out)."""
 
     @property
     def ongoing(self) -> int:

@@ -30,9 +30,10 @@ class ReplicaListener(Protocol):
         """`tag` died on its own, for `reason`."""
         ...
 
-    def load(self, tag: str, ongoing: int | None) -> None:
+    def load(self, tag: str, ongoing: int | None, served: int | None = None) -> None:
         """`tag`'s own ``load()`` now says `ongoing` (requests it holds; None: it no longer
-        says, and what it said stops counting); must not block."""
+        says, and what it said stops counting); `served`: the requests it has answered, for
+        code the runtime serves (None: not known). Must not block."""
         ...
 
 
@@ -212,11 +213,12 @@ class Watchers:
         assert self._nursery is not None
         self._nursery.start_soon(fn, *args)
 
-    def load(self, tag: str, ongoing: int | None) -> None:
-        """Tell the controller, if one is listening and takes it, what `tag` reports of its load."""
+    def load(self, tag: str, ongoing: int | None, served: int | None = None) -> None:
+        """Tell the controller, if one is listening and takes it, what `tag` reports of its load
+        (and of the requests it has answered)."""
         take = getattr(self._on_death, "load", None)
         if take is not None:
-            take(tag, ongoing)
+            take(tag, ongoing, served)
 
     def nodes_changed(self) -> None:
         """Tell the controller, if one is listening and takes it, that the nodes changed."""

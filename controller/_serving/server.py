@@ -48,6 +48,8 @@ PREFIX_HEADER = b"x-forwarded-prefix"
 QUIET_S = 0.2
 #: How often, at most, the replica's load is reported (as a ``load()`` method's is read).
 REPORT_S = 0.1
+#: How often, at most, the count of requests served is reported when the load stays the same.
+SERVED_REPORT_S = 1.0
 #: Its clients are ingresses and handles, which hold many connections from one address.
 SERVER_LIMITS = ConnectionLimits(max_connections_per_client=10_000)
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -95,13 +97,19 @@ class ReplicaServer:
         """Requests it holds: running and waiting."""
         return self.in_flight + self.waiting
 
-    async def follow_load(self, said: Callable[[int], Awaitable[None]]) -> None:
-        """Hand `said` each new figure of `load`, at most every `REPORT_S` (a burst of requests
-        is one report), until cancelled: the replica's own load, reported as a ``load()``
-        method's would be."""
+    async def follow_load(self, said: Callable[[int, int], Awaitable[None]]) -> None:
+        """Hand `said` each new figure of `load` (with the requests `served`), at most every
+        `REPORT_S` (a burst of requests is one report), until cancelled: the replica's own
+        load, reported as a ``load()`` method's would be. The count of requests served alone
+        moves it at most every `SERVED_REPORT_S`."""
+        load = -1
+        served_at = -math.inf
         while True:
             changed = self.next_change()  # before `said`, which may wait
-            await said(self.load)
+            now = trio.current_time()
+            if self.load != load or now - served_at >= SERVED_REPORT_S:
+                load, served_at = self.load, now
+                await said(load, self.served)
             await changed.wait()
             await trio.sleep(REPORT_S)
 

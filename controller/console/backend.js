@@ -83,7 +83,7 @@ export function backendPage(main, signal, name) {
     const button = (id, text, action, onclick, className = "") =>
       el("button", { type: "button", id, className, dataset: { action }, onclick }, text);
     const replicas = table("replicas", [
-      "Replica", "State", "Version", "Address", "PID", "Node", "Age", "Health", "",
+      "Replica", "State", "Version", "Address", "PID", "Node", "Age", "Health", "Served", "",
     ]);
     const events = table("events", ["Time", "Kind", "Message"]);
     const revisions = table("revisions", [
@@ -163,10 +163,13 @@ export function backendPage(main, signal, name) {
     view.failures.hidden = failed.length === 0;
     update(view.failures, JSON.stringify(failed), () => failedStarts(name, failed));
 
+    // Requests each replica answered, by its own count (code the worker serves).
+    const served = s.load?.served ?? {};
     syncRows(view.replicas, s.replicas ?? [], {
       key: (r) => r.tag,
       // Not the age: it counts up by itself (dom.js tick), no need to redraw the row for it.
-      sig: (r) => JSON.stringify([r.state, r.version, r.address, r.pid, r.node, r.healthy]),
+      sig: (r) => JSON.stringify(
+        [r.state, r.version, r.address, r.pid, r.node, r.healthy, served[r.tag]]),
       render: (r) => el("tr", { dataset: { replica: r.tag } },
         el("td", { className: "tag" }, r.tag),
         el("td", {}, badge(r.state)),
@@ -176,6 +179,7 @@ export function backendPage(main, signal, name) {
         el("td", {}, dash(r.node)),
         el("td", {}, age(r.age_s)),
         el("td", { className: `health ${health(r.healthy)}` }, health(r.healthy)),
+        el("td", { className: "served" }, dash(served[r.tag])),
         el("td", {}, link(pages.log(name, r.tag), "log")),
       ),
     });

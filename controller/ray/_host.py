@@ -117,9 +117,11 @@ class ReplicaHost:
         # accepted a stop.
         self._epoch = 0
         self._stopping = False
-        # The replica's own load() as last read (by `read_load`, in the trio thread), and a
-        # number that grows with each change, for `load_changed` to wait on.
+        # The replica's own load() as last read (by `read_load`, in the trio thread), the
+        # requests its server answered (code it serves), and a number that grows with each
+        # change, for `load_changed` to wait on.
         self._load: int | None = None
+        self._served: int | None = None
         self._load_seq = 0
         self._load_moved = asyncio.Event()
         self._load_reader: asyncio.Future[Any] | None = None
@@ -253,8 +255,8 @@ class ReplicaHost:
         if self._load_reader is None:
             loop = asyncio.get_running_loop()
 
-            async def said(count: int | None) -> None:
-                loop.call_soon_threadsafe(self._loaded, count)
+            async def said(count: int | None, served: int | None = None) -> None:
+                loop.call_soon_threadsafe(self._loaded, count, served)
 
             if self._server is not None and not callable(getattr(self._instance, "load", None)):
                 reading = _TRIO.run(self._server.follow_load, said)
@@ -263,12 +265,12 @@ class ReplicaHost:
             self._load_reader = asyncio.ensure_future(reading)
         while self._load_seq <= seq:
             await self._load_moved.wait()
-        return json.dumps({"seq": self._load_seq, "load": self._load})
+        return json.dumps({"seq": self._load_seq, "load": self._load, "served": self._served})
 
-    def _loaded(self, count: int | None) -> None:
-        if count == self._load and self._load_seq > 0:
+    def _loaded(self, count: int | None, served: int | None = None) -> None:
+        if (count, served) == (self._load, self._served) and self._load_seq > 0:
             return
-        self._load, self._load_seq = count, self._load_seq + 1
+        self._load, self._served, self._load_seq = count, served, self._load_seq + 1
         self._load_moved.set()
         self._load_moved = asyncio.Event()
 

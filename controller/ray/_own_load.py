@@ -22,7 +22,7 @@ class _Actor(Protocol):
 
 
 class _Told(Protocol):
-    def load(self, tag: str, ongoing: int | None) -> None: ...
+    def load(self, tag: str, ongoing: int | None, served: int | None = None) -> None: ...
 
 
 async def follow_load(actor: _Actor, current: Callable[[], bool], told: _Told) -> None:
@@ -42,5 +42,9 @@ async def follow_load(actor: _Actor, current: Callable[[], bool], told: _Told) -
         if reply.get("none"):
             return
         seq = int(reply["seq"])
-        load = reply.get("load")
-        told.load(actor.tag, load if isinstance(load, int) and not isinstance(load, bool) else None)
+        load, served = reply.get("load"), reply.get("served")
+        told.load(actor.tag, _count(load), _count(served))
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

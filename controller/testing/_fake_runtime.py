@@ -250,15 +250,15 @@ class FakeRuntime(FakeNodeControls):
         for listener in list(self._shared.listeners):
             listener(tag, reason)
 
-    def report_load(self, tag: str, ongoing: int | None) -> None:
+    def report_load(self, tag: str, ongoing: int | None, served: int | None = None) -> None:
         """Have a live replica report its own load, as a replica's ``load()`` does through a
-        real runtime."""
+        real runtime (and, for code a runtime serves, the requests it has answered)."""
         if self.replicas[tag].state is FakeState.DEAD:
             raise ValueError(f"replica {tag} is dead")
         for listener in list(self._shared.listeners):
             take = getattr(listener, "load", None)
             if take is not None:
-                take(tag, ongoing)
+                take(tag, ongoing, served)
 
     # -- the Runtime protocol --
 
@@ -443,8 +443,16 @@ class FakeRuntime(FakeNodeControls):
                 request_timeout_s=replica.spec.serving.request_timeout_s,
             )
             made.append(server)
+
+            async def told(load: int, served: int) -> None:
+                if replica.state is not FakeState.DEAD:
+                    self.report_load(replica.tag, load, served)
+
             with scope:
-                await server.run("127.0.0.1", port, task_status=task_status)
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(server.run, "127.0.0.1", port)
+                    task_status.started()
+                    nursery.start_soon(server.follow_load, told)
 
         await self._nursery.start(serve)
         if failed:
