@@ -6,7 +6,9 @@ instead, side by side in one run on this machine.
    alone (its port, no ingress); Ray Serve's ``@serve.deployment`` of the same function through
    its proxy; HAProxy in front of uvicorn serving the function as ASGI; uvicorn alone. One
    process a side: our ingress with ``--ingress-workers 1`` and one replica, HAProxy with
-   ``nbthread 1`` and one uvicorn process, Serve's one proxy and one replica.
+   ``nbthread 1`` and one uvicorn process, Serve's one proxy and one replica. Beside them, the
+   same function as ``async def`` through our ingress: our worker calls a plain function in a
+   thread (as Serve does), a coroutine on its loop, and the difference is the thread's cost.
 2. **A FastAPI app** (``bench/serve_fastapi.py``), served by our worker (its port) and by
    ``uvicorn serve_fastapi:app``.
 3. **First answer from zero replicas**: a function backend autoscaled with ``min_replicas = 0``,
@@ -473,6 +475,7 @@ def ratios(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         out["rps_ours_over_serve"] = ratio(rounds, "ours", "serve", rps)
         out["per_core_ours_over_serve"] = ratio(rounds, "ours", "serve", per_core)
         out["proxy_us_serve_over_ingress"] = ratio(rounds, "serve", "ours", _us("proxy"))
+        out["rps_ours_async_over_serve"] = ratio(rounds, "ours_async", "serve", rps)
     out["per_core_ours_over_haproxy_uvicorn"] = ratio(rounds, "ours", "haproxy_uvicorn", per_core)
     out["rps_ours_over_haproxy_uvicorn"] = ratio(rounds, "ours", "haproxy_uvicorn", rps)
     out["per_core_ours_over_uvicorn"] = ratio(rounds, "ours", "uvicorn", per_core)

@@ -117,9 +117,9 @@ def sync_asgi(scope: Any, receive: Any, send: Any) -> None:
 
 class Counting:
     """Counts its requests: how many are inside at once (and the most ever), how many were
-    cancelled, how long each cancellation took to arrive after the request began, and its
-    health checks. ``/stats`` answers the counts; ``/sleep?s=N`` sleeps; ``/block?s=N`` blocks
-    its thread (sync); anything else answers at once."""
+    cancelled, and its health checks. ``/stats`` answers the counts (``?until=NAME&n=N``: once
+    that count has reached N, so that a test waits for it without polling); ``/sleep?s=N``
+    sleeps; ``/block?s=N`` blocks its thread (sync); anything else answers at once."""
 
     def __init__(self) -> None:
         self.inside = 0
@@ -128,16 +128,26 @@ class Counting:
         self.finished = 0
         self.checks = 0
         self.lock = threading.Lock()
+        self.moved = trio.Event()
+
+    def _moved(self) -> None:
+        self.moved.set()
+        self.moved = trio.Event()
 
     async def __call__(self, request: Request) -> Any:
         path = request.path.rpartition("/")[2]
         if path == "stats":
+            until = request.query_params.get("until")
+            if until is not None:
+                while self.stats()[until] < int(request.query_params["n"]):
+                    await self.moved.wait()
             return self.stats()
         if path == "block":
             return await trio.to_thread.run_sync(self._block, float(request.query_params["s"]))
         with self.lock:
             self.inside += 1
             self.most = max(self.most, self.inside)
+        self._moved()
         try:
             if path == "sleep":
                 await trio.sleep(float(request.query_params["s"]))
@@ -151,6 +161,7 @@ class Counting:
             self.finished += 1
             with self.lock:
                 self.inside -= 1
+            self._moved()
 
     def _block(self, seconds: float) -> dict[str, Any]:
         time.sleep(seconds)

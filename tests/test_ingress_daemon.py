@@ -165,6 +165,7 @@ async def test_load_reports_over_the_api_show_in_status_and_metrics(state_dir: P
                 "replicas": {tag: 4},
                 "sources": 3,
                 "self_reported": 0,
+                "served": {},  # its replicas serve their own port: they count nothing
             }
             code, metrics = await daemon.http("GET", "/metrics")
             assert 'controller_backend_requests_in_flight{backend="app"} 4.0' in metrics

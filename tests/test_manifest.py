@@ -33,8 +33,8 @@ def test_every_problem_is_reported_at_once() -> None:
         "graceful_shutdown_timeout_s, health_check_failure_threshold, health_check_period_s, "
         "health_check_timeout_s, init_args, init_kwargs, max_ongoing_requests, "
         "max_queued_requests, max_replicas_per_node, max_surge, max_unavailable, min_ready_s, "
-        "node_labels, num_replicas, on_failure, placement, progress_deadline_s, resources, "
-        "revision_history_limit, route_prefix, "
+        "node_labels, num_replicas, on_failure, placement, progress_deadline_s, "
+        "request_timeout_s, resources, revision_history_limit, route_prefix, "
         "start_timeout_s, user_config, version",
         "backend 'a': num_replicas: must be a whole number from 0 to 1000000 (got -1)",
         "backend 'b': entrypoint: must look like \"package.module:Class\" (got 'nope')",

@@ -100,16 +100,21 @@ class ReplicaServer:
     async def follow_load(self, said: Callable[[int, int], Awaitable[None]]) -> None:
         """Hand `said` each new figure of `load` (with the requests `served`), at most every
         `REPORT_S` (a burst of requests is one report), until cancelled: the replica's own
-        load, reported as a ``load()`` method's would be. The count of requests served alone
-        moves it at most every `SERVED_REPORT_S`."""
-        load = -1
-        served_at = -math.inf
+        load, reported as a ``load()`` method's would be. When only the count of requests
+        served moves, it is said at most every `SERVED_REPORT_S`."""
+        load = served = -1
+        said_at = -math.inf
         while True:
             changed = self.next_change()  # before `said`, which may wait
             now = trio.current_time()
-            if self.load != load or now - served_at >= SERVED_REPORT_S:
-                load, served_at = self.load, now
-                await said(load, self.served)
+            due = said_at + SERVED_REPORT_S
+            if self.load != load or (self.served != served and now >= due):
+                load, served, said_at = self.load, self.served, now
+                await said(load, served)
+            elif self.served != served:
+                with trio.move_on_after(due - now):  # said then, or at a change of the load
+                    await changed.wait()
+                continue
             await changed.wait()
             await trio.sleep(REPORT_S)
 
@@ -143,6 +148,11 @@ class ReplicaServer:
                 if self._lifespan is not None:
                     await self._lifespan.shutdown()
                 nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # One failure (its application's startup, say) is said as itself, not as a group.
+            if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
+                raise group.exceptions[0] from None
+            raise
         finally:
             if not self.up:
                 listener.socket.close()  # its application never started: nothing served it
