@@ -216,9 +216,7 @@ def print_backend(b: dict[str, Any]) -> None:
     for key, value in b["config"].items():
         print(f"  {key}: {json.dumps(value)}")
     print("Replicas:")
-    rows = [
-        ("TAG", "STATE", "VERSION", "ADDRESS", "PID", "NODE", "AGE", "IN FLIGHT", "SERVED", "")
-    ]
+    rows = [("TAG", "STATE", "VERSION", "ADDRESS", "PID", "NODE", "AGE", "IN FLIGHT", "SERVED", "")]
     in_flight = (load or {}).get("replicas", {})
     # Answered, by the replica's own count: code the worker serves says (others: "-").
     served = (load or {}).get("served", {})
