@@ -23,6 +23,7 @@ import trio.testing
 from controller._http.limits import ConnectionLimits
 from controller._ports.context import ReplicaContext, set_task_context
 from controller._serving.entry import Entry, EntrypointError, build
+from controller._serving.places import Places
 from controller._serving.server import ReplicaServer
 
 from .http_client import Conn, raw, request
@@ -433,3 +434,41 @@ def test_limits_reach_the_server() -> None:
     server = ReplicaServer(entry("hello"), limits=limits)
     assert server._server.limits is limits
     assert sys.modules["serving_apps"].__file__ is not None
+
+
+async def test_places_let_in_first_come_first_served_and_follow_the_limit() -> None:
+    places = Places(2)
+    order: list[int] = []
+
+    async def one(n: int, leave: trio.Event) -> None:
+        await places.take()
+        order.append(n)
+        await leave.wait()
+        places.give_back()
+
+    leaves = [trio.Event() for _ in range(5)]
+    async with trio.open_nursery() as nursery:
+        for n in range(5):
+            nursery.start_soon(one, n, leaves[n])
+            await trio.testing.wait_all_tasks_blocked()
+        assert (order, places.taken, places.waiting) == ([0, 1], 2, 3)
+        places.resize(3)  # raised: the next in line comes in at once
+        await trio.testing.wait_all_tasks_blocked()
+        assert order == [0, 1, 2]
+        places.resize(1)  # lowered: no one more until enough have left
+        leaves[0].set()
+        leaves[1].set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert (order, places.taken) == ([0, 1, 2], 1)
+        # One in line cancelled leaves it; the place it would have had goes to the next.
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            with pytest.raises(trio.Cancelled):
+                await places.take()
+        assert places.waiting == 2
+        leaves[2].set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert order == [0, 1, 2, 3]
+        for leave in leaves:
+            leave.set()
+    assert (places.taken, places.waiting, order) == (0, 0, [0, 1, 2, 3, 4])

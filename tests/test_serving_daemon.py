@@ -270,3 +270,38 @@ async def test_reload_restarts_code_when_its_file_changes(state_dir: Path, tmp_p
             lambda s: s["state"] == "HEALTHY" and s["rollout"]["revision"] >= 2,
         )
         assert (await request(port, "/v")).body == b"two"
+
+
+async def test_a_change_of_the_limits_reaches_the_replicas_without_a_restart(
+    state_dir: Path,
+) -> None:
+    backend = code("Counting", "/count", max_ongoing_requests=2, request_timeout_s=0.5)
+    async with daemon_with(state_dir, count=backend) as (daemon, port):
+        (tag,) = [r["tag"] for r in (await daemon.status())["count"]["replicas"]]
+
+        async def burst(seconds: float) -> list[int]:
+            statuses: list[int] = []
+
+            async def one() -> None:
+                statuses.append((await request(port, f"/count/sleep?s={seconds}")).status)
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(12):
+                    nursery.start_soon(one)
+            return statuses
+
+        assert await burst(0.02) == [200] * 12  # in line, well within the 0.5 s
+        assert (await request(port, "/count/stats")).json()["most"] == 2
+        assert (await request(port, "/count/sleep?s=1")).status == 504
+        # Raised in the config: the ingress says so with each request, and the replica holds
+        # to it at once, the same replica.
+        file = state_dir / "raised.toml"
+        file.write_text(
+            manifest(count={**backend, "max_ongoing_requests": 6, "request_timeout_s": 5})
+        )
+        assert (await daemon.cli("apply", "-f", str(file), "--wait")).returncode == 0
+        assert await burst(0.3) == [200] * 12
+        stats = (await request(port, "/count/stats")).json()
+        assert stats["tag"] == tag
+        assert stats["most"] == 6
+        assert (await request(port, "/count/sleep?s=1")).status == 200

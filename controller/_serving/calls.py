@@ -46,6 +46,10 @@ class Caller:
         )
         self.limiter = trio.CapacityLimiter(max(1, min(threads, MAX_HANDLER_THREADS)))
 
+    def resize(self, limit: int) -> None:
+        """Its replica's max_ongoing_requests changed: so does its pool (within its bound)."""
+        self.limiter.total_tokens = max(1, min(limit, MAX_HANDLER_THREADS))
+
     @property
     def in_thread(self) -> bool:
         """Whether it runs in a thread (and so is called with the body read)."""

@@ -5,11 +5,14 @@ HTTP/1.1 as the ingress (``_http``: one parser, one set of framing and smuggling
 Each request is served by its connection's task, under that connection's one cancel scope: a
 client that hangs up (the ingress, whose own client did), or the request's deadline, cancels
 the handler where it waits, and every count taken for it is given back in the ``finally`` that
-encloses it. The deadline is the backend's ``request_timeout_s``, or less if the caller says
-so (``x-request-timeout-ms``: the time it has left, in milliseconds); past it the client gets
-504. At most ``max_ongoing_requests`` handlers run at once, however many ingresses send: more
-wait here, first come first served. What waits and what runs is the replica's load, which the
-worker reports as a replica's own ``load()``."""
+encloses it. The deadline is what the caller says the request has left (``x-request-timeout-ms``,
+in milliseconds: the ingress sends its backend's ``request_timeout_s`` as it is now, less the
+time the request has taken), else the backend's at the replica's start; past it the client
+gets 504. At most ``max_ongoing_requests`` handlers run at once, however many ingresses send:
+more wait here, first come first served; the ingress says the backend's limit as it is now with
+each request (``x-max-ongoing-requests``), so that a change reaches the replica with no
+restart. What waits and what runs is the replica's load, which the worker reports as a
+replica's own ``load()``."""
 
 from __future__ import annotations
 
@@ -28,19 +31,24 @@ from .._http.errors import ClientGone, Reply
 from .._http.framing import Problem, RequestHead
 from .._http.limits import ConnectionLimits
 from .._http.server import Server, open_listener
+from .._model.traffic import MAX_REQUESTS
 from .._ports.hosting import tracebacks
 from .asgi import AppError, Exchange, Lifespan, http_scope
 from .calls import Caller
 from .entry import Entry
 from .outgoing import Outgoing
+from .places import Places
 from .request import Address, BodyTooLarge, Request
 from .response import Answer, answer_of, item_bytes
 
 logger = logging.getLogger("controller.worker")
 
-#: The time the caller has left for the request, in milliseconds (the ingress sends it, and a
-#: client may too, to shorten its backend's ``request_timeout_s``).
+#: The time the caller has left for the request, in milliseconds: the ingress sends it, from its
+#: backend's request_timeout_s as it is now (and the time the request has taken so far).
 TIMEOUT_HEADER = b"x-request-timeout-ms"
+#: The backend's max_ongoing_requests as it is now: the ingress sends it, so that a change of it
+#: reaches the replica with the next request (no restart).
+MAX_ONGOING_HEADER = b"x-max-ongoing-requests"
 #: The route prefix the request came in under (the ingress sends it): Starlette's root path.
 PREFIX_HEADER = b"x-forwarded-prefix"
 #: A drain waits until no request has been in flight for this long (routers stop sending
@@ -80,7 +88,7 @@ class ReplicaServer:
         """Requests ended, however they ended."""
         self.failed = 0
         """Requests whose handler raised (answered 500, or cut short)."""
-        self._slots = trio.Semaphore(max_ongoing_requests)
+        self._places = Places(max_ongoing_requests)
         self._caller = None if entry.kind == "asgi" else Caller(entry.target, max_ongoing_requests)
         self._lifespan = Lifespan(entry.target) if entry.kind == "asgi" else None
         self._limits = limits
@@ -188,19 +196,18 @@ class ReplicaServer:
         budget, root_path = self.request_timeout_s, ""
         for name, value in head.headers:
             if name == TIMEOUT_HEADER:
-                budget = min(budget, _milliseconds(value) / 1000)
+                budget = _milliseconds(value, budget) / 1000
             elif name == PREFIX_HEADER:
                 root_path = value.decode("latin-1")
+            elif name == MAX_ONGOING_HEADER:
+                self._resize(value)
         deadline = trio.current_time() + budget
         conn.request_deadline = deadline
         conn.timer.set(deadline, "deadline")
         self.waiting += 1
         self._changed()
         try:
-            try:
-                self._slots.acquire_nowait()
-            except trio.WouldBlock:
-                await self._slots.acquire()  # in line, first come first served
+            await self._places.take()  # in line, first come first served
         finally:
             self.waiting -= 1
         self.in_flight += 1
@@ -211,8 +218,20 @@ class ReplicaServer:
         finally:
             self.in_flight -= 1
             self.served += 1
-            self._slots.release()
+            self._places.give_back()
             self._changed()
+
+    def _resize(self, value: bytes) -> None:
+        """The backend's max_ongoing_requests, as its caller says it is now."""
+        try:
+            limit = int(value)
+        except ValueError:
+            return
+        if limit != self.max_ongoing_requests and 1 <= limit <= MAX_REQUESTS:
+            self.max_ongoing_requests = limit
+            self._places.resize(limit)
+            if self._caller is not None:
+                self._caller.resize(limit)
 
     def _reader(self, conn: Connection, head: RequestHead, done: list[bool]) -> Any:
         """How a handler reads the body of `head` (None without one); `done` is set at its
@@ -321,20 +340,23 @@ class ReplicaServer:
         status, kind, message = said
         if phase == "deadline":
             message += (
-                f" (request_timeout_s={self.request_timeout_s:g}, or less if its caller said)"
+                f" (request_timeout_s={self.request_timeout_s:g}, or what its caller said it had)"
             )
         answer = own_answer(status, _JSON, error_body(kind, message), close=True)
         with trio.move_on_after(self._limits.body_timeout_s), contextlib.suppress(ClientGone):
             await conn.send(answer)
 
 
-def _milliseconds(value: bytes) -> float:
-    """A timeout header's milliseconds (at least 0); one that is not a number is none."""
+def _milliseconds(value: bytes, budget_s: float) -> float:
+    """A timeout header's milliseconds (at least 0); one that is not a number says nothing,
+    and the budget stands."""
     try:
         ms = float(value)
     except ValueError:
-        return math.inf
-    return ms if ms >= 0 else 0.0
+        return budget_s * 1000
+    if not ms >= 0:  # negative, or NaN
+        return 0.0
+    return ms
 
 
 _FAILED = Answer(

@@ -179,7 +179,15 @@ class Proxy:
             outcome: int | None = 599
             try:
                 left_ms = max(1, int((deadline - trio.current_time()) * 1000))
-                sent = upstream_head(head, client.peer, route, slot.address, head.chunked, left_ms)
+                sent = upstream_head(
+                    head,
+                    client.peer,
+                    route,
+                    slot.address,
+                    head.chunked,
+                    left_ms,
+                    backend.max_ongoing,
+                )
                 if body:
                     sent += body
                 status, keep = await self._through(

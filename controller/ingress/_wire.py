@@ -9,19 +9,33 @@ from typing import Final
 from .._http.framing import HOP_BY_HOP, RequestHead
 
 #: Set by the ingress alone: a client's own are dropped (its time left it reads first).
-OURS: Final = frozenset({b"x-forwarded-proto", b"x-forwarded-prefix", b"x-request-timeout-ms"})
+OURS: Final = frozenset(
+    {
+        b"x-forwarded-proto",
+        b"x-forwarded-prefix",
+        b"x-request-timeout-ms",
+        b"x-max-ongoing-requests",
+    }
+)
 #: What a request's head loses on its way to a replica (more if its Connection names more).
 DROPPED: Final = HOP_BY_HOP | OURS
 _REWRITTEN: Final = frozenset({b"host", b"x-forwarded-for", b"cookie"})
 
 
 def upstream_head(
-    head: RequestHead, peer: str, route: str, fallback_host: str, chunked: bool, left_ms: int
+    head: RequestHead,
+    peer: str,
+    route: str,
+    fallback_host: str,
+    chunked: bool,
+    left_ms: int,
+    max_ongoing: int,
 ) -> bytes:
     """The head sent to the replica: the client's, less what belongs to the client's hop (and
     the headers its Connection header names), in origin form, with a Host, with where it came
-    from, and with the milliseconds it has left. Every value sent was accepted by the reader,
-    so it is valid on the wire."""
+    from, with the milliseconds it has left, and with its backend's max_ongoing_requests as it
+    is now (code the worker serves holds to both). Every value sent was accepted by the
+    reader, so it is valid on the wire."""
     # Most requests name nothing in Connection: their set is the framing's own, ours is known.
     dropped = DROPPED if head.dropped is HOP_BY_HOP else head.dropped | OURS
     out = [head.method, b" ", head.target, b" HTTP/1.1\r\n"]
@@ -51,7 +65,8 @@ def upstream_head(
         b", ".join(forwarded),
         b"\r\nx-forwarded-proto: http\r\nx-forwarded-prefix: ",
         route.encode(),
-        b"\r\nx-request-timeout-ms: %d\r\n\r\n" % left_ms,
+        b"\r\nx-request-timeout-ms: %d\r\nx-max-ongoing-requests: %d\r\n\r\n"
+        % (left_ms, max_ongoing),
     )
     return b"".join(out)
 
