@@ -480,3 +480,36 @@ def test_the_kv_store_retries_ray_s_failures_but_not_its_own_bugs() -> None:
         _as_store_error("writing", lost)
     with pytest.raises(KeyError):  # not a StoreError: a retry would fail the same, for ever
         _as_store_error("writing", bug)
+
+
+async def test_code_is_served_by_its_actor_through_an_ingress(harness: Harness) -> None:
+    """A function backend on Ray: each actor serves HTTP on its replica's address (the trio
+    loop of the actor runs the server), an ingress that follows the controller routes to them,
+    the served counts reach status, and a delete drains them."""
+    from controller.ingress import ControllerSource, Ingress, open_listener
+
+    from .http_client import request
+
+    with trio.fail_after(LIMIT_S):
+        async with (
+            controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl,
+            trio.open_nursery() as nursery,
+        ):
+            config = cfg(num_replicas=2, route_prefix="/c")
+            counting = controller.ReplicaConfig("serving_apps:Counting")
+            assert await (await ctl.deploy("c", config, counting)).wait() is GoalOutcome.COMPLETED
+            for replica in ctl.status("c").replicas:
+                assert replica.address is not None
+                host, _, port = replica.address.rpartition(":")
+                assert (await request(int(port), "/c/x", host=host)).json()["tag"] == replica.tag
+            ingress = Ingress(ControllerSource(ctl))
+            await nursery.start(ingress.run)
+            listener = await open_listener("127.0.0.1", 0)
+            await nursery.start(ingress.serve, [listener])
+            port = listener.socket.getsockname()[1]
+            tags = {(await request(port, "/c/x")).json()["tag"] for _ in range(20)}
+            assert tags == {r.tag for r in ctl.status("c").replicas}
+            await ctl.wait_until(lambda c: sum(c.status("c").load.served.values()) == 22)
+            await (await ctl.delete("c")).wait()
+            assert await harness.runtime.list_replicas() == []
+            nursery.cancel_scope.cancel()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import NoReturn, final
@@ -75,7 +76,7 @@ class FakeRuntime(FakeNodeControls):
         record_history: bool = True,
         nodes: Mapping[str, Mapping[str, str]] | None = None,
         serve_http: bool = False,
-        pythonpath: Sequence[str] = (),
+        pythonpath: Sequence[str | os.PathLike[str]] = (),
     ):
         named = nodes
         if capacity is None:

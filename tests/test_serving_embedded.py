@@ -1,0 +1,94 @@
+"""Code the worker serves, where no daemon runs: a controller embedded in a program (the ingress
+in process, LocalRuntime's workers), and FakeRuntime(serve_http=True), whose replicas of code
+answer real HTTP in a test of one's own."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import controller
+from controller.ingress import ControllerSource, Ingress, open_listener
+from controller.testing import FakeRuntime, FakeState
+
+from .http_client import request
+
+HERE = Path(__file__).parent
+LIMIT_S = 60
+
+
+def code(entrypoint: str, **kwargs: Any) -> controller.ReplicaConfig:
+    return controller.ReplicaConfig(f"serving_apps:{entrypoint}", **kwargs)
+
+
+@pytest.fixture
+def runtime_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="sv", dir="/tmp"))  # short: Unix socket paths
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def test_an_embedded_controller_serves_code_through_its_ingress(runtime_dir: Path) -> None:
+    runtime = controller.LocalRuntime(runtime_dir / "w", pythonpath=[HERE])
+    with trio.fail_after(LIMIT_S):
+        async with (
+            controller.open_controller(runtime=runtime, store=controller.MemoryStore()) as ctl,
+            trio.open_nursery() as nursery,
+        ):
+            ingress = Ingress(ControllerSource(ctl))
+            await nursery.start(ingress.run)
+            listener = await open_listener("127.0.0.1", 0)
+            await nursery.start(ingress.serve, [listener])
+            port = listener.socket.getsockname()[1]
+            config = controller.BackendConfig(num_replicas=2, route_prefix="/hi", version="v1")
+            assert await (await ctl.deploy("hi", config, code("hello"))).wait() is (
+                controller.GoalOutcome.COMPLETED
+            )
+            for replica in ctl.status("hi").replicas:
+                assert replica.pid is not None  # a worker process of its own
+            answers = [await request(port, f"/hi?name={n}") for n in range(20)]
+            assert [a.body for a in answers] == [f"hello, {n}\n".encode() for n in range(20)]
+            # Each replica counts what it answered, and status says so.
+            await ctl.wait_until(lambda c: sum(c.status("hi").load.served.values()) == 20)
+            assert set(ctl.status("hi").load.served) == {r.tag for r in ctl.status("hi").replicas}
+            await (await ctl.delete("hi")).wait()
+            nursery.cancel_scope.cancel()
+
+
+async def test_fake_runtime_replicas_of_code_answer_real_http() -> None:
+    runtime = FakeRuntime(auto_ready=True, serve_http=True, pythonpath=[HERE])
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(
+            runtime=runtime, store=controller.MemoryStore()
+        ) as ctl:
+            config = controller.BackendConfig(num_replicas=2, version="v1")
+            await (await ctl.deploy("c", config, code("Counting"))).wait()
+            for replica in ctl.status("c").replicas:
+                assert replica.address is not None
+                port = int(replica.address.rpartition(":")[2])
+                answer = await request(port, "/x")
+                # Each in-process replica has a context of its own.
+                assert answer.json()["tag"] == replica.tag
+            # A scale-down drains a replica's requests, then stops its server.
+            one = controller.BackendConfig(num_replicas=1, version="v1")
+            await (await ctl.deploy("c", one, code("Counting"))).wait()
+            stopped = [r for r in runtime.replicas.values() if r.state is FakeState.DEAD]
+            assert len(stopped) == 1
+            dead_port = int(stopped[0].address.rpartition(":")[2])
+            with pytest.raises(OSError, match="connect"):
+                await request(dead_port, "/x")
+            # A replica of code that serves itself is a fake replica as any.
+            trivial = controller.ReplicaConfig("replicas:Trivial")
+            await (await ctl.deploy("t", config, trivial)).wait()
+            for replica in ctl.status("t").replicas:
+                assert replica.address is not None
+                assert replica.address.startswith("fake://")
+            await (await ctl.delete("c")).wait()
+            await (await ctl.delete("t")).wait()
