@@ -51,8 +51,8 @@ def port_of(url: str) -> int:
 
 
 async def test_the_readme_main_job_routes_through_the_daemon_s_ingress(state_dir: Path) -> None:
-    """`controller run --config examples/backends.toml`, then `curl 127.0.0.1:8000/echo`
-    (on a free port here), through a restart on the same ports."""
+    """`controller run --config examples/backends.toml`, then `curl 127.0.0.1:8000/hello` and
+    `/echo` (on a free port here), through a restart on the same ports."""
     ingress_port = free_port()
     args = (
         *("--config", str(EXAMPLES / "backends.toml"), "--pythonpath", str(EXAMPLES)),
@@ -62,8 +62,10 @@ async def test_the_readme_main_job_routes_through_the_daemon_s_ingress(state_dir
         async with trio.open_nursery() as nursery:
             first = Daemon(state_dir)
             await first.start(nursery, *args)
-            for name in ("echo", "greeter"):
+            for name in ("hello", "echo", "greeter"):
                 assert (await first.cli("wait", name)).returncode == 0
+            hello = await request(ingress_port, "/hello?name=you")
+            assert (hello.status, hello.body) == (200, b"hello, you\n")
             echo = await request(ingress_port, "/echo")
             assert echo.status == 200
             assert echo.json()["greeting"] == "hello"
