@@ -81,7 +81,7 @@ def bench(session: nox.Session) -> None:
     # A bad release as a rolling update and as a canary, on the same load (about 80 s).
     session.run("python", "bench/canary_bench.py")
     # Backends as code (a function, a FastAPI app) against Ray Serve, HAProxy + uvicorn and
-    # uvicorn, alternating, and a function backend's first answer from zero (about 5 min).
+    # uvicorn, alternating, and a function backend's first answer from zero (about 4 min).
     session.run("python", "bench/serve_bench.py", env={"RAY_AUTH_MODE": "disabled"})
 
 

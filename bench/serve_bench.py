@@ -54,7 +54,6 @@ import reaper
 from ingress_bench import free_port, wait_answers
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 
 BACKENDS = """
 [backends.hello]
@@ -666,11 +665,14 @@ def main() -> None:
         raise SystemExit("wrk is not installed (apt-get install wrk)")
     started = time.monotonic()
     machine = _machine()
+    before = ingress_bench._provenance()  # the commit, and whether controller/ differed from it
     results = run(args)
     results["config"] = {k: v for k, v in vars(args).items() if k not in ("out",)}
     results["targets"] = targets(results)
     machine["loadavg_at_end"] = os.getloadavg()
     machine["wall_s"] = round(time.monotonic() - started, 1)
+    machine.update(before)
+    machine["code_changed_during_run"] = "yes" if before != ingress_bench._provenance() else "no"
     results["machine"] = machine
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print_tables(results)

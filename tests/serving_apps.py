@@ -288,3 +288,12 @@ class AppClass(FastAPI):
         @self.get("/greet")
         async def greet() -> dict[str, str]:
             return {"greeting": greeting}
+
+
+def exits(request: Request) -> None:
+    """A sync handler that calls sys.exit: an error of its request, not of its replica."""
+    raise SystemExit(3)
+
+
+async def interrupts(request: Request) -> None:
+    raise KeyboardInterrupt

@@ -472,3 +472,14 @@ async def test_places_let_in_first_come_first_served_and_follow_the_limit() -> N
         for leave in leaves:
             leave.set()
     assert (places.taken, places.waiting, order) == (0, 0, [0, 1, 2, 3, 4])
+
+
+@pytest.mark.parametrize("name", ["exits", "interrupts"])
+async def test_a_handler_that_exits_fails_its_request_not_its_replica(
+    name: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    async with served(name) as server:
+        for _ in range(3):
+            assert (await request(server.port, "/")).status == 500
+        assert server.failed == 3
+    assert "HandlerEscaped" in capfd.readouterr().err

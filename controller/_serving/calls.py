@@ -1,7 +1,8 @@
 """Calling a handler of requests: async code as it is, on the worker's trio loop; sync code in
-a thread of a bounded pool of the replica's own (so that handlers that block never take the
-threads its health checks and ``load()`` run in, nor more than the pool's threads); a generator,
-sync or async, iterated an item at a time."""
+a thread of a bounded pool of the replica's own (``threads``: so that handlers that block never
+take the threads its health checks and ``load()`` run in, nor more than the pool's threads); a
+generator, sync or async, iterated an item at a time. A handler's ``SystemExit`` (or
+``KeyboardInterrupt``) is an error of its request, not the end of its replica."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any, final
 
 import trio
+
+from .threads import HandlerEscaped, HandlerThreads
 
 #: The most threads a replica's sync handlers take at once (fewer if its
 #: ``max_ongoing_requests`` is lower): more only adds contention for the GIL.
@@ -44,11 +47,11 @@ class Caller:
         self.makes_stream = inspect.isasyncgenfunction(function) or inspect.isgeneratorfunction(
             function
         )
-        self.limiter = trio.CapacityLimiter(max(1, min(threads, MAX_HANDLER_THREADS)))
+        self.threads = HandlerThreads(max(1, min(threads, MAX_HANDLER_THREADS)))
 
     def resize(self, limit: int) -> None:
         """Its replica's max_ongoing_requests changed: so does its pool (within its bound)."""
-        self.limiter.total_tokens = max(1, min(limit, MAX_HANDLER_THREADS))
+        self.threads.resize(max(1, min(limit, MAX_HANDLER_THREADS)))
 
     @property
     def in_thread(self) -> bool:
@@ -57,18 +60,19 @@ class Caller:
 
     async def __call__(self, request: Any) -> Any:
         args = (request,) if self.takes_request else ()
-        if self.is_async:
-            return await self.function(*args)
-        if self.makes_stream:
-            return self.function(*args)  # makes the generator: its code runs as it is iterated
-        # Abandoned on cancel (a deadline, a hang-up): the request ends at once, and the thread
-        # keeps its place in the pool until the code returns, so the pool stays bounded.
-        result = await trio.to_thread.run_sync(
-            self.function, *args, limiter=self.limiter, abandon_on_cancel=True
-        )
-        if inspect.isawaitable(result):
-            return await result
-        return result
+        try:
+            if self.is_async:
+                return await self.function(*args)
+            if self.makes_stream:
+                return self.function(*args)  # the generator: its code runs as it is iterated
+            # Let go on cancel (a deadline, a hang-up): the request ends at once, and the
+            # thread keeps its place in the pool until the code returns.
+            result = await self.threads.run(self.function, *args)
+            if inspect.isawaitable(result):
+                return await result
+            return result
+        except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
+            raise HandlerEscaped(f"the handler raised {type(exc).__name__}") from exc
 
     async def items(self, stream: Iterator[Any] | AsyncIterator[Any]) -> AsyncIterator[Any]:
         """The items of a handler's generator, as it yields them (a sync one's in the pool);
@@ -85,9 +89,7 @@ class Caller:
         done = object()
         try:
             while True:
-                item = await trio.to_thread.run_sync(
-                    next, stream, done, limiter=self.limiter, abandon_on_cancel=True
-                )
+                item = await self.threads.run(next, stream, done)
                 if item is done:
                     return
                 yield item
