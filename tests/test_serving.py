@@ -483,3 +483,50 @@ async def test_a_handler_that_exits_fails_its_request_not_its_replica(
             assert (await request(server.port, "/")).status == 500
         assert server.failed == 3
     assert "HandlerEscaped" in capfd.readouterr().err
+
+
+@pytest.mark.slow
+async def test_a_fastapi_app_answers_as_it_does_under_uvicorn() -> None:
+    """The same requests to the same FastAPI app, served by uvicorn and by a replica's server:
+    the same statuses, content types and bodies (path parameters, JSON bodies, errors)."""
+    asks: list[tuple[str, str, bytes | None]] = [
+        ("GET", "/items/3?q=z", None),
+        ("GET", "/items/3", None),
+        ("GET", "/items/0", None),
+        ("GET", "/items/x", None),
+        ("POST", "/items", b'{"name": "fig", "price": 2.5}'),
+        ("POST", "/items", b'{"name": "fig"}'),
+        ("POST", "/items", b'{"price": 2.5}'),
+        ("POST", "/items", b"{not json"),
+        ("GET", "/fail", None),
+        ("GET", "/nope", None),
+        ("DELETE", "/items/3", None),
+    ]
+    # Bound and listening here, handed to uvicorn: connectable before it starts (no wait).
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    port = listener.getsockname()[1]
+    uvicorn = await trio.lowlevel.open_process(
+        [
+            *(sys.executable, "-m", "uvicorn", "serving_apps:api"),
+            *("--fd", str(listener.fileno()), "--log-level", "critical"),
+        ],
+        cwd=str(HERE),
+        pass_fds=(listener.fileno(),),
+    )
+    listener.close()
+    try:
+        async with served("api") as ours:
+            for method, path, body in asks:
+                headers = [("content-type", "application/json")] if body else []
+                theirs = await request(port, path, method=method, body=body, headers=headers)
+                mine = await request(ours.port, path, method=method, body=body, headers=headers)
+                assert (mine.status, mine.headers.get("content-type"), mine.body) == (
+                    theirs.status,
+                    theirs.headers.get("content-type"),
+                    theirs.body,
+                ), (method, path)
+    finally:
+        uvicorn.terminate()
+        await uvicorn.wait()
