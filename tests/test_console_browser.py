@@ -110,6 +110,13 @@ class Daemon:
     def argv(self) -> list[str]:
         return [sys.executable, "-m", "controller", "--state-dir", str(self.state_dir)]
 
+    @property
+    def ingress_url(self) -> str:
+        """Where its ingress serves (its log says so once bound)."""
+        found = re.search(r"ingress serving routes on (http://[0-9.:]+)", "".join(self.log))
+        assert found is not None, "".join(self.log)
+        return found.group(1)
+
     def cli(self, *args: str) -> str:
         done = subprocess.run(
             [*self.argv(), *args], capture_output=True, text=True, timeout=LIMIT_S, check=False
@@ -438,6 +445,14 @@ def test_a_backend_page_shows_replicas_events_chart_and_revisions(tab: Tab) -> N
     pids = {str(r["pid"]) for r in tab.daemon.status("echo")["replicas"]}
     text = tab.page.inner_text("#replicas")
     assert all(pid in text for pid in pids)
+    # Requests through the ingress: the replicas' own counts show in their rows.
+    for _ in range(6):
+        with urllib.request.urlopen(tab.daemon.ingress_url + "/echo", timeout=LIMIT_S) as answer:
+            assert answer.status == 200
+    tab.page.wait_for_function(
+        "() => [...document.querySelectorAll('#replicas td.served')]"
+        ".reduce((sum, td) => sum + (Number(td.textContent) || 0), 0) >= 6"
+    )
     tab.shot("backend")
 
 
