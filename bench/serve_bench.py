@@ -36,11 +36,13 @@ import json
 import os
 import platform
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
@@ -86,6 +88,12 @@ max_replicas = 1
 target_ongoing_requests = 1
 downscale_stabilization_s = 0
 scale_to_zero_delay_s = 0
+
+[backends.cancel]
+entrypoint = "serve_sleeper:Sleeper"
+route_prefix = "/cancel"
+num_replicas = 1
+version = "v1"
 
 [backends.cold_class]
 entrypoint = "ingress_replica:Trivial"
@@ -435,6 +443,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             }
         serve_stack.close()  # Ray down: the scale from zero on a quieter machine
 
+        print(f"cancellation: {args.cancel_trials} hang-ups ...", file=sys.stderr)
+        results["cancellation"] = cancellations(ours.ingress_port, args.cancel_trials)
+
         print(f"scale from zero: {args.cold_trials} trials a backend ...", file=sys.stderr)
         api_port = int(ours.url.rsplit(":", 1)[1])
         cold: dict[str, list[float]] = {"cold": [], "cold_class": []}
@@ -457,6 +468,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results["rounds"] = rounds
     results["ratios"] = ratios(rounds)
     return results
+
+
+def cancellations(ingress_port: int, trials: int) -> dict[str, float]:
+    """A client hangs up on a request whose handler would sleep 10 s (through the ingress: its
+    connection ends, which ends the ingress's to the replica): how long after the client's
+    close the handler was cancelled, by CLOCK_MONOTONIC in both processes."""
+    took: list[float] = []
+    for n in range(1, trials + 1):
+        with socket.create_connection(("127.0.0.1", ingress_port)) as sock:
+            sock.sendall(b"GET /cancel/sleep HTTP/1.1\r\nHost: bench\r\n\r\n")
+            _get(ingress_port, "/cancel/stats?inside=1")  # answers once the handler sleeps
+            hung_up = time.monotonic()
+        stats = _get(ingress_port, f"/cancel/stats?cancelled={n}")
+        took.append(stats["cancelled_at"][n - 1] - hung_up)
+    return autoscale_bench.summary(took)
+
+
+def _get(port: int, path: str) -> Any:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as answer:
+        return json.loads(answer.read())
 
 
 def ratios(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -559,8 +590,19 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             "met": cold["median_ms"] <= 40,
         }
     )
+    cancel = results.get("cancellation")
+    if cancel is not None:
+        out.append(
+            {
+                "target": "a client's hang-up cancels a 10 s handler within 50 ms (median)",
+                "value": f"{cancel['median_ms']:.1f} ms (p90 {cancel['p90_ms']:.1f}, max "
+                f"{cancel['max_ms']:.1f}, of {cancel['n']})",
+                "met": cancel["median_ms"] <= 50,
+            }
+        )
     for t in out:
-        t["of"] = f"median of {n} alternating rounds" if "cold" not in t["target"] else ""
+        rounds = "zero replicas" not in t["target"] and "hang-up" not in t["target"]
+        t["of"] = f"median of {n} alternating rounds" if rounds else ""
     return out
 
 
@@ -611,6 +653,15 @@ def print_tables(results: dict[str, Any]) -> None:
             f"| {label} | {f['median_ms']:.1f} ms | {f['p90_ms']:.1f} ms | "
             f"{f['min_ms']:.1f} / {f['max_ms']:.1f} ms |"
         )
+    cancel = results.get("cancellation")
+    if cancel is not None:
+        print()
+        print("| a client hangs up on a 10 s handler, through the ingress | median | p90 | max |")
+        print("|---|---|---|---|")
+        print(
+            f"| the handler cancelled, after the client's close | {cancel['median_ms']:.1f} ms | "
+            f"{cancel['p90_ms']:.1f} ms | {cancel['max_ms']:.1f} ms |"
+        )
     print()
     print("| target | figure | met |")
     print("|---|---|---|")
@@ -657,6 +708,7 @@ def main() -> None:
     parser.add_argument("--conns", type=int, default=32, help="wrk's connections")
     parser.add_argument("--idle-seconds", type=float, default=1.5, help="one connection")
     parser.add_argument("--cold-trials", type=int, default=10, help="scale from zero")
+    parser.add_argument("--cancel-trials", type=int, default=20, help="hang-ups")
     parser.add_argument("--no-serve", action="store_true", help="skip Ray Serve")
     parser.add_argument("--profile", action="store_true", help="py-spy the workers at the end")
     parser.add_argument("--out", type=Path, default=HERE / "serve_results.json")
