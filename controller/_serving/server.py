@@ -82,8 +82,6 @@ class ReplicaServer:
         self.request_timeout_s = request_timeout_s
         self.in_flight = 0
         """Requests whose handler runs now."""
-        self.waiting = 0
-        """Requests waiting for one of the `max_ongoing_requests` places."""
         self.served = 0
         """Requests ended, however they ended."""
         self.failed = 0
@@ -99,6 +97,11 @@ class ReplicaServer:
         self._finished = trio.Event()
         self.up = False
         """It listens and its application has started: what fails now fails a live server."""
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for one of the `max_ongoing_requests` places."""
+        return self._places.waiting
 
     @property
     def load(self) -> int:
@@ -204,12 +207,8 @@ class ReplicaServer:
         deadline = trio.current_time() + budget
         conn.request_deadline = deadline
         conn.timer.set(deadline, "deadline")
-        self.waiting += 1
-        self._changed()
-        try:
-            await self._places.take()  # in line, first come first served
-        finally:
-            self.waiting -= 1
+        self._changed()  # read a moment later, when it may wait in line
+        await self._places.take()  # in line, first come first served
         self.in_flight += 1
         try:
             if self._lifespan is not None:
