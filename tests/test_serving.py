@@ -530,3 +530,15 @@ async def test_a_fastapi_app_answers_as_it_does_under_uvicorn() -> None:
     finally:
         uvicorn.terminate()
         await uvicorn.wait()
+
+
+@pytest.mark.parametrize("name", ["describe", "sync_body", "api"])
+async def test_a_body_that_breaks_its_framing_is_answered_400_and_closed(name: str) -> None:
+    async with served(name) as server:
+        head = b"POST /items HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+        for body in (b"zz\r\nhello\r\n0\r\n\r\n", b"3\r\nhello\r\n0\r\n\r\n"):
+            answer = await raw(server.port, head + body)
+            assert answer.startswith(b"HTTP/1.1 400 "), answer
+            assert b"connection: close" in answer
+        assert server.load == 0
+        assert server.failed == 0  # the client's fault, not the handler's

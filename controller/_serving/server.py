@@ -208,7 +208,11 @@ class ReplicaServer:
         conn.request_deadline = deadline
         conn.timer.set(deadline, "deadline")
         self._changed()  # read a moment later, when it may wait in line
-        await self._places.take()  # in line, first come first served
+        try:
+            await self._places.take()  # in line, first come first served
+        except BaseException:
+            self._changed()  # it left the line unserved (a deadline, a hang-up)
+            raise
         self.in_flight += 1
         try:
             if self._lifespan is not None:
@@ -274,8 +278,12 @@ class ReplicaServer:
             if caller.in_thread and head.body:
                 await request.body()  # a sync handler is called with its body read
             answer = answer_of(await caller(request))
-        except (ClientGone, Reply):
+        except ClientGone:
             raise
+        except Reply as reply:  # its body could not be read: said, and the connection ends
+            body = error_body(reply.kind, str(reply))
+            await outgoing.whole(reply.status, [(b"content-type", _JSON)], body, keep=False)
+            return False
         except BodyTooLarge as exc:
             answer = Answer(413, [(b"content-type", _JSON)], error_body("BodyTooLarge", str(exc)))
         except Exception as exc:
@@ -289,7 +297,7 @@ class ReplicaServer:
         try:
             async for item in caller.items(answer.stream):
                 await outgoing.part(item_bytes(item))
-        except (ClientGone, Reply):
+        except ClientGone:
             raise
         except Exception as exc:
             self._failed(head, exc)
@@ -309,8 +317,14 @@ class ReplicaServer:
                 raise AppError("the application returned without starting its response")
             if not outgoing.done:
                 raise AppError("the application returned before its response's body ended")
-        except (ClientGone, Reply):
+        except ClientGone:
             raise
+        except Reply as reply:  # its body could not be read: said, if it still can be
+            if outgoing.started:
+                raise ClientGone from None
+            body = error_body(reply.kind, str(reply))
+            await outgoing.whole(reply.status, [(b"content-type", _JSON)], body, keep=False)
+            return False
         except Exception as exc:
             self._failed(head, exc)
             if outgoing.started:
