@@ -11,6 +11,7 @@ on in its thread until the code returns, still holding that thread, so the pool 
 
 from __future__ import annotations
 
+import _thread
 import contextvars
 import queue
 import threading
@@ -76,12 +77,12 @@ class HandlerThreads:
 
     def _start_thread(self) -> None:
         self._started += 1
-        thread = threading.Thread(
-            target=self._work, name=f"{self._name}-{self._started}", daemon=True
-        )
-        thread.start()
+        # Not threading.Thread.start, which waits until the new thread runs: on a busy machine
+        # that is milliseconds of the loop's time, every request of the replica held meanwhile.
+        _thread.start_new_thread(self._work, (f"{self._name}-{self._started}",))
 
-    def _work(self) -> None:
+    def _work(self, name: str) -> None:
+        threading.current_thread().name = name  # for tracebacks and py-spy
         while True:
             call = self._queue.get()
             try:
