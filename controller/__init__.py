@@ -82,6 +82,7 @@ if TYPE_CHECKING:
     from ._ports.runtime import ReplicaInfo as ReplicaInfo
     from ._ports.runtime import Runtime as Runtime
     from ._ports.store import Store as Store
+    from ._serving.on_asyncio import on_asyncio as on_asyncio
     from ._serving.request import Request as Request
     from ._serving.response import Response as Response
     from ._stores.memory import MemoryStore as MemoryStore
@@ -158,6 +159,7 @@ _HOME: dict[str, str] = {
     "RolloutStatus": "._model.status",
     "Store": "._ports.store",
     "Request": "._serving.request",
+    "on_asyncio": "._serving.on_asyncio",
     "Response": "._serving.response",
 }
 

@@ -111,6 +111,14 @@ def two_args(a: Any, b: Any) -> None:
     pass
 
 
+def keyword_only(*, request: Request) -> None:
+    pass
+
+
+def with_default(request: Request, greeting: str = "hi") -> str:
+    return greeting
+
+
 def sync_asgi(scope: Any, receive: Any, send: Any) -> None:
     pass
 
@@ -297,3 +305,42 @@ def exits(request: Request) -> None:
 
 async def interrupts(request: Request) -> None:
     raise KeyboardInterrupt
+
+
+async def reads_then_answers(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """A bare ASGI app that reads its whole body (none, for a GET), then answers its length."""
+    if scope["type"] != "http":
+        raise RuntimeError("http only")
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"%d" % len(body)})
+
+
+async def no_content_asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """A bare ASGI app that answers 204 with a body, which must not go out."""
+    if scope["type"] != "http":
+        raise RuntimeError("http only")
+    await send({"type": "http.response.start", "status": 204, "headers": []})
+    await send({"type": "http.response.body", "body": b"not to be sent"})
+
+
+def statuses(request: Request) -> Response:
+    code = int(request.query_params.get("code", "200"))
+    return Response(
+        "body!", status_code=code, headers=[("set-cookie", "a=1"), ("set-cookie", "b=2")]
+    )
+
+
+#: Set by a test at its end: what `stuck` waits for (so that no thread outlives the test).
+RELEASE = threading.Event()
+
+
+def stuck(request: Request) -> str:
+    """A sync handler that does not return (until the test lets it)."""
+    RELEASE.wait(30)
+    return "released"

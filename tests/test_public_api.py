@@ -59,6 +59,7 @@ EXPECTED = {
     "BackendLoad",
     "Request",
     "Response",
+    "on_asyncio",
 }
 
 

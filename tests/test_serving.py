@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -68,6 +69,7 @@ async def served(
         ("hello", "function"),
         ("describe", "function"),
         ("no_request", "function"),
+        ("with_default", "function"),
         ("tokens", "function"),
         ("Scaled", "callable"),
         ("Counting", "callable"),
@@ -92,8 +94,9 @@ def test_a_class_that_serves_itself_is_left_to_serve_as_before() -> None:
 @pytest.mark.parametrize(
     ("name", "kwargs", "says"),
     [
-        ("NOT_CALLABLE", {}, "names a int: name a function, a class or an ASGI application"),
-        ("two_args", {}, "takes 2 arguments"),
+        ("NOT_CALLABLE", {}, "type int, which cannot be called: name a function, a class"),
+        ("two_args", {}, "needs 2 arguments"),
+        ("keyword_only", {}, "needs keyword-only arguments (request)"),
         ("sync_asgi", {}, "is not async"),
         ("hello", {"x": 1}, "init_args and init_kwargs are for a class"),
     ],
@@ -101,7 +104,7 @@ def test_a_class_that_serves_itself_is_left_to_serve_as_before() -> None:
 def test_an_entrypoint_that_cannot_be_served_says_why(
     name: str, kwargs: dict[str, Any], says: str
 ) -> None:
-    with pytest.raises(EntrypointError, match=says.replace("(", r"\(")):
+    with pytest.raises(EntrypointError, match=re.escape(says)):
         entry(name, **kwargs)
 
 
@@ -436,42 +439,38 @@ def test_limits_reach_the_server() -> None:
     assert sys.modules["serving_apps"].__file__ is not None
 
 
-async def test_places_let_in_first_come_first_served_and_follow_the_limit() -> None:
-    places = Places(2)
+async def test_places_let_in_first_come_first_served_each_by_its_own_limit() -> None:
+    places = Places()
     order: list[int] = []
+    scopes: dict[int, trio.CancelScope] = {}
 
-    async def one(n: int, leave: trio.Event) -> None:
-        await places.take()
-        order.append(n)
-        await leave.wait()
-        places.give_back()
+    async def one(n: int, limit: int, leave: trio.Event) -> None:
+        with trio.CancelScope() as scopes[n]:
+            await places.take(limit)
+            order.append(n)
+            await leave.wait()
+            places.give_back()
 
     leaves = [trio.Event() for _ in range(5)]
     async with trio.open_nursery() as nursery:
-        for n in range(5):
-            nursery.start_soon(one, n, leaves[n])
+        for n in range(4):
+            nursery.start_soon(one, n, 2, leaves[n])
             await trio.testing.wait_all_tasks_blocked()
-        assert (order, places.taken, places.waiting) == ([0, 1], 2, 3)
-        places.resize(3)  # raised: the next in line comes in at once
+        assert (order, places.taken, places.waiting) == ([0, 1], 2, 2)
+        # One whose router says the limit is 4 waits behind those already in line.
+        nursery.start_soon(one, 4, 4, leaves[4])
         await trio.testing.wait_all_tasks_blocked()
-        assert order == [0, 1, 2]
-        places.resize(1)  # lowered: no one more until enough have left
+        assert (order, places.waiting) == ([0, 1], 3)
         leaves[0].set()
-        leaves[1].set()
         await trio.testing.wait_all_tasks_blocked()
-        assert (order, places.taken) == ([0, 1, 2], 1)
-        # One in line cancelled leaves it; the place it would have had goes to the next.
-        with trio.CancelScope() as scope:
-            scope.cancel()
-            with pytest.raises(trio.Cancelled):
-                await places.take()
-        assert places.waiting == 2
-        leaves[2].set()
+        assert (order, places.taken) == ([0, 1, 2], 2)
+        # One in line cancelled leaves it, and lets in those behind it that may come in.
+        scopes[3].cancel()
         await trio.testing.wait_all_tasks_blocked()
-        assert order == [0, 1, 2, 3]
+        assert (order, places.taken, places.waiting) == ([0, 1, 2, 4], 3, 0)
         for leave in leaves:
             leave.set()
-    assert (places.taken, places.waiting, order) == (0, 0, [0, 1, 2, 3, 4])
+    assert (places.taken, places.waiting, order) == (0, 0, [0, 1, 2, 4])
 
 
 @pytest.mark.parametrize("name", ["exits", "interrupts"])
@@ -498,6 +497,7 @@ async def test_a_fastapi_app_answers_as_it_does_under_uvicorn() -> None:
         ("POST", "/items", b'{"name": "fig"}'),
         ("POST", "/items", b'{"price": 2.5}'),
         ("POST", "/items", b"{not json"),
+        ("POST", "/items", None),  # no body at all: 422, at once
         ("GET", "/fail", None),
         ("GET", "/nope", None),
         ("DELETE", "/items/3", None),
@@ -542,3 +542,83 @@ async def test_a_body_that_breaks_its_framing_is_answered_400_and_closed(name: s
             assert b"connection: close" in answer
         assert server.load == 0
         assert server.failed == 0  # the client's fault, not the handler's
+
+
+async def test_an_asgi_app_hears_the_end_of_a_request_without_a_body() -> None:
+    async with served("reads_then_answers") as server:
+        with trio.fail_after(5):
+            assert (await request(server.port, "/")).body == b"0"
+            empty = await request(server.port, "/", method="POST", body=b"")
+            assert empty.body == b"0"
+            assert (await request(server.port, "/", method="POST", body=b"abc")).body == b"3"
+            old = await raw(server.port, b"GET / HTTP/1.0\r\n\r\n")
+            assert old.endswith(b"\r\n\r\n0")
+
+
+async def test_no_body_goes_with_a_204_or_a_304_and_the_next_answer_is_read_right() -> None:
+    async with served("statuses") as server:
+        for code in (204, 304):
+            answer = await raw(
+                server.port,
+                f"GET /?code={code} HTTP/1.1\r\nHost: h\r\n\r\n".encode()
+                + b"GET /?code=200 HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+            )
+            first, _, rest = answer.partition(b"\r\n\r\n")
+            assert first.startswith(f"HTTP/1.1 {code} ".encode())
+            assert (b"content-length" in first.lower()) == (code == 304)
+            assert rest.startswith(b"HTTP/1.1 200 "), rest  # no stray body before it
+            assert rest.endswith(b"\r\n\r\nbody!")
+        # A name given twice is sent twice.
+        answer = await raw(server.port, b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+        assert b"set-cookie: a=1\r\nset-cookie: b=2\r\n" in answer
+    async with served("no_content_asgi") as server:
+        answer = await raw(server.port, b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 204 ")
+        assert answer.endswith(b"\r\n\r\n")  # its body dropped
+
+
+async def test_what_a_request_says_of_the_limit_decides_its_own_admission_only() -> None:
+    async with served("Counting", max_ongoing=2) as server:
+        app = server.entry.target
+
+        async def sleep(limit: int | None, statuses: list[int]) -> None:
+            headers = [] if limit is None else [("x-max-ongoing-requests", str(limit))]
+            answer = await request(server.port, "/sleep?s=0.2", headers=headers)
+            statuses.append(answer.status)
+
+        # A direct client claiming 1 throttles no one else: the others still run 2 at once.
+        statuses: list[int] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sleep, 1, statuses)
+            for _ in range(4):
+                nursery.start_soon(sleep, None, statuses)
+        assert statuses == [200] * 5
+        assert app.most == 2
+        # Claiming 10 lets in its own requests, not the others' past their limit.
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(sleep, 10, statuses)
+        assert app.most == 4
+
+
+async def test_a_replica_whose_handler_threads_are_all_stuck_says_so(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    release = sys.modules["serving_apps"].RELEASE  # as the replica imported it
+    try:
+        async with served("stuck", max_ongoing=2, timeout_s=0.2) as server:
+            for _ in range(2):
+                assert (await request(server.port, "/")).status == 504
+            # Both threads still run calls whose requests ended: it cannot serve, and says so
+            # (its health check fails, and it is replaced), holding that load meanwhile.
+            problem = server.problem()
+            assert problem is not None
+            assert "threads are all held" in problem
+            assert server.load == 2
+            assert (await request(server.port, "/")).status == 504
+            release.set()
+            with trio.fail_after(5):
+                while server.problem() is not None:
+                    await server.next_change().wait()
+    finally:
+        release.set()

@@ -305,3 +305,41 @@ async def test_a_change_of_the_limits_reaches_the_replicas_without_a_restart(
         assert stats["tag"] == tag
         assert stats["most"] == 6
         assert (await request(port, "/count/sleep?s=1")).status == 200
+
+
+async def test_a_replica_whose_handler_threads_are_all_stuck_is_replaced(
+    state_dir: Path,
+) -> None:
+    backend = code(
+        "stuck",
+        "/stuck",
+        max_ongoing_requests=2,
+        request_timeout_s=0.3,
+        health_check_period_s=0.2,
+        health_check_failure_threshold=1,
+    )
+    async with daemon_with(state_dir, stuck=backend) as (daemon, port):
+        (before,) = [r["tag"] for r in (await daemon.status())["stuck"]["replicas"]]
+        for _ in range(2):  # each holds one of its two threads for good
+            assert (await request(port, "/stuck")).status == 504
+        status = await until(
+            daemon,
+            "stuck",
+            lambda s: any(r["tag"] != before for r in s["replicas"] if r["state"] == "RUNNING"),
+        )
+        events = " ".join(e["message"] for e in status["events"])
+        assert "threads are all held" in events, events
+
+
+async def test_an_app_that_needs_asyncio_runs_on_asyncio(state_dir: Path) -> None:
+    backend = {**code("hello", "/aio"), "entrypoint": "asyncio_apps:app"}
+    async with daemon_with(state_dir, aio=backend) as (_, port):
+        slept = (await request(port, "/aio/sleep?s=0.02")).json()
+        assert slept["slept"] == 0.02
+        assert "TrioEventLoop" in slept["started_on"]  # trio-asyncio's loop, in the lifespan
+        assert (await request(port, "/aio/stream")).body == b"one two three "
+        # A client that hangs up mid-request cancels its asyncio task too.
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(b"GET /aio/sleep?s=30 HTTP/1.1\r\nHost: h\r\n\r\n")
+        sock.close()
+        assert (await request(port, "/aio/sleep?s=0")).status == 200

@@ -84,6 +84,13 @@ async def test_fake_runtime_replicas_of_code_answer_real_http() -> None:
             dead_port = int(stopped[0].address.rpartition(":")[2])
             with pytest.raises(OSError, match="connect"):
                 await request(dead_port, "/x")
+            # A class's config reaches it, at its start and in place, as in a worker.
+            scaled = code("Scaled", init_kwargs={"scale": 2})
+            await (await ctl.deploy("s", config_with({"k": 1}), scaled)).wait()
+            assert await _configs(ctl, "s") == [{"k": 1}, {"k": 1}]
+            await (await ctl.deploy("s", config_with({"k": 2}), scaled)).wait()
+            assert await _configs(ctl, "s") == [{"k": 2}, {"k": 2}]
+            await (await ctl.delete("s")).wait()
             # A replica of code that serves itself is a fake replica as any.
             trivial = controller.ReplicaConfig("replicas:Trivial")
             await (await ctl.deploy("t", config, trivial)).wait()
@@ -92,3 +99,17 @@ async def test_fake_runtime_replicas_of_code_answer_real_http() -> None:
                 assert replica.address.startswith("fake://")
             await (await ctl.delete("c")).wait()
             await (await ctl.delete("t")).wait()
+
+
+def config_with(user_config: Any) -> controller.BackendConfig:
+    return controller.BackendConfig(num_replicas=2, version="v1", user_config=user_config)
+
+
+async def _configs(ctl: controller.Controller, name: str) -> list[Any]:
+    """The config each replica of `name` answers that it holds."""
+    out = []
+    for replica in ctl.status(name).replicas:
+        assert replica.address is not None
+        port = int(replica.address.rpartition(":")[2])
+        out.append((await request(port, "/")).json()["config"])
+    return out

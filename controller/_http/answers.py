@@ -152,10 +152,12 @@ def response_head(
     Content-Length as the replica framed it, else `chunked` (or, for an HTTP/1.0 client, by
     closing), with ``Connection: close`` when `close`."""
     out = [b"HTTP/1.1 %d %s\r\n" % (head.status, head.reason)]
+    # A 204 has no body, and says no length (RFC 9110 8.6): one a replica gave is dropped.
+    no_length = head.length is None or head.status == 204
     for key, value in head.headers:
         if key in HOP_BY_HOP:
             continue
-        if key == b"content-length" and head.length is None:
+        if key == b"content-length" and no_length:
             continue
         out += (key, b": ", value, b"\r\n")
     if chunked:

@@ -200,6 +200,8 @@ class Worker:
             return {"ok": False, **describe(exc)}
         if op == "drain":
             return await self.drain_once(method)
+        if op == "check_health" and (problem := self.serving_problem()) is not None:
+            return problem
         if method is None:
             return {"ok": True}  # every method of the contract is optional
         if op == "check_health":
@@ -269,6 +271,14 @@ class Worker:
         await self.drained.wait()
         return self.drain_answer
 
+    def serving_problem(self) -> dict[str, Any] | None:
+        """A failed check's answer if the code it serves cannot serve (``ReplicaServer.problem``:
+        every handler thread held by a call whose request ended), else None."""
+        problem = None if self.server is None else self.server.problem()
+        if problem is None:
+            return None
+        return {"ok": False, "error_type": "HandlersStuck", "message": problem}
+
     def check(self, request: dict[str, Any]) -> dict[str, Any] | None:
         """`admit`; or, once a stop was accepted, refuse (and raise the epoch by nothing)."""
         if self.stopping:
@@ -327,6 +337,8 @@ class Worker:
                 refusal = self.check(request)
                 if refusal is None and self.init_error is not None:
                     refusal = {"ok": False, **self.init_error}
+                if refusal is None:
+                    refusal = self.serving_problem()
                 await _answer_check(lines, sending, ident, refusal)
             else:
                 checks.start_soon(self._check_and_answer, lines, sending, ident, request)

@@ -46,6 +46,7 @@ class Exchange:
         self.outgoing = outgoing
         self.read = read
         self.body_done = read is None
+        self._given = False  # the request's last (or only) http.request message
         self.scope = scope
         self._status = 0
         self._headers: list[tuple[bytes, bytes]] = []
@@ -56,10 +57,13 @@ class Exchange:
         if not self.body_done:
             assert self.read is not None
             chunk = await self.read()
-            if chunk is None:
-                self.body_done = True
-                return {"type": "http.request", "body": b"", "more_body": False}
-            return {"type": "http.request", "body": chunk, "more_body": True}
+            if chunk is not None:
+                return {"type": "http.request", "body": chunk, "more_body": True}
+            self.body_done = True
+        if not self._given:
+            # A request without a body is one message too: its end.
+            self._given = True
+            return {"type": "http.request", "body": b"", "more_body": False}
         # The body is all given: what comes next is the client's hang-up, which cancels the
         # request (and so this wait) rather than arriving as a message.
         await trio.sleep_forever()
@@ -73,7 +77,8 @@ class Exchange:
                 raise AppError("the application started its response twice")
             self._started = True
             status = message.get("status")
-            if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+            if isinstance(status, bool) or not isinstance(status, int) or not 200 <= status <= 599:
+                # (1xx: interim answers are not passed on from an application.)
                 raise AppError(f"the application's response status is {status!r}")
             self._status = status
             headers: list[tuple[bytes, bytes]] = []
@@ -146,9 +151,9 @@ class Lifespan:
     for its startup; `shutdown` asks it to end and waits. An application that does not speak
     lifespan (it raises at once, as the spec allows) is served without it."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]]):
+    def __init__(self, app: Callable[..., Awaitable[None]], *, state: dict[str, Any] | None = None):
         self.app = app
-        self.state: dict[str, Any] = {}
+        self.state: dict[str, Any] = {} if state is None else state
         """What its startup put in its scope's ``state`` (copied into each request's)."""
         self._to_app, self._app_reads = trio.open_memory_channel[Message](1)
         # Unbounded: what the application says never waits on us (we may have stopped

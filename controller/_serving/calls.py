@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, final
 
 import trio
@@ -27,7 +27,7 @@ class Caller:
     """Calls `target` (a function, or a callable instance) with a request, or with nothing if
     it takes no argument."""
 
-    def __init__(self, target: Any, threads: int):
+    def __init__(self, target: Any, on_stuck_change: Callable[[], None]):
         function = target if inspect.isroutine(target) else target.__call__
         self.function = function
         try:
@@ -47,18 +47,16 @@ class Caller:
         self.makes_stream = inspect.isasyncgenfunction(function) or inspect.isgeneratorfunction(
             function
         )
-        self.threads = HandlerThreads(max(1, min(threads, MAX_HANDLER_THREADS)))
-
-    def resize(self, limit: int) -> None:
-        """Its replica's max_ongoing_requests changed: so does its pool (within its bound)."""
-        self.threads.resize(max(1, min(limit, MAX_HANDLER_THREADS)))
+        self.threads = HandlerThreads(on_stuck_change)
 
     @property
     def in_thread(self) -> bool:
         """Whether it runs in a thread (and so is called with the body read)."""
         return not (self.is_async or self.makes_stream)
 
-    async def __call__(self, request: Any) -> Any:
+    async def __call__(self, request: Any, limit: int) -> Any:
+        """Call it with `request`; a sync call in the pool, which grows to `limit` threads
+        (its backend's max_ongoing_requests, at most `MAX_HANDLER_THREADS`) as calls need."""
         args = (request,) if self.takes_request else ()
         try:
             if self.is_async:
@@ -67,7 +65,7 @@ class Caller:
                 return self.function(*args)  # the generator: its code runs as it is iterated
             # Let go on cancel (a deadline, a hang-up): the request ends at once, and the
             # thread keeps its place in the pool until the code returns.
-            result = await self.threads.run(self.function, *args)
+            result = await self.threads.run(min(limit, MAX_HANDLER_THREADS), self.function, *args)
             if inspect.isawaitable(result):
                 return await result
             return result
@@ -89,7 +87,7 @@ class Caller:
         done = object()
         try:
             while True:
-                item = await self.threads.run(next, stream, done)
+                item = await self.threads.run(MAX_HANDLER_THREADS, next, stream, done)
                 if item is done:
                     return
                 yield item

@@ -63,8 +63,8 @@ def build(spec: dict[str, Any]) -> Entry:
         return Entry(_kind_of(type(instance).__call__, name, bound=False), instance, instance)
     if not callable(obj):
         raise EntrypointError(
-            f"entrypoint {name!r} names a {type(obj).__name__}: name a function, a class or an "
-            "ASGI application"
+            f"entrypoint {name!r} names an object of type {type(obj).__name__}, which cannot be "
+            "called: name a function, a class or an ASGI application"
         )
     if args or kwargs:
         raise EntrypointError(
@@ -81,31 +81,42 @@ def _defines_call(cls: type) -> bool:
 
 
 def _kind_of(function: Any, name: str, *, bound: bool) -> Kind:
-    """ASGI (three parameters, async) or a handler of requests (none or one)."""
+    """ASGI (three parameters it needs, async) or a handler of requests (at most one: the
+    request; parameters with a default are left to theirs)."""
     try:
         params = list(inspect.signature(function).parameters.values())
     except (TypeError, ValueError):
         return "callable"  # a builtin without a signature: called with the request
     if not bound and params:
         params = params[1:]  # an unbound __call__'s self
-    positional = [
+    needed = [
         p
         for p in params
-        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        if p.default is inspect.Parameter.empty
+        and p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     ]
-    variadic = any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params)
-    if len(positional) == 3:
+    keyword_only = [
+        p.name
+        for p in params
+        if p.kind == inspect.Parameter.KEYWORD_ONLY and p.default is inspect.Parameter.empty
+    ]
+    if keyword_only:
+        raise EntrypointError(
+            f"entrypoint {name!r} needs keyword-only arguments ({', '.join(keyword_only)}): a "
+            "handler takes the request as its first positional argument"
+        )
+    if len(needed) == 3:
         if not _is_async(function):
             raise EntrypointError(
                 f"entrypoint {name!r} takes (scope, receive, send) but is not async: an ASGI "
                 "application is `async def app(scope, receive, send)`"
             )
         return "asgi"
-    if len(positional) <= 1 or variadic:
+    if len(needed) <= 1:
         return "callable"
     raise EntrypointError(
-        f"entrypoint {name!r} takes {len(positional)} arguments: a handler takes the request "
-        "(or nothing), an ASGI application takes (scope, receive, send)"
+        f"entrypoint {name!r} needs {len(needed)} arguments: a handler takes the request (or "
+        "nothing), an ASGI application takes (scope, receive, send)"
     )
 
 

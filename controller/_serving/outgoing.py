@@ -1,6 +1,7 @@
 """One answer on its way from a replica's handler to the client: its head once, then its body,
 framed by length when it is known, else chunked (or, to an HTTP/1.0 client, by closing). An
-answer to HEAD is its head alone."""
+answer to HEAD is its head alone, and so are 204 and 304, whatever body the handler gave: one
+sent would be read as the next answer (RFC 9110 6.4.1); a 204 says no length either."""
 
 from __future__ import annotations
 
@@ -37,6 +38,12 @@ class Outgoing:
         """The answer in one write."""
         self.keep = self.keep and keep
         self.started, self.done, self.status = True, True, status
+        self.conn.answered = status
+        if status in _NO_BODY:
+            length = None if status == 204 else len(body)
+            out = served_head(status, headers, length=length, close=not self.keep)
+            await self.conn.send(out)
+            return
         out = served_head(status, headers, length=len(body), close=not self.keep)
         await self.conn.send(out if self._head_only else out + body)
 
@@ -52,6 +59,14 @@ class Outgoing:
         """The head of an answer whose body follows in parts (`length`: their sum, if the
         handler said it)."""
         self.started, self.status = True, status
+        self.conn.answered = status
+        if status in _NO_BODY:
+            # Its parts are dropped as they come; the head says nothing of them.
+            self.keep = self.keep and keep
+            self.done = True
+            length = None if status == 204 else length
+            await self.conn.send(served_head(status, headers, length=length, close=not self.keep))
+            return
         self._left = length
         self._chunked = length is None and not http_10
         self.keep = self.keep and keep and (length is not None or self._chunked)
@@ -90,3 +105,7 @@ class Outgoing:
             await self.conn.send(LAST_CHUNK)
         elif self._left is None:
             self.keep = False  # framed by the connection's end
+
+
+#: Answers that never carry a body.
+_NO_BODY = frozenset({204, 304})

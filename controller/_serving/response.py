@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any, Final, final
 
 #: A header name (RFC 9110 token) and value (no CR, LF or NUL: nothing that would end the head).
@@ -32,7 +32,9 @@ class Response:
     status_code=200, headers=None, media_type=None)``. `content` is ``str``, ``bytes``, a
     ``dict`` or ``list`` (sent as JSON), None (empty), or a generator or async generator
     (streamed: each item ``str``, ``bytes``, or a ``dict`` or ``list`` sent as a line of
-    JSON). `media_type` is the Content-Type (by default from the content, as above)."""
+    JSON). `headers` is a mapping, or (name, value) pairs for a name sent more than once
+    (``Set-Cookie``). `media_type` is the Content-Type (by default from the content, as
+    above). A 204 or 304 is sent without a body, whatever the content."""
 
     __slots__ = ("content", "headers", "media_type", "status_code")
 
@@ -40,7 +42,7 @@ class Response:
         self,
         content: Any = None,
         status_code: int = 200,
-        headers: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
         media_type: str | None = None,
     ):
         if isinstance(status_code, bool) or not isinstance(status_code, int):
@@ -49,7 +51,8 @@ class Response:
             raise ValueError(f"Response.status_code must be from 200 to 599: {status_code}")
         self.content = content
         self.status_code = status_code
-        self.headers: dict[str, str] = dict(headers or {})
+        pairs = headers.items() if isinstance(headers, Mapping) else headers or ()
+        self.headers: list[tuple[str, str]] = [(str(k), str(v)) for k, v in pairs]
         self.media_type = media_type
 
     def __repr__(self) -> str:
@@ -133,9 +136,9 @@ def _json(value: Any) -> bytes:
         raise BadResult(f"a handler's result is not JSON: {exc}") from None
 
 
-def _headers(given: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+def _headers(given: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     out: list[tuple[bytes, bytes]] = []
-    for name, value in given.items():
+    for name, value in given:
         raw = str(name).encode("latin-1", "replace").lower()
         encoded = str(value).encode("latin-1", "replace")
         check_header(raw, encoded)

@@ -11,7 +11,8 @@ time the request has taken), else the backend's at the replica's start; past it 
 gets 504. At most ``max_ongoing_requests`` handlers run at once, however many ingresses send:
 more wait here, first come first served; the ingress says the backend's limit as it is now with
 each request (``x-max-ongoing-requests``), so that a change reaches the replica with no
-restart. What waits and what runs is the replica's load, which the worker reports as a
+restart. Both are the request's own: nothing a request says changes what another gets
+(``places``). What waits and what runs is the replica's load, which the worker reports as a
 replica's own ``load()``."""
 
 from __future__ import annotations
@@ -86,8 +87,8 @@ class ReplicaServer:
         """Requests ended, however they ended."""
         self.failed = 0
         """Requests whose handler raised (answered 500, or cut short)."""
-        self._places = Places(max_ongoing_requests)
-        self._caller = None if entry.kind == "asgi" else Caller(entry.target, max_ongoing_requests)
+        self._places = Places()
+        self._caller = None if entry.kind == "asgi" else Caller(entry.target, self._changed)
         self._lifespan = Lifespan(entry.target) if entry.kind == "asgi" else None
         self._limits = limits
         self._server = Server(limits, self, logger, "replica")
@@ -105,8 +106,24 @@ class ReplicaServer:
 
     @property
     def load(self) -> int:
-        """Requests it holds: running and waiting."""
-        return self.in_flight + self.waiting
+        """Requests it holds: running and waiting; and sync calls still running whose
+        requests were let go of (a deadline, a hang-up): each holds a thread as a request
+        would."""
+        stuck = 0 if self._caller is None else self._caller.threads.stuck
+        return self.in_flight + self.waiting + stuck
+
+    def problem(self) -> str | None:
+        """Why it cannot serve, if it cannot (its health check fails, so that it is replaced):
+        every thread its sync handler may have is held by a call whose request ended, cut at
+        its deadline or abandoned by its client, and still running."""
+        if self._caller is None or not self._caller.threads.wedged:
+            return None
+        threads = self._caller.threads
+        return (
+            f"its handler's {threads.limit} threads are all held by calls whose requests "
+            "ended (at their deadline, or their client left) and that have not returned: no "
+            "request can be served"
+        )
 
     async def follow_load(self, said: Callable[[int, int], Awaitable[None]]) -> None:
         """Hand `said` each new figure of `load` (with the requests `served`), at most every
@@ -196,20 +213,21 @@ class ReplicaServer:
     # -- one request (the connection's handler) --
 
     async def exchange(self, conn: Connection, head: RequestHead) -> bool:
-        budget, root_path = self.request_timeout_s, ""
+        # What its router says of it now (else the replica's at its start): this request's own.
+        budget, root_path, limit = self.request_timeout_s, "", self.max_ongoing_requests
         for name, value in head.headers:
             if name == TIMEOUT_HEADER:
                 budget = _milliseconds(value, budget) / 1000
             elif name == PREFIX_HEADER:
                 root_path = value.decode("latin-1")
             elif name == MAX_ONGOING_HEADER:
-                self._resize(value)
+                limit = _limit(value, limit)
         deadline = trio.current_time() + budget
         conn.request_deadline = deadline
         conn.timer.set(deadline, "deadline")
         self._changed()  # read a moment later, when it may wait in line
         try:
-            await self._places.take()  # in line, first come first served
+            await self._places.take(limit)  # in line, first come first served
         except BaseException:
             self._changed()  # it left the line unserved (a deadline, a hang-up)
             raise
@@ -217,24 +235,12 @@ class ReplicaServer:
         try:
             if self._lifespan is not None:
                 return await self._asgi(conn, head, root_path)
-            return await self._plain(conn, head, root_path, deadline)
+            return await self._plain(conn, head, root_path, deadline, limit)
         finally:
             self.in_flight -= 1
             self.served += 1
             self._places.give_back()
             self._changed()
-
-    def _resize(self, value: bytes) -> None:
-        """The backend's max_ongoing_requests, as its caller says it is now."""
-        try:
-            limit = int(value)
-        except ValueError:
-            return
-        if limit != self.max_ongoing_requests and 1 <= limit <= MAX_REQUESTS:
-            self.max_ongoing_requests = limit
-            self._places.resize(limit)
-            if self._caller is not None:
-                self._caller.resize(limit)
 
     def _reader(self, conn: Connection, head: RequestHead, done: list[bool]) -> Any:
         """How a handler reads the body of `head` (None without one); `done` is set at its
@@ -258,7 +264,7 @@ class ReplicaServer:
         return read
 
     async def _plain(
-        self, conn: Connection, head: RequestHead, root_path: str, deadline: float
+        self, conn: Connection, head: RequestHead, root_path: str, deadline: float, limit: int
     ) -> bool:
         caller = self._caller
         assert caller is not None
@@ -277,7 +283,7 @@ class ReplicaServer:
         try:
             if caller.in_thread and head.body:
                 await request.body()  # a sync handler is called with its body read
-            answer = answer_of(await caller(request))
+            answer = answer_of(await caller(request, limit))
         except ClientGone:
             raise
         except Reply as reply:  # its body could not be read: said, and the connection ends
@@ -358,6 +364,15 @@ class ReplicaServer:
         answer = own_answer(status, _JSON, error_body(kind, message), close=True)
         with trio.move_on_after(self._limits.body_timeout_s), contextlib.suppress(ClientGone):
             await conn.send(answer)
+
+
+def _limit(value: bytes, otherwise: int) -> int:
+    """A limit header's count, if it is one in range."""
+    try:
+        limit = int(value)
+    except ValueError:
+        return otherwise
+    return limit if 1 <= limit <= MAX_REQUESTS else otherwise
 
 
 def _milliseconds(value: bytes, budget_s: float) -> float:

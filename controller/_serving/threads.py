@@ -2,11 +2,12 @@
 ``trio.to_thread`` (measured on this machine: 85-105 us of CPU a call with 32 callers, against
 a few microseconds here), since what makes a call costly is waking threads, not running them.
 
-Calls wait in one queue; a thread takes the next when it is free (up to `limit` threads, started
-as the calls need them). A finished call's result goes on a list, and only the first to land
-there since the loop last looked wakes the trio loop: under load, one wake-up delivers many
-results. A caller cancelled meanwhile (a deadline, a hang-up) is let go at once; its call goes
-on in its thread until the code returns, still holding that thread, so the pool stays bounded.
+Calls wait in one queue; a thread takes the next when it is free (up to the caller's limit of
+threads, started as the calls need them). A finished call's result goes on a list, and only the
+first to land there since the loop last looked wakes the trio loop: under load, one wake-up
+delivers many results. A caller cancelled meanwhile (a deadline, a hang-up) is let go at once;
+its call goes on in its thread until the code returns, still holding that thread, so the pool
+stays bounded (and a pool all of whose threads are so held says so: its replica is replaced).
 """
 
 from __future__ import annotations
@@ -41,10 +42,15 @@ class _Call:
 
 @final
 class HandlerThreads:
-    """At most `limit` threads (``resize`` moves it) for the sync calls of one replica."""
+    """The threads for the sync calls of one replica."""
 
-    def __init__(self, limit: int, name: str = "handler"):
-        self.limit = limit
+    def __init__(self, on_stuck_change: Callable[[], None], name: str = "handler"):
+        self._on_stuck_change = on_stuck_change
+        """Told when `stuck` moves (it is part of the replica's load)."""
+        self.limit = 1
+        """The most threads the latest call allowed."""
+        self.stuck = 0
+        """Calls let go of (their request ended) that still run in their threads."""
         self._name = name
         self._queue: queue.SimpleQueue[_Call] = queue.SimpleQueue()
         self._started = 0
@@ -54,23 +60,29 @@ class HandlerThreads:
         self._waking = False
         self._token: trio.lowlevel.TrioToken | None = None
 
-    def resize(self, limit: int) -> None:
-        """At most `limit` threads from now on (those started stay, idle, if it went down)."""
-        self.limit = limit
+    @property
+    def wedged(self) -> bool:
+        """Every thread it may have is held by a call let go of: no sync call can run."""
+        return self.stuck >= self.limit
 
-    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` in a thread of the pool; its result, or what it raised."""
+    async def run(self, limit: int, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` in a thread of the pool, which grows to `limit` threads as calls need
+        them (those started stay, idle, if the limit went down); its result, or what it
+        raised."""
         await trio.lowlevel.checkpoint_if_cancelled()
         if self._token is None:
             self._token = trio.lowlevel.current_trio_token()
         call = _Call(trio.lowlevel.current_task(), fn, args)
+        self.limit = limit
         self._busy += 1
-        if self._busy > self._started and self._started < self.limit:
+        if self._busy > self._started and self._started < limit:
             self._start_thread()
         self._queue.put(call)
 
         def abort(_: Any) -> trio.lowlevel.Abort:
             call.abandoned = True  # its thread finishes it; no one hears the result
+            self.stuck += 1
+            self._on_stuck_change()
             return trio.lowlevel.Abort.SUCCEEDED
 
         return await trio.lowlevel.wait_task_rescheduled(abort)
@@ -107,6 +119,12 @@ class HandlerThreads:
         with self._lock:
             done, self._done, self._waking = self._done, [], False
         self._busy -= len(done)
+        unstuck = False
         for call, result in done:
-            if not call.abandoned:
+            if call.abandoned:
+                self.stuck -= 1
+                unstuck = True
+            else:
                 trio.lowlevel.reschedule(call.task, result)
+        if unstuck:
+            self._on_stuck_change()

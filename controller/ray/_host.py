@@ -210,7 +210,13 @@ class ReplicaHost:
 
     async def check_health(self, epoch: int = 0) -> str:
         # Fenced as well: a stale leader learns at its next check that it is stale.
-        return self._refused(epoch) or await self._user("check_health")
+        refused = self._refused(epoch)
+        if refused is not None:
+            return refused
+        problem = None if self._server is None else self._server.problem()
+        if problem is not None:  # code it serves that cannot serve: replaced
+            return json.dumps({"ok": False, "error_type": "HandlersStuck", "message": problem})
+        return await self._user("check_health")
 
     async def drain(self, epoch: int = 0) -> str:
         refused = self._refused(epoch)

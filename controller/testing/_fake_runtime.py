@@ -9,6 +9,7 @@ from typing import NoReturn, final
 
 import trio
 
+from .._local.user_calls import call
 from .._model.errors import FencedError, ReplicaError, ReplicaGoneError
 from .._model.json_values import JSON
 from .._model.placement import SLOTS
@@ -346,6 +347,8 @@ class FakeRuntime(FakeNodeControls):
         if held:
             self._note(tag, "reconfigure")
         error = await replica._answer_reconfigure(user_config, held=held)
+        if error is None and replica.server is not None:
+            error = await _reconfigure_code(replica.server, user_config)
         if error is not None:
             self._note(tag, "reconfigure failed")
             raise ReplicaError(tag, *error)
@@ -431,6 +434,9 @@ class FakeRuntime(FakeNodeControls):
             set_task_context(here)  # this task's, and its threads' (the build's too)
             try:
                 entry = await trio.to_thread.run_sync(build, spec)
+                reconfigure = getattr(entry.instance, "reconfigure", None)
+                if reconfigure is not None and replica.user_config is not None:
+                    await call(reconfigure, replica.user_config)  # before it is ready, as a worker
             except Exception as exc:
                 failed.append(ReplicaError(replica.tag, type(exc).__name__, str(exc)))
                 task_status.started()
@@ -498,6 +504,18 @@ class FakeRuntime(FakeNodeControls):
             shared.history.append((trio.current_time(), tag, what))
         shared.changed.set()
         shared.changed = trio.Event()
+
+
+async def _reconfigure_code(server: ReplicaServer, user_config: JSON) -> tuple[str, str] | None:
+    """Hand served code's instance its new config, as a worker does; the error, if it raised."""
+    reconfigure = getattr(server.entry.instance, "reconfigure", None)
+    if reconfigure is None:
+        return None
+    try:
+        await call(reconfigure, user_config)
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+    return None
 
 
 def _free_port() -> int:
