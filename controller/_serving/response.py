@@ -13,7 +13,7 @@ from typing import Any, Final, final
 
 #: A header name (RFC 9110 token) and value (no CR, LF or NUL: nothing that would end the head).
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_BAD_VALUE = re.compile(rb"[\x00\r\n]")
+_TOKENS_SEEN: set[bytes] = set()
 #: Framing is the server's: a handler's own are dropped.
 _FRAMING: Final = frozenset({b"content-length", b"transfer-encoding", b"connection"})
 
@@ -150,7 +150,10 @@ def _headers(given: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
 def check_header(name: bytes, value: bytes) -> None:
     """``BadResult`` unless `name` is an HTTP token and `value` holds no CR, LF or NUL: a
     handler's header must not end the head, or begin another answer, early."""
-    if not _TOKEN.fullmatch(name):
-        raise BadResult(f"a response header name {name!r} is not an HTTP token")
-    if _BAD_VALUE.search(value):
+    if name not in _TOKENS_SEEN:
+        if not _TOKEN.fullmatch(name):
+            raise BadResult(f"a response header name {name!r} is not an HTTP token")
+        if len(_TOKENS_SEEN) < 1024:  # an application's few names, checked once each
+            _TOKENS_SEEN.add(name)
+    if b"\r" in value or b"\n" in value or b"\x00" in value:
         raise BadResult(f"the response header {name.decode('latin-1')!r} holds CR, LF or NUL")
