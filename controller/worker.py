@@ -9,6 +9,6 @@ from ._ports.context import ReplicaContext as ReplicaContext
 from ._ports.context import context as context
 
 if __name__ == "__main__":
-    from ._local.worker import main
+    from ._local.worker_process import main
 
     main()

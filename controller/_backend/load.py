@@ -48,8 +48,10 @@ class LoadBook:
         return before != ongoing
 
     def take_served(self, tag: str, served: int) -> None:
-        """Keep the count of requests replica `tag` says it has answered."""
-        self._served[tag] = served
+        """Keep the count of requests replica `tag` says it has answered (a count no int64
+        holds is a replica's bug, and is not kept)."""
+        if 0 <= served < 1 << 63:
+            self._served[tag] = served
 
     def forget_own(self, tag: str) -> bool:
         """Replica `tag` is gone, or no longer says: what it said no longer counts."""

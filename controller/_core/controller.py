@@ -335,8 +335,6 @@ class Controller:
             # ingress's report is (10**400 is a bug in a replica, not a load).
             if ongoing is not None and not 0 <= ongoing <= MAX_LOAD_COUNT:
                 ongoing = None
-            if served is not None and not 0 <= served < 1 << 63:
-                served = None
             backend.report_replica_load(tag, ongoing, served)
 
     def _on_pass(self) -> None:

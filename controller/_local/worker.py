@@ -1,13 +1,13 @@
 """The worker process behind LocalRuntime: hosts one replica of a user's code.
 
 Started as ``python -m controller.worker SPEC_FILE``, or forked by the fork server
-(``zygote_main``), which then calls `run` as that command would. The runtime binds its Unix
-socket first, so it can reach the worker while the replica is still being built; the worker then
-imports the entrypoint, builds the replica (``_serving.entry``: a function, a callable class, an
-ASGI application, or a class that serves its own port) and applies the user config; for code
-it serves, it listens on the replica's port (``_serving.server``) before it counts as ready. It
-answers the runtime's requests (one JSON object per line) until it is killed; it never exits on
-its own, so a restarted controller can find it and adopt it.
+(``zygote_main``), which then calls ``worker_process.run`` as that command would. The runtime
+binds its Unix socket first, so it can reach the worker while the replica is still being built;
+the worker then imports the entrypoint, builds the replica (``_serving.entry``: a function, a
+callable class, an ASGI application, or a class that serves its own port) and applies the user
+config; for code it serves, it listens on the replica's port (``_serving.server``) before it
+counts as ready. It answers the runtime's requests (one JSON object per line) until it is
+killed; it never exits on its own, so a restarted controller can find it and adopt it.
 
 Fencing: the worker remembers the highest leader epoch that has commanded it (the spec's, from
 its start; an adoption's, ``hello`` with ``adopt``; any command's ``epoch``, which raises it) and
@@ -30,20 +30,14 @@ does, the worker kills its own group after the request's ``grace_s``.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
-import sys
-from pathlib import Path
 from typing import Any, final
 
 import trio
 
-from .._files import read_regular
-from .._ports.context import ReplicaContext, set_context
 from .._serving.entry import build
 from .._serving.server import ReplicaServer, serving_line
-from .logs import DEFAULT_MAX_BYTES, capture_output
 from .own_load import read_load
 from .user_calls import call, describe, has
 from .wire import (
@@ -418,40 +412,3 @@ async def _end_after(grace_s: float) -> None:
     if os.getpgrp() == os.getpid():
         os.killpg(os.getpid(), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
-
-
-async def serve(spec: dict[str, Any]) -> None:
-    spec.setdefault("host", "127.0.0.1")
-    set_context(
-        ReplicaContext(spec["tag"], spec["backend"], spec["version"], spec["port"], spec["host"])
-    )
-    worker = Worker(spec)
-    # The runtime bound and listened on the socket before starting us and handed it over, so
-    # it could connect from the first instant; it stays connectable exactly while we live.
-    sock = trio.socket.fromfd(spec["listen_fd"], trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
-    os.close(spec["listen_fd"])  # fromfd duplicated it
-    listener = trio.SocketListener(sock)
-    async with trio.open_nursery() as nursery:
-        worker.nursery = nursery
-        nursery.start_soon(trio.serve_listeners, worker.handle, [listener])
-        await worker.build()
-        if worker.init_error is None:
-            nursery.start_soon(worker.push_load)
-
-
-def main() -> None:
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m controller.worker SPEC_FILE")
-    run(sys.argv[1])
-
-
-def run(spec_path: str, listen_fd: int | None = None) -> None:
-    """Host the replica that the spec file describes, until killed. `listen_fd` is the
-    listening socket if not the spec's (a worker forked by the fork server receives it under
-    a number of its own)."""
-    spec = json.loads(read_regular(spec_path))
-    if listen_fd is not None:
-        spec["listen_fd"] = listen_fd
-    if spec.get("log"):
-        capture_output(Path(spec["log"]), int(spec.get("log_max_bytes", DEFAULT_MAX_BYTES)))
-    trio.run(serve, spec)

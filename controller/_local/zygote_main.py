@@ -41,7 +41,7 @@ import trio  # noqa: F401  # what the worker runs on
 from .._ports import context  # noqa: F401  # the worker's own imports
 from .._ports.hosting import add_to_path
 from . import logs, wire, worker  # noqa: F401
-from .worker import run
+from .worker_process import run
 
 _PR_SET_PDEATHSIG = 1
 # Requests are small (three paths); replies smaller.

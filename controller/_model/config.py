@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import attrs
 
+from . import traffic
 from .autoscaling import AutoscalingConfig, autoscaling, autoscaling_schema
 from .canary import CanaryConfig, canary, canary_dict, canary_schema
 from .errors import ConfigError
@@ -44,14 +45,7 @@ from .rollout import (
     on_failure,
     progress_deadline,
 )
-from .traffic import (
-    MAX_REQUESTS,
-    ROUTE_PATTERN,
-    max_ongoing,
-    max_queued,
-    request_timeout,
-    route_prefix,
-)
+from .traffic import MAX_REQUESTS, ROUTE_PATTERN, max_ongoing, max_queued, route_prefix
 
 # Every rule below is written once more as JSON Schema (each field's ``metadata["schema"]``),
 # which the API's OpenAPI document is made from; tests/test_openapi.py checks that the two agree.
@@ -310,13 +304,11 @@ class BackendConfig:
     timeouts for everyone."""
 
     request_timeout_s: float = attrs.field(
-        default=60.0, converter=request_timeout, metadata=_schema(**_SECONDS_SCHEMA)
+        default=60.0, converter=traffic.request_timeout, metadata=_schema(**_SECONDS_SCHEMA)
     )
-    """How long a request may take, from its arrival at the ingress to the end of its answer
-    (its wait in the queue and a streamed answer included): past it the client gets 504 (or,
-    mid-answer, a cut response), and the handler of code the worker serves is cancelled. A
-    client may ask for less (``x-request-timeout-ms``); the handler reads what is left with
-    ``request.time_left()``. Changing it never restarts replicas."""
+    """How long a request may take, from its arrival at the ingress to the end of its answer:
+    past it, 504 (or a cut answer), and the handler of code the worker serves is cancelled
+    (see the README's "Backends as code"). Changing it never restarts replicas."""
 
     autoscaling: AutoscalingConfig | None = attrs.field(
         default=None, converter=autoscaling, metadata=_schema(**autoscaling_schema())

@@ -27,6 +27,7 @@ from .._http.framing import Problem, RequestHead
 from .._http.ratelimit import RateLimitedLog
 from .._http.sockets import receive_upstream, send_all
 from ._config import IngressConfig
+from ._deadlines import EXPIRED_STATUS, expired_answer, start_deadline
 from ._metrics import IngressMetrics
 from ._routing import RouteTable
 from ._split import Side, choose_side
@@ -46,11 +47,6 @@ BUFFERED_BODY_BYTES = 64 * 1024
 #: Requests that may be sent twice (RFC 9110 9.2.2, less PUT and DELETE, whose effects a
 #: replica may not make idempotent): sent again once when a kept connection proves closed.
 _REPEATABLE = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE"})
-#: What a request that ran out of time in each phase is counted as.
-_EXPIRED_STATUS = {"head": 408, "body": 408, "request": 504, "upstream": 502, "deadline": 504}
-#: The time a request has left, in milliseconds: a client may send it to ask for less than its
-#: backend's request_timeout_s, and the ingress sends the replica what is left.
-TIMEOUT_HEADER = b"x-request-timeout-ms"
 
 
 class Routing(Protocol):
@@ -102,7 +98,7 @@ class Proxy:
         route = backend.route_prefix
         status = 499  # as nginx logs it: the client closed the connection first
         try:
-            status, keep = await self._forward(client, head, backend, route)
+            status, keep = await self._forward(client, head, backend)
             return keep
         except ClientGone:
             return False
@@ -128,7 +124,7 @@ class Proxy:
             )
         finally:
             if client.expired_in is not None:
-                status = client.answered or _EXPIRED_STATUS.get(client.expired_in, status)
+                status = client.answered or EXPIRED_STATUS.get(client.expired_in, status)
             self._done(head, client.peer, name, route, status, started)
 
     async def refuse(self, client: Connection, problem: Problem) -> None:
@@ -154,12 +150,10 @@ class Proxy:
     # -- forwarding --
 
     async def _forward(
-        self, client: Connection, head: RequestHead, backend: BackendRoutes, route: str
+        self, client: Connection, head: RequestHead, backend: BackendRoutes
     ) -> tuple[int, bool]:
         repeatable = not head.body and head.method in _REPEATABLE
-        # The request's own deadline, from here to the end of its answer: no phase's outlasts it.
-        client.request_deadline = deadline = trio.current_time() + _budget(head, backend)
-        client.timer.set(deadline, "deadline")
+        deadline = start_deadline(client, head, backend)
         body = b""
         streamed = head.body
         if head.body and head.length is not None and head.length <= BUFFERED_BODY_BYTES:
@@ -179,15 +173,7 @@ class Proxy:
             outcome: int | None = 599
             try:
                 left_ms = max(1, int((deadline - trio.current_time()) * 1000))
-                sent = upstream_head(
-                    head,
-                    client.peer,
-                    route,
-                    slot.address,
-                    head.chunked,
-                    left_ms,
-                    backend.max_ongoing,
-                )
+                sent = upstream_head(head, client.peer, backend, slot.address, left_ms)
                 if body:
                     sent += body
                 status, keep = await self._through(
@@ -459,42 +445,3 @@ class Proxy:
                 *(peer, method, target, backend, status, elapsed * 1000),
                 extra={"fields": fields},
             )
-
-
-def expired_answer(phase: str, config: IngressConfig, upstream: str) -> tuple[int, str, str] | None:
-    """What a client is told when the deadline of `phase` passes before any answer went out
-    (status, kind, message); None: nothing (an idle connection just closes)."""
-    where = f"the replica at {upstream}" if upstream else "the replica"
-    if phase == "head":
-        message = f"the request head did not arrive within {config.header_timeout_s:g} s"
-        return 408, "RequestTimeout", message
-    if phase == "body":
-        return 408, "RequestTimeout", f"the request body stalled for {config.body_timeout_s:g} s"
-    if phase == "request":
-        message = f"{where} did not answer within request_timeout_s={config.request_timeout_s:g}"
-        return 504, "GatewayTimeout", message
-    if phase == "upstream":
-        message = f"{where} stopped reading the request for {config.body_timeout_s:g} s"
-        return 502, "BadGateway", message
-    if phase == "deadline":
-        message = (
-            "the request did not complete within its backend's request_timeout_s (or the "
-            f"{TIMEOUT_HEADER.decode()} it asked for)"
-        )
-        return 504, "GatewayTimeout", message
-    return None
-
-
-def _budget(head: RequestHead, backend: BackendRoutes) -> float:
-    """The seconds `head` may take: its backend's request_timeout_s, or less if it asks."""
-    budget = backend.request_timeout_s
-    for name, value in head.headers:
-        if name == TIMEOUT_HEADER:
-            try:
-                asked = float(value) / 1000
-            except ValueError:
-                break
-            if asked >= 0:
-                budget = min(budget, asked)
-            break
-    return budget

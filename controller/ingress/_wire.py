@@ -7,6 +7,7 @@ import re
 from typing import Final
 
 from .._http.framing import HOP_BY_HOP, RequestHead
+from ._table import BackendRoutes
 
 #: Set by the ingress alone: a client's own are dropped (its time left it reads first).
 OURS: Final = frozenset(
@@ -23,13 +24,7 @@ _REWRITTEN: Final = frozenset({b"host", b"x-forwarded-for", b"cookie"})
 
 
 def upstream_head(
-    head: RequestHead,
-    peer: str,
-    route: str,
-    fallback_host: str,
-    chunked: bool,
-    left_ms: int,
-    max_ongoing: int,
+    head: RequestHead, peer: str, backend: BackendRoutes, fallback_host: str, left_ms: int
 ) -> bytes:
     """The head sent to the replica: the client's, less what belongs to the client's hop (and
     the headers its Connection header names), in origin form, with a Host, with where it came
@@ -55,7 +50,7 @@ def upstream_head(
             if not value:
                 continue
         out += (key, b": ", value, b"\r\n")
-    if chunked:
+    if head.chunked:
         out.append(b"transfer-encoding: chunked\r\n")
     forwarded.append(peer.encode())
     out += (
@@ -64,9 +59,9 @@ def upstream_head(
         b"\r\nx-forwarded-for: ",
         b", ".join(forwarded),
         b"\r\nx-forwarded-proto: http\r\nx-forwarded-prefix: ",
-        route.encode(),
+        backend.route_prefix.encode(),
         b"\r\nx-request-timeout-ms: %d\r\nx-max-ongoing-requests: %d\r\n\r\n"
-        % (left_ms, max_ongoing),
+        % (left_ms, backend.max_ongoing),
     )
     return b"".join(out)
 

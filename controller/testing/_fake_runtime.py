@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import NoReturn, final
 
 import trio
 
-from .._local.user_calls import call
 from .._model.errors import FencedError, ReplicaError, ReplicaGoneError
 from .._model.json_values import JSON
 from .._model.placement import SLOTS
 from .._model.spec import ReplicaSpec
-from .._ports.context import ReplicaContext, set_task_context
-from .._ports.hosting import host_spec
 from .._ports.runtime import CheckReport, DeathListener, ReplicaInfo
-from .._serving.entry import build
-from .._serving.server import ReplicaServer
+from ._fake_http import reconfigure_code, serve_code
 from ._fake_nodes import FakeNodeControls, FakeNodes
 from ._fake_replica import FakeReplica, FakeState, Shared
 
@@ -45,11 +40,8 @@ class FakeRuntime(FakeNodeControls):
       the test can ``lose_node``, ``notice_drain`` and ``add_node``.
     - ``max_replicas``: how many replicas each node holds at all (its ``replica_slots``),
       100,000 by default, so that even a runtime with no other limit refuses an absurd count.
-    - ``serve_http``: a replica of code the worker would serve (a function, a callable class,
-      an ASGI app: its entrypoint is imported, from ``pythonpath`` first) answers real HTTP on
-      a loopback port, its address, as LocalRuntime's would; a drain waits for its requests,
-      a kill or crash ends it. Its server runs in the ``serve`` of the view that started it,
-      and ends with it. Use the real clock (sockets do not wait for ``autojump_clock``).
+    - ``serve_http``: replicas of code a worker would serve answer real HTTP (``_fake_http``),
+      served in the ``serve`` of the view that started them. Use the real clock.
 
     The same instance outlives a controller, like real processes do: hand it to a new controller
     over the same store to test recovery. Times are ``trio.current_time()``, so under
@@ -328,7 +320,7 @@ class FakeRuntime(FakeNodeControls):
             await replica._start_done.wait()
         address = replica._start_outcome()
         if self._shared.serve_http:
-            await self._serve_http(replica)
+            await serve_code(replica, self._shared.pythonpath, self._nursery, self.report_load)
             address = replica.address
         return self._info(replica, address)
 
@@ -348,7 +340,7 @@ class FakeRuntime(FakeNodeControls):
             self._note(tag, "reconfigure")
         error = await replica._answer_reconfigure(user_config, held=held)
         if error is None and replica.server is not None:
-            error = await _reconfigure_code(replica.server, user_config)
+            error = await reconfigure_code(replica.server, user_config)
         if error is not None:
             self._note(tag, "reconfigure failed")
             raise ReplicaError(tag, *error)
@@ -419,56 +411,6 @@ class FakeRuntime(FakeNodeControls):
 
     # -- internals --
 
-    async def _serve_http(self, replica: FakeReplica) -> None:
-        """Build `replica`'s code and serve it on a loopback port (code that serves itself is
-        left as any fake replica is). Its ``controller.worker.context()`` is its own."""
-        assert self._nursery is not None, "FakeRuntime.serve is not running"
-        spec = host_spec(replica.spec, self._shared.pythonpath)
-        port = _free_port()
-        here = ReplicaContext(replica.tag, replica.backend, replica.spec.version, port)
-        made: list[ReplicaServer] = []
-        failed: list[ReplicaError] = []
-        scope = trio.CancelScope()
-
-        async def serve(*, task_status: trio.TaskStatus[None]) -> None:
-            set_task_context(here)  # this task's, and its threads' (the build's too)
-            try:
-                entry = await trio.to_thread.run_sync(build, spec)
-                reconfigure = getattr(entry.instance, "reconfigure", None)
-                if reconfigure is not None and replica.user_config is not None:
-                    await call(reconfigure, replica.user_config)  # before it is ready, as a worker
-            except Exception as exc:
-                failed.append(ReplicaError(replica.tag, type(exc).__name__, str(exc)))
-                task_status.started()
-                return
-            if not entry.served:
-                task_status.started()
-                return
-            server = ReplicaServer(
-                entry,
-                max_ongoing_requests=replica.spec.serving.max_ongoing_requests,
-                request_timeout_s=replica.spec.serving.request_timeout_s,
-            )
-            made.append(server)
-
-            async def told(load: int, served: int) -> None:
-                if replica.state is not FakeState.DEAD:
-                    self.report_load(replica.tag, load, served)
-
-            with scope:
-                async with trio.open_nursery() as nursery:
-                    await nursery.start(server.run, "127.0.0.1", port)
-                    task_status.started()
-                    nursery.start_soon(server.follow_load, told)
-
-        await self._nursery.start(serve)
-        if failed:
-            replica._die(failed[0])
-            self._note(replica.tag, f"start failed: {failed[0]}")
-            raise failed[0]
-        if made:
-            replica.server, replica._server_scope = made[0], scope
-
     def _info(self, replica: FakeReplica, address: str | None) -> ReplicaInfo | str | None:
         return address if replica.node is None else ReplicaInfo(address, None, replica.node)
 
@@ -504,23 +446,3 @@ class FakeRuntime(FakeNodeControls):
             shared.history.append((trio.current_time(), tag, what))
         shared.changed.set()
         shared.changed = trio.Event()
-
-
-async def _reconfigure_code(server: ReplicaServer, user_config: JSON) -> tuple[str, str] | None:
-    """Hand served code's instance its new config, as a worker does; the error, if it raised."""
-    reconfigure = getattr(server.entry.instance, "reconfigure", None)
-    if reconfigure is None:
-        return None
-    try:
-        await call(reconfigure, user_config)
-    except Exception as exc:
-        return type(exc).__name__, str(exc)
-    return None
-
-
-def _free_port() -> int:
-    # Bound and let go, as LocalRuntime does: a port taken meanwhile shows as a failed start.
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
