@@ -19,7 +19,7 @@ from controller._model.canary_steps import step_move
 from controller._model.load_report import load_body, parse_load_body
 from controller._model.status import LoadReport
 from controller._model.verdict import bucket_of, bucket_top, judge, tally_from_json
-from controller.ingress._split import Split, choose_side
+from controller._routing.split import Split, choose_side
 
 
 @pytest.mark.parametrize(

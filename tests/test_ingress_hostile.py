@@ -29,11 +29,11 @@ from hypothesis import strategies as st
 from controller import Request
 from controller._http.connection import CLOSING_GRACE_S
 from controller._model.status import LoadReport
+from controller._routing.sources import SourceError, read_answer
+from controller._routing.table import RouteInfo
 from controller._serving.entry import Entry
 from controller._serving.server import ReplicaServer
 from controller.ingress import Ingress, IngressConfig, RouteTable, open_listener
-from controller.ingress._sources import SourceError, read_answer
-from controller.ingress._table import RouteInfo
 
 from .http_client import Conn, raw, request
 

@@ -30,9 +30,9 @@ from controller._model.lease import (
     watch,
 )
 from controller._ports.store import LeaseStore
+from controller._routing.sources import REPORT_TIMEOUT_S, SourceError
 from controller._stores.sqlite import SQLiteStore
 from controller.ingress import HTTPSource
-from controller.ingress._sources import REPORT_TIMEOUT_S, SourceError
 from controller.testing import FakeRuntime
 
 from .conftest import RC

@@ -12,8 +12,8 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
+from controller._routing.table import BackendRoutes, Rejected, RouteInfo
 from controller.ingress import RouteTable, choose
-from controller.ingress._table import BackendRoutes, Rejected, RouteInfo
 
 _SEGMENT = st.sampled_from(["a", "b", "echo", "v1", "x_y", "~u"])
 _PREFIX = st.lists(_SEGMENT, min_size=0, max_size=4).map(lambda parts: "/" + "/".join(parts))

@@ -195,12 +195,3 @@ def path_of(scope: Scope) -> str:
     if raw is None:
         return str(scope["path"])
     return bytes(raw).decode("latin-1").partition("?")[0]
-
-
-def leader_of(status: int, payload: Any) -> str | None:
-    """The leader's API a standby's 307 names (``error.leader``), if it names one by URL."""
-    error = payload.get("error") if status == 307 and isinstance(payload, dict) else None
-    leader = error.get("leader") if isinstance(error, dict) else None
-    if isinstance(leader, str) and leader.startswith("http://"):
-        return leader.rstrip("/")
-    return None

@@ -12,10 +12,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .._api.http import leader_of
 from .._daemon.statedir import TOKEN_ENV, check_private, daemon_running, read_address, token_path
 from .._files import UnsafeFileError, read_regular
 from .._model.errors import StartupError
+from .._routing.sources import leader_of
 
 
 class CLIError(Exception):

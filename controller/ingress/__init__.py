@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from .._http.server import listener_port as listener_port
 from .._http.server import open_listener as open_listener
+from .._routing.choice import RouteTable as RouteTable
+from .._routing.choice import choose as choose
+from .._routing.sources import ControllerSource as ControllerSource
+from .._routing.sources import HTTPSource as HTTPSource
+from .._routing.sources import SourceError as SourceError
+from .._routing.sources import WatchSource as WatchSource
 from ._config import IngressConfig as IngressConfig
 from ._ingress import Ingress as Ingress
-from ._routing import RouteTable as RouteTable
-from ._routing import choose as choose
-from ._sources import ControllerSource as ControllerSource
-from ._sources import HTTPSource as HTTPSource
-from ._sources import SourceError as SourceError
-from ._sources import WatchSource as WatchSource
 
 __all__ = [
     "ControllerSource",

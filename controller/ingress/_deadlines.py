@@ -8,8 +8,8 @@ import trio
 
 from .._http.connection import Connection
 from .._http.framing import RequestHead
+from .._routing.table import BackendRoutes
 from ._config import IngressConfig
-from ._table import BackendRoutes
 
 #: The time a request has left, in milliseconds: a client may send it to ask for less than its
 #: backend's request_timeout_s, and the ingress sends the replica what is left.

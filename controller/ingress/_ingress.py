@@ -18,13 +18,13 @@ from prometheus_client import generate_latest
 
 from .._http.server import Server
 from .._model.status import LOAD_TTL_S, LoadReport
+from .._routing.choice import RouteTable
+from .._routing.sources import SourceError, WatchSource
+from .._routing.table import BackendRoutes, RouteInfo
+from .._routing.upstream import Pool
 from ._config import IngressConfig
 from ._metrics import IngressMetrics
 from ._proxy import Proxy
-from ._routing import RouteTable
-from ._sources import SourceError, WatchSource
-from ._table import BackendRoutes, RouteInfo
-from ._upstream import Pool
 
 logger = logging.getLogger("controller.ingress")
 

@@ -26,13 +26,13 @@ from .._http.errors import ClientGone, Reply
 from .._http.framing import Problem, RequestHead
 from .._http.ratelimit import RateLimitedLog
 from .._http.sockets import receive_upstream, send_all
+from .._routing.choice import RouteTable
+from .._routing.split import Side, choose_side
+from .._routing.table import BackendRoutes, Rejected, Slot
+from .._routing.upstream import Lost, NotSent, Pool, Stale, Upstream
 from ._config import IngressConfig
 from ._deadlines import EXPIRED_STATUS, expired_answer, start_deadline
 from ._metrics import IngressMetrics
-from ._routing import RouteTable
-from ._split import Side, choose_side
-from ._table import BackendRoutes, Rejected, Slot
-from ._upstream import Lost, NotSent, Pool, Stale, Upstream
 from ._wire import upstream_head
 
 access_logger = logging.getLogger("controller.ingress.access")

@@ -7,7 +7,7 @@ import re
 from typing import Final
 
 from .._http.framing import HOP_BY_HOP, RequestHead
-from ._table import BackendRoutes
+from .._routing.table import BackendRoutes
 
 #: Set by the ingress alone: a client's own are dropped (its time left it reads first).
 OURS: Final = frozenset(

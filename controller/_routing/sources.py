@@ -13,15 +13,23 @@ import attrs
 import h11
 import trio
 
-from .._api.http import leader_of
-from .._core.controller import Controller
 from .._model.canary import canary_dict
 from .._model.config import BackendConfig
 from .._model.errors import ControllerClosedError
 from .._model.load_report import load_body
 from .._model.status import BackendSnapshot, LoadReport, TrafficSplit
-from ._split import Split
-from ._table import RouteInfo
+from .split import Split
+from .table import RouteInfo
+
+
+class Controller(Protocol):
+    """What a source in process reads of the controller (its public face)."""
+
+    async def listen_for_change(
+        self, snapshot_ids: Mapping[str, int] | None = None, *, all_backends: bool = False
+    ) -> dict[str, BackendSnapshot]: ...
+
+    def report_load(self, report: LoadReport) -> bool: ...
 
 
 class SourceError(Exception):
@@ -342,3 +350,12 @@ def _info_from_json(data: Mapping[str, Any]) -> RouteInfo:
             (str(r["tag"]), str(r["version"])) for r in data["replicas"] if r.get("address")
         ),
     )
+
+
+def leader_of(status: int, payload: Any) -> str | None:
+    """The leader's API a standby's 307 names (``error.leader``), if it names one by URL."""
+    error = payload.get("error") if status == 307 and isinstance(payload, dict) else None
+    leader = error.get("leader") if isinstance(error, dict) else None
+    if isinstance(leader, str) and leader.startswith("http://"):
+        return leader.rstrip("/")
+    return None

@@ -13,8 +13,8 @@ import attrs
 import trio
 
 from .._model.verdict import RequestTally
-from ._routing import choose
-from ._split import Side, Split
+from .choice import choose
+from .split import Side, Split
 
 
 @attrs.frozen
