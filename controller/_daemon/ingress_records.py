@@ -24,8 +24,8 @@ import trio
 from .._files import open_regular, read_regular
 from .._model.errors import StartupError
 from .._procfs import command_line, exit_status, start_time
-from ..ingress import SourceError
 from .._routing.sources import read_answer
+from ..ingress import SourceError
 from .ingress_process import DRAIN_S, handover_path, ingress_dir, socket_path
 
 logger = logging.getLogger("controller.daemon")

@@ -107,6 +107,11 @@ class Pool:
         for upstream in self._idle.pop(address, ()):
             close(upstream.sock)
 
+    def forget_all(self, addresses: list[str]) -> None:
+        """Close the idle connections to replicas that left."""
+        for address in addresses:
+            self.forget(address)
+
     def close_all(self) -> None:
         for address in list(self._idle):
             self.forget(address)

@@ -19,8 +19,9 @@ from prometheus_client import generate_latest
 from .._http.server import Server
 from .._model.status import LOAD_TTL_S, LoadReport
 from .._routing.choice import RouteTable
+from .._routing.router import Router
 from .._routing.sources import SourceError, WatchSource
-from .._routing.table import BackendRoutes, RouteInfo
+from .._routing.table import BackendRoutes
 from .._routing.upstream import Pool
 from ._config import IngressConfig
 from ._metrics import IngressMetrics
@@ -32,7 +33,6 @@ logger = logging.getLogger("controller.ingress")
 REPORT_INTERVAL_S = 0.1
 #: How soon a report that did not go through is sent again.
 RETRY_REPORT_S = 0.5
-_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 
 
 def _source_id() -> str:
@@ -50,26 +50,44 @@ class Ingress:
     source_id: str = attrs.field(factory=_source_id)
     """Who this ingress is in its load reports."""
     rng: random.Random = attrs.field(factory=random.Random)
-    table: RouteTable = attrs.field(factory=RouteTable, init=False)
-    _backends: dict[str, BackendRoutes] = attrs.field(factory=dict, init=False)
-    _routed: dict[str, RouteInfo] = attrs.field(factory=dict, init=False)
+    router: Router = attrs.field(init=False)
+    """Its routed backends and their replicas, from the source."""
     _dirty: set[str] = attrs.field(factory=set, init=False)
     _wake: trio.Event = attrs.field(factory=trio.Event, init=False)
     _sent: dict[str, LoadReport] = attrs.field(factory=dict, init=False)
-    _conflicts: frozenset[str] = attrs.field(factory=frozenset, init=False)
     metrics: IngressMetrics = attrs.field(init=False)
     proxy: Proxy = attrs.field(init=False)
     server: Server = attrs.field(init=False)
     """What takes and serves its client connections."""
-    _retry_now: trio.Event = attrs.field(factory=trio.Event, init=False)
-    connected: bool = attrs.field(default=False, init=False)
-    """Whether the last call to the source worked."""
 
     def __attrs_post_init__(self) -> None:
         config = self.config
+        pool = Pool(config.connect_timeout_s)
+        self.router = Router(
+            self.source,
+            "ingress",
+            routed_only=True,
+            prefer_host=config.prefer_host,
+            rng=self.rng,
+            on_change=self._changed,
+            on_left=pool.forget_all,
+        )
         self.metrics = IngressMetrics(self.load, self._connections)
-        self.proxy = Proxy(self, Pool(config.connect_timeout_s), config, self.metrics)
+        self.proxy = Proxy(self, pool, config, self.metrics)
         self.server = Server(config, self.proxy, logger, "ingress", self.metrics.refused)
+
+    @property
+    def table(self) -> RouteTable:
+        return self.router.table
+
+    @property
+    def connected(self) -> bool:
+        """Whether the last call to the source worked."""
+        return self.router.connected
+
+    @property
+    def _backends(self) -> dict[str, BackendRoutes]:
+        return self.router.backends
 
     def _connections(self) -> tuple[int, int]:
         admission = self.server.admission
@@ -114,7 +132,7 @@ class Ingress:
         of the source is taken (or it failed once: then routing begins with no routes)."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._report_load)
-            await self._follow(task_status)
+            await self.router.run(task_status=task_status)
 
     async def serve(
         self,
@@ -132,7 +150,7 @@ class Ingress:
     def retry_now(self) -> None:
         """Try the source again at once, if it could not be reached (a daemon that has just
         started again says so)."""
-        self._retry_now.set()
+        self.router.retry_now()
 
     def close(self) -> None:
         """Stop taking connections: the listeners close, idle kept-alive connections close at
@@ -140,77 +158,6 @@ class Ingress:
         passed without one), and the others after the request under way; ``serve`` then
         returns (bound the wait with a deadline of your own)."""
         self.server.close()
-
-    async def _follow(self, task_status: trio.TaskStatus[None]) -> None:
-        started = False
-        failures = 0
-        while True:
-            try:
-                infos, complete = await self.source.changes()
-            except SourceError as exc:
-                if self.connected or failures == 0:
-                    logger.warning(
-                        "ingress: %s is unreachable (%s); routing on the last snapshot and "
-                        "trying again",
-                        self.source.describe(),
-                        exc,
-                    )
-                self.connected = False
-                failures += 1
-                if not started:
-                    task_status.started()
-                    started = True
-                with trio.move_on_after(_BACKOFF_S[min(failures, len(_BACKOFF_S)) - 1]):
-                    await self._retry_now.wait()
-                self._retry_now = trio.Event()
-                continue
-            if not self.connected and failures:
-                logger.info("ingress: following %s again", self.source.describe())
-            self.connected, failures = True, 0
-            await self._take(infos, complete)
-            # A source that answers at once, again and again, must not starve the other tasks.
-            await trio.lowlevel.checkpoint()
-            if not started:
-                task_status.started()
-                started = True
-
-    async def _take(self, infos: list[RouteInfo], complete: bool) -> None:
-        routed = {} if complete else dict(self._routed)
-        for info in infos:
-            routed.pop(info.name, None)
-            if info.exists and not info.deleting and info.route_prefix is not None:
-                routed[info.name] = info
-        left: list[str] = []
-        for name in [n for n in self._backends if n not in routed]:
-            gone = self._backends.pop(name)
-            left.extend(s.address for s in gone.slots)
-            gone.update(attrs.evolve(self._routed[name], replicas=()))  # wakes its queue
-            self._dirty.add(name)
-        for name, info in routed.items():
-            known = self._backends.get(name)
-            if known is None:
-                known = self._backends[name] = BackendRoutes(
-                    name, self.rng, self._changed, local_host=self.config.prefer_host
-                )
-            if self._routed.get(name) != info:
-                left.extend(s.address for s in known.update(info))
-        self._routed = routed
-        table, losers = RouteTable.build((i.route_prefix or "/", n) for n, i in routed.items())
-        for name in sorted(set(losers) - self._conflicts):
-            logger.warning(
-                "ingress: backend %s's route %s is another backend's too; the lower name has it",
-                name,
-                routed[name].route_prefix,
-            )
-        self._conflicts = frozenset(losers)
-        for prefix in sorted(self.table.routes.keys() - table.routes.keys()):
-            logger.info("ingress: route %s removed", prefix)
-        for prefix, name in sorted(table.routes.items()):
-            if self.table.routes.get(prefix) != name:
-                logger.info("ingress: route %s -> backend %s", prefix, name)
-        self.table = table
-        for address in left:
-            self.proxy.pool.forget(address)
 
     # -- load reports --
 
