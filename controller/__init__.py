@@ -82,6 +82,10 @@ if TYPE_CHECKING:
     from ._ports.runtime import ReplicaInfo as ReplicaInfo
     from ._ports.runtime import Runtime as Runtime
     from ._ports.store import Store as Store
+    from ._routing.handle import Handle as Handle
+    from ._routing.handle import HandleAnswer as HandleAnswer
+    from ._routing.handle import HandleError as HandleError
+    from ._routing.handle import RemoteError as RemoteError
     from ._serving.on_asyncio import on_asyncio as on_asyncio
     from ._serving.request import Request as Request
     from ._serving.response import Response as Response
@@ -160,6 +164,10 @@ _HOME: dict[str, str] = {
     "Store": "._ports.store",
     "Request": "._serving.request",
     "on_asyncio": "._serving.on_asyncio",
+    "Handle": "._routing.handle",
+    "HandleAnswer": "._routing.handle",
+    "HandleError": "._routing.handle",
+    "RemoteError": "._routing.handle",
     "Response": "._serving.response",
 }
 

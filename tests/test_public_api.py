@@ -60,6 +60,10 @@ EXPECTED = {
     "Request",
     "Response",
     "on_asyncio",
+    "Handle",
+    "HandleAnswer",
+    "HandleError",
+    "RemoteError",
 }
 
 

@@ -31,6 +31,7 @@ from .http import (
     lifespan,
     path_of,
     read_body,
+    route_token,
 )
 from .logs import LogSource
 from .routes import find_route
@@ -68,6 +69,7 @@ class Api(Handlers):
         # leads, its view of the store while it stands by); else the one controller given.
         self._serving = serving if serving is not None else Serving.fixed(controller, epoch)
         self._token = token.encode()
+        self._route_token = route_token(token).encode()
         self._render_metrics = render_metrics
         self._request_shutdown = request_shutdown
         self._shutdown_done = shutdown_done
@@ -163,7 +165,9 @@ class Api(Handlers):
         # Every path but the public ones needs the token (or the console's session), even to
         # learn that it does not exist.
         by_session = (
-            False if route is not None and route.public else await self._authenticate(scope)
+            False
+            if route is not None and route.public
+            else await self._authenticate(scope, route is not None and route.for_routers)
         )
         if route is None:
             raise HTTPError(404, "NotFound", f"no such endpoint: {path}")
@@ -177,16 +181,25 @@ class Api(Handlers):
         call = Call(scope, receive, "GET" if head else method, head, args, query, body, by_session)
         return await route.handler(self, call)
 
-    async def _authenticate(self, scope: Scope) -> bool:
+    async def _authenticate(self, scope: Scope, for_routers: bool) -> bool:
         """The token, or the console's session (True): its cookie and its key, which the
         console's pages send in a header. The cookie alone is what another port of this host,
         or a forged request, would have: a read without the key is 401, a change 403. A wrong
-        token's answer is held, or refused (429), by the throttle: the right one never is."""
+        token's answer is held, or refused (429), by the throttle: the right one never is.
+        The route token (`route_token`, which replicas hold to follow the routes) opens the
+        watch, a read `for_routers`, and nothing else."""
         for key, value in scope["headers"]:
             if key == b"authorization":
                 scheme, _, token = bytes(value).partition(b" ")
-                if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._token):
+                bearer = scheme.lower() == b"bearer"
+                if bearer and hmac.compare_digest(token.strip(), self._token):
                     return False
+                if bearer and hmac.compare_digest(token.strip(), self._route_token):
+                    if for_routers and scope["method"] in ("GET", "HEAD"):
+                        return False
+                    raise HTTPError(
+                        403, "Forbidden", "the route token reads the watch, and nothing else"
+                    )
                 await self.throttle.failed(scope, "the token is wrong")
                 raise HTTPError(401, "Unauthorized", "the token is wrong")
         session = self._console.session_of(scope)

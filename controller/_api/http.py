@@ -3,6 +3,8 @@ request (its body, its query parameters) by the rules the OpenAPI document state
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -195,3 +197,10 @@ def path_of(scope: Scope) -> str:
     if raw is None:
         return str(scope["path"])
     return bytes(raw).decode("latin-1").partition("?")[0]
+
+
+def route_token(token: str) -> str:
+    """The token a daemon of API token `token` gives its replicas: it reads the watch (the
+    routes their handles follow) and nothing else. Made from the API token, so that daemons of
+    one store (one token) take each other's; it says nothing of the token itself."""
+    return hmac.new(token.encode(), b"controller route token v1", hashlib.sha256).hexdigest()

@@ -28,6 +28,8 @@ class Route:
     """Answered without the token."""
     anywhere: bool = False
     """A change this daemon takes while it stands by (a login link is its own)."""
+    for_routers: bool = False
+    """Read with the route token too (what replicas hold to follow the routes)."""
 
 
 def _path(pattern: str, methods: str, handler: Handler, **flags: Any) -> Route:
@@ -51,7 +53,7 @@ _ROUTES = [
     _path(r"/api/v1/console/links", "POST", Handlers._login_link, anywhere=True),
     _path(r"/api/v1/apply", "POST", Handlers._apply_body, bodies=frozenset({"POST"})),
     _path(r"/api/v1/apply/diff", "POST", Handlers._diff_body, bodies=frozenset({"POST"})),
-    _path(r"/api/v1/watch", "GET HEAD", Handlers._watch_since),
+    _path(r"/api/v1/watch", "GET HEAD", Handlers._watch_since, for_routers=True),
     _path(r"/api/v1/load", "POST", Handlers._load, bodies=frozenset({"POST"})),
     _path(r"/api/v1/nodes", "GET HEAD", Handlers._nodes),
     _path(r"/api/v1/nodes/([^/]+)/(drain|cordon|uncordon)", "POST", Handlers._steer_node),

@@ -45,6 +45,8 @@ from .._model.status import (
 from .._model.steering import asked
 from .._ports.runtime import Runtime
 from .._ports.store import Store
+from .._routing.handle import Handle
+from .._serving import handles
 from . import rollouts as rollouts
 from .desk import Applied, SpecDesk
 from .nodes import NodeDesk
@@ -402,6 +404,12 @@ class Controller:
             return False
         backend.report_load(report)
         return True
+
+    def handle(self, name: str) -> Handle:
+        """A handle to backend `name` for code beside this controller: ``await
+        h.request("GET", "/x")``, ``await h.call("method", ...)``, routed as the ingress
+        routes (see ``controller.worker.handle``)."""
+        return handles.handle(name)
 
     def snapshot(self, name: str) -> BackendSnapshot:
         """The latest watch snapshot of `name` (no config if it was never deployed, or was

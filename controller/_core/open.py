@@ -7,6 +7,7 @@ import random
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import final
 
 import attrs
@@ -16,6 +17,8 @@ from .._backend.observe import NullObserver, Observer
 from .._model.policy import RestartPolicy
 from .._ports.runtime import Runtime
 from .._ports.store import Store
+from .._routing.sources import ControllerSource
+from .._serving import handles
 from .controller import Controller
 from .recovery import recover
 
@@ -66,6 +69,9 @@ async def open_controller(
             try:
                 async with trio.open_nursery() as inner:
                     controller._opened(inner)
+                    # Handles made in this run (``ctl.handle``, replicas FakeRuntime serves
+                    # here) follow this controller, unless something said otherwise.
+                    handles.configure(partial(ControllerSource, controller), replace=False)
                     await recover(
                         store, runtime, controller._restored, inner, controller._nodes.restore
                     )

@@ -32,6 +32,7 @@ from typing import Any, Literal, cast
 import attrs
 import trio
 
+from .._api.http import route_token
 from .._api.logs import LogSource
 from .._api.metrics import Metrics
 from .._api.serving import Serving
@@ -160,13 +161,16 @@ async def run_daemon(options: DaemonOptions) -> None:
                 # Joining (or starting) a cluster takes seconds: not on the trio thread.
                 await trio.to_thread.run_sync(_connect_ray, options)
             with _store(options, shared, alone=shared == state_dir) as store:
-                runtime = _runtime(options, shared)
                 host, port = sock.getsockname()[:2]
+                address = f"http://{_url_host(host)}:{port}"
+                # Replicas follow the routes (their handles) with a token that reads the
+                # watch and nothing else: never the API's own.
+                runtime = _runtime(options, shared, (address, route_token(token)))
                 leadership = Leadership(
                     store,
                     holder_name(socket.gethostname(), str(state_dir.resolve())),
                     options.lease,
-                    address=f"http://{_url_host(host)}:{port}",
+                    address=address,
                 )
                 serving = Serving(leadership)
                 metrics.watch_status(lambda: leader_status(serving))
@@ -323,20 +327,23 @@ def _store(options: DaemonOptions, shared: Path, *, alone: bool) -> Iterator[Lea
         yield store
 
 
-def _runtime(options: DaemonOptions, shared: Path) -> Runtime:
+def _runtime(options: DaemonOptions, shared: Path, routes: tuple[str, str]) -> Runtime:
+    """The runtime, its replicas told where their handles follow the routes."""
     if options.runtime == "ray":
         from ..ray import RayRuntime
 
-        return RayRuntime(
+        ray_runtime = RayRuntime(
             namespace=options.namespace,
             pythonpath=options.pythonpath,
             max_replicas_per_node=options.max_replicas,
             # An ingress on each node reaches replicas on the others: at their node's address.
             replica_host=None if options.node_ingress is not None else "127.0.0.1",
         )
+        ray_runtime.publish_routes(*routes)
+        return ray_runtime
     from .._local.runtime import LocalRuntime
 
-    return LocalRuntime(
+    local = LocalRuntime(
         shared / "w",
         pythonpath=options.pythonpath,
         env=_child_env(),
@@ -344,6 +351,8 @@ def _runtime(options: DaemonOptions, shared: Path) -> Runtime:
         fork_server=options.fork_server,
         preload_modules=options.preload,
     )
+    local.publish_routes(*routes)
+    return local
 
 
 def _node_ingresses(options: DaemonOptions) -> Any:

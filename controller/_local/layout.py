@@ -25,6 +25,9 @@ from .logs import log_file, prune_logs
 _MAX_SOCKET_PATH = 107
 LOGS = "logs"
 ZYGOTE_LOG = "zygote.log"
+#: Where workers' handles follow the routes: a daemon's API and its route token (``LocalRuntime
+#: .publish_routes``); beside the specs, which name the runtime dir's replicas.
+ROUTES = "routes.json"
 
 
 def check_socket_room(runtime_dir: Path) -> None:

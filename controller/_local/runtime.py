@@ -48,7 +48,7 @@ from typing import Any, final
 
 import trio
 
-from .._files import private_dir, read_regular
+from .._files import private_dir, read_regular, write_private
 from .._model.errors import ConfigError, FencedError, ReplicaError, ReplicaGoneError
 from .._model.json_values import JSON
 from .._model.placement import SLOTS
@@ -58,7 +58,14 @@ from .._procfs import memory_bytes, scan_workers
 from .check_wave import check_links
 from .commands import ask_to_stop, command, connect, died, refused
 from .fence_file import fenced_at, raise_fence
-from .layout import LOGS, ZYGOTE_LOG, check_socket_room, remove_replica_files, spec_path
+from .layout import (
+    LOGS,
+    ROUTES,
+    ZYGOTE_LOG,
+    check_socket_room,
+    remove_replica_files,
+    spec_path,
+)
 from .link import ENDED, MonitorLink
 from .link_reader import LinkReader
 from .logs import DEFAULT_MAX_BYTES, LogChunk, log_file, log_tags, read_log
@@ -134,6 +141,8 @@ class LocalRuntime(OneNode):
         ):
             raise ConfigError("max_replicas", "must be a whole number >= 1", max_replicas)
         self.max_replicas = max_replicas if max_replicas is not None else default_max_replicas()
+        self._routes: str | None = None
+        """What `publish_routes` said, as ``routes.json`` holds it."""
         self._capacity = (
             dict(capacity) if capacity is not None else {"CPU": float(os.cpu_count() or 1)}
         )
@@ -207,6 +216,8 @@ class LocalRuntime(OneNode):
     ) -> None:
         private_dir(self.runtime_dir, "runtime_dir")
         private_dir(self.logs_dir, "runtime_dir")
+        if self._routes is not None:
+            write_private(self.runtime_dir / ROUTES, self._routes)
         async with trio.open_nursery() as nursery:
             await nursery.start(self._reader.serve)
             if self._fork_server is not None:
@@ -284,6 +295,16 @@ class LocalRuntime(OneNode):
 
     async def _pids(self, tag: str) -> set[int]:
         return (await trio.to_thread.run_sync(self._scan)).get(tag, set())
+
+    def publish_routes(self, url: str, token: str) -> None:
+        """Where its workers' handles follow the routes: a daemon's API at `url`, read with
+        `token` (the route token, which reads the watch and changes nothing). Written to
+        ``routes.json`` in the runtime dir, which workers read when a handle is first used
+        (and again whenever the daemon cannot be reached), so that the workers of an earlier
+        daemon follow this one too."""
+        self._routes = json.dumps({"url": url, "token": token})
+        if self.runtime_dir.is_dir():
+            write_private(self.runtime_dir / ROUTES, self._routes)
 
     async def start_replica(self, spec: ReplicaSpec) -> ReplicaInfo:
         self._watchers.check_running()

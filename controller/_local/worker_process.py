@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -14,15 +15,21 @@ import trio
 
 from .._files import read_regular
 from .._ports.context import ReplicaContext, set_context
+from .._routing.handle import HandleError
+from .._routing.sources import HTTPSource
+from .._serving import handles
+from .layout import ROUTES
 from .logs import DEFAULT_MAX_BYTES, capture_output
 from .worker import Worker
 
 
-async def serve(spec: dict[str, Any]) -> None:
+async def serve(spec: dict[str, Any], routes: Path | None = None) -> None:
     spec.setdefault("host", "127.0.0.1")
     set_context(
         ReplicaContext(spec["tag"], spec["backend"], spec["version"], spec["port"], spec["host"])
     )
+    if routes is not None:  # read when a handle is first used, and when the daemon moved
+        handles.configure(partial(_routes_at, routes), prefer_host=spec["host"])
     worker = Worker(spec)
     # The runtime bound and listened on the socket before starting us and handed it over, so
     # it could connect from the first instant; it stays connectable exactly while we live.
@@ -52,4 +59,25 @@ def run(spec_path: str, listen_fd: int | None = None) -> None:
         spec["listen_fd"] = listen_fd
     if spec.get("log"):
         capture_output(Path(spec["log"]), int(spec.get("log_max_bytes", DEFAULT_MAX_BYTES)))
-    trio.run(serve, spec)
+    trio.run(serve, spec, Path(spec_path).parent / ROUTES)
+
+
+def _routes_at(path: Path) -> HTTPSource:
+    """The routes a daemon published for this runtime dir's workers (``routes.json``)."""
+    found = _read_routes(path)
+    if found is None:
+        raise HandleError(
+            "-",
+            "NoRoutes",
+            f"no daemon published routes for this runtime ({path} is missing): handles work "
+            "in replicas a daemon (`controller run`) started",
+        )
+    return HTTPSource(*found, locate=partial(_read_routes, path))
+
+
+def _read_routes(path: Path) -> tuple[str, str] | None:
+    try:
+        data = json.loads(read_regular(path, limit=64 << 10))
+        return str(data["url"]), str(data["token"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import Any, final
 
 import trio
@@ -24,8 +24,8 @@ CLOSE_S = 5.0
 
 @final
 class Caller:
-    """Calls `target` (a function, or a callable instance) with a request, or with nothing if
-    it takes no argument."""
+    """Calls a replica's code: its handler (`target`: a function, or a callable instance) with
+    a request, or with nothing if it takes no argument; or a method a handle names."""
 
     def __init__(self, target: Any, on_stuck_change: Callable[[], None]):
         function = target if inspect.isroutine(target) else target.__call__
@@ -43,10 +43,7 @@ class Caller:
             )
         except (TypeError, ValueError):
             self.takes_request = True
-        self.is_async = inspect.iscoroutinefunction(function)
-        self.makes_stream = inspect.isasyncgenfunction(function) or inspect.isgeneratorfunction(
-            function
-        )
+        self.is_async, self.makes_stream = _mode(function)
         self.threads = HandlerThreads(on_stuck_change)
 
     @property
@@ -58,21 +55,42 @@ class Caller:
         """Call it with `request`; a sync call in the pool, which grows to `limit` threads
         (its backend's max_ongoing_requests, at most `MAX_HANDLER_THREADS`) as calls need."""
         args = (request,) if self.takes_request else ()
+        return await self._run(self.function, args, {}, limit, self.is_async, self.makes_stream)
+
+    async def method(self, function: Callable[..., Any], args: Any, kwargs: Any, limit: int) -> Any:
+        """Call a method a handle named, as the handler is called (a generator's items follow
+        through `items`)."""
+        is_async, makes_stream = _mode(function)
+        return await self._run(function, tuple(args), dict(kwargs), limit, is_async, makes_stream)
+
+    async def _run(
+        self,
+        function: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        limit: int,
+        is_async: bool,
+        makes_stream: bool,
+    ) -> Any:
         try:
-            if self.is_async:
-                return await self.function(*args)
-            if self.makes_stream:
-                return self.function(*args)  # the generator: its code runs as it is iterated
+            if is_async:
+                return await function(*args, **kwargs)
+            if makes_stream:
+                return function(*args, **kwargs)  # the generator: its code runs as it is iterated
             # Let go on cancel (a deadline, a hang-up): the request ends at once, and the
             # thread keeps its place in the pool until the code returns.
-            result = await self.threads.run(min(limit, MAX_HANDLER_THREADS), self.function, *args)
+            threads = min(limit, MAX_HANDLER_THREADS)
+            if kwargs:
+                result = await self.threads.run(threads, lambda: function(*args, **kwargs))
+            else:
+                result = await self.threads.run(threads, function, *args)
             if inspect.isawaitable(result):
                 return await result
             return result
         except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
             raise HandlerEscaped(f"the handler raised {type(exc).__name__}") from exc
 
-    async def items(self, stream: Iterator[Any] | AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async def items(self, stream: Iterator[Any] | AsyncIterator[Any]) -> AsyncGenerator[Any, None]:
         """The items of a handler's generator, as it yields them (a sync one's in the pool);
         closed when the caller stops, so that its ``finally`` runs."""
         if isinstance(stream, AsyncIterator):
@@ -96,3 +114,20 @@ class Caller:
             if close is not None:
                 with contextlib.suppress(ValueError):  # still running in an abandoned thread
                     close()
+
+
+_MODES: dict[Any, tuple[bool, bool]] = {}
+
+
+def _mode(function: Any) -> tuple[bool, bool]:
+    """Whether `function` is async, and whether it makes a generator (asked once a function:
+    a method looked up again is a new bound object, of the same function)."""
+    key = getattr(function, "__func__", function)
+    mode = _MODES.get(key)
+    if mode is None:
+        is_async = inspect.iscoroutinefunction(function)
+        makes_stream = inspect.isasyncgenfunction(function) or inspect.isgeneratorfunction(function)
+        mode = (is_async, makes_stream)
+        if len(_MODES) < 4096:
+            _MODES[key] = mode
+    return mode

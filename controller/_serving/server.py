@@ -22,6 +22,7 @@ import logging
 import math
 import sys
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, final
 
 import trio
@@ -34,6 +35,8 @@ from .._http.limits import ConnectionLimits
 from .._http.server import Server, open_listener
 from .._model.traffic import MAX_REQUESTS
 from .._ports.hosting import tracebacks
+from .._routing.handle import CALL_HEADER, current_deadline
+from . import rpc
 from .asgi import AppError, Exchange, Lifespan, http_scope
 from .calls import Caller
 from .entry import Entry
@@ -215,6 +218,7 @@ class ReplicaServer:
     async def exchange(self, conn: Connection, head: RequestHead) -> bool:
         # What its router says of it now (else the replica's at its start): this request's own.
         budget, root_path, limit = self.request_timeout_s, "", self.max_ongoing_requests
+        call: str | None = None
         for name, value in head.headers:
             if name == TIMEOUT_HEADER:
                 budget = _milliseconds(value, budget) / 1000
@@ -222,6 +226,8 @@ class ReplicaServer:
                 root_path = value.decode("latin-1")
             elif name == MAX_ONGOING_HEADER:
                 limit = _limit(value, limit)
+            elif name == CALL_HEADER:
+                call = value.decode("latin-1")
         deadline = trio.current_time() + budget
         conn.request_deadline = deadline
         conn.timer.set(deadline, "deadline")
@@ -232,11 +238,14 @@ class ReplicaServer:
             self._changed()  # it left the line unserved (a deadline, a hang-up)
             raise
         self.in_flight += 1
+        # What handles called by the handler inherit: the time this request has left.
+        inherited = current_deadline.set(deadline)
         try:
-            if self._lifespan is not None:
+            if self._lifespan is not None and call is None:
                 return await self._asgi(conn, head, root_path)
-            return await self._plain(conn, head, root_path, deadline, limit)
+            return await self._plain(conn, head, root_path, deadline, limit, call)
         finally:
+            current_deadline.reset(inherited)
             self.in_flight -= 1
             self.served += 1
             self._places.give_back()
@@ -264,10 +273,18 @@ class ReplicaServer:
         return read
 
     async def _plain(
-        self, conn: Connection, head: RequestHead, root_path: str, deadline: float, limit: int
+        self,
+        conn: Connection,
+        head: RequestHead,
+        root_path: str,
+        deadline: float,
+        limit: int,
+        call: str | None,
     ) -> bool:
+        """A request to the handler, or (`call`) to a method a handle named (``rpc``)."""
         caller = self._caller
-        assert caller is not None
+        if caller is None:  # an ASGI app: it has no methods to call
+            caller = self._caller = Caller(_no_handler, self._changed)
         done: list[bool] = []
         request = Request(
             head.method.decode("latin-1"),
@@ -281,9 +298,15 @@ class ReplicaServer:
         )
         outgoing = Outgoing(conn, head)
         try:
-            if caller.in_thread and head.body:
-                await request.body()  # a sync handler is called with its body read
-            answer = answer_of(await caller(request, limit))
+            if call is not None:
+                body = await request.body()
+                instance = self.entry.instance
+                failed = partial(self._failed, head)
+                answer = await rpc.answer(caller, instance, call, body, limit, failed)
+            else:
+                if caller.in_thread and head.body:
+                    await request.body()  # a sync handler is called with its body read
+                answer = answer_of(await caller(request, limit))
         except ClientGone:
             raise
         except Reply as reply:  # its body could not be read: said, and the connection ends
@@ -294,15 +317,16 @@ class ReplicaServer:
             answer = Answer(413, [(b"content-type", _JSON)], error_body("BodyTooLarge", str(exc)))
         except Exception as exc:
             self._failed(head, exc)
-            answer = _FAILED
+            answer = _FAILED if call is None else rpc.failure(exc)
         if answer.stream is None:
             body_done = bool(done) or conn.skip_body()
             await outgoing.whole(answer.status, answer.headers, answer.body, keep=body_done)
             return outgoing.keep
         await outgoing.begin(answer.status, answer.headers, keep=bool(done), http_10=head.http_10)
         try:
-            async for item in caller.items(answer.stream):
-                await outgoing.part(item_bytes(item))
+            async with contextlib.aclosing(caller.items(answer.stream)) as items:
+                async for item in items:
+                    await outgoing.part(item_bytes(item))
         except ClientGone:
             raise
         except Exception as exc:
@@ -364,6 +388,10 @@ class ReplicaServer:
         answer = own_answer(status, _JSON, error_body(kind, message), close=True)
         with trio.move_on_after(self._limits.body_timeout_s), contextlib.suppress(ClientGone):
             await conn.send(answer)
+
+
+def _no_handler(request: Any) -> None:
+    """The handler of an ASGI app's caller, which only calls methods (and finds none)."""
 
 
 def _limit(value: bytes, otherwise: int) -> int:

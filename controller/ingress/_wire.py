@@ -16,6 +16,7 @@ OURS: Final = frozenset(
         b"x-forwarded-prefix",
         b"x-request-timeout-ms",
         b"x-max-ongoing-requests",
+        b"x-controller-call",  # a method call is a handle's, never a client's
     }
 )
 #: What a request's head loses on its way to a replica (more if its Connection names more).

@@ -37,6 +37,8 @@ from .._local.logs import read_log
 from .._local.own_load import read_load
 from .._ports.context import ReplicaContext, set_context
 from .._ports.hosting import describe_error, tracebacks
+from .._routing.sources import HTTPSource
+from .._serving import handles
 from .._serving.entry import build
 from .._serving.server import ReplicaServer, serving_line
 from ._trio_thread import TrioThread
@@ -82,6 +84,11 @@ async def _serve(
         if not server.up:
             raise
         _describe(exc)
+
+
+async def _configure_handles(url: str, token: str, host: str) -> None:
+    """The actor's handles follow the daemon's watch, and try replicas at its node first."""
+    handles.configure(lambda: HTTPSource(url, token), prefer_host=host)
 
 
 def free_port(host: str) -> int:
@@ -160,6 +167,9 @@ class ReplicaHost:
                 reconfigure = getattr(self._instance, "reconfigure", None)
                 if reconfigure is not None:
                     await _call(reconfigure, spec["user_config"])
+            routes = spec.get("routes")
+            if routes is not None:  # the daemon's API and route token, for handles
+                await _TRIO.run(_configure_handles, str(routes[0]), str(routes[1]), host)
             if entry.served:
                 serving = spec.get("serving", {})
                 self._server = ReplicaServer(

@@ -121,6 +121,7 @@ class RayRuntime:
         self._actors: dict[str, _Actor] = {}
         self._watchers = Watchers("RayRuntime")
         self._epoch = 0
+        self._routes: tuple[str, str] | None = None
 
     @property
     def epoch(self) -> int:
@@ -184,12 +185,19 @@ class RayRuntime:
             if isinstance(entry, dict) and entry["namespace"] == self.namespace
         )
 
+    def publish_routes(self, url: str, token: str) -> None:
+        """Where the handles of the replicas it starts from now on follow the routes: a
+        daemon's API at `url` (reachable from every node), read with `token` (the route token,
+        which reads the watch and changes nothing). Given to each actor with its spec."""
+        self._routes = (url, token)
+
     async def start_replica(self, spec: ReplicaSpec) -> ReplicaInfo:
         self._watchers.check_running()
         payload = {
             **host_spec(spec, self._pythonpath),
             "host": self._replica_host,
             "resources": dict(spec.resources),
+            "routes": self._routes,
         }
         options: dict[str, Any] = {
             "name": spec.tag,
