@@ -71,13 +71,15 @@ async def open_controller(
                     controller._opened(inner)
                     # Handles made in this run (``ctl.handle``, replicas FakeRuntime serves
                     # here) follow this controller, unless something said otherwise.
-                    handles.configure(partial(ControllerSource, controller), replace=False)
+                    source = partial(ControllerSource, controller)
+                    handles.configure(source, replace=False, owner=controller)
                     await recover(
                         store, runtime, controller._restored, inner, controller._nodes.restore
                     )
                     try:
                         yield controller
                     finally:
+                        handles.forget(controller)
                         controller._close()
                         inner.cancel_scope.cancel()
             finally:

@@ -31,6 +31,8 @@ class _Handles:
         self.router = Router(source, "handles", prefer_host=prefer_host)
         self.pool = Pool(CONNECT_TIMEOUT_S)
         self._followed: trio.Event | None = None
+        self.scope = trio.CancelScope()
+        """The router's: cancelled when what it follows is gone."""
 
     async def ready(self) -> None:
         """The router follows its source (from the first call on), and has its first
@@ -42,31 +44,52 @@ class _Handles:
 
     async def _follow(self, followed: trio.Event) -> None:
         try:
-            async with trio.open_nursery() as nursery:
-                await nursery.start(self.router.run)
-                followed.set()
+            with self.scope:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(self.router.run)
+                    followed.set()
         except Exception:  # a bug must not end the run: handles then say the routes are gone
             logger.exception("handles: the router stopped")
         finally:
             followed.set()
 
 
-_source: trio.lowlevel.RunVar[tuple[Callable[[], WatchSource], str | None] | None] = (
-    trio.lowlevel.RunVar("controller_handles_source", default=None)
-)
+_source: trio.lowlevel.RunVar[
+    tuple[Callable[[], WatchSource], str | None, object | None] | None
+] = trio.lowlevel.RunVar("controller_handles_source", default=None)
 _handles: trio.lowlevel.RunVar[_Handles | None] = trio.lowlevel.RunVar(
     "controller_handles", default=None
 )
 
 
 def configure(
-    source: Callable[[], WatchSource], *, prefer_host: str | None = None, replace: bool = True
+    source: Callable[[], WatchSource],
+    *,
+    prefer_host: str | None = None,
+    replace: bool = True,
+    owner: object | None = None,
 ) -> None:
     """Where this run's handles learn the routes (`source`, made when first needed), and the
-    host whose replicas they try first. Without `replace`, a source configured already stays."""
+    host whose replicas they try first. Without `replace`, a source configured already stays.
+    `owner` (a controller in this run) may `forget` it when it closes."""
     if _source.get() is not None and not replace:
         return
-    _source.set((source, prefer_host))
+    forget(None)
+    _source.set((source, prefer_host, owner))
+
+
+def forget(owner: object | None) -> None:
+    """The routes `owner` configured (any, with None) are gone (a controller closed): the
+    handles made of them stop following, and the next handle asks `configure` again."""
+    configured = _source.get()
+    if configured is None or (owner is not None and configured[2] is not owner):
+        return
+    _source.set(None)
+    handles = _handles.get()
+    if handles is not None:
+        handles.scope.cancel()
+        handles.pool.close_all()  # (those under way close with their calls)
+        _handles.set(None)
 
 
 def handle(name: str) -> Handle:
@@ -82,7 +105,7 @@ def handle(name: str) -> Handle:
                 "this process has no routes to follow: handles work inside replicas a daemon "
                 "(`controller run`) started, and beside a controller in the same process",
             )
-        make, prefer_host = configured
+        make, prefer_host, _ = configured
         handles = _Handles(make(), prefer_host)
         _handles.set(handles)
     return Handle(name, handles.router, handles.pool, handles.ready)

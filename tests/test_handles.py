@@ -1,0 +1,130 @@
+"""Handles, in process (FakeRuntime serving real HTTP, and ``ctl.handle``): a backend's code calls
+another by name through ``controller.worker.handle``, as the ingress routes; methods by name,
+with JSON arguments and results; streams; errors; and a request tree under one deadline, whose
+every call a deadline or a hang-up ends. On real workers behind a daemon, with the route token:
+tests/test_handles_daemon.py."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import controller
+from controller.ingress import ControllerSource, Ingress, open_listener
+from controller.testing import FakeRuntime
+
+from .http_client import request
+
+HERE = Path(__file__).parent
+LIMIT_S = 60
+
+
+def code(entrypoint: str, **kwargs: Any) -> controller.ReplicaConfig:
+    return controller.ReplicaConfig(f"handle_apps:{entrypoint}", **kwargs)
+
+
+def config(**fields: Any) -> controller.BackendConfig:
+    return controller.BackendConfig(**{"num_replicas": 1, "version": "v1", **fields})
+
+
+async def deploy(
+    ctl: controller.Controller, name: str, rc: controller.ReplicaConfig, **fields: Any
+) -> None:
+    goal = await ctl.deploy(name, config(**fields), rc)
+    assert await goal.wait() is controller.GoalOutcome.COMPLETED
+
+
+async def test_a_handle_calls_methods_with_json_and_raises_what_they_raise() -> None:
+    runtime = FakeRuntime(auto_ready=True, serve_http=True, pythonpath=[HERE])
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(
+            runtime=runtime, store=controller.MemoryStore()
+        ) as ctl:
+            await deploy(ctl, "calc", code("Calculator"), num_replicas=2)
+            calc = ctl.handle("calc")
+            assert await calc.call("add", 2, 3) == 5
+            assert await calc.add(1.5, 2) == 3.5  # the same, by attribute
+            described = await calc.describe(name="y")
+            assert described["name"] == "y"
+            assert described["tag"].startswith("calc#")
+            with pytest.raises(controller.RemoteError) as raised:
+                await calc.fail()
+            assert (raised.value.kind, raised.value.status) == ("KeyError", 500)
+            assert "no such thing" in str(raised.value)
+            # Neither a method it lacks, nor the controller's own, nor a private one.
+            for name in ("nope", "drain", "reconfigure"):
+                with pytest.raises(controller.RemoteError) as raised:
+                    await calc.call(name)
+                assert raised.value.kind == "NoSuchMethod", name
+            with pytest.raises(ValueError, match="not a method a handle may call"):
+                await calc.call("_private")
+            with pytest.raises(TypeError, match="must be JSON"):
+                await calc.call("add", object(), 1)
+            # A generator method's items as they come.
+            async with calc.call_stream("count_to", 4) as items:
+                assert [item async for item in items] == [0, 1, 2, 3]
+            # Plain HTTP too: its handler's answer.
+            answer = await calc.request("GET", "/anything")
+            assert (answer.status, answer.text) == (200, "calculator")
+            assert answer.header("Content-Type") == "text/plain; charset=utf-8"
+            with pytest.raises(controller.HandleError) as missing:
+                await ctl.handle("nope").request("GET", "/")
+            assert missing.value.kind == "UnknownBackend"
+            for name in ("calc",):
+                await (await ctl.delete(name)).wait()
+
+
+async def test_replicas_call_each_other_and_a_deadline_ends_the_whole_tree() -> None:
+    runtime = FakeRuntime(auto_ready=True, serve_http=True, pythonpath=[HERE])
+    with trio.fail_after(LIMIT_S):
+        async with (
+            controller.open_controller(runtime=runtime, store=controller.MemoryStore()) as ctl,
+            trio.open_nursery() as nursery,
+        ):
+            await deploy(ctl, "a", code("Link", init_kwargs={"then": "b"}), route_prefix="/a")
+            await deploy(ctl, "b", code("Link", init_kwargs={"then": "c"}))
+            await deploy(ctl, "c", code("Link"), request_timeout_s=30)
+            ingress = Ingress(ControllerSource(ctl))
+            await nursery.start(ingress.run)
+            listener = await open_listener("127.0.0.1", 0)
+            await nursery.start(ingress.serve, [listener])
+            port = listener.socket.getsockname()[1]
+            # A -> B -> C through the ingress, each hop's time left under the last's.
+            answer = (await request(port, "/a/go?s=0")).json()
+            assert (answer["via"], answer["then"]["via"], answer["then"]["then"]["at"]) == (
+                "a",
+                "b",
+                "c",
+            )
+            # Each hop has what the one before it had left, or less.
+            assert answer["left"] >= answer["then"]["left"] >= answer["then"]["then"]["left"]
+            stats = {name: ctl.handle(name) for name in "abc"}
+            # A deadline of 100 ms on A (the client's): each hop has less left than the one
+            # before it, so C, which would sleep 10 s, is cancelled at it first, and its 504
+            # comes back up the chain, every link done.
+            began = trio.current_time()
+            late = await request(port, "/a/go?s=10", headers=[("x-request-timeout-ms", "100")])
+            assert late.status == 504
+            assert trio.current_time() - began < 5  # far under 10 s (the figure: the bench)
+            counts = (await stats["c"].request("GET", "/stats?until=cancelled&n=1")).json()
+            assert counts == {"inside": 0, "cancelled": 1}
+            before = {}
+            for name in "abc":  # each done: cancelled at its own deadline, or answered 504
+                counts = (await stats[name].request("GET", "/stats")).json()
+                assert counts["inside"] == 0, name
+                before[name] = counts["cancelled"]
+            # A client that hangs up on A: every link is cancelled, down the tree.
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.sendall(b"GET /a/go?s=10 HTTP/1.1\r\nHost: h\r\n\r\n")
+            await stats["c"].request("GET", "/stats?until=inside&n=1")
+            sock.close()
+            for name in "abc":
+                until = f"/stats?until=cancelled&n={before[name] + 1}"
+                counts = (await stats[name].request("GET", until)).json()
+                assert counts == {"inside": 0, "cancelled": before[name] + 1}, name
+            nursery.cancel_scope.cancel()
