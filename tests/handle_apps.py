@@ -92,6 +92,9 @@ class Front:
         a, b = (float(request.query_params[k]) for k in ("a", "b"))
         calculator = handle("calc")
         try:
-            return {"sum": await calculator.add(a, b)}
+            total = await calculator.add(a, b)
+            if request.query_params.get("who"):
+                return {"sum": total, "tag": (await calculator.describe())["tag"]}
+            return {"sum": total}
         except RemoteError as exc:
             return {"error": exc.kind, "message": str(exc)}
