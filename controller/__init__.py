@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from ._model.canary_steps import RevisionNumbers as RevisionNumbers
     from ._model.code import CodeDigest as CodeDigest
     from ._model.config import BackendConfig as BackendConfig
-    from ._model.config import ReplicaConfig as ReplicaConfig
     from ._model.errors import CheckpointError as CheckpointError
     from ._model.errors import CodeChangedError as CodeChangedError
     from ._model.errors import ConfigError as ConfigError
@@ -52,6 +51,7 @@ if TYPE_CHECKING:
     from ._model.nodes import NodeInfo as NodeInfo
     from ._model.nodes import NodeRow as NodeRow
     from ._model.policy import RestartPolicy as RestartPolicy
+    from ._model.replica_config import ReplicaConfig as ReplicaConfig
     from ._model.revisions import Cause as Cause
     from ._model.revisions import Revision as Revision
     from ._model.revisions import RevisionContent as RevisionContent
@@ -82,10 +82,10 @@ if TYPE_CHECKING:
     from ._ports.runtime import ReplicaInfo as ReplicaInfo
     from ._ports.runtime import Runtime as Runtime
     from ._ports.store import Store as Store
+    from ._routing.exchange import HandleError as HandleError
+    from ._routing.exchange import RemoteError as RemoteError
     from ._routing.handle import Handle as Handle
     from ._routing.handle import HandleAnswer as HandleAnswer
-    from ._routing.handle import HandleError as HandleError
-    from ._routing.handle import RemoteError as RemoteError
     from ._serving.on_asyncio import on_asyncio as on_asyncio
     from ._serving.request import Request as Request
     from ._serving.response import Response as Response
@@ -102,7 +102,7 @@ _HOME: dict[str, str] = {
     "TrafficSplit": "._model.status",
     "RequestTally": "._model.verdict",
     "ScaleDecision": "._model.autoscale",
-    "ReplicaConfig": "._model.config",
+    "ReplicaConfig": "._model.replica_config",
     "Applied": "._core.desk",
     "Controller": "._core.controller",
     "open_controller": "._core.open",
@@ -166,8 +166,8 @@ _HOME: dict[str, str] = {
     "on_asyncio": "._serving.on_asyncio",
     "Handle": "._routing.handle",
     "HandleAnswer": "._routing.handle",
-    "HandleError": "._routing.handle",
-    "RemoteError": "._routing.handle",
+    "HandleError": "._routing.exchange",
+    "RemoteError": "._routing.exchange",
     "Response": "._serving.response",
 }
 

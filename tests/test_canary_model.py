@@ -61,7 +61,7 @@ def test_an_empty_block_takes_the_default_steps_and_survives_json() -> None:
         (50, 120),
     ]
     again = controller.BackendConfig.from_dict(
-        {"canary": controller._model.config.fields_of(config)["canary"]}
+        {"canary": controller._model.fields.fields_of(config)["canary"]}
     )
     assert again == config
     assert CanaryConfig.from_dict({"sticky_header": "X-User"}).sticky_header == "x-user"

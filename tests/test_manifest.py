@@ -29,12 +29,13 @@ def test_every_problem_is_reported_at_once() -> None:
     assert error.source == "f.toml"
     assert error.problems == [
         "extra: unknown top-level key; the only one is 'backends'",
-        "backend 'a': verison: unknown field; known fields are autoscaling, canary, entrypoint, "
+        "backend 'a': verison: unknown field; known fields are affinity, autoscaling, canary, "
+        "entrypoint, "
         "graceful_shutdown_timeout_s, health_check_failure_threshold, health_check_period_s, "
         "health_check_timeout_s, init_args, init_kwargs, max_ongoing_requests, "
         "max_queued_requests, max_replicas_per_node, max_surge, max_unavailable, min_ready_s, "
-        "node_labels, num_replicas, on_failure, placement, progress_deadline_s, "
-        "request_timeout_s, resources, revision_history_limit, route_prefix, "
+        "node_labels, num_replicas, on_failure, placement, progress_deadline_s, rate_limit, "
+        "request_timeout_s, resources, retries, revision_history_limit, route_prefix, "
         "start_timeout_s, user_config, version",
         "backend 'a': num_replicas: must be a whole number from 0 to 1000000 (got -1)",
         "backend 'b': entrypoint: must look like \"package.module:Class\" (got 'nope')",

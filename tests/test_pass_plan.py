@@ -7,7 +7,7 @@ import math
 import attrs
 
 from controller._model.census import Census
-from controller._model.config import BackendConfig, ReplicaConfig
+from controller._model.config import BackendConfig
 from controller._model.failures import Blocked
 from controller._model.pass_plan import (
     DueCheck,
@@ -17,6 +17,7 @@ from controller._model.pass_plan import (
     decide_pass,
 )
 from controller._model.reconcile import Plan
+from controller._model.replica_config import ReplicaConfig
 from controller._model.spec import Spec
 from controller._model.status import ReplicaState
 

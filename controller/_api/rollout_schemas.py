@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from typing import Any, get_args
 
-from .._model.config import BackendConfig, ReplicaConfig, field_schemas
+from .._model.config import BackendConfig
+from .._model.fields import field_schemas
 from .._model.records import MAX_REVISION
+from .._model.replica_config import ReplicaConfig
 from .._model.revisions import VIA, RevisionOutcome
 from .schema_parts import BOOL, COUNT, MESSAGE, NULLABLE_STRING, STRING, VIA_HTTP, obj, ref
 

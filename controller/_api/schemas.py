@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._model.config import MAX_REPLICAS, NAME_PATTERN, BackendConfig, ReplicaConfig, field_schemas
+from .._model.config import MAX_REPLICAS, NAME_PATTERN, BackendConfig
+from .._model.fields import field_schemas
 from .._model.load_report import (
     MAX_LOAD_BACKENDS,
     MAX_LOAD_COUNT,
@@ -14,6 +15,7 @@ from .._model.load_report import (
     MAX_TRAFFIC_VERSIONS,
     SOURCE_PATTERN,
 )
+from .._model.replica_config import ReplicaConfig
 from .._model.revisions import MAX_MANIFEST
 from .nodes import SCHEMAS as NODE_SCHEMAS
 from .rollout_schemas import ROLLOUT_SCHEMAS

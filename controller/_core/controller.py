@@ -20,7 +20,7 @@ from .._backend.loop import Backend
 from .._backend.observe import Observer
 from .._backend.turns import take_turns
 from .._backend.watch import SnapshotHub, SnapshotStream
-from .._model.config import BackendConfig, ReplicaConfig, check_backend_name
+from .._model.config import BackendConfig, check_backend_name
 from .._model.errors import (
     ConfigError,
     RolloutError,
@@ -32,6 +32,7 @@ from .._model.manifest import BackendDecl, Manifest
 from .._model.nodes import NodeRow
 from .._model.policy import RestartPolicy
 from .._model.records import RevisionsRecord
+from .._model.replica_config import ReplicaConfig
 from .._model.revisions import Cause, Revision, Via, with_content
 from .._model.scale import scaled
 from .._model.spec import Spec, check_declared

@@ -30,11 +30,12 @@ from .._backend.turns import take_turns
 from .._backend.watch import SnapshotHub
 from .._model.checkpoint import dump
 from .._model.code import CodeDigest, code_digest
-from .._model.config import BackendConfig, ReplicaConfig
+from .._model.config import BackendConfig
 from .._model.errors import ControllerClosedError, UnknownBackendError
 from .._model.json_values import JSON
 from .._model.policy import RestartPolicy
 from .._model.records import RevisionsRecord, revisions_key, spec_key
+from .._model.replica_config import ReplicaConfig
 from .._model.revisions import Cause, Revision, RevisionBook, merged
 from .._model.spec import Spec, delete_record
 from .._model.steering import SpecChange, asked, deploy_change, restored

@@ -15,7 +15,7 @@ import trio
 
 from .._files import read_regular
 from .._ports.context import ReplicaContext, set_context
-from .._routing.handle import HandleError
+from .._routing.exchange import HandleError
 from .._routing.sources import HTTPSource
 from .._serving import handles
 from .layout import ROUTES

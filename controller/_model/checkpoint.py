@@ -33,8 +33,9 @@ import attrs
 import cattrs
 from cattrs.gen import make_dict_unstructure_fn, override
 
-from .config import BackendConfig, ReplicaConfig, fields_of
+from .config import BackendConfig
 from .errors import CheckpointError, ControllerError
+from .fields import fields_of
 from .records import (
     EVENTS_PREFIX,
     MAX_REVISION,
@@ -58,6 +59,7 @@ from .records import (
     revisions_key,
     spec_key,
 )
+from .replica_config import ReplicaConfig
 from .revisions import Revision, RevisionContent, content_of
 
 

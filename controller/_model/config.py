@@ -7,21 +7,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import attrs
 
 from . import traffic
 from .autoscaling import AutoscalingConfig, autoscaling, autoscaling_schema
-from .canary import CanaryConfig, canary, canary_dict, canary_schema
+from .canary import CanaryConfig, canary, canary_schema
 from .errors import ConfigError
+from .fields import from_mapping, schema
 from .health import (
     MIN_HEALTH_CHECK_PERIOD_S,
     failure_threshold,
     health_check_period,
     health_check_timeout,
 )
-from .json_values import JSON, MAX_JSON_DEPTH, check_json
+from .json_values import JSON, JSON_RULE, check_json
 from .nodes import (
     LABEL_KEY_PATTERN,
     LABEL_VALUE_PATTERN,
@@ -32,6 +33,17 @@ from .nodes import (
     placement_policy,
 )
 from .numbers import MAX_COUNT, MAX_SECONDS, seconds, whole
+from .policies import (
+    AffinityPolicy,
+    RateLimitPolicy,
+    RetryPolicy,
+    affinity,
+    affinity_schema,
+    rate_limit,
+    rate_limit_schema,
+    retries,
+    retries_schema,
+)
 from .resources import MAX_RESOURCE, resources
 from .rollout import (
     LIMIT_SCHEMA,
@@ -51,21 +63,9 @@ from .traffic import MAX_REQUESTS, ROUTE_PATTERN, max_ongoing, max_queued, route
 # which the API's OpenAPI document is made from; tests/test_openapi.py checks that the two agree.
 # So the patterns are ASCII and spelled out: JSON Schema's ``\w`` is not Python's.
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"
-_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
-_DOTTED = rf"{_IDENTIFIER}(?:\.{_IDENTIFIER})*"
-ENTRYPOINT_PATTERN = rf"{_DOTTED}:{_DOTTED}"
 VERSION_PATTERN = r"[\x20-\x7e]{1,200}"
 _NAME = re.compile(NAME_PATTERN)
-_ENTRYPOINT = re.compile(ENTRYPOINT_PATTERN)
-_KEYWORD = re.compile(_IDENTIFIER)
 _VERSION = re.compile(VERSION_PATTERN)
-
-# Beyond what JSON Schema can say (and so not checked by the document's tools): the server
-# refuses both with a 422 naming the rule.
-_JSON_RULE = (
-    f"any JSON value, with lists and objects nested at most {MAX_JSON_DEPTH} deep and numbers "
-    "that a double holds (1e400 is not)"
-)
 
 #: The most replicas one backend may ask for, whatever the runtime: a count past it is a typo,
 #: refused before any runtime is asked (a runtime's own limit is usually far lower: a 409 then).
@@ -113,38 +113,6 @@ def _version(value: object) -> str | None:
     return value
 
 
-def _schema(**schema: Any) -> dict[str, Any]:
-    """A field's rule as JSON Schema, for the API's document."""
-    return {"schema": schema}
-
-
-def fields_of(config: BackendConfig | ReplicaConfig) -> dict[str, Any]:
-    """A config's fields by name, the autoscaling block as a plain mapping (or None)."""
-    # By names read once a class, not attrs.asdict: a listing of 1,000 backends asks this
-    # 2,000 times, and asdict's generic walk was a sixth of it.
-    out = {name: getattr(config, name) for name in _field_names(type(config))}
-    if out.get("autoscaling") is not None:
-        out["autoscaling"] = attrs.asdict(out["autoscaling"])
-    if out.get("canary") is not None:
-        out["canary"] = canary_dict(out["canary"])
-    return out
-
-
-_FIELD_NAMES: dict[type[Any], tuple[str, ...]] = {}
-
-
-def _field_names(cls: type[Any]) -> tuple[str, ...]:
-    names = _FIELD_NAMES.get(cls)
-    if names is None:
-        names = _FIELD_NAMES[cls] = tuple(f.name for f in attrs.fields(cls))
-    return names
-
-
-def field_schemas(cls: type[Any]) -> dict[str, dict[str, Any]]:
-    """The JSON Schema of each field of `cls` (BackendConfig or ReplicaConfig)."""
-    return {f.name: f.metadata["schema"] for f in attrs.fields(cls)}
-
-
 def _user_config(value: object) -> JSON:
     return check_json("BackendConfig.user_config", value)
 
@@ -160,14 +128,14 @@ class BackendConfig:
     num_replicas: int = attrs.field(
         default=1,
         converter=_replica_count,
-        metadata=_schema(type="integer", minimum=0, maximum=MAX_REPLICAS),
+        metadata=schema(type="integer", minimum=0, maximum=MAX_REPLICAS),
     )
     """How many replicas should be RUNNING."""
 
     version: str | None = attrs.field(
         default=None,
         converter=_version,
-        metadata=_schema(type=["string", "null"], pattern=f"^{VERSION_PATTERN}$"),
+        metadata=schema(type=["string", "null"], pattern=f"^{VERSION_PATTERN}$"),
     )
     """The code version. Replicas of another version are replaced. None: every deploy that changes
     the spec replaces every replica (the controller cannot tell whether the code changed)."""
@@ -175,7 +143,7 @@ class BackendConfig:
     user_config: JSON = attrs.field(
         default=None,
         converter=_user_config,
-        metadata=_schema(description=_JSON_RULE),
+        metadata=schema(description=JSON_RULE),
     )
     """JSON handed to each replica's ``reconfigure``. A change with the same `version` reconfigures
     replicas in place instead of replacing them."""
@@ -183,19 +151,19 @@ class BackendConfig:
     graceful_shutdown_timeout_s: float = attrs.field(
         default=20.0,
         converter=_graceful_shutdown_timeout,
-        metadata=_schema(type="number", minimum=0, maximum=MAX_SECONDS),
+        metadata=schema(type="number", minimum=0, maximum=MAX_SECONDS),
     )
     """How long a stopping replica may drain before it is killed."""
 
     start_timeout_s: float = attrs.field(
-        default=60.0, converter=_start_timeout, metadata=_schema(**_SECONDS_SCHEMA)
+        default=60.0, converter=_start_timeout, metadata=schema(**_SECONDS_SCHEMA)
     )
     """How long a replica may take to become ready before it is stopped and replaced."""
 
     resources: dict[str, float] = attrs.field(
         factory=dict,
         converter=resources,
-        metadata=_schema(
+        metadata=schema(
             type="object",
             propertyNames={"minLength": 1},
             additionalProperties={"type": "number", "minimum": 0, "maximum": MAX_RESOURCE},
@@ -206,7 +174,7 @@ class BackendConfig:
     placement: str = attrs.field(
         default="spread",
         converter=placement_policy,
-        metadata=_schema(type="string", enum=list(POLICIES)),
+        metadata=schema(type="string", enum=list(POLICIES)),
     )
     """On a runtime of several nodes: ``"spread"`` starts each replica on the node with the
     fewest of this backend (so that losing a node loses few), ``"pack"`` on the one with the
@@ -217,7 +185,7 @@ class BackendConfig:
     max_replicas_per_node: int | None = attrs.field(
         default=None,
         converter=max_per_node,
-        metadata=_schema(type=["integer", "null"], minimum=1, maximum=MAX_COUNT),
+        metadata=schema(type=["integer", "null"], minimum=1, maximum=MAX_COUNT),
     )
     """The most replicas of this backend one node holds (None: no limit of its own). A count
     that the nodes cannot hold under it is refused, naming the rule."""
@@ -225,7 +193,7 @@ class BackendConfig:
     node_labels: dict[str, str] = attrs.field(
         factory=dict,
         converter=node_labels,
-        metadata=_schema(
+        metadata=schema(
             type="object",
             maxProperties=MAX_LABELS,
             propertyNames={"pattern": f"^{LABEL_KEY_PATTERN}$"},
@@ -236,13 +204,13 @@ class BackendConfig:
     ``{"zone": "a"}``. Custom resources (``resources``) select nodes too."""
 
     max_surge: int | float = attrs.field(
-        default=0.25, converter=max_surge, metadata=_schema(**LIMIT_SCHEMA)
+        default=0.25, converter=max_surge, metadata=schema(**LIMIT_SCHEMA)
     )
     """During an update, how many replicas may run above `num_replicas`: a count (int) or a
     fraction of `num_replicas` (float, rounded up). Like Kubernetes' maxSurge."""
 
     max_unavailable: int | float = attrs.field(
-        default=0.25, converter=max_unavailable, metadata=_schema(**LIMIT_SCHEMA)
+        default=0.25, converter=max_unavailable, metadata=schema(**LIMIT_SCHEMA)
     )
     """During an update, how many of `num_replicas` may be unavailable: a count (int) or a
     fraction (float, rounded down). Also bounds how many replicas are reconfigured at once."""
@@ -253,7 +221,7 @@ class BackendConfig:
         # One number type with the gap as a further rule, so that client generators see a
         # plain number; the gap is a choice, not a `not`, which schemathesis cannot draw from
         # below the document's root (a manifest's backends).
-        metadata=_schema(
+        metadata=schema(
             type="number",
             minimum=0,
             maximum=MAX_SECONDS,
@@ -264,21 +232,21 @@ class BackendConfig:
     turns health checks off."""
 
     health_check_timeout_s: float = attrs.field(
-        default=30.0, converter=health_check_timeout, metadata=_schema(**_SECONDS_SCHEMA)
+        default=30.0, converter=health_check_timeout, metadata=schema(**_SECONDS_SCHEMA)
     )
     """How long one health check may take before it counts as failed."""
 
     health_check_failure_threshold: int = attrs.field(
         default=3,
         converter=failure_threshold,
-        metadata=_schema(type="integer", minimum=1, maximum=MAX_COUNT),
+        metadata=schema(type="integer", minimum=1, maximum=MAX_COUNT),
     )
     """Consecutive failed checks after which a replica is stopped and replaced."""
 
     route_prefix: str | None = attrs.field(
         default=None,
         converter=route_prefix,
-        metadata=_schema(type=["string", "null"], pattern=f"^(?:{ROUTE_PATTERN})$"),
+        metadata=schema(type=["string", "null"], pattern=f"^(?:{ROUTE_PATTERN})$"),
     )
     """Where the ingress serves the backend: requests whose path is this prefix or below it
     (``/echo`` takes ``/echo`` and ``/echo/x``, not ``/echoes``); the longest prefix wins.
@@ -287,7 +255,7 @@ class BackendConfig:
     max_ongoing_requests: int = attrs.field(
         default=100,
         converter=max_ongoing,
-        metadata=_schema(type="integer", minimum=1, maximum=MAX_REQUESTS),
+        metadata=schema(type="integer", minimum=1, maximum=MAX_REQUESTS),
     )
     """How many requests one ingress sends one replica at once; more wait in the backend's
     queue. 100 suits an HTTP service that handles requests concurrently; set it to what one
@@ -296,7 +264,7 @@ class BackendConfig:
     max_queued_requests: int = attrs.field(
         default=1000,
         converter=max_queued,
-        metadata=_schema(type="integer", minimum=0, maximum=MAX_REQUESTS),
+        metadata=schema(type="integer", minimum=0, maximum=MAX_REQUESTS),
     )
     """How many requests one ingress holds for the backend while every replica is at
     `max_ongoing_requests` (first in, first out); beyond it, 503 with ``Retry-After``. 0: no
@@ -304,20 +272,20 @@ class BackendConfig:
     timeouts for everyone."""
 
     request_timeout_s: float = attrs.field(
-        default=60.0, converter=traffic.request_timeout, metadata=_schema(**_SECONDS_SCHEMA)
+        default=60.0, converter=traffic.request_timeout, metadata=schema(**_SECONDS_SCHEMA)
     )
     """How long a request may take, from its arrival at the ingress to the end of its answer:
     past it, 504 (or a cut answer), and the handler of code the worker serves is cancelled
     (see the README's "Backends as code"). Changing it never restarts replicas."""
 
     autoscaling: AutoscalingConfig | None = attrs.field(
-        default=None, converter=autoscaling, metadata=_schema(**autoscaling_schema())
+        default=None, converter=autoscaling, metadata=schema(**autoscaling_schema())
     )
     """Scale on load between bounds (see ``AutoscalingConfig``); `num_replicas` is then only
     the count it starts with. None: exactly `num_replicas`."""
 
     progress_deadline_s: float = attrs.field(
-        default=600.0, converter=progress_deadline, metadata=_schema(**_SECONDS_SCHEMA)
+        default=600.0, converter=progress_deadline, metadata=schema(**_SECONDS_SCHEMA)
     )
     """How long a rollout may go without a new replica becoming ready before it fails
     (``ProgressDeadlineExceeded``), as Kubernetes' progressDeadlineSeconds."""
@@ -325,7 +293,7 @@ class BackendConfig:
     on_failure: OnFailure = attrs.field(
         default="halt",
         converter=on_failure,
-        metadata=_schema(type="string", enum=list(ON_FAILURE)),
+        metadata=schema(type="string", enum=list(ON_FAILURE)),
     )
     """What a failed rollout does: ``"halt"`` stops it and keeps what serves; ``"rollback"``
     also undoes to the last revision that completed."""
@@ -333,7 +301,7 @@ class BackendConfig:
     min_ready_s: float = attrs.field(
         default=0.0,
         converter=min_ready,
-        metadata=_schema(type="number", minimum=0, maximum=MAX_SECONDS),
+        metadata=schema(type="number", minimum=0, maximum=MAX_SECONDS),
     )
     """How long each new replica must stay healthy after it becomes ready before its rollout
     counts as complete: a failed health check or a death within it fails the rollout."""
@@ -341,17 +309,35 @@ class BackendConfig:
     revision_history_limit: int = attrs.field(
         default=10,
         converter=history_limit,
-        metadata=_schema(type="integer", minimum=0, maximum=MAX_HISTORY),
+        metadata=schema(type="integer", minimum=0, maximum=MAX_HISTORY),
     )
     """How many revisions are kept beyond the current one (those that live replicas run, the
     one a rollout would go back to, and one paused are always kept)."""
 
     canary: CanaryConfig | None = attrs.field(
-        default=None, converter=canary, metadata=_schema(**canary_schema())
+        default=None, converter=canary, metadata=schema(**canary_schema())
     )
     """Roll new versions out as canaries (see ``CanaryConfig``): a share of the traffic in
     steps, judged against the stable revision, then promoted or rolled back by itself. None:
     rolling updates."""
+
+    retries: RetryPolicy = attrs.field(
+        factory=RetryPolicy, converter=retries, metadata=schema(**retries_schema())
+    )
+    """Which failed requests a router tries again on another replica, within a budget (see
+    ``RetryPolicy``): by default, those that never reached one, at most 3 times."""
+
+    affinity: AffinityPolicy | None = attrs.field(
+        default=None, converter=affinity, metadata=schema(**affinity_schema())
+    )
+    """Keep the requests of one session (a header's or cookie's value) on one replica (see
+    ``AffinityPolicy``). None: each request where the load is least."""
+
+    rate_limit: RateLimitPolicy | None = attrs.field(
+        default=None, converter=rate_limit, metadata=schema(**rate_limit_schema())
+    )
+    """Limit each client's (or key's) rate at the ingress (see ``RateLimitPolicy``). None: no
+    limit."""
 
     def __attrs_post_init__(self) -> None:
         if self.max_surge == 0 and self.max_unavailable == 0:
@@ -370,86 +356,4 @@ class BackendConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> BackendConfig:
         """Build from a mapping (a config file, a request body); unknown keys are errors."""
-        return _from_dict(cls, data)
-
-
-def _entrypoint(value: object) -> str:
-    if not isinstance(value, str) or not _ENTRYPOINT.fullmatch(value):
-        raise ConfigError(
-            "ReplicaConfig.entrypoint", 'must look like "package.module:Class"', value
-        )
-    return value
-
-
-def _init_args(value: object) -> tuple[JSON, ...]:
-    if not isinstance(value, (list, tuple)):
-        raise ConfigError("ReplicaConfig.init_args", "must be a list of JSON values", value)
-    return tuple(check_json(f"ReplicaConfig.init_args[{i}]", v) for i, v in enumerate(value))
-
-
-def _init_kwargs(value: object) -> dict[str, JSON]:
-    if not isinstance(value, Mapping):
-        raise ConfigError("ReplicaConfig.init_kwargs", "must be a mapping of str to JSON", value)
-    out: dict[str, JSON] = {}
-    for key, item in value.items():
-        if not isinstance(key, str) or not _KEYWORD.fullmatch(key):
-            raise ConfigError(
-                "ReplicaConfig.init_kwargs", "keys must be ASCII Python identifiers", key
-            )
-        out[key] = check_json(f"ReplicaConfig.init_kwargs[{key!r}]", item)
-    return out
-
-
-@attrs.frozen
-class ReplicaConfig:
-    """How to build one replica: which class, constructed with which arguments."""
-
-    entrypoint: str = attrs.field(
-        converter=_entrypoint, metadata=_schema(type="string", pattern=f"^{ENTRYPOINT_PATTERN}$")
-    )
-    """The replica class, as ``"package.module:Class"``."""
-
-    init_args: tuple[JSON, ...] = attrs.field(
-        default=(),
-        kw_only=True,
-        converter=_init_args,
-        metadata=_schema(type="array", items={"description": _JSON_RULE}),
-    )
-    """Positional arguments for the class (JSON values)."""
-
-    init_kwargs: dict[str, JSON] = attrs.field(
-        factory=dict,
-        kw_only=True,
-        converter=_init_kwargs,
-        metadata=_schema(
-            type="object",
-            propertyNames={"pattern": f"^{_IDENTIFIER}$"},
-            additionalProperties={"description": _JSON_RULE},
-        ),
-    )
-    """Keyword arguments for the class (JSON values)."""
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, object]) -> ReplicaConfig:
-        """Build from a mapping (a config file, a request body); unknown keys are errors."""
-        return _from_dict(cls, data)
-
-
-_C = TypeVar("_C", BackendConfig, ReplicaConfig)
-
-
-def _from_dict(cls: type[_C], data: Mapping[str, object]) -> _C:
-    if not isinstance(data, Mapping):
-        raise ConfigError(cls.__name__, "must be a mapping of field names to values", data)
-    fields = attrs.fields_dict(cls)
-    for key in data:
-        if key not in fields:
-            raise ConfigError(
-                f"{cls.__name__}.{key}",
-                f"unknown field; known fields are {', '.join(sorted(fields))}",
-                show_value=False,
-            )
-    for name, field in fields.items():
-        if field.default is attrs.NOTHING and name not in data:
-            raise ConfigError(f"{cls.__name__}.{name}", "is required", show_value=False)
-    return cls(**data)  # keys were checked against the fields above
+        return from_mapping(cls, data)

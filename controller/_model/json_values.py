@@ -14,6 +14,12 @@ JSON: TypeAlias = bool | int | float | str | list["JSON"] | dict[str, "JSON"] | 
 #: How deep lists and objects may nest in a config: far beyond any real config, and far within
 #: what Python's recursion (here and in json) allows.
 MAX_JSON_DEPTH = 64
+# Beyond what JSON Schema can say (and so not checked by the document's tools): the server
+# refuses both with a 422 naming the rule.
+JSON_RULE = (
+    f"any JSON value, with lists and objects nested at most {MAX_JSON_DEPTH} deep and numbers "
+    "that a double holds (1e400 is not)"
+)
 
 
 def check_json(field: str, value: object) -> JSON:

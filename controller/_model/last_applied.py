@@ -21,9 +21,10 @@ from typing import Any, Literal
 
 import attrs
 
-from .config import BackendConfig, ReplicaConfig
+from .config import BackendConfig
 from .json_values import JSON
 from .manifest import BackendDecl, config_to_dict
+from .replica_config import ReplicaConfig
 
 Configs = tuple[BackendConfig, ReplicaConfig]
 

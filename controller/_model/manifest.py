@@ -24,9 +24,11 @@ from typing import Any
 import attrs
 
 from .autoscaling import problems_of
-from .config import BackendConfig, ReplicaConfig, check_backend_name, fields_of
+from .config import BackendConfig, check_backend_name
 from .errors import ConfigError, ManifestError
+from .fields import fields_of
 from .json_values import JSON
+from .replica_config import ReplicaConfig
 
 _BACKEND_FIELDS = frozenset(attrs.fields_dict(BackendConfig))
 _REPLICA_FIELDS = frozenset(attrs.fields_dict(ReplicaConfig))

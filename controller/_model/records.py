@@ -10,7 +10,8 @@ from typing import Literal
 
 import attrs
 
-from .config import BackendConfig, ReplicaConfig
+from .config import BackendConfig
+from .replica_config import ReplicaConfig
 from .revisions import Revision, RevisionOutcome
 
 #: Bumped when the stored shape changes; a controller refuses data written by a newer one.

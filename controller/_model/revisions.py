@@ -22,9 +22,10 @@ from typing import Literal, final
 import attrs
 
 from .code import CodeDigest
-from .config import BackendConfig, ReplicaConfig
+from .config import BackendConfig
 from .errors import ConfigError
 from .json_values import JSON, canonical
+from .replica_config import ReplicaConfig
 
 #: How a revision's rollout went. ``pending``: recorded while the backend was paused, not rolled
 #: out (yet); ``superseded``: another revision took its place before its rollout ended.

@@ -8,12 +8,13 @@ from collections.abc import Mapping
 
 import attrs
 
-from .config import BackendConfig, ReplicaConfig, check_backend_name
+from .config import BackendConfig, check_backend_name
 from .errors import ConfigError
 from .json_values import JSON, digest
 from .nodes import NodeRules
 from .reconcile import Target, resolve_limits
 from .records import SpecRecord
+from .replica_config import ReplicaConfig
 from .revisions import RevisionContent, replica_version, with_content
 
 

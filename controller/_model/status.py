@@ -12,7 +12,8 @@ import attrs
 from .autoscale import ScaleDecision
 from .autoscaling import AutoscalingConfig
 from .canary_steps import CanaryStatus
-from .config import BackendConfig, ReplicaConfig
+from .config import BackendConfig
+from .replica_config import ReplicaConfig
 from .serving import ServingReplicas
 from .verdict import RequestTally
 

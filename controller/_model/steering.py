@@ -16,9 +16,10 @@ from collections.abc import Callable, Iterable
 import attrs
 
 from .code import CodeDigest
-from .config import BackendConfig, ReplicaConfig
+from .config import BackendConfig
 from .json_values import JSON
 from .records import RevisionsRecord, SpecRecord
+from .replica_config import ReplicaConfig
 from .revisions import (
     Cause,
     Revision,

@@ -19,21 +19,31 @@ from __future__ import annotations
 
 import contextvars
 import json as jsonlib
-import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, NoReturn, final
+from typing import Any, final
 
 import attrs
 import trio
 
 from .._http.answers import ResponseHead, ResponseReader
-from .._http.framing import Problem
-from .._http.sockets import receive_upstream, send_all
-from .._model.errors import ControllerError
+from .exchange import (
+    CALL_HEADER,
+    HTTP_TOKEN,
+    HandleError,
+    Items,
+    Pieces,
+    answer_head,
+    call_body,
+    extra_headers,
+    raise_remote,
+    send_request,
+    until,
+)
+from .policy import session_key
 from .router import Router
 from .table import BackendRoutes, Rejected, Slot
-from .upstream import Lost, NotSent, Pool, Stale, Upstream
+from .upstream import NotSent, Pool, Stale, Upstream
 
 #: The trio time by which the request a handler serves must be answered: set by a replica's
 #: server around each handler; a handle's call inherits it (None: no request, no deadline).
@@ -41,43 +51,7 @@ current_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "controller_request_deadline", default=None
 )
 
-#: The method a call names; the callee's server answers it (``_serving.server``).
-CALL_HEADER = b"x-controller-call"
-#: Other replicas a request that never reached one is tried on.
-MAX_TRIES = 3
-_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_METHOD_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
-#: Headers a handle sets itself.
-_OURS = frozenset(
-    {
-        b"host",
-        b"content-length",
-        b"transfer-encoding",
-        b"connection",
-        b"x-request-timeout-ms",
-        b"x-max-ongoing-requests",
-        CALL_HEADER,
-    }
-)
 _REPEATABLE = frozenset({b"GET", b"HEAD", b"OPTIONS"})
-
-
-class HandleError(ControllerError):
-    """A call through a handle that got no answer of the callee's code: ``kind`` says why
-    (``NoReplicas``, ``Overloaded``, ``DeadlineExceeded``, ``Unreachable``, ``UnknownBackend``,
-    ``NoRoutes``, ``Broken``, ``Status``)."""
-
-    def __init__(self, backend: str, kind: str, message: str):
-        super().__init__(f"backend {backend!r}: {message}")
-        self.backend, self.kind = backend, kind
-
-
-class RemoteError(HandleError):
-    """The called method raised (its type and message, as the callee's server said them)."""
-
-    def __init__(self, backend: str, kind: str, message: str, status: int):
-        super().__init__(backend, kind, message)
-        self.status = status
 
 
 @final
@@ -110,14 +84,29 @@ class HandleAnswer:
 class Handle:
     """Calls backend `name`. Made by the process's handles (``controller.worker.handle``)."""
 
-    def __init__(self, name: str, router: Router, pool: Pool, ready: Callable[[], Awaitable[None]]):
+    def __init__(
+        self,
+        name: str,
+        router: Router,
+        pool: Pool,
+        ready: Callable[[], Awaitable[None]],
+        key: bytes | None = None,
+    ):
         self.name = name
         self._router = router
         self._pool = pool
         self._ready = ready
+        self._key = key
 
     def __repr__(self) -> str:
         return f"<Handle {self.name}>"
+
+    def options(self, *, session_key: str | bytes | None = None) -> Handle:
+        """This handle with other options: `session_key` keeps its calls on one replica under
+        the backend's ``affinity`` policy (as its header or cookie does for a request; without
+        a policy, it is not used)."""
+        key = session_key.encode() if isinstance(session_key, str) else session_key
+        return Handle(self.name, self._router, self._pool, self._ready, key or None)
 
     def __getattr__(self, method: str) -> Callable[..., Awaitable[Any]]:
         """``await handle.predict(x)`` is ``await handle.call("predict", x)``."""
@@ -136,11 +125,11 @@ class Handle:
         arguments and the result are JSON. ``RemoteError`` if the method raised; another
         ``HandleError`` if no replica answered."""
         answer = await self.request(
-            "POST", "/", body=_call_body(method, args, kwargs), headers={CALL_HEADER: method}
+            "POST", "/", body=call_body(method, args, kwargs), headers={CALL_HEADER: method}
         )
         if answer.status == 200:
             return answer.json()
-        _raise(self.name, answer.status, answer.body)
+        raise_remote(self.name, answer.status, answer.body)
 
     @asynccontextmanager
     async def call_stream(
@@ -149,11 +138,11 @@ class Handle:
         """``async with handle.call_stream("generate", prompt) as items: async for item in
         items``: a generator method's items, as the callee yields them. Leaving the block early
         ends the call (the callee's generator is cancelled)."""
-        body = _call_body(method, args, kwargs)
+        body = call_body(method, args, kwargs)
         async with self._opened("POST", "/", body, None, {CALL_HEADER: method}) as (head, piece):
             if head.status != 200:
-                _raise(self.name, head.status, b"".join([p async for p in piece]))
-            yield _Items(piece, self.name)
+                raise_remote(self.name, head.status, b"".join([p async for p in piece]))
+            yield Items(piece, self.name)
 
     async def request(
         self,
@@ -198,7 +187,7 @@ class Handle:
         body: bytes | None,
         json: Any,
         headers: Mapping[str | bytes, str | bytes] | None,
-    ) -> AsyncIterator[tuple[ResponseHead, _Pieces]]:
+    ) -> AsyncIterator[tuple[ResponseHead, Pieces]]:
         """One request, sent and answered as far as its head; its body's pieces follow. The
         replica's place is given back, and its connection pooled (or closed), on the way out,
         whatever happens."""
@@ -206,57 +195,68 @@ class Handle:
             body = jsonlib.dumps(json, separators=(",", ":")).encode()
             headers = {"content-type": "application/json", **(headers or {})}
         verb = method.upper().encode("ascii")
-        if not _TOKEN.fullmatch(verb):
+        if not HTTP_TOKEN.fullmatch(verb):
             raise ValueError(f"handle.request: method {method!r} is not an HTTP token")
         if not path.startswith("/") or any(c in path for c in "\r\n #"):
             raise ValueError(f"handle.request: path {path!r} must be an origin-form path")
-        extra = _extra_headers(headers)
+        extra = extra_headers(headers)
         call = any(key == CALL_HEADER for key, _ in extra)
         backend = await self._backend()
         deadline = _deadline(backend)
         repeatable = verb in _REPEATABLE and not body
+        key = self._key if self._key is not None else session_key(backend.affinity, extra)
         tried: frozenset[str] = frozenset()
-        while True:
-            slot = await self._acquire(backend, tried, deadline)
-            upstream: Upstream | None = None
-            answered = False
-            try:
-                with _until(deadline, self.name):
-                    upstream = await self._pool.get(slot.address, check=not repeatable)
-                    left_ms = max(1, int((deadline - trio.current_time()) * 1000))
-                    await _send(upstream, verb, path, extra, body, left_ms, backend.max_ongoing)
-                    reader = ResponseReader()
-                    reader.head_only = verb == b"HEAD"
-                    head = await _head(upstream, reader, repeatable, self.name)
-                answered = True
-            except Stale:
-                self._pool.forget(slot.address)
-                repeatable = False  # once more, on a new connection
-            except NotSent as exc:
-                backend.refused(slot)
-                self._pool.forget(slot.address)
-                tried = tried | {slot.tag}
-                if len(tried) >= MAX_TRIES or len(tried) >= len(backend.slots):
-                    raise HandleError(self.name, "Unreachable", str(exc)) from None
-            finally:
-                if not answered:  # tried again, or failed: its place and connection go now
-                    backend.release(slot)
-                    if upstream is not None:
-                        self._pool.put(upstream)
-            if answered:
-                break
-        assert upstream is not None
-        pieces = _Pieces(upstream, reader, deadline, self.name)
+        retrying = False  # counted in the backend's retry budget until the call ends
         try:
-            yield head, pieces
-            # Reused only if the answer was read to its end and nothing was left over; after a
-            # body, only for a call (which the replica's own server reads whole first).
-            upstream.reusable = (
-                head.keep_alive and pieces.done and not reader.extra and (not body or call)
-            )
+            while True:
+                slot = await self._acquire(backend, tried, deadline, key)
+                upstream: Upstream | None = None
+                answered = False
+                try:
+                    with until(deadline, self.name):
+                        upstream = await self._pool.get(slot.address, check=not repeatable)
+                        left_ms = max(1, int((deadline - trio.current_time()) * 1000))
+                        await send_request(
+                            upstream, verb, path, extra, body, left_ms, backend.max_ongoing
+                        )
+                        reader = ResponseReader()
+                        reader.head_only = verb == b"HEAD"
+                        head = await answer_head(upstream, reader, repeatable, self.name)
+                    answered = True
+                except Stale:
+                    self._pool.forget(slot.address)
+                    repeatable = False  # once more, on a new connection
+                except NotSent as exc:
+                    backend.refused(slot)
+                    self._pool.forget(slot.address)
+                    tried = tried | {slot.tag}
+                    why = backend.retry(len(tried), retrying)
+                    if why is not None:
+                        raise HandleError(self.name, "Unreachable", f"{exc}; {why}") from None
+                    retrying = True
+                finally:
+                    if not answered:  # tried again, or failed: its place and connection go
+                        backend.release(slot)
+                        if upstream is not None:
+                            self._pool.put(upstream)
+                if answered:
+                    break
+            assert upstream is not None
+            pieces = Pieces(upstream, reader, deadline, self.name)
+            try:
+                yield head, pieces
+                # Reused only if the answer was read to its end and nothing was left over;
+                # after a body, only for a call (which the replica's own server reads whole
+                # first).
+                upstream.reusable = (
+                    head.keep_alive and pieces.done and not reader.extra and (not body or call)
+                )
+            finally:
+                backend.release(slot)
+                self._pool.put(upstream)
         finally:
-            backend.release(slot)
-            self._pool.put(upstream)
+            if retrying:
+                backend.retry_done()
 
     async def _backend(self) -> BackendRoutes:
         await self._ready()
@@ -270,14 +270,14 @@ class Handle:
         return backend
 
     async def _acquire(
-        self, backend: BackendRoutes, tried: frozenset[str], deadline: float
+        self, backend: BackendRoutes, tried: frozenset[str], deadline: float, key: bytes | None
     ) -> Slot:
-        slot = backend.try_acquire(tried)
+        slot = backend.try_acquire(tried, key=key)
         if slot is not None:
             return slot
         try:
-            with _until(deadline, self.name):
-                return await backend.wait(tried)
+            with until(deadline, self.name):
+                return await backend.wait(tried, key)
         except Rejected as exc:
             kind = {"queue_full": "Overloaded", "no_replicas": "NoReplicas"}.get(
                 exc.cause, "Rejected"
@@ -285,175 +285,8 @@ class Handle:
             raise HandleError(self.name, kind, str(exc)) from None
 
 
-def _call_body(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
-    if not _METHOD_NAME.fullmatch(method):
-        raise ValueError(f"handle.call: {method!r} is not a method a handle may call")
-    try:
-        return jsonlib.dumps({"args": args, "kwargs": kwargs}, allow_nan=False).encode()
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"handle.call({method!r}): the arguments must be JSON: {exc}") from None
-
-
-def _raise(backend: str, status: int, body: bytes) -> NoReturn:
-    """The callee's error, as its server said it (``{"error": {"type", "message"}}``)."""
-    try:
-        error = jsonlib.loads(body)["error"]
-        kind, message = str(error["type"]), str(error["message"])
-    except (ValueError, KeyError, TypeError):
-        kind, message = "Status", f"answered {status}: {body[:200]!r}"
-    raise RemoteError(backend, kind, message, status)
-
-
-def _extra_headers(
-    headers: Mapping[str | bytes, str | bytes] | None,
-) -> list[tuple[bytes, bytes]]:
-    out: list[tuple[bytes, bytes]] = []
-    for name, value in (headers or {}).items():
-        key = (name.encode("latin-1") if isinstance(name, str) else name).lower()
-        raw = value.encode("latin-1") if isinstance(value, str) else value
-        if not _TOKEN.fullmatch(key) or b"\r" in raw or b"\n" in raw or b"\x00" in raw:
-            raise ValueError(f"handle: header {key!r}: {raw!r} cannot be sent")
-        if key in _OURS and key != CALL_HEADER:
-            continue  # the handle's to set
-        out.append((key, raw))
-    return out
-
-
 def _deadline(backend: BackendRoutes) -> float:
     """What the caller's request has left, capped by the callee's own request_timeout_s."""
     own = trio.current_time() + backend.request_timeout_s
     inherited = current_deadline.get()
     return own if inherited is None else min(own, inherited)
-
-
-@final
-class _until:
-    """``trio.fail_at(deadline)``, raised as the handle's own error."""
-
-    def __init__(self, deadline: float, name: str):
-        self._scope = trio.CancelScope(deadline=deadline)
-        self._name = name
-
-    def __enter__(self) -> None:
-        self._scope.__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        # The scope swallows only its own cancellation, which is raised here as the error.
-        self._scope.__exit__(*exc)
-        if self._scope.cancelled_caught:
-            raise HandleError(self._name, "DeadlineExceeded", "no answer before the deadline")
-
-
-async def _send(
-    upstream: Upstream,
-    verb: bytes,
-    path: str,
-    extra: list[tuple[bytes, bytes]],
-    body: bytes | None,
-    left_ms: int,
-    max_ongoing: int,
-) -> None:
-    out = [verb, b" ", path.encode("latin-1"), b" HTTP/1.1\r\nhost: replica\r\n"]
-    for key, value in extra:
-        out += (key, b": ", value, b"\r\n")
-    out.append(
-        b"content-length: %d\r\nx-request-timeout-ms: %d\r\nx-max-ongoing-requests: %d\r\n\r\n"
-        % (len(body or b""), left_ms, max_ongoing)
-    )
-    if body:
-        out.append(body)
-        upstream.body_sent = True
-    try:
-        await send_all(upstream.sock, b"".join(out))
-    except OSError as exc:
-        raise NotSent(f"connection to {upstream.address} lost: {exc}") from None
-
-
-async def _head(
-    upstream: Upstream, reader: ResponseReader, repeatable: bool, name: str
-) -> ResponseHead:
-    events = reader.events
-    while True:
-        data = await receive_upstream(upstream.sock)
-        if not data:
-            if repeatable and upstream.reused and not reader.began:
-                raise Stale
-            if repeatable and not reader.began:
-                raise Lost(f"the replica at {upstream.address} closed without answering")
-            raise HandleError(name, "Broken", f"the replica at {upstream.address} closed early")
-        try:
-            reader.feed(data)
-        except Problem as problem:
-            raise HandleError(name, "Broken", str(problem)) from None
-        if events:
-            first = events.popleft()
-            assert isinstance(first, ResponseHead)
-            return first
-
-
-@final
-class _Pieces:
-    """An answer's body as it arrives (an async iterator of bytes); each wait under the
-    request's deadline."""
-
-    def __init__(self, upstream: Upstream, reader: ResponseReader, deadline: float, name: str):
-        self._upstream = upstream
-        self._reader = reader
-        self._deadline = deadline
-        self._name = name
-        self.done = False
-
-    def __aiter__(self) -> _Pieces:
-        return self
-
-    async def __anext__(self) -> bytes:
-        events, reader = self._reader.events, self._reader
-        while not self.done:
-            while events:
-                event = events.popleft()
-                if isinstance(event, bytes):
-                    return event
-                self.done = True  # the end
-                raise StopAsyncIteration
-            with _until(self._deadline, self._name):
-                data = await receive_upstream(self._upstream.sock)
-            if not data:
-                if reader.closed():
-                    continue
-                where = self._upstream.address
-                raise HandleError(self._name, "Broken", f"the replica at {where} cut its answer")
-            try:
-                reader.feed(data)
-            except Problem as problem:
-                raise HandleError(self._name, "Broken", str(problem)) from None
-        raise StopAsyncIteration
-
-
-@final
-class _Items:
-    """A streamed call's items: lines of JSON, as they arrive."""
-
-    def __init__(self, pieces: _Pieces, name: str):
-        self._pieces = pieces
-        self._name = name
-        self._lines: list[bytes] = []
-        self._pending = b""
-
-    def __aiter__(self) -> _Items:
-        return self
-
-    async def __anext__(self) -> Any:
-        while not self._lines:
-            try:
-                chunk = await self._pieces.__anext__()
-            except StopAsyncIteration:
-                if self._pending.strip():
-                    self._lines, self._pending = [self._pending], b""
-                    break
-                raise
-            *lines, self._pending = (self._pending + chunk).split(b"\n")
-            self._lines = [line for line in lines if line.strip()]
-        item = jsonlib.loads(self._lines.pop(0))
-        if isinstance(item, dict) and set(item) == {"error"}:
-            _raise(self._name, 500, jsonlib.dumps(item).encode())
-        return item

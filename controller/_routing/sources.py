@@ -17,6 +17,7 @@ from .._model.canary import canary_dict
 from .._model.config import BackendConfig
 from .._model.errors import ControllerClosedError
 from .._model.load_report import load_body
+from .._model.policies import affinity, rate_limit, retries
 from .._model.status import BackendSnapshot, LoadReport, TrafficSplit
 from .split import Split
 from .table import RouteInfo
@@ -65,6 +66,9 @@ def route_info(snapshot: BackendSnapshot) -> RouteInfo:
         max_ongoing_requests=config.max_ongoing_requests,
         max_queued_requests=config.max_queued_requests,
         request_timeout_s=config.request_timeout_s,
+        retries=config.retries,
+        affinity=config.affinity,
+        rate_limit=config.rate_limit,
         replicas=tuple((r.tag, r.address) for r in snapshot.replicas if r.address),
         scales_from_zero=config.autoscaling is not None and config.autoscaling.min_replicas == 0,
         split=_split(
@@ -339,6 +343,9 @@ def _info_from_json(data: Mapping[str, Any]) -> RouteInfo:
         max_ongoing_requests=int(config.get("max_ongoing_requests", 100)),
         max_queued_requests=int(config.get("max_queued_requests", 1000)),
         request_timeout_s=float(config.get("request_timeout_s", 60.0)),
+        retries=retries(config.get("retries")),
+        affinity=affinity(config.get("affinity")),
+        rate_limit=rate_limit(config.get("rate_limit")),
         replicas=tuple(
             (str(r["tag"]), str(r["address"])) for r in data["replicas"] if r.get("address")
         ),

@@ -15,6 +15,8 @@ from typing import Literal
 
 import attrs
 
+from .policy import cookie_value, header_value
+
 Side = Literal["canary", "stable"]
 
 
@@ -45,7 +47,7 @@ def choose_side(split: Split, headers: Sequence[tuple[bytes, bytes]], rng: rando
     grows; else a draw."""
     weight = split.weight
     if split.force_header is not None and weight > 0:
-        forced = _header(headers, split.force_header)
+        forced = header_value(headers, split.force_header)
         if forced is not None:
             value = forced.strip().lower()
             if value == b"canary":
@@ -54,26 +56,8 @@ def choose_side(split: Split, headers: Sequence[tuple[bytes, bytes]], rng: rando
                 return "stable"
     key = None
     if split.sticky_header is not None:
-        key = _header(headers, split.sticky_header)
+        key = header_value(headers, split.sticky_header)
     if key is None and split.sticky_cookie is not None:
-        key = _cookie(headers, split.sticky_cookie)
+        key = cookie_value(headers, split.sticky_cookie)
     point = (zlib.crc32(key) % 10_000) / 100 if key else rng.random() * 100
     return "canary" if point < weight else "stable"
-
-
-def _header(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> bytes | None:
-    for key, value in headers:
-        if key == name:
-            return value
-    return None
-
-
-def _cookie(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> bytes | None:
-    for key, value in headers:
-        if key != b"cookie":
-            continue
-        for pair in value.split(b";"):
-            cookie, _, found = pair.strip().partition(b"=")
-            if cookie == name:
-                return found.strip(b'" ')
-    return None

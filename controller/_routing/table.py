@@ -12,8 +12,10 @@ from typing import Literal, final
 import attrs
 import trio
 
+from .._model.policies import AffinityPolicy, RateLimitPolicy, RetryPolicy
 from .._model.verdict import RequestTally
 from .choice import choose
+from .policy import Buckets, Ring, choose_by_key
 from .split import Side, Split
 
 
@@ -39,6 +41,9 @@ class RouteInfo:
     """(tag, version) of each replica, while there is a split."""
     request_timeout_s: float = 60.0
     """The backend's deadline for a whole request (``BackendConfig.request_timeout_s``)."""
+    retries: RetryPolicy = attrs.field(factory=RetryPolicy)
+    affinity: AffinityPolicy | None = None
+    rate_limit: RateLimitPolicy | None = None
 
 
 def _host(address: str) -> str:
@@ -97,6 +102,7 @@ class _Waiter:
     event: trio.Event = attrs.field(factory=trio.Event)
     slot: Slot | None = None
     excluded: frozenset[str] = frozenset()
+    key: bytes | None = None
 
 
 @final
@@ -130,6 +136,19 @@ class BackendRoutes:
     """The indices of each side's replicas, while there is a split."""
     tallies: dict[str, RequestTally] = attrs.field(factory=dict)
     """What was answered since the last load report, by replica version, while split."""
+    retries: RetryPolicy = attrs.field(factory=RetryPolicy)
+    retrying: int = 0
+    """Requests of this router being tried again (each counted until it ends)."""
+    affinity: AffinityPolicy | None = None
+    _ring: Ring | None = None
+    """The replicas on a hash ring, while there is an affinity policy."""
+    _ring_tags: tuple[str, ...] = ()
+    rate_limit: RateLimitPolicy | None = None
+    limiter: Buckets | None = None
+    """The rate limit's buckets, while there is one (only an ingress uses them)."""
+    counts: dict[str, int] = attrs.field(factory=dict)
+    """What the policies did (``retried``, ``retry_refused``, ``keyed``, ``spilled``,
+    ``rate_limited``), for metrics."""
 
     @property
     def queued(self) -> int:
@@ -141,6 +160,8 @@ class BackendRoutes:
         self.max_ongoing = info.max_ongoing_requests
         self.max_queued = info.max_queued_requests
         self.request_timeout_s = info.request_timeout_s
+        self.retries = info.retries
+        self._rate_limit(info.rate_limit)
         self.route_prefix = info.route_prefix or "-"
         self.scales_from_zero = info.scales_from_zero
         fresh = dict(info.replicas)
@@ -176,6 +197,12 @@ class BackendRoutes:
                     self._sides.setdefault(side, []).append(slot.index)
         self._loads = [s.in_flight for s in self.slots]
         self._latencies = [s.latency_s for s in self.slots]
+        self.affinity = info.affinity
+        tags = tuple(s.tag for s in self.slots)
+        if info.affinity is None:
+            self._ring, self._ring_tags = None, ()
+        elif self._ring is None or tags != self._ring_tags:
+            self._ring, self._ring_tags = Ring(tags), tags
         if self.local_host is not None:
             near = [s.index for s in self.slots if _host(s.address) == self.local_host]
             self._local = near if len(near) < len(self.slots) else []
@@ -189,12 +216,19 @@ class BackendRoutes:
         return closed
 
     def try_acquire(
-        self, excluded: frozenset[str] = frozenset(), side: Side | None = None
+        self,
+        excluded: frozenset[str] = frozenset(),
+        side: Side | None = None,
+        key: bytes | None = None,
     ) -> Slot | None:
         """A replica with room for one more request (counted as in flight), or None. With a
-        `side` of a canary release: one of that revision's while one has room (else any)."""
+        `side` of a canary release: one of that revision's while one has room (else any).
+        With a `key` under an affinity policy: the key's replica on the ring, or the next
+        with room under the bound."""
         if self._queue and not excluded:
             return None  # first come, first served: those waiting go first
+        if key is not None and self._ring is not None:
+            return self._by_key(key, excluded, side)
         if side is not None and not excluded:
             group = self._sides.get(side)
             if group:
@@ -212,16 +246,18 @@ class BackendRoutes:
             return None
         return self._take(index)
 
-    async def acquire(self, excluded: frozenset[str] = frozenset()) -> Slot:
+    async def acquire(
+        self, excluded: frozenset[str] = frozenset(), key: bytes | None = None
+    ) -> Slot:
         """A replica for one request: at once if one has room, else after waiting in the
         queue (first in, first out). Raises `Rejected` if no replica serves, if the queue is
         full, or if the caller's deadline cancels the wait (as queue_timeout)."""
-        slot = self.try_acquire(excluded)
+        slot = self.try_acquire(excluded, key=key)
         if slot is not None:
             return slot
-        return await self.wait(excluded)
+        return await self.wait(excluded, key)
 
-    async def wait(self, excluded: frozenset[str] = frozenset()) -> Slot:
+    async def wait(self, excluded: frozenset[str] = frozenset(), key: bytes | None = None) -> Slot:
         """`acquire` once ``try_acquire`` found no room: wait in the queue."""
         waits_for_first = self.scales_from_zero and not self.slots and not excluded
         if all(s.tag in excluded for s in self.slots) and not waits_for_first:
@@ -232,7 +268,7 @@ class BackendRoutes:
                 f"backend {self.name!r} is at capacity: every replica has max_ongoing_requests="
                 f"{self.max_ongoing} in flight and max_queued_requests={self.max_queued} wait",
             )
-        waiter = _Waiter(excluded=excluded)
+        waiter = _Waiter(excluded=excluded, key=key)
         self._queue.append(waiter)
         self.on_change(self)
         try:
@@ -318,12 +354,79 @@ class BackendRoutes:
     def _serve_queue(self) -> None:
         while self._queue:
             waiter = self._queue[0]
-            index = choose(self._loads, self.max_ongoing, self.rng, self._indices(waiter.excluded))
+            excluded = self._indices(waiter.excluded)
+            if waiter.key is not None and self._ring is not None:
+                index = self._keyed(waiter.key, excluded)
+            else:
+                index = choose(self._loads, self.max_ongoing, self.rng, excluded)
             if index is None:
                 return
             self._queue.popleft()
             waiter.slot = self._take(index)
             waiter.event.set()
+
+    # -- the policies --
+
+    def _by_key(self, key: bytes, excluded: frozenset[str], side: Side | None) -> Slot | None:
+        skip = self._indices(excluded)
+        group = self._sides.get(side) if side is not None else None
+        if group:
+            # A canary's split picks the revision first; the key, the replica within it.
+            inside = set(group)
+            skip = skip | {i for i in range(len(self.slots)) if i not in inside}
+            index = self._keyed(key, skip)
+            if index is not None:
+                return self._take(index)
+            skip = self._indices(excluded)
+        index = self._keyed(key, skip)
+        return None if index is None else self._take(index)
+
+    def _keyed(self, key: bytes, skip: frozenset[int]) -> int | None:
+        assert self._ring is not None
+        assert self.affinity is not None
+        index, owner = choose_by_key(
+            self._ring, key, self._loads, self.max_ongoing, self.affinity.load_factor, skip
+        )
+        if index is not None:
+            self.counted("keyed" if owner else "spilled")
+        return index
+
+    def retry(self, tried: int, retrying: bool) -> str | None:
+        """Whether a request that reached none of the `tried` replicas it was sent to goes to
+        another: None if so (from its first retry on, it counts in the retry budget until the
+        caller's ``retry_done``), else why not."""
+        policy = self.retries
+        if tried > policy.max_retries:
+            return f"tried {tried} replicas (retries.max_retries={policy.max_retries})"
+        if tried >= len(self.slots) + len(self._leaving):
+            return f"tried every replica ({tried})"
+        if not retrying:
+            active = sum(self._loads) + len(self._queue)
+            if not policy.allows(self.retrying, active):
+                self.counted("retry_refused")
+                return (
+                    f"not tried again: the retry budget is spent ({self.retrying} requests "
+                    f"retrying, at most {policy.budget_percent:g} % of those under way or "
+                    f"{policy.min_retry_concurrency})"
+                )
+            self.retrying += 1
+        self.counted("retried")
+        return None
+
+    def retry_done(self) -> None:
+        self.retrying -= 1
+
+    def _rate_limit(self, policy: RateLimitPolicy | None) -> None:
+        self.rate_limit = policy
+        if policy is None:
+            self.limiter = None
+        elif self.limiter is None:
+            self.limiter = Buckets(policy.requests_per_s, policy.capacity)
+        else:
+            self.limiter.reset(policy.requests_per_s, policy.capacity)
+
+    def counted(self, what: str) -> None:
+        self.counts[what] = self.counts.get(what, 0) + 1
 
     def _remove(self, waiter: _Waiter) -> None:
         try:

@@ -14,7 +14,8 @@ from typing import final
 
 import trio
 
-from .._routing.handle import Handle, HandleError
+from .._routing.exchange import HandleError
+from .._routing.handle import Handle
 from .._routing.router import Router
 from .._routing.sources import WatchSource
 from .._routing.upstream import Pool

@@ -35,7 +35,8 @@ from .._http.limits import ConnectionLimits
 from .._http.server import Server, open_listener
 from .._model.traffic import MAX_REQUESTS
 from .._ports.hosting import tracebacks
-from .._routing.handle import CALL_HEADER, current_deadline
+from .._routing.exchange import CALL_HEADER
+from .._routing.handle import current_deadline
 from . import rpc
 from .asgi import AppError, Exchange, Lifespan, http_scope
 from .calls import Caller

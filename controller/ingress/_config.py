@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from .._http.limits import ConnectionLimits, count, positive
+from .._http.limits import ConnectionLimits, positive
 
 
 @attrs.frozen(kw_only=True)
@@ -20,9 +20,6 @@ class IngressConfig(ConnectionLimits):
     """How long a request may wait in its backend's queue for a replica with room: 503."""
     connect_timeout_s: float = attrs.field(default=5.0, validator=positive)
     """How long connecting to a replica may take before another is tried."""
-    max_retries: int = attrs.field(default=3, validator=count)
-    """How many other replicas a request whose connection failed before it was sent is tried
-    on (each replica once)."""
     prefer_host: str | None = None
     """Locality: send each request to a replica at this host (the ingress's own node) while one
     of them has room, by power of two choices among them; only when all of them are at

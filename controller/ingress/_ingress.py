@@ -72,7 +72,9 @@ class Ingress:
             on_change=self._changed,
             on_left=pool.forget_all,
         )
-        self.metrics = IngressMetrics(self.load, self._connections)
+        self.metrics = IngressMetrics(
+            self.load, self._connections, self._policy_counts, access_log=config.access_log
+        )
         self.proxy = Proxy(self, pool, config, self.metrics)
         self.server = Server(config, self.proxy, logger, "ingress", self.metrics.refused)
 
@@ -124,6 +126,9 @@ class Ingress:
     def load(self) -> dict[str, tuple[int, int]]:
         """Per backend: requests in flight to its replicas, and requests queued."""
         return {name: (sum(b.in_flight().values()), b.queued) for name, b in self._backends.items()}
+
+    def _policy_counts(self) -> dict[str, dict[str, int]]:
+        return {name: b.counts for name, b in self._backends.items() if b.counts}
 
     # -- running --
 

@@ -8,10 +8,12 @@ which cost more than the rest of a request's bookkeeping)."""
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import final
 
+import trio
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -20,6 +22,10 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+
+from .._http.framing import RequestHead
+
+access_logger = logging.getLogger("controller.ingress.access")
 
 LATENCY_BUCKETS = (
     0.0005,
@@ -42,21 +48,47 @@ LATENCY_BUCKETS = (
 @final
 class IngressMetrics:
     """What an ingress counts. `load` gives, per backend, requests in flight and queued;
-    `connections` the open and idle client connections."""
+    `connections` the open and idle client connections; `policies` what each backend's
+    request policies did (``BackendRoutes.counts``)."""
 
     def __init__(
         self,
         load: Callable[[], Mapping[str, tuple[int, int]]],
         connections: Callable[[], tuple[int, int]] = lambda: (0, 0),
+        policies: Callable[[], Mapping[str, Mapping[str, int]]] = dict,
+        *,
+        access_log: bool = False,
     ) -> None:
         self.requests_by: dict[tuple[str, str, int], int] = {}
         self.latency_by: dict[str, list[float]] = {}  # bucket counts, then sum, then count
-        self.retries_by: dict[str, int] = {}
+        self.access_log = access_log
         self.rejected_by: dict[tuple[str, str], int] = {}
         self.bad_requests_by: dict[int, int] = {}
         self.refused_by: dict[str, int] = {}
         self.registry = CollectorRegistry()
-        self.registry.register(_Collector(self, load, connections))
+        self.registry.register(_Collector(self, load, connections, policies))
+
+    def done(
+        self, head: RequestHead, peer: str, backend: str, route: str, status: int, started: float
+    ) -> None:
+        """A request's end: counted, and logged if the access log is on."""
+        elapsed = trio.current_time() - started
+        self.request(backend, route, status, elapsed)  # "-": no route
+        if self.access_log:
+            method, target = head.method.decode("latin-1"), head.target.decode("latin-1")
+            fields = {
+                "peer": peer,
+                "method": method,
+                "target": target,
+                "backend": backend,
+                "status": status,
+                "duration_ms": round(elapsed * 1000, 3),
+            }
+            access_logger.info(
+                "%s %s %s -> %s %d %.1f ms",
+                *(peer, method, target, backend, status, elapsed * 1000),
+                extra={"fields": fields},
+            )
 
     def request(self, backend: str, route: str, code: int, seconds: float) -> None:
         key = (backend, route, code)
@@ -67,9 +99,6 @@ class IngressMetrics:
         counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
         counts[-2] += seconds
         counts[-1] += 1
-
-    def retried(self, backend: str) -> None:
-        self.retries_by[backend] = self.retries_by.get(backend, 0) + 1
 
     def rejected(self, backend: str, cause: str) -> None:
         key = (backend, cause)
@@ -89,10 +118,12 @@ class _Collector(Collector):
         metrics: IngressMetrics,
         load: Callable[[], Mapping[str, tuple[int, int]]],
         connections: Callable[[], tuple[int, int]],
+        policies: Callable[[], Mapping[str, Mapping[str, int]]],
     ):
         self._m = metrics
         self._load = load
         self._connections = connections
+        self._policies = policies
 
     def collect(self) -> Iterator[Metric]:
         m = self._m
@@ -117,12 +148,7 @@ class _Collector(Collector):
                 buckets.append((_le(bound), cumulative))
             latency.add_metric([backend], buckets, sum_value=counts[-2])
         yield latency
-        yield _counter(
-            "ingress_retries",
-            "Requests tried again on another replica (connection failed before sending)",
-            "backend",
-            m.retries_by,
-        )
+        yield from _policy_counters(self._policies())
         rejected = CounterMetricFamily(
             "ingress_rejected",
             "503 answers by backend and cause (queue_full, queue_timeout, no_replicas)",
@@ -163,6 +189,39 @@ class _Collector(Collector):
             queued.add_metric([backend], waiting)
         yield in_flight
         yield queued
+
+
+#: What each request policy counts (``BackendRoutes.counts``' keys), as metrics.
+_POLICY_COUNTERS = (
+    (
+        "ingress_retries",
+        "retried",
+        "Requests tried again on another replica (they never reached one, or may be sent "
+        "twice and their replica closed unanswered)",
+    ),
+    (
+        "ingress_retries_refused",
+        "retry_refused",
+        "Requests not tried again because the backend's retry budget was spent (502)",
+    ),
+    ("ingress_rate_limited", "rate_limited", "Requests refused by the backend's rate limit (429)"),
+    (
+        "ingress_affinity_kept",
+        "keyed",
+        "Requests with a session key sent to the key's own replica",
+    ),
+    (
+        "ingress_affinity_spilled",
+        "spilled",
+        "Requests with a session key sent to the next replica on the ring, the key's own "
+        "being at the load bound",
+    ),
+)
+
+
+def _policy_counters(counts: Mapping[str, Mapping[str, int]]) -> Iterator[Metric]:
+    for name, key, doc in _POLICY_COUNTERS:
+        yield _counter(name, doc, "backend", {b: c[key] for b, c in counts.items() if c.get(key)})
 
 
 def _counter(name: str, doc: str, label: str, values: Mapping[str, int]) -> CounterMetricFamily:

@@ -27,21 +27,24 @@ from .._http.framing import Problem, RequestHead
 from .._http.ratelimit import RateLimitedLog
 from .._http.sockets import receive_upstream, send_all
 from .._routing.choice import RouteTable
+from .._routing.policy import session_key
 from .._routing.split import Side, choose_side
 from .._routing.table import BackendRoutes, Rejected, Slot
 from .._routing.upstream import Lost, NotSent, Pool, Stale, Upstream
 from ._config import IngressConfig
 from ._deadlines import EXPIRED_STATUS, expired_answer, start_deadline
 from ._metrics import IngressMetrics
+from ._policies import admit, retry
 from ._wire import upstream_head
 
-access_logger = logging.getLogger("controller.ingress.access")
 logger = logging.getLogger("controller.ingress")
 
 #: How soon a client told "no room" may try again, in seconds.
 RETRY_AFTER_S = 1
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _NONE_TRIED: frozenset[str] = frozenset()
+#: What a ``Reply`` carries for the ingress, not for the client's body.
+_NOT_SAID = frozenset({"cause", "retry_after"})
 #: Request bodies up to this size (by Content-Length) are read whole before a replica is chosen.
 BUFFERED_BODY_BYTES = 64 * 1024
 #: Requests that may be sent twice (RFC 9110 9.2.2, less PUT and DELETE, whose effects a
@@ -93,11 +96,12 @@ class Proxy:
             keep = await self._own(
                 client, head, 404, "NoRoute", f"no route for {path}", routes=routes
             )
-            self._done(head, client.peer, "-", "-", 404, started)
+            self.metrics.done(head, client.peer, "-", "-", 404, started)
             return keep
         route = backend.route_prefix
         status = 499  # as nginx logs it: the client closed the connection first
         try:
+            admit(backend, head, client.peer)
             status, keep = await self._forward(client, head, backend)
             return keep
         except ClientGone:
@@ -112,20 +116,17 @@ class Proxy:
                     "backend %s: %d %s: %s",
                     *(name, reply.status, reply.kind, reply),
                 )
-            extra = {k: v for k, v in reply.extra.items() if k != "cause"}
+            extra = {k: v for k, v in reply.extra.items() if k not in _NOT_SAID}
+            retry_after = reply.extra.get("retry_after")
+            if retry_after is None and reply.status == 503:
+                retry_after = RETRY_AFTER_S
             return await self._own(
-                client,
-                head,
-                reply.status,
-                reply.kind,
-                str(reply),
-                retry_after=RETRY_AFTER_S if reply.status == 503 else None,
-                **extra,
+                client, head, reply.status, reply.kind, str(reply), retry_after=retry_after, **extra
             )
         finally:
             if client.expired_in is not None:
                 status = client.answered or EXPIRED_STATUS.get(client.expired_in, status)
-            self._done(head, client.peer, name, route, status, started)
+            self.metrics.done(head, client.peer, name, route, status, started)
 
     async def refuse(self, client: Connection, problem: Problem) -> None:
         """Answer a request the client's reader could not read; the connection then closes."""
@@ -164,64 +165,69 @@ class Proxy:
         tried: frozenset[str] = _NONE_TRIED
         split = backend.split
         side = None if split is None else choose_side(split, head.headers, backend.rng)
-        while True:
-            slot = await self._acquire(backend, tried, side)
-            taken_at, client.waited_s = trio.current_time(), None
-            # What the gates of a canary release count: an answer's status, or none at all
-            # (a timeout, a 502) as an error; a request tried again elsewhere, or one whose
-            # client left, not at all.
-            outcome: int | None = 599
-            try:
-                left_ms = max(1, int((deadline - trio.current_time()) * 1000))
-                sent = upstream_head(head, client.peer, backend, slot.address, left_ms)
-                if body:
-                    sent += body
-                status, keep = await self._through(
-                    client, head, backend, slot, sent, repeatable, streamed
-                )
-                outcome = status
-                return status, keep
-            except Reply as reply:
-                outcome = reply.status
-                raise
-            except ClientGone:
-                outcome = None
-                raise
-            except Stale:
-                outcome = None
-                # The replica had closed that kept connection (or died): its other kept ones
-                # go too, and the request goes again, once, on a new connection.
-                self.pool.forget(slot.address)
-                repeatable = False
-            except NotSent as exc:
-                outcome = None
-                backend.refused(slot)
-                self.pool.forget(slot.address)  # its kept connections are as dead
-                tried = tried | {slot.tag}
-                if len(tried) > self.config.max_retries:
-                    raise Reply(502, "BadGateway", f"{exc}; tried {len(tried)} replicas") from None
-                self.metrics.retried(backend.name)
-                logger.debug("backend %s: %s; trying another replica", backend.name, exc)
-            finally:
-                if outcome is not None and not client.gone:  # (a hang-up is no answer)
-                    waited = client.waited_s
-                    seconds = trio.current_time() - taken_at if waited is None else waited
-                    backend.count(slot, outcome >= 500, seconds)
-                backend.release(slot)
-                if slot.gone and not slot.in_flight:
-                    # The last request to a replica that left: what was pooled for it before
-                    # it left goes too (the snapshot that took it away could not close those).
+        key = session_key(backend.affinity, head.headers)
+        retrying = False  # counted in the backend's retry budget until the request ends
+        try:
+            while True:
+                slot = await self._acquire(backend, tried, side, key)
+                taken_at, client.waited_s = trio.current_time(), None
+                # What the gates of a canary release count: an answer's status, or none at all
+                # (a timeout, a 502) as an error; a request tried again elsewhere, or one whose
+                # client left, not at all.
+                outcome: int | None = 599
+                try:
+                    left_ms = max(1, int((deadline - trio.current_time()) * 1000))
+                    sent = upstream_head(head, client.peer, backend, slot.address, left_ms)
+                    if body:
+                        sent += body
+                    status, keep = await self._through(
+                        client, head, backend, slot, sent, repeatable, streamed
+                    )
+                    outcome = status
+                    return status, keep
+                except Reply as reply:
+                    outcome = reply.status
+                    raise
+                except ClientGone:
+                    outcome = None
+                    raise
+                except Stale:
+                    outcome = None
+                    # The replica had closed that kept connection (or died): its other kept
+                    # ones go too, and the request goes again, once, on a new connection.
                     self.pool.forget(slot.address)
+                    repeatable = False
+                except NotSent as exc:
+                    outcome = None
+                    backend.refused(slot)
+                    self.pool.forget(slot.address)  # its kept connections are as dead
+                    tried = tried | {slot.tag}
+                    retrying = retry(backend, tried, retrying, exc)
+                    logger.debug("backend %s: %s; trying another replica", backend.name, exc)
+                finally:
+                    if outcome is not None and not client.gone:  # (a hang-up is no answer)
+                        waited = client.waited_s
+                        seconds = trio.current_time() - taken_at if waited is None else waited
+                        backend.count(slot, outcome >= 500, seconds)
+                    backend.release(slot)
+                    if slot.gone and not slot.in_flight:
+                        # The last request to a replica that left: what was pooled for it
+                        # before it left goes too (the snapshot that took it away could not
+                        # close those).
+                        self.pool.forget(slot.address)
+        finally:
+            if retrying:
+                backend.retry_done()
 
     async def _acquire(
-        self, backend: BackendRoutes, tried: frozenset[str], side: Side | None
+        self, backend: BackendRoutes, tried: frozenset[str], side: Side | None, key: bytes | None
     ) -> Slot:
-        slot = backend.try_acquire(tried, side)
+        slot = backend.try_acquire(tried, side, key)
         if slot is not None:
             return slot
         try:
             with trio.fail_after(self.config.queue_timeout_s):
-                return await backend.wait(tried)
+                return await backend.wait(tried, key)
         except trio.TooSlowError:
             message = (
                 f"no replica of backend {backend.name!r} had room within queue_timeout_s="
@@ -424,24 +430,3 @@ class Proxy:
         # An answer that waited for nothing: let other tasks run before the next request.
         await trio.lowlevel.checkpoint()
         return keep
-
-    def _done(
-        self, head: RequestHead, peer: str, backend: str, route: str, status: int, started: float
-    ) -> None:
-        elapsed = trio.current_time() - started
-        self.metrics.request(backend, route, status, elapsed)  # "-": no route
-        if self.config.access_log:
-            method, target = head.method.decode("latin-1"), head.target.decode("latin-1")
-            fields = {
-                "peer": peer,
-                "method": method,
-                "target": target,
-                "backend": backend,
-                "status": status,
-                "duration_ms": round(elapsed * 1000, 3),
-            }
-            access_logger.info(
-                "%s %s %s -> %s %d %.1f ms",
-                *(peer, method, target, backend, status, elapsed * 1000),
-                extra={"fields": fields},
-            )

@@ -25,8 +25,9 @@ import attrs
 import trio
 
 from .._core.open import open_controller
-from .._model.config import BackendConfig, ReplicaConfig
+from .._model.config import BackendConfig
 from .._model.errors import FencedError
+from .._model.replica_config import ReplicaConfig
 from .._model.spec import ReplicaSpec
 from .._ports.runtime import Runtime
 from .._ports.store import Store
