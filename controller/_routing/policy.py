@@ -1,73 +1,83 @@
 """A router's request policies, as pure decisions (no I/O, no trio; times are given): which
-replica a keyed request goes to (consistent hashing with bounded load), and whether a client
+replica a keyed request goes to (rendezvous hashing with bounded load), and whether a client
 may send one more request (token buckets). The retry budget is ``RetryPolicy.allows``.
 
 Property-tested on their own (tests/test_policy.py)."""
 
 from __future__ import annotations
 
-import bisect
 import collections
-import functools
 import hashlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import final
 
 from .._model.policies import AffinityPolicy
 
-#: Points each replica has on the ring: with 64, each replica's share of the keys is within
-#: about a fifth of its fair share (a few points leave some replicas twice the keys of others).
-POINTS_PER_REPLICA = 64
+#: The replicas a key's cached preference keeps (the first is its owner; the rest take it
+#: while the owner is at the load bound); past them, the whole order is worked out again.
+CACHED_CHOICES = 4
+#: Keys whose preferences are cached, per backend and router.
+CACHED_KEYS = 16_384
 #: Keys a rate limiter remembers (per backend, per ingress process); the least recently seen
 #: is forgotten first (it comes back with a full bucket), so memory stays bounded whatever
 #: keys clients send.
 MAX_KEYS = 16_384
 
 
+_MASK = (1 << 64) - 1
+
+
 def key_hash(key: bytes) -> int:
-    """A key's place on the ring (a keyed hash would let no client aim at a replica, but the
-    bounded load already keeps one key from overloading any)."""
+    """A key's 64-bit hash."""
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
 
 
-@functools.lru_cache(maxsize=4096)
-def _points(tag: str) -> tuple[int, ...]:
-    return tuple(key_hash(b"%s#%d" % (tag.encode(), i)) for i in range(POINTS_PER_REPLICA))
+def _mix(x: int) -> int:
+    """SplitMix64's finalizer: a key's hash and a replica's seed into a score."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
 
 
 @final
 class Ring:
-    """The replicas of a backend on a hash ring, each at points drawn from its tag: a key
-    belongs to the replica whose point follows the key's. A replica that joins takes only the
-    keys that now fall before its points; one that leaves gives only its own keys away."""
+    """A backend's replicas, each key's in an order of preference of its own: rendezvous
+    (highest random weight) hashing, a score per key and replica from the replica's tag, the
+    highest first. A replica that joins takes just the keys it scores highest for, about
+    1/N of them, from every other alike; one that leaves gives away just its own, each to its
+    key's next. (A hash ring's points place replicas unevenly unless each has hundreds; this
+    costs a score per replica, for a key not seen lately.)"""
 
-    __slots__ = ("_hashes", "_owners", "size")
+    __slots__ = ("_cache", "_seeds", "size")
 
     def __init__(self, tags: Sequence[str]):
-        points = sorted((h, index) for index, tag in enumerate(tags) for h in _points(tag))
-        self._hashes = [h for h, _ in points]
-        self._owners = [index for _, index in points]
+        self._seeds = [key_hash(tag.encode()) for tag in tags]
         self.size = len(tags)
+        self._cache: collections.OrderedDict[bytes, tuple[int, ...]] = collections.OrderedDict()
 
-    def walk(self, point: int) -> Iterator[int]:
-        """The replicas (indices into the tags) from `point` on, round the ring, each once."""
-        hashes, owners = self._hashes, self._owners
-        if not hashes:
-            return
-        start = bisect.bisect_left(hashes, point)
-        seen: set[int] = set()
-        for step in range(len(hashes)):
-            owner = owners[(start + step) % len(hashes)]
-            if owner not in seen:
-                seen.add(owner)
-                yield owner
-                if len(seen) == self.size:
-                    return
+    def order(self, key: bytes, whole: bool = False) -> tuple[int, ...]:
+        """The replicas (indices into the tags) in `key`'s order of preference: its first
+        `CACHED_CHOICES`, or all of them (`whole`)."""
+        if not whole:
+            cached = self._cache.get(key)
+            if cached is not None:
+                self._cache.move_to_end(key)
+                return cached
+        h = key_hash(key)
+        scores = [_mix(h ^ seed) for seed in self._seeds]
+        ranked = tuple(sorted(range(self.size), key=scores.__getitem__, reverse=True))
+        if whole:
+            return ranked
+        if len(self._cache) >= CACHED_KEYS:
+            self._cache.popitem(last=False)
+        first = self._cache[key] = ranked[:CACHED_CHOICES]
+        return first
 
     def owner(self, key: bytes) -> int | None:
         """The replica a key belongs to, load aside."""
-        return next(self.walk(key_hash(key)), None)
+        first = self.order(key)
+        return first[0] if first else None
 
 
 def bounded(loads: Sequence[int], load_factor: float) -> int:
@@ -86,14 +96,16 @@ def choose_by_key(
     excluded: frozenset[int] = frozenset(),
 ) -> tuple[int | None, bool]:
     """The replica for a keyed request: its key's owner if that has room under the bound and
-    `limit`, else the next on the ring that has. Returns (index or None, whether it is the
-    owner). None: every replica is at the bound or the limit (the request waits)."""
+    `limit`, else the next in the key's order that has. Returns (index or None, whether it is
+    the owner). None: every replica is at the bound or the limit (the request waits)."""
     bound = min(bounded(loads, load_factor), limit)
-    first = True
-    for index in ring.walk(key_hash(key)):
-        if index not in excluded and loads[index] < bound:
-            return index, first
-        first = False
+    first = ring.order(key)
+    for choices in (first, ring.order(key, whole=True)):
+        for index in choices:
+            if index not in excluded and loads[index] < bound:
+                return index, index == first[0]
+        if len(first) == ring.size:
+            break  # the first were all of them
     return None, False
 
 
