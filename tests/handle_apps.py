@@ -23,6 +23,9 @@ class Link:
         self.then = then
         self.inside = 0
         self.cancelled = 0
+        self.entered = 0
+        self.finished = 0
+        """Requests its handler took, and those whose ``finally`` ran."""
         self.moved = trio.Event()
 
     def _moved(self) -> None:
@@ -37,6 +40,7 @@ class Link:
                     await self.moved.wait()
             return {"inside": self.inside, "cancelled": self.cancelled}
         self.inside += 1
+        self.entered += 1
         self._moved()
         left = request.time_left()  # on arrival
         try:
@@ -53,6 +57,7 @@ class Link:
             raise
         finally:
             self.inside -= 1
+            self.finished += 1
             self._moved()
 
 

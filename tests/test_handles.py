@@ -115,7 +115,9 @@ async def test_replicas_call_each_other_and_a_deadline_ends_the_whole_tree() -> 
             assert counts == {"inside": 0, "cancelled": 1}
             before = {}
             for name in "abc":  # each done: cancelled at its own deadline, or answered 504
-                counts = (await stats[name].request("GET", "/stats")).json()
+                answer = await stats[name].request("GET", "/stats")
+                assert answer.status == 200, (name, answer)
+                counts = answer.json()
                 assert counts["inside"] == 0, name
                 before[name] = counts["cancelled"]
             # A client that hangs up on A: every link is cancelled, down the tree.

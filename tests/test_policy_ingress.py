@@ -235,8 +235,10 @@ async def test_a_failing_backend_sees_retries_within_the_budget() -> None:
                     replica.open_gate()
                 # Each request either is answered 502 or its retry arrives at a replica.
                 await CHANGES.until(
-                    lambda: sum(r.closed for r in replicas) == clients
-                    and len(statuses) + sum(r.held for r in replicas) == clients
+                    lambda: (
+                        sum(r.closed for r in replicas) == clients
+                        and len(statuses) + sum(r.held for r in replicas) == clients
+                    )
                 )
                 retried = sum(r.held for r in replicas)
                 assert 3 <= retried <= clients * 20 // 100

@@ -145,6 +145,12 @@ class Connection:
                 keep = await self._handler.exchange(self, event)
             except ClientGone:
                 return  # it hung up, or stopped reading its answer
+            if self.scope.cancel_called:
+                # Its deadline passed as its answer went out whole (the cancellation comes at
+                # the next checkpoint): the connection ends here, its answer standing. Later,
+                # with `answered` cleared, it would be answered again (a 504 nobody asked for,
+                # read by the connection's next request).
+                return
             if not keep or not event.keep_alive:
                 self._unread = not event.complete
                 return

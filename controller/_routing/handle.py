@@ -51,6 +51,8 @@ current_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "controller_request_deadline", default=None
 )
 
+#: How long after its request's deadline a call made outside that request's scope gives up.
+BACKSTOP_S = 1.0
 _REPEATABLE = frozenset({b"GET", b"HEAD", b"OPTIONS"})
 
 
@@ -202,18 +204,18 @@ class Handle:
         extra = extra_headers(headers)
         call = any(key == CALL_HEADER for key, _ in extra)
         backend = await self._backend()
-        deadline = _deadline(backend)
+        deadline, give_up = _deadline(backend)
         repeatable = verb in _REPEATABLE and not body
         key = self._key if self._key is not None else session_key(backend.affinity, extra)
         tried: frozenset[str] = frozenset()
         retrying = False  # counted in the backend's retry budget until the call ends
         try:
             while True:
-                slot = await self._acquire(backend, tried, deadline, key)
+                slot = await self._acquire(backend, tried, give_up, key)
                 upstream: Upstream | None = None
                 answered = False
                 try:
-                    with until(deadline, self.name):
+                    with until(give_up, self.name):
                         upstream = await self._pool.get(slot.address, check=not repeatable)
                         left_ms = max(1, int((deadline - trio.current_time()) * 1000))
                         await send_request(
@@ -242,7 +244,7 @@ class Handle:
                 if answered:
                     break
             assert upstream is not None
-            pieces = Pieces(upstream, reader, deadline, self.name)
+            pieces = Pieces(upstream, reader, give_up, self.name)
             try:
                 yield head, pieces
                 # Reused only if the answer was read to its end and nothing was left over;
@@ -285,8 +287,15 @@ class Handle:
             raise HandleError(self.name, kind, str(exc)) from None
 
 
-def _deadline(backend: BackendRoutes) -> float:
-    """What the caller's request has left, capped by the callee's own request_timeout_s."""
+def _deadline(backend: BackendRoutes) -> tuple[float, float]:
+    """What the caller's request has left, capped by the callee's own request_timeout_s; and
+    when the call itself gives up (``DeadlineExceeded``). At the callee's own timeout, that is
+    the deadline. At the caller's request's, the request's server cancels the handler (and so
+    the call) then, which answers 504 as a handler past its deadline does: a call that gave up
+    first would turn it into the handler's error, a 500. So it gives up only `BACKSTOP_S`
+    later, for a call made outside its request's scope (a task the handler left running)."""
     own = trio.current_time() + backend.request_timeout_s
     inherited = current_deadline.get()
-    return own if inherited is None else min(own, inherited)
+    if inherited is None or own <= inherited:
+        return own, own
+    return inherited, inherited + BACKSTOP_S
