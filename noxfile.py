@@ -58,9 +58,10 @@ def bench(session: nox.Session) -> None:
     cluster of three nodes run as one service (bench/nodes_bench.py), and a bad release as a
     rolling update against a canary (bench/canary_bench.py), and backends as code served by
     the worker against Ray Serve, HAProxy in front of uvicorn and uvicorn alone
-    (bench/serve_bench.py). Tables on stdout, JSON in bench/results.json,
+    (bench/serve_bench.py), and a handle's hop against a direct call and Serve's
+    DeploymentHandle (bench/handle_bench.py). Tables on stdout, JSON in bench/results.json,
     bench/apply_results.json, bench/check_results.json, bench/nodes_results.json,
-    bench/canary_results.json and bench/serve_results.json.
+    bench/canary_results.json, bench/serve_results.json and bench/handle_results.json.
     The comparisons with other systems are ``nox -s bench_compare``."""
     # Ray Serve: the node ingresses' opponent in bench/nodes_bench.py, and with uvicorn (as
     # `pip install uvicorn[standard]` gives it: uvloop, httptools) and FastAPI the serving
@@ -83,6 +84,9 @@ def bench(session: nox.Session) -> None:
     # Backends as code (a function, a FastAPI app) against Ray Serve, HAProxy + uvicorn and
     # uvicorn, alternating, and a function backend's first answer from zero (about 4 min).
     session.run("python", "bench/serve_bench.py", env={"RAY_AUTH_MODE": "disabled"})
+    # A handle's hop against a direct HTTP call and Serve's DeploymentHandle, a handle's
+    # throughput per core against the ingress's, a deadline down a chain (about 3 min).
+    session.run("python", "bench/handle_bench.py", env={"RAY_AUTH_MODE": "disabled"})
 
 
 @nox.session

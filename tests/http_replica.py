@@ -31,6 +31,8 @@ from controller.worker import context
 
 
 class HTTPReplica:
+    serves_itself = True  # its own HTTP server on the replica's port
+
     def __init__(
         self, delay_ms: float = 0.0, record: str = "", slow_claim: str = "", error_every: int = 0
     ) -> None:

@@ -119,3 +119,55 @@ def _token_in(token: str, state_dir: Path, pids: list[int]) -> bool:
         if token.encode() in Path(f"/proc/{pid}/environ").read_bytes():
             return True
     return any(token in spec.read_text() for spec in (state_dir / "w").glob("*.spec.json"))
+
+
+async def test_the_readme_services_example_runs_as_written(state_dir: Path) -> None:
+    """examples/services.toml as the README runs it: search calls embed through a handle; its
+    rate limit answers 429 past the burst, its metrics count it; a session stays put."""
+    examples = Path(__file__).parent.parent / "examples"
+    with trio.fail_after(LIMIT_S * 2):
+        async with running(
+            state_dir,
+            "--config",
+            str(examples / "services.toml"),
+            "--pythonpath",
+            str(examples),
+        ) as daemon:
+            for name in ("embed", "search"):
+                assert (await daemon.cli("wait", name)).returncode == 0
+            port = int(daemon.ingress_url.rpartition(":")[2])
+            answer = await request(port, "/search?q=cancel+a+tree+of+tasks")
+            assert answer.status == 200, answer
+            assert answer.json()["best"] == "cancel scopes end a whole tree of tasks"
+            # A session's requests go to one replica of search (it has one: the key is read).
+            served = {
+                (await request(port, "/search?q=ray", headers=[("X-Session", "s1")])).json()[
+                    "served_by"
+                ]
+                for _ in range(3)
+            }
+            assert len(served) == 1
+            # 100 at once with one API key: the burst (40) and what refilled meanwhile pass.
+            statuses: list[int] = []
+            began = trio.current_time()
+
+            async def one() -> None:
+                got = await request(port, "/search?q=x", headers=[("X-Api-Key", "k")])
+                statuses.append(got.status)
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(100):
+                    nursery.start_soon(one)
+            took = trio.current_time() - began
+            assert set(statuses) <= {200, 429}
+            assert statuses.count(200) <= 40 + 20 * took + 1
+            if took < 2.5:  # else the refill could have let every one through
+                assert 429 in statuses
+            _, metrics = await daemon.http("GET", "/metrics")
+            limited = [
+                line
+                for line in metrics.splitlines()
+                if line.startswith('ingress_rate_limited_total{backend="search"')
+            ]
+            assert limited
+            assert float(limited[0].rsplit(" ", 1)[1]) == statuses.count(429)

@@ -79,6 +79,9 @@ class Router:
             try:
                 infos, complete = await self.source.changes()
             except SourceError as exc:
+                # A source that ends as its owner stops us (a closing controller ends its watch
+                # and cancels its handles' router) is no outage: the cancellation goes first.
+                await trio.lowlevel.checkpoint_if_cancelled()
                 if self.connected or failures == 0:
                     logger.warning(
                         "%s: %s is unreachable (%s); routing on the last snapshot and trying again",

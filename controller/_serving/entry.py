@@ -8,8 +8,11 @@ table says the same):
   ``reconfigure``, ``check_health``, ``drain`` and ``load`` are called as any replica's;
 - an ASGI application (``app = FastAPI()``, ``async def app(scope, receive, send)``, or a class
   whose instances are one): the worker serves it, its lifespan too, on the worker's trio loop;
-- a class without ``__call__``: a replica that serves its own port, as before: built once, and
-  left to serve.
+- a class without ``__call__`` whose methods other backends call (``handle.call``, Ray Serve's
+  deployment of methods): built once; the worker serves calls of its public methods (plain HTTP
+  requests get 404);
+- a class without ``__call__`` and without such methods, or that says ``serves_itself = True``:
+  a replica that serves its own port, as before: built once, and left to serve.
 
 Told apart by the call's parameters: three (``scope, receive, send``) is ASGI, none or one is a
 handler of requests. Blocking (the import and the constructor run here): the caller runs
@@ -23,8 +26,11 @@ from typing import Any, Literal, final
 import attrs
 
 from .._ports.hosting import import_hints, load_entrypoint
+from .response import Response
 
-Kind = Literal["function", "callable", "asgi", "replica"]
+Kind = Literal["function", "callable", "asgi", "methods", "replica"]
+#: What the controller calls of a replica: never a handle's to call.
+CONTRACT = frozenset({"reconfigure", "check_health", "drain", "load"})
 
 
 class EntrypointError(TypeError):
@@ -59,7 +65,9 @@ def build(spec: dict[str, Any]) -> Entry:
         with import_hints(spec):
             instance = obj(*args, **kwargs)
         if not _defines_call(obj):
-            return Entry("replica", None, instance)
+            if getattr(obj, "serves_itself", False) or not _has_methods(obj):
+                return Entry("replica", None, instance)
+            return Entry("methods", _methods_only, instance)
         return Entry(_kind_of(type(instance).__call__, name, bound=False), instance, instance)
     if not callable(obj):
         raise EntrypointError(
@@ -78,6 +86,28 @@ def build(spec: dict[str, Any]) -> Entry:
 
 def _defines_call(cls: type) -> bool:
     return any("__call__" in vars(k) for k in cls.__mro__ if k is not object)
+
+
+def _has_methods(cls: type) -> bool:
+    """Whether `cls` has a public method a handle may call."""
+    return any(
+        not name.startswith("_") and name not in CONTRACT and callable(getattr(cls, name, None))
+        for name in dir(cls)
+    )
+
+
+def _methods_only(request: Any) -> Response:
+    """A plain HTTP request to a class of methods."""
+    return Response(
+        {
+            "error": {
+                "type": "NoRoute",
+                "message": "this backend answers calls of its methods "
+                "(a handle's call), not HTTP requests",
+            }
+        },
+        status_code=404,
+    )
 
 
 def _kind_of(function: Any, name: str, *, bound: bool) -> Kind:

@@ -21,10 +21,10 @@ from typing import Any
 from .._http.answers import error_body
 from .._ports.hosting import MAX_MESSAGE
 from .calls import Caller
+from .entry import CONTRACT
 from .response import Answer
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
-_CONTRACT = frozenset({"reconfigure", "check_health", "drain", "load"})
 _JSON = b"application/json"
 _LINES = b"application/x-ndjson"
 
@@ -41,7 +41,7 @@ def method_of(instance: Any, name: str) -> Any:
     """The bound method `name` of `instance`, if a handle may call it."""
     if instance is None:
         raise NoSuchMethod("this backend is no class: call it with handle.request")
-    if not _NAME.fullmatch(name) or name in _CONTRACT:
+    if not _NAME.fullmatch(name) or name in CONTRACT:
         raise NoSuchMethod(f"{name!r} is not a method a handle may call")
     method = getattr(instance, name, None)
     if not callable(method):

@@ -430,7 +430,12 @@ _EXPIRED: dict[str, tuple[int, str, str]] = {
 
 def serving_line(spec: dict[str, Any], entry: Entry) -> str:
     """What a replica's log says once its server listens."""
-    kinds = {"function": "a function", "callable": "a callable class", "asgi": "an ASGI app"}
+    kinds = {
+        "function": "a function",
+        "callable": "a callable class",
+        "asgi": "an ASGI app",
+        "methods": "a class of methods",
+    }
     return (
         f"{spec['tag']}: serving HTTP on {spec['host']}:{spec['port']} "
         f"({spec['entrypoint']}, {kinds.get(entry.kind, entry.kind)})"
