@@ -513,3 +513,40 @@ async def test_code_is_served_by_its_actor_through_an_ingress(harness: Harness) 
             await (await ctl.delete("c")).wait()
             assert await harness.runtime.list_replicas() == []
             nursery.cancel_scope.cancel()
+
+
+async def test_replicas_on_ray_call_each_other_through_handles(
+    harness: Harness, cluster: Cluster
+) -> None:
+    """A daemon on Ray: its actors follow the routes with the route token, A calls B through a
+    handle, and a deadline on A's request cancels B's handler in its actor."""
+    from .daemons import free_port, manifest, running
+    from .http_client import request
+
+    state = Path(tempfile.mkdtemp(prefix="dh", dir="/tmp"))
+    file = state / "backends.toml"
+    link = {"entrypoint": "handle_apps:Link", "num_replicas": 1, "version": "v1"}
+    file.write_text(
+        manifest(
+            a={**link, "init_kwargs": {"then": "b"}, "route_prefix": "/a"},
+            b={**link, "route_prefix": "/b"},
+        )
+    )
+    port = free_port()
+    ray_args = ["--runtime", "ray", "--store", "ray", "--ray-address", cluster.address]
+    ray_args += ["--namespace", harness.namespace, "--ingress-listen", f"127.0.0.1:{port}"]
+    ray_args += ["--pythonpath", str(HERE), "--lease-duration", "5", "--lease-renew", "1"]
+    try:
+        with trio.fail_after(LIMIT_S):
+            async with running(state, *ray_args) as daemon:
+                result = await daemon.cli("apply", "-f", str(file), "--wait")
+                assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+                answer = (await request(port, "/a/go?s=0")).json()
+                assert (answer["via"], answer["then"]["at"]) == ("a", "b")
+                late = await request(port, "/a/go?s=10", headers=[("x-request-timeout-ms", "500")])
+                assert late.status == 504
+                counts = (await request(port, "/b/stats?until=cancelled&n=1")).json()
+                assert counts == {"inside": 0, "cancelled": 1}
+        assert await harness.runtime.list_replicas() == []
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
