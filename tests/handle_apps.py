@@ -49,9 +49,11 @@ class Link:
                 answer = await handle(self.then).request("GET", target)
                 if answer.status != 200:  # (a 504 from below, say) passed on as it is
                     return Response(answer.body, status_code=answer.status)
-                return {"via": context().backend, "left": left, "then": answer.json()}
+                here = context()
+                then = answer.json()
+                return {"via": here.backend, "version": here.version, "left": left, "then": then}
             await trio.sleep(float(request.query_params.get("s", "0")))
-            return {"at": context().backend, "left": left}
+            return {"at": context().backend, "version": context().version, "left": left}
         except trio.Cancelled:
             self.cancelled += 1
             raise

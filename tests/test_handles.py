@@ -130,3 +130,50 @@ async def test_replicas_call_each_other_and_a_deadline_ends_the_whole_tree() -> 
                 counts = (await stats[name].request("GET", until)).json()
                 assert counts == {"inside": 0, "cancelled": before[name] + 1}, name
             nursery.cancel_scope.cancel()
+
+
+async def test_a_request_on_a_canary_calls_the_canaries_downstream() -> None:
+    """A and B both mid-canary (v2 beside v1, half the traffic each): every request that
+    enters A's canary calls B's canary, and every one on A's stable calls B's stable, checked
+    on every answer; calls from outside a request draw their side as the ingress does."""
+    runtime = FakeRuntime(auto_ready=True, serve_http=True, pythonpath=[HERE])
+    canary = {"steps": [{"weight": 50, "pause_s": 3600}], "min_requests": 1_000_000}
+    with trio.fail_after(LIMIT_S):
+        async with (
+            controller.open_controller(runtime=runtime, store=controller.MemoryStore()) as ctl,
+            trio.open_nursery() as nursery,
+        ):
+            for version in ("v1", "v2"):  # v2: a canary of each
+                for name, then, route in (("a", "b", "/a"), ("b", None, None)):
+                    kwargs = {} if then is None else {"then": then}
+                    goal = await ctl.deploy(
+                        name,
+                        config(num_replicas=2, version=version, route_prefix=route, canary=canary),
+                        code("Link", init_kwargs=kwargs),
+                    )
+                    if version == "v1":
+                        assert await goal.wait() is controller.GoalOutcome.COMPLETED
+
+            def split_and_serving(ctl: controller.Controller) -> bool:
+                for name in "ab":
+                    snapshot = ctl.snapshot(name)
+                    versions = {r.version for r in snapshot.replicas if r.address}
+                    if snapshot.traffic is None or not {"v1", "v2"} <= versions:
+                        return False
+                return True
+
+            await ctl.wait_until(split_and_serving)
+            ingress = Ingress(ControllerSource(ctl))
+            await nursery.start(ingress.run)
+            listener = await open_listener("127.0.0.1", 0)
+            await nursery.start(ingress.serve, [listener])
+            port = listener.socket.getsockname()[1]
+            seen = []
+            for _ in range(100):
+                answer = (await request(port, "/a/go?s=0")).json()
+                seen.append((answer["version"], answer["then"]["version"]))
+            for _ in range(40):
+                answer = (await ctl.handle("a").request("GET", "/go?s=0")).json()
+                seen.append((answer["version"], answer["then"]["version"]))
+            assert set(seen) == {("v1", "v1"), ("v2", "v2")}  # both sides, never mixed
+            nursery.cancel_scope.cancel()

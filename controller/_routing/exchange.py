@@ -31,6 +31,7 @@ _OURS = frozenset(
         b"connection",
         b"x-request-timeout-ms",
         b"x-max-ongoing-requests",
+        b"x-controller-side",  # the split's, as the caller's request went (``split.SIDE_HEADER``)
         CALL_HEADER,
     }
 )

@@ -42,6 +42,7 @@ from .exchange import (
 )
 from .policy import session_key
 from .router import Router
+from .split import SIDE_HEADER, Side, choose_side, current_side
 from .table import BackendRoutes, Rejected, Slot
 from .upstream import NotSent, Pool, Stale, Upstream
 
@@ -207,11 +208,14 @@ class Handle:
         deadline, give_up = _deadline(backend)
         repeatable = verb in _REPEATABLE and not body
         key = self._key if self._key is not None else session_key(backend.affinity, extra)
+        side = _side(backend, extra)
+        if side is not None:
+            extra = [*extra, (SIDE_HEADER, side.encode())]
         tried: frozenset[str] = frozenset()
         retrying = False  # counted in the backend's retry budget until the call ends
         try:
             while True:
-                slot = await self._acquire(backend, tried, give_up, key)
+                slot = await self._acquire(backend, tried, give_up, key, side)
                 upstream: Upstream | None = None
                 answered = False
                 try:
@@ -272,9 +276,14 @@ class Handle:
         return backend
 
     async def _acquire(
-        self, backend: BackendRoutes, tried: frozenset[str], deadline: float, key: bytes | None
+        self,
+        backend: BackendRoutes,
+        tried: frozenset[str],
+        deadline: float,
+        key: bytes | None,
+        side: Side | None,
     ) -> Slot:
-        slot = backend.try_acquire(tried, key=key)
+        slot = backend.try_acquire(tried, side, key)
         if slot is not None:
             return slot
         try:
@@ -285,6 +294,16 @@ class Handle:
                 exc.cause, "Rejected"
             )
             raise HandleError(self.name, kind, str(exc)) from None
+
+
+def _side(backend: BackendRoutes, headers: Sequence[tuple[bytes, bytes]]) -> Side | None:
+    """The side of the callee's canary split a call goes to: its caller's request's (so that a
+    request on a canary calls canaries), else one drawn as the ingress draws (None: no split)."""
+    split = backend.split
+    if split is None:
+        return None
+    inherited = current_side.get()
+    return inherited if inherited is not None else choose_side(split, headers, backend.rng)
 
 
 def _deadline(backend: BackendRoutes) -> tuple[float, float]:

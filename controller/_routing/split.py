@@ -8,6 +8,7 @@ the two revisions' versions) and its config (``canary``: the sticky and forcing 
 
 from __future__ import annotations
 
+import contextvars
 import random
 import zlib
 from collections.abc import Sequence
@@ -18,6 +19,22 @@ import attrs
 from .policy import cookie_value, header_value
 
 Side = Literal["canary", "stable"]
+
+#: The revision a request went to, where its backend's requests were split: the ingress and a
+#: handle tell the replica (``canary`` or ``stable``), and the calls its handler makes go to
+#: the same side of their backends' splits (a canary's request meets canaries downstream).
+SIDE_HEADER = b"x-controller-side"
+#: The side the request a handler serves went to (set by a replica's server around each
+#: handler, from `SIDE_HEADER`); a handle's call inherits it. None: no split chose one.
+current_side: contextvars.ContextVar[Side | None] = contextvars.ContextVar(
+    "controller_request_side", default=None
+)
+
+
+def side_of_header(value: bytes) -> Side | None:
+    if value == b"canary":
+        return "canary"
+    return "stable" if value == b"stable" else None
 
 
 @attrs.frozen

@@ -37,6 +37,7 @@ from .._model.traffic import MAX_REQUESTS
 from .._ports.hosting import tracebacks
 from .._routing.exchange import CALL_HEADER
 from .._routing.handle import current_deadline
+from .._routing.split import SIDE_HEADER, Side, current_side, side_of_header
 from . import rpc
 from .asgi import AppError, Exchange, Lifespan, http_scope
 from .calls import Caller
@@ -220,6 +221,7 @@ class ReplicaServer:
         # What its router says of it now (else the replica's at its start): this request's own.
         budget, root_path, limit = self.request_timeout_s, "", self.max_ongoing_requests
         call: str | None = None
+        side: Side | None = None
         for name, value in head.headers:
             if name == TIMEOUT_HEADER:
                 budget = _milliseconds(value, budget) / 1000
@@ -229,6 +231,8 @@ class ReplicaServer:
                 limit = _limit(value, limit)
             elif name == CALL_HEADER:
                 call = value.decode("latin-1")
+            elif name == SIDE_HEADER:
+                side = side_of_header(value)
         deadline = trio.current_time() + budget
         conn.request_deadline = deadline
         conn.timer.set(deadline, "deadline")
@@ -239,13 +243,16 @@ class ReplicaServer:
             self._changed()  # it left the line unserved (a deadline, a hang-up)
             raise
         self.in_flight += 1
-        # What handles called by the handler inherit: the time this request has left.
+        # What handles called by the handler inherit: the time this request has left, and the
+        # side of a canary's split it went to.
         inherited = current_deadline.set(deadline)
+        inherited_side = current_side.set(side)
         try:
             if self._lifespan is not None and call is None:
                 return await self._asgi(conn, head, root_path)
             return await self._plain(conn, head, root_path, deadline, limit, call)
         finally:
+            current_side.reset(inherited_side)
             current_deadline.reset(inherited)
             self.in_flight -= 1
             self.served += 1

@@ -177,7 +177,7 @@ class Proxy:
                 outcome: int | None = 599
                 try:
                     left_ms = max(1, int((deadline - trio.current_time()) * 1000))
-                    sent = upstream_head(head, client.peer, backend, slot.address, left_ms)
+                    sent = upstream_head(head, client.peer, backend, slot.address, left_ms, side)
                     if body:
                         sent += body
                     status, keep = await self._through(
