@@ -54,7 +54,7 @@ from .._model.json_values import JSON
 from .._model.placement import SLOTS
 from .._model.spec import ReplicaSpec
 from .._ports.runtime import CheckReport, DeathListener, ReplicaInfo, Watchers
-from .._procfs import memory_bytes, scan_workers
+from .._procfs import memory_bytes
 from .check_wave import check_links
 from .commands import ask_to_stop, command, connect, died, refused
 from .fence_file import fenced_at, raise_fence
@@ -70,9 +70,10 @@ from .link import ENDED, MonitorLink
 from .link_reader import LinkReader
 from .logs import DEFAULT_MAX_BYTES, LogChunk, log_file, log_tags, read_log
 from .node import OneNode
-from .process import WORKER_MODULE, WorkerProcess, launch
+from .process import WorkerProcess, launch
+from .scan import WorkerScan
 from .wire import MONITOR_CHECKS
-from .zygote import ZYGOTE_MODULE, ForkServer
+from .zygote import ForkServer
 
 # The default limit on workers: one per this much memory, and at most this many per core.
 _MEMORY_PER_REPLICA = 64 << 20
@@ -159,7 +160,7 @@ class LocalRuntime(OneNode):
         self.term_timeout_s = term_timeout_s
         self._epoch = 0
         self._workers: dict[str, WorkerProcess] = {}
-        self._unreadable_told: set[int] = set()
+        self._scan = WorkerScan(self.runtime_dir, lambda: self.fork_server_pid)
         self._watchers = Watchers("LocalRuntime")
         self._reader = LinkReader()
         if isinstance(preload_modules, str) or not all(
@@ -268,30 +269,6 @@ class LocalRuntime(OneNode):
     async def list_replicas(self) -> Sequence[str]:
         found = await trio.to_thread.run_sync(self._scan)
         return sorted(found)
-
-    def _scan(self) -> dict[str, set[int]]:
-        unreadable: dict[int, str] = {}
-        found = scan_workers(self.runtime_dir, WORKER_MODULE, ZYGOTE_MODULE, unreadable)
-        for pid, why in unreadable.items():
-            if pid not in self._unreadable_told:
-                # Not adopted (its tag is unknown) and not stopped (it may be a transient fault,
-                # and a stop on a guess could be an outage): said once, for a person to look.
-                self._unreadable_told.add(pid)
-                logger.warning(
-                    "worker pid %d of %s is neither adopted nor stopped: %s; stop it if it "
-                    "should not run (kill %d)",
-                    pid,
-                    self.runtime_dir,
-                    why,
-                    pid,
-                )
-        # Our own fork server has a forked worker's command line: never take it for one (a pid
-        # file naming it would have to be stale and its start time a match, but still).
-        zygote = self.fork_server_pid
-        if zygote is not None:
-            for pids in found.values():
-                pids.discard(zygote)
-        return {tag: pids for tag, pids in found.items() if pids}
 
     async def _pids(self, tag: str) -> set[int]:
         return (await trio.to_thread.run_sync(self._scan)).get(tag, set())
