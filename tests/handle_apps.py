@@ -68,6 +68,25 @@ class Calculator:
 
     def __init__(self) -> None:
         self.calls = 0
+        self.getters = 0
+        self.helper = str.upper  # callable, but an attribute: no handle's to call
+
+    @property
+    def expensive(self) -> int:
+        self.getters += 1  # a side effect a call's lookup must not cause
+        return 1
+
+    def getter_runs(self) -> int:
+        return self.getters
+
+    async def drip(self, n: int, every_s: float) -> AsyncIterator[int]:
+        for i in range(n):
+            await trio.sleep(every_s)
+            yield i
+
+    async def slow(self, seconds: float) -> str:
+        await trio.sleep(seconds)
+        return "slept"
 
     def add(self, a: float, b: float) -> float:
         self.calls += 1
@@ -89,6 +108,16 @@ class Calculator:
 
     async def __call__(self, request: Request) -> str:
         return "calculator"
+
+
+class Shelf(dict[str, Any]):
+    """A class of methods that subclasses dict: its own methods are called, dict's are not."""
+
+    def __init__(self) -> None:
+        super().__init__(model="m1", secret="s")
+
+    def model(self) -> Any:
+        return self["model"]
 
 
 class Front:

@@ -45,7 +45,7 @@ async def test_a_handle_calls_methods_with_json_and_raises_what_they_raise() -> 
         async with controller.open_controller(
             runtime=runtime, store=controller.MemoryStore()
         ) as ctl:
-            await deploy(ctl, "calc", code("Calculator"), num_replicas=2)
+            await deploy(ctl, "calc", code("Calculator"), num_replicas=2, request_timeout_s=0.5)
             calc = ctl.handle("calc")
             assert await calc.call("add", 2, 3) == 5
             assert await calc.add(1.5, 2) == 3.5  # the same, by attribute
@@ -61,10 +61,53 @@ async def test_a_handle_calls_methods_with_json_and_raises_what_they_raise() -> 
                 with pytest.raises(controller.RemoteError) as raised:
                     await calc.call(name)
                 assert raised.value.kind == "NoSuchMethod", name
+            # Nor a callable attribute, a property (its getter not run) or a builtin's method.
+            for name in ("helper", "expensive"):
+                with pytest.raises(controller.RemoteError) as raised:
+                    await calc.call(name)
+                assert raised.value.kind == "NoSuchMethod", name
+            assert await calc.getter_runs() == 0
+            await deploy(ctl, "shelf", code("Shelf"))
+            shelf = ctl.handle("shelf")
+            assert await shelf.model() == "m1"
+            for name in ("copy", "clear", "update", "get"):
+                with pytest.raises(controller.RemoteError) as raised:
+                    await shelf.call(name)
+                assert raised.value.kind == "NoSuchMethod", name
+            assert (await shelf.request("GET", "/")).status == 404  # a class of methods
             with pytest.raises(ValueError, match="not a method a handle may call"):
                 await calc.call("_private")
             with pytest.raises(TypeError, match="must be JSON"):
                 await calc.call("add", object(), 1)
+            deep: list[Any] = []
+            for _ in range(5000):
+                deep = [deep]
+            with pytest.raises(TypeError, match="nested too deeply"):
+                await calc.call("add", deep, 1)
+            with pytest.raises(TypeError, match="call it with call_stream"):
+                await calc.call("count_to", 2)
+            with pytest.raises(TypeError, match="session_key must be str or bytes"):
+                calc.options(session_key=123)  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match="body must be bytes"):
+                await calc.request("POST", "/", body="text")  # type: ignore[arg-type]
+            with pytest.raises(ValueError, match="not both"):
+                await calc.request("POST", "/", body=b"x", json={})
+            # The callee's own deadline passing first is the call's DeadlineExceeded too.
+            with pytest.raises(controller.HandleError) as late:
+                await calc.slow(30)
+            assert late.value.kind == "DeadlineExceeded"
+            # So is a stream the callee cuts at its deadline (not a broken one).
+            got: list[int] = []
+
+            async def drip() -> None:
+                async with calc.call_stream("drip", 100, 0.1) as items:
+                    async for item in items:
+                        got.append(item)
+
+            with pytest.raises(controller.HandleError) as cut:
+                await drip()
+            assert cut.value.kind == "DeadlineExceeded"
+            assert 0 < len(got) < 100
             # A generator method's items as they come.
             async with calc.call_stream("count_to", 4) as items:
                 assert [item async for item in items] == [0, 1, 2, 3]
@@ -75,7 +118,7 @@ async def test_a_handle_calls_methods_with_json_and_raises_what_they_raise() -> 
             with pytest.raises(controller.HandleError) as missing:
                 await ctl.handle("nope").request("GET", "/")
             assert missing.value.kind == "UnknownBackend"
-            for name in ("calc",):
+            for name in ("calc", "shelf"):
                 await (await ctl.delete(name)).wait()
 
 

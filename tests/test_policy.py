@@ -49,6 +49,8 @@ def tags(n: int, salt: str = "") -> list[str]:
         ({"rate_limit": {"requests_per_s": 0}}, "rate_limit.requests_per_s", "above 0"),
         ({"rate_limit": {"requests_per_s": 1, "burst": 0}}, "rate_limit.burst", "1 to"),
         ({"rate_limit": {"requests_per_s": 1, "header": "Host\n"}}, "rate_limit.header", "name"),
+        ({"affinity": {"header": "X-Controller-Side"}}, "affinity.header", "sets itself"),
+        ({"rate_limit": {"requests_per_s": 1, "header": "x-request-timeout-ms"}}, "header", "sets"),
     ],
 )
 def test_a_wrong_policy_is_refused_naming_its_field_and_rule(
@@ -294,18 +296,44 @@ async def test_the_ingress_admits_by_client_or_key_and_says_when_to_come_back(
     with pytest.raises(Reply) as refused:
         admit(backend, head(), "10.0.0.1")
     assert (refused.value.status, refused.value.extra["retry_after"]) == (429, 2)
-    assert "0.5 requests a second" in str(refused.value)
+    assert "requests_per_s=0.5 (burst=2) per header x-api-key" in str(refused.value)
     admit(backend, head(), "10.0.0.2")  # another client
     admit(backend, head((b"x-api-key", b"k1")), "10.0.0.1")  # a key is its own
+    admit(backend, head((b"x-api-key", b"k1 ")), "10.0.0.1")  # the same key: its last token
+    with pytest.raises(Reply):
+        admit(backend, head((b"x-api-key", b" k1\t")), "10.0.0.1")
     await trio.sleep(1.5)
     with pytest.raises(Reply) as refused:
         admit(backend, head(), "10.0.0.1")
     assert refused.value.extra["retry_after"] == 1  # 0.5 s to go, rounded up
     await trio.sleep(0.5)
     admit(backend, head(), "10.0.0.1")
-    assert backend.counts == {"rate_limited": 2}
+    assert backend.counts == {"rate_limited": 3}
     # The block taken away: nothing is refused (or counted) any more.
     backend.update(RouteInfo("api", 2, True, False, "/api", 100, 1000, (), rate_limit=None))
     for _ in range(5):
         admit(backend, head(), "10.0.0.1")
-    assert backend.counts == {"rate_limited": 2}
+    assert backend.counts == {"rate_limited": 3}
+
+
+def test_a_manifest_names_every_fault_of_a_policy_block_at_once() -> None:
+    from controller._model.manifest import parse_manifest
+
+    fields = {
+        "entrypoint": "m:C",
+        "retries": {"max_retries": 1e9, "budget_percent": 150, "min_retry_concurrency": 0.5},
+        "rate_limit": {"burst": 0, "bogus": 1},
+        "affinity": {"load_factor": 2},
+    }
+    with pytest.raises(controller.ManifestError) as raised:
+        parse_manifest({"backends": {"a": fields}}, "f.toml")
+    problems = "\n".join(raised.value.problems)
+    for said in (
+        "retries.max_retries: must be a whole number from 0 to 10",
+        "retries.budget_percent: must be a number from 0 to 100",
+        "retries.min_retry_concurrency: must be a whole number",
+        "rate_limit.burst: must be a whole number from 1",
+        "rate_limit.bogus: unknown field",
+        "affinity.header: a header or a cookie must be given",
+    ):
+        assert said in problems, (said, problems)

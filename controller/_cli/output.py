@@ -190,9 +190,12 @@ def print_backend(b: dict[str, Any]) -> None:
     load = b.get("load")
     if load is not None:
         route = b["config"].get("route_prefix")
+        # What its replicas hold by their own count (handles' calls too, which no ingress
+        # reports): the load an outsider checks a backend reached only by handles by.
+        held = load.get("self_reported", 0)
         print(
             f"Route:       {route or '(none)'}; load {load['in_flight']} in flight, "
-            f"{load['queued']} queued ({load['sources']} reporting)"
+            f"{load['queued']} queued ({load['sources']} reporting); its replicas hold {held}"
         )
     scaler = b.get("autoscaler")
     if scaler is not None:

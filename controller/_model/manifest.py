@@ -28,6 +28,7 @@ from .config import BackendConfig, check_backend_name
 from .errors import ConfigError, ManifestError
 from .fields import fields_of
 from .json_values import JSON
+from .policies import POLICY_BLOCKS, policy_problems
 from .replica_config import ReplicaConfig
 
 _BACKEND_FIELDS = frozenset(attrs.fields_dict(BackendConfig))
@@ -155,6 +156,10 @@ def parse_backend(name: object, fields: object) -> tuple[BackendDecl | None, lis
     for key, value in fields.items():
         if key == "autoscaling" and isinstance(value, Mapping):
             for fault in problems_of(value):
+                problems.append(f"{label}: {_field(fault)}: {_rule(fault)}")
+            continue
+        if key in POLICY_BLOCKS and isinstance(value, Mapping):
+            for fault in policy_problems(key, value):
                 problems.append(f"{label}: {_field(fault)}: {_rule(fault)}")
             continue
         try:

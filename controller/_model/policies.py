@@ -36,6 +36,10 @@ _TOKEN = re.compile(TOKEN_PATTERN)
 MAX_RETRIES = 10
 MAX_RATE = 1e9
 MAX_LOAD_FACTOR = 100.0
+#: Headers the ingress and handles set on their own (a client's are dropped): no one's key.
+_OURS = frozenset(
+    {"x-request-timeout-ms", "x-max-ongoing-requests", "x-forwarded-prefix", "x-forwarded-proto"}
+)
 _TOKEN_SCHEMA = {"type": ["string", "null"], "pattern": f"^{TOKEN_PATTERN}$"}
 
 
@@ -77,6 +81,13 @@ def _name(field: str, *, header: bool) -> Any:
                 field,
                 "must not be a header that frames or carries the request "
                 f"({', '.join(sorted(RESERVED_HEADERS))}; for a cookie, the cookie field)",
+                value,
+            )
+        if header and (value.lower() in _OURS or value.lower().startswith("x-controller-")):
+            raise ConfigError(
+                field,
+                "must not be a header the controller sets itself (x-controller-*, "
+                f"{', '.join(sorted(_OURS))})",
                 value,
             )
         return value.lower() if header else value
@@ -228,6 +239,45 @@ def rate_limit(value: object) -> RateLimitPolicy | None:
         raise ConfigError("BackendConfig.rate_limit", "must be a table of rate limit fields", value)
     policy: RateLimitPolicy = _block(RateLimitPolicy, "BackendConfig.rate_limit", value)
     return policy
+
+
+#: The policy blocks of a backend's config, by field name.
+POLICY_BLOCKS: dict[str, type[Any]] = {
+    "retries": RetryPolicy,
+    "affinity": AffinityPolicy,
+    "rate_limit": RateLimitPolicy,
+}
+
+
+def policy_problems(block: str, data: Mapping[str, object]) -> list[ConfigError]:
+    """Every fault of policy `block` (``retries``, ``affinity``, ``rate_limit``) given as a
+    mapping, each field checked alone (as a manifest's are), then the block whole if they all
+    pass (its rules that tie fields, and those it requires)."""
+    cls = POLICY_BLOCKS[block]
+    field = f"BackendConfig.{block}"
+    known = attrs.fields_dict(cls)
+    found: list[ConfigError] = []
+    for key, value in data.items():
+        spec = known.get(key)
+        if spec is None:
+            found.append(
+                ConfigError(
+                    f"{field}.{key}",
+                    f"unknown field; known fields are {', '.join(sorted(known))}",
+                    show_value=False,
+                )
+            )
+            continue
+        try:
+            spec.converter(value)  # type: ignore[operator, misc]  # a plain function, for each
+        except ConfigError as exc:
+            found.append(exc)
+    if not found:
+        try:
+            _block(cls, field, data)
+        except ConfigError as exc:
+            found.append(exc)
+    return found
 
 
 def _properties(cls: type[Any]) -> dict[str, Any]:

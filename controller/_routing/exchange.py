@@ -62,15 +62,21 @@ def call_body(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> byt
         return jsonlib.dumps({"args": args, "kwargs": kwargs}, allow_nan=False).encode()
     except (TypeError, ValueError) as exc:
         raise TypeError(f"handle.call({method!r}): the arguments must be JSON: {exc}") from None
+    except RecursionError:
+        raise TypeError(f"handle.call({method!r}): the arguments are nested too deeply") from None
 
 
 def raise_remote(backend: str, status: int, body: bytes) -> NoReturn:
-    """The callee's error, as its server said it (``{"error": {"type", "message"}}``)."""
+    """The callee's error, as its server said it (``{"error": {"type", "message"}}``). Its
+    server's own 504 (the call's deadline passed there first) is the call's
+    ``DeadlineExceeded``, as when it passes here first: the method raised nothing."""
     try:
         error = jsonlib.loads(body)["error"]
         kind, message = str(error["type"]), str(error["message"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         kind, message = "Status", f"answered {status}: {body[:200]!r}"
+    if status == 504 and kind == "GatewayTimeout":
+        raise HandleError(backend, "DeadlineExceeded", f"no answer before the deadline: {message}")
     raise RemoteError(backend, kind, message, status)
 
 
@@ -159,10 +165,19 @@ class Pieces:
     """An answer's body as it arrives (an async iterator of bytes); each wait under the
     request's deadline."""
 
-    def __init__(self, upstream: Upstream, reader: ResponseReader, deadline: float, name: str):
+    def __init__(
+        self,
+        upstream: Upstream,
+        reader: ResponseReader,
+        give_up: float,
+        name: str,
+        deadline: float | None = None,
+    ):
         self._upstream = upstream
         self._reader = reader
-        self._deadline = deadline
+        self._give_up = give_up
+        self._deadline = give_up if deadline is None else deadline
+        """The call's deadline: an answer cut past it was cut by the callee at it."""
         self._name = name
         self.done = False
 
@@ -178,12 +193,15 @@ class Pieces:
                     return event
                 self.done = True  # the end
                 raise StopAsyncIteration
-            with until(self._deadline, self._name):
+            with until(self._give_up, self._name):
                 data = await receive_upstream(self._upstream.sock)
             if not data:
                 if reader.closed():
                     continue
                 where = self._upstream.address
+                if trio.current_time() >= self._deadline:
+                    message = f"the replica at {where} cut its answer at the deadline"
+                    raise HandleError(self._name, "DeadlineExceeded", message)
                 raise HandleError(self._name, "Broken", f"the replica at {where} cut its answer")
             try:
                 reader.feed(data)

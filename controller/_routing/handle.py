@@ -108,6 +108,10 @@ class Handle:
         """This handle with other options: `session_key` keeps its calls on one replica under
         the backend's ``affinity`` policy (as its header or cookie does for a request; without
         a policy, it is not used)."""
+        if session_key is not None and not isinstance(session_key, (str, bytes)):
+            raise TypeError(
+                f"handle.options: session_key must be str or bytes, not {session_key!r}"
+            )
         key = session_key.encode() if isinstance(session_key, str) else session_key
         return Handle(self.name, self._router, self._pool, self._ready, key or None)
 
@@ -131,6 +135,10 @@ class Handle:
             "POST", "/", body=call_body(method, args, kwargs), headers={CALL_HEADER: method}
         )
         if answer.status == 200:
+            if answer.header("content-type") == "application/x-ndjson":
+                raise TypeError(
+                    f"handle.call({method!r}): it is a generator method; call it with call_stream"
+                )
             return answer.json()
         raise_remote(self.name, answer.status, answer.body)
 
@@ -195,8 +203,13 @@ class Handle:
         replica's place is given back, and its connection pooled (or closed), on the way out,
         whatever happens."""
         if json is not None:
+            if body is not None:
+                raise ValueError("handle.request: give body or json, not both")
             body = jsonlib.dumps(json, separators=(",", ":")).encode()
             headers = {"content-type": "application/json", **(headers or {})}
+        given: object = body
+        if given is not None and not isinstance(given, bytes):
+            raise TypeError(f"handle.request: body must be bytes, not {type(given).__name__}")
         verb = method.upper().encode("ascii")
         if not HTTP_TOKEN.fullmatch(verb):
             raise ValueError(f"handle.request: method {method!r} is not an HTTP token")
@@ -248,7 +261,7 @@ class Handle:
                 if answered:
                     break
             assert upstream is not None
-            pieces = Pieces(upstream, reader, give_up, self.name)
+            pieces = Pieces(upstream, reader, give_up, self.name, deadline)
             try:
                 yield head, pieces
                 # Reused only if the answer was read to its end and nothing was left over;
@@ -290,10 +303,9 @@ class Handle:
             with until(deadline, self.name):
                 return await backend.wait(tried, key)
         except Rejected as exc:
-            kind = {"queue_full": "Overloaded", "no_replicas": "NoReplicas"}.get(
-                exc.cause, "Rejected"
-            )
-            raise HandleError(self.name, kind, str(exc)) from None
+            kind = "Overloaded" if exc.cause == "queue_full" else "NoReplicas"
+            said = str(exc).removeprefix(f"backend {self.name!r} ")  # HandleError names it
+            raise HandleError(self.name, kind, said) from None
 
 
 def _side(backend: BackendRoutes, headers: Sequence[tuple[bytes, bytes]]) -> Side | None:

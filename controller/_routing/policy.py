@@ -110,10 +110,11 @@ def choose_by_key(
 
 
 def header_value(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> bytes | None:
-    """The first value of header `name` (lower case), or None."""
+    """The first value of header `name` (lower case), without the whitespace around it (not
+    part of the value, RFC 9110 5.5: ``key `` is ``key``, not a key of its own), or None."""
     for key, value in headers:
         if key == name:
-            return value
+            return value.strip(b" \t")
     return None
 
 

@@ -13,6 +13,7 @@ replica's port, see the README's Security) call methods."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import re
 from collections.abc import AsyncIterator, Callable
@@ -38,15 +39,26 @@ class BadCall(Exception):
 
 
 def method_of(instance: Any, name: str) -> Any:
-    """The bound method `name` of `instance`, if a handle may call it."""
+    """The bound method `name` of `instance`, if a handle may call it: a function its class
+    (or a Python base class of it) defines. Never an attribute of the instance (a callable
+    stored on it), a builtin type's method (``dict.clear`` of a class that subclasses dict),
+    nor a property, whose getter is not run to find out."""
     if instance is None:
         raise NoSuchMethod("this backend is no class: call it with handle.request")
     if not _NAME.fullmatch(name) or name in CONTRACT:
         raise NoSuchMethod(f"{name!r} is not a method a handle may call")
-    method = getattr(instance, name, None)
-    if not callable(method):
-        raise NoSuchMethod(f"the replica has no method {name!r}")
-    return method
+    for cls in type(instance).__mro__:
+        if cls.__module__ == "builtins":
+            break  # object, dict, list...: and what they inherit
+        found = vars(cls).get(name)
+        if found is None:
+            continue
+        if isinstance(found, (staticmethod, classmethod)):
+            found = found.__func__
+        if inspect.isfunction(found):
+            return getattr(instance, name)
+        break  # a property, a descriptor, a value: not a method
+    raise NoSuchMethod(f"the replica has no method {name!r}")
 
 
 def arguments(body: bytes) -> tuple[list[Any], dict[str, Any]]:
@@ -54,6 +66,8 @@ def arguments(body: bytes) -> tuple[list[Any], dict[str, Any]]:
         given = json.loads(body) if body else {}
     except ValueError as exc:
         raise BadCall(f"the call's arguments are not JSON: {exc}") from None
+    except RecursionError:
+        raise BadCall("the call's arguments are nested too deeply") from None
     if isinstance(given, dict):
         args, kwargs = given.get("args", []), given.get("kwargs", {})
         if isinstance(args, list) and isinstance(kwargs, dict):

@@ -390,9 +390,9 @@ class ReplicaServer:
             return  # idle (closed without a word), or an answer under way (cut short)
         status, kind, message = said
         if phase == "deadline":
-            message += (
-                f" (request_timeout_s={self.request_timeout_s:g}, or what its caller said it had)"
-            )
+            # Not a figure: the request's own (its backend's request_timeout_s as its router
+            # knows it now, or less that its caller had left) is not this replica's at its start.
+            message += " (its backend's request_timeout_s, or what its caller had left)"
         answer = own_answer(status, _JSON, error_body(kind, message), close=True)
         with trio.move_on_after(self._limits.body_timeout_s), contextlib.suppress(ClientGone):
             await conn.send(answer)

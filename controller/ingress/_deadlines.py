@@ -59,7 +59,7 @@ def budget(head: RequestHead, backend: BackendRoutes) -> float:
                 asked = float(value) / 1000
             except ValueError:
                 break
-            if asked >= 0:
-                budget = min(budget, asked)
+            # Less than nothing (or NaN) is nothing left, as a replica's server reads it.
+            budget = min(budget, asked) if asked >= 0 else 0.0
             break
     return budget

@@ -33,8 +33,8 @@ def admit(backend: BackendRoutes, head: RequestHead, peer: str) -> None:
     raise Reply(
         429,
         "RateLimited",
-        f"backend {backend.name!r} takes at most {policy.requests_per_s:g} requests a second "
-        f"(bursts of {policy.capacity}) per {by}; try again in {wait:.3g} s",
+        f"backend {backend.name!r} takes requests_per_s={policy.requests_per_s:g} "
+        f"(burst={policy.capacity}) per {by}; try again in {wait:.3g} s",
         retry_after=max(1, math.ceil(wait)),
     )
 
