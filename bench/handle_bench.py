@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import socket
 import statistics
 import sys
@@ -39,7 +38,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -81,19 +80,8 @@ version = "v1"
 """
 
 
-@contextmanager
-def daemon() -> Iterator[ingress_bench.Daemon]:
-    state_dir = Path(tempfile.mkdtemp(prefix="hbd", dir="/tmp"))
-    try:
-        (state_dir / "backends.toml").write_text(BACKENDS)
-        ours = ingress_bench.Daemon(state_dir, free_port(), extra=("--ingress-workers", "1"))
-        try:
-            ours.cli("apply", "-f", str(state_dir / "backends.toml"), "--wait")
-            yield ours
-        finally:
-            ours.shutdown()
-    finally:
-        shutil.rmtree(state_dir, ignore_errors=True)
+def daemon() -> AbstractContextManager[ingress_bench.Daemon]:
+    return ingress_bench.daemon_with(BACKENDS, "hbd")
 
 
 @contextmanager

@@ -495,6 +495,24 @@ class Daemon:
             self.log.close()
 
 
+@contextmanager
+def daemon_with(backends: str, prefix: str) -> Iterator[Daemon]:
+    """Our daemon (one ingress process) with `backends` (a manifest's text) applied, in a state
+    dir of its own; stopped with ``controller shutdown`` (its ingress outlives a SIGTERM), its
+    state dir removed."""
+    state_dir = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))  # mode 0700
+    try:
+        (state_dir / "backends.toml").write_text(backends)
+        ours = Daemon(state_dir, free_port(), extra=("--ingress-workers", "1"))
+        try:
+            ours.cli("apply", "-f", str(state_dir / "backends.toml"), "--wait")
+            yield ours
+        finally:
+            ours.shutdown()
+    finally:
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
 class StandaloneIngress:
     """``controller ingress --workers N``, following the daemon."""
 

@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import socket
 import statistics
 import subprocess
@@ -44,7 +43,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -171,21 +170,8 @@ def _listening(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-@contextmanager
-def daemon() -> Iterator[ingress_bench.Daemon]:
-    """Our daemon (one ingress process) with the benchmark's backends applied; stopped with
-    ``controller shutdown`` (its ingress outlives a SIGTERM), its state dir removed."""
-    state_dir = Path(tempfile.mkdtemp(prefix="sbd", dir="/tmp"))  # mode 0700
-    try:
-        (state_dir / "backends.toml").write_text(BACKENDS)
-        ours = ingress_bench.Daemon(state_dir, free_port(), extra=("--ingress-workers", "1"))
-        try:
-            ours.cli("apply", "-f", str(state_dir / "backends.toml"), "--wait")
-            yield ours
-        finally:
-            ours.shutdown()
-    finally:
-        shutil.rmtree(state_dir, ignore_errors=True)
+def daemon() -> AbstractContextManager[ingress_bench.Daemon]:
+    return ingress_bench.daemon_with(BACKENDS, "sbd")
 
 
 @contextmanager

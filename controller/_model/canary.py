@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 
 from .errors import ConfigError
+from .fields import from_mapping
 from .numbers import MAX_SECONDS, seconds, whole
 
 _PREFIX = "BackendConfig.canary"
@@ -222,15 +223,7 @@ class CanaryConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> CanaryConfig:
-        fields = attrs.fields_dict(cls)
-        for key in data:
-            if key not in fields:
-                raise ConfigError(
-                    f"{_PREFIX}.{key}",
-                    f"unknown field; known fields are {', '.join(sorted(fields))}",
-                    show_value=False,
-                )
-        return cls(**data)  # type: ignore[arg-type]  # keys checked against the fields
+        return from_mapping(cls, data, _PREFIX)
 
 
 def canary(value: object) -> CanaryConfig | None:

@@ -9,7 +9,6 @@ from typing import Any, TypeVar
 
 import attrs
 
-from .canary import CanaryConfig, canary_dict
 from .errors import ConfigError
 
 _C = TypeVar("_C")
@@ -25,21 +24,24 @@ def field_schemas(cls: type[Any]) -> dict[str, dict[str, Any]]:
     return {f.name: f.metadata["schema"] for f in attrs.fields(cls)}
 
 
-def from_mapping(cls: type[_C], data: Mapping[str, object]) -> _C:
-    """`cls` built from a mapping (a config file, a request body); unknown keys are errors."""
+def from_mapping(cls: type[_C], data: object, prefix: str | None = None) -> _C:
+    """`cls` built from a mapping (a config file, a request body, a block of a config: its
+    errors' fields start with `prefix`, by default the class's name); unknown keys are
+    errors."""
+    prefix = cls.__name__ if prefix is None else prefix
     if not isinstance(data, Mapping):
-        raise ConfigError(cls.__name__, "must be a mapping of field names to values", data)
+        raise ConfigError(prefix, "must be a mapping of field names to values", data)
     fields = attrs.fields_dict(cls)  # type: ignore[arg-type]  # an attrs class, by contract
     for key in data:
         if key not in fields:
             raise ConfigError(
-                f"{cls.__name__}.{key}",
+                f"{prefix}.{key}",
                 f"unknown field; known fields are {', '.join(sorted(fields))}",
                 show_value=False,
             )
     for name, field in fields.items():
         if field.default is attrs.NOTHING and name not in data:
-            raise ConfigError(f"{cls.__name__}.{name}", "is required", show_value=False)
+            raise ConfigError(f"{prefix}.{name}", "is required", show_value=False)
     return cls(**data)  # keys were checked against the fields above
 
 
@@ -50,11 +52,14 @@ def fields_of(config: Any) -> dict[str, Any]:
     # 2,000 times, and asdict's generic walk was a sixth of it.
     out = {name: getattr(config, name) for name in _field_names(type(config))}
     for name, value in out.items():
-        if isinstance(value, CanaryConfig):
-            out[name] = canary_dict(value)
-        elif attrs.has(type(value)):
-            out[name] = attrs.asdict(value)
+        if attrs.has(type(value)):
+            out[name] = attrs.asdict(value, value_serializer=_json_lists)
     return out
+
+
+def _json_lists(instance: object, field: object, value: Any) -> Any:
+    """A block's tuples (a canary's steps) as JSON's lists."""
+    return list(value) if isinstance(value, tuple) else value
 
 
 _FIELD_NAMES: dict[type[Any], tuple[str, ...]] = {}

@@ -24,15 +24,17 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
 from .canary import RESERVED_HEADERS, TOKEN_PATTERN
 from .errors import ConfigError
+from .fields import from_mapping
 from .numbers import MAX_COUNT, whole
 
 _TOKEN = re.compile(TOKEN_PATTERN)
+_P = TypeVar("_P")
 MAX_RETRIES = 10
 MAX_RATE = 1e9
 MAX_LOAD_FACTOR = 100.0
@@ -193,52 +195,25 @@ class RateLimitPolicy:
         return self.burst if self.burst is not None else max(1, math.ceil(self.requests_per_s))
 
 
-def _block(cls: type[Any], field: str, data: Mapping[str, object]) -> Any:
-    known = attrs.fields_dict(cls)
-    for key in data:
-        if key not in known:
-            raise ConfigError(
-                f"{field}.{key}",
-                f"unknown field; known fields are {', '.join(sorted(known))}",
-                show_value=False,
-            )
-    for name, spec in known.items():
-        if spec.default is attrs.NOTHING and name not in data:
-            raise ConfigError(f"{field}.{name}", "is required", show_value=False)
-    return cls(**data)
+def _block(cls: type[_P], name: str, value: object) -> _P:
+    """Policy block `name` of a config: a `cls` as it is, or one from a mapping of its fields."""
+    return value if isinstance(value, cls) else from_mapping(cls, value, f"BackendConfig.{name}")
 
 
 def retries(value: object) -> RetryPolicy:
-    """BackendConfig.retries' converter: a policy, or a mapping of its fields (None: the
+    """BackendConfig.retries' converter: a policy, a mapping of its fields, or None (the
     defaults)."""
-    if value is None:
-        return RetryPolicy()
-    if isinstance(value, RetryPolicy):
-        return value
-    if not isinstance(value, Mapping):
-        raise ConfigError("BackendConfig.retries", "must be a table of retry fields", value)
-    policy: RetryPolicy = _block(RetryPolicy, "BackendConfig.retries", value)
-    return policy
+    return RetryPolicy() if value is None else _block(RetryPolicy, "retries", value)
 
 
 def affinity(value: object) -> AffinityPolicy | None:
     """BackendConfig.affinity's converter: None, a policy, or a mapping of its fields."""
-    if value is None or isinstance(value, AffinityPolicy):
-        return value
-    if not isinstance(value, Mapping):
-        raise ConfigError("BackendConfig.affinity", "must be a table of affinity fields", value)
-    policy: AffinityPolicy = _block(AffinityPolicy, "BackendConfig.affinity", value)
-    return policy
+    return None if value is None else _block(AffinityPolicy, "affinity", value)
 
 
 def rate_limit(value: object) -> RateLimitPolicy | None:
     """BackendConfig.rate_limit's converter: None, a policy, or a mapping of its fields."""
-    if value is None or isinstance(value, RateLimitPolicy):
-        return value
-    if not isinstance(value, Mapping):
-        raise ConfigError("BackendConfig.rate_limit", "must be a table of rate limit fields", value)
-    policy: RateLimitPolicy = _block(RateLimitPolicy, "BackendConfig.rate_limit", value)
-    return policy
+    return None if value is None else _block(RateLimitPolicy, "rate_limit", value)
 
 
 #: The policy blocks of a backend's config, by field name.
@@ -274,7 +249,7 @@ def policy_problems(block: str, data: Mapping[str, object]) -> list[ConfigError]
             found.append(exc)
     if not found:
         try:
-            _block(cls, field, data)
+            _block(cls, block, data)
         except ConfigError as exc:
             found.append(exc)
     return found
