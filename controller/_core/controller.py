@@ -7,7 +7,6 @@ the backends and the snapshot hub. It never writes a backend's state itself.
 
 from __future__ import annotations
 
-import functools
 import logging
 import random
 from collections.abc import Callable, Mapping
@@ -18,7 +17,6 @@ import trio
 from .._backend.goal import Goal
 from .._backend.loop import Backend
 from .._backend.observe import Observer
-from .._backend.turns import take_turns
 from .._backend.watch import SnapshotHub, SnapshotStream
 from .._model.config import BackendConfig, check_backend_name
 from .._model.errors import (
@@ -26,9 +24,9 @@ from .._model.errors import (
     RolloutError,
     UnknownBackendError,
 )
-from .._model.last_applied import BackendDiff, applied_text, diff_of, merged
+from .._model.last_applied import BackendDiff
 from .._model.load_report import MAX_LOAD_COUNT
-from .._model.manifest import BackendDecl, Manifest
+from .._model.manifest import Manifest
 from .._model.nodes import NodeRow
 from .._model.policy import RestartPolicy
 from .._model.records import RevisionsRecord
@@ -43,12 +41,11 @@ from .._model.status import (
     ControllerStatus,
     LoadReport,
 )
-from .._model.steering import asked
 from .._ports.runtime import Runtime
 from .._ports.store import Store
 from .._routing.handle import Handle
 from .._serving import handles
-from . import rollouts as rollouts
+from . import manifests, rollouts
 from .desk import Applied, SpecDesk
 from .nodes import NodeDesk
 
@@ -156,52 +153,15 @@ class Controller:
         to it last, as ``kubectl apply`` does: a field the manifest changed since (or dropped)
         is applied, the others keep their live values, so the same file again changes nothing
         that ``scale`` or ``undo`` did. A backend no manifest applied takes it whole."""
-        # Merged under each name's lock (the desk calls `_merge` with the spec it holds).
-        wanted = {d.name: functools.partial(self._merge, d) for d in manifest.backends}
-        applied = {}
-        for decl in manifest.backends:
-            applied[decl.name] = applied_text(decl)
-            await take_turns(len(applied))
         async with self._apply_lock:
-            return await self._desk.change_specs(wanted, prune=prune, cause=cause, applied=applied)
+            return await manifests.apply(self._desk, manifest, prune=prune, cause=cause)
 
     async def preview_manifest(
         self, manifest: Manifest, *, prune: bool = False
     ) -> list[BackendDiff]:
         """What ``apply_manifest`` would change now, backend by backend and field by field
         (``apply --dry-run``); nothing is written. ``ConfigError`` as the apply would raise."""
-        diffs = []
-        for decl in manifest.backends:
-            spec = self._desk.spec(decl.name)
-            live = self._live(decl.name, spec)
-            diffs.append(diff_of(decl.name, live, self._merge(decl, spec)))
-            await take_turns(len(diffs))
-        if prune:
-            named = set(manifest.names)
-            for name in sorted(self._desk.backends):
-                spec = self._desk.spec(name)
-                if name not in named and spec is not None and not spec.deleting:
-                    diffs.append(BackendDiff(name, "deleted"))
-        return diffs
-
-    def _merge(self, decl: BackendDecl, spec: Spec | None) -> tuple[BackendConfig, ReplicaConfig]:
-        try:
-            configs = merged(
-                decl, None if spec is None else spec.applied, self._live(decl.name, spec)
-            )
-        except ConfigError as exc:
-            # The file alone was valid: a value it keeps from the live config breaks a rule.
-            raise ConfigError(
-                f"backend {decl.name!r}: {exc.field}",
-                f"{exc.rule}; with the live values of the fields the file does not change",
-                exc.value,
-            ) from None
-        check_declared(decl.name, *configs)
-        return configs
-
-    def _live(self, name: str, spec: Spec | None) -> tuple[BackendConfig, ReplicaConfig] | None:
-        """The configs last asked of `name`, unless it has none or is being deleted."""
-        return None if spec is None or spec.deleting else asked(spec, self._desk.book(name))
+        return await manifests.preview(self._desk, manifest, prune=prune)
 
     async def apply(
         self,
