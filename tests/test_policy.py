@@ -44,7 +44,7 @@ def tags(n: int, salt: str = "") -> list[str]:
         ({"retries": {"max_retries": 11}}, "BackendConfig.retries.max_retries", "0 to 10"),
         ({"retries": {"budget_percent": 101}}, "retries.budget_percent", "from 0 to 100"),
         ({"retries": {"min_retry_concurrency": -1}}, "min_retry_concurrency", "whole number"),
-        ({"retries": 3}, "BackendConfig.retries", "table of retry fields"),
+        ({"retries": 3}, "BackendConfig.retries", "mapping of field names"),
         ({"rate_limit": {}}, "BackendConfig.rate_limit.requests_per_s", "is required"),
         ({"rate_limit": {"requests_per_s": 0}}, "rate_limit.requests_per_s", "above 0"),
         ({"rate_limit": {"requests_per_s": 1, "burst": 0}}, "rate_limit.burst", "1 to"),
