@@ -16,11 +16,15 @@ from ._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from ._backend.goal import Goal as Goal
+    from ._core.applications import Applications as Applications
     from ._core.controller import Controller as Controller
     from ._core.desk import Applied as Applied
     from ._core.gc import tune_gc as tune_gc
     from ._core.open import open_controller as open_controller
     from ._local.runtime import LocalRuntime as LocalRuntime
+    from ._model.applications import ApplicationStatus as ApplicationStatus
+    from ._model.applications import AppRevision as AppRevision
+    from ._model.applications import MemberStatus as MemberStatus
     from ._model.autoscale import ScaleDecision as ScaleDecision
     from ._model.autoscaling import AutoscalingConfig as AutoscalingConfig
     from ._model.canary import CanaryConfig as CanaryConfig
@@ -45,6 +49,7 @@ if TYPE_CHECKING:
     from ._model.errors import RouteConflictError as RouteConflictError
     from ._model.errors import StartupError as StartupError
     from ._model.errors import StoreError as StoreError
+    from ._model.errors import UnknownApplicationError as UnknownApplicationError
     from ._model.errors import UnknownBackendError as UnknownBackendError
     from ._model.errors import UnknownNodeError as UnknownNodeError
     from ._model.json_values import JSON as JSON
@@ -104,6 +109,11 @@ _HOME: dict[str, str] = {
     "ScaleDecision": "._model.autoscale",
     "ReplicaConfig": "._model.replica_config",
     "Applied": "._core.desk",
+    "Applications": "._core.applications",
+    "ApplicationStatus": "._model.applications",
+    "AppRevision": "._model.applications",
+    "MemberStatus": "._model.applications",
+    "UnknownApplicationError": "._model.errors",
     "Controller": "._core.controller",
     "open_controller": "._core.open",
     "CodeDigest": "._model.code",

@@ -12,6 +12,7 @@ from .._model.errors import (
     RolloutError,
     RouteConflictError,
     StoreError,
+    UnknownApplicationError,
     UnknownBackendError,
     UnknownNodeError,
 )
@@ -25,6 +26,8 @@ def domain_error(exc: ControllerError) -> HTTPError:
     """The status code of each error the controller raises on purpose."""
     if isinstance(exc, UnknownBackendError):
         return HTTPError(404, "UnknownBackend", str(exc))
+    if isinstance(exc, UnknownApplicationError):
+        return HTTPError(404, "UnknownApplication", str(exc))
     if isinstance(exc, UnknownNodeError):
         return HTTPError(404, "UnknownNode", str(exc))
     if isinstance(exc, NodesUnsupportedError):

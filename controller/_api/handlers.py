@@ -343,7 +343,7 @@ class Handlers:
         """An apply's body, checked: the manifest, whether to prune, and the cause."""
         if not isinstance(data, dict):
             raise HTTPError(422, "Invalid", "the body must be an object")
-        fields = {"backends", "prune", "source", "message", "source_digest", "via"}
+        fields = {"backends", "applications", "prune", "source", "message", "source_digest", "via"}
         unknown = sorted(set(data) - fields)
         if unknown:
             raise HTTPError(422, "Invalid", f"unknown fields: {', '.join(unknown)}")
@@ -362,11 +362,12 @@ class Handlers:
             manifest_digest=data.get("source_digest"),
         )
         backends = data.get("backends", {})
+        body = {"backends": backends}
+        if "applications" in data:
+            body["applications"] = data["applications"]
         # Two backends claiming one route is a conflict (409), as when the route is another's
         # already, not a fault of the body's shape: the schema holds each alone.
-        parse = functools.partial(
-            parse_manifest, {"backends": backends}, source, check_routes=False
-        )
+        parse = functools.partial(parse_manifest, body, source, check_routes=False)
         try:
             if isinstance(backends, dict) and len(backends) > PARSE_INLINE_MAX:
                 # ~0.1 ms a backend: thousands would stall the loop (and the lease) for

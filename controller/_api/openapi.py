@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._model.status import BackendState
+from .application_schemas import PATHS as APPLICATION_PATHS
 from .listing import MAX_LIMIT
 from .nodes import PATHS as NODE_PATHS
 from .operations import (
@@ -356,6 +357,7 @@ OPENAPI: dict[str, Any] = {
             )
         },
         **NODE_PATHS,
+        **APPLICATION_PATHS,
         "/api/v1/shutdown": {
             "post": operation(
                 "Drain and delete every backend, then stop the daemon",

@@ -23,6 +23,8 @@ _ERRORS = {
     "a parameter of the wrong type)",
     "401": "No token, or a wrong one",
     "404": "No such backend",
+    "404-application": "No such application (UnknownApplication), or it keeps no such revision "
+    "(UnknownRevision)",
     "404-revision": "No such backend, or it keeps no such revision (UnknownRevision)",
     "409": "Valid, but it cannot be placed on the runtime (beside what runs already), or its "
     "route leads to another backend (RouteConflict); nothing was applied",

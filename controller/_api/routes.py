@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 
+from . import applications as apps
 from .handlers import Answer, Call, Handlers
 
 Handler = Callable[[Handlers, Call], Awaitable[Answer]]
@@ -37,6 +38,7 @@ def _path(pattern: str, methods: str, handler: Handler, **flags: Any) -> Route:
 
 
 _NAME = r"/api/v1/backends/([^/]+)"
+_APP = r"/api/v1/applications/([^/]+)"
 _ROUTES = [
     _path(r"/healthz", "GET HEAD", Handlers._healthz, public=True),
     _path(r"/metrics", "GET HEAD", Handlers._metrics),
@@ -49,6 +51,10 @@ _ROUTES = [
     _path(_NAME + "/(undo|pause|resume|restart|promote|abort)", "POST", Handlers._steer),
     _path(_NAME + "/scale", "POST", Handlers._scale),
     _path(_NAME + "/history", "GET HEAD", Handlers._history_of),
+    _path(r"/api/v1/applications", "GET HEAD", apps.list_applications),
+    _path(_APP, "GET HEAD DELETE", apps.application),
+    _path(_APP + "/revisions", "GET HEAD", apps.revisions),
+    _path(_APP + "/(undo|restart|promote|abort)", "POST", apps.steer),
     _path(r"/api/v1/changes", "GET HEAD", Handlers._changes_since),
     _path(r"/api/v1/console/links", "POST", Handlers._login_link, anywhere=True),
     _path(r"/api/v1/apply", "POST", Handlers._apply_body, bodies=frozenset({"POST"})),

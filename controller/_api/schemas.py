@@ -17,6 +17,7 @@ from .._model.load_report import (
 )
 from .._model.replica_config import ReplicaConfig
 from .._model.revisions import MAX_MANIFEST
+from .application_schemas import SCHEMAS as APPLICATION_SCHEMAS
 from .nodes import SCHEMAS as NODE_SCHEMAS
 from .rollout_schemas import ROLLOUT_SCHEMAS
 from .schema_parts import (
@@ -81,7 +82,16 @@ SCHEMAS: dict[str, Any] = {
             "additionalProperties": ref("Backend"),
             "description": "The backends of a manifest, by name",
         },
-        prune={**BOOL, "description": "Delete every backend not named here"},
+        applications={
+            "type": "object",
+            "propertyNames": {"pattern": f"^{NAME_PATTERN}$"},
+            "additionalProperties": ref("ApplicationDecl"),
+            "description": "Applications grouping backends of `backends`, by name",
+        },
+        prune={
+            **BOOL,
+            "description": "Delete every backend (and application) not named here",
+        },
         source={
             **STRING,
             "maxLength": MAX_MANIFEST,
@@ -101,6 +111,7 @@ SCHEMAS: dict[str, Any] = {
     **ROLLOUT_SCHEMAS,
     **STATUS_SCHEMAS,
     **NODE_SCHEMAS,
+    **APPLICATION_SCHEMAS,
     "LoadReport": obj(
         {
             "source": {

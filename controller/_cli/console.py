@@ -14,7 +14,8 @@ import webbrowser
 
 from .client import CLIError, make_client
 from .options import NAME_HELP, WAIT_TIMEOUT_HELP
-from .rollout import backend_path, seconds, wait_for
+from .rollout import backend_path, seconds
+from .waiting import wait_for
 
 
 def cmd_console(args: argparse.Namespace) -> int:

@@ -29,10 +29,11 @@ import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._model.errors import ManifestError
 from .._model.text import safe_text
+from . import applications as apps
 from .client import CLIError, describe_error, make_client
 from .console import add_console_parsers
 from .ingress import add_ingress_parser, describe_ingress
@@ -46,8 +47,12 @@ from .output import (
     print_log,
     print_table,
 )
-from .rollout import add_rollout_parser, seconds, wait_for
+from .rollout import add_rollout_parser, seconds
 from .run import add_run_parser
+from .waiting import wait_for
+
+if TYPE_CHECKING:
+    from .._model.manifest import Manifest
 
 #: How often ``logs --follow`` asks for what is new.
 _FOLLOW_S = 0.5
@@ -82,8 +87,14 @@ def cmd_apply(args: argparse.Namespace) -> int:
     backends = {
         b.name: {k: v for k, v in b.to_dict().items() if k in b.given} for b in manifest.backends
     }
+    groups = {"applications": _applications(manifest)} if manifest.applications else {}
     if args.dry_run:
-        body = {"backends": backends, "prune": args.prune, "source": _one_line(str(args.file))}
+        body = {
+            "backends": backends,
+            **groups,
+            "prune": args.prune,
+            "source": _one_line(str(args.file)),
+        }
         print_diff(client.ok("POST", "/api/v1/apply/diff", body)["backends"])
         return 0
     result = client.ok(
@@ -91,6 +102,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
         "/api/v1/apply",
         {
             "backends": backends,
+            **groups,
             "prune": args.prune,
             "source": _one_line(str(args.file)),
             "source_digest": digest,
@@ -113,8 +125,22 @@ def cmd_apply(args: argparse.Namespace) -> int:
     return wait_for(client, names, deleting, args.timeout, ours)
 
 
+def _applications(manifest: Manifest) -> dict[str, Any]:
+    """A manifest's applications as an apply's body names them."""
+    return {
+        a.name: {"entry": a.entry, "backends": list(a.members[1:])} for a in manifest.applications
+    }
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     client = make_client(args)
+    app = apps.application_of(client, args.name) if args.name else None
+    if app is not None:
+        if args.json:
+            print(json.dumps(app, indent=2))
+        else:
+            apps.print_application(app)
+        return 0
     if args.name:
         status = client.ok("GET", f"/api/v1/backends/{urllib.parse.quote(args.name)}")
         if args.json:
@@ -131,6 +157,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("no backends")
     else:
         print_table(backends)
+        apps.print_applications(client)
     leadership = answer.get("leadership")
     if isinstance(leadership, dict):
         print(describe_leadership(leadership))
@@ -206,6 +233,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 def cmd_delete(args: argparse.Namespace) -> int:
     client = make_client(args)
+    if apps.application_of(client, args.name) is not None:
+        return apps.delete(client, args)
     path = f"/api/v1/backends/{urllib.parse.quote(args.name)}"
     result = client.ok("DELETE", path + ("?force=true" if args.force else ""))
     print(f"backend/{args.name} deleting (generation {result['generation']})")

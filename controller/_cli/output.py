@@ -283,3 +283,23 @@ def canary_line(canary: Mapping[str, Any]) -> str:
         f"{clock}; {side('canary', canary['canary'])}; {side('stable', canary['stable'])}; "
         f"gates ({canary['gates']}): {canary['verdict']}"
     )
+
+
+def describe_cause(revision: dict[str, Any]) -> str:
+    """``undo to revision 2, cli, from app.toml: "bad release"``: who asked, from which file,
+    what they said (as the controller's events say it)."""
+    cause = revision["cause"]
+    parts = []
+    if revision.get("automatic"):
+        parts.append(f"automatic rollback to revision {revision['restores']}")
+    elif revision.get("restores") is not None:
+        parts.append(f"undo to revision {revision['restores']}")
+    elif revision.get("restarts") is not None:
+        parts.append(f"restart of revision {revision['restarts']}")
+    parts.append(cause["via"])
+    if cause["manifest"] is not None:
+        parts.append(f"from {cause['manifest']}")
+    text = ", ".join(parts)
+    if cause["message"] is not None:
+        text += f": {json.dumps(cause['message'], ensure_ascii=False)}"
+    return text

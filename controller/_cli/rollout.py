@@ -1,5 +1,5 @@
-"""``controller rollout``: a backend's revisions, and steering its rollouts; and the wait that
-follows a change until its goal ends (``rollout status``, ``wait``, ``apply --wait``).
+"""``controller rollout``: a backend's revisions, and steering its rollouts (an application's
+too, by its name: ``applications``); the wait that follows is ``waiting``'s.
 
 controller rollout history NAME [--json]
 controller rollout undo NAME [--to-revision N] [--force] [--message TEXT] [--wait]
@@ -15,19 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-import time
 import urllib.parse
-from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._model.text import one_line
-from .client import Client, CLIError, leader_answer, make_client
+from . import applications as apps
+from .client import make_client
 from .options import WAIT_TIMEOUT_HELP
-from .output import age, canary_line, indent, since, table
-
-#: The longest a watch request waits before the CLI refreshes what it shows.
-_REFRESH_S = 1.0
+from .output import age, describe_cause, since, table
+from .waiting import wait_for
 
 
 def backend_path(name: str, *rest: str) -> str:
@@ -39,6 +34,8 @@ def backend_path(name: str, *rest: str) -> str:
 
 def cmd_history(args: argparse.Namespace) -> int:
     client = make_client(args)
+    if apps.application_of(client, args.name) is not None:
+        return apps.history(client, args)
     revisions = client.ok("GET", backend_path(args.name, "revisions"))["revisions"]
     if args.json:
         print(json.dumps(revisions, indent=2))
@@ -49,6 +46,9 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 def cmd_undo(args: argparse.Namespace) -> int:
     client = make_client(args)
+    if apps.application_of(client, args.name) is not None:
+        body = {"to_revision": args.to_revision, "force": args.force, "message": args.message}
+        return apps.steer(client, args, "undo", {**body, "via": "cli"})
     before = client.ok("GET", backend_path(args.name))
     body = {
         "to_revision": args.to_revision,
@@ -72,6 +72,8 @@ def cmd_undo(args: argparse.Namespace) -> int:
 
 def cmd_restart(args: argparse.Namespace) -> int:
     client = make_client(args)
+    if apps.application_of(client, args.name) is not None:
+        return apps.steer(client, args, "restart", {"message": args.message, "via": "cli"})
     body = {"message": args.message, "via": "cli"}
     result = client.ok("POST", backend_path(args.name, "restart"), body)
     print(
@@ -109,6 +111,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_canary(args: argparse.Namespace) -> int:
     client = make_client(args)
+    if apps.application_of(client, args.name) is not None:
+        return apps.steer(client, args, args.verb, {"via": "cli"})
     before = client.ok("GET", backend_path(args.name))
     canary = (before.get("rollout") or {}).get("canary") or {}
     result = client.ok("POST", backend_path(args.name, args.verb), {"via": "cli"})
@@ -166,141 +170,6 @@ def _code_column(revision: dict[str, Any]) -> str:
     if changed is None:
         return "unknown"
     return "CHANGED" if changed else "matches"
-
-
-def describe_cause(revision: dict[str, Any]) -> str:
-    """``undo to revision 2, cli, from app.toml: "bad release"``: who asked, from which file,
-    what they said (as the controller's events say it)."""
-    cause = revision["cause"]
-    parts = []
-    if revision["automatic"]:
-        parts.append(f"automatic rollback to revision {revision['restores']}")
-    elif revision["restores"] is not None:
-        parts.append(f"undo to revision {revision['restores']}")
-    elif revision.get("restarts") is not None:
-        parts.append(f"restart of revision {revision['restarts']}")
-    parts.append(cause["via"])
-    if cause["manifest"] is not None:
-        parts.append(f"from {cause['manifest']}")
-    text = ", ".join(parts)
-    if cause["message"] is not None:
-        text += f": {json.dumps(cause['message'], ensure_ascii=False)}"
-    return text
-
-
-# -- waiting, like `kubectl rollout status` --
-
-
-def wait_for(
-    client: Client,
-    names: Sequence[str],
-    deleting: set[str],
-    timeout: float,
-    ours: Mapping[str, int] | None = None,
-) -> int:
-    """Show each backend's progress until every goal resolves. 0 if all reached, 1 if any
-    backend is DEPLOY_FAILED, or was changed again by someone else (its generation moved past
-    `ours`), or the wait timed out."""
-    ours = ours or {}
-    deadline = time.monotonic() + timeout
-    shown: dict[str, str] = {}
-    canaries: dict[str, tuple[int, str, str]] = {}
-    tracebacks: dict[str, str | None] = {}
-    cursor, epoch = 0, ""
-    while True:
-        # The leader's own word only: a standby's copy lags, and a leader that stepped down
-        # may still show its closed controller's last state.
-        answer = leader_answer(client, "/api/v1/backends", deadline)
-        statuses = {b["name"]: b for b in answer["backends"]}
-        pending, failed = [], []
-        for name in names:
-            status = statuses.get(name)
-            if status is not None and status["generation"] > ours.get(name, status["generation"]):
-                failed.append(name)
-                line = f"superseded by generation {status['generation']}, a later change"
-                rollout = status.get("rollout") or {}
-                if rollout.get("automatic"):
-                    # The later change is the controller's own: the rollout failed.
-                    line = (
-                        f"the rollout failed: {_why_failed(client, name)}; the rollback is "
-                        f"revision {rollout['revision']} (`controller rollout status {name}` "
-                        "follows it)"
-                    )
-            elif name in deleting:
-                if status is None:
-                    line = "deleted"
-                else:
-                    pending.append(name)
-                    line = f"deleting: {one_line(status['message'])}"
-            elif status is None:
-                failed.append(name)
-                line = "not found (deleted meanwhile?)"
-            else:
-                canary = (status.get("rollout") or {}).get("canary")
-                steps = canary is not None and canary["phase"] not in ("promoted", "aborted")
-                # During a canary's steps both revisions serve: what is ready is all of them.
-                ready = status["ready"] if steps else status["ready_of_version"]
-                message = one_line(status["message"])
-                line = f"{ready}/{status['desired']} ready, {status['state']}: {message}"
-                if status["state"] == "DEPLOY_FAILED":
-                    failed.append(name)
-                    rollout = status.get("rollout") or {}
-                    if rollout.get("outcome") == "failed" and rollout.get("error"):
-                        line += f" (the rollout failed: {one_line(rollout['error'])})"
-                    else:
-                        line += f" (last error: {one_line(status['last_error'])})"
-                    if status["reason"] in ("StartFailures", "ReconfigureFailed"):
-                        # The replica's own traceback is of that failure; not of a deadline's.
-                        tracebacks[name] = status.get("last_traceback")
-                elif not status["goal_done"]:
-                    pending.append(name)
-            if shown.get(name) != line:
-                shown[name] = line
-                print(f"backend/{name}: {line}", flush=True)
-            canary = ((status or {}).get("rollout") or {}).get("canary")
-            if canary is not None and canary["phase"] not in ("promoted", "aborted"):
-                # Shown when its step, phase or verdict moves: the numbers move always.
-                said = (canary["step"], canary["phase"], canary["verdict"])
-                if said != canaries.get(name):
-                    canaries[name] = said
-                    print(f"backend/{name}: {canary_line(canary)}", flush=True)
-        if not pending:
-            if failed:
-                for name in failed:
-                    if tracebacks.get(name):
-                        print(f"backend/{name}: the replica's traceback:", file=sys.stderr)
-                        print(indent(str(tracebacks[name])), file=sys.stderr)
-                print(f"failed: {', '.join(failed)}", file=sys.stderr)
-                return 1
-            print("done")
-            return 0
-        left = deadline - time.monotonic()
-        if left <= 0:
-            still = ", ".join(pending)
-            print(f"timed out after {timeout:g}s; still going: {still}", file=sys.stderr)
-            return 1
-        # Wake on any change of serving replicas, or after a moment for the rest (starts).
-        query = urllib.parse.urlencode(
-            {"since": cursor, "epoch": epoch, "timeout_s": min(_REFRESH_S, left)}
-        )
-        try:
-            # Bounded near the long poll's own wait: a paused leader must not hold it.
-            change = client.ok("GET", f"/api/v1/watch?{query}", timeout=min(_REFRESH_S, left) + 5)
-        except CLIError:
-            # The daemon went away or stopped leading under the wait: the next status
-            # (above) finds whoever leads now.
-            cursor, epoch = 0, ""
-            continue
-        cursor, epoch = change["cursor"], change["epoch"]
-
-
-def _why_failed(client: Client, name: str) -> str:
-    """The error of `name`'s newest failed revision (the one a rollback undid)."""
-    kept = client.ok("GET", f"/api/v1/backends/{urllib.parse.quote(name)}/revisions")
-    for revision in reversed(kept["revisions"]):
-        if revision["outcome"] == "failed":
-            return str(revision["error"])
-    return "see `controller rollout history`"
 
 
 #: The longest a CLI command waits (a year): past it, a typo.

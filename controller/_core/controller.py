@@ -46,6 +46,7 @@ from .._ports.store import Store
 from .._routing.handle import Handle
 from .._serving import handles
 from . import manifests, rollouts
+from .applications import Applications
 from .desk import Applied, SpecDesk
 from .nodes import NodeDesk
 
@@ -83,6 +84,7 @@ class Controller:
             roll_back=self._roll_back_soon,
         )
         self._backends = self._desk.backends
+        self._apps = Applications(self._desk)
         self._nodes = NodeDesk(runtime, store, self._backends, self._desk.nodes)
 
     # -- changing specs --
@@ -154,13 +156,14 @@ class Controller:
         is applied, the others keep their live values, so the same file again changes nothing
         that ``scale`` or ``undo`` did. A backend no manifest applied takes it whole."""
         async with self._apply_lock:
-            return await manifests.apply(self._desk, manifest, prune=prune, cause=cause)
+            return await self._apps.apply(manifest, prune=prune, cause=cause)
 
     async def preview_manifest(
         self, manifest: Manifest, *, prune: bool = False
     ) -> list[BackendDiff]:
         """What ``apply_manifest`` would change now, backend by backend and field by field
         (``apply --dry-run``); nothing is written. ``ConfigError`` as the apply would raise."""
+        self._apps.check(manifest, prune)
         return await manifests.preview(self._desk, manifest, prune=prune)
 
     async def apply(
@@ -181,13 +184,27 @@ class Controller:
                 )
             check_declared(name, *configs)
         async with self._apply_lock:
-            return await self._desk.change_specs(dict(backends), prune=prune, cause=cause)
+            return await self._apps.apply_backends(backends, prune=prune, cause=cause)
 
     async def delete(self, name: str, *, force: bool = False) -> Goal:
         """Drain and stop every replica of `name`, then forget it. Returns once the intent is
         durable, with the goal to await. `force` skips the graceful drain, and cuts short the
-        drains under way."""
+        drains under way. A member of an application is deleted with it (``applications``)."""
+        app = self._apps.owner(name)
+        if app is not None:
+            raise RolloutError(
+                "Member",
+                f"backend {name!r} is a member of application {app!r}: delete the application "
+                f"(`controller delete {app}`), or apply its manifest without this backend",
+            )
         return await self._desk.delete(name, force=force)
+
+    @property
+    def applications(self) -> Applications:
+        """The applications (backends applied as one, ``[applications.NAME]`` of a manifest):
+        their status and revisions, and undo, restart, delete and canary steps of every member
+        at once."""
+        return self._apps
 
     # -- steering rollouts (the work is in ``rollouts``) --
 
@@ -251,6 +268,7 @@ class Controller:
     def _roll_back_soon(self, name: str, failed: int) -> None:
         """A backend's rollout of revision `failed` failed, with ``on_failure = "rollback"``."""
         self._desk.start_soon(rollouts.roll_back, self._desk, name, failed)
+        self._apps.rolled_back(name, failed)
 
     # -- nodes --
 

@@ -47,6 +47,8 @@ from .routes import RouteClaims, route_of
 
 #: A backend's two configs, as a deploy names them.
 Configs = tuple[BackendConfig, ReplicaConfig]
+#: More writes for a commit's batch, made from the specs it writes (by name).
+Also = Callable[[Mapping[str, Spec]], Mapping[str, str | None]]
 
 logger = logging.getLogger("controller")
 
@@ -180,11 +182,12 @@ class SpecDesk:
         prune: bool,
         cause: Cause | None,
         applied: Mapping[str, str] | None = None,
+        also: Also | None = None,
     ) -> Applied:
         """Write the specs `wanted` (each given, or made from the spec asked last, read under
         its name's lock) and hand them to their loops. `applied`: for a manifest's apply, the
         fields it set per backend, kept for the next apply's merge (a change of them alone is
-        written too)."""
+        written too). `also`: see ``commit``."""
         texts = applied or {}
         async with self.hold(wanted) as locks:
             declared = {}
@@ -233,7 +236,7 @@ class SpecDesk:
                 if name in self._backends and not self._requested[name][0].deleting:
                     old = self._requested[name][0]
                     records[name] = SpecChange(delete_record(name, old, force=False))
-            handovers = await self.commit(records)
+            handovers = await self.commit(records, also)
             result = Applied(
                 goals={name: self._requested[name][1] for name in declared},
                 changed=frozenset(n for n in records if n in declared),
@@ -269,11 +272,15 @@ class SpecDesk:
             and asked(spec, self._books[name]) == (backend_config, replica_config)
         )
 
-    async def commit(self, changes: Mapping[str, SpecChange]) -> list[trio.Event]:
+    async def commit(
+        self, changes: Mapping[str, SpecChange], also: Also | None = None
+    ) -> list[trio.Event]:
         """Write `changes` in one batch (each spec with its revisions), after checking that every
         scale-up among them fits, and hand each to its backend's loop (making new backends).
+        `also` makes more of the batch from the new specs (an application's record, which
+        names its members' revisions); what it raises stops the change before any write.
         The caller holds the lock of every name involved. Returns the hand-overs to wait for."""
-        if not changes:
+        if not changes and also is None:
             return []
         specs: dict[str, Spec] = {}
         writes: dict[str, str | None] = {}
@@ -281,6 +288,10 @@ class SpecDesk:
             specs[name] = Spec.from_record(change.record)
             writes[spec_key(name)] = dump(change.record)
             await take_turns(len(specs))
+        if also is not None:
+            writes.update(also(specs))
+            if not writes:
+                return []
         claims = self._routes.claim(specs, self._routed.items())
         try:
             reserved = await self._reservations.reserve(specs)

@@ -15,19 +15,26 @@ from .._model.replica_config import ReplicaConfig
 from .._model.revisions import Cause
 from .._model.spec import Spec, check_declared
 from .._model.steering import asked
-from .desk import Applied, SpecDesk
+from .desk import Also, Applied, SpecDesk
 
 
-async def apply(desk: SpecDesk, manifest: Manifest, *, prune: bool, cause: Cause | None) -> Applied:
+async def apply(
+    desk: SpecDesk,
+    manifest: Manifest,
+    *,
+    prune: bool,
+    cause: Cause | None,
+    also: Also | None = None,
+) -> Applied:
     """The backends `manifest` declares, all of them or none (the caller holds its apply
-    lock)."""
+    lock); `also` writes its applications' records in the same batch."""
     # Merged under each name's lock (the desk calls `_merge` with the spec it holds).
     wanted = {d.name: functools.partial(_merge, desk, d) for d in manifest.backends}
     applied = {}
     for decl in manifest.backends:
         applied[decl.name] = applied_text(decl)
         await take_turns(len(applied))
-    return await desk.change_specs(wanted, prune=prune, cause=cause, applied=applied)
+    return await desk.change_specs(wanted, prune=prune, cause=cause, applied=applied, also=also)
 
 
 async def preview(desk: SpecDesk, manifest: Manifest, *, prune: bool) -> list[BackendDiff]:

@@ -74,7 +74,12 @@ async def open_controller(
                     source = partial(ControllerSource, controller)
                     handles.configure(source, replace=False, owner=controller)
                     await recover(
-                        store, runtime, controller._restored, inner, controller._nodes.restore
+                        store,
+                        runtime,
+                        controller._restored,
+                        inner,
+                        controller._nodes.restore,
+                        controller.applications.restore,
                     )
                     try:
                         yield controller

@@ -17,6 +17,7 @@ from .._backend.history import plural
 from .._backend.loop import Backend
 from .._backend.tasks import kill_replica
 from .._backend.turns import in_turns, take_turns
+from .._model.applications import ApplicationRecord
 from .._model.checkpoint import parse_in_steps
 from .._model.placement import Demand
 from .._model.records import RevisionsRecord, events_key, page_key, replicas_key, revisions_key
@@ -34,6 +35,7 @@ async def recover(
     new_backend: Callable[[str, Spec, RevisionsRecord | None], Backend],
     nursery: trio.Nursery,
     restore_nodes: Callable[[Mapping[str, str]], None] = lambda items: None,
+    restore_applications: Callable[[Mapping[str, ApplicationRecord]], None] = lambda r: None,
 ) -> None:
     """Rebuild every stored backend with `new_backend`, and start their tasks in `nursery`.
 
@@ -43,6 +45,7 @@ async def recover(
     items = await store.read_all()
     restore_nodes(items)  # the backends' first passes know which nodes are drained
     checkpoint = await in_turns(parse_in_steps(items))
+    restore_applications(checkpoint.applications)
     live = set(await runtime.list_replicas())
     backends: list[Backend] = []
     named: set[str] = set()

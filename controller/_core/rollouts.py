@@ -73,7 +73,7 @@ async def undo(
     ):
         raise ConfigError("to_revision", "must be None or a revision's number (>= 1)", to_revision)
     async with desk.hold([name]):
-        old, book = _steerable(desk, name, "undo")
+        old, book = steerable(desk, name, "undo")
         running = book.get(old.revision)
         if to_revision is None:
             target = book.last_good(unlike=None if running is None else running.digest)
@@ -85,12 +85,12 @@ async def undo(
                     "one with to_revision (see its revisions)",
                 )
         else:
-            target = _kept(name, book, to_revision)
+            target = kept_revision(name, book, to_revision)
         if running is not None and target.digest == running.digest:
             return desk.goal(name)  # what runs already: nothing to do
         if not force:
-            _check_code(desk, name, target)
-        change = _undo_change(desk, name, old, book, target, cause or Cause())
+            refuse_changed_code(desk, name, target)
+        change = undo_change_for(desk, name, old, book, target, cause or Cause())
         handovers = await desk.commit({name: change})
         goal = desk.goal(name)
     await desk.handed_over(handovers)
@@ -101,21 +101,11 @@ async def restart(desk: SpecDesk, name: str, *, cause: Cause | None) -> Goal:
     """Replace every replica of `name` with one of the same content running the code on disk
     now: a new revision, rolled out under the backend's surge and unavailability limits."""
     async with desk.hold([name]):
-        old, book = _steerable(desk, name, "restart")
+        old, book = steerable(desk, name, "restart")
         running = book.get(old.revision)
         if running is None:  # only a spec read from a store before revisions, until recovery
             raise RolloutError("NoRevision", f"backend {name!r} has no revision to restart yet")
-        change = restart_change(
-            name,
-            old,
-            running,
-            book,
-            cause=cause or Cause(),
-            code_of=desk.code_of,
-            now=time.time(),
-            held=desk.held(name),
-            live=desk.live_revisions(name),
-        )
+        change = restart_change_for(desk, name, old, running, book, cause or Cause())
         handovers = await desk.commit({name: change})
         goal = desk.goal(name)
     await desk.handed_over(handovers)
@@ -125,7 +115,7 @@ async def restart(desk: SpecDesk, name: str, *, cause: Cause | None) -> Goal:
 async def steer(desk: SpecDesk, name: str, what: str) -> Goal:
     """Pause or resume `name`; either is a no-op if it is so already."""
     async with desk.hold([name]):
-        old, book = _steerable(desk, name, what)
+        old, book = steerable(desk, name, what)
         change = None
         if what == "pause" and not old.paused:
             change = pause_change(name, old)
@@ -155,7 +145,7 @@ async def roll_back(desk: SpecDesk, name: str, failed: int) -> None:
                 kept = book.get(failed)
                 why = "its canary was aborted" if kept and kept.canary_of else "on_failure=rollback"
                 cause = Cause("controller", f"revision {failed} failed ({why})")
-                change = _undo_change(desk, name, old, book, target, cause, automatic=True)
+                change = undo_change_for(desk, name, old, book, target, cause, automatic=True)
                 handovers = await desk.commit({name: change})
                 backend.journal.event(
                     "RollingBack",
@@ -198,7 +188,7 @@ def code_changed(revision: Revision, now: CodeDigest | None) -> bool | None:
     return now is None or now.digest != revision.code.digest
 
 
-def _steerable(desk: SpecDesk, name: str, what: str) -> tuple[Spec, RevisionBook]:
+def steerable(desk: SpecDesk, name: str, what: str) -> tuple[Spec, RevisionBook]:
     old = desk.spec(name)
     if old is None:
         raise UnknownBackendError(name)
@@ -224,7 +214,7 @@ def _steerable(desk: SpecDesk, name: str, what: str) -> tuple[Spec, RevisionBook
     return old, desk.book(name)
 
 
-def _kept(name: str, book: RevisionBook, number: int) -> Revision:
+def kept_revision(name: str, book: RevisionBook, number: int) -> Revision:
     revision = book.get(number)
     if revision is None:
         kept = ", ".join(str(r.number) for r in book.revisions) or "none"
@@ -234,7 +224,7 @@ def _kept(name: str, book: RevisionBook, number: int) -> Revision:
     return revision
 
 
-def _check_code(desk: SpecDesk, name: str, target: Revision) -> None:
+def refuse_changed_code(desk: SpecDesk, name: str, target: Revision) -> None:
     entrypoint = target.content.replica_config.entrypoint
     if code_changed(target, desk.code_of(entrypoint)):
         recorded = target.code
@@ -247,7 +237,23 @@ def _check_code(desk: SpecDesk, name: str, target: Revision) -> None:
         )
 
 
-def _undo_change(
+def restart_change_for(
+    desk: SpecDesk, name: str, old: Spec, running: Revision, book: RevisionBook, cause: Cause
+) -> SpecChange:
+    return restart_change(
+        name,
+        old,
+        running,
+        book,
+        cause=cause,
+        code_of=desk.code_of,
+        now=time.time(),
+        held=desk.held(name),
+        live=desk.live_revisions(name),
+    )
+
+
+def undo_change_for(
     desk: SpecDesk,
     name: str,
     old: Spec,

@@ -33,6 +33,7 @@ import attrs
 import cattrs
 from cattrs.gen import make_dict_unstructure_fn, override
 
+from .applications import APPLICATIONS_PREFIX, ApplicationRecord
 from .config import BackendConfig
 from .errors import CheckpointError, ControllerError
 from .fields import fields_of
@@ -129,11 +130,24 @@ def _content_from(data: Any) -> RevisionContent:
 _converter = _make_converter()
 
 _T = TypeVar("_T")
-_R = TypeVar("_R", SpecRecord, ReplicasRecord, ReplicaPageRecord, EventsRecord, RevisionsRecord)
+_R = TypeVar(
+    "_R",
+    SpecRecord,
+    ReplicasRecord,
+    ReplicaPageRecord,
+    EventsRecord,
+    RevisionsRecord,
+    ApplicationRecord,
+)
 
 
 def dump(
-    record: SpecRecord | ReplicasRecord | ReplicaPageRecord | EventsRecord | RevisionsRecord,
+    record: SpecRecord
+    | ReplicasRecord
+    | ReplicaPageRecord
+    | EventsRecord
+    | RevisionsRecord
+    | ApplicationRecord,
 ) -> str:
     """The record as compact JSON text."""
     return json.dumps(_converter.unstructure(record), separators=(",", ":"), allow_nan=False)
@@ -256,6 +270,7 @@ class Checkpoint:
     replicas: dict[str, ReplicasRecord]
     events: dict[str, EventsRecord] = attrs.field(factory=dict)
     revisions: dict[str, RevisionsRecord] = attrs.field(factory=dict)
+    applications: dict[str, ApplicationRecord] = attrs.field(factory=dict)
 
 
 #: How many keys `parse_in_steps` parses between two of its steps.
@@ -282,6 +297,7 @@ def parse_in_steps(items: dict[str, str]) -> Generator[None, None, Checkpoint]:
     pages: dict[str, dict[int, ReplicaPageRecord]] = {}
     events: dict[str, EventsRecord] = {}
     revisions: dict[str, RevisionsRecord] = {}
+    applications: dict[str, ApplicationRecord] = {}
     for done, (key, text) in enumerate(items.items(), 1):
         if done % KEYS_A_STEP == 0:
             yield
@@ -316,6 +332,10 @@ def parse_in_steps(items: dict[str, str]) -> Generator[None, None, Checkpoint]:
             _check_name(key, REVISIONS_PREFIX, kept.name)
             _check_numbers(key, kept)
             revisions[kept.name] = kept
+        elif key.startswith(APPLICATIONS_PREFIX):
+            application = load(key, text, ApplicationRecord)
+            _check_name(key, APPLICATIONS_PREFIX, application.name)
+            applications[application.name] = application
         # Other keys belong to other users of a shared store (the daemon's own settings, say).
     for prefix, records in (
         (REPLICAS_PREFIX, replicas.keys() | pages.keys()),
@@ -364,7 +384,13 @@ def parse_in_steps(items: dict[str, str]) -> Generator[None, None, Checkpoint]:
                     f"twice; {_UNTOUCHED}"
                 )
             owner[replica.tag] = name
-    return Checkpoint(specs=specs, replicas=replicas, events=events, revisions=revisions)
+    return Checkpoint(
+        specs=specs,
+        replicas=replicas,
+        events=events,
+        revisions=revisions,
+        applications=applications,
+    )
 
 
 def _with_pages(record: ReplicasRecord, held: dict[int, ReplicaPageRecord]) -> ReplicasRecord:

@@ -47,6 +47,19 @@ class UnknownBackendError(ControllerError, LookupError):
         return str(self.args[0])
 
 
+class UnknownApplicationError(ControllerError, LookupError):
+    """A call named an application the controller does not have."""
+
+    def __init__(self, name: str):
+        self.name = name
+        super().__init__(
+            f"application {name!r} is not applied (`controller status` lists those that are)"
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class InfeasibleError(ControllerError):
     """The runtime cannot place the replicas a deploy asks for; nothing was written or started."""
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import attrs
 
+from .applications import AppDecl, parse_applications
 from .autoscaling import problems_of
 from .config import BackendConfig, check_backend_name
 from .errors import ConfigError, ManifestError
@@ -57,9 +58,10 @@ class BackendDecl:
 
 @attrs.frozen
 class Manifest:
-    """Declared backends, by name."""
+    """Declared backends, by name, and the applications that group some of them."""
 
     backends: tuple[BackendDecl, ...]
+    applications: tuple[AppDecl, ...] = ()
 
     @property
     def names(self) -> list[str]:
@@ -103,15 +105,18 @@ def _format(path: Path) -> str:
 
 
 def parse_manifest(data: object, source: str, *, check_routes: bool = True) -> Manifest:
-    """Check a manifest given as data: ``{"backends": {name: {field: value}}}``. Without
+    """Check a manifest given as data: ``{"backends": {name: {field: value}}}``, and
+    ``"applications"`` grouping some of them (``applications.AppDecl``). Without
     `check_routes`, two backends with one route are left for the controller to refuse as a
     conflict (``RouteConflictError``), as the API does: each backend is valid alone."""
     if not isinstance(data, Mapping):
         raise ManifestError(source, ["must be a table with a 'backends' table in it"])
     problems: list[str] = []
     for key in data:
-        if key != "backends":
-            problems.append(f"{key}: unknown top-level key; the only one is 'backends'")
+        if key not in ("backends", "applications"):
+            problems.append(
+                f"{key}: unknown top-level key; the keys are 'backends' and 'applications'"
+            )
     backends = data.get("backends", {})
     if not isinstance(backends, Mapping):
         problems.append("backends: must be a table of backend name to its fields")
@@ -132,9 +137,13 @@ def parse_manifest(data: object, source: str, *, check_routes: bool = True) -> M
             )
         elif route is not None:
             routes[route] = decl.name
+    applications: tuple[AppDecl, ...] = ()
+    if "applications" in data:
+        applications, found = parse_applications(data["applications"], backends)
+        problems.extend(found)
     if problems:
         raise ManifestError(source, problems)
-    return Manifest(tuple(decls))
+    return Manifest(tuple(decls), applications)
 
 
 def parse_backend(name: object, fields: object) -> tuple[BackendDecl | None, list[str]]:

@@ -1,0 +1,386 @@
+"""Applications: their records, and what acts on every member at once.
+
+The records are written here and nowhere else, each in the same store batch as the members'
+specs it names (``SpecDesk.commit``'s `also`), under one lock for every change of applications
+(they are rare, and each reads and writes records of several names). Undo, restart and delete
+of an application are one change of all its members: one batch, one new application revision.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import final
+
+import trio
+
+from .._backend.goal import Goal
+from .._model.applications import (
+    AppDecl,
+    ApplicationRecord,
+    ApplicationStatus,
+    AppRevision,
+    MemberStatus,
+    application_key,
+)
+from .._model.checkpoint import dump
+from .._model.errors import (
+    ConfigError,
+    ControllerError,
+    RolloutError,
+    UnknownApplicationError,
+)
+from .._model.manifest import Manifest
+from .._model.revisions import Cause, Via
+from .._model.spec import Spec, delete_record
+from .._model.steering import SpecChange
+from . import manifests, rollouts
+from .desk import Also, Applied, Configs, SpecDesk
+
+logger = logging.getLogger("controller")
+
+
+@final
+class Applications:
+    """Every application's record (written only by these methods), over the spec desk."""
+
+    def __init__(self, desk: SpecDesk):
+        self._desk = desk
+        self._records: dict[str, ApplicationRecord] = {}
+        self._lock = trio.Lock()
+
+    def restore(self, records: Mapping[str, ApplicationRecord]) -> None:
+        """What the store held at the controller's start."""
+        self._records = dict(records)
+
+    # -- reading --
+
+    def names(self) -> list[str]:
+        return sorted(self._records)
+
+    def record(self, name: str) -> ApplicationRecord:
+        record = self._records.get(name)
+        if record is None:
+            raise UnknownApplicationError(name)
+        return record
+
+    def owner(self, backend: str) -> str | None:
+        """The application `backend` is a member of, if any."""
+        for name, record in self._records.items():
+            if backend in record.members:
+                return name
+        return None
+
+    def revisions(self, name: str) -> tuple[AppRevision, ...]:
+        """`name`'s revisions, oldest first."""
+        return tuple(self.record(name).revisions)
+
+    def status(self, name: str) -> ApplicationStatus:
+        record = self.record(name)
+        latest = record.latest
+        members = []
+        for member in record.members:
+            recorded = None if latest is None else latest.members.get(member)
+            backend, spec = self._desk.backends.get(member), self._desk.spec(member)
+            if backend is None or spec is None:
+                gone = "no such backend (deleted on its own)"
+                members.append(
+                    MemberStatus(member, member == record.entry, "MISSING", gone, None, recorded)
+                )
+                continue
+            status = backend.status(summary=True)
+            members.append(
+                MemberStatus(
+                    member,
+                    member == record.entry,
+                    status.state.value,
+                    status.message,
+                    _asked(spec),
+                    recorded,
+                )
+            )
+        state = next((m.state for m in members if m.state != "HEALTHY"), "HEALTHY")
+        number = None if latest is None else latest.number
+        return ApplicationStatus(name, record.entry, number, state, tuple(members))
+
+    # -- writing --
+
+    async def apply(self, manifest: Manifest, *, prune: bool, cause: Cause | None) -> Applied:
+        """`manifest`'s backends (``manifests.apply``) and its applications, in one batch; with
+        `prune`, the applications it does not declare are deleted with their members."""
+        async with self._lock:
+            self.check(manifest, prune)
+            planned: dict[str, ApplicationRecord | None] = {}
+            also = self._also(manifest.applications, prune, cause, planned)
+            applied = await manifests.apply(
+                self._desk, manifest, prune=prune, cause=cause, also=also
+            )
+            self._adopt(planned)
+            return applied
+
+    async def apply_backends(
+        self, backends: Mapping[str, Configs], *, prune: bool, cause: Cause | None
+    ) -> Applied:
+        """``Controller.apply``: backends without applications (`prune` deletes them all)."""
+        async with self._lock:
+            for name in backends:
+                if name in self._records and not prune:
+                    raise ConfigError(
+                        f"backends[{name!r}]",
+                        "is an application's name; a backend may not share it",
+                    )
+            planned: dict[str, ApplicationRecord | None] = {}
+            also = self._also((), prune, cause, planned)
+            applied = await self._desk.change_specs(
+                dict(backends), prune=prune, cause=cause, also=also
+            )
+            self._adopt(planned)
+            return applied
+
+    async def undo(
+        self,
+        name: str,
+        to_revision: int | None = None,
+        *,
+        force: bool = False,
+        cause: Cause | None = None,
+    ) -> dict[str, Goal]:
+        """Put every member back as the application's revision `to_revision` (by default the
+        one before its latest) recorded it, in one batch; a new application revision records
+        the undo. Refused, with nothing written, as a member's own undo would be (paused,
+        deleting, the code changed without `force`, its revision no longer kept)."""
+        if to_revision is not None and (
+            isinstance(to_revision, bool) or not isinstance(to_revision, int) or to_revision < 1
+        ):
+            raise ConfigError(
+                "to_revision", "must be None or a revision's number (>= 1)", to_revision
+            )
+        async with self._lock:
+            record = self.record(name)
+            target = _undo_target(record, to_revision)
+            async with self._desk.hold(record.members):
+                changes: dict[str, SpecChange] = {}
+                for member in record.members:
+                    number = target.members.get(member)
+                    if number is None:
+                        continue  # joined after that revision: left as it is
+                    old, book = rollouts.steerable(self._desk, member, "undo")
+                    wanted = rollouts.kept_revision(member, book, number)
+                    running = book.get(old.revision)
+                    if running is not None and running.digest == wanted.digest:
+                        continue
+                    if not force:
+                        rollouts.refuse_changed_code(self._desk, member, wanted)
+                    changes[member] = rollouts.undo_change_for(
+                        self._desk, member, old, book, wanted, cause or Cause()
+                    )
+                goals = await self._commit(record, changes, cause, undone_to=target.number)
+            await self._desk.handed_over(goals[1])
+            return goals[0]
+
+    async def restart(self, name: str, *, cause: Cause | None = None) -> dict[str, Goal]:
+        """Restart every member (each a rolling update of its own), in one batch."""
+        async with self._lock:
+            record = self.record(name)
+            async with self._desk.hold(record.members):
+                changes = {}
+                for member in record.members:
+                    old, book = rollouts.steerable(self._desk, member, "restart")
+                    running = book.get(old.revision)
+                    if running is None:
+                        raise RolloutError(
+                            "NoRevision", f"backend {member!r} has no revision to restart yet"
+                        )
+                    changes[member] = rollouts.restart_change_for(
+                        self._desk, member, old, running, book, cause or Cause()
+                    )
+                goals = await self._commit(record, changes, cause)
+            await self._desk.handed_over(goals[1])
+            return goals[0]
+
+    async def delete(self, name: str, *, force: bool = False) -> dict[str, Goal]:
+        """Delete every member and the application's record, in one batch."""
+        async with self._lock:
+            record = self.record(name)
+            async with self._desk.hold(record.members):
+                changes = {}
+                for member in record.members:
+                    old = self._desk.spec(member)
+                    if old is not None and (not old.deleting or (force and not old.force)):
+                        changes[member] = SpecChange(delete_record(member, old, force=force))
+                key = application_key(name)
+                handovers = await self._desk.commit(changes, lambda specs: {key: None})
+                del self._records[name]
+                logger.info("application %s: deleted with its members", name)
+                goals = {m: self._desk.goal(m) for m in record.members if self._desk.spec(m)}
+            await self._desk.handed_over(handovers)
+            return goals
+
+    async def steer_canary(self, name: str, what: str, via: Via) -> dict[str, Goal]:
+        """Promote or abort the canary of every member that is in one."""
+        record = self.record(name)
+        goals = {}
+        for member in record.members:
+            backend = self._desk.backends.get(member)
+            if backend is not None and backend.canary.phase == "judging":
+                goals[member] = await rollouts.steer_canary(self._desk, member, what, via)
+        if not goals:
+            raise RolloutError(
+                "NoCanary",
+                f"application {name!r} has no member in a canary release, so there is nothing "
+                f"to {what}",
+            )
+        return goals
+
+    def rolled_back(self, backend: str, failed: int) -> None:
+        """A member's rollout of revision `failed` failed: if it was a canary, the application's
+        other canaries are aborted too (one release, one verdict)."""
+        name = self.owner(backend)
+        book = self._desk.book(backend) if backend in self._desk.backends else None
+        kept = None if book is None else book.get(failed)
+        if name is None or kept is None or kept.canary_of is None:
+            return
+        for member in self._records[name].members:
+            other = self._desk.backends.get(member)
+            if member != backend and other is not None and other.canary.phase == "judging":
+                logger.warning(
+                    "application %s: aborting %s's canary, as %s's was aborted",
+                    name,
+                    member,
+                    backend,
+                )
+                self._desk.start_soon(_abort_quietly, self._desk, member)
+
+    # -- inside --
+
+    def check(self, manifest: Manifest, prune: bool) -> None:
+        """Refuse, before anything is written, what would give two things one name or a backend
+        two applications."""
+        declared = {d.name for d in manifest.applications}
+        named = set(manifest.names)
+        for decl in manifest.applications:
+            spec = self._desk.spec(decl.name)
+            if spec is not None and decl.name not in named:
+                raise ConfigError(
+                    f"applications.{decl.name}",
+                    "a backend has this name; an application and a backend may not share one",
+                    show_value=False,
+                )
+        if prune:
+            return  # every application the manifest does not declare goes
+        members = {m: d.name for d in manifest.applications for m in d.members}
+        for name, record in self._records.items():
+            if name in declared:
+                continue
+            if name in named:
+                raise ConfigError(
+                    f"backends.{name}",
+                    "is an application's name; a backend may not share it",
+                    show_value=False,
+                )
+            for member in record.members:
+                if member in members:
+                    raise ConfigError(
+                        f"applications.{members[member]}.backends",
+                        f"{member!r} is a member of application {name!r}; a backend belongs "
+                        f"to one application (apply {name!r} without it first)",
+                        show_value=False,
+                    )
+
+    def _also(
+        self,
+        decls: Sequence[AppDecl],
+        prune: bool,
+        cause: Cause | None,
+        planned: dict[str, ApplicationRecord | None],
+    ) -> Also | None:
+        if not decls and not (prune and self._records):
+            return None
+
+        def also(specs: Mapping[str, Spec]) -> dict[str, str | None]:
+            now = time.time()
+            for decl in decls:
+                asked = {m: self._asked_now(m, specs) for m in decl.members}
+                old = self._records.get(decl.name) or ApplicationRecord(
+                    decl.name, decl.entry, [], []
+                )
+                new = old.with_revision(decl.entry, decl.members, asked, cause or Cause(), now)
+                if new is not old:
+                    planned[decl.name] = new
+            if prune:
+                kept = {d.name for d in decls}
+                planned.update((n, None) for n in self._records if n not in kept)
+            return {application_key(n): None if r is None else dump(r) for n, r in planned.items()}
+
+        return also
+
+    async def _commit(
+        self,
+        record: ApplicationRecord,
+        changes: Mapping[str, SpecChange],
+        cause: Cause | None,
+        undone_to: int | None = None,
+    ) -> tuple[dict[str, Goal], list[trio.Event]]:
+        planned: dict[str, ApplicationRecord | None] = {}
+
+        def also(specs: Mapping[str, Spec]) -> dict[str, str | None]:
+            asked = {m: self._asked_now(m, specs) for m in record.members if self._desk.spec(m)}
+            new = record.with_revision(
+                record.entry, record.members, asked, cause or Cause(), time.time(), undone_to
+            )
+            if new is record:
+                return {}
+            planned[record.name] = new
+            return {application_key(record.name): dump(new)}
+
+        handovers = await self._desk.commit(changes, also)
+        self._adopt(planned)
+        return {m: self._desk.goal(m) for m in record.members if self._desk.spec(m)}, handovers
+
+    def _adopt(self, planned: Mapping[str, ApplicationRecord | None]) -> None:
+        """Records the store now holds."""
+        for name, record in planned.items():
+            if record is None:
+                self._records.pop(name, None)
+            else:
+                self._records[name] = record
+                logger.info(
+                    "application %s: revision %d",
+                    name,
+                    0 if record.latest is None else record.latest.number,
+                )
+
+    def _asked_now(self, member: str, specs: Mapping[str, Spec]) -> int:
+        spec = specs.get(member) or self._desk.spec(member)
+        return 0 if spec is None else _asked(spec) or 0
+
+
+def _asked(spec: Spec) -> int | None:
+    """The revision a spec asks for: while paused, the one its resume rolls out."""
+    return spec.pending if spec.pending is not None else spec.revision
+
+
+def _undo_target(record: ApplicationRecord, number: int | None) -> AppRevision:
+    if number is not None:
+        target = record.get(number)
+        if target is None:
+            kept = ", ".join(str(r.number) for r in record.revisions) or "none"
+            raise RolloutError(
+                "UnknownRevision",
+                f"application {record.name!r} keeps no revision {number} (kept: {kept})",
+            )
+        return target
+    if len(record.revisions) < 2:
+        raise RolloutError(
+            "NoGoodRevision",
+            f"application {record.name!r} has no revision before its latest to go back to",
+        )
+    return record.revisions[-2]
+
+
+async def _abort_quietly(desk: SpecDesk, member: str) -> None:
+    try:
+        await rollouts.steer_canary(desk, member, "abort", "controller")
+    except ControllerError as exc:  # judged meanwhile, or deleted: nothing left to abort
+        logger.info("backend %s: no canary to abort (%s)", member, exc)
