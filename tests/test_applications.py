@@ -26,10 +26,18 @@ pytestmark = pytest.mark.usefixtures("autojump_clock")
 
 
 def shop(
-    front: str = "v1", ranker: str = "v1", *, canary: dict[str, Any] | None = None, **app: Any
+    front: str = "v1",
+    ranker: str = "v1",
+    *,
+    canary: dict[str, Any] | None = None,
+    own: bool = False,
+    **app: Any,
 ) -> controller.Manifest:
-    """An entry backend and the backend it calls, grouped as application ``shop``."""
-    extra = {} if canary is None else {"canary": canary}
+    """An entry backend and the backend it calls, grouped as application ``shop``: a `canary`
+    block the application's, or each member's (`own`)."""
+    extra = {"canary": canary} if canary is not None and own else {}
+    if canary is not None and not own:
+        app["canary"] = canary
     backends = {
         "front": {"entrypoint": "app:Front", "version": front, "route_prefix": "/shop", **extra},
         "ranker": {"entrypoint": "app:Ranker", "version": ranker, **extra},
@@ -189,6 +197,7 @@ async def test_names_are_checked_against_what_runs_before_anything_is_written() 
         ({"s1": {"entry": "a"}, "s2": {"entry": "b", "backends": ["a"]}}, "belongs to one"),
         ({"bad name": {"entry": "a"}}, "its name is 1-63 characters"),
         ({"shop": "a"}, "must be a table with 'entry'"),
+        ({"shop": {"entry": "a", "canary": {"steps": []}}}, "application 'shop': canary.steps"),
         (["shop"], "applications: must be a table"),
     ],
 )
@@ -204,8 +213,8 @@ async def test_one_members_canary_aborted_aborts_the_others_and_promote_acts_on_
 ) -> None:
     steps = {"steps": [{"weight": 25, "pause_s": 60}], "min_requests": 10}
     async with opened(FakeRuntime(auto_ready=True)) as ctl:
-        await applied(ctl, shop(canary=steps))
-        result = await ctl.apply_manifest(shop("v2", "v2", canary=steps))
+        await applied(ctl, shop(canary=steps, own=True))
+        result = await ctl.apply_manifest(shop("v2", "v2", canary=steps, own=True))
         await settle()
         assert all(_in_canary(ctl, n) for n in ("front", "ranker"))
         await ctl.abort("ranker", via="cli")
@@ -215,7 +224,7 @@ async def test_one_members_canary_aborted_aborts_the_others_and_promote_acts_on_
             assert result.goals[name].outcome is GoalOutcome.FAILED
         await ctl.wait_until(lambda c: (version(c, "front"), version(c, "ranker")) == ("v1", "v1"))
         # A person's promote reaches every member that is in a canary.
-        result = await ctl.apply_manifest(shop("v3", "v3", canary=steps))
+        result = await ctl.apply_manifest(shop("v3", "v3", canary=steps, own=True))
         await settle()
         promoted = await ctl.applications.steer_canary("shop", "promote", "cli")
         assert set(promoted) == {"front", "ranker"}
@@ -224,6 +233,39 @@ async def test_one_members_canary_aborted_aborts_the_others_and_promote_acts_on_
         assert (version(ctl, "front"), version(ctl, "ranker")) == ("v3", "v3")
         with pytest.raises(RolloutError, match="no member in a canary release"):
             await ctl.applications.steer_canary("shop", "abort", "cli")
+
+
+async def test_an_applications_canary_block_starts_every_members_and_one_promotion_ends_all(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    steps = {"steps": [{"weight": 25, "pause_s": 60}], "min_requests": 10}
+    async with opened(FakeRuntime(auto_ready=True)) as ctl:
+        await applied(ctl, shop())
+        result = await ctl.apply_manifest(shop("v2", "v2", canary=steps))
+        assert all(_in_canary(ctl, n) for n in ("front", "ranker"))
+        await settle()
+        await ctl.promote("front", via="cli")  # one member only: the other follows
+        for name in ("front", "ranker"):
+            assert await result.goals[name].wait() is GoalOutcome.COMPLETED
+        (followed,) = [e.message for e in ctl.status("ranker").events if e.kind == "CanaryPromoted"]
+        assert "promoted by its application 'shop', as 'front''s canary was promoted" in followed
+        # A member's own block wins over the application's.
+        own = {"steps": [{"weight": 10, "pause_s": 5}]}
+        manifest = parse_manifest(
+            {
+                "backends": {
+                    "front": {"entrypoint": "app:F"},
+                    "ranker": {"entrypoint": "app:R", "canary": own},
+                },
+                "applications": {
+                    "shop": {"entry": "front", "backends": ["ranker"], "canary": steps}
+                },
+            },
+            "x.toml",
+        ).with_application_canaries()
+        canaries = {d.name: d.backend_config.canary for d in manifest.backends}
+        assert canaries["front"] == controller.CanaryConfig.from_dict(steps)
+        assert canaries["ranker"] == controller.CanaryConfig.from_dict(own)
 
 
 def _in_canary(ctl: controller.Controller, name: str) -> bool:

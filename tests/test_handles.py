@@ -15,6 +15,7 @@ import trio
 import trio.testing
 
 import controller
+from controller._model.manifest import parse_manifest
 from controller.ingress import ControllerSource, Ingress, open_listener
 from controller.testing import FakeRuntime
 
@@ -175,10 +176,13 @@ async def test_replicas_call_each_other_and_a_deadline_ends_the_whole_tree() -> 
             nursery.cancel_scope.cancel()
 
 
-async def test_a_request_on_a_canary_calls_the_canaries_downstream() -> None:
+@pytest.mark.parametrize("as_application", [False, True])
+async def test_a_request_on_a_canary_calls_the_canaries_downstream(as_application: bool) -> None:
     """A and B both mid-canary (v2 beside v1, half the traffic each): every request that
     enters A's canary calls B's canary, and every one on A's stable calls B's stable, checked
-    on every answer; calls from outside a request draw their side as the ingress does."""
+    on every answer; calls from outside a request draw their side as the ingress does. Both
+    ways of starting them: a canary block each, deployed one after the other, or one block of
+    their application, in one apply."""
     runtime = FakeRuntime(auto_ready=True, serve_http=True, pythonpath=[HERE])
     canary = {"steps": [{"weight": 50, "pause_s": 3600}], "min_requests": 1_000_000}
     with trio.fail_after(LIMIT_S):
@@ -187,14 +191,21 @@ async def test_a_request_on_a_canary_calls_the_canaries_downstream() -> None:
             trio.open_nursery() as nursery,
         ):
             for version in ("v1", "v2"):  # v2: a canary of each
-                for name, then, route in (("a", "b", "/a"), ("b", None, None)):
-                    kwargs = {} if then is None else {"then": then}
-                    goal = await ctl.deploy(
-                        name,
-                        config(num_replicas=2, version=version, route_prefix=route, canary=canary),
-                        code("Link", init_kwargs=kwargs),
-                    )
-                    if version == "v1":
+                if as_application:
+                    applied = await ctl.apply_manifest(_linked(version, canary))
+                    goals = [applied.goals["a"], applied.goals["b"]]
+                else:
+                    goals = []
+                    for name, then, route in (("a", "b", "/a"), ("b", None, None)):
+                        kwargs = {} if then is None else {"then": then}
+                        block = config(
+                            num_replicas=2, version=version, route_prefix=route, canary=canary
+                        )
+                        goals.append(
+                            await ctl.deploy(name, block, code("Link", init_kwargs=kwargs))
+                        )
+                if version == "v1":
+                    for goal in goals:
                         assert await goal.wait() is controller.GoalOutcome.COMPLETED
 
             def split_and_serving(ctl: controller.Controller) -> bool:
@@ -220,3 +231,18 @@ async def test_a_request_on_a_canary_calls_the_canaries_downstream() -> None:
                 seen.append((answer["version"], answer["then"]["version"]))
             assert set(seen) == {("v1", "v1"), ("v2", "v2")}  # both sides, never mixed
             nursery.cancel_scope.cancel()
+
+
+def _linked(version: str, canary: dict[str, Any]) -> controller.Manifest:
+    """A calling B, as one application whose canary block is both's."""
+    link = {"entrypoint": "handle_apps:Link", "num_replicas": 2, "version": version}
+    return parse_manifest(
+        {
+            "backends": {
+                "a": {**link, "init_kwargs": {"then": "b"}, "route_prefix": "/a"},
+                "b": link,
+            },
+            "applications": {"ab": {"entry": "a", "backends": ["b"], "canary": canary}},
+        },
+        "ab.toml",
+    )

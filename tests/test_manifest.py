@@ -28,7 +28,7 @@ def test_every_problem_is_reported_at_once() -> None:
     error = caught.value
     assert error.source == "f.toml"
     assert error.problems == [
-        "extra: unknown top-level key; the only one is 'backends'",
+        "extra: unknown top-level key; the keys are 'backends' and 'applications'",
         "backend 'a': verison: unknown field; known fields are affinity, autoscaling, canary, "
         "entrypoint, "
         "graceful_shutdown_timeout_s, health_check_failure_threshold, health_check_period_s, "

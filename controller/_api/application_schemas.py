@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._model.canary import canary_schema
 from .._model.config import NAME_PATTERN
 from .operations import answer, flag, operation
 from .schema_parts import BOOL, COUNT, STRING, obj, ref
@@ -25,6 +26,10 @@ SCHEMAS: dict[str, Any] = {
             "type": "array",
             "items": STRING,
             "description": "The other members: backends of the same apply",
+        },
+        canary={
+            **canary_schema(),
+            "description": "The canary block of every member that sets none of its own",
         },
     ),
     "ApplicationMember": obj(

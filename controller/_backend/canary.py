@@ -49,11 +49,13 @@ class Canary:
         published: Callable[[], None],
         fail: Callable[[str], None],
         progressed: Callable[[float], None],
+        promoted: Callable[[], None] = lambda: None,
     ):
         # `fail` fails the deploy (CanaryAborted: the rollback follows), `progressed` restarts
         # the rollout's progress deadline; `published` asks for a new watch snapshot.
         self._fail = fail
         self._progressed = progressed
+        self._promoted = promoted
         self._book = book
         self._journal = journal
         self._touched = touched
@@ -212,18 +214,20 @@ class Canary:
         return now + move.wake_in
 
     def steer(self, what: str, via: str, now: float) -> None:
-        """A person's promote or abort (nothing, unless a canary is being judged)."""
+        """A person's promote or abort (nothing, unless a canary is being judged); or its
+        application's, following another member's verdict (`via` then says so in words)."""
         if self.phase != "judging":
             return
+        who = via if " " in via else f"a person ({via})"
         where = f"at step {self.step + 1}"
         config, numbers = self._config, ""
         if config is not None:
             numbers = f": {judge(config, self.numbers['canary'], self.numbers['stable']).numbers}"
         if what == "promote":
-            self.promote(f"promoted by a person ({via}) {where}{numbers}")
+            self.promote(f"promoted by {who} {where}{numbers}")
             self._progressed(now)
             return
-        self._abort(f"aborted by a person ({via}) {where}{numbers}")
+        self._abort(f"aborted by {who} {where}{numbers}")
 
     def replica_failed(self, tag: str, version: str, what: str) -> None:
         """A replica died, or is replaced as unhealthy: one of the canary's, during its steps,
@@ -294,6 +298,7 @@ class Canary:
         self._touched()
         self._published()
         self._journal.event("CanaryPromoted", f"revision {self.revision} promoted: {why}")
+        self._promoted()
 
     def abort(self) -> None:
         """Weight 0 at once (the caller fails the deploy, which rolls back)."""

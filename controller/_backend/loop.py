@@ -127,6 +127,7 @@ class Backend(Reducer, Reading):
             published=self._traffic_changed,
             fail=lambda why: self._reports.deploy_failed("CanaryAborted", why),
             progressed=self._rollout.progressed,
+            promoted=lambda: shared.on_promoted(name),
         )
         self._set.rollout = lambda: self._canary.recorded(self._rollout.record())
         self._restored = False

@@ -50,6 +50,8 @@ class Shared:
     roll_back: Callable[[str, int], None]
     """Undo a backend's failed revision (given) to its last good one, in the controller's
     nursery (the spec is the controller's to write)."""
+    on_promoted: Callable[[str], None] = lambda name: None
+    """A backend's canary was promoted (its application's other members follow)."""
     nodes: Nodes = attrs.field(factory=lambda: Nodes())
     """The nodes being drained, as the node desk last said."""
     turns: Turns = attrs.field(factory=Turns)

@@ -127,9 +127,14 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 def _applications(manifest: Manifest) -> dict[str, Any]:
     """A manifest's applications as an apply's body names them."""
-    return {
-        a.name: {"entry": a.entry, "backends": list(a.members[1:])} for a in manifest.applications
-    }
+    from .._model.fields import block_to_dict
+
+    out: dict[str, Any] = {}
+    for app in manifest.applications:
+        out[app.name] = {"entry": app.entry, "backends": list(app.members[1:])}
+        if app.canary is not None:
+            out[app.name]["canary"] = block_to_dict(app.canary)
+    return out
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -109,6 +109,7 @@ class Applications:
     async def apply(self, manifest: Manifest, *, prune: bool, cause: Cause | None) -> Applied:
         """`manifest`'s backends (``manifests.apply``) and its applications, in one batch; with
         `prune`, the applications it does not declare are deleted with their members."""
+        manifest = manifest.with_application_canaries()
         async with self._lock:
             self.check(manifest, prune)
             planned: dict[str, ApplicationRecord | None] = {}
@@ -220,11 +221,18 @@ class Applications:
     async def steer_canary(self, name: str, what: str, via: Via) -> dict[str, Goal]:
         """Promote or abort the canary of every member that is in one."""
         record = self.record(name)
+        judging = [
+            member
+            for member in record.members
+            if (backend := self._desk.backends.get(member)) and backend.canary.phase == "judging"
+        ]
         goals = {}
-        for member in record.members:
+        for member in judging:
             backend = self._desk.backends.get(member)
             if backend is not None and backend.canary.phase == "judging":
                 goals[member] = await rollouts.steer_canary(self._desk, member, what, via)
+            else:  # followed the first member's verdict meanwhile
+                goals[member] = self._desk.goal(member)
         if not goals:
             raise RolloutError(
                 "NoCanary",
@@ -236,21 +244,30 @@ class Applications:
     def rolled_back(self, backend: str, failed: int) -> None:
         """A member's rollout of revision `failed` failed: if it was a canary, the application's
         other canaries are aborted too (one release, one verdict)."""
-        name = self.owner(backend)
         book = self._desk.book(backend) if backend in self._desk.backends else None
         kept = None if book is None else book.get(failed)
-        if name is None or kept is None or kept.canary_of is None:
+        if kept is not None and kept.canary_of is not None:
+            self._follow(backend, "abort")
+
+    def promoted(self, backend: str) -> None:
+        """A member's canary was promoted (its steps passed, or a person said so): so are the
+        application's other canaries, so that no request meets a new entry and an old callee
+        for longer than the promotion takes to reach them."""
+        self._follow(backend, "promote")
+
+    def _follow(self, backend: str, what: str) -> None:
+        name = self.owner(backend)
+        if name is None:
             return
         for member in self._records[name].members:
             other = self._desk.backends.get(member)
             if member != backend and other is not None and other.canary.phase == "judging":
                 logger.warning(
-                    "application %s: aborting %s's canary, as %s's was aborted",
-                    name,
-                    member,
-                    backend,
+                    "application %s: %s %s's canary, as %s's was", name, what, member, backend
                 )
-                self._desk.start_soon(_abort_quietly, self._desk, member)
+                done = "promoted" if what == "promote" else "aborted"
+                via = f"its application {name!r}, as {backend!r}'s canary was {done}"
+                self._desk.start_soon(_steer_quietly, self._desk, member, what, via)
 
     # -- inside --
 
@@ -379,8 +396,8 @@ def _undo_target(record: ApplicationRecord, number: int | None) -> AppRevision:
     return record.revisions[-2]
 
 
-async def _abort_quietly(desk: SpecDesk, member: str) -> None:
+async def _steer_quietly(desk: SpecDesk, member: str, what: str, via: str) -> None:
     try:
-        await rollouts.steer_canary(desk, member, "abort", "controller")
-    except ControllerError as exc:  # judged meanwhile, or deleted: nothing left to abort
-        logger.info("backend %s: no canary to abort (%s)", member, exc)
+        await rollouts.steer_canary(desk, member, what, via)
+    except ControllerError as exc:  # judged meanwhile, or deleted: nothing left to steer
+        logger.info("backend %s: no canary to %s (%s)", member, what, exc)

@@ -82,6 +82,7 @@ class Controller:
             code_path,
             on_pass=self._on_pass,
             roll_back=self._roll_back_soon,
+            on_promoted=lambda name: self._apps.promoted(name),
         )
         self._backends = self._desk.backends
         self._apps = Applications(self._desk)
@@ -163,6 +164,7 @@ class Controller:
     ) -> list[BackendDiff]:
         """What ``apply_manifest`` would change now, backend by backend and field by field
         (``apply --dry-run``); nothing is written. ``ConfigError`` as the apply would raise."""
+        manifest = manifest.with_application_canaries()
         self._apps.check(manifest, prune)
         return await manifests.preview(self._desk, manifest, prune=prune)
 

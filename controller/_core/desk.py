@@ -82,6 +82,7 @@ class SpecDesk:
         *,
         on_pass: Callable[[], None],
         roll_back: Callable[[str, int], None],
+        on_promoted: Callable[[str], None],
     ):
         self._store = store
         self._code_path = code_path
@@ -114,6 +115,7 @@ class SpecDesk:
             on_pass=on_pass,
             on_forgotten=self._forgotten,
             roll_back=roll_back,
+            on_promoted=on_promoted,
         )
 
     # -- reading --

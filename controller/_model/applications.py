@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
+from .canary import CanaryConfig
 from .config import check_backend_name
 from .errors import ConfigError
 from .revisions import Cause
@@ -24,7 +25,7 @@ from .revisions import Cause
 #: How many revisions an application keeps (each is a few numbers a member: cheap).
 MAX_APP_REVISIONS = 20
 APPLICATIONS_PREFIX = "applications/"
-_FIELDS = ("backends", "entry")
+_FIELDS = ("backends", "canary", "entry")
 
 
 def application_key(name: str) -> str:
@@ -39,6 +40,9 @@ class AppDecl:
     entry: str
     members: tuple[str, ...]
     """The entry first, then the others in the order given."""
+    canary: CanaryConfig | None = None
+    """The canary block of every member that sets none of its own: their canaries start in
+    one batch, on the same steps, and end with one verdict."""
 
 
 @attrs.frozen
@@ -135,7 +139,15 @@ def parse_applications(
                     f"{owner[member]!r} too; a backend belongs to one application"
                 )
             owner[member] = name
-        decls.append(AppDecl(name, found[0][0], found[0]))
+        canary = None
+        if fields.get("canary") is not None:
+            try:
+                canary = CanaryConfig.from_dict(fields["canary"])
+            except ConfigError as exc:
+                field = exc.field.partition(".")[2] or exc.field
+                problems.append(f"{label}: {field}: {exc.rule}")
+                continue
+        decls.append(AppDecl(name, found[0][0], found[0], canary))
     return tuple(decls), problems
 
 

@@ -57,6 +57,11 @@ def fields_of(config: Any) -> dict[str, Any]:
     return out
 
 
+def block_to_dict(block: Any) -> dict[str, Any]:
+    """A config block (a canary's) as JSON data."""
+    return attrs.asdict(block, value_serializer=_json_lists)
+
+
 def _json_lists(instance: object, field: object, value: Any) -> Any:
     """A block's tuples (a canary's steps) as JSON's lists."""
     return list(value) if isinstance(value, tuple) else value

@@ -67,6 +67,26 @@ class Manifest:
     def names(self) -> list[str]:
         return [b.name for b in self.backends]
 
+    def with_application_canaries(self) -> Manifest:
+        """Each application's canary block given to its members that set none of their own
+        (``ConfigError`` if one breaks a member's rules)."""
+        canary = {m: a for a in self.applications if a.canary is not None for m in a.members}
+        if not canary:
+            return self
+        backends = []
+        for decl in self.backends:
+            app = canary.get(decl.name)
+            if app is not None and "canary" not in decl.given:
+                try:
+                    config = attrs.evolve(decl.backend_config, canary=app.canary)
+                except ConfigError as exc:
+                    raise ConfigError(
+                        f"applications.{app.name}.canary", f"for backend {decl.name!r}: {exc}"
+                    ) from None
+                decl = attrs.evolve(decl, backend_config=config, given=decl.given | {"canary"})
+            backends.append(decl)
+        return attrs.evolve(self, backends=tuple(backends))
+
 
 def config_to_dict(config: BackendConfig | ReplicaConfig) -> dict[str, JSON]:
     """A config as JSON data, every field included (defaults too: they are part of the spec)."""
