@@ -153,6 +153,10 @@ async def test_prune_deletes_an_application_the_file_no_longer_declares() -> Non
         result = await ctl.apply_manifest(alone, prune=True)
         assert set(result.deleted) == {"front", "ranker"}
         assert ctl.applications.names() == []
+        # A shutdown's apply of nothing, pruned: every application goes with its members.
+        await applied(ctl, shop())
+        await ctl.apply({}, prune=True)
+        assert ctl.applications.names() == []
 
 
 async def test_names_are_checked_against_what_runs_before_anything_is_written() -> None:

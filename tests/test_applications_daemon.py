@@ -86,6 +86,11 @@ async def test_an_application_is_applied_undone_kept_and_deleted_as_one(state_di
             status = json.loads(await _ok(second, "status", "docsearch", "--json"))
             assert (status["entry"], status["revision"]) == ("search", 3)
             assert [m["name"] for m in status["members"]] == ["search", "embed"]
+            restarted = await _ok(second, "rollout", "restart", "docsearch", "--wait")
+            assert "restarting every member, as revision 4" in restarted
+            no_canary = await second.cli("rollout", "abort", "docsearch")
+            assert no_canary.returncode != 0
+            assert b"no member in a canary release" in no_canary.stderr
             await _ok(second, "delete", "docsearch", "--wait")
             assert await second.status() == {}
             code, body = await second.http("GET", "/api/v1/applications")

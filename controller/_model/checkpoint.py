@@ -13,6 +13,9 @@ Four keys per backend, each with one writer, so that writes can never interleave
 - ``events/<name>``: the backend's recent events, for people (written by the same task, in the
   same batch as the replica record; nothing waits on it).
 
+And one per application: ``applications/<name>``, its members and revisions (``applications``),
+written by the controller's applications in the same batch as the members' specs it names.
+
 Schema 2 added the events, each replica's creation time and a spec's rollback config; schema 3
 each serving replica's address and a failed deploy; schema 4 a spec's code generation and the
 backend config's routing fields; schema 5 an autoscaler's state; schema 6 revisions (a fourth key
