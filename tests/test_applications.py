@@ -16,6 +16,7 @@ import controller
 from controller import GoalOutcome, ManifestError, ReplicaState, RolloutError
 from controller._api.app import Api
 from controller._api.openapi import OPENAPI
+from controller._leadership.standby import store_view
 from controller._model.manifest import parse_manifest
 from controller.testing import FakeRuntime
 
@@ -325,3 +326,17 @@ async def test_the_api_shows_an_application_as_a_unit_and_acts_on_it_as_one() ->
         # The token is needed for every one of them.
         status, _, _ = await call(app, "GET", "/api/v1/applications", token=None)
         assert status == 401
+
+
+async def test_a_standbys_view_of_the_store_shows_the_applications_as_the_leader_does() -> None:
+    store = controller.MemoryStore()
+    async with opened(FakeRuntime(auto_ready=True), store) as ctl:
+        await applied(ctl, shop())
+        await applied(ctl, shop("v2", "v1"))
+        view = await store_view(store.data, [])
+        assert view.applications.names() == ["shop"]
+        assert view.applications.revisions("shop") == ctl.applications.revisions("shop")
+        seen, leader = view.applications.status("shop"), ctl.applications.status("shop")
+        assert [(m.name, m.revision) for m in seen.members] == [
+            (m.name, m.revision) for m in leader.members
+        ]

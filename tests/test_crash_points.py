@@ -20,6 +20,7 @@ import controller
 from controller._backend import pages
 from controller._backend.pages import PAGE_SIZE
 from controller._model.checkpoint import parse_all
+from controller._model.manifest import parse_manifest
 from controller.testing import ControllerCrash, FakeRuntime, FakeState, FaultInjector
 
 from .conftest import FIGURES, RC, config, opened
@@ -78,6 +79,43 @@ async def delete(ctl: controller.Controller) -> None:
     await goal.wait()
 
 
+def application(version: str) -> Op:
+    """Backends a and b applied as application ab, both at `version`."""
+
+    async def op(ctl: controller.Controller) -> None:
+        member = {"entrypoint": "app.replica:Echo", "num_replicas": 3, "version": version}
+        manifest = parse_manifest(
+            {
+                "backends": {"a": member, "b": member},
+                "applications": {"ab": {"entry": "a", "backends": ["b"]}},
+            },
+            "ab.toml",
+        )
+        for goal in (await ctl.apply_manifest(manifest)).goals.values():
+            await goal.wait()
+
+    op.__name__ = f"application({version})"
+    return op
+
+
+def undo_application(to_revision: int) -> Op:
+    async def op(ctl: controller.Controller) -> None:
+        for goal in (await ctl.applications.undo("ab", to_revision=to_revision)).values():
+            await goal.wait()
+        # One batch: whatever the crash, the application's latest revision names what every
+        # member asks for, and the undo was recorded once.
+        latest = ctl.applications.revisions("ab")[-1]
+        assert latest.number == 3
+        for name, number in latest.members.items():
+            rollout = ctl.status(name).rollout
+            assert rollout is not None
+            assert rollout.revision == number
+            assert ctl.status(name).backend_config.version == "v1"
+
+    op.__name__ = f"undo_application(to_revision={to_revision})"
+    return op
+
+
 @dataclass
 class Scenario:
     name: str
@@ -96,6 +134,12 @@ SCENARIOS = [
     # Back to revision 1 from 2: v1's replicas are started anew, v2's drained, as any update.
     Scenario("undo of 10", [deploy(10, "v1"), deploy(10, "v2")], [undo(1)], floor=8),
     # v2 never starts: nothing of v1 is stopped, before, during or after the rollback.
+    # Both members of an application back to revision 1 in one batch.
+    Scenario(
+        "undo of an application of 2 x 3",
+        [application("v1"), application("v2")],
+        [undo_application(1)],
+    ),
     Scenario(
         "automatic rollback of 10",
         [deploy(10, "v1")],

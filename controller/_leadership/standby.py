@@ -42,6 +42,7 @@ async def store_view(data: Mapping[str, str], code_path: Sequence[str]) -> Contr
         named = {r.tag for r in replicas.replicas} if replicas is not None else set()
         backend.restore(replicas, named, checkpoint.events.get(name))
         backend.show_as_stored()
+    ctl.applications.restore(checkpoint.applications)
     return ctl
 
 
