@@ -273,6 +273,58 @@ async def test_an_applications_canary_block_starts_every_members_and_one_promoti
         assert canaries["ranker"] == controller.CanaryConfig.from_dict(own)
 
 
+def _tally(requests: int) -> controller.RequestTally:
+    tally = controller.RequestTally()
+    for _ in range(requests):
+        tally.count(False, 0.01)
+    return tally
+
+
+async def test_members_only_the_entry_calls_follow_its_verdict(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The ingress reports numbers of the entry only (the ranker is reached by handles, which
+    report none): the ranker's canary steps at its pauses without waiting for numbers, and is
+    promoted when the entry's gates pass its last step."""
+    steps = {
+        "steps": [{"weight": 25, "pause_s": 60}, {"weight": 50, "pause_s": 60}],
+        "min_requests": 10,
+    }
+    async with opened(FakeRuntime(auto_ready=True)) as ctl:
+        await applied(ctl, shop())
+        result = await ctl.apply_manifest(shop("v2", "v2", canary=steps))
+        canary = ctl.status("ranker").backend_config.canary
+        assert canary is not None
+        assert canary.follows == "front"
+        await settle()
+        began = trio.current_time()
+        for _ in range(2):
+            await trio.sleep(61)
+            report = controller.LoadReport(
+                "test", "front", {}, 0, traffic={"v2": _tally(20), "v1": _tally(60)}
+            )
+            ctl.report_load(report)
+            await settle()
+        for name in ("front", "ranker"):
+            assert await result.goals[name].wait() is GoalOutcome.COMPLETED
+        assert trio.current_time() - began < 200
+        passed = [e.message for e in ctl.status("ranker").events if e.kind == "CanaryStepPassed"]
+        assert len(passed) == 1  # its first step, with no numbers; the last waited for front
+
+
+async def test_a_member_whose_entry_is_in_no_canary_is_judged_on_its_own_numbers(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    steps = {"steps": [{"weight": 25, "pause_s": 60}], "min_requests": 10}
+    async with opened(FakeRuntime(auto_ready=True)) as ctl:
+        await applied(ctl, shop())
+        result = await ctl.apply_manifest(shop("v1", "v2", canary=steps))  # the ranker alone
+        with contextlib.suppress(controller.GoalFailed):
+            await result.goals["ranker"].wait()
+        assert result.goals["ranker"].outcome is GoalOutcome.FAILED
+        assert "no verdict within progress_deadline_s" in (result.goals["ranker"].error or "")
+
+
 def _in_canary(ctl: controller.Controller, name: str) -> bool:
     rollout = ctl.status(name).rollout
     return rollout is not None and rollout.canary is not None

@@ -145,6 +145,14 @@ def test_the_step_moves() -> None:
     late = step_move(config, 0, 600, none, held=False, deadline_s=600)
     assert late.move == "abort"
     assert "no verdict within progress_deadline_s=600" in late.why
+    # Following another backend's canary: on at each pause without numbers of its own, the last
+    # step waiting for that one's verdict; its own gates still abort it.
+    follow = {"held": False, "deadline_s": 600, "following": True}
+    assert step_move(config, 0, 60, none, **follow).move == "next"  # type: ignore[arg-type]
+    assert step_move(config, 0, 30, none, **follow).wake_in == 30  # type: ignore[arg-type]
+    last = step_move(config, 1, 6000, good, **follow)  # type: ignore[arg-type]
+    assert (last.move, last.wake_in) == ("wait", float("inf"))
+    assert step_move(config, 1, 1, bad, **follow).move == "abort"  # type: ignore[arg-type]
 
 
 def test_requests_split_by_weight_by_hash_and_by_force() -> None:

@@ -50,12 +50,15 @@ class Canary:
         fail: Callable[[str], None],
         progressed: Callable[[float], None],
         promoted: Callable[[], None] = lambda: None,
+        phase_of: Callable[[str], str] = lambda name: "off",
     ):
         # `fail` fails the deploy (CanaryAborted: the rollback follows), `progressed` restarts
         # the rollout's progress deadline; `published` asks for a new watch snapshot.
         self._fail = fail
         self._progressed = progressed
         self._promoted = promoted
+        # Another backend's canary phase (read only): a canary that follows it is judged by it.
+        self._phase_of = phase_of
         self._book = book
         self._journal = journal
         self._touched = touched
@@ -278,7 +281,16 @@ class Canary:
         pause = config.steps[self.step].pause_s
         self._due = math.inf if held else now + max(0.0, pause - elapsed)
         deadline = spec.backend_config.progress_deadline_s
-        move = step_move(config, self.step, elapsed, verdict, held=held, deadline_s=deadline)
+        following = config.follows is not None and self._phase_of(config.follows) == "judging"
+        move = step_move(
+            config,
+            self.step,
+            elapsed,
+            verdict,
+            held=held,
+            deadline_s=deadline,
+            following=following,
+        )
         if move.move == "next":
             self._journal.event(
                 "CanaryStepPassed", f"step {self.step + 1} passed: {verdict.numbers}"

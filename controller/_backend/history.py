@@ -11,6 +11,7 @@ import trio
 
 from .._model.checkpoint import dump_event, join_events
 from .._model.records import EventRecord, EventsRecord
+from .._model.spec import Spec
 from .._model.status import BackendEvent, FailedStart
 from .observe import Observer
 
@@ -175,3 +176,18 @@ class Journal:
     def deploy_failed(self, reason: str, kind: str = "DeployFailed") -> None:
         logger.error("backend %s: deploy failed: %s", self.name, reason)
         self.event(kind, reason)
+
+
+def log_spec_change(name: str, spec: Spec) -> None:
+    """The log's line of a new spec (a deploy or a delete) of `name`."""
+    if spec.deleting:
+        forced = ", forced" if spec.force else ""
+        logger.info("backend %s: delete (generation %d%s)", name, spec.generation, forced)
+        return
+    logger.info(
+        "backend %s: deploy generation %d: %s of version %s",
+        name,
+        spec.generation,
+        plural(spec.backend_config.num_replicas, "replica"),
+        spec.version,
+    )

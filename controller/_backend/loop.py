@@ -128,6 +128,7 @@ class Backend(Reducer, Reading):
             fail=lambda why: self._reports.deploy_failed("CanaryAborted", why),
             progressed=self._rollout.progressed,
             promoted=lambda: shared.on_promoted(name),
+            phase_of=shared.canary_phase,
         )
         self._set.rollout = lambda: self._canary.recorded(self._rollout.record())
         self._restored = False

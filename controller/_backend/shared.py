@@ -52,6 +52,8 @@ class Shared:
     nursery (the spec is the controller's to write)."""
     on_promoted: Callable[[str], None] = lambda name: None
     """A backend's canary was promoted (its application's other members follow)."""
+    canary_phase: Callable[[str], str] = lambda name: "off"
+    """Another backend's canary phase, read by a canary that ``follows`` it."""
     nodes: Nodes = attrs.field(factory=lambda: Nodes())
     """The nodes being drained, as the node desk last said."""
     turns: Turns = attrs.field(factory=Turns)

@@ -22,7 +22,7 @@ import attrs
 import trio
 
 from .._backend.goal import Goal
-from .._backend.history import plural
+from .._backend.history import log_spec_change
 from .._backend.loop import Backend
 from .._backend.observe import Observer
 from .._backend.shared import Nodes, Shared
@@ -116,6 +116,7 @@ class SpecDesk:
             on_forgotten=self._forgotten,
             roll_back=roll_back,
             on_promoted=on_promoted,
+            canary_phase=lambda name: b.canary.phase if (b := self._backends.get(name)) else "off",
         )
 
     # -- reading --
@@ -277,11 +278,10 @@ class SpecDesk:
     async def commit(
         self, changes: Mapping[str, SpecChange], also: Also | None = None
     ) -> list[trio.Event]:
-        """Write `changes` in one batch (each spec with its revisions), after checking that every
-        scale-up among them fits, and hand each to its backend's loop (making new backends).
-        `also` makes more of the batch from the new specs (an application's record, which
-        names its members' revisions); what it raises stops the change before any write.
-        The caller holds the lock of every name involved. Returns the hand-overs to wait for."""
+        """Write `changes` in one batch (each spec with its revisions, and what `also` makes of
+        the new specs: an application's record), after checking that every scale-up among them
+        fits, and hand each to its backend's loop (making new backends). The caller holds the
+        lock of every name involved. Returns the hand-overs to wait for."""
         if not changes and also is None:
             return []
         specs: dict[str, Spec] = {}
@@ -292,7 +292,7 @@ class SpecDesk:
             await take_turns(len(specs))
         if also is not None:
             writes.update(also(specs))
-            if not writes:
+            if not writes:  # an application's record that would not change, alone
                 return []
         claims = self._routes.claim(specs, self._routed.items())
         try:
@@ -322,7 +322,7 @@ class SpecDesk:
                     else:
                         kind: Literal["delete", "deploy"] = "delete" if spec.deleting else "deploy"
                         goal = Goal(name, spec.generation, kind)
-                        _log_change(name, spec)
+                        log_spec_change(name, spec)
                     self._request(name, spec, goal)
                     backend = self._backends.get(name)
                     if backend is None:
@@ -437,17 +437,3 @@ class SpecDesk:
             goal.close()
         for handover in self._handovers:
             handover.set()
-
-
-def _log_change(name: str, spec: Spec) -> None:
-    if spec.deleting:
-        forced = ", forced" if spec.force else ""
-        logger.info("backend %s: delete (generation %d%s)", name, spec.generation, forced)
-        return
-    logger.info(
-        "backend %s: deploy generation %d: %s of version %s",
-        name,
-        spec.generation,
-        plural(spec.backend_config.num_replicas, "replica"),
-        spec.version,
-    )

@@ -23,6 +23,7 @@ import attrs
 
 from .errors import ConfigError
 from .fields import from_mapping
+from .names import NAME, NAME_PATTERN
 from .numbers import MAX_SECONDS, seconds, whole
 
 _PREFIX = "BackendConfig.canary"
@@ -121,6 +122,12 @@ def _min_requests(value: object) -> int:
     return count
 
 
+def _follows(value: object) -> str | None:
+    if value is None or (isinstance(value, str) and NAME.fullmatch(value)):
+        return value
+    raise ConfigError(f"{_PREFIX}.follows", "must be None or a backend's name", value)
+
+
 def _token(field: str) -> Any:
     def check(value: object) -> str | None:
         if value is None:
@@ -212,6 +219,17 @@ class CanaryConfig:
     """A request header (e.g. ``X-Revision``) whose value ``canary`` or ``stable`` sends the
     request to that revision, for testing. Off by default: anyone who can reach the ingress
     could use it."""
+
+    follows: str | None = _field(
+        _follows, {"type": ["string", "null"], "pattern": f"^{NAME_PATTERN}$"}, None
+    )
+    """Another backend whose canary this one's verdict follows while that one is judged (an
+    application sets its entry here for its other members): the steps go on at their pauses
+    without waiting for requests of their own (a backend only other backends call has none
+    the gates can read), and the last step waits for that backend's verdict, which its
+    application carries over. Its own gates still abort it on the requests it has, and a
+    crash of a replica still does. While that backend is in no canary, this one is judged on
+    its own numbers."""
 
     def __attrs_post_init__(self) -> None:
         if self.force_header is not None and self.force_header == self.sticky_header:

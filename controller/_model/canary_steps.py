@@ -31,12 +31,15 @@ def step_move(
     *,
     held: bool,
     deadline_s: float,
+    following: bool = False,
 ) -> StepMove:
     """The move of a canary at `step` (0-based) that has run `elapsed` seconds of it. A gate
     that fails aborts at once, before the pause ends (a bad release is not kept for the rest of
     the step); a step moves on only once its pause ended with the gates passing. One whose pause
     ended without enough requests for a verdict waits for them, until `deadline_s` (the
-    backend's ``progress_deadline_s``) from the step's start: then it aborts, inconclusive."""
+    backend's ``progress_deadline_s``) from the step's start: then it aborts, inconclusive.
+    `following`: the backend its config ``follows`` is being judged; its verdict ends this one,
+    so the steps go on without numbers, and the last waits."""
     where = f"step {step + 1} of {len(config.steps)} ({config.steps[step].weight:g}%)"
     if verdict.failed is not None:
         return StepMove("abort", f"{where}: {verdict.failed}: {verdict.numbers}")
@@ -45,6 +48,8 @@ def step_move(
     pause = config.steps[step].pause_s
     if elapsed < pause:
         return StepMove("wait", wake_in=pause - elapsed)
+    if following:
+        return StepMove("next") if step + 1 < len(config.steps) else StepMove("wait")
     if verdict.enough:
         return StepMove("next" if step + 1 < len(config.steps) else "promote")
     if elapsed >= max(pause, deadline_s):

@@ -23,6 +23,8 @@ from .health import (
     health_check_timeout,
 )
 from .json_values import JSON, JSON_RULE, check_json
+from .names import NAME as _NAME
+from .names import NAME_PATTERN as NAME_PATTERN
 from .nodes import (
     LABEL_KEY_PATTERN,
     LABEL_VALUE_PATTERN,
@@ -62,9 +64,7 @@ from .traffic import MAX_REQUESTS, ROUTE_PATTERN, max_ongoing, max_queued, route
 # Every rule below is written once more as JSON Schema (each field's ``metadata["schema"]``),
 # which the API's OpenAPI document is made from; tests/test_openapi.py checks that the two agree.
 # So the patterns are ASCII and spelled out: JSON Schema's ``\w`` is not Python's.
-NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"
 VERSION_PATTERN = r"[\x20-\x7e]{1,200}"
-_NAME = re.compile(NAME_PATTERN)
 _VERSION = re.compile(VERSION_PATTERN)
 
 #: The most replicas one backend may ask for, whatever the runtime: a count past it is a typo,

@@ -71,14 +71,18 @@ class Manifest:
         """Each application's canary block given to its members that set none of their own
         (``ConfigError`` if one breaks a member's rules)."""
         canary = {m: a for a in self.applications if a.canary is not None for m in a.members}
+        # The entry's verdict is the application's: its requests cross every member.
         if not canary:
             return self
         backends = []
         for decl in self.backends:
             app = canary.get(decl.name)
             if app is not None and "canary" not in decl.given:
+                block = app.canary
+                if block is not None and decl.name != app.entry:
+                    block = attrs.evolve(block, follows=app.entry)
                 try:
-                    config = attrs.evolve(decl.backend_config, canary=app.canary)
+                    config = attrs.evolve(decl.backend_config, canary=block)
                 except ConfigError as exc:
                     raise ConfigError(
                         f"applications.{app.name}.canary", f"for backend {decl.name!r}: {exc}"
