@@ -657,3 +657,35 @@ def _done(status: dict[str, Any], version: str) -> bool:
 
 def _names(daemon: Daemon) -> set[str]:
     return {b["name"] for b in daemon.api("GET", "/api/v1/backends")["backends"]}
+
+
+def test_an_application_shows_as_a_unit_with_its_members_on_the_overview(tab: Tab) -> None:
+    daemon = tab.daemon
+    member = {
+        "entrypoint": "echo_replica:Echo",
+        "num_replicas": 1,
+        "version": "v1",
+        "graceful_shutdown_timeout_s": 2,
+        "resources": {"CPU": 0.1},
+    }
+    body = {
+        "backends": {"front": {**member, "route_prefix": "/front"}, "back": member},
+        "applications": {"pair": {"entry": "front", "backends": ["back"]}},
+    }
+    daemon.api("POST", "/api/v1/apply", body)
+    try:
+        tab.log_in()
+        row = 'tr[data-application="pair"]'
+        tab.page.wait_for_selector(row)
+        tab.page.wait_for_selector(f'{row} .badge[data-state="HEALTHY"]')
+        text = tab.page.inner_text(row)
+        assert "front (entry)" in text
+        assert "back" in text
+        links = tab.page.eval_on_selector_all(
+            f"{row} .members a", "links => links.map(a => a.getAttribute('href'))"
+        )
+        assert links == ["/backends/front", "/backends/back"]
+        tab.shot("applications")
+    finally:
+        daemon.api("DELETE", "/api/v1/applications/pair?force=true")
+        daemon.wait_until("pair deleted", lambda: not {"front", "back"} & _names(daemon))

@@ -127,6 +127,7 @@ const enc = encodeURIComponent;
 export const paths = {
   backends: () => "/api/v1/backends",
   nodes: () => "/api/v1/nodes",
+  applications: () => "/api/v1/applications",
   backend: (name) => `/api/v1/backends/${enc(name)}`,
   revisions: (name) => `/api/v1/backends/${enc(name)}/revisions`,
   history: (name) => `/api/v1/backends/${enc(name)}/history`,

@@ -20,7 +20,15 @@ export function overviewPage(main, signal) {
   ]);
   const nodesHeading = el("h2", { hidden: true }, "Nodes");
   nodes.hidden = true;
-  main.replaceChildren(el("h1", {}, "Backends"), backends, empty, nodesHeading, nodes);
+  // Applications: backends applied as one (hidden without any).
+  const { table: apps, tbody: appRows } = table("applications", [
+    "Application", "State", "Revision", "Members",
+  ]);
+  const appsHeading = el("h2", { hidden: true }, "Applications");
+  apps.hidden = true;
+  main.replaceChildren(
+    el("h1", {}, "Backends"), backends, empty, appsHeading, apps, nodesHeading, nodes,
+  );
 
   // The latest status of each backend: a button acts on what the page shows now.
   let latest = new Map();
@@ -68,7 +76,40 @@ export function overviewPage(main, signal) {
     backends.hidden = list.length === 0;
     empty.hidden = list.length !== 0;
     disableActions(main);
+    await refreshApplications();
     await refreshNodes();
+  }
+
+  function appRow(app) {
+    // Each member links to its backend's page; the entry first, marked.
+    const members = app.members.flatMap((m, i) => [
+      i ? ", " : "",
+      link(pages.backend(m.name), m.name),
+      m.entry ? " (entry)" : "",
+      m.state === "HEALTHY" ? "" : ` ${m.state}`,
+    ]);
+    return el("tr", { dataset: { application: app.name } },
+      el("td", { className: "name" }, app.name),
+      el("td", {}, badge(app.state)),
+      el("td", {}, dash(app.revision)),
+      el("td", { className: "members" }, ...members),
+    );
+  }
+
+  async function refreshApplications() {
+    let list = [];
+    try {
+      list = (await getJSON(paths.applications(), signal)).applications ?? [];
+    } catch (error) {
+      if (error?.name === "AbortError" || error?.status === 0) throw error;
+      // An older daemon without applications: no table.
+    }
+    syncRows(appRows, list, {
+      key: (a) => a.name,
+      sig: (a) => JSON.stringify(a),
+      render: appRow,
+    });
+    apps.hidden = appsHeading.hidden = list.length === 0;
   }
 
   function nodeRow(node) {
