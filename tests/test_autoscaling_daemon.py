@@ -151,7 +151,9 @@ async def test_a_replica_s_own_load_reaches_the_autoscaler_through_local_runtime
             status = ctl.status("own")
             assert status.autoscaler is not None
             assert status.autoscaler.target == 4
-            assert status.load.self_reported in (18, 24)  # the fourth may not have said yet
+            # Two of them at least have said (12 asks for 6, capped at 4 too); on a busy
+            # machine the third and fourth may not have said yet.
+            assert status.load.self_reported in (12, 18, 24)
             load_file.write_text("0")  # idle: down to the minimum (no window here)
             snapshot = ctl.snapshot("own")
             while len(snapshot.replicas) != 1:
