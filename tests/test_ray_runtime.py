@@ -519,19 +519,22 @@ async def test_replicas_on_ray_call_each_other_through_handles(
     harness: Harness, cluster: Cluster
 ) -> None:
     """A daemon on Ray: its actors follow the routes with the route token, A calls B through a
-    handle, and a deadline on A's request cancels B's handler in its actor."""
+    handle, and a deadline on A's request cancels B's handler in its actor; the two as one
+    application, changed and undone as one."""
     from .daemons import free_port, manifest, running
     from .http_client import request
 
     state = Path(tempfile.mkdtemp(prefix="dh", dir="/tmp"))
     file = state / "backends.toml"
     link = {"entrypoint": "handle_apps:Link", "num_replicas": 1, "version": "v1"}
-    file.write_text(
-        manifest(
-            a={**link, "init_kwargs": {"then": "b"}, "route_prefix": "/a"},
-            b={**link, "route_prefix": "/b"},
+    def write(version: str) -> None:
+        both = manifest(
+            a={**link, "version": version, "init_kwargs": {"then": "b"}, "route_prefix": "/a"},
+            b={**link, "version": version, "route_prefix": "/b"},
         )
-    )
+        file.write_text(both + '[applications.ab]\nentry = "a"\nbackends = ["b"]\n')
+
+    write("v1")
     port = free_port()
     ray_args = ["--runtime", "ray", "--store", "ray", "--ray-address", cluster.address]
     ray_args += ["--namespace", harness.namespace, "--ingress-listen", f"127.0.0.1:{port}"]
@@ -547,6 +550,14 @@ async def test_replicas_on_ray_call_each_other_through_handles(
                 assert late.status == 504
                 counts = (await request(port, "/b/stats?until=cancelled&n=1")).json()
                 assert counts == {"inside": 0, "cancelled": 1}
+                write("v2")
+                assert (await daemon.cli("apply", "-f", str(file), "--wait")).returncode == 0
+                undone = await daemon.cli("rollout", "undo", "ab", "--wait")
+                assert undone.returncode == 0, undone.stdout.decode() + undone.stderr.decode()
+                versions = {n: s["version"] for n, s in (await daemon.status()).items()}
+                assert versions == {"a": "v1", "b": "v1"}
+                answer = (await request(port, "/a/go?s=0")).json()
+                assert (answer["version"], answer["then"]["version"]) == ("v1", "v1")
         assert await harness.runtime.list_replicas() == []
     finally:
         shutil.rmtree(state, ignore_errors=True)
