@@ -527,6 +527,7 @@ async def test_replicas_on_ray_call_each_other_through_handles(
     state = Path(tempfile.mkdtemp(prefix="dh", dir="/tmp"))
     file = state / "backends.toml"
     link = {"entrypoint": "handle_apps:Link", "num_replicas": 1, "version": "v1"}
+
     def write(version: str) -> None:
         both = manifest(
             a={**link, "version": version, "init_kwargs": {"then": "b"}, "route_prefix": "/a"},
