@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import sys
@@ -61,27 +62,58 @@ route_prefix = "/front"
 num_replicas = 1
 version = "v1"
 
+"""
+
+
+#: A -> B -> C by handles, for the deadline figure (each replica a tenth of a CPU: on Ray, beside
+#: Serve's deployments in a cluster of 4).
+CHAIN = """
 [backends.chain_a]
 entrypoint = "hop_app:Link"
 init_kwargs = { then = "chain_b" }
 route_prefix = "/chain"
 version = "v1"
+resources = { CPU = 0.1 }
 
 [backends.chain_b]
 entrypoint = "hop_app:Link"
 init_kwargs = { then = "chain_c" }
 route_prefix = "/chain-b"
 version = "v1"
+resources = { CPU = 0.1 }
 
 [backends.chain_c]
 entrypoint = "hop_app:Link"
 route_prefix = "/chain-c"
 version = "v1"
+resources = { CPU = 0.1 }
 """
 
 
 def daemon() -> AbstractContextManager[ingress_bench.Daemon]:
-    return ingress_bench.daemon_with(BACKENDS, "hbd")
+    return ingress_bench.daemon_with(BACKENDS + CHAIN, "hbd")
+
+
+def ray_deadline_chain(trials: int) -> dict[str, Any]:
+    """The deadline figure with the chain's replicas as Ray actors: a daemon on the cluster this
+    process started (for Serve), its own ingress process."""
+    import ray
+
+    address = ray.get_runtime_context().gcs_address
+    state_dir = Path(tempfile.mkdtemp(prefix="hbr", dir="/tmp"))
+    ray_args = ("--runtime", "ray", "--store", "ray", "--ray-address", address)
+    try:
+        (state_dir / "chain.toml").write_text(CHAIN)
+        extra = ("--ingress-workers", "1", *ray_args, "--namespace", "handle-bench")
+        ours = ingress_bench.Daemon(state_dir, free_port(), extra=extra)
+        try:
+            ours.cli("apply", "-f", str(state_dir / "chain.toml"), "--wait")
+            wait_answers(f"http://127.0.0.1:{ours.ingress_port}/chain-c/stats?n=0", timeout_s=60)
+            return deadline_chain(ours.ingress_port, trials)
+        finally:
+            ours.shutdown()
+    finally:
+        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 @contextmanager
@@ -224,6 +256,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             results["rounds"].append(one)
         results["deadline_chain"] = deadline_chain(port, args.chain_trials)
+        if serve_port:
+            print("the deadline chain on Ray ...", file=sys.stderr, flush=True)
+            results["ray_deadline_chain"] = ray_deadline_chain(args.chain_trials)
     results["summary"] = summarize(results["rounds"])
     return results
 
@@ -274,6 +309,8 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps(results["summary"], indent=1))
     print(json.dumps(results["deadline_chain"], indent=1))
+    if "ray_deadline_chain" in results:
+        print("on Ray:", json.dumps(results["ray_deadline_chain"], indent=1))
 
 
 if __name__ == "__main__":
