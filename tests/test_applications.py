@@ -177,6 +177,8 @@ async def test_names_are_checked_against_what_runs_before_anything_is_written() 
         named_as_app = parse_manifest({"backends": {"shop": {"entrypoint": "app:X"}}}, "clash.toml")
         with pytest.raises(controller.ConfigError, match="application's name"):
             await ctl.apply_manifest(named_as_app)
+        with pytest.raises(controller.ConfigError, match="application's name"):
+            await ctl.deploy("shop", controller.BackendConfig(), controller.ReplicaConfig("m:C"))
         app_named_as_backend = parse_manifest(
             {
                 "backends": {"b": {"entrypoint": "app:X"}},

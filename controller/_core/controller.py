@@ -109,6 +109,8 @@ class Controller:
         resources) makes a new revision (see ``revisions``); `cause` says why, for its history.
         """
         check_declared(name, backend_config, replica_config)
+        if name in self._apps.names():
+            raise ConfigError("name", "is an application's name; a backend may not share it", name)
         applied = await self._desk.change_specs(
             {name: (backend_config, replica_config)}, prune=False, cause=cause
         )
