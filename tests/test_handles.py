@@ -17,7 +17,7 @@ import trio.testing
 import controller
 from controller._model.manifest import parse_manifest
 from controller.ingress import ControllerSource, Ingress, open_listener
-from controller.testing import FakeRuntime
+from controller.testing import FakeRuntime, FakeState
 
 from .http_client import request
 
@@ -228,6 +228,63 @@ async def test_a_request_on_a_canary_calls_the_canaries_downstream(as_applicatio
                 seen.append((answer["version"], answer["then"]["version"]))
             for _ in range(40):
                 answer = (await ctl.handle("a").request("GET", "/go?s=0")).json()
+                seen.append((answer["version"], answer["then"]["version"]))
+            assert set(seen) == {("v1", "v1"), ("v2", "v2")}  # both sides, never mixed
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_request_on_a_rolling_updates_new_replica_calls_new_ones_downstream() -> None:
+    """A and B both half way through a rolling update (no canary: a v1 and a v2 replica serving
+    each, the second v2 held starting): a request that reaches A's new replica calls B's new
+    one, and one on A's old replica B's old one, checked on every answer (the sides a request
+    tree keeps to are the new and the old version's, as in a canary the canary's and the
+    stable's); and a request the ingress draws for a side with no replica serving is told the
+    side it reached."""
+    runtime = FakeRuntime(auto_ready=True, serve_http=True, pythonpath=[HERE])
+    with trio.fail_after(LIMIT_S):
+        async with (
+            controller.open_controller(runtime=runtime, store=controller.MemoryStore()) as ctl,
+            trio.open_nursery() as nursery,
+        ):
+            rolling = {"num_replicas": 2, "max_surge": 1, "max_unavailable": 0}
+            for version in ("v1", "v2"):
+                if version == "v2":
+                    runtime.auto_ready = False  # each new replica waits to be let start
+                for name, then, route in (("a", "b", "/a"), ("b", None, None)):
+                    kwargs = {} if then is None else {"then": then}
+                    goal = await ctl.deploy(
+                        name,
+                        config(version=version, route_prefix=route, **rolling),
+                        code("Link", init_kwargs=kwargs),
+                    )
+                    if version == "v1":
+                        assert await goal.wait() is controller.GoalOutcome.COMPLETED
+
+            # The first new replica of each serves; the second is held starting.
+            def one_starting_each(r: FakeRuntime) -> bool:
+                return all(len(r.tags(FakeState.STARTING, backend=n)) == 1 for n in "ab")
+
+            await runtime.wait_until(one_starting_each)
+            for name in "ab":
+                (first,) = runtime.tags(FakeState.STARTING, backend=name)
+                runtime.finish_start(first)
+
+            def half_way(ctl: controller.Controller) -> bool:
+                for name in "ab":
+                    snapshot = ctl.snapshot(name)
+                    if {r.version for r in snapshot.replicas if r.address} != {"v1", "v2"}:
+                        return False
+                return True
+
+            await ctl.wait_until(half_way)
+            ingress = Ingress(ControllerSource(ctl))
+            await nursery.start(ingress.run)
+            listener = await open_listener("127.0.0.1", 0)
+            await nursery.start(ingress.serve, [listener])
+            port = listener.socket.getsockname()[1]
+            seen = []
+            for _ in range(100):
+                answer = (await request(port, "/a/go?s=0")).json()
                 seen.append((answer["version"], answer["then"]["version"]))
             assert set(seen) == {("v1", "v1"), ("v2", "v2")}  # both sides, never mixed
             nursery.cancel_scope.cancel()

@@ -310,6 +310,11 @@ SCHEMAS: dict[str, Any] = {
                 ],
                 "description": "A canary release's split: the canary's percent of requests",
             },
+            "version": {
+                **STRING,
+                "description": "The version its replicas move to: in a rolling update, the "
+                "replicas of it are the new ones (empty once deleted)",
+            },
         }
     ),
     "Watch": obj(

@@ -241,6 +241,7 @@ def snapshot_json(snapshot: BackendSnapshot) -> dict[str, Any]:
             {"tag": r.tag, "version": r.version, "address": r.address} for r in snapshot.replicas
         ],
         "traffic": None if snapshot.traffic is None else attrs.asdict(snapshot.traffic),
+        "version": snapshot.version,
     }
 
 

@@ -179,6 +179,7 @@ def snapshot_of(
         serving,
         deleting=spec.deleting,
         traffic=None if deleted else traffic,
+        version="" if deleted else spec.version,
     )
 
 

@@ -186,6 +186,9 @@ class BackendSnapshot:
     deployed meanwhile may take it."""
     traffic: TrafficSplit | None = None
     """A canary release's split of the requests (None: every serving replica alike)."""
+    version: str = ""
+    """The version its replicas move to (``gen-N`` when the config names none): in a rolling
+    update, the replicas of this version are the new ones, the others the old."""
 
     @property
     def exists(self) -> bool:

@@ -222,8 +222,6 @@ class Handle:
         repeatable = verb in _REPEATABLE and not body
         key = self._key if self._key is not None else session_key(backend.affinity, extra)
         side = _side(backend, extra)
-        if side is not None:
-            extra = [*extra, (SIDE_HEADER, side.encode())]
         tried: frozenset[str] = frozenset()
         retrying = False  # counted in the backend's retry budget until the call ends
         try:
@@ -235,8 +233,13 @@ class Handle:
                     with until(give_up, self.name):
                         upstream = await self._pool.get(slot.address, check=not repeatable)
                         left_ms = max(1, int((deadline - trio.current_time()) * 1000))
+                        # The side the call reached, which the callee's own calls keep to.
+                        reached = backend.side_of(slot)
+                        sent = (
+                            extra if reached is None else [*extra, (SIDE_HEADER, reached.encode())]
+                        )
                         await send_request(
-                            upstream, verb, path, extra, body, left_ms, backend.max_ongoing
+                            upstream, verb, path, sent, body, left_ms, backend.max_ongoing
                         )
                         reader = ResponseReader()
                         reader.head_only = verb == b"HEAD"
@@ -309,13 +312,15 @@ class Handle:
 
 
 def _side(backend: BackendRoutes, headers: Sequence[tuple[bytes, bytes]]) -> Side | None:
-    """The side of the callee's canary split a call goes to: its caller's request's (so that a
-    request on a canary calls canaries), else one drawn as the ingress draws (None: no split)."""
-    split = backend.split
-    if split is None:
-        return None
+    """The side of the callee a call goes to: its caller's request's (so that a request on a
+    canary calls canaries, and one on a rolling update's new replicas calls new ones where the
+    callee rolls too), else one drawn by the callee's split as the ingress draws (None: no
+    split, and no side to keep to)."""
     inherited = current_side.get()
-    return inherited if inherited is not None else choose_side(split, headers, backend.rng)
+    if inherited is not None:
+        return inherited
+    split = backend.split
+    return None if split is None else choose_side(split, headers, backend.rng)
 
 
 def _deadline(backend: BackendRoutes) -> tuple[float, float]:

@@ -74,9 +74,8 @@ def route_info(snapshot: BackendSnapshot) -> RouteInfo:
         split=_split(
             snapshot.traffic, None if config.canary is None else canary_dict(config.canary)
         ),
-        versions=()
-        if snapshot.traffic is None
-        else tuple((r.tag, r.version) for r in snapshot.replicas if r.address),
+        versions=tuple((r.tag, r.version) for r in snapshot.replicas if r.address),
+        version=snapshot.version,
     )
 
 
@@ -351,11 +350,10 @@ def _info_from_json(data: Mapping[str, Any]) -> RouteInfo:
         ),
         scales_from_zero=(config.get("autoscaling") or {}).get("min_replicas") == 0,
         split=_split(traffic, canary),
-        versions=()
-        if traffic is None
-        else tuple(
+        versions=tuple(
             (str(r["tag"]), str(r["version"])) for r in data["replicas"] if r.get("address")
         ),
+        version=str(data.get("version", "")),
     )
 
 

@@ -38,7 +38,10 @@ class RouteInfo:
     split: Split | None = None
     """A canary release's split of the requests (None: every replica alike)."""
     versions: tuple[tuple[str, str], ...] = ()
-    """(tag, version) of each replica, while there is a split."""
+    """(tag, version) of each replica."""
+    version: str = ""
+    """The version its replicas move to: in a rolling update (no split), a replica of it is
+    on the new side, the others on the old (the sides a request tree keeps to)."""
     request_timeout_s: float = 60.0
     """The backend's deadline for a whole request (``BackendConfig.request_timeout_s``)."""
     retries: RetryPolicy = attrs.field(factory=RetryPolicy)
@@ -133,7 +136,10 @@ class BackendRoutes:
     split: Split | None = None
     """A canary release's split: each request goes to a side first, then to a replica of it."""
     _sides: dict[str, list[int]] = attrs.field(factory=dict)
-    """The indices of each side's replicas, while there is a split."""
+    """The indices of each side's replicas: of a canary's split, or of a rolling update's new
+    version and its old ones."""
+    _target: str = ""
+    """In a rolling update (no split, replicas of two versions or more): the new version."""
     tallies: dict[str, RequestTally] = attrs.field(factory=dict)
     """What was answered since the last load report, by replica version, while split."""
     retries: RetryPolicy = attrs.field(factory=RetryPolicy)
@@ -188,11 +194,14 @@ class BackendRoutes:
             slot.index = index
         self.split = info.split
         self._sides = {}
-        if info.split is not None:
-            versions = dict(info.versions)
+        versions = dict(info.versions)
+        for slot in self.slots:
+            slot.version = versions.get(slot.tag, "")
+        mixed = len({s.version for s in self.slots}) > 1
+        self._target = info.version if info.split is None and mixed else ""
+        if info.split is not None or self._target:
             for slot in self.slots:
-                slot.version = versions.get(slot.tag, "")
-                side = info.split.side_of(slot.version)
+                side = self.side_of(slot)
                 if side is not None:
                     self._sides.setdefault(side, []).append(slot.index)
         self._loads = [s.in_flight for s in self.slots]
@@ -214,6 +223,17 @@ class BackendRoutes:
                 self._queue.popleft().event.set()
         self.on_change(self)
         return closed
+
+    def side_of(self, slot: Slot) -> Side | None:
+        """The side a request on `slot` reached: of a canary's split, the canary's or the
+        stable's revision; in a rolling update, the new version's or an old one's (as
+        ``canary`` and ``stable``); None when every replica runs one version. The replica is
+        told it, and the calls its handler makes keep to the same side of their callees."""
+        if self.split is not None:
+            return self.split.side_of(slot.version)
+        if not self._target:
+            return None
+        return "canary" if slot.version == self._target else "stable"
 
     def try_acquire(
         self,

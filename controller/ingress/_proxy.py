@@ -177,7 +177,10 @@ class Proxy:
                 outcome: int | None = 599
                 try:
                     left_ms = max(1, int((deadline - trio.current_time()) * 1000))
-                    sent = upstream_head(head, client.peer, backend, slot.address, left_ms, side)
+                    # The side the request reached (not the one drawn: a side with no room, or
+                    # none serving yet, gives another replica), which its calls keep to.
+                    reached = backend.side_of(slot)
+                    sent = upstream_head(head, client.peer, backend, slot.address, left_ms, reached)
                     if body:
                         sent += body
                     status, keep = await self._through(
