@@ -21,7 +21,7 @@ from controller._model.manifest import parse_manifest
 from controller.testing import FakeRuntime
 
 from .asgi import call
-from .conftest import opened, settle
+from .conftest import RC, opened, settle
 
 pytestmark = pytest.mark.usefixtures("autojump_clock")
 
@@ -255,7 +255,7 @@ async def test_an_applications_canary_block_starts_every_members_and_one_promoti
         for name in ("front", "ranker"):
             assert await result.goals[name].wait() is GoalOutcome.COMPLETED
         (followed,) = [e.message for e in ctl.status("ranker").events if e.kind == "CanaryPromoted"]
-        assert "promoted by its application 'shop', as 'front''s canary was promoted" in followed
+        assert "promoted by its application shop, as the canary of front was promoted" in followed
         # A member's own block wins over the application's.
         own = {"steps": [{"weight": 10, "pause_s": 5}]}
         manifest = parse_manifest(
@@ -327,6 +327,46 @@ async def test_a_member_whose_entry_is_in_no_canary_is_judged_on_its_own_numbers
         assert "no verdict within progress_deadline_s" in (result.goals["ranker"].error or "")
 
 
+async def test_a_canary_may_not_follow_itself_and_a_ring_of_followers_is_judged_on_numbers(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    own = {"steps": [{"weight": 50, "pause_s": 60}], "min_requests": 10}
+    async with opened(FakeRuntime(auto_ready=True)) as ctl:
+        with pytest.raises(controller.ConfigError, match="must name another backend"):
+            await ctl.deploy("a", controller.BackendConfig(canary={**own, "follows": "a"}), RC)
+        goals = {}
+        for version in ("v1", "v2"):
+            for name, other in (("a", "b"), ("b", "a")):
+                block = {**own, "follows": other}
+                cfg = controller.BackendConfig(version=version, canary=block)
+                goals[name] = await ctl.deploy(name, cfg, RC)
+            if version == "v1":
+                for goal in goals.values():
+                    await goal.wait()
+        await settle()
+        await trio.sleep(61)
+        for name in ("a", "b"):  # each follows the other: neither leads, each on its numbers
+            traffic = {"v2": _tally(20), "v1": _tally(20)}
+            ctl.report_load(controller.LoadReport("test", name, {}, 0, traffic=traffic))
+        for goal in goals.values():
+            assert await goal.wait() is GoalOutcome.COMPLETED
+
+
+async def test_a_plain_undo_goes_back_past_a_restart_and_history_marks_what_is_gone() -> None:
+    async with opened(FakeRuntime(auto_ready=True)) as ctl:
+        await applied(ctl, shop())
+        await applied(ctl, shop("v2", "v2"))
+        for goal in (await ctl.applications.restart("shop")).values():
+            await goal.wait()
+        # Revision 3 (the restart) runs what 2 ran: a plain undo goes to 1.
+        assert ctl.applications.revisions("shop")[-1].restart
+        for goal in (await ctl.applications.undo("shop")).values():
+            await goal.wait()
+        assert ctl.applications.revisions("shop")[-1].undone_to == 1
+        assert (version(ctl, "front"), version(ctl, "ranker")) == ("v1", "v1")
+        assert all(ctl.applications.restorable(r) for r in ctl.applications.revisions("shop"))
+
+
 def _in_canary(ctl: controller.Controller, name: str) -> bool:
     rollout = ctl.status(name).rollout
     return rollout is not None and rollout.canary is not None
@@ -394,3 +434,24 @@ async def test_a_standbys_view_of_the_store_shows_the_applications_as_the_leader
         assert [(m.name, m.revision) for m in seen.members] == [
             (m.name, m.revision) for m in leader.members
         ]
+
+
+async def test_a_revision_whose_member_revision_was_trimmed_is_not_restorable() -> None:
+    def trimmed(version: str) -> controller.Manifest:
+        member = {"entrypoint": "app:M", "version": version, "revision_history_limit": 0}
+        return parse_manifest(
+            {
+                "backends": {"front": member, "ranker": member},
+                "applications": {"shop": {"entry": "front", "backends": ["ranker"]}},
+            },
+            "shop.toml",
+        )
+
+    async with opened(FakeRuntime(auto_ready=True)) as ctl:
+        for version in ("v1", "v2", "v3"):
+            await applied(ctl, trimmed(version))
+        first, *_, last = ctl.applications.revisions("shop")
+        assert not ctl.applications.restorable(first)
+        assert ctl.applications.restorable(last)
+        with pytest.raises(RolloutError, match="keeps no revision 1"):
+            await ctl.applications.undo("shop", to_revision=1)

@@ -60,6 +60,12 @@ SCHEMAS: dict[str, Any] = {
             "members": {"type": "object", "additionalProperties": COUNT},
             "created_at": {"type": ["string", "null"]},
             "undone_to": {"type": ["integer", "null"], "minimum": 1},
+            "restart": {**BOOL, "description": "Made by a restart of every member"},
+            "restorable": {
+                **BOOL,
+                "description": "Every member still keeps the backend revision it names (an "
+                "undo to it can be done)",
+            },
             "cause": ref("Cause"),
             "current": BOOL,
         }

@@ -37,7 +37,9 @@ async def revisions(h: Handlers, call: Call) -> Answer:
     apps = h._ctl.applications
     kept = apps.revisions(name)
     latest = kept[-1].number if kept else None
-    listed = [revision_json(r, current=r.number == latest) for r in kept]
+    listed = [
+        revision_json(r, current=r.number == latest, restorable=apps.restorable(r)) for r in kept
+    ]
     return ok({"name": name, "revisions": listed})
 
 
@@ -72,13 +74,15 @@ def application_json(status: ApplicationStatus) -> dict[str, Any]:
     }
 
 
-def revision_json(revision: AppRevision, *, current: bool) -> dict[str, Any]:
+def revision_json(revision: AppRevision, *, current: bool, restorable: bool) -> dict[str, Any]:
     cause = revision.cause
     return {
         "number": revision.number,
         "members": dict(revision.members),
         "created_at": iso(revision.created_at),
         "undone_to": revision.undone_to,
+        "restart": revision.restart,
+        "restorable": restorable,
         "cause": {
             "via": cause.via,
             "message": cause.message,

@@ -42,8 +42,9 @@ def print_application(app: dict[str, Any]) -> None:
     if any(m["revision"] != m["recorded"] for m in app["members"]):
         print(
             "  a member asks for another revision than the application's latest recorded: it "
-            "was changed on its own (a deploy or undo of the backend); the next apply of the "
-            "application's manifest records it"
+            "changed on its own (a deploy, undo or restart of the backend itself, or an "
+            "automatic rollback: an aborted canary, a failed rollout); the next apply of the "
+            "application's manifest records what it asks"
         )
 
 

@@ -147,10 +147,11 @@ class Applications:
         force: bool = False,
         cause: Cause | None = None,
     ) -> dict[str, Goal]:
-        """Put every member back as the application's revision `to_revision` (by default the
-        one before its latest) recorded it, in one batch; a new application revision records
-        the undo. Refused, with nothing written, as a member's own undo would be (paused,
-        deleting, the code changed without `force`, its revision no longer kept)."""
+        """Put every member back as the application's revision `to_revision` recorded it (by
+        default the newest before its latest whose content differs from what runs: a restart's
+        revision runs the same), in one batch; a new application revision records the undo.
+        Refused, with nothing written, as a member's own undo would be (paused, deleting, the
+        code changed without `force`, its revision no longer kept)."""
         if to_revision is not None and (
             isinstance(to_revision, bool) or not isinstance(to_revision, int) or to_revision < 1
         ):
@@ -159,8 +160,8 @@ class Applications:
             )
         async with self._lock:
             record = self.record(name)
-            target = _undo_target(record, to_revision)
             async with self._desk.hold(record.members):
+                target = self._undo_target(record, to_revision)
                 changes: dict[str, SpecChange] = {}
                 for member in record.members:
                     number = target.members.get(member)
@@ -196,7 +197,7 @@ class Applications:
                     changes[member] = rollouts.restart_change_for(
                         self._desk, member, old, running, book, cause or Cause()
                     )
-                goals = await self._commit(record, changes, cause)
+                goals = await self._commit(record, changes, cause, restart=True)
             await self._desk.handed_over(goals[1])
             return goals[0]
 
@@ -266,7 +267,7 @@ class Applications:
                     "application %s: %s %s's canary, as %s's was", name, what, member, backend
                 )
                 done = "promoted" if what == "promote" else "aborted"
-                via = f"its application {name!r}, as {backend!r}'s canary was {done}"
+                via = f"its application {name}, as the canary of {backend} was {done}"
                 self._desk.start_soon(_steer_quietly, self._desk, member, what, via)
 
     # -- inside --
@@ -338,13 +339,21 @@ class Applications:
         changes: Mapping[str, SpecChange],
         cause: Cause | None,
         undone_to: int | None = None,
+        *,
+        restart: bool = False,
     ) -> tuple[dict[str, Goal], list[trio.Event]]:
         planned: dict[str, ApplicationRecord | None] = {}
 
         def also(specs: Mapping[str, Spec]) -> dict[str, str | None]:
             asked = {m: self._asked_now(m, specs) for m in record.members if self._desk.spec(m)}
             new = record.with_revision(
-                record.entry, record.members, asked, cause or Cause(), time.time(), undone_to
+                record.entry,
+                record.members,
+                asked,
+                cause or Cause(),
+                time.time(),
+                undone_to,
+                restart=restart,
             )
             if new is record:
                 return {}
@@ -354,6 +363,42 @@ class Applications:
         handovers = await self._desk.commit(changes, also)
         self._adopt(planned)
         return {m: self._desk.goal(m) for m in record.members if self._desk.spec(m)}, handovers
+
+    def _undo_target(self, record: ApplicationRecord, number: int | None) -> AppRevision:
+        if number is not None:
+            target = record.get(number)
+            if target is None:
+                kept = ", ".join(str(r.number) for r in record.revisions) or "none"
+                raise RolloutError(
+                    "UnknownRevision",
+                    f"application {record.name!r} keeps no revision {number} (kept: {kept})",
+                )
+            return target
+        for candidate in reversed(record.revisions[:-1]):
+            if any(self._differs(m, n) for m, n in candidate.members.items()):
+                return candidate
+        raise RolloutError(
+            "NoGoodRevision",
+            f"application {record.name!r} keeps no earlier revision whose content differs from "
+            "what its members run; name one with to_revision (see its revisions)",
+        )
+
+    def restorable(self, revision: AppRevision) -> bool:
+        """Whether every member still keeps the backend revision `revision` names."""
+        return all(
+            m in self._desk.backends and self._desk.book(m).get(n) is not None
+            for m, n in revision.members.items()
+        )
+
+    def _differs(self, member: str, number: int) -> bool:
+        """Whether `member`'s revision `number` runs other content than the member runs now
+        (a revision it no longer keeps counts as other)."""
+        spec = self._desk.spec(member)
+        if spec is None:
+            return False
+        book = self._desk.book(member)
+        wanted, running = book.get(number), book.get(spec.revision)
+        return wanted is None or running is None or wanted.digest != running.digest
 
     def _adopt(self, planned: Mapping[str, ApplicationRecord | None]) -> None:
         """Records the store now holds."""
@@ -376,24 +421,6 @@ class Applications:
 def _asked(spec: Spec) -> int | None:
     """The revision a spec asks for: while paused, the one its resume rolls out."""
     return spec.pending if spec.pending is not None else spec.revision
-
-
-def _undo_target(record: ApplicationRecord, number: int | None) -> AppRevision:
-    if number is not None:
-        target = record.get(number)
-        if target is None:
-            kept = ", ".join(str(r.number) for r in record.revisions) or "none"
-            raise RolloutError(
-                "UnknownRevision",
-                f"application {record.name!r} keeps no revision {number} (kept: {kept})",
-            )
-        return target
-    if len(record.revisions) < 2:
-        raise RolloutError(
-            "NoGoodRevision",
-            f"application {record.name!r} has no revision before its latest to go back to",
-        )
-    return record.revisions[-2]
 
 
 async def _steer_quietly(desk: SpecDesk, member: str, what: str, via: str) -> None:

@@ -116,7 +116,7 @@ class SpecDesk:
             on_forgotten=self._forgotten,
             roll_back=roll_back,
             on_promoted=on_promoted,
-            canary_phase=lambda name: b.canary.phase if (b := self._backends.get(name)) else "off",
+            canary_phase=self._leading_phase,
         )
 
     # -- reading --
@@ -404,6 +404,15 @@ class SpecDesk:
             self._routed.pop(name, None)
         else:
             self._routed[name] = spec
+
+    def _leading_phase(self, name: str) -> str:
+        """`name`'s canary phase, for a canary that follows it: "off" unless it leads (it
+        follows none itself, so that no ring of followers waits on itself)."""
+        backend = self._backends.get(name)
+        canary = None if backend is None else backend.spec.backend_config.canary
+        if backend is None or canary is None or canary.follows is not None:
+            return "off"
+        return backend.canary.phase
 
     def _forgotten(self, backend: Backend) -> None:
         """A deleted backend is gone (its loop holds the name's lock)."""

@@ -56,6 +56,8 @@ class AppRevision:
     created_at: float = 0.0
     undone_to: int | None = None
     """The application revision an undo went back to (None: not an undo)."""
+    restart: bool = False
+    """Made by a restart of every member (the same content, the code on disk)."""
 
 
 @attrs.frozen
@@ -86,6 +88,8 @@ class ApplicationRecord:
         cause: Cause,
         now: float,
         undone_to: int | None = None,
+        *,
+        restart: bool = False,
     ) -> ApplicationRecord:
         """This record with `entry` and `members`, and a new revision if what they ask differs
         from the latest (or the membership changed); else itself."""
@@ -98,7 +102,7 @@ class ApplicationRecord:
         ):
             return self
         number = 1 if latest is None else latest.number + 1
-        revision = AppRevision(number, dict(asked), cause, now, undone_to)
+        revision = AppRevision(number, dict(asked), cause, now, undone_to, restart)
         kept = [*self.revisions, revision][-MAX_APP_REVISIONS:]
         return ApplicationRecord(self.name, entry, list(members), kept)
 

@@ -228,8 +228,8 @@ class CanaryConfig:
     without waiting for requests of their own (a backend only other backends call has none
     the gates can read), and the last step waits for that backend's verdict, which its
     application carries over. Its own gates still abort it on the requests it has, and a
-    crash of a replica still does. While that backend is in no canary, this one is judged on
-    its own numbers."""
+    crash of a replica still does. While that backend is in no canary (or follows another
+    itself), this one is judged on its own numbers."""
 
     def __attrs_post_init__(self) -> None:
         if self.force_header is not None and self.force_header == self.sticky_header:

@@ -312,3 +312,8 @@ def check_declared(name: str, backend_config: object, replica_config: object) ->
         raise ConfigError("backend_config", "must be a controller.BackendConfig", backend_config)
     if not isinstance(replica_config, ReplicaConfig):
         raise ConfigError("replica_config", "must be a controller.ReplicaConfig", replica_config)
+    canary = backend_config.canary
+    if canary is not None and canary.follows == name:
+        raise ConfigError(
+            "BackendConfig.canary.follows", "must name another backend, not this one", name
+        )
