@@ -209,3 +209,26 @@ def test_sums_stop_at_what_a_double_holds_and_versions_are_checked() -> None:
     body["backends"]["a"]["traffic"] = {"x" * 241: tally(1).to_json()}
     with pytest.raises(ValueError, match="keys must be replica versions"):
         parse_load_body(body)
+
+
+def test_a_callee_keeps_to_the_side_its_callers_request_reached() -> None:
+    from controller._routing.split import callee_side
+
+    split = Split("v2", "v1", 5.0)
+    # A canary's request keeps to the callee's canary; a rolling update's does not pour onto
+    # it (drawn by the callee's weights instead: None here).
+    assert [callee_side(s, split) for s in ("canary", "stable", "new", "old", None)] == [
+        "canary",
+        "stable",
+        None,
+        None,
+        None,
+    ]
+    # A callee in a rolling update: new with new, old with old, a canary's as the new version.
+    assert [callee_side(s, None) for s in ("canary", "stable", "new", "old", None)] == [
+        "new",
+        "old",
+        "new",
+        "old",
+        None,
+    ]

@@ -42,7 +42,7 @@ from .exchange import (
 )
 from .policy import session_key
 from .router import Router
-from .split import SIDE_HEADER, Side, choose_side, current_side
+from .split import SIDE_HEADER, Side, callee_side, choose_side, current_side
 from .table import BackendRoutes, Rejected, Slot
 from .upstream import NotSent, Pool, Stale, Upstream
 
@@ -316,11 +316,11 @@ def _side(backend: BackendRoutes, headers: Sequence[tuple[bytes, bytes]]) -> Sid
     canary calls canaries, and one on a rolling update's new replicas calls new ones where the
     callee rolls too), else one drawn by the callee's split as the ingress draws (None: no
     split, and no side to keep to)."""
-    inherited = current_side.get()
-    if inherited is not None:
-        return inherited
     split = backend.split
-    return None if split is None else choose_side(split, headers, backend.rng)
+    kept = callee_side(current_side.get(), split)
+    if kept is not None or split is None:
+        return kept
+    return choose_side(split, headers, backend.rng)
 
 
 def _deadline(backend: BackendRoutes) -> tuple[float, float]:

@@ -18,11 +18,14 @@ import attrs
 
 from .policy import cookie_value, header_value
 
-Side = Literal["canary", "stable"]
+#: Where a request went among its backend's revisions: of a canary release's split, ``canary``
+#: or ``stable``; in a rolling update, the ``new`` version's replicas or the ``old`` ones.
+Side = Literal["canary", "stable", "new", "old"]
+_SIDES: dict[bytes, Side] = {b"canary": "canary", b"stable": "stable", b"new": "new", b"old": "old"}
 
-#: The revision a request went to, where its backend's requests were split: the ingress and a
-#: handle tell the replica (``canary`` or ``stable``), and the calls its handler makes go to
-#: the same side of their backends' splits (a canary's request meets canaries downstream).
+#: The side a request reached: the ingress and a handle tell the replica, and the calls its
+#: handler makes keep to the same side of their callees (a canary's request meets canaries
+#: downstream, a new replica's request new ones).
 SIDE_HEADER = b"x-controller-side"
 #: The side the request a handler serves went to (set by a replica's server around each
 #: handler, from `SIDE_HEADER`); a handle's call inherits it. None: no split chose one.
@@ -32,9 +35,19 @@ current_side: contextvars.ContextVar[Side | None] = contextvars.ContextVar(
 
 
 def side_of_header(value: bytes) -> Side | None:
-    if value == b"canary":
-        return "canary"
-    return "stable" if value == b"stable" else None
+    return _SIDES.get(value)
+
+
+def callee_side(inherited: Side | None, split: Split | None) -> Side | None:
+    """The side of a callee an inherited side keeps to. A callee's canary takes only a
+    canary's requests as its own (not a rolling update's new replicas': a caller's rollout must
+    not pour its traffic onto a callee's canary at 5 %); a callee's rolling update takes a
+    canary's as the new version's (a promoted canary's revision is the new one)."""
+    if inherited is None:
+        return None
+    if split is not None:
+        return inherited if inherited in ("canary", "stable") else None
+    return {"canary": "new", "stable": "old"}.get(inherited, inherited)  # type: ignore[return-value]
 
 
 @attrs.frozen

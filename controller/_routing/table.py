@@ -226,14 +226,14 @@ class BackendRoutes:
 
     def side_of(self, slot: Slot) -> Side | None:
         """The side a request on `slot` reached: of a canary's split, the canary's or the
-        stable's revision; in a rolling update, the new version's or an old one's (as
-        ``canary`` and ``stable``); None when every replica runs one version. The replica is
-        told it, and the calls its handler makes keep to the same side of their callees."""
+        stable's revision; in a rolling update, the new version's or an old one's; None when
+        every replica runs one version. The replica is told it, and the calls its handler
+        makes keep to the same side of their callees (``split.callee_side``)."""
         if self.split is not None:
             return self.split.side_of(slot.version)
         if not self._target:
             return None
-        return "canary" if slot.version == self._target else "stable"
+        return "new" if slot.version == self._target else "old"
 
     def try_acquire(
         self,
