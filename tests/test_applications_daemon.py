@@ -53,7 +53,8 @@ async def test_an_application_is_applied_undone_kept_and_deleted_as_one(state_di
                 assert "search, embed" in listing
                 # Both members change in one apply: one application revision.
                 file.write_text(v1.replace('version = "v1"', 'version = "v2"'))
-                await _ok(first, "apply", "-f", str(file), "--wait")
+                applied = await _ok(first, "apply", "-f", str(file), "--wait")
+                assert "application/docsearch at revision 2" in applied
                 assert await _versions(first) == ("v2", "v2")
                 history = await _ok(first, "rollout", "history", "docsearch")
                 assert "search 1, embed 1" in history

@@ -315,7 +315,14 @@ class Handlers:
     async def _apply(self, data: Any) -> dict[str, Any]:
         manifest, prune, cause = await self._apply_request(data)
         applied = await self._ctl.apply_manifest(manifest, prune=prune, cause=cause)
-        return applied_json(applied, await self._code_changed(list(applied.goals)))
+        answer = applied_json(applied, await self._code_changed(list(applied.goals)))
+        if manifest.applications:
+            apps = self._ctl.applications
+            answer["applications"] = [
+                {"name": a.name, "revision": apps.status(a.name).revision}
+                for a in manifest.applications
+            ]
+        return answer
 
     async def _code_changed(self, names: list[str]) -> dict[str, bool | None]:
         """For each backend, whether the source on disk of the revision its spec runs is not

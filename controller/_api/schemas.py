@@ -265,7 +265,12 @@ SCHEMAS: dict[str, Any] = {
                 ),
             },
             "deleted": {"type": "array", "items": obj({"name": STRING, "generation": INT})},
-        }
+        },
+        applications={
+            "type": "array",
+            "items": obj({"name": STRING, "revision": {"type": ["integer", "null"]}}),
+            "description": "The applications the manifest declares, each at its latest revision",
+        },
     ),
     "ApplyDiff": obj(
         {

@@ -117,6 +117,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
             print(f"  {code_notice(item['name'], None)}")
     for item in result["deleted"]:
         print(f"backend/{item['name']} deleted (pruned)")
+    for item in result.get("applications", []):
+        print(f"application/{item['name']} at revision {item['revision']}")
     if not args.wait:
         return 0
     deleting = {item["name"] for item in result["deleted"]}
