@@ -14,6 +14,7 @@ cancels the trio task.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, final
@@ -40,7 +41,10 @@ class TrioThread:
         async def call() -> None:
             with scope:
                 result = await outcome.acapture(fn, *args)
-                loop.call_soon_threadsafe(_settle, done, result)
+                # Its caller's loop may have closed meanwhile (the actor, or a test's loop,
+                # going away): nobody waits for the outcome, and the trio loop must go on.
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(_settle, done, result)
 
         token.run_sync_soon(nursery.start_soon, call)
         try:
