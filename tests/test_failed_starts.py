@@ -141,4 +141,12 @@ async def test_a_worker_whose_record_was_replaced_is_named_in_the_log_not_left_u
     assert "is neither adopted nor stopped" in told[0]
     assert f"{spec}" in told[0]
     assert "is a symlink" in told[0] or "Too many levels of symbolic links" in told[0]
-    os.kill(old, signal.SIGKILL)  # what the log asks of a person
+    # What the log asks of a person; then until it is gone (its pidfd turns readable), so that
+    # the fixture's look for leftover workers does not find it still dying.
+    pidfd = os.pidfd_open(old)
+    try:
+        os.kill(old, signal.SIGKILL)
+        with trio.fail_after(LIMIT_S):
+            await trio.lowlevel.wait_readable(pidfd)
+    finally:
+        os.close(pidfd)

@@ -217,15 +217,7 @@ async def test_a_request_on_a_canary_calls_the_canaries_downstream(as_applicatio
                 return True
 
             await ctl.wait_until(split_and_serving)
-            ingress = Ingress(ControllerSource(ctl))
-            await nursery.start(ingress.run)
-            listener = await open_listener("127.0.0.1", 0)
-            await nursery.start(ingress.serve, [listener])
-            port = listener.socket.getsockname()[1]
-            seen = []
-            for _ in range(100):
-                answer = (await request(port, "/a/go?s=0")).json()
-                seen.append((answer["version"], answer["then"]["version"]))
+            seen = await _versions_through_an_ingress(ctl, nursery, 100)
             for _ in range(40):
                 answer = (await ctl.handle("a").request("GET", "/go?s=0")).json()
                 seen.append((answer["version"], answer["then"]["version"]))
@@ -277,17 +269,26 @@ async def test_a_request_on_a_rolling_updates_new_replica_calls_new_ones_downstr
                 return True
 
             await ctl.wait_until(half_way)
-            ingress = Ingress(ControllerSource(ctl))
-            await nursery.start(ingress.run)
-            listener = await open_listener("127.0.0.1", 0)
-            await nursery.start(ingress.serve, [listener])
-            port = listener.socket.getsockname()[1]
-            seen = []
-            for _ in range(100):
-                answer = (await request(port, "/a/go?s=0")).json()
-                seen.append((answer["version"], answer["then"]["version"]))
+            seen = await _versions_through_an_ingress(ctl, nursery, 100)
             assert set(seen) == {("v1", "v1"), ("v2", "v2")}  # both sides, never mixed
             nursery.cancel_scope.cancel()
+
+
+async def _versions_through_an_ingress(
+    ctl: controller.Controller, nursery: trio.Nursery, requests: int
+) -> list[tuple[str, str]]:
+    """`requests` to A through an ingress of `ctl`'s: the versions of A and of the B it called,
+    as each answer says them."""
+    ingress = Ingress(ControllerSource(ctl))
+    await nursery.start(ingress.run)
+    listener = await open_listener("127.0.0.1", 0)
+    await nursery.start(ingress.serve, [listener])
+    port = listener.socket.getsockname()[1]
+    seen = []
+    for _ in range(requests):
+        answer = (await request(port, "/a/go?s=0")).json()
+        seen.append((answer["version"], answer["then"]["version"]))
+    return seen
 
 
 def _linked(version: str, canary: dict[str, Any]) -> controller.Manifest:

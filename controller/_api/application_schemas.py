@@ -6,18 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from .._model.canary import canary_schema
-from .._model.config import NAME_PATTERN
-from .operations import answer, flag, operation
+from .operations import NAME, answer, flag, operation
 from .schema_parts import BOOL, COUNT, STRING, obj, ref
 
 _NULLABLE_REVISION = {"type": ["integer", "null"], "minimum": 0}
-_APP = {
-    "name": "name",
-    "in": "path",
-    "required": True,
-    "schema": {"type": "string", "pattern": f"^{NAME_PATTERN}$"},
-    "description": "The application's name",
-}
+_APP = {**NAME, "description": "The application's name"}
 
 SCHEMAS: dict[str, Any] = {
     "ApplicationDecl": obj(

@@ -8,11 +8,10 @@ from typing import Any
 import attrs
 
 from .._model.applications import ApplicationStatus, AppRevision
-from .._model.revisions import Cause
 from .bodies import optional_json, restart_request, steer_request, undo_request
-from .handlers import Answer, Call, Handlers
+from .handlers import Answer, Call, Handlers, by_console
 from .http import flag, ok
-from .views import iso
+from .views import cause_json, iso
 
 
 async def list_applications(h: Handlers, call: Call) -> Answer:
@@ -52,13 +51,13 @@ async def steer(h: Handlers, call: Call) -> Answer:
     if what == "undo":
         to_revision, force, cause = undo_request(body)
         h._check_accepting()
-        await apps.undo(name, to_revision, force=force, cause=_by(cause, call.by_session))
+        await apps.undo(name, to_revision, force=force, cause=by_console(cause, call.by_session))
     elif what == "restart":
-        cause = _by(restart_request(body), call.by_session)
+        cause = by_console(restart_request(body), call.by_session)
         h._check_accepting()
         await apps.restart(name, cause=cause)
     else:
-        via = _by(steer_request(body), call.by_session).via
+        via = by_console(steer_request(body), call.by_session).via
         h._check_accepting()
         await apps.steer_canary(name, what, via)
     return ok(application_json(apps.status(name)), 202)
@@ -75,7 +74,6 @@ def application_json(status: ApplicationStatus) -> dict[str, Any]:
 
 
 def revision_json(revision: AppRevision, *, current: bool, restorable: bool) -> dict[str, Any]:
-    cause = revision.cause
     return {
         "number": revision.number,
         "members": dict(revision.members),
@@ -83,16 +81,6 @@ def revision_json(revision: AppRevision, *, current: bool, restorable: bool) -> 
         "undone_to": revision.undone_to,
         "restart": revision.restart,
         "restorable": restorable,
-        "cause": {
-            "via": cause.via,
-            "message": cause.message,
-            "manifest": cause.manifest,
-            "manifest_digest": cause.manifest_digest,
-        },
+        "cause": cause_json(revision.cause),
         "current": current,
     }
-
-
-def _by(cause: Cause, by_session: bool) -> Cause:
-    """A change asked from the console says so in the members' revisions."""
-    return attrs.evolve(cause, via="console") if by_session else cause

@@ -162,17 +162,17 @@ class Handlers:
         name, what = call.args
         if what == "undo":
             to_revision, force, cause = undo_request(await optional_json(call.scope, call.receive))
-            cause = _by(cause, call.by_session)
+            cause = by_console(cause, call.by_session)
             self._check_accepting()
             await self._ctl.undo(name, to_revision, force=force, cause=cause)
         elif what == "restart":
             body = await optional_json(call.scope, call.receive)
-            cause = _by(restart_request(body), call.by_session)
+            cause = by_console(restart_request(body), call.by_session)
             self._check_accepting()
             await self._ctl.restart(name, cause=cause)
         elif what in ("promote", "abort"):
             body = await optional_json(call.scope, call.receive)
-            via = _by(steer_request(body), call.by_session).via
+            via = by_console(steer_request(body), call.by_session).via
             self._check_accepting()
             await (self._ctl.promote if what == "promote" else self._ctl.abort)(name, via=via)
         else:
@@ -184,7 +184,7 @@ class Handlers:
     async def _scale(self, call: Call) -> Answer:
         (name,) = call.args
         replicas, bounds, message = scale_request(await optional_json(call.scope, call.receive))
-        cause = _by(cause_of(via="api", message=message), call.by_session)
+        cause = by_console(cause_of(via="api", message=message), call.by_session)
         self._check_accepting()
         goal = await self._ctl.scale(name, replicas, cause=cause, **bounds)
         return ok({"name": name, "generation": goal.generation})
@@ -432,6 +432,6 @@ class Handlers:
         }
 
 
-def _by(cause: Cause, by_session: bool) -> Cause:
+def by_console(cause: Cause, by_session: bool) -> Cause:
     """A change asked from the console says so in its revision's history."""
     return attrs.evolve(cause, via="console") if by_session else cause

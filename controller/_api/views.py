@@ -15,7 +15,7 @@ from .._model.autoscale import ScaleDecision
 from .._model.canary_steps import CanaryStatus, RevisionNumbers
 from .._model.last_applied import BackendDiff
 from .._model.manifest import BackendDecl, config_to_dict
-from .._model.revisions import Revision
+from .._model.revisions import Cause, Revision
 from .._model.status import (
     AutoscalerStatus,
     BackendSnapshot,
@@ -156,6 +156,16 @@ def canary_json(canary: CanaryStatus | None) -> dict[str, Any] | None:
     }
 
 
+def cause_json(cause: Cause) -> dict[str, Any]:
+    """Why a revision was made (a backend's, an application's)."""
+    return {
+        "via": cause.via,
+        "message": cause.message,
+        "manifest": cause.manifest,
+        "manifest_digest": cause.manifest_digest,
+    }
+
+
 def revision_json(revision: Revision, *, current: bool) -> dict[str, Any]:
     """One revision, as ``GET /api/v1/backends/{name}/revisions`` lists it; `current`: it is
     the one the backend rolls out, or runs (its status's ``rollout.revision``)."""
@@ -167,12 +177,7 @@ def revision_json(revision: Revision, *, current: bool) -> dict[str, Any]:
         "version": revision.version,
         "digest": revision.digest,
         "created_at": iso(revision.created_at),
-        "cause": {
-            "via": cause.via,
-            "message": cause.message,
-            "manifest": cause.manifest,
-            "manifest_digest": cause.manifest_digest,
-        },
+        "cause": cause_json(cause),
         "code": (
             None
             if code is None
