@@ -91,6 +91,8 @@ if TYPE_CHECKING:
     from ._routing.exchange import RemoteError as RemoteError
     from ._routing.handle import Handle as Handle
     from ._routing.handle import HandleAnswer as HandleAnswer
+    from ._serving.batching import BatchStats as BatchStats
+    from ._serving.batching import batch as batch
     from ._serving.on_asyncio import on_asyncio as on_asyncio
     from ._serving.request import Request as Request
     from ._serving.response import Response as Response
@@ -174,6 +176,8 @@ _HOME: dict[str, str] = {
     "Store": "._ports.store",
     "Request": "._serving.request",
     "on_asyncio": "._serving.on_asyncio",
+    "batch": "._serving.batching",
+    "BatchStats": "._serving.batching",
     "Handle": "._routing.handle",
     "HandleAnswer": "._routing.handle",
     "HandleError": "._routing.exchange",

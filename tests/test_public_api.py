@@ -53,6 +53,8 @@ EXPECTED = {
     "ControllerClosedError",
     "StartupError",
     "Applied",
+    "batch",
+    "BatchStats",
     "Applications",
     "ApplicationStatus",
     "AppRevision",

@@ -113,3 +113,43 @@ async def _configs(ctl: controller.Controller, name: str) -> list[Any]:
         port = int(replica.address.rpartition(":")[2])
         out.append((await request(port, "/")).json()["config"])
     return out
+
+
+async def test_a_worker_batches_concurrent_requests_and_answers_each_its_own(
+    runtime_dir: Path,
+) -> None:
+    """examples/batching.py on a real worker process: 24 requests at once run in batches of up
+    to 16, and each answer is its own request's."""
+    examples = HERE.parent / "examples"
+    runtime = controller.LocalRuntime(runtime_dir / "w", pythonpath=[examples])
+    with trio.fail_after(LIMIT_S):
+        async with (
+            controller.open_controller(runtime=runtime, store=controller.MemoryStore()) as ctl,
+            trio.open_nursery() as nursery,
+        ):
+            ingress = Ingress(ControllerSource(ctl))
+            await nursery.start(ingress.run)
+            listener = await open_listener("127.0.0.1", 0)
+            await nursery.start(ingress.serve, [listener])
+            port = listener.socket.getsockname()[1]
+            config = controller.BackendConfig(
+                route_prefix="/score", version="v1", max_ongoing_requests=32
+            )
+            rc = controller.ReplicaConfig("batching:Scorer")
+            assert await (await ctl.deploy("scorer", config, rc)).wait() is (
+                controller.GoalOutcome.COMPLETED
+            )
+            answers: dict[int, Any] = {}
+
+            async def one(i: int) -> None:
+                answers[i] = (await request(port, f"/score?text=t{i}")).json()
+
+            async with trio.open_nursery() as clients:
+                for i in range(24):
+                    clients.start_soon(one, i)
+            assert {i: a["text"] for i, a in answers.items()} == {i: f"t{i}" for i in range(24)}
+            sizes = [a["batch"] for a in answers.values()]
+            assert max(sizes) > 1  # they ran together
+            assert max(sizes) <= 16
+            await (await ctl.delete("scorer")).wait()
+            nursery.cancel_scope.cancel()

@@ -52,6 +52,14 @@ def set_context(value: ReplicaContext) -> None:
     _context = value
 
 
+def replica_only() -> contextvars.Context:
+    """A fresh context that carries this task's replica (and nothing of its request): for a
+    task that outlives the request that starts it, serving the replica's other requests too."""
+    fresh = contextvars.Context()
+    fresh.run(_here.set, _here.get())
+    return fresh
+
+
 def set_task_context(value: ReplicaContext) -> None:
     """For runtimes that run several replicas in one process: what ``context()`` returns in the
     calling task from now on, and in the tasks and threads it starts."""
