@@ -28,6 +28,15 @@ def code(entrypoint: str, **kwargs: Any) -> controller.ReplicaConfig:
     return controller.ReplicaConfig(f"serving_apps:{entrypoint}", **kwargs)
 
 
+async def ingress_of(ctl: controller.Controller, nursery: trio.Nursery) -> int:
+    """An ingress in process following `ctl`, on a port of its own (returned)."""
+    ingress = Ingress(ControllerSource(ctl))
+    await nursery.start(ingress.run)
+    listener = await open_listener("127.0.0.1", 0)
+    await nursery.start(ingress.serve, [listener])
+    return int(listener.socket.getsockname()[1])
+
+
 @pytest.fixture
 def runtime_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="sv", dir="/tmp"))  # short: Unix socket paths
@@ -42,11 +51,7 @@ async def test_an_embedded_controller_serves_code_through_its_ingress(runtime_di
             controller.open_controller(runtime=runtime, store=controller.MemoryStore()) as ctl,
             trio.open_nursery() as nursery,
         ):
-            ingress = Ingress(ControllerSource(ctl))
-            await nursery.start(ingress.run)
-            listener = await open_listener("127.0.0.1", 0)
-            await nursery.start(ingress.serve, [listener])
-            port = listener.socket.getsockname()[1]
+            port = await ingress_of(ctl, nursery)
             config = controller.BackendConfig(num_replicas=2, route_prefix="/hi", version="v1")
             assert await (await ctl.deploy("hi", config, code("hello"))).wait() is (
                 controller.GoalOutcome.COMPLETED
@@ -127,11 +132,7 @@ async def test_a_worker_batches_concurrent_requests_and_answers_each_its_own(
             controller.open_controller(runtime=runtime, store=controller.MemoryStore()) as ctl,
             trio.open_nursery() as nursery,
         ):
-            ingress = Ingress(ControllerSource(ctl))
-            await nursery.start(ingress.run)
-            listener = await open_listener("127.0.0.1", 0)
-            await nursery.start(ingress.serve, [listener])
-            port = listener.socket.getsockname()[1]
+            port = await ingress_of(ctl, nursery)
             config = controller.BackendConfig(
                 route_prefix="/score", version="v1", max_ongoing_requests=32
             )

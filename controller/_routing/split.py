@@ -38,6 +38,18 @@ def side_of_header(value: bytes) -> Side | None:
     return _SIDES.get(value)
 
 
+def reached_side(split: Split | None, new_version: str, version: str) -> Side | None:
+    """The side a request on a replica of `version` reached: of a canary's `split`, the
+    canary's or the stable's revision; in a rolling update (no split, `new_version` given), the
+    new version's or an old one's; None when every replica runs one version. The replica is
+    told it, and the calls its handler makes keep to the same side of their callees."""
+    if split is not None:
+        return split.side_of(version)
+    if not new_version:
+        return None
+    return "new" if version == new_version else "old"
+
+
 def callee_side(inherited: Side | None, split: Split | None) -> Side | None:
     """The side of a callee an inherited side keeps to. A callee's canary takes only a
     canary's requests as its own (not a rolling update's new replicas': a caller's rollout must

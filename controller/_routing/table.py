@@ -16,7 +16,7 @@ from .._model.policies import AffinityPolicy, RateLimitPolicy, RetryPolicy
 from .._model.verdict import RequestTally
 from .choice import choose
 from .policy import Buckets, Ring, choose_by_key
-from .split import Side, Split
+from .split import Side, Split, reached_side
 
 
 @attrs.frozen
@@ -136,8 +136,7 @@ class BackendRoutes:
     split: Split | None = None
     """A canary release's split: each request goes to a side first, then to a replica of it."""
     _sides: dict[str, list[int]] = attrs.field(factory=dict)
-    """The indices of each side's replicas: of a canary's split, or of a rolling update's new
-    version and its old ones."""
+    """The indices of each side's replicas (of a split, or of a rolling update)."""
     _target: str = ""
     """In a rolling update (no split, replicas of two versions or more): the new version."""
     tallies: dict[str, RequestTally] = attrs.field(factory=dict)
@@ -225,15 +224,8 @@ class BackendRoutes:
         return closed
 
     def side_of(self, slot: Slot) -> Side | None:
-        """The side a request on `slot` reached: of a canary's split, the canary's or the
-        stable's revision; in a rolling update, the new version's or an old one's; None when
-        every replica runs one version. The replica is told it, and the calls its handler
-        makes keep to the same side of their callees (``split.callee_side``)."""
-        if self.split is not None:
-            return self.split.side_of(slot.version)
-        if not self._target:
-            return None
-        return "new" if slot.version == self._target else "old"
+        """The side a request on `slot` reached (``split.reached_side``)."""
+        return reached_side(self.split, self._target, slot.version)
 
     def try_acquire(
         self,
