@@ -130,6 +130,7 @@ class Applications:
                     raise ConfigError(
                         f"backends[{name!r}]",
                         "is an application's name; a backend may not share it",
+                        show_value=False,
                     )
             planned: dict[str, ApplicationRecord | None] = {}
             also = self._also((), prune, cause, planned)
