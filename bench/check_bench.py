@@ -260,7 +260,7 @@ class WireRuntime:
         await lines.send({"op": "monitor"})
         link = self._links[spec.tag] = MonitorLink(spec.tag, lines, checks=True)
         assert self._reader is not None
-        self._nursery.start_soon(self._reader.read, link, lambda load, served: None)
+        self._nursery.start_soon(self._reader.read, link, lambda load, served, models: None)
         return None
 
     async def adopt_replica(self, tag: str) -> str | None:

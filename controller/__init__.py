@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from ._model.errors import UnknownBackendError as UnknownBackendError
     from ._model.errors import UnknownNodeError as UnknownNodeError
     from ._model.json_values import JSON as JSON
+    from ._model.multiplexing import ReplicaModels as ReplicaModels
     from ._model.nodes import NodeInfo as NodeInfo
     from ._model.nodes import NodeRow as NodeRow
     from ._model.policy import RestartPolicy as RestartPolicy
@@ -93,6 +94,8 @@ if TYPE_CHECKING:
     from ._routing.handle import HandleAnswer as HandleAnswer
     from ._serving.batching import BatchStats as BatchStats
     from ._serving.batching import batch as batch
+    from ._serving.multiplex import model_id as model_id
+    from ._serving.multiplex import multiplexed as multiplexed
     from ._serving.on_asyncio import on_asyncio as on_asyncio
     from ._serving.request import Request as Request
     from ._serving.response import Response as Response
@@ -178,6 +181,9 @@ _HOME: dict[str, str] = {
     "on_asyncio": "._serving.on_asyncio",
     "batch": "._serving.batching",
     "BatchStats": "._serving.batching",
+    "multiplexed": "._serving.multiplex",
+    "ReplicaModels": "._model.multiplexing",
+    "model_id": "._serving.multiplex",
     "Handle": "._routing.handle",
     "HandleAnswer": "._routing.handle",
     "HandleError": "._routing.exchange",

@@ -17,6 +17,7 @@ from fastapi import FastAPI, HTTPException
 from fastapi import Request as FastAPIRequest
 from pydantic import BaseModel
 
+import controller
 from controller import Request, Response
 from controller.worker import context
 
@@ -344,3 +345,44 @@ def stuck(request: Request) -> str:
     """A sync handler that does not return (until the test lets it)."""
     RELEASE.wait(30)
     return "released"
+
+
+class MultiModel:
+    """Multiplexed: holds at most 2 models; each load takes `load_s`, each request `work_s`.
+    Answers which replica and model served it, and what the replica loaded so far."""
+
+    def __init__(self, load_s: float = 0.2, work_s: float = 0.0):
+        self.load_s, self.work_s = load_s, work_s
+        self.loads: list[str] = []
+        self.loading: set[str] = set()
+        self.overlapping = 0
+        """Loads of a model begun while one of the same model ran: must stay 0."""
+        self.unloaded: list[str] = []
+
+    @controller.multiplexed(max_models_per_replica=2)
+    async def get_model(self, model_id: str) -> dict[str, Any]:
+        if model_id in self.loading:
+            self.overlapping += 1
+        self.loading.add(model_id)
+        try:
+            await trio.sleep(self.load_s)
+        finally:
+            self.loading.discard(model_id)
+        self.loads.append(model_id)
+        return {"name": model_id}
+
+    async def __call__(self, request: Request) -> dict[str, Any]:
+        model = await self.get_model()
+        await trio.sleep(self.work_s)
+        return {
+            "model": model["name"],
+            "asked": controller.model_id(),
+            "replica": context().tag,
+            "loads": self.loads,
+            "overlapping": self.overlapping,
+        }
+
+    async def ask(self, text: str) -> dict[str, Any]:
+        """A handle's call: the model its options named."""
+        model = await self.get_model()
+        return {"model": model["name"], "replica": context().tag, "text": text}

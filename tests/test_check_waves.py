@@ -67,7 +67,7 @@ async def read(pairs: Pairs) -> AsyncIterator[trio.Nursery]:
         async with trio.open_nursery() as nursery:
             await nursery.start(reader.serve)
             for link, _ in pairs:
-                nursery.start_soon(reader.read, link, lambda load, served: None)
+                nursery.start_soon(reader.read, link, lambda load, served, models: None)
             yield nursery
             nursery.cancel_scope.cancel()
 
@@ -168,7 +168,7 @@ async def test_one_reader_reads_every_link_and_ends_each_alone(
     reader = LinkReader()
 
     async def held(link: MonitorLink) -> None:
-        await reader.read(link, lambda load, served: loads.append((link.tag, load)))
+        await reader.read(link, lambda load, served, models: loads.append((link.tag, load)))
         ended.append(link.tag)
 
     with trio.fail_after(5):

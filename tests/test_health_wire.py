@@ -314,7 +314,7 @@ async def test_a_link_wakes_each_check_with_its_own_answer_and_forgets_one_cut()
 
     with trio.fail_after(5):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(link.read, lambda load, served: loads.append(load))
+            nursery.start_soon(link.read, lambda load, served, models: loads.append(load))
             nursery.start_soon(ask, "first")
             first = await _asked(far, buffer)
             assert first[1] == 5
@@ -361,7 +361,7 @@ async def test_a_link_keeps_what_a_full_socket_did_not_take_and_sends_it_in_orde
 
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(link.read, lambda load, served: None)
+            nursery.start_soon(link.read, lambda load, served, models: None)
             for n in range(count):
                 nursery.start_soon(ask, n)
             await trio.testing.wait_all_tasks_blocked()
@@ -442,7 +442,7 @@ async def test_a_worker_that_breaks_the_monitor_protocol_fails_its_checks_and_sa
 
     with trio.fail_after(5):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(link.read, lambda load, served: None)
+            nursery.start_soon(link.read, lambda load, served, models: None)
             nursery.start_soon(ask)
             await _asked(far, buffer)
             await far.send_all(line + b"\n")

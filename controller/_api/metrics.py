@@ -232,6 +232,34 @@ class _ReplicaCollector(Collector):
             "function, a callable class, an ASGI app)",
             labels=["backend", "replica"],
         )
+        held = GaugeMetricFamily(
+            "controller_replica_models",
+            "The models each multiplexed replica holds (and is loading)",
+            labels=["backend", "replica"],
+        )
+        lookups = CounterMetricFamily(
+            "controller_replica_model_lookups",
+            "A multiplexed replica's loader calls: a hit found the model held, a miss waited "
+            "for its load",
+            labels=["backend", "replica", "result"],
+        )
+        loads_done = CounterMetricFamily(
+            "controller_replica_model_loads",
+            "Models each multiplexed replica has loaded",
+            labels=["backend", "replica"],
+        )
+        evicted = CounterMetricFamily(
+            "controller_replica_model_evictions",
+            "Models each multiplexed replica has unloaded to make room (least recently used)",
+            labels=["backend", "replica"],
+        )
+        by_model = GaugeMetricFamily(
+            "controller_model_requests",
+            "Requests that named each model (x-model-id), as the replicas serving now counted "
+            "them since each started (the first 1,000 models a replica saw; the rest as "
+            "'(other)')",
+            labels=["backend", "model"],
+        )
         judged = GaugeMetricFamily(
             "controller_canary_step_requests",
             "Requests the ingresses counted for each revision of a canary release in its step, "
@@ -259,6 +287,17 @@ class _ReplicaCollector(Collector):
             queued.add_metric([backend.name], backend.load.queued)
             for tag, count in sorted(backend.load.served.items()):
                 served.add_metric([backend.name, tag], count)
+            model_requests: dict[str, int] = {}
+            for tag, said in sorted(backend.load.models.items()):
+                held.add_metric([backend.name, tag], len(said.models))
+                for result, count in (("hit", said.hits), ("miss", said.misses)):
+                    lookups.add_metric([backend.name, tag, result], count)
+                loads_done.add_metric([backend.name, tag], said.loads)
+                evicted.add_metric([backend.name, tag], said.evictions)
+                for model, count in said.requests.items():
+                    model_requests[model] = model_requests.get(model, 0) + count
+            for model, count in sorted(model_requests.items()):
+                by_model.add_metric([backend.name, model], count)
             for (version, state), n in sorted(
                 backend.counts_by_version.items(), key=lambda item: (item[0][0], item[0][1].value)
             ):
@@ -285,6 +324,11 @@ class _ReplicaCollector(Collector):
         yield weight
         yield judged
         yield served
+        yield held
+        yield lookups
+        yield loads_done
+        yield evicted
+        yield by_model
 
 
 #: For each timed runtime call: its histogram's label when it returns, when it raises, and when

@@ -320,6 +320,13 @@ SCHEMAS: dict[str, Any] = {
                 "description": "The version its replicas move to: in a rolling update, the "
                 "replicas of it are the new ones (empty once deleted)",
             },
+            "held": {
+                "type": "object",
+                "additionalProperties": STRING,
+                "description": "What each multiplexed replica that serves holds, by its latest "
+                "load report: '<generation> <capacity> <model> ...', as its answers' "
+                "x-replica-models header says it",
+            },
         }
     ),
     "Watch": obj(

@@ -152,6 +152,28 @@ STATUS_SCHEMAS: dict[str, Any] = {
                 "description": "Requests each replica has answered, by its own count (code "
                 "the worker serves)",
             },
+            "models": {
+                "type": "object",
+                "additionalProperties": ref("ReplicaModels"),
+                "description": "What each multiplexed replica holds, by its own word "
+                "(@controller.multiplexed)",
+            },
+        }
+    ),
+    "ReplicaModels": obj(
+        {
+            "generation": {**INT, "description": "Counts each change of its models"},
+            "capacity": {**INT, "description": "Its max_models_per_replica"},
+            "models": {
+                "type": "array",
+                "items": STRING,
+                "description": "What it holds, and is loading",
+            },
+            "requests": {**_COUNTS, "description": "Requests that named each model"},
+            "hits": {**INT, "description": "Loads asked of a model it held"},
+            "misses": {**INT, "description": "Loads asked of a model it did not hold"},
+            "loads": INT,
+            "evictions": INT,
         }
     ),
 }

@@ -74,6 +74,7 @@ def status_json(status: BackendStatus, *, summary: bool = False) -> dict[str, An
             "sources": status.load.sources,
             "self_reported": status.load.self_reported,
             "served": dict(status.load.served),
+            "models": {tag: m.to_json() for tag, m in sorted(status.load.models.items())},
         },
         "autoscaler": _autoscaler_json(status.autoscaler, now),
         "rollout": rollout_json(status.rollout),
@@ -247,6 +248,7 @@ def snapshot_json(snapshot: BackendSnapshot) -> dict[str, Any]:
         ],
         "traffic": None if snapshot.traffic is None else attrs.asdict(snapshot.traffic),
         "version": snapshot.version,
+        "held": {tag: held.header().decode() for tag, held in sorted(snapshot.held.items())},
     }
 
 

@@ -9,6 +9,7 @@ from typing import final
 
 import attrs
 
+from .._model.multiplexing import ReplicaModels
 from .._model.status import LOAD_TTL_S, BackendLoad, LoadReport
 
 #: Sources kept per backend: more are dropped oldest first (a buggy router that makes up a
@@ -29,6 +30,8 @@ class LoadBook:
     _own_total: int = attrs.field(default=0, init=False)
     _served: dict[str, int] = attrs.field(factory=dict, init=False)
     """The requests each live replica says it has answered (code the worker serves)."""
+    _models: dict[str, ReplicaModels] = attrs.field(factory=dict, init=False)
+    """What each live multiplexed replica says of its models."""
 
     def take(self, report: LoadReport, now: float) -> bool:
         """Keep `report` as its source's latest; whether it changed what the book says."""
@@ -47,6 +50,10 @@ class LoadBook:
         self._own_total += ongoing - (before or 0)
         return before != ongoing
 
+    def take_models(self, tag: str, models: ReplicaModels) -> None:
+        """Keep what multiplexed replica `tag` says of its models."""
+        self._models[tag] = models
+
     def take_served(self, tag: str, served: int) -> None:
         """Keep the count of requests replica `tag` says it has answered (a count no int64
         holds is a replica's bug, and is not kept)."""
@@ -56,6 +63,7 @@ class LoadBook:
     def forget_own(self, tag: str) -> bool:
         """Replica `tag` is gone, or no longer says: what it said no longer counts."""
         self._served.pop(tag, None)
+        self._models.pop(tag, None)
         before = self._own.pop(tag, None)
         self._own_total -= before or 0
         return before is not None
@@ -89,5 +97,11 @@ class LoadBook:
                     replicas[tag] = replicas.get(tag, 0) + count
                     in_flight += count
         return BackendLoad(
-            in_flight, queued, replicas, sources, self._own_total, dict(self._served)
+            in_flight,
+            queued,
+            replicas,
+            sources,
+            self._own_total,
+            dict(self._served),
+            dict(self._models),
         )

@@ -20,6 +20,7 @@ import trio
 
 from .._model.failures import FailureBook
 from .._model.json_values import JSON
+from .._model.multiplexing import Held, ReplicaModels
 from .._model.pass_plan import PassState, decide_pass
 from .._model.records import events_key, replicas_key, revisions_key, spec_key
 from .._model.revisions import RevisionBook
@@ -83,6 +84,8 @@ class Backend(Reducer, Reading):
         self._observed_generation = 0
         self._converged = False
         self._snapshot_dirty = True
+        self._held: dict[str, Held] = {}
+        """What each multiplexed replica said it holds, for the snapshot."""
         self.journal = Journal(name, shared.observer, lambda: self._intent.events_changed())
         self._intent = Intent(
             name,
@@ -181,11 +184,24 @@ class Backend(Reducer, Reading):
         if report.traffic:
             self._canary.report(report.traffic)
 
-    def report_replica_load(self, tag: str, ongoing: int | None, served: int | None = None) -> None:
+    def report_replica_load(
+        self,
+        tag: str,
+        ongoing: int | None,
+        served: int | None = None,
+        models: ReplicaModels | None = None,
+    ) -> None:
         """Keep what a replica of this backend says of its own load (its ``load()``; None:
-        it no longer says), and of the requests it has answered (code the worker serves)."""
+        it no longer says), of the requests it has answered (code the worker serves), and of
+        its models (multiplexed code)."""
         if tag in self.replicas:
-            self._scaling.report_own(tag, ongoing, served)
+            self._scaling.report_own(tag, ongoing, served, models)
+            if models is not None and self._held.get(tag) != models.held:
+                # Routers that have not heard from it yet learn where its models are with the
+                # next snapshot (published by the pass the load report brings).
+                self._held[tag] = models.held
+                self._snapshot_dirty = True
+                self._scaling.poke()
 
     # -- the task --
 
@@ -408,6 +424,7 @@ class Backend(Reducer, Reading):
                     self._set.serving,
                     self.forgotten,
                     self._canary.traffic(self.spec),
+                    self._held,
                 )
             )
 

@@ -14,6 +14,7 @@ import logging
 import trio
 
 from .._model.failures import FailureBook
+from .._model.multiplexing import Held
 from .._model.records import EventsRecord, ReplicasRecord
 from .._model.revisions import RevisionBook
 from .._model.spec import Spec
@@ -60,6 +61,7 @@ class Reducer:
     _settler: GoalSettler
     _change: tuple[BackendState, BackendReason]
     _snapshot_dirty: bool
+    _held: dict[str, Held]
     _restored: bool
 
     # -- what the store held, before the task runs --
@@ -152,6 +154,7 @@ class Reducer:
             self._set.remove(event.tag)
             self._tasks.gone(event.tag)
             self._scaling.gone(event.tag)
+            self._held.pop(event.tag, None)
             self._settler.gone()
             logger.info("replica %s stopped", replica.tag)
         elif isinstance(event, ev.Died):

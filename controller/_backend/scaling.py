@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import final
 
 from .._model.config import BackendConfig
+from .._model.multiplexing import ReplicaModels
 from .._model.records import AutoscaleRecord
 from .._model.status import AutoscalerStatus, BackendLoad, BackendReason, BackendState, LoadReport
 from . import events as ev
@@ -64,11 +65,20 @@ class Scaling:
         if self._book.take(report, now):
             self._changed()
 
-    def report_own(self, tag: str, ongoing: int | None, served: int | None = None) -> None:
-        """What a live replica says of its own load (None: it no longer says), and of the
-        requests it has answered (status shows it; it moves no decision)."""
+    def report_own(
+        self,
+        tag: str,
+        ongoing: int | None,
+        served: int | None = None,
+        models: ReplicaModels | None = None,
+    ) -> None:
+        """What a live replica says of its own load (None: it no longer says), of the
+        requests it has answered and of its models (status shows them; they move no
+        decision)."""
         if served is not None:
             self._book.take_served(tag, served)
+        if models is not None:
+            self._book.take_models(tag, models)
         if self._book.forget_own(tag) if ongoing is None else self._book.take_own(tag, ongoing):
             self._changed()
 
@@ -82,6 +92,10 @@ class Scaling:
     def gone(self, tag: str) -> None:
         """Replica `tag` is gone: what it said of its load no longer counts."""
         self._book.forget_own(tag)
+
+    def poke(self) -> None:
+        """Have the loop make a pass soon (once, however many ask before it takes it)."""
+        self._changed()
 
     def _changed(self) -> None:
         if not self._pending:

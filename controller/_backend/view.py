@@ -12,6 +12,7 @@ from .._model.canary import canary_count
 from .._model.canary_steps import CanaryStatus
 from .._model.census import Census
 from .._model.failures import FailureBook
+from .._model.multiplexing import Held
 from .._model.revisions import Revision, RevisionBook
 from .._model.serving import ServingReplicas
 from .._model.spec import Spec
@@ -165,6 +166,7 @@ def snapshot_of(
     serving: ServingReplicas,
     forgotten: bool,
     traffic: TrafficSplit | None = None,
+    held: Mapping[str, Held] | None = None,
 ) -> BackendSnapshot:
     """What watchers see: the replicas that serve (``ReplicaSet.serving``: a replica has a view
     from its first RUNNING on; of those, the ones stopping and the ones whose latest health
@@ -180,7 +182,13 @@ def snapshot_of(
         deleting=spec.deleting,
         traffic=None if deleted else traffic,
         version="" if deleted else spec.version,
+        held={} if deleted or not held else _of_serving(held, serving),
     )
+
+
+def _of_serving(held: Mapping[str, Held], serving: ServingReplicas) -> dict[str, Held]:
+    tags = {r.tag for r in serving}
+    return {tag: said for tag, said in held.items() if tag in tags}
 
 
 def state_of(

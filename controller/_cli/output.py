@@ -240,6 +240,16 @@ def print_backend(b: dict[str, Any]) -> None:
             )
         )
     print("\n".join(table(rows, indent="  ")))
+    models = (load or {}).get("models", {})
+    if models:
+        print("Models (what each multiplexed replica holds):")
+        lines = []
+        for tag, said in sorted(models.items()):
+            lookups = said["hits"] + said["misses"]
+            hits = f"{said['hits'] * 100 / lookups:.0f} % hits" if lookups else "no lookups"
+            held = ", ".join(said["models"]) or "-"
+            lines.append((tag, f"{len(said['models'])}/{said['capacity']}", hits, held))
+        print("\n".join(table(lines, indent="  ")))
     print("Events:")
     events = [(f"{age(since(e['time']))} ago", e["kind"], e["message"]) for e in b["events"][-10:]]
     if events:

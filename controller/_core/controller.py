@@ -27,6 +27,7 @@ from .._model.errors import (
 from .._model.last_applied import BackendDiff
 from .._model.load_report import MAX_LOAD_COUNT
 from .._model.manifest import Manifest
+from .._model.multiplexing import ReplicaModels
 from .._model.nodes import NodeRow
 from .._model.policy import RestartPolicy
 from .._model.records import RevisionsRecord
@@ -313,14 +314,20 @@ class Controller:
     def _on_nodes_changed(self) -> None:
         self._nodes.nodes_changed()
 
-    def _on_replica_load(self, tag: str, ongoing: int | None, served: int | None = None) -> None:
+    def _on_replica_load(
+        self,
+        tag: str,
+        ongoing: int | None,
+        served: int | None = None,
+        models: ReplicaModels | None = None,
+    ) -> None:
         backend = self._backends.get(tag.rpartition("#")[0])
         if backend is not None and not backend.forgotten:
             # The runtime passes on what the replica's code said: bounded here, as an
             # ingress's report is (10**400 is a bug in a replica, not a load).
             if ongoing is not None and not 0 <= ongoing <= MAX_LOAD_COUNT:
                 ongoing = None
-            backend.report_replica_load(tag, ongoing, served)
+            backend.report_replica_load(tag, ongoing, served, models)
 
     def _on_pass(self) -> None:
         self._passes += 1

@@ -14,6 +14,7 @@ import attrs
 import trio
 
 from .._backend.observe import NullObserver, Observer
+from .._model.multiplexing import ReplicaModels
 from .._model.policy import RestartPolicy
 from .._ports.runtime import Runtime
 from .._ports.store import Store
@@ -113,8 +114,14 @@ class _Listener:
     def __call__(self, tag: str, reason: str) -> None:
         self.controller._on_death(tag, reason)
 
-    def load(self, tag: str, ongoing: int | None, served: int | None = None) -> None:
-        self.controller._on_replica_load(tag, ongoing, served)
+    def load(
+        self,
+        tag: str,
+        ongoing: int | None,
+        served: int | None = None,
+        models: ReplicaModels | None = None,
+    ) -> None:
+        self.controller._on_replica_load(tag, ongoing, served, models)
 
     def nodes_changed(self) -> None:
         self.controller._on_nodes_changed()

@@ -36,7 +36,9 @@ from typing import Any, final
 
 import trio
 
+from .._model.multiplexing import ReplicaModels
 from .._serving.entry import build
+from .._serving.multiplex import process_shelf
 from .._serving.server import ReplicaServer, serving_line
 from .own_load import read_load
 from .user_calls import call, describe, has
@@ -70,6 +72,7 @@ class Worker:
         one task at a time send on a stream)."""
         self.load: int | None = None
         self.served: int | None = None
+        self.models: ReplicaModels | None = None
         """The requests its server has answered, as last pushed (code it serves)."""
         epoch = _epoch_of(spec)
         if epoch is None:
@@ -104,6 +107,7 @@ class Worker:
                     entry,
                     max_ongoing_requests=serving.get("max_ongoing_requests", 100),
                     request_timeout_s=serving.get("request_timeout_s", 60.0),
+                    shelf=process_shelf(),
                 )
                 assert self.nursery is not None
                 # Listening before it counts as ready: routers send at once.
@@ -352,10 +356,12 @@ class Worker:
         else:
             await self.server.follow_load(self._push)
 
-    async def _push(self, count: int | None, served: int | None = None) -> None:
-        if (count, served) == (self.load, self.served):
+    async def _push(
+        self, count: int | None, served: int | None = None, models: ReplicaModels | None = None
+    ) -> None:
+        if (count, served, models) == (self.load, self.served, self.models):
             return
-        self.load, self.served = count, served
+        self.load, self.served, self.models = count, served, models
         for lines, sending in list(self.monitors.items()):
             with contextlib.suppress(WireError, trio.BrokenResourceError, trio.ClosedResourceError):
                 async with sending:
@@ -364,7 +370,9 @@ class Worker:
     def _load_message(self) -> dict[str, Any]:
         if self.served is None:
             return {"load": self.load}
-        return {"load": self.load, "served": self.served}
+        if self.models is None:
+            return {"load": self.load, "served": self.served}
+        return {"load": self.load, "served": self.served, "models": self.models.to_json()}
 
 
 async def _answer_check(

@@ -13,6 +13,7 @@ from .autoscale import ScaleDecision
 from .autoscaling import AutoscalingConfig
 from .canary_steps import CanaryStatus
 from .config import BackendConfig
+from .multiplexing import Held, ReplicaModels
 from .replica_config import ReplicaConfig
 from .serving import ServingReplicas
 from .verdict import RequestTally
@@ -189,6 +190,9 @@ class BackendSnapshot:
     version: str = ""
     """The version its replicas move to (``gen-N`` when the config names none): in a rolling
     update, the replicas of this version are the new ones, the others the old."""
+    held: Mapping[str, Held] = attrs.field(factory=dict)
+    """What each multiplexed replica that serves holds, by its latest load report: where a
+    router that has not heard from it yet sends a model's requests."""
 
     @property
     def exists(self) -> bool:
@@ -272,6 +276,8 @@ class BackendLoad:
     served: Mapping[str, int] = attrs.field(factory=dict)
     """Requests each replica has answered, by its own count (code the worker serves: a
     function, a callable class, an ASGI app; others are left out)."""
+    models: Mapping[str, ReplicaModels] = attrs.field(factory=dict)
+    """What each multiplexed replica holds (``@controller.multiplexed``), by its own word."""
 
     @property
     def ongoing(self) -> int:

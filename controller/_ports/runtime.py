@@ -9,6 +9,7 @@ import attrs
 import trio
 
 from .._model.json_values import JSON
+from .._model.multiplexing import ReplicaModels
 from .._model.nodes import NodeInfo
 from .._model.spec import ReplicaSpec
 
@@ -30,10 +31,17 @@ class ReplicaListener(Protocol):
         """`tag` died on its own, for `reason`."""
         ...
 
-    def load(self, tag: str, ongoing: int | None, served: int | None = None) -> None:
+    def load(
+        self,
+        tag: str,
+        ongoing: int | None,
+        served: int | None = None,
+        models: ReplicaModels | None = None,
+    ) -> None:
         """`tag`'s own ``load()`` now says `ongoing` (requests it holds; None: it no longer
         says, and what it said stops counting); `served`: the requests it has answered, for
-        code the runtime serves (None: not known). Must not block."""
+        code the runtime serves (None: not known); `models`: a multiplexed replica's. Must not
+        block."""
         ...
 
 
@@ -213,12 +221,21 @@ class Watchers:
         assert self._nursery is not None
         self._nursery.start_soon(fn, *args)
 
-    def load(self, tag: str, ongoing: int | None, served: int | None = None) -> None:
+    def load(
+        self,
+        tag: str,
+        ongoing: int | None,
+        served: int | None = None,
+        models: ReplicaModels | None = None,
+    ) -> None:
         """Tell the controller, if one is listening and takes it, what `tag` reports of its load
-        (and of the requests it has answered)."""
+        (and of the requests it has answered, and of its models)."""
         take = getattr(self._on_death, "load", None)
         if take is not None:
-            take(tag, ongoing, served)
+            if models is None:
+                take(tag, ongoing, served)
+            else:
+                take(tag, ongoing, served, models)
 
     def nodes_changed(self) -> None:
         """Tell the controller, if one is listening and takes it, that the nodes changed."""

@@ -27,6 +27,7 @@ import attrs
 import trio
 
 from .._http.answers import ResponseHead, ResponseReader
+from .._http.errors import Reply
 from .exchange import (
     CALL_HEADER,
     HTTP_TOKEN,
@@ -40,6 +41,7 @@ from .exchange import (
     send_request,
     until,
 )
+from .models import HELD_HEADER, MODEL_HEADER, model_id_problem, requested_model, take_header
 from .policy import session_key
 from .router import Router
 from .split import SIDE_HEADER, Side, callee_side, choose_side, current_side
@@ -94,26 +96,37 @@ class Handle:
         pool: Pool,
         ready: Callable[[], Awaitable[None]],
         key: bytes | None = None,
+        model: str | None = None,
     ):
         self.name = name
         self._router = router
         self._pool = pool
         self._ready = ready
         self._key = key
+        self._model = model
 
     def __repr__(self) -> str:
         return f"<Handle {self.name}>"
 
-    def options(self, *, session_key: str | bytes | None = None) -> Handle:
+    def options(
+        self, *, session_key: str | bytes | None = None, model_id: str | None = None
+    ) -> Handle:
         """This handle with other options: `session_key` keeps its calls on one replica under
         the backend's ``affinity`` policy (as its header or cookie does for a request; without
-        a policy, it is not used)."""
+        a policy, it is not used); `model_id` names the model its calls are for (as the
+        ``x-model-id`` header does): they go to a replica that holds it."""
         if session_key is not None and not isinstance(session_key, (str, bytes)):
             raise TypeError(
                 f"handle.options: session_key must be str or bytes, not {session_key!r}"
             )
+        if model_id is not None:
+            problem = model_id_problem(model_id)
+            if problem is not None:
+                raise ValueError(f"handle.options: model_id {problem}")
         key = session_key.encode() if isinstance(session_key, str) else session_key
-        return Handle(self.name, self._router, self._pool, self._ready, key or None)
+        key = key or self._key
+        model = model_id if model_id is not None else self._model
+        return Handle(self.name, self._router, self._pool, self._ready, key, model)
 
     def __getattr__(self, method: str) -> Callable[..., Awaitable[Any]]:
         """``await handle.predict(x)`` is ``await handle.call("predict", x)``."""
@@ -216,17 +229,28 @@ class Handle:
         if not path.startswith("/") or any(c in path for c in "\r\n #"):
             raise ValueError(f"handle.request: path {path!r} must be an origin-form path")
         extra = extra_headers(headers)
+        if self._model is not None:
+            extra = [
+                *(h for h in extra if h[0] != MODEL_HEADER),
+                (MODEL_HEADER, self._model.encode()),
+            ]
+        try:
+            model = requested_model(extra)
+        except Reply as reply:
+            raise ValueError(f"handle.request: {reply}") from None
         call = any(key == CALL_HEADER for key, _ in extra)
         backend = await self._backend()
         deadline, give_up = _deadline(backend)
         repeatable = verb in _REPEATABLE and not body
         key = self._key if self._key is not None else session_key(backend.affinity, extra)
         side = _side(backend, extra)
+        if model is not None:
+            backend.asked(model)
         tried: frozenset[str] = frozenset()
         retrying = False  # counted in the backend's retry budget until the call ends
         try:
             while True:
-                slot = await self._acquire(backend, tried, give_up, key, side)
+                slot = await self._acquire(backend, tried, give_up, key, side, model)
                 upstream: Upstream | None = None
                 answered = False
                 try:
@@ -245,6 +269,9 @@ class Handle:
                         reader.head_only = verb == b"HEAD"
                         head = await answer_head(upstream, reader, repeatable, self.name)
                     answered = True
+                    held = take_header(head.headers, HELD_HEADER)
+                    if held is not None:
+                        backend.heard(slot, held)
                 except Stale:
                     self._pool.forget(slot.address)
                     repeatable = False  # once more, on a new connection
@@ -298,13 +325,14 @@ class Handle:
         deadline: float,
         key: bytes | None,
         side: Side | None,
+        model: str | None,
     ) -> Slot:
-        slot = backend.try_acquire(tried, side, key)
+        slot = backend.try_acquire(tried, side, key, model)
         if slot is not None:
             return slot
         try:
             with until(deadline, self.name):
-                return await backend.wait(tried, key)
+                return await backend.wait(tried, key, model)
         except Rejected as exc:
             kind = "Overloaded" if exc.cause == "queue_full" else "NoReplicas"
             said = str(exc).removeprefix(f"backend {self.name!r} ")  # HandleError names it

@@ -19,6 +19,7 @@ from .._model.errors import ControllerClosedError
 from .._model.load_report import load_body
 from .._model.policies import affinity, rate_limit, retries
 from .._model.status import BackendSnapshot, LoadReport, TrafficSplit
+from .models import Held, parse_held
 from .split import Split
 from .table import RouteInfo
 
@@ -76,6 +77,7 @@ def route_info(snapshot: BackendSnapshot) -> RouteInfo:
         ),
         versions=tuple((r.tag, r.version) for r in snapshot.replicas if r.address),
         version=snapshot.version,
+        held=tuple(snapshot.held.items()),
     )
 
 
@@ -354,7 +356,21 @@ def _info_from_json(data: Mapping[str, Any]) -> RouteInfo:
             (str(r["tag"]), str(r["version"])) for r in data["replicas"] if r.get("address")
         ),
         version=str(data.get("version", "")),
+        held=_held_from_json(data.get("held")),
     )
+
+
+def _held_from_json(data: Any) -> tuple[tuple[str, Held], ...]:
+    """A snapshot's ``held``: each multiplexed replica's models, as its answers say them (one
+    that cannot be read is left out: its answers will say)."""
+    if not isinstance(data, Mapping):
+        return ()
+    out = []
+    for tag, said in data.items():
+        held = parse_held(said.encode("ascii", "replace")) if isinstance(said, str) else None
+        if held is not None:
+            out.append((str(tag), held))
+    return tuple(out)
 
 
 def leader_of(status: int, payload: Any) -> str | None:

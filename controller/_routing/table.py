@@ -5,6 +5,7 @@ ingress's own tasks (trio is single-threaded, so no locks)."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import random
 from collections.abc import Callable
 from typing import Literal, final
@@ -15,6 +16,7 @@ import trio
 from .._model.policies import AffinityPolicy, RateLimitPolicy, RetryPolicy
 from .._model.verdict import RequestTally
 from .choice import choose
+from .models import Held, parse_held, spreads_at
 from .policy import Buckets, Ring, choose_by_key
 from .split import Side, Split, reached_side
 
@@ -47,6 +49,8 @@ class RouteInfo:
     retries: RetryPolicy = attrs.field(factory=RetryPolicy)
     affinity: AffinityPolicy | None = None
     rate_limit: RateLimitPolicy | None = None
+    held: tuple[tuple[str, Held], ...] = ()
+    """(tag, models) of each multiplexed replica, as the controller last heard from it."""
 
 
 def _host(address: str) -> str:
@@ -83,7 +87,18 @@ class Slot:
     """It left the snapshot: it is chosen no more; requests already sent to it complete."""
     version: str = ""
     """Its version, while its backend's requests are split (else not needed)."""
+    held: Held | None = None
+    """The models it holds, as its newest answer said (None: not multiplexed, or not heard)."""
 
+
+#: What a replica not heard from yet is taken to have room for.
+UNHEARD_CAPACITY = 1 << 30
+#: The most models a router guesses a replica holds beyond what it last said (the models it
+#: sent it since): past this, it starts again from the one it sends now. (A replica whose code
+#: is not multiplexed never says: the guesses are all there is of it.)
+MAX_GUESSED = 64
+#: The models whose requests a router counts (more are routed, not counted).
+MAX_MODEL_COUNTS = 1_000
 
 #: The answer time a refused connection counts as (see ``BackendRoutes.refused``).
 REFUSED_PENALTY_S = 10.0
@@ -106,6 +121,7 @@ class _Waiter:
     slot: Slot | None = None
     excluded: frozenset[str] = frozenset()
     key: bytes | None = None
+    model: str | None = None
 
 
 @final
@@ -153,7 +169,12 @@ class BackendRoutes:
     """The rate limit's buckets, while there is one (only an ingress uses them)."""
     counts: dict[str, int] = attrs.field(factory=dict)
     """What the policies did (``retried``, ``retry_refused``, ``keyed``, ``spilled``,
-    ``rate_limited``), for metrics."""
+    ``rate_limited``), and model routing (``model_held``: to a replica holding the request's
+    model; ``model_load``: to one that loads it), for metrics."""
+    _holders: dict[str, list[int]] = attrs.field(factory=dict)
+    """The indices of the replicas that hold each model (multiplexed replicas' answers say)."""
+    model_requests: dict[str, int] = attrs.field(factory=dict)
+    """Requests routed by each model (at most `MAX_MODEL_COUNTS` models), for metrics."""
 
     @property
     def queued(self) -> int:
@@ -191,6 +212,14 @@ class BackendRoutes:
                 self.slots.append(slot)
         for index, slot in enumerate(self.slots):
             slot.index = index
+        for tag, held in info.held:
+            # The controller's word, where it is newer than this router's (answers carry it).
+            known = self.by_tag.get(tag)
+            if known is not None and (
+                known.held is None or known.held.generation < held.generation
+            ):
+                known.held = held
+        self._index_models()
         self.split = info.split
         self._sides = {}
         versions = dict(info.versions)
@@ -232,13 +261,17 @@ class BackendRoutes:
         excluded: frozenset[str] = frozenset(),
         side: Side | None = None,
         key: bytes | None = None,
+        model: str | None = None,
     ) -> Slot | None:
         """A replica with room for one more request (counted as in flight), or None. With a
         `side` of a canary release: one of that revision's while one has room (else any).
         With a `key` under an affinity policy: the key's replica on the ring, or the next
-        with room under the bound."""
+        with room under the bound. With a `model`: one that holds it (``by_model``)."""
         if self._queue and not excluded:
             return None  # first come, first served: those waiting go first
+        if model is not None:
+            index = self.by_model(model, excluded, side)
+            return None if index is None else self._take(index)
         if key is not None and self._ring is not None:
             return self._by_key(key, excluded, side)
         if side is not None and not excluded:
@@ -259,17 +292,25 @@ class BackendRoutes:
         return self._take(index)
 
     async def acquire(
-        self, excluded: frozenset[str] = frozenset(), key: bytes | None = None
+        self,
+        excluded: frozenset[str] = frozenset(),
+        key: bytes | None = None,
+        model: str | None = None,
     ) -> Slot:
         """A replica for one request: at once if one has room, else after waiting in the
         queue (first in, first out). Raises `Rejected` if no replica serves, if the queue is
         full, or if the caller's deadline cancels the wait (as queue_timeout)."""
-        slot = self.try_acquire(excluded, key=key)
+        slot = self.try_acquire(excluded, key=key, model=model)
         if slot is not None:
             return slot
-        return await self.wait(excluded, key)
+        return await self.wait(excluded, key, model)
 
-    async def wait(self, excluded: frozenset[str] = frozenset(), key: bytes | None = None) -> Slot:
+    async def wait(
+        self,
+        excluded: frozenset[str] = frozenset(),
+        key: bytes | None = None,
+        model: str | None = None,
+    ) -> Slot:
         """`acquire` once ``try_acquire`` found no room: wait in the queue."""
         waits_for_first = self.scales_from_zero and not self.slots and not excluded
         if all(s.tag in excluded for s in self.slots) and not waits_for_first:
@@ -280,7 +321,7 @@ class BackendRoutes:
                 f"backend {self.name!r} is at capacity: every replica has max_ongoing_requests="
                 f"{self.max_ongoing} in flight and max_queued_requests={self.max_queued} wait",
             )
-        waiter = _Waiter(excluded=excluded, key=key)
+        waiter = _Waiter(excluded=excluded, key=key, model=model)
         self._queue.append(waiter)
         self.on_change(self)
         try:
@@ -367,7 +408,9 @@ class BackendRoutes:
         while self._queue:
             waiter = self._queue[0]
             excluded = self._indices(waiter.excluded)
-            if waiter.key is not None and self._ring is not None:
+            if waiter.model is not None:
+                index = self.by_model(waiter.model, waiter.excluded, None)
+            elif waiter.key is not None and self._ring is not None:
                 index = self._keyed(waiter.key, excluded)
             else:
                 index = choose(self._loads, self.max_ongoing, self.rng, excluded)
@@ -376,6 +419,117 @@ class BackendRoutes:
             self._queue.popleft()
             waiter.slot = self._take(index)
             waiter.event.set()
+
+    # -- models --
+
+    def by_model(self, model: str, excluded: frozenset[str], side: Side | None) -> int | None:
+        """The replica for a request naming `model` (not yet counted as in flight): power of
+        two choices among those that hold it, while one of them has fewer than
+        ``spreads_at(max_ongoing)`` in flight; else (none holds it, or all are that busy) the
+        least loaded other with room, preferring one with room for another model (nothing
+        evicted), which loads it; else a holder with room; None if all are full."""
+        limit = self.max_ongoing
+        loads = self._loads
+        skip = self._indices(excluded)
+        group = self._sides.get(side) if side is not None else None
+        allowed = None if not group else set(group)
+        holders = [
+            i
+            for i in self._holders.get(model, ())
+            if i not in skip and (allowed is None or i in allowed)
+        ]
+        if holders and min(loads[i] for i in holders) < spreads_at(limit):
+            pick = choose_near(holders, loads, limit, self.rng)
+            if pick is not None:
+                self.counted("model_held")
+                return pick
+        other = self._loader_for(model, skip | frozenset(holders), allowed)
+        if other is not None:
+            self.counted("model_load")
+            return other
+        if holders:
+            pick = choose_near(holders, loads, limit, self.rng)
+            if pick is not None:
+                self.counted("model_held")
+            return pick
+        return None
+
+    def _loader_for(self, model: str, skip: frozenset[int], allowed: set[int] | None) -> int | None:
+        """The least loaded replica with room that is not in `skip` (one with room for another
+        model first; of equal load, the one holding fewest), from a random start so that ties
+        spread; it is taken to hold `model`
+        from now on (so that the requests for it that follow go there too, until it says)."""
+        slots, loads, limit = self.slots, self._loads, self.max_ongoing
+        count = len(slots)
+        if count == 0:
+            return None
+        start = int(self.rng.random() * count)
+        best, best_rank = -1, (2, limit, 0)
+        for step in range(count):
+            i = (start + step) % count
+            if i in skip or loads[i] >= limit or (allowed is not None and i not in allowed):
+                continue
+            held = slots[i].held
+            if held is None:
+                rank = (0, loads[i], 0)
+            else:
+                rank = (0 if held.has_room else 1, loads[i], len(held.models))
+            if rank < best_rank:
+                best, best_rank = i, rank
+        if best < 0:
+            return None
+        slot = slots[best]
+        # Not heard from yet: taken to hold this model alone, until its first answer says.
+        known = slot.held if slot.held is not None else Held(-1, UNHEARD_CAPACITY, frozenset())
+        said = known.capacity if known.generation >= 0 else 0
+        if len(known.models) >= said + MAX_GUESSED:
+            known = Held(known.generation, known.capacity, frozenset())
+        self._set_held(slot, known.with_model(model))
+        return best
+
+    def heard(self, slot: Slot, value: bytes) -> None:
+        """`slot`'s answer said what it holds (a `HELD_HEADER` value): taken if newer than
+        what was known."""
+        held = parse_held(value)
+        if held is None or slot.gone:
+            return
+        known = slot.held
+        if known is not None and known.generation > held.generation:
+            return
+        if known is None or known.models != held.models or known.generation != held.generation:
+            self._set_held(slot, held)
+
+    def _set_held(self, slot: Slot, held: Held) -> None:
+        before = slot.held.models if slot.held is not None else frozenset()
+        slot.held = held
+        holders = self._holders
+        for model in before - held.models:
+            indices = holders.get(model)
+            if indices is not None:
+                with contextlib.suppress(ValueError):
+                    indices.remove(slot.index)
+                if not indices:
+                    del holders[model]
+        for model in held.models - before:
+            holders.setdefault(model, []).append(slot.index)
+
+    def _index_models(self) -> None:
+        holders: dict[str, list[int]] = {}
+        for slot in self.slots:
+            if slot.held is not None:
+                for model in slot.held.models:
+                    holders.setdefault(model, []).append(slot.index)
+        self._holders = holders
+
+    def asked(self, model: str) -> None:
+        """A request named `model` (counted once, however many replicas it is sent to)."""
+        counts = self.model_requests
+        if model in counts or len(counts) < MAX_MODEL_COUNTS:
+            counts[model] = counts.get(model, 0) + 1
+
+    def held_models(self) -> dict[str, Held]:
+        """What each replica holds, as this router heard."""
+        return {s.tag: s.held for s in self.slots if s.held is not None}
 
     # -- the policies --
 

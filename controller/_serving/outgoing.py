@@ -11,6 +11,8 @@ from .._http.answers import LAST_CHUNK, served_head
 from .._http.connection import Connection
 from .._http.errors import ClientGone
 from .._http.framing import RequestHead
+from .._routing.models import HELD_HEADER
+from .multiplex import Shelf
 
 
 @final
@@ -19,10 +21,22 @@ class Outgoing:
     request (the request was read whole, and nothing asked to close); the answer's head says
     so, and the server reads it back once the answer is sent."""
 
-    __slots__ = ("_chunked", "_head_only", "_left", "conn", "done", "keep", "started", "status")
+    __slots__ = (
+        "_chunked",
+        "_head_only",
+        "_left",
+        "_shelf",
+        "conn",
+        "done",
+        "keep",
+        "started",
+        "status",
+    )
 
-    def __init__(self, conn: Connection, head: RequestHead):
+    def __init__(self, conn: Connection, head: RequestHead, shelf: Shelf | None = None):
         self.conn = conn
+        self._shelf = shelf
+        """A multiplexed replica's models: every answer says what it holds (as it answers)."""
         self._head_only = head.method == b"HEAD"
         self.keep = head.keep_alive and not conn.closing
         self.started = False
@@ -39,6 +53,7 @@ class Outgoing:
         self.keep = self.keep and keep
         self.started, self.done, self.status = True, True, status
         self.conn.answered = status
+        headers = self._with_held(headers)
         if status in _NO_BODY:
             length = None if status == 204 else len(body)
             out = served_head(status, headers, length=length, close=not self.keep)
@@ -60,6 +75,7 @@ class Outgoing:
         handler said it)."""
         self.started, self.status = True, status
         self.conn.answered = status
+        headers = self._with_held(headers)
         if status in _NO_BODY:
             # Its parts are dropped as they come; the head says nothing of them.
             self.keep = self.keep and keep
@@ -78,6 +94,12 @@ class Outgoing:
             status, headers, length=length, chunked=self._chunked, close=not self.keep
         )
         await self.conn.send(out)
+
+    def _with_held(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        shelf = self._shelf
+        if shelf is None or not shelf.multiplexed:
+            return headers
+        return [*headers, (HELD_HEADER, shelf.header())]
 
     async def part(self, data: bytes) -> None:
         """Send the next part of the body."""

@@ -33,15 +33,18 @@ from .._http.errors import ClientGone, Reply
 from .._http.framing import Problem, RequestHead
 from .._http.limits import ConnectionLimits
 from .._http.server import Server, open_listener
+from .._model.multiplexing import ReplicaModels
 from .._model.traffic import MAX_REQUESTS
 from .._ports.hosting import tracebacks
 from .._routing.exchange import CALL_HEADER
 from .._routing.handle import current_deadline
+from .._routing.models import MODEL_HEADER, MODEL_ID_RULE, model_of
 from .._routing.split import SIDE_HEADER, Side, current_side, side_of_header
 from . import rpc
 from .asgi import AppError, Exchange, Lifespan, http_scope
 from .calls import Caller
 from .entry import Entry
+from .multiplex import Shelf, current_model, current_shelf
 from .outgoing import Outgoing
 from .places import Places
 from .request import Address, BodyTooLarge, Request
@@ -81,6 +84,7 @@ class ReplicaServer:
         max_ongoing_requests: int = 100,
         request_timeout_s: float = 60.0,
         limits: ConnectionLimits = SERVER_LIMITS,
+        shelf: Shelf | None = None,
     ):
         assert entry.served
         self.entry = entry
@@ -93,6 +97,10 @@ class ReplicaServer:
         self.failed = 0
         """Requests whose handler raised (answered 500, or cut short)."""
         self._places = Places()
+        self.shelf = Shelf() if shelf is None else shelf
+        """Its models, if its code is multiplexed: a worker's and a Ray actor's is the
+        process's (``process_shelf``), which a loader called outside a request fills too."""
+        self.shelf.on_change = self._changed
         self._caller = None if entry.kind == "asgi" else Caller(entry.target, self._changed)
         self._lifespan = Lifespan(entry.target) if entry.kind == "asgi" else None
         self._limits = limits
@@ -130,20 +138,25 @@ class ReplicaServer:
             "request can be served"
         )
 
-    async def follow_load(self, said: Callable[[int, int], Awaitable[None]]) -> None:
-        """Hand `said` each new figure of `load` (with the requests `served`), at most every
-        `REPORT_S` (a burst of requests is one report), until cancelled: the replica's own
-        load, reported as a ``load()`` method's would be. When only the count of requests
-        served moves, it is said at most every `SERVED_REPORT_S`."""
-        load = served = -1
+    async def follow_load(
+        self, said: Callable[[int, int, ReplicaModels | None], Awaitable[None]]
+    ) -> None:
+        """Hand `said` each new figure of `load` (with the requests `served`, and a
+        multiplexed replica's models), at most every `REPORT_S` (a burst of requests is one
+        report), until cancelled: the replica's own load, reported as a ``load()`` method's
+        would be. When only the count of requests served moves, it is said at most every
+        `SERVED_REPORT_S`."""
+        load = served = generation = -1
         said_at = -math.inf
         while True:
             changed = self.next_change()  # before `said`, which may wait
             now = trio.current_time()
             due = said_at + SERVED_REPORT_S
-            if self.load != load or (self.served != served and now >= due):
+            moved = self.load != load or self.shelf.generation != generation
+            if moved or (self.served != served and now >= due):
                 load, served, said_at = self.load, self.served, now
-                await said(load, served)
+                generation = self.shelf.generation
+                await said(load, served, self.shelf.report())
             elif self.served != served:
                 with trio.move_on_after(due - now):  # said then, or at a change of the load
                     await changed.wait()
@@ -222,6 +235,7 @@ class ReplicaServer:
         budget, root_path, limit = self.request_timeout_s, "", self.max_ongoing_requests
         call: str | None = None
         side: Side | None = None
+        model: str | None = None
         for name, value in head.headers:
             if name == TIMEOUT_HEADER:
                 budget = _milliseconds(value, budget) / 1000
@@ -233,6 +247,10 @@ class ReplicaServer:
                 call = value.decode("latin-1")
             elif name == SIDE_HEADER:
                 side = side_of_header(value)
+            elif name == MODEL_HEADER:
+                model = model_of(value)
+                if model is None:
+                    return await self._bad_model(conn, head, value)
         deadline = trio.current_time() + budget
         conn.request_deadline = deadline
         conn.timer.set(deadline, "deadline")
@@ -247,11 +265,17 @@ class ReplicaServer:
         # side of a canary's split it went to.
         inherited = current_deadline.set(deadline)
         inherited_side = current_side.set(side)
+        inherited_model = current_model.set(model)
+        inherited_shelf = current_shelf.set(self.shelf)
+        if model is not None:
+            self.shelf.asked(model)
         try:
             if self._lifespan is not None and call is None:
                 return await self._asgi(conn, head, root_path)
             return await self._plain(conn, head, root_path, deadline, limit, call)
         finally:
+            current_shelf.reset(inherited_shelf)
+            current_model.reset(inherited_model)
             current_side.reset(inherited_side)
             current_deadline.reset(inherited)
             self.in_flight -= 1
@@ -304,7 +328,7 @@ class ReplicaServer:
             deadline=deadline,
             clock=self._clock,
         )
-        outgoing = Outgoing(conn, head)
+        outgoing = Outgoing(conn, head, self.shelf)
         try:
             if call is not None:
                 body = await request.body()
@@ -346,7 +370,7 @@ class ReplicaServer:
     async def _asgi(self, conn: Connection, head: RequestHead, root_path: str) -> bool:
         assert self._lifespan is not None
         done: list[bool] = []
-        outgoing = Outgoing(conn, head)
+        outgoing = Outgoing(conn, head, self.shelf)
         scope = http_scope(head, conn.peer, self._address, root_path, self._lifespan.state)
         exchange = Exchange(head, outgoing, self._reader(conn, head, done), scope)
         try:
@@ -368,6 +392,14 @@ class ReplicaServer:
             if outgoing.started:
                 raise ClientGone from None
             await outgoing.whole(_FAILED.status, _FAILED.headers, _FAILED.body, keep=False)
+        return outgoing.keep
+
+    async def _bad_model(self, conn: Connection, head: RequestHead, value: bytes) -> bool:
+        shown = value[:40].decode("latin-1")
+        message = f"x-model-id: must be {MODEL_ID_RULE} (got {shown!r})"
+        body = error_body("BadModelId", message)
+        outgoing = Outgoing(conn, head)
+        await outgoing.whole(400, [(b"content-type", _JSON)], body, keep=conn.skip_body())
         return outgoing.keep
 
     def _failed(self, head: RequestHead, exc: BaseException) -> None:

@@ -83,7 +83,8 @@ export function backendPage(main, signal, name) {
     const button = (id, text, action, onclick, className = "") =>
       el("button", { type: "button", id, className, dataset: { action }, onclick }, text);
     const replicas = table("replicas", [
-      "Replica", "State", "Version", "Address", "PID", "Node", "Age", "Health", "Served", "",
+      "Replica", "State", "Version", "Address", "PID", "Node", "Age", "Health", "Served",
+      "Models", "",
     ]);
     const events = table("events", ["Time", "Kind", "Message"]);
     const revisions = table("revisions", [
@@ -165,11 +166,14 @@ export function backendPage(main, signal, name) {
 
     // Requests each replica answered, by its own count (code the worker serves).
     const served = s.load?.served ?? {};
+    // What each multiplexed replica holds (@controller.multiplexed), by its own word.
+    const models = s.load?.models ?? {};
+    const held = (tag) => (models[tag] ? models[tag].models.join(", ") || "none" : null);
     syncRows(view.replicas, s.replicas ?? [], {
       key: (r) => r.tag,
       // Not the age: it counts up by itself (dom.js tick), no need to redraw the row for it.
       sig: (r) => JSON.stringify(
-        [r.state, r.version, r.address, r.pid, r.node, r.healthy, served[r.tag]]),
+        [r.state, r.version, r.address, r.pid, r.node, r.healthy, served[r.tag], held(r.tag)]),
       render: (r) => el("tr", { dataset: { replica: r.tag } },
         el("td", { className: "tag" }, r.tag),
         el("td", {}, badge(r.state)),
@@ -180,6 +184,7 @@ export function backendPage(main, signal, name) {
         el("td", {}, age(r.age_s)),
         el("td", { className: `health ${health(r.healthy)}` }, health(r.healthy)),
         el("td", { className: "served" }, dash(served[r.tag])),
+        el("td", { className: "models" }, dash(held(r.tag))),
         el("td", {}, link(pages.log(name, r.tag), "log")),
       ),
     });

@@ -27,6 +27,7 @@ from .._http.framing import Problem, RequestHead
 from .._http.ratelimit import RateLimitedLog
 from .._http.sockets import receive_upstream, send_all
 from .._routing.choice import RouteTable
+from .._routing.models import HELD_HEADER, requested_model, take_header
 from .._routing.policy import session_key
 from .._routing.split import Side, choose_side
 from .._routing.table import BackendRoutes, Rejected, Slot
@@ -154,6 +155,7 @@ class Proxy:
         self, client: Connection, head: RequestHead, backend: BackendRoutes
     ) -> tuple[int, bool]:
         repeatable = not head.body and head.method in _REPEATABLE
+        model = requested_model(head.headers)  # a bad one is refused before the body is read
         deadline = start_deadline(client, head, backend)
         body = b""
         streamed = head.body
@@ -166,10 +168,12 @@ class Proxy:
         split = backend.split
         side = None if split is None else choose_side(split, head.headers, backend.rng)
         key = session_key(backend.affinity, head.headers)
+        if model is not None:
+            backend.asked(model)
         retrying = False  # counted in the backend's retry budget until the request ends
         try:
             while True:
-                slot = await self._acquire(backend, tried, side, key)
+                slot = await self._acquire(backend, tried, side, key, model)
                 taken_at, client.waited_s = trio.current_time(), None
                 # What the gates of a canary release count: an answer's status, or none at all
                 # (a timeout, a 502) as an error; a request tried again elsewhere, or one whose
@@ -223,14 +227,19 @@ class Proxy:
                 backend.retry_done()
 
     async def _acquire(
-        self, backend: BackendRoutes, tried: frozenset[str], side: Side | None, key: bytes | None
+        self,
+        backend: BackendRoutes,
+        tried: frozenset[str],
+        side: Side | None,
+        key: bytes | None,
+        model: str | None,
     ) -> Slot:
-        slot = backend.try_acquire(tried, side, key)
+        slot = backend.try_acquire(tried, side, key, model)
         if slot is not None:
             return slot
         try:
             with trio.fail_after(self.config.queue_timeout_s):
-                return await backend.wait(tried, key)
+                return await backend.wait(tried, key, model)
         except trio.TooSlowError:
             message = (
                 f"no replica of backend {backend.name!r} had room within queue_timeout_s="
@@ -360,6 +369,9 @@ class Proxy:
             client.waited_s = trio.current_time() - sent_at
             if not client.gone:
                 backend.answered(slot, client.waited_s)  # a timeout counts
+        held = take_header(answer.headers, HELD_HEADER)
+        if held is not None:
+            backend.heard(slot, held)
         # The client's framing: the replica's length where it gave one; else chunks, or, for
         # an HTTP/1.0 client (which cannot read chunks), the connection's end.
         sized = answer.length is not None

@@ -35,11 +35,13 @@ import trio
 
 from .._local.logs import read_log
 from .._local.own_load import read_load
+from .._model.multiplexing import ReplicaModels
 from .._ports.context import ReplicaContext, set_context
 from .._ports.hosting import describe_error, tracebacks
 from .._routing.sources import HTTPSource
 from .._serving import handles
 from .._serving.entry import build
+from .._serving.multiplex import process_shelf
 from .._serving.server import ReplicaServer, serving_line
 from ._trio_thread import TrioThread
 
@@ -129,6 +131,7 @@ class ReplicaHost:
         # change, for `load_changed` to wait on.
         self._load: int | None = None
         self._served: int | None = None
+        self._models: dict[str, Any] | None = None
         self._load_seq = 0
         self._load_moved = asyncio.Event()
         self._load_reader: asyncio.Future[Any] | None = None
@@ -176,6 +179,7 @@ class ReplicaHost:
                     entry,
                     max_ongoing_requests=serving.get("max_ongoing_requests", 100),
                     request_timeout_s=serving.get("request_timeout_s", 60.0),
+                    shelf=process_shelf(),
                 )
                 # Listening before it counts as ready: routers send at once.
                 await _TRIO.start(_serve, self._server, host, port)
@@ -271,8 +275,11 @@ class ReplicaHost:
         if self._load_reader is None:
             loop = asyncio.get_running_loop()
 
-            async def said(count: int | None, served: int | None = None) -> None:
-                loop.call_soon_threadsafe(self._loaded, count, served)
+            async def said(
+                count: int | None, served: int | None = None, models: ReplicaModels | None = None
+            ) -> None:
+                said_models = None if models is None else models.to_json()
+                loop.call_soon_threadsafe(self._loaded, count, served, said_models)
 
             if self._server is not None and not callable(getattr(self._instance, "load", None)):
                 reading = _TRIO.run(self._server.follow_load, said)
@@ -281,12 +288,19 @@ class ReplicaHost:
             self._load_reader = asyncio.ensure_future(reading)
         while self._load_seq <= seq:
             await self._load_moved.wait()
-        return json.dumps({"seq": self._load_seq, "load": self._load, "served": self._served})
+        told: dict[str, Any] = {"seq": self._load_seq, "load": self._load, "served": self._served}
+        if self._models is not None:
+            told["models"] = self._models
+        return json.dumps(told)
 
-    def _loaded(self, count: int | None, served: int | None = None) -> None:
-        if (count, served) == (self._load, self._served) and self._load_seq > 0:
+    def _loaded(
+        self, count: int | None, served: int | None = None, models: dict[str, Any] | None = None
+    ) -> None:
+        now = (count, served, models)
+        if now == (self._load, self._served, self._models) and self._load_seq > 0:
             return
-        self._load, self._served, self._load_seq = count, served, self._load_seq + 1
+        self._load, self._served, self._models = now
+        self._load_seq += 1
         self._load_moved.set()
         self._load_moved = asyncio.Event()
 

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import ray
 import trio
 
+from .._model.multiplexing import ReplicaModels, parse_replica_models
 from ._await import wait_ref
 
 
@@ -22,7 +23,13 @@ class _Actor(Protocol):
 
 
 class _Told(Protocol):
-    def load(self, tag: str, ongoing: int | None, served: int | None = None) -> None: ...
+    def load(
+        self,
+        tag: str,
+        ongoing: int | None,
+        served: int | None = None,
+        models: ReplicaModels | None = None,
+    ) -> None: ...
 
 
 async def follow_load(actor: _Actor, current: Callable[[], bool], told: _Told) -> None:
@@ -43,7 +50,8 @@ async def follow_load(actor: _Actor, current: Callable[[], bool], told: _Told) -
             return
         seq = int(reply["seq"])
         load, served = reply.get("load"), reply.get("served")
-        told.load(actor.tag, _count(load), _count(served))
+        models = parse_replica_models(reply.get("models"))
+        told.load(actor.tag, _count(load), _count(served), models)
 
 
 def _count(value: Any) -> int | None:

@@ -12,9 +12,11 @@ import trio
 from .._local.user_calls import call
 from .._model.errors import ReplicaError
 from .._model.json_values import JSON
+from .._model.multiplexing import ReplicaModels
 from .._ports.context import ReplicaContext, set_task_context
 from .._ports.hosting import host_spec
 from .._serving.entry import build
+from .._serving.multiplex import Shelf
 from .._serving.server import ReplicaServer
 from ._fake_replica import FakeReplica, FakeState
 
@@ -23,7 +25,7 @@ async def serve_code(
     replica: FakeReplica,
     pythonpath: Sequence[str],
     nursery: trio.Nursery | None,
-    report_load: Callable[[str, int | None, int | None], None],
+    report_load: Callable[[str, int | None, int | None, ReplicaModels | None], None],
 ) -> None:
     """Build `replica`'s code (its config handed to it first, as a worker does) and serve it in
     `nursery` on a loopback port, which becomes its address; its load goes to `report_load`.
@@ -55,12 +57,13 @@ async def serve_code(
             entry,
             max_ongoing_requests=replica.spec.serving.max_ongoing_requests,
             request_timeout_s=replica.spec.serving.request_timeout_s,
+            shelf=Shelf(),  # its own: the replicas FakeRuntime serves share one process
         )
         made.append(server)
 
-        async def told(load: int, served: int) -> None:
+        async def told(load: int, served: int, models: ReplicaModels | None) -> None:
             if replica.state is not FakeState.DEAD:
-                report_load(replica.tag, load, served)
+                report_load(replica.tag, load, served, models)
 
         with scope:
             async with trio.open_nursery() as serving:

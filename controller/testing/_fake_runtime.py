@@ -10,6 +10,7 @@ import trio
 
 from .._model.errors import FencedError, ReplicaError, ReplicaGoneError
 from .._model.json_values import JSON
+from .._model.multiplexing import ReplicaModels
 from .._model.placement import SLOTS
 from .._model.spec import ReplicaSpec
 from .._ports.runtime import CheckReport, DeathListener, ReplicaInfo
@@ -244,15 +245,25 @@ class FakeRuntime(FakeNodeControls):
         for listener in list(self._shared.listeners):
             listener(tag, reason)
 
-    def report_load(self, tag: str, ongoing: int | None, served: int | None = None) -> None:
+    def report_load(
+        self,
+        tag: str,
+        ongoing: int | None,
+        served: int | None = None,
+        models: ReplicaModels | None = None,
+    ) -> None:
         """Have a live replica report its own load, as a replica's ``load()`` does through a
-        real runtime (and, for code a runtime serves, the requests it has answered)."""
+        real runtime (and, for code a runtime serves, the requests it has answered, and a
+        multiplexed replica's models)."""
         if self.replicas[tag].state is FakeState.DEAD:
             raise ValueError(f"replica {tag} is dead")
         for listener in list(self._shared.listeners):
             take = getattr(listener, "load", None)
             if take is not None:
-                take(tag, ongoing, served)
+                if models is None:
+                    take(tag, ongoing, served)
+                else:
+                    take(tag, ongoing, served, models)
 
     # -- the Runtime protocol --
 

@@ -1,0 +1,142 @@
+"""Model multiplexing on real worker processes, through an ingress and a handle: a model's
+requests land where it is held, a model held nowhere is answered after one load, concurrent
+requests for it share that load, a hot model spreads to more replicas, and status says what
+each replica holds. The rules on their own: tests/test_model_routing.py and
+tests/test_multiplexing.py."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import controller
+from controller.ingress import ControllerSource, Ingress, open_listener
+
+from .http_client import request
+
+HERE = Path(__file__).parent
+LIMIT_S = 90
+
+
+@pytest.fixture
+def runtime_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="mx", dir="/tmp"))  # short: Unix socket paths
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def ingress_of(ctl: controller.Controller, nursery: trio.Nursery) -> int:
+    ingress = Ingress(ControllerSource(ctl))
+    await nursery.start(ingress.run)
+    listener = await open_listener("127.0.0.1", 0)
+    await nursery.start(ingress.serve, [listener])
+    return int(listener.socket.getsockname()[1])
+
+
+async def deploy(
+    ctl: controller.Controller, replicas: int, max_ongoing: int = 100, **init: Any
+) -> None:
+    config = controller.BackendConfig(
+        num_replicas=replicas, route_prefix="/m", version="v1", max_ongoing_requests=max_ongoing
+    )
+    code = controller.ReplicaConfig("serving_apps:MultiModel", init_kwargs=init)
+    assert await (await ctl.deploy("m", config, code)).wait() is controller.GoalOutcome.COMPLETED
+
+
+async def ask(port: int, model: str) -> dict[str, Any]:
+    answer = await request(port, "/m", headers=[("x-model-id", model)])
+    assert answer.status == 200, answer.body
+    assert "x-replica-models" not in answer.headers  # the routers', not the client's
+    body: dict[str, Any] = answer.json()
+    assert body["model"] == body["asked"] == model
+    return body
+
+
+async def test_requests_land_where_their_model_is_and_one_load_serves_a_burst(
+    runtime_dir: Path,
+) -> None:
+    runtime = controller.LocalRuntime(runtime_dir / "w", pythonpath=[HERE])
+    with trio.fail_after(LIMIT_S):
+        async with (
+            controller.open_controller(runtime=runtime, store=controller.MemoryStore()) as ctl,
+            trio.open_nursery() as nursery,
+        ):
+            port = await ingress_of(ctl, nursery)
+            await deploy(ctl, replicas=4)
+            # A burst for a model held nowhere: one replica loads it once, and all are answered.
+            answers: list[dict[str, Any]] = []
+
+            async def one() -> None:
+                answers.append(await ask(port, "a"))
+
+            async with trio.open_nursery() as clients:
+                for _ in range(12):
+                    clients.start_soon(one)
+            assert {a["replica"] for a in answers} == {answers[0]["replica"]}
+            assert max(a["loads"].count("a") for a in answers) == 1
+            assert all(a["overlapping"] == 0 for a in answers)
+            home = answers[0]["replica"]
+            # What follows for it lands there; other models go to other replicas.
+            later = [await ask(port, "a") for _ in range(10)]
+            assert {a["replica"] for a in later} == {home}
+            others = {m: (await ask(port, m))["replica"] for m in ("b", "c", "d")}
+            assert home not in others.values()  # replicas with room for a model go first
+            assert len(set(others.values())) == 3
+            # Status (and so metrics and the console) says what each holds.
+            await ctl.wait_until(
+                lambda c: (
+                    {m for said in c.status("m").load.models.values() for m in said.models}
+                    == {"a", "b", "c", "d"}
+                )
+            )
+            said = ctl.status("m").load.models
+            assert said[home].models == ("a",)
+            assert said[home].requests["a"] == 22
+            assert said[home].loads == 1
+            assert said[home].hits >= 10
+            # A handle names the model in its options and goes where it is held.
+            handle = ctl.handle("m").options(model_id="c")
+            called = await handle.ask("x")
+            assert called == {"model": "c", "replica": others["c"], "text": "x"}
+            with pytest.raises(ValueError, match="model_id must be"):
+                ctl.handle("m").options(model_id="no spaces")
+            # A bad id is refused at the ingress, before any replica.
+            bad = await request(port, "/m", headers=[("x-model-id", "a b")])
+            assert bad.status == 400
+            assert bad.json()["error"]["type"] == "BadModelId"
+            await (await ctl.delete("m")).wait()
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_hot_model_spreads_to_more_replicas(runtime_dir: Path) -> None:
+    runtime = controller.LocalRuntime(runtime_dir / "w", pythonpath=[HERE])
+    with trio.fail_after(LIMIT_S):
+        async with (
+            controller.open_controller(runtime=runtime, store=controller.MemoryStore()) as ctl,
+            trio.open_nursery() as nursery,
+        ):
+            port = await ingress_of(ctl, nursery)
+            # 4 places a replica: a holder with 2 in flight is busy, and the model spreads.
+            await deploy(ctl, replicas=4, max_ongoing=4, work_s=0.3)
+            await ask(port, "hot")
+            replicas: Counter[str] = Counter()
+
+            async def one() -> None:
+                replicas[(await ask(port, "hot"))["replica"]] += 1
+
+            async with trio.open_nursery() as clients:
+                for _ in range(12):
+                    clients.start_soon(one)
+            assert len(replicas) >= 3, replicas
+            await ctl.wait_until(
+                lambda c: sum("hot" in s.models for s in c.status("m").load.models.values()) >= 3
+            )
+            await (await ctl.delete("m")).wait()
+            nursery.cancel_scope.cancel()
