@@ -70,6 +70,11 @@ async def test_a_full_batch_runs_at_once_and_the_rest_wait_their_turn(
     # Full: at once. The next is full when the first ends (1 s of work): at once then. The
     # last two waited their 50 ms from when the batcher was free to look at them.
     assert times == [0.0, 1.0, 2.05]
+    # What the replica reports as its batches' waits: each from its first item's arrival (all
+    # at 0) to its run.
+    numbers = doubled.batch_stats()  # type: ignore[attr-defined]
+    assert (numbers.batches, numbers.items, numbers.largest) == (3, 10, 4)
+    assert numbers.waited_s == pytest.approx(0.0 + 1.0 + 2.05)
 
 
 async def test_an_exception_fails_exactly_its_batchs_callers(

@@ -204,8 +204,10 @@ async def test_answers_say_what_is_held_and_loading_with_a_newer_generation_each
     assert len(set(generations)) == 3
     report = shelf.report()
     assert report is not None
-    assert report.models == ("a",)
-    assert report.capacity == 2
+    assert report.models is not None
+    assert report.models.models == ("a",)
+    assert report.models.capacity == 2
+    assert report.batches == ()
 
 
 def test_options_are_checked_when_decorating() -> None:

@@ -140,3 +140,29 @@ async def test_a_hot_model_spreads_to_more_replicas(runtime_dir: Path) -> None:
             )
             await (await ctl.delete("m")).wait()
             nursery.cancel_scope.cancel()
+
+
+async def test_fake_runtime_serves_multiplexed_code_each_replica_with_its_own_models() -> None:
+    """FakeRuntime(serve_http=True) runs several replicas in this process: each keeps its own
+    models (not the process's), and their reports reach status as a real worker's do."""
+    from controller.testing import FakeRuntime
+
+    runtime = FakeRuntime(auto_ready=True, serve_http=True, pythonpath=[HERE])
+    with trio.fail_after(LIMIT_S):
+        async with (
+            controller.open_controller(runtime=runtime, store=controller.MemoryStore()) as ctl,
+            trio.open_nursery() as nursery,
+        ):
+            port = await ingress_of(ctl, nursery)
+            await deploy(ctl, replicas=2, load_s=0.05)
+            where = {m: (await ask(port, m))["replica"] for m in ("a", "b")}
+            assert len(set(where.values())) == 2
+            assert [(await ask(port, "a"))["replica"] for _ in range(5)] == [where["a"]] * 5
+            await ctl.wait_until(
+                lambda c: (
+                    {t: s.models for t, s in c.status("m").load.models.items()}
+                    == {where["a"]: ("a",), where["b"]: ("b",)}
+                )
+            )
+            await (await ctl.delete("m")).wait()
+            nursery.cancel_scope.cancel()

@@ -14,7 +14,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 import trio
@@ -512,6 +512,52 @@ async def test_code_is_served_by_its_actor_through_an_ingress(harness: Harness) 
             await ctl.wait_until(lambda c: sum(c.status("c").load.served.values()) == 22)
             await (await ctl.delete("c")).wait()
             assert await harness.runtime.list_replicas() == []
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_multiplexed_backend_on_ray_routes_by_model_and_reports_its_models(
+    harness: Harness,
+) -> None:
+    """@controller.multiplexed in Ray actors: a burst for a model is one load on one actor, the
+    requests that follow land there, and the models reach status through the actor's load."""
+    from controller.ingress import ControllerSource, Ingress, open_listener
+
+    from .http_client import request
+
+    with trio.fail_after(LIMIT_S):
+        async with (
+            controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl,
+            trio.open_nursery() as nursery,
+        ):
+            config = cfg(num_replicas=2, route_prefix="/m")
+            code = controller.ReplicaConfig("serving_apps:MultiModel")
+            assert await (await ctl.deploy("m", config, code)).wait() is GoalOutcome.COMPLETED
+            ingress = Ingress(ControllerSource(ctl))
+            await nursery.start(ingress.run)
+            listener = await open_listener("127.0.0.1", 0)
+            await nursery.start(ingress.serve, [listener])
+            port = listener.socket.getsockname()[1]
+            answers: list[dict[str, Any]] = []
+
+            async def one(model: str) -> None:
+                answer = await request(port, "/m", headers=[("x-model-id", model)])
+                answers.append(answer.json())
+
+            async with trio.open_nursery() as clients:
+                for _ in range(8):
+                    clients.start_soon(one, "a")
+            assert len({a["replica"] for a in answers}) == 1
+            assert max(a["loads"].count("a") for a in answers) == 1
+            home = answers[0]["replica"]
+            await one("b")
+            assert answers[-1]["replica"] != home  # the replica with room for a model
+            await ctl.wait_until(
+                lambda c: (
+                    {t: s.models for t, s in c.status("m").load.models.items()}
+                    == {home: ("a",), answers[-1]["replica"]: ("b",)}
+                )
+            )
+            await (await ctl.delete("m")).wait()
             nursery.cancel_scope.cancel()
 
 

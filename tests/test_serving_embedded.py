@@ -152,5 +152,17 @@ async def test_a_worker_batches_concurrent_requests_and_answers_each_its_own(
             sizes = [a["batch"] for a in answers.values()]
             assert max(sizes) > 1  # they ran together
             assert max(sizes) <= 16
+            # The replica reports its batches with its load: status (and /metrics) show them.
+            await ctl.wait_until(
+                lambda c: (
+                    sum(b.items for bs in c.status("scorer").load.batches.values() for b in bs)
+                    == 24
+                )
+            )
+            ((said,),) = ctl.status("scorer").load.batches.values()
+            assert said.function == "Scorer.predict"
+            assert said.largest == max(sizes)
+            assert 2 <= said.batches < 24  # 24 requests in batches of at most 16
+            assert said.waited_s > 0
             await (await ctl.delete("scorer")).wait()
             nursery.cancel_scope.cancel()

@@ -232,6 +232,27 @@ class _ReplicaCollector(Collector):
             "function, a callable class, an ASGI app)",
             labels=["backend", "replica"],
         )
+        batches = CounterMetricFamily(
+            "controller_replica_batches",
+            "Batches each batched function (@controller.batch) of each replica has run",
+            labels=["backend", "replica", "function"],
+        )
+        batched = CounterMetricFamily(
+            "controller_replica_batched_items",
+            "Items in those batches (divided by the batches: their mean size)",
+            labels=["backend", "replica", "function"],
+        )
+        largest = GaugeMetricFamily(
+            "controller_replica_batch_largest",
+            "The largest batch each batched function of each replica has run",
+            labels=["backend", "replica", "function"],
+        )
+        waited = CounterMetricFamily(
+            "controller_replica_batch_wait_seconds",
+            "Those batches' waits, each from its first item's arrival to its run, summed "
+            "(divided by the batches: their mean wait)",
+            labels=["backend", "replica", "function"],
+        )
         held = GaugeMetricFamily(
             "controller_replica_models",
             "The models each multiplexed replica holds (and is loading)",
@@ -287,6 +308,13 @@ class _ReplicaCollector(Collector):
             queued.add_metric([backend.name], backend.load.queued)
             for tag, count in sorted(backend.load.served.items()):
                 served.add_metric([backend.name, tag], count)
+            for tag, batchers in sorted(backend.load.batches.items()):
+                for batcher in batchers:
+                    labels = [backend.name, tag, batcher.function]
+                    batches.add_metric(labels, batcher.batches)
+                    batched.add_metric(labels, batcher.items)
+                    largest.add_metric(labels, batcher.largest)
+                    waited.add_metric(labels, batcher.waited_s)
             model_requests: dict[str, int] = {}
             for tag, said in sorted(backend.load.models.items()):
                 held.add_metric([backend.name, tag], len(said.models))
@@ -324,6 +352,10 @@ class _ReplicaCollector(Collector):
         yield weight
         yield judged
         yield served
+        yield batches
+        yield batched
+        yield largest
+        yield waited
         yield held
         yield lookups
         yield loads_done

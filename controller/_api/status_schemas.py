@@ -158,6 +158,26 @@ STATUS_SCHEMAS: dict[str, Any] = {
                 "description": "What each multiplexed replica holds, by its own word "
                 "(@controller.multiplexed)",
             },
+            "batches": {
+                "type": "object",
+                "additionalProperties": {"type": "array", "items": ref("BatchNumbers")},
+                "description": "Each replica's batched functions (@controller.batch), by its "
+                "own count",
+            },
+        }
+    ),
+    "BatchNumbers": obj(
+        {
+            "function": {**STRING, "description": "The batched function's qualified name"},
+            "batches": INT,
+            "items": {**INT, "description": "Items in all its batches (/ batches: mean size)"},
+            "largest": INT,
+            "waited_s": {
+                "type": "number",
+                "minimum": 0,
+                "description": "Its batches' waits, each from its first item's arrival to its "
+                "run, summed (/ batches: mean wait)",
+            },
         }
     ),
     "ReplicaModels": obj(

@@ -75,6 +75,10 @@ def status_json(status: BackendStatus, *, summary: bool = False) -> dict[str, An
             "self_reported": status.load.self_reported,
             "served": dict(status.load.served),
             "models": {tag: m.to_json() for tag, m in sorted(status.load.models.items())},
+            "batches": {
+                tag: [b.to_json() for b in batches]
+                for tag, batches in sorted(status.load.batches.items())
+            },
         },
         "autoscaler": _autoscaler_json(status.autoscaler, now),
         "rollout": rollout_json(status.rollout),

@@ -9,6 +9,7 @@ from typing import final
 
 import attrs
 
+from .._model.code_report import BatchNumbers, CodeReport
 from .._model.multiplexing import ReplicaModels
 from .._model.status import LOAD_TTL_S, BackendLoad, LoadReport
 
@@ -32,6 +33,8 @@ class LoadBook:
     """The requests each live replica says it has answered (code the worker serves)."""
     _models: dict[str, ReplicaModels] = attrs.field(factory=dict, init=False)
     """What each live multiplexed replica says of its models."""
+    _batches: dict[str, tuple[BatchNumbers, ...]] = attrs.field(factory=dict, init=False)
+    """What each live replica with batched functions says of their batches."""
 
     def take(self, report: LoadReport, now: float) -> bool:
         """Keep `report` as its source's latest; whether it changed what the book says."""
@@ -50,9 +53,12 @@ class LoadBook:
         self._own_total += ongoing - (before or 0)
         return before != ongoing
 
-    def take_models(self, tag: str, models: ReplicaModels) -> None:
-        """Keep what multiplexed replica `tag` says of its models."""
-        self._models[tag] = models
+    def take_code(self, tag: str, code: CodeReport) -> None:
+        """Keep what replica `tag` says of its code's models and batches."""
+        if code.models is not None:
+            self._models[tag] = code.models
+        if code.batches:
+            self._batches[tag] = code.batches
 
     def take_served(self, tag: str, served: int) -> None:
         """Keep the count of requests replica `tag` says it has answered (a count no int64
@@ -64,6 +70,7 @@ class LoadBook:
         """Replica `tag` is gone, or no longer says: what it said no longer counts."""
         self._served.pop(tag, None)
         self._models.pop(tag, None)
+        self._batches.pop(tag, None)
         before = self._own.pop(tag, None)
         self._own_total -= before or 0
         return before is not None
@@ -104,4 +111,5 @@ class LoadBook:
             self._own_total,
             dict(self._served),
             dict(self._models),
+            dict(self._batches),
         )

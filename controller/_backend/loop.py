@@ -18,9 +18,10 @@ from typing import final
 
 import trio
 
+from .._model.code_report import CodeReport
 from .._model.failures import FailureBook
 from .._model.json_values import JSON
-from .._model.multiplexing import Held, ReplicaModels
+from .._model.multiplexing import Held
 from .._model.pass_plan import PassState, decide_pass
 from .._model.records import events_key, replicas_key, revisions_key, spec_key
 from .._model.revisions import RevisionBook
@@ -189,13 +190,14 @@ class Backend(Reducer, Reading):
         tag: str,
         ongoing: int | None,
         served: int | None = None,
-        models: ReplicaModels | None = None,
+        code: CodeReport | None = None,
     ) -> None:
         """Keep what a replica of this backend says of its own load (its ``load()``; None:
         it no longer says), of the requests it has answered (code the worker serves), and of
-        its models (multiplexed code)."""
+        its models and batches (``CodeReport``)."""
         if tag in self.replicas:
-            self._scaling.report_own(tag, ongoing, served, models)
+            self._scaling.report_own(tag, ongoing, served, code)
+            models = None if code is None else code.models
             if models is not None and self._held.get(tag) != models.held:
                 # Routers that have not heard from it yet learn where its models are with the
                 # next snapshot (published by the pass the load report brings).

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import final
 
+from .._model.code_report import CodeReport
 from .._model.config import BackendConfig
-from .._model.multiplexing import ReplicaModels
 from .._model.records import AutoscaleRecord
 from .._model.status import AutoscalerStatus, BackendLoad, BackendReason, BackendState, LoadReport
 from . import events as ev
@@ -70,15 +70,15 @@ class Scaling:
         tag: str,
         ongoing: int | None,
         served: int | None = None,
-        models: ReplicaModels | None = None,
+        code: CodeReport | None = None,
     ) -> None:
         """What a live replica says of its own load (None: it no longer says), of the
         requests it has answered and of its models (status shows them; they move no
         decision)."""
         if served is not None:
             self._book.take_served(tag, served)
-        if models is not None:
-            self._book.take_models(tag, models)
+        if code is not None:
+            self._book.take_code(tag, code)
         if self._book.forget_own(tag) if ongoing is None else self._book.take_own(tag, ongoing):
             self._changed()
 

@@ -18,6 +18,7 @@ from .._backend.goal import Goal
 from .._backend.loop import Backend
 from .._backend.observe import Observer
 from .._backend.watch import SnapshotHub, SnapshotStream
+from .._model.code_report import CodeReport
 from .._model.config import BackendConfig, check_backend_name
 from .._model.errors import (
     ConfigError,
@@ -27,7 +28,6 @@ from .._model.errors import (
 from .._model.last_applied import BackendDiff
 from .._model.load_report import MAX_LOAD_COUNT
 from .._model.manifest import Manifest
-from .._model.multiplexing import ReplicaModels
 from .._model.nodes import NodeRow
 from .._model.policy import RestartPolicy
 from .._model.records import RevisionsRecord
@@ -319,7 +319,7 @@ class Controller:
         tag: str,
         ongoing: int | None,
         served: int | None = None,
-        models: ReplicaModels | None = None,
+        code: CodeReport | None = None,
     ) -> None:
         backend = self._backends.get(tag.rpartition("#")[0])
         if backend is not None and not backend.forgotten:
@@ -327,7 +327,7 @@ class Controller:
             # ingress's report is (10**400 is a bug in a replica, not a load).
             if ongoing is not None and not 0 <= ongoing <= MAX_LOAD_COUNT:
                 ongoing = None
-            backend.report_replica_load(tag, ongoing, served, models)
+            backend.report_replica_load(tag, ongoing, served, code)
 
     def _on_pass(self) -> None:
         self._passes += 1

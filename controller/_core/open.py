@@ -14,7 +14,7 @@ import attrs
 import trio
 
 from .._backend.observe import NullObserver, Observer
-from .._model.multiplexing import ReplicaModels
+from .._model.code_report import CodeReport
 from .._model.policy import RestartPolicy
 from .._ports.runtime import Runtime
 from .._ports.store import Store
@@ -119,9 +119,9 @@ class _Listener:
         tag: str,
         ongoing: int | None,
         served: int | None = None,
-        models: ReplicaModels | None = None,
+        code: CodeReport | None = None,
     ) -> None:
-        self.controller._on_replica_load(tag, ongoing, served, models)
+        self.controller._on_replica_load(tag, ongoing, served, code)
 
     def nodes_changed(self) -> None:
         self.controller._on_nodes_changed()

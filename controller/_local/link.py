@@ -19,13 +19,13 @@ from typing import Any, final
 
 import trio
 
-from .._model.multiplexing import ReplicaModels, parse_replica_models
+from .._model.code_report import CodeReport, parse_code_report
 from .._ports.arrivals import Arrivals
 from .wire import MAX_LINE, LineStream, WireError, check_request, decode, parse_check_passed
 
 #: Where a worker's own load goes (requests it holds, None: it says nothing), with the requests
 #: it has answered (None: not known; code the worker serves says).
-OnLoad = Callable[[int | None, int | None, ReplicaModels | None], None]
+OnLoad = Callable[[int | None, int | None, CodeReport | None], None]
 
 #: What a check's waiter is woken with: None if it passed, else the worker's refusal (a reply
 #: as ``commands.command`` reads one); `ENDED` if the connection ended first.
@@ -183,8 +183,7 @@ class MonitorLink:
         if load is None or (isinstance(load, int) and not isinstance(load, bool)):
             served = message.get("served")
             whole = isinstance(served, int) and not isinstance(served, bool)
-            models = parse_replica_models(message.get("models"))
-            on_load(load, served if whole else None, models)
+            on_load(load, served if whole else None, parse_code_report(message))
 
     def end(self) -> None:
         """The connection is over (or let go): every check waiting is woken with `ENDED`."""

@@ -36,7 +36,7 @@ from typing import Any, final
 
 import trio
 
-from .._model.multiplexing import ReplicaModels
+from .._model.code_report import CodeReport
 from .._serving.entry import build
 from .._serving.multiplex import process_shelf
 from .._serving.server import ReplicaServer, serving_line
@@ -72,7 +72,7 @@ class Worker:
         one task at a time send on a stream)."""
         self.load: int | None = None
         self.served: int | None = None
-        self.models: ReplicaModels | None = None
+        self.code: CodeReport | None = None
         """The requests its server has answered, as last pushed (code it serves)."""
         epoch = _epoch_of(spec)
         if epoch is None:
@@ -357,11 +357,11 @@ class Worker:
             await self.server.follow_load(self._push)
 
     async def _push(
-        self, count: int | None, served: int | None = None, models: ReplicaModels | None = None
+        self, count: int | None, served: int | None = None, code: CodeReport | None = None
     ) -> None:
-        if (count, served, models) == (self.load, self.served, self.models):
+        if (count, served, code) == (self.load, self.served, self.code):
             return
-        self.load, self.served, self.models = count, served, models
+        self.load, self.served, self.code = count, served, code
         for lines, sending in list(self.monitors.items()):
             with contextlib.suppress(WireError, trio.BrokenResourceError, trio.ClosedResourceError):
                 async with sending:
@@ -370,9 +370,8 @@ class Worker:
     def _load_message(self) -> dict[str, Any]:
         if self.served is None:
             return {"load": self.load}
-        if self.models is None:
-            return {"load": self.load, "served": self.served}
-        return {"load": self.load, "served": self.served, "models": self.models.to_json()}
+        said = {"load": self.load, "served": self.served}
+        return said if self.code is None else {**said, **self.code.to_json()}
 
 
 async def _answer_check(

@@ -12,6 +12,7 @@ import attrs
 from .autoscale import ScaleDecision
 from .autoscaling import AutoscalingConfig
 from .canary_steps import CanaryStatus
+from .code_report import BatchNumbers
 from .config import BackendConfig
 from .multiplexing import Held, ReplicaModels
 from .replica_config import ReplicaConfig
@@ -278,6 +279,9 @@ class BackendLoad:
     function, a callable class, an ASGI app; others are left out)."""
     models: Mapping[str, ReplicaModels] = attrs.field(factory=dict)
     """What each multiplexed replica holds (``@controller.multiplexed``), by its own word."""
+    batches: Mapping[str, tuple[BatchNumbers, ...]] = attrs.field(factory=dict)
+    """Each replica's batched functions (``@controller.batch``): their batches, sizes and
+    waits, by its own count."""
 
     @property
     def ongoing(self) -> int:

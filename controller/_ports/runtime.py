@@ -8,8 +8,8 @@ from typing import Protocol, final
 import attrs
 import trio
 
+from .._model.code_report import CodeReport
 from .._model.json_values import JSON
-from .._model.multiplexing import ReplicaModels
 from .._model.nodes import NodeInfo
 from .._model.spec import ReplicaSpec
 
@@ -36,12 +36,12 @@ class ReplicaListener(Protocol):
         tag: str,
         ongoing: int | None,
         served: int | None = None,
-        models: ReplicaModels | None = None,
+        code: CodeReport | None = None,
     ) -> None:
         """`tag`'s own ``load()`` now says `ongoing` (requests it holds; None: it no longer
         says, and what it said stops counting); `served`: the requests it has answered, for
-        code the runtime serves (None: not known); `models`: a multiplexed replica's. Must not
-        block."""
+        code the runtime serves (None: not known); `code`: its code's models and batches
+        (``CodeReport``). Must not block."""
         ...
 
 
@@ -226,16 +226,16 @@ class Watchers:
         tag: str,
         ongoing: int | None,
         served: int | None = None,
-        models: ReplicaModels | None = None,
+        code: CodeReport | None = None,
     ) -> None:
         """Tell the controller, if one is listening and takes it, what `tag` reports of its load
-        (and of the requests it has answered, and of its models)."""
+        (and of the requests it has answered, and of its models and batches)."""
         take = getattr(self._on_death, "load", None)
         if take is not None:
-            if models is None:
+            if code is None:
                 take(tag, ongoing, served)
             else:
-                take(tag, ongoing, served, models)
+                take(tag, ongoing, served, code)
 
     def nodes_changed(self) -> None:
         """Tell the controller, if one is listening and takes it, that the nodes changed."""

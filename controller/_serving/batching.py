@@ -22,8 +22,10 @@ import attrs
 import outcome
 import trio
 
+from .._model.code_report import BatchNumbers
 from .._model.errors import ConfigError
 from .._ports.context import replica_only
+from .multiplex import replica_shelf
 
 #: A function batched: called with one item (and its `self`, for a method), it returns that
 #: item's result. (Typed loosely: the decorated function takes the list.)
@@ -36,6 +38,7 @@ MAX_BATCH_SIZE = 10_000
 @attrs.define(eq=False)
 class _Item:
     value: object
+    at: float
     done: trio.Event = attrs.field(factory=trio.Event)
     taken: bool = False
     result: outcome.Outcome[Any] | None = None
@@ -50,6 +53,8 @@ class BatchStats:
     largest: int = 0
     sizes: list[int] = attrs.field(factory=list)
     """The sizes of the most recent batches (the last 1,000)."""
+    waited_s: float = 0.0
+    """How long its batches waited, each from its first item's arrival to its run, summed."""
 
 
 @attrs.define(eq=False)
@@ -63,7 +68,7 @@ class _Batcher:
     stats: BatchStats = attrs.field(factory=BatchStats)
 
     async def submit(self, value: object) -> Any:
-        item = _Item(value)
+        item = _Item(value, trio.current_time())
         self.queue.append(item)
         self.arrived.set()
         try:
@@ -95,7 +100,7 @@ class _Batcher:
             return  # all left while it waited
         for item in batch:
             item.taken = True
-        self._count(len(batch))
+        self._count(len(batch), trio.current_time() - batch[0].at)
         got = await outcome.acapture(self.call, [item.value for item in batch])
         results: Sequence[outcome.Outcome[Any]]
         if isinstance(got, outcome.Error):
@@ -116,8 +121,14 @@ class _Batcher:
             item.result = result
             item.done.set()
 
-    def _count(self, size: int) -> None:
+    def numbers(self) -> BatchNumbers:
+        """What its replica's load report says of it."""
         stats = self.stats
+        return BatchNumbers(self.name, stats.batches, stats.items, stats.largest, stats.waited_s)
+
+    def _count(self, size: int, waited_s: float) -> None:
+        stats = self.stats
+        stats.waited_s += waited_s
         stats.batches += 1
         stats.items += size
         stats.largest = max(stats.largest, size)
@@ -204,6 +215,7 @@ def _batcher(
         # It holds its owner (an instance): the id is not reused while the batcher lives.
         call = fn if owner is None else functools.partial(fn, owner)
         found = known[key] = _Batcher(call, size, wait_s, fn.__qualname__)
+        replica_shelf().batchers.append(found)  # its numbers go with its replica's load
         # Outside every request's scope: the replica it serves, not the request that started it
         # (a deadline, a canary's side), is what its calls see.
         trio.lowlevel.spawn_system_task(

@@ -19,12 +19,13 @@ import functools
 import inspect
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any, overload
+from typing import Any, Protocol, overload
 
 import attrs
 import outcome
 import trio
 
+from .._model.code_report import BatchNumbers, CodeReport
 from .._model.errors import ConfigError
 from .._model.multiplexing import OTHER_MODELS, ReplicaModels
 from .._ports.context import replica_only
@@ -51,9 +52,17 @@ def model_id() -> str | None:
     return current_model.get()
 
 
+class Counted(Protocol):
+    """What the code keeps besides models (a batcher): its numbers for the load report."""
+
+    def numbers(self) -> BatchNumbers: ...
+
+
 @attrs.define(eq=False)
 class Shelf:
-    """A replica's models, across its loaders (one, as a rule), and what they did."""
+    """What a replica's code keeps across its requests: its models, across its loaders (one,
+    as a rule), and what they did; and its batchers (``@controller.batch``), whose numbers go
+    with its load."""
 
     on_change: Callable[[], None] = lambda: None
     """Told of each change of what it holds (the server reports load then)."""
@@ -64,6 +73,7 @@ class Shelf:
     misses: int = 0
     loads: int = 0
     evictions: int = 0
+    batchers: list[Counted] = attrs.field(factory=list)
     _header: tuple[int, bytes] | None = None
 
     @property
@@ -93,8 +103,15 @@ class Shelf:
         else:
             requests[OTHER_MODELS] = requests.get(OTHER_MODELS, 0) + 1
 
-    def report(self) -> ReplicaModels | None:
-        """What its load report says (None: not multiplexed)."""
+    def report(self) -> CodeReport | None:
+        """What its load report says of its code (None: nothing, neither multiplexed nor
+        batched)."""
+        if not self.caches and not self.batchers:
+            return None
+        batches = tuple(b.numbers() for b in self.batchers)
+        return CodeReport(self._models(), batches)
+
+    def _models(self) -> ReplicaModels | None:
         if not self.caches:
             return None
         held = self.held()
@@ -126,7 +143,8 @@ def process_shelf() -> Shelf:
     return _process_shelf
 
 
-def _shelf() -> Shelf:
+def replica_shelf() -> Shelf:
+    """The shelf of the replica this task serves (its request's; else the process's)."""
     shelf = current_shelf.get()
     return _process_shelf if shelf is None else shelf
 
@@ -283,7 +301,7 @@ def multiplexed(
             problem = model_id_problem(model)
             if problem is not None:
                 raise ValueError(f"{fn.__qualname__}: model_id {problem}")
-            shelf = _shelf()
+            shelf = replica_shelf()
             key = (id(fn), id(owner))
             cache = shelf.caches.get(key)
             if cache is None:

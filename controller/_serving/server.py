@@ -33,7 +33,7 @@ from .._http.errors import ClientGone, Reply
 from .._http.framing import Problem, RequestHead
 from .._http.limits import ConnectionLimits
 from .._http.server import Server, open_listener
-from .._model.multiplexing import ReplicaModels
+from .._model.code_report import CodeReport
 from .._model.traffic import MAX_REQUESTS
 from .._ports.hosting import tracebacks
 from .._routing.exchange import CALL_HEADER
@@ -139,7 +139,7 @@ class ReplicaServer:
         )
 
     async def follow_load(
-        self, said: Callable[[int, int, ReplicaModels | None], Awaitable[None]]
+        self, said: Callable[[int, int, CodeReport | None], Awaitable[None]]
     ) -> None:
         """Hand `said` each new figure of `load` (with the requests `served`, and a
         multiplexed replica's models), at most every `REPORT_S` (a burst of requests is one

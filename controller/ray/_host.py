@@ -35,7 +35,7 @@ import trio
 
 from .._local.logs import read_log
 from .._local.own_load import read_load
-from .._model.multiplexing import ReplicaModels
+from .._model.code_report import CodeReport
 from .._ports.context import ReplicaContext, set_context
 from .._ports.hosting import describe_error, tracebacks
 from .._routing.sources import HTTPSource
@@ -131,7 +131,7 @@ class ReplicaHost:
         # change, for `load_changed` to wait on.
         self._load: int | None = None
         self._served: int | None = None
-        self._models: dict[str, Any] | None = None
+        self._code: dict[str, Any] | None = None
         self._load_seq = 0
         self._load_moved = asyncio.Event()
         self._load_reader: asyncio.Future[Any] | None = None
@@ -276,10 +276,10 @@ class ReplicaHost:
             loop = asyncio.get_running_loop()
 
             async def said(
-                count: int | None, served: int | None = None, models: ReplicaModels | None = None
+                count: int | None, served: int | None = None, code: CodeReport | None = None
             ) -> None:
-                said_models = None if models is None else models.to_json()
-                loop.call_soon_threadsafe(self._loaded, count, served, said_models)
+                said = None if code is None else code.to_json()
+                loop.call_soon_threadsafe(self._loaded, count, served, said)
 
             if self._server is not None and not callable(getattr(self._instance, "load", None)):
                 reading = _TRIO.run(self._server.follow_load, said)
@@ -289,17 +289,17 @@ class ReplicaHost:
         while self._load_seq <= seq:
             await self._load_moved.wait()
         told: dict[str, Any] = {"seq": self._load_seq, "load": self._load, "served": self._served}
-        if self._models is not None:
-            told["models"] = self._models
+        if self._code is not None:
+            told.update(self._code)
         return json.dumps(told)
 
     def _loaded(
-        self, count: int | None, served: int | None = None, models: dict[str, Any] | None = None
+        self, count: int | None, served: int | None = None, code: dict[str, Any] | None = None
     ) -> None:
-        now = (count, served, models)
-        if now == (self._load, self._served, self._models) and self._load_seq > 0:
+        now = (count, served, code)
+        if now == (self._load, self._served, self._code) and self._load_seq > 0:
             return
-        self._load, self._served, self._models = now
+        self._load, self._served, self._code = now
         self._load_seq += 1
         self._load_moved.set()
         self._load_moved = asyncio.Event()

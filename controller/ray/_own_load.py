@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import ray
 import trio
 
-from .._model.multiplexing import ReplicaModels, parse_replica_models
+from .._model.code_report import CodeReport, parse_code_report
 from ._await import wait_ref
 
 
@@ -28,7 +28,7 @@ class _Told(Protocol):
         tag: str,
         ongoing: int | None,
         served: int | None = None,
-        models: ReplicaModels | None = None,
+        code: CodeReport | None = None,
     ) -> None: ...
 
 
@@ -50,8 +50,7 @@ async def follow_load(actor: _Actor, current: Callable[[], bool], told: _Told) -
             return
         seq = int(reply["seq"])
         load, served = reply.get("load"), reply.get("served")
-        models = parse_replica_models(reply.get("models"))
-        told.load(actor.tag, _count(load), _count(served), models)
+        told.load(actor.tag, _count(load), _count(served), parse_code_report(reply))
 
 
 def _count(value: Any) -> int | None:

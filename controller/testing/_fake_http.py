@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 import trio
 
 from .._local.user_calls import call
+from .._model.code_report import CodeReport
 from .._model.errors import ReplicaError
 from .._model.json_values import JSON
-from .._model.multiplexing import ReplicaModels
 from .._ports.context import ReplicaContext, set_task_context
 from .._ports.hosting import host_spec
 from .._serving.entry import build
@@ -25,7 +25,7 @@ async def serve_code(
     replica: FakeReplica,
     pythonpath: Sequence[str],
     nursery: trio.Nursery | None,
-    report_load: Callable[[str, int | None, int | None, ReplicaModels | None], None],
+    report_load: Callable[[str, int | None, int | None, CodeReport | None], None],
 ) -> None:
     """Build `replica`'s code (its config handed to it first, as a worker does) and serve it in
     `nursery` on a loopback port, which becomes its address; its load goes to `report_load`.
@@ -61,9 +61,9 @@ async def serve_code(
         )
         made.append(server)
 
-        async def told(load: int, served: int, models: ReplicaModels | None) -> None:
+        async def told(load: int, served: int, code: CodeReport | None) -> None:
             if replica.state is not FakeState.DEAD:
-                report_load(replica.tag, load, served, models)
+                report_load(replica.tag, load, served, code)
 
         with scope:
             async with trio.open_nursery() as serving:

@@ -8,9 +8,9 @@ from typing import NoReturn, final
 
 import trio
 
+from .._model.code_report import CodeReport
 from .._model.errors import FencedError, ReplicaError, ReplicaGoneError
 from .._model.json_values import JSON
-from .._model.multiplexing import ReplicaModels
 from .._model.placement import SLOTS
 from .._model.spec import ReplicaSpec
 from .._ports.runtime import CheckReport, DeathListener, ReplicaInfo
@@ -250,20 +250,20 @@ class FakeRuntime(FakeNodeControls):
         tag: str,
         ongoing: int | None,
         served: int | None = None,
-        models: ReplicaModels | None = None,
+        code: CodeReport | None = None,
     ) -> None:
         """Have a live replica report its own load, as a replica's ``load()`` does through a
         real runtime (and, for code a runtime serves, the requests it has answered, and a
-        multiplexed replica's models)."""
+        replica's models and batches)."""
         if self.replicas[tag].state is FakeState.DEAD:
             raise ValueError(f"replica {tag} is dead")
         for listener in list(self._shared.listeners):
             take = getattr(listener, "load", None)
             if take is not None:
-                if models is None:
+                if code is None:
                     take(tag, ongoing, served)
                 else:
-                    take(tag, ongoing, served, models)
+                    take(tag, ongoing, served, code)
 
     # -- the Runtime protocol --
 
