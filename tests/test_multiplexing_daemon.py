@@ -1,15 +1,17 @@
-"""The README's "Serving many models" as a user runs it: a daemon on examples/, the example
-applied, curl with a model's header, and what status and /metrics say of it."""
+"""The README's "Serving many models" and "Batching requests" as a user runs them: a daemon on
+examples/, the examples applied, curl with a model's header (or 20 at once), and what status
+and /metrics say of them."""
 
 from __future__ import annotations
 
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import trio
 
-from .daemons import LIMIT_S, running
+from .daemons import LIMIT_S, running, until
 from .http_client import request
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -48,4 +50,45 @@ async def test_the_readmes_multiplexing_example_routes_by_model_and_shows_what_i
             code, metrics = await daemon.http("GET", "/metrics")
             assert code == 200
             assert 'controller_model_requests{backend="models",model="m1"} 7.0' in metrics
+            hits = (
+                f'controller_replica_model_lookups_total{{backend="models",'
+                f'replica="{first["replica"]}",result="hit"}} 6.0'
+            )
+            assert hits in metrics
             assert (await daemon.cli("delete", "models", "--wait")).returncode == 0
+
+
+async def test_the_readmes_batching_example_shows_its_batches_in_metrics(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    examples = tmp_path / "examples"
+    shutil.copytree(EXAMPLES, examples)
+    with trio.fail_after(LIMIT_S * 2):
+        async with running(state_dir, "--pythonpath", str(examples)) as daemon:
+            applied = await daemon.cli("apply", "-f", str(examples / "batching.toml"), "--wait")
+            assert applied.returncode == 0, applied.stdout.decode() + applied.stderr.decode()
+            port = int(daemon.ingress_url.rpartition(":")[2])
+            sizes: list[int] = []
+
+            async def score(i: int) -> None:
+                sizes.append((await request(port, f"/score?text=t{i}")).json()["batch"])
+
+            async with trio.open_nursery() as clients:  # the README's 20 curls at once
+                for i in range(20):
+                    clients.start_soon(score, i)
+            assert max(sizes) > 1
+            pattern = (
+                r'controller_replica_batched_items_total\{backend="scorer",'
+                r'function="Scorer.predict",replica="scorer#[0-9a-f]+"\} 20.0'
+            )
+
+            def batched(status: dict[str, Any]) -> int:
+                return sum(b["items"] for bs in status["load"]["batches"].values() for b in bs)
+
+            await until(daemon, "scorer", lambda status: batched(status) == 20)
+            _, metrics = await daemon.http("GET", "/metrics")
+            assert re.search(pattern, metrics), metrics
+            largest = re.search(r"controller_replica_batch_largest\{[^}]*\} (\d+)", metrics)
+            assert largest is not None
+            assert int(float(largest.group(1))) == max(sizes)
+            assert (await daemon.cli("delete", "scorer", "--wait")).returncode == 0
