@@ -456,6 +456,34 @@ def test_a_backend_page_shows_replicas_events_chart_and_revisions(tab: Tab) -> N
     tab.shot("backend")
 
 
+def test_a_multiplexed_backends_page_shows_its_models_and_who_holds_them(tab: Tab) -> None:
+    daemon = tab.daemon
+    daemon.cli("apply", "-f", str(EXAMPLES / "multiplexing.toml"), "--wait")
+    try:
+        replicas = []
+        for model in ("m1", "m1", "m2"):
+            ask = urllib.request.Request(
+                daemon.ingress_url + "/predict?text=hi", headers={"x-model-id": model}
+            )
+            with urllib.request.urlopen(ask, timeout=LIMIT_S) as answer:
+                replicas.append(json.loads(answer.read())["replica"])
+        tab.log_in()
+        tab.page.goto(daemon.url + "/backends/models")
+        tab.page.wait_for_function(
+            "() => document.querySelector('#models tr[data-model=\"m1\"]')"
+            "?.textContent.includes('2')",
+            timeout=LIMIT_S * 1000,
+        )
+        row = tab.page.inner_text('#models tr[data-model="m1"]')
+        assert replicas[0] in row
+        assert replicas[2] in tab.page.inner_text('#models tr[data-model="m2"]')
+        held = tab.page.inner_text(f'#replicas tr[data-replica="{replicas[0]}"] td.models')
+        assert "m1" in held
+        tab.shot("models")
+    finally:
+        daemon.cli("delete", "models", "--wait")
+
+
 def test_a_replica_log_shows_its_lines_and_follows_new_ones(tab: Tab) -> None:
     tab.log_in()
     tab.go("/backends/echo")

@@ -47,6 +47,7 @@ async def test_the_readmes_multiplexing_example_routes_by_model_and_shows_what_i
             assert "Models (what each multiplexed replica holds):" in text, text
             held = rf"\n\s+{re.escape(str(first['replica']))}\s+1/4\s+\d+ % hits\s+m1\n"
             assert re.search(held, text), text
+            assert "Requests by model: m1 7, m2 1, m3 1\n" in text
             code, metrics = await daemon.http("GET", "/metrics")
             assert code == 200
             assert 'controller_model_requests{backend="models",model="m1"} 7.0' in metrics

@@ -250,6 +250,14 @@ def print_backend(b: dict[str, Any]) -> None:
             held = ", ".join(said["models"]) or "-"
             lines.append((tag, f"{len(said['models'])}/{said['capacity']}", hits, held))
         print("\n".join(table(lines, indent="  ")))
+        asked: dict[str, int] = {}
+        for said in models.values():
+            for model, count in said["requests"].items():
+                asked[model] = asked.get(model, 0) + count
+        busiest = sorted(asked.items(), key=lambda item: (-item[1], item[0]))
+        shown = ", ".join(f"{model} {count}" for model, count in busiest[:10])
+        more = f" (and {len(busiest) - 10} more)" if len(busiest) > 10 else ""
+        print(f"  Requests by model: {shown or '-'}{more}")
     print("Events:")
     events = [(f"{age(since(e['time']))} ago", e["kind"], e["message"]) for e in b["events"][-10:]]
     if events:

@@ -87,6 +87,7 @@ export function backendPage(main, signal, name) {
       "Models", "",
     ]);
     const events = table("events", ["Time", "Kind", "Message"]);
+    const models = table("models", ["Model", "Requests", "Held by"]);
     const revisions = table("revisions", [
       "#", "Version", "Created", "Cause", "Outcome", "Good", "Current", "",
     ]);
@@ -99,6 +100,9 @@ export function backendPage(main, signal, name) {
       rollout: el("section", { id: "rollout", className: "rollout", hidden: true }),
       failures: el("section", { id: "failed-starts", className: "failures", hidden: true }),
       replicas: replicas.tbody,
+      models: models.tbody,
+      modelsPart: el("section", { id: "models", hidden: true },
+        el("h2", {}, "Models"), models.table),
       noReplicas: el("p", { id: "no-replicas", className: "empty", hidden: true }),
       chart: el("div", { id: "chart", className: "chart-box" }),
       events: events.tbody,
@@ -121,10 +125,36 @@ export function backendPage(main, signal, name) {
       view.rollout,
       view.failures,
       el("h2", {}, "Replicas"), replicas.table, view.noReplicas,
+      view.modelsPart,
       el("h2", {}, "Replicas and load, last hour"), view.chart,
       el("h2", {}, "Events"), events.table,
       el("h2", {}, "Revisions"), revisions.table, view.revisionsNote,
     );
+  }
+
+  // A multiplexed backend's models: the requests each had (as its serving replicas counted
+  // them), and which replicas hold it now; the most asked for first.
+  function showModels(models) {
+    const requests = {};
+    const holders = {};
+    for (const [tag, said] of Object.entries(models)) {
+      for (const [model, n] of Object.entries(said.requests)) {
+        requests[model] = (requests[model] ?? 0) + n;
+      }
+      for (const model of said.models) (holders[model] ??= []).push(tag);
+    }
+    const names = [...new Set([...Object.keys(requests), ...Object.keys(holders)])];
+    names.sort((a, b) => (requests[b] ?? 0) - (requests[a] ?? 0) || a.localeCompare(b));
+    view.modelsPart.hidden = names.length === 0;
+    syncRows(view.models, names.slice(0, 100), {
+      key: (m) => m,
+      sig: (m) => JSON.stringify([requests[m], holders[m]]),
+      render: (m) => el("tr", { dataset: { model: m } },
+        el("td", { className: "tag" }, m),
+        el("td", {}, dash(requests[m])),
+        el("td", {}, dash((holders[m] ?? []).join(", ") || null)),
+      ),
+    });
   }
 
   function showStatus(s) {
@@ -188,6 +218,7 @@ export function backendPage(main, signal, name) {
         el("td", {}, link(pages.log(name, r.tag), "log")),
       ),
     });
+    showModels(models);
     view.noReplicas.hidden = (s.replicas ?? []).length !== 0;
     view.noReplicas.textContent = failed.length
       ? "No replicas: none is starting or running (see the failed starts above)."
