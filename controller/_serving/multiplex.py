@@ -32,8 +32,10 @@ from .._ports.context import replica_only
 from .._ports.hosting import tracebacks
 from .._routing.models import Held, model_id_problem
 
-#: The most models one replica may be told to hold.
-MAX_MODELS_PER_REPLICA = 10_000
+#: The most models one replica may be told to hold: every answer names them (33 KB at most).
+MAX_MODELS_PER_REPLICA = 256
+#: The most loads `max_concurrent_loads` may allow at once.
+MAX_CONCURRENT_LOADS = 10_000
 #: Per-model request counts kept for reports: past this many models, the rest count as one.
 MAX_COUNTED_MODELS = 1_000
 #: How long an ``unload()`` may take.
@@ -269,7 +271,7 @@ def multiplexed(
     at_once = (
         None
         if max_concurrent_loads is None
-        else _count("max_concurrent_loads", max_concurrent_loads, MAX_MODELS_PER_REPLICA)
+        else _count("max_concurrent_loads", max_concurrent_loads, MAX_CONCURRENT_LOADS)
     )
 
     def decorate(fn: Loader) -> Loader:
