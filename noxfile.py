@@ -59,14 +59,16 @@ def bench(session: nox.Session) -> None:
     rolling update against a canary (bench/canary_bench.py), and backends as code served by
     the worker against Ray Serve, HAProxy in front of uvicorn and uvicorn alone
     (bench/serve_bench.py), and a handle's hop against a direct call and Serve's
-    DeploymentHandle (bench/handle_bench.py). Tables on stdout, JSON in bench/results.json,
-    bench/apply_results.json, bench/check_results.json, bench/nodes_results.json,
-    bench/canary_results.json, bench/serve_results.json and bench/handle_results.json.
+    DeploymentHandle (bench/handle_bench.py), and batching and model multiplexing against
+    Serve's @serve.batch and @serve.multiplexed (bench/model_bench.py). Tables on stdout, JSON
+    in bench/results.json, bench/apply_results.json, bench/check_results.json,
+    bench/nodes_results.json, bench/canary_results.json, bench/serve_results.json,
+    bench/handle_results.json and bench/model_results.json.
     The comparisons with other systems are ``nox -s bench_compare``."""
     # Ray Serve: the node ingresses' opponent in bench/nodes_bench.py, and with uvicorn (as
     # `pip install uvicorn[standard]` gives it: uvloop, httptools) and FastAPI the serving
-    # wing's in bench/serve_bench.py (benchmark-only).
-    session.install("-e", ".[ray]", "ray[serve]>=2.60", "uvicorn[standard]", "fastapi")
+    # wing's in bench/serve_bench.py (benchmark-only); numpy is bench/model_bench.py's toy model.
+    session.install("-e", ".[ray]", "ray[serve]>=2.60", "uvicorn[standard]", "fastapi", "numpy")
     # HAProxy in front of uvicorn is one of serve_bench.py's contenders; wrk is its load.
     _debian(session, {"haproxy": "haproxy", "wrk": "wrk"})
     # 150 crashes a size and store, and 30,000 names of churn (its growth over the last 10,000,
@@ -87,6 +89,10 @@ def bench(session: nox.Session) -> None:
     # A handle's hop against a direct HTTP call and Serve's DeploymentHandle, a handle's
     # throughput per core against the ingress's, a deadline down a chain (about 3 min).
     session.run("python", "bench/handle_bench.py", env={"RAY_AUTH_MODE": "disabled"})
+    # @controller.batch and @controller.multiplexed against @serve.batch and @serve.multiplexed:
+    # a toy model's throughput batched and not, p99 at a fixed rate, the hit rate and p99 of
+    # 100 models in a Zipf mix over 8 replicas holding 4 each (about 5 min).
+    session.run("python", "bench/model_bench.py", env={"RAY_AUTH_MODE": "disabled"})
 
 
 @nox.session
