@@ -100,6 +100,23 @@ def test_a_hot_model_spreads_once_every_holder_is_busy() -> None:
     assert sorted(backend._holders["hot"]) == sorted([0, spread.index])
 
 
+def test_a_model_still_loading_does_not_spread_however_busy_its_holder() -> None:
+    backend = routes(4)
+    first = take(backend, "hot")  # held nowhere: one replica is taken to load it
+    # Every request for it waits for that load: no second replica loads it meanwhile (its
+    # load would end no sooner, and it would keep a second copy for good).
+    assert {take(backend, "hot").tag for _ in range(LIMIT - 2)} == {first.tag}
+    assert backend.counts["model_load"] == 1
+    # The replica says it is loading it: still none, until it is full.
+    backend.heard(first, Held(1, 4, frozenset({"hot"}), frozenset({"hot"})).header())
+    assert take(backend, "hot").tag == first.tag
+    assert backend.counts["model_load"] == 1
+    # Full (max_ongoing_requests in flight): only then does one go elsewhere, and load it.
+    spilled = take(backend, "hot")
+    assert spilled.tag != first.tag
+    assert backend.counts["model_load"] == 2
+
+
 def test_full_replicas_make_a_model_request_wait_then_it_goes_to_a_holder() -> None:
     backend = routes(2)
     say(backend, "m#0", 1, "a")
@@ -137,6 +154,9 @@ def test_a_replica_that_leaves_takes_its_models_out_of_the_choice() -> None:
 
 def test_held_headers_are_read_strictly() -> None:
     assert parse_held(b"3 4 a b") == Held(3, 4, frozenset({"a", "b"}))
+    held = Held(3, 4, frozenset({"a", "b"}), frozenset({"b"}))
+    assert held.header() == b"3 4 a ~b"
+    assert parse_held(held.header()) == held
     for bad in (b"", b"x 4 a", b"3 0 a", b"-1 4", b"3 4 a\xff", b"3 4 " + b"x" * 200):
         assert parse_held(bad) is None
 

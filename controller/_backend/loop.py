@@ -51,6 +51,8 @@ from .settle import GoalSettler, unfinished
 from .shared import Shared
 
 logger = logging.getLogger("controller")
+#: How often, at most, a change of what multiplexed replicas hold alone publishes a snapshot.
+HELD_PUBLISH_S = 1.0
 
 
 @final
@@ -87,6 +89,8 @@ class Backend(Reducer, Reading):
         self._snapshot_dirty = True
         self._held: dict[str, Held] = {}
         """What each multiplexed replica said it holds, for the snapshot."""
+        self._held_published_at = -math.inf
+        self._held_due = False  # a task publishes what they hold once HELD_PUBLISH_S is past
         self.journal = Journal(name, shared.observer, lambda: self._intent.events_changed())
         self._intent = Intent(
             name,
@@ -199,11 +203,27 @@ class Backend(Reducer, Reading):
             self._scaling.report_own(tag, ongoing, served, code)
             models = None if code is None else code.models
             if models is not None and self._held.get(tag) != models.held:
-                # Routers that have not heard from it yet learn where its models are with the
-                # next snapshot (published by the pass the load report brings).
                 self._held[tag] = models.held
-                self._snapshot_dirty = True
-                self._scaling.poke()
+                # Routers that have not heard from it yet learn where its models are with a
+                # snapshot (published by the pass the report brings), at most every
+                # HELD_PUBLISH_S: a replica loading models all the time must not have every
+                # ingress fetch the backend again each time (a later report publishes the rest).
+                due = self._held_published_at + HELD_PUBLISH_S - trio.current_time()
+                if due <= 0 or self._tasks.nursery is None:
+                    self._publish_held()
+                elif not self._held_due:
+                    self._held_due = True
+                    self._tasks.nursery.start_soon(self._publish_held_in, due)
+
+    def _publish_held(self) -> None:
+        self._held_published_at = trio.current_time()
+        self._snapshot_dirty = True
+        self._scaling.poke()  # the pass it brings publishes
+
+    async def _publish_held_in(self, seconds: float) -> None:
+        await trio.sleep(seconds)
+        self._held_due = False
+        self._publish_held()
 
     # -- the task --
 

@@ -30,19 +30,24 @@ class Held:
     capacity: int
     """Its ``max_models_per_replica``."""
     models: frozenset[str]
+    """What it holds, those it is loading included."""
+    loading: frozenset[str] = frozenset()
+    """Those of `models` it is loading still."""
 
     @property
     def has_room(self) -> bool:
         return len(self.models) < self.capacity
 
     def header(self) -> bytes:
-        """As a replica's answers say it: ``<generation> <capacity> <model> ...``."""
-        parts = [str(self.generation), str(self.capacity), *sorted(self.models)]
-        return " ".join(parts).encode("ascii")
+        """As a replica's answers say it: ``<generation> <capacity> <model> ...``, a model
+        being loaded marked ``~`` (no model's id has one)."""
+        named = [f"~{m}" if m in self.loading else m for m in sorted(self.models)]
+        return " ".join([str(self.generation), str(self.capacity), *named]).encode("ascii")
 
     def with_model(self, model: str) -> Held:
-        """As it will be once it loads `model` (a router's guess until the replica says)."""
-        return Held(self.generation, self.capacity, self.models | {model})
+        """As it will be once it starts loading `model` (a router's guess until the replica
+        says)."""
+        return Held(self.generation, self.capacity, self.models | {model}, self.loading | {model})
 
 
 @attrs.frozen

@@ -74,12 +74,14 @@ def parse_held(value: bytes) -> Held | None:
         generation, capacity = int(parts[0]), int(parts[1])
     except (UnicodeDecodeError, ValueError, IndexError):
         return None
-    models = frozenset(parts[2:])
+    named = parts[2:]
+    models = frozenset(m.removeprefix("~") for m in named)
     if generation < 0 or capacity < 1 or len(models) > 10_000:
         return None
     if any(_MODEL_ID.fullmatch(m) is None for m in models):
         return None
-    return Held(generation, capacity, models)
+    loading = frozenset(m[1:] for m in named if m.startswith("~"))
+    return Held(generation, capacity, models, loading)
 
 
 def spreads_at(max_ongoing: int) -> int:

@@ -443,6 +443,14 @@ class BackendRoutes:
             if pick is not None:
                 self.counted("model_held")
                 return pick
+        # Its holders are busy, but one is loading it still: its requests wait for that load
+        # (another replica's would end no sooner, and would hold a second copy for good).
+        pending = [i for i in holders if model in self._loading_at(i)]
+        if pending:
+            pick = choose_near(pending, loads, limit, self.rng)
+            if pick is not None:
+                self.counted("model_held")
+                return pick
         other = self._loader_for(model, skip | frozenset(holders), allowed)
         if other is not None:
             self.counted("model_load")
@@ -487,6 +495,10 @@ class BackendRoutes:
         self._set_held(slot, known.with_model(model))
         return best
 
+    def _loading_at(self, index: int) -> frozenset[str]:
+        held = self.slots[index].held
+        return frozenset() if held is None else held.loading
+
     def heard(self, slot: Slot, value: bytes) -> None:
         """`slot`'s answer said what it holds (a `HELD_HEADER` value): taken if newer than
         what was known."""
@@ -496,7 +508,7 @@ class BackendRoutes:
         known = slot.held
         if known is not None and known.generation > held.generation:
             return
-        if known is None or known.models != held.models or known.generation != held.generation:
+        if known != held:
             self._set_held(slot, held)
 
     def _set_held(self, slot: Slot, held: Held) -> None:

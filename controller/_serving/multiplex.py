@@ -84,12 +84,15 @@ class Shelf:
 
     def held(self) -> Held:
         models: set[str] = set()
+        loading: set[str] = set()
         capacity = 0
         for cache in self.caches.values():
             models.update(cache.held)
-            models.update(cache.loading)
+            loading.update(cache.loading)
             capacity += cache.limit
-        return Held(self.generation, max(capacity, 1), frozenset(models))
+        return Held(
+            self.generation, max(capacity, 1), frozenset(models | loading), frozenset(loading)
+        )
 
     def header(self) -> bytes:
         """`held` as its answers say it (made once a generation)."""
