@@ -132,7 +132,9 @@ async def test_a_flood_at_the_ingress_costs_the_controller_nothing(state_dir: Pa
                         await trio.sleep(ATTACK_S / 6)
                         status, seconds = await _from("127.0.0.2", port, "/app/any")
                         assert status == 200
-                        assert seconds < 0.5, seconds
+                        # Served, not starved behind the flood (the attack that found it saw
+                        # 10 s); generous, for a machine at load 20.
+                        assert seconds < 5, seconds
                 flood.cancel_scope.cancel()
             # The controller noticed nothing.
             assert (await role(a))["epoch"] == epoch

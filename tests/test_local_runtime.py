@@ -117,8 +117,9 @@ async def test_ignored_drain_is_killed_at_the_deadline(harness: Harness) -> None
             t0 = trio.current_time()
             await (await ctl.delete("a")).wait()
             took = trio.current_time() - t0
-            # Tolerance: the deadline, plus SIGTERM's effect and the reap (well under 1 s here).
-            assert 1.0 <= took < 2.0
+            # Not before the deadline; and killed there, not at the end of its 600 s drain (the
+            # upper bound is that, generous: a machine at load 20 reaps late).
+            assert 1.0 <= took < 30
             assert "drained" not in [e["what"] for e in events(harness.record)]
             assert is_zombie_or_gone(pid) == "gone"
 
