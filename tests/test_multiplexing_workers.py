@@ -101,7 +101,14 @@ async def test_requests_land_where_their_model_is_and_one_load_serves_a_burst(
             assert said[home].requests["a"] == 22
             assert said[home].loads == 1
             assert said[home].hits >= 10
-            # A handle names the model in its options and goes where it is held.
+
+            # A handle names the model in its options and goes where it is held: a new router
+            # learns that from the snapshot (published at most a second after the change).
+            def published(c: controller.Controller) -> bool:
+                held = c.snapshot("m").held.get(others["c"])
+                return held is not None and "c" in held.models
+
+            await ctl.wait_until(published)
             handle = ctl.handle("m").options(model_id="c")
             called = await handle.ask("x")
             assert called == {"model": "c", "replica": others["c"], "text": "x"}
