@@ -5,6 +5,7 @@ same on a real worker process is in tests/test_batching_worker.py."""
 
 from __future__ import annotations
 
+import traceback
 from typing import Any
 
 import pytest
@@ -202,3 +203,39 @@ def test_only_an_async_function_of_a_list_is_batched() -> None:
         controller.batch(sync)  # type: ignore[arg-type]
     with pytest.raises(controller.ConfigError, match=r"async def f\(items\)"):
         controller.batch(two)
+
+
+@controller.batch(max_batch_size=50, batch_wait_timeout_s=0.05)
+async def exits(items: list[str]) -> list[str]:
+    if "exit" in items:
+        raise SystemExit(4)  # a batched function's sys.exit(): its batch's error, no more
+    if "fail" in items:
+        raise ValueError("bad batch")
+    return items
+
+
+async def test_a_batch_that_exits_or_fails_fails_its_callers_each_with_its_own_error(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    got: dict[int, BaseException] = {}
+
+    async def one(i: int, item: str) -> None:
+        try:
+            await exits(item)
+        except Exception as exc:
+            got[i] = exc
+
+    for bad, kind in (("exit", "HandlerEscaped"), ("fail", "ValueError")):
+        got.clear()
+        async with trio.open_nursery() as nursery:
+            for i in range(40):
+                nursery.start_soon(one, i, bad if i == 0 else "ok")
+        assert {type(e).__name__ for e in got.values()} == {kind}
+        assert len(got) == 40
+        # Each caller raised a copy of its own: one exception raised in 40 callers would carry
+        # all their frames, the 40th's traceback 40 times as long (quadratic in the log).
+        assert len({id(e) for e in got.values()}) == 40
+        depths = {len(traceback.extract_tb(e.__traceback__)) for e in got.values()}
+        assert max(depths) <= min(depths) + 2, depths
+    # The batcher lives on: the next batch runs.
+    assert await exits("fine") == "fine"

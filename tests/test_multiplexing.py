@@ -217,3 +217,45 @@ def test_options_are_checked_when_decorating() -> None:
         controller.multiplexed(max_concurrent_loads=True)
     with pytest.raises(controller.ConfigError, match="async def"):
         controller.multiplexed(lambda model_id: model_id)
+
+
+async def test_the_limit_holds_while_loads_are_under_way(
+    autojump_clock: trio.testing.MockClock, shelf: Shelf
+) -> None:
+    server = Server(limit=2)
+    async with trio.open_nursery() as nursery:
+        for name in "abcdef":
+            nursery.start_soon(server.get_model, name)
+        await trio.testing.wait_all_tasks_blocked()
+        # Two load at a time (the limit): the others wait their turn, counted as loading.
+        assert len(server.loads) == 2
+        assert shelf.held().loading == set("abcdef")
+    # Each load made room first: never more than two models held or being loaded.
+    assert [at for _, at in server.loads] == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0]
+    assert len(server.unloaded) == 4
+    assert len(shelf.held().models) == 2
+
+
+async def test_a_loader_that_exits_fails_its_waiters_not_the_replica(
+    autojump_clock: trio.testing.MockClock, shelf: Shelf
+) -> None:
+    @controller.multiplexed
+    async def get(model_id: str) -> str:
+        if model_id == "exit":
+            raise SystemExit(3)
+        return model_id
+
+    errors: list[BaseException] = []
+
+    async def ask() -> None:
+        try:
+            await get("exit")
+        except Exception as exc:
+            errors.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(ask)
+    assert [type(e).__name__ for e in errors] == ["HandlerEscaped"] * 3
+    assert len({id(e) for e in errors}) == 3  # each its own copy
+    assert await get("fine") == "fine"

@@ -6,6 +6,7 @@ tests/test_multiplexing.py."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from collections import Counter
@@ -19,7 +20,7 @@ import trio
 import controller
 from controller.ingress import ControllerSource, Ingress, open_listener
 
-from .http_client import request
+from .http_client import raw, request
 
 HERE = Path(__file__).parent
 LIMIT_S = 90
@@ -115,6 +116,15 @@ async def test_requests_land_where_their_model_is_and_one_load_serves_a_burst(
             with pytest.raises(ValueError, match="model_id must be"):
                 ctl.handle("m").options(model_id="no spaces")
             # A bad id is refused at the ingress, before any replica.
+            two = await request(port, "/m", headers=[("x-model-id", "b"), ("x-model-id", "c")])
+            assert (two.json()["model"], two.json()["replica"]) == ("b", others["b"])  # the first
+            head = "GET /m HTTP/1.1\r\nHost: t\r\nConnection: close\r\nx-model-id: {}\r\n\r\n"
+            padded = await raw(port, head.format("a  ").encode())
+            assert f'"replica":"{home}"'.encode() in padded  # whitespace around it is no part
+            accented = await raw(port, head.format("modèle").encode())
+            assert accented.startswith(b"HTTP/1.1 400")
+            said = json.loads(accented.partition(b"\r\n\r\n")[2])["error"]["message"]
+            assert said.endswith("(got 'modèle')")  # read as UTF-8, as it was meant
             bad = await request(port, "/m", headers=[("x-model-id", "a b")])
             assert bad.status == 400
             assert bad.json()["error"]["type"] == "BadModelId"

@@ -50,12 +50,17 @@ def requested_model(headers: Sequence[tuple[bytes, bytes]]) -> str | None:
         if name == MODEL_HEADER:
             model = model_of(value.strip(b" \t"))
             if model is None:
-                shown = value[:40].decode("latin-1")
-                raise Reply(
-                    400, "BadModelId", f"x-model-id: must be {MODEL_ID_RULE} (got {shown!r})"
-                )
+                message = f"x-model-id: must be {MODEL_ID_RULE} (got {shown_value(value)})"
+                raise Reply(400, "BadModelId", message)
             return model
     return None
+
+
+def shown_value(value: bytes) -> str:
+    """A header's value as an error message quotes it: its first 40 bytes, as UTF-8 (what
+    was meant), marked if cut."""
+    shown = repr(value[:40].decode("utf-8", "replace"))
+    return shown + " (cut)" if len(value) > 40 else shown
 
 
 def take_header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:

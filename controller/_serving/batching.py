@@ -25,6 +25,7 @@ import trio
 from .._model.code_report import BatchNumbers
 from .._model.errors import ConfigError
 from .._ports.context import replica_only
+from .calls import escaped, for_one_caller
 from .multiplex import replica_shelf
 
 #: A function batched: called with one item (and its `self`, for a method), it returns that
@@ -104,11 +105,12 @@ class _Batcher:
         got = await outcome.acapture(self.call, [item.value for item in batch])
         results: Sequence[outcome.Outcome[Any]]
         if isinstance(got, outcome.Error):
-            error = got.error
-            if not isinstance(error, Exception):  # Cancelled, KeyboardInterrupt: ours to raise
+            error = escaped(got.error)
+            if error is None:  # Cancelled: the run ends, and its waiters with it
                 got.unwrap()
-            # One outcome each (an outcome is unwrapped once); the one exception for all.
-            results = [outcome.Error(error) for _ in batch]
+            assert error is not None
+            # One outcome each (an outcome is unwrapped once), each with its own copy.
+            results = [outcome.Error(for_one_caller(error)) for _ in batch]
         elif not isinstance(got.value, list | tuple) or len(got.value) != len(batch):
             problem = TypeError(
                 f"{self.name}: a batched function must return a list of one result per item "

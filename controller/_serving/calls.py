@@ -7,6 +7,7 @@ generator, sync or async, iterated an item at a time. A handler's ``SystemExit``
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import Any, final
@@ -114,6 +115,36 @@ class Caller:
             if close is not None:
                 with contextlib.suppress(ValueError):  # still running in an abandoned thread
                     close()
+
+
+def escaped(error: BaseException) -> BaseException | None:
+    """What the callers of code that raised `error` get, where several wait on one call (a
+    batch, a model's load): an ``Exception`` as it is; ``SystemExit``, ``KeyboardInterrupt``
+    and the like as `HandlerEscaped` (an error of theirs, not the end of the replica); None for
+    trio's ``Cancelled``, which is the run's to raise."""
+    if isinstance(error, trio.Cancelled):
+        return None
+    if isinstance(error, Exception):
+        return error
+    wrapped = HandlerEscaped(f"the code raised {type(error).__name__}")
+    wrapped.__cause__ = error
+    return wrapped
+
+
+def for_one_caller(error: BaseException) -> BaseException:
+    """`error`, for one of several callers to raise: a copy of its own with the original
+    traceback. Raising one object in each caller would add every caller's frames to its one
+    traceback, so that the n-th caller's log held n tracebacks (quadratic in a batch's size).
+    One that cannot be copied is raised as it is."""
+    try:
+        mine = copy.copy(error)
+    except Exception:
+        return error
+    if type(mine) is not type(error):
+        return error
+    mine.__cause__, mine.__context__ = error.__cause__, error.__context__
+    mine.__suppress_context__ = error.__suppress_context__
+    return mine.with_traceback(error.__traceback__)
 
 
 _MODES: dict[Any, tuple[bool, bool]] = {}

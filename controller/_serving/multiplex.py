@@ -31,6 +31,7 @@ from .._model.multiplexing import OTHER_MODELS, ReplicaModels
 from .._ports.context import replica_only
 from .._ports.hosting import tracebacks
 from .._routing.models import Held, model_id_problem
+from .calls import escaped, for_one_caller
 
 #: The most models one replica may be told to hold: every answer names them (33 KB at most).
 MAX_MODELS_PER_REPLICA = 256
@@ -168,7 +169,9 @@ class _Cache:
     limit: int
     shelf: Shelf
     name: str
-    at_once: trio.Semaphore | None
+    at_once: trio.Semaphore
+    """Loads under way at once (its loaders' waiters past it count as loading)."""
+    started: int = 0
     held: collections.OrderedDict[str, Any] = attrs.field(factory=collections.OrderedDict)
     """Least recently used first."""
     loading: dict[str, _Load] = attrs.field(factory=dict)
@@ -191,31 +194,31 @@ class _Cache:
         assert pending.result is not None
         got = pending.result
         if isinstance(got, outcome.Error):
-            raise got.error  # to every one of its waiters (an outcome unwraps only once)
+            raise for_one_caller(got.error)  # to every one of its waiters, each its own
         assert isinstance(got, outcome.Value)
         return got.value
 
     async def _load(self, model: str, pending: _Load) -> None:
-        # Room first: a model's memory is given back before the next one's is taken.
-        await self._evict(len(self.held) + len(self.loading) - self.limit)
-
-        async def load() -> Any:
-            if self.at_once is None:
-                return await self.load(model)
-            async with self.at_once:
-                return await self.load(model)
-
-        got = await outcome.acapture(load)
+        # At most `limit` loads at once (fewer if asked): with the room made first below, the
+        # models held and those being loaded are never more than `limit`.
+        async with self.at_once:
+            self.started += 1
+            try:
+                # Room first: a model's memory is given back before the next one's is taken.
+                await self._evict(len(self.held) + self.started - self.limit)
+                got = await outcome.acapture(self.load, model)
+            finally:
+                self.started -= 1
         del self.loading[model]
         if isinstance(got, outcome.Value):
             self.held[model] = got.value
             self.shelf.loads += 1
         else:
             assert isinstance(got, outcome.Error)
-            error = got.error
-            if not isinstance(error, Exception):  # the run ends: its waiters end with it
-                error = RuntimeError(f"the load of {model!r} was cancelled")
-                got = outcome.Error(error)
+            error = escaped(got.error)
+            if error is None:  # Cancelled: the replica stops, and its waiters with it
+                error = RuntimeError(f"the load of {model!r} was cancelled: the replica stops")
+            got = outcome.Error(error)
             whole, _ = tracebacks(error)
             sys.stderr.write(f"{self.name}: loading model {model!r} failed:\n{whole}")
         pending.result = got
@@ -312,8 +315,8 @@ def multiplexed(
             if cache is None:
                 # It holds its owner (an instance): the id is not reused while the cache lives.
                 load = fn if owner is None else functools.partial(fn, owner)
-                semaphore = None if at_once is None else trio.Semaphore(at_once)
-                cache = _Cache(load, limit, shelf, fn.__qualname__, semaphore)
+                loads = limit if at_once is None else min(at_once, limit)
+                cache = _Cache(load, limit, shelf, fn.__qualname__, trio.Semaphore(loads))
                 shelf.caches[key] = cache
             return await cache.get(model)
 

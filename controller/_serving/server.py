@@ -38,7 +38,7 @@ from .._model.traffic import MAX_REQUESTS
 from .._ports.hosting import tracebacks
 from .._routing.exchange import CALL_HEADER
 from .._routing.handle import current_deadline
-from .._routing.models import MODEL_HEADER, MODEL_ID_RULE, model_of
+from .._routing.models import MODEL_HEADER, MODEL_ID_RULE, model_of, shown_value
 from .._routing.split import SIDE_HEADER, Side, current_side, side_of_header
 from . import rpc
 from .asgi import AppError, Exchange, Lifespan, http_scope
@@ -247,8 +247,8 @@ class ReplicaServer:
                 call = value.decode("latin-1")
             elif name == SIDE_HEADER:
                 side = side_of_header(value)
-            elif name == MODEL_HEADER:
-                model = model_of(value)
+            elif name == MODEL_HEADER and model is None:  # the first, as routers read it
+                model = model_of(value.strip(b" \t"))
                 if model is None:
                     return await self._bad_model(conn, head, value)
         deadline = trio.current_time() + budget
@@ -395,8 +395,7 @@ class ReplicaServer:
         return outgoing.keep
 
     async def _bad_model(self, conn: Connection, head: RequestHead, value: bytes) -> bool:
-        shown = value[:40].decode("latin-1")
-        message = f"x-model-id: must be {MODEL_ID_RULE} (got {shown!r})"
+        message = f"x-model-id: must be {MODEL_ID_RULE} (got {shown_value(value)})"
         body = error_body("BadModelId", message)
         outgoing = Outgoing(conn, head)
         await outgoing.whole(400, [(b"content-type", _JSON)], body, keep=conn.skip_body())
