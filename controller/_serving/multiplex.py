@@ -4,8 +4,9 @@ models, the least recently used going first (its ``unload()`` called, if it has 
 
 A model is loaded once: requests for it while it loads wait for that load. Each load runs as a
 system task, so that a caller that leaves (a hang-up, its deadline) cancels only its own wait,
-never a load others wait on. Loads of different models run at once, unless
-``max_concurrent_loads`` says how many may.
+never a load others wait on. Loads of different models run at once, up to
+``max_models_per_replica`` of them (fewer if ``max_concurrent_loads`` says so), each making room
+first: the models held and being loaded never number more than the limit.
 
 What a replica holds is its `Shelf`'s, one per replica (its server's): every answer carries it
 (``HELD_HEADER``), so routers send a model's requests where it is, and its load reports carry it
@@ -271,8 +272,8 @@ def multiplexed(
     """Make an async loader, ``async def get_model(self, model_id)`` (or a function of the id),
     a cache of at most `max_models_per_replica` models per replica: called with a model's id (or
     with none: the request's, ``model_id()``), it returns the model, loaded once. As Ray Serve's
-    ``@serve.multiplexed`` (3 models by default); loads of different models run at once unless
-    `max_concurrent_loads` bounds them."""
+    ``@serve.multiplexed`` (3 models by default); loads of different models run at once, up to
+    `max_models_per_replica` of them (`max_concurrent_loads` allows fewer)."""
     limit = _count("max_models_per_replica", max_models_per_replica, MAX_MODELS_PER_REPLICA)
     at_once = (
         None
