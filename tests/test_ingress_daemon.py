@@ -168,6 +168,8 @@ async def test_load_reports_over_the_api_show_in_status_and_metrics(state_dir: P
                 "sources": 3,
                 "self_reported": 0,
                 "served": {},  # its replicas serve their own port: they count nothing
+                "models": {},  # nor hold models
+                "batches": {},  # nor batch
             }
             code, metrics = await daemon.http("GET", "/metrics")
             assert 'controller_backend_requests_in_flight{backend="app"} 4.0' in metrics

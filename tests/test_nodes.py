@@ -248,6 +248,7 @@ async def test_a_local_daemon_lists_its_machine_and_a_cordon_stops_new_starts(
     with trio.fail_after(120):
         async with running(state_dir / "d") as daemon:
             await deploy_trivial(daemon, "t", trivial(2))
+            await until(daemon, "t", lambda s: s["ready"] == 2)  # the PUT does not wait
             listed = await daemon.cli("node", "list", "--json")
             assert listed.returncode == 0, listed.stderr
             (machine,) = json.loads(listed.stdout)
