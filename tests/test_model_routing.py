@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller._http.errors import Reply
+from controller._routing.model_routes import MAX_GUESSED
 from controller._routing.models import Held, parse_held, requested_model, spreads_at
-from controller._routing.table import MAX_GUESSED, BackendRoutes, RouteInfo, Slot
+from controller._routing.table import BackendRoutes, RouteInfo, Slot
 
 LIMIT = 10
 
@@ -54,7 +55,7 @@ def test_what_a_router_guesses_of_a_replica_that_never_says_stays_bounded() -> N
         backend.release(take(backend, f"m{i}"))
     assert slot.held is not None
     assert 1 <= len(slot.held.models) <= MAX_GUESSED
-    assert sum(len(v) for v in backend._holders.values()) == len(slot.held.models)
+    assert sum(len(v) for v in backend.models.holders.values()) == len(slot.held.models)
 
 
 def test_requests_go_to_the_replicas_holding_their_model() -> None:
@@ -97,7 +98,7 @@ def test_a_hot_model_spreads_once_every_holder_is_busy() -> None:
     assert spread.tag != "m#0"  # every holder at the threshold: another loads it
     # Now two hold it, and the less busy of them takes the next.
     assert take(backend, "hot").tag == spread.tag
-    assert sorted(backend._holders["hot"]) == sorted([0, spread.index])
+    assert sorted(backend.models.holders["hot"]) == sorted([0, spread.index])
 
 
 def test_a_model_still_loading_does_not_spread_however_busy_its_holder() -> None:
@@ -140,7 +141,7 @@ def test_the_newest_word_of_a_replica_wins_whoever_carried_it() -> None:
     say(backend, "m#0", 6, "b")
     assert backend.held_models()["m#0"].models == {"b"}
     assert take(backend, "b").tag == "m#0"
-    assert "a" not in backend._holders
+    assert "a" not in backend.models.holders
 
 
 def test_a_replica_that_leaves_takes_its_models_out_of_the_choice() -> None:
@@ -148,7 +149,7 @@ def test_a_replica_that_leaves_takes_its_models_out_of_the_choice() -> None:
     say(backend, "m#2", 1, "a")
     replicas = tuple((f"m#{i}", f"127.0.0.1:{9000 + i}") for i in range(2))
     backend.update(RouteInfo("m", 2, True, False, "/m", LIMIT, 1000, replicas))
-    assert "a" not in backend._holders
+    assert "a" not in backend.models.holders
     assert take(backend, "a").tag in {"m#0", "m#1"}
 
 
@@ -202,5 +203,5 @@ def test_the_holders_index_always_matches_what_each_replica_is_known_to_hold(
             if s.held is not None
             for m in s.held.models
         }
-        holders = {m: sorted(ix) for m, ix in backend._holders.items()}
+        holders = {m: sorted(ix) for m, ix in backend.models.holders.items()}
         assert holders == index

@@ -108,3 +108,19 @@ def choose(
         if load < best_load and index not in excluded:
             best_load, best = load, index
     return None if best < 0 else best
+
+
+def choose_near(
+    near: list[int], loads: Sequence[int], limit: int, rng: random.Random
+) -> int | None:
+    """Power of two choices among a few of the replicas (`near`, indices into `loads`: those
+    at this ingress's host, those of one side of a split, those that hold a model): the less
+    loaded of two drawn, if it has room, else the least loaded of them with room (a scan of the
+    few); None if all are full (the caller then looks further)."""
+    i = near[int(rng.random() * len(near))]
+    j = near[int(rng.random() * len(near))]
+    best = i if loads[i] <= loads[j] else j
+    if loads[best] < limit:
+        return best
+    least = min(near, key=loads.__getitem__)
+    return least if loads[least] < limit else None

@@ -5,7 +5,6 @@ ingress's own tasks (trio is single-threaded, so no locks)."""
 from __future__ import annotations
 
 import collections
-import contextlib
 import random
 from collections.abc import Callable
 from typing import Literal, final
@@ -15,8 +14,9 @@ import trio
 
 from .._model.policies import AffinityPolicy, RateLimitPolicy, RetryPolicy
 from .._model.verdict import RequestTally
-from .choice import choose
-from .models import Held, parse_held, spreads_at
+from .choice import choose, choose_near
+from .model_routes import ModelRoutes
+from .models import Held
 from .policy import Buckets, Ring, choose_by_key
 from .split import Side, Split, reached_side
 
@@ -57,20 +57,6 @@ def _host(address: str) -> str:
     return address.rpartition(":")[0].strip("[]")
 
 
-def choose_near(near: list[int], loads: list[int], limit: int, rng: random.Random) -> int | None:
-    """Power of two choices among the replicas at this ingress's host (`near`, indices into
-    `loads`): the less loaded of two drawn, if it has room, else the least loaded of them with
-    room (a scan of this node's few); None if all are full (the caller then chooses among
-    every replica, so a full node spills over to the others)."""
-    i = near[int(rng.random() * len(near))]
-    j = near[int(rng.random() * len(near))]
-    best = i if loads[i] <= loads[j] else j
-    if loads[best] < limit:
-        return best
-    least = min(near, key=loads.__getitem__)
-    return least if loads[least] < limit else None
-
-
 @final
 @attrs.define(eq=False)
 class Slot:
@@ -90,15 +76,6 @@ class Slot:
     held: Held | None = None
     """The models it holds, as its newest answer said (None: not multiplexed, or not heard)."""
 
-
-#: What a replica not heard from yet is taken to have room for.
-UNHEARD_CAPACITY = 1 << 30
-#: The most models a router guesses a replica holds beyond what it last said (the models it
-#: sent it since): past this, it starts again from the one it sends now. (A replica whose code
-#: is not multiplexed never says: the guesses are all there is of it.)
-MAX_GUESSED = 64
-#: The models whose requests a router counts (more are routed, not counted).
-MAX_MODEL_COUNTS = 1_000
 
 #: The answer time a refused connection counts as (see ``BackendRoutes.refused``).
 REFUSED_PENALTY_S = 10.0
@@ -171,10 +148,8 @@ class BackendRoutes:
     """What the policies did (``retried``, ``retry_refused``, ``keyed``, ``spilled``,
     ``rate_limited``), and model routing (``model_held``: to a replica holding the request's
     model; ``model_load``: to one that loads it), for metrics."""
-    _holders: dict[str, list[int]] = attrs.field(factory=dict)
-    """The indices of the replicas that hold each model (multiplexed replicas' answers say)."""
-    model_requests: dict[str, int] = attrs.field(factory=dict)
-    """Requests routed by each model (at most `MAX_MODEL_COUNTS` models), for metrics."""
+    models: ModelRoutes = attrs.field(factory=ModelRoutes)
+    """Where its models are, while its replicas are multiplexed (and requests name models)."""
 
     @property
     def queued(self) -> int:
@@ -219,7 +194,7 @@ class BackendRoutes:
                 known.held is None or known.held.generation < held.generation
             ):
                 known.held = held
-        self._index_models()
+        self.models.index(self.slots)
         self.split = info.split
         self._sides = {}
         versions = dict(info.versions)
@@ -423,124 +398,34 @@ class BackendRoutes:
     # -- models --
 
     def by_model(self, model: str, excluded: frozenset[str], side: Side | None) -> int | None:
-        """The replica for a request naming `model` (not yet counted as in flight): power of
-        two choices among those that hold it, while one of them has fewer than
-        ``spreads_at(max_ongoing)`` in flight; else (none holds it, or all are that busy) the
-        least loaded other with room, preferring one with room for another model (nothing
-        evicted), which loads it; else a holder with room; None if all are full."""
-        limit = self.max_ongoing
-        loads = self._loads
-        skip = self._indices(excluded)
+        """The replica for a request naming `model` (not yet counted as in flight), by
+        ``ModelRoutes.choose``, among those of the request's `side` where there is one."""
         group = self._sides.get(side) if side is not None else None
-        allowed = None if not group else set(group)
-        holders = [
-            i
-            for i in self._holders.get(model, ())
-            if i not in skip and (allowed is None or i in allowed)
-        ]
-        if holders and min(loads[i] for i in holders) < spreads_at(limit):
-            pick = choose_near(holders, loads, limit, self.rng)
-            if pick is not None:
-                self.counted("model_held")
-                return pick
-        # Its holders are busy, but one is loading it still: its requests wait for that load
-        # (another replica's would end no sooner, and would hold a second copy for good).
-        pending = [i for i in holders if model in self._loading_at(i)]
-        if pending:
-            pick = choose_near(pending, loads, limit, self.rng)
-            if pick is not None:
-                self.counted("model_held")
-                return pick
-        other = self._loader_for(model, skip | frozenset(holders), allowed)
-        if other is not None:
-            self.counted("model_load")
-            return other
-        if holders:
-            pick = choose_near(holders, loads, limit, self.rng)
-            if pick is not None:
-                self.counted("model_held")
-            return pick
-        return None
-
-    def _loader_for(self, model: str, skip: frozenset[int], allowed: set[int] | None) -> int | None:
-        """The least loaded replica with room that is not in `skip` (one with room for another
-        model first; of equal load, the one holding fewest), from a random start so that ties
-        spread; it is taken to hold `model`
-        from now on (so that the requests for it that follow go there too, until it says)."""
-        slots, loads, limit = self.slots, self._loads, self.max_ongoing
-        count = len(slots)
-        if count == 0:
-            return None
-        start = int(self.rng.random() * count)
-        best, best_rank = -1, (2, limit, 0)
-        for step in range(count):
-            i = (start + step) % count
-            if i in skip or loads[i] >= limit or (allowed is not None and i not in allowed):
-                continue
-            held = slots[i].held
-            if held is None:
-                rank = (0, loads[i], 0)
-            else:
-                rank = (0 if held.has_room else 1, loads[i], len(held.models))
-            if rank < best_rank:
-                best, best_rank = i, rank
-        if best < 0:
-            return None
-        slot = slots[best]
-        # Not heard from yet: taken to hold this model alone, until its first answer says.
-        known = slot.held if slot.held is not None else Held(-1, UNHEARD_CAPACITY, frozenset())
-        said = known.capacity if known.generation >= 0 else 0
-        if len(known.models) >= said + MAX_GUESSED:
-            known = Held(known.generation, known.capacity, frozenset())
-        self._set_held(slot, known.with_model(model))
-        return best
-
-    def _loading_at(self, index: int) -> frozenset[str]:
-        held = self.slots[index].held
-        return frozenset() if held is None else held.loading
+        allowed = None if not group else frozenset(group)
+        index, what = self.models.choose(
+            model,
+            self.slots,
+            self._loads,
+            self.max_ongoing,
+            self.rng,
+            self._indices(excluded),
+            allowed,
+        )
+        if what is not None:
+            self.counted(what)
+        return index
 
     def heard(self, slot: Slot, value: bytes) -> None:
-        """`slot`'s answer said what it holds (a `HELD_HEADER` value): taken if newer than
-        what was known."""
-        held = parse_held(value)
-        if held is None or slot.gone:
-            return
-        known = slot.held
-        if known is not None and known.generation > held.generation:
-            return
-        if known != held:
-            self._set_held(slot, held)
-
-    def _set_held(self, slot: Slot, held: Held) -> None:
-        before = slot.held.models if slot.held is not None else frozenset()
-        slot.held = held
-        holders = self._holders
-        for model in before - held.models:
-            indices = holders.get(model)
-            if indices is not None:
-                with contextlib.suppress(ValueError):
-                    indices.remove(slot.index)
-                if not indices:
-                    del holders[model]
-        for model in held.models - before:
-            holders.setdefault(model, []).append(slot.index)
-
-    def _index_models(self) -> None:
-        holders: dict[str, list[int]] = {}
-        for slot in self.slots:
-            if slot.held is not None:
-                for model in slot.held.models:
-                    holders.setdefault(model, []).append(slot.index)
-        self._holders = holders
+        """`slot`'s answer said what it holds (a ``HELD_HEADER`` value)."""
+        if not slot.gone:
+            self.models.heard(slot, value)
 
     def asked(self, model: str) -> None:
         """A request named `model` (counted once, however many replicas it is sent to)."""
-        counts = self.model_requests
-        if model in counts or len(counts) < MAX_MODEL_COUNTS:
-            counts[model] = counts.get(model, 0) + 1
+        self.models.asked(model)
 
     def held_models(self) -> dict[str, Held]:
-        """What each replica holds, as this router heard."""
+        """What each replica holds, as this router heard (or guessed)."""
         return {s.tag: s.held for s in self.slots if s.held is not None}
 
     # -- the policies --
