@@ -207,7 +207,7 @@ class Backend(Reducer, Reading):
                 # Routers that have not heard from it yet learn where its models are with a
                 # snapshot (published by the pass the report brings), at most every
                 # HELD_PUBLISH_S: a replica loading models all the time must not have every
-                # ingress fetch the backend again each time (a later report publishes the rest).
+                # ingress fetch the backend again each time (a task publishes what came between).
                 due = self._held_published_at + HELD_PUBLISH_S - trio.current_time()
                 if due <= 0 or self._tasks.nursery is None:
                     self._publish_held()
