@@ -7,10 +7,7 @@ tests/test_multiplexing.py."""
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +21,6 @@ from .http_client import raw, request
 
 HERE = Path(__file__).parent
 LIMIT_S = 90
-
-
-@pytest.fixture
-def runtime_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="mx", dir="/tmp"))  # short: Unix socket paths
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 async def ingress_of(ctl: controller.Controller, nursery: trio.Nursery) -> int:

@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from .multiplexing import ReplicaModels, parse_replica_models
+from .multiplexing import ReplicaModels, count_of, parse_replica_models
 
 #: The most batched functions one report may name.
 MAX_BATCHERS = 100
@@ -52,17 +52,11 @@ class CodeReport:
         return out
 
 
-def _count(value: object) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63:
-        return value
-    return None
-
-
 def _batch(value: object) -> BatchNumbers | None:
     if not isinstance(value, Mapping):
         return None
     function, waited = value.get("function"), value.get("waited_s")
-    counts = [_count(value.get(k)) for k in ("batches", "items", "largest")]
+    counts = [count_of(value.get(k)) for k in ("batches", "items", "largest")]
     if not isinstance(function, str) or _FUNCTION.fullmatch(function) is None:
         return None
     if not isinstance(waited, int | float) or isinstance(waited, bool):

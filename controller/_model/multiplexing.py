@@ -87,7 +87,8 @@ class ReplicaModels:
         }
 
 
-def _count(value: object) -> int | None:
+def count_of(value: object) -> int | None:
+    """`value` if it is a whole number an int64 holds, else None (a report's count)."""
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _COUNT_LIMIT:
         return value
     return None
@@ -98,7 +99,7 @@ def parse_replica_models(value: object) -> ReplicaModels | None:
     if not isinstance(value, Mapping):
         return None
     counts = [
-        _count(value.get(k))
+        count_of(value.get(k))
         for k in ("generation", "capacity", "hits", "misses", "loads", "evictions")
     ]
     models, requests = value.get("models"), value.get("requests")
@@ -112,7 +113,7 @@ def parse_replica_models(value: object) -> ReplicaModels | None:
         return None
     kept: dict[str, int] = {}
     for model, count in requests.items():
-        number = _count(count)
+        number = count_of(count)
         named = isinstance(model, str) and (model == OTHER_MODELS or MODEL_ID.fullmatch(model))
         if not named or number is None:
             return None
