@@ -39,6 +39,7 @@ import trio.testing
 
 import controller
 from controller._backend.watch import TOMBSTONES_KEPT
+from controller._core.gc import tune_gc
 from controller.testing import FakeRuntime, FakeState
 
 RC = controller.ReplicaConfig("bench.replica:Noop")
@@ -353,7 +354,7 @@ def gc_timer() -> Iterator[list[float]]:
 
 def tuned_gc(fn: Any, *args: Any) -> Any:
     """`trio.run(fn, *args)` with the collector set as the daemon sets it (``tune_gc``)."""
-    old = controller.tune_gc()
+    old = tune_gc()
     try:
         return trio.run(fn, *args)
     finally:

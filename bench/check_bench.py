@@ -2,7 +2,7 @@
 
 Three figures (a fourth, Ray's, when asked), each of the controller's own process CPU
 (``time.process_time``; the workers' CPU is theirs, not counted), with the collector set as the
-daemon sets it (``controller.tune_gc``) unless ``--default-gc``:
+daemon sets it (``tune_gc``) unless ``--default-gc``:
 
 (a) ``per_check``: one real LocalRuntime check, median and p90 over waves. `--workers` real
     workers (forked by the fork server) are checked together in a wave; a wave's CPU over its
@@ -49,6 +49,7 @@ import reaper
 import trio
 
 import controller
+from controller._core.gc import tune_gc
 from controller._local.commands import command
 from controller._local.wire import LineStream
 from controller._local.worker import Worker
@@ -426,7 +427,7 @@ def main() -> None:
         "--default-gc",
         action="store_true",
         help="Python's collector settings, as an embedding application has them (default: the "
-        "daemon's, controller.tune_gc)",
+        "daemon's, tune_gc)",
     )
     parser.add_argument("--out", type=Path, default=HERE / "check_results.json")
     args = parser.parse_args()
@@ -436,7 +437,7 @@ def main() -> None:
     logging.getLogger("controller").setLevel(logging.ERROR)
     only = set(args.only or ["a", "b", "c"])
     if not args.default_gc:
-        controller.tune_gc()  # as `controller run` does
+        tune_gc()  # as `controller run` does
     results: dict[str, Any] = {
         "loadavg_before": os.getloadavg(),
         "gc": "default" if args.default_gc else "tuned",

@@ -6,8 +6,9 @@ store before it acts, so that it survives its own crash.
 """
 
 # The names below are imported on first use, not with the package: replica processes (LocalRuntime
-# workers, Ray actors) import a corner of it, and a CLI should start fast. Type checkers and
-# readers see them all here.
+# workers, Ray actors) import a corner of it, and a CLI should start fast. This block is the one
+# list of the public names: type checkers and readers see them here, and `_lazy` reads it to
+# import each on first use.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -19,7 +20,6 @@ if TYPE_CHECKING:
     from ._core.applications import Applications as Applications
     from ._core.controller import Controller as Controller
     from ._core.desk import Applied as Applied
-    from ._core.gc import tune_gc as tune_gc
     from ._core.open import open_controller as open_controller
     from ._local.runtime import LocalRuntime as LocalRuntime
     from ._model.applications import ApplicationStatus as ApplicationStatus
@@ -52,7 +52,6 @@ if TYPE_CHECKING:
     from ._model.errors import UnknownApplicationError as UnknownApplicationError
     from ._model.errors import UnknownBackendError as UnknownBackendError
     from ._model.errors import UnknownNodeError as UnknownNodeError
-    from ._model.json_values import JSON as JSON
     from ._model.multiplexing import ReplicaModels as ReplicaModels
     from ._model.nodes import NodeInfo as NodeInfo
     from ._model.nodes import NodeRow as NodeRow
@@ -63,7 +62,6 @@ if TYPE_CHECKING:
     from ._model.revisions import RevisionContent as RevisionContent
     from ._model.serving import ServingReplicas as ServingReplicas
     from ._model.spec import ReplicaSpec as ReplicaSpec
-    from ._model.status import LOAD_TTL_S as LOAD_TTL_S
     from ._model.status import AutoscalerStatus as AutoscalerStatus
     from ._model.status import BackendEvent as BackendEvent
     from ._model.status import BackendLoad as BackendLoad
@@ -83,7 +81,6 @@ if TYPE_CHECKING:
     from ._model.verdict import RequestTally as RequestTally
     from ._ports.runtime import BatchedChecks as BatchedChecks
     from ._ports.runtime import CheckReport as CheckReport
-    from ._ports.runtime import DeathListener as DeathListener
     from ._ports.runtime import NodeRuntime as NodeRuntime
     from ._ports.runtime import ReplicaInfo as ReplicaInfo
     from ._ports.runtime import Runtime as Runtime
@@ -102,96 +99,6 @@ if TYPE_CHECKING:
     from ._stores.memory import MemoryStore as MemoryStore
     from ._stores.sqlite import SQLiteStore as SQLiteStore
 
-_HOME: dict[str, str] = {
-    "BackendConfig": "._model.config",
-    "AutoscalingConfig": "._model.autoscaling",
-    "CanaryConfig": "._model.canary",
-    "CanaryStep": "._model.canary",
-    "CanaryStatus": "._model.canary_steps",
-    "RevisionNumbers": "._model.canary_steps",
-    "TrafficSplit": "._model.status",
-    "RequestTally": "._model.verdict",
-    "ScaleDecision": "._model.autoscale",
-    "ReplicaConfig": "._model.replica_config",
-    "Applied": "._core.desk",
-    "Applications": "._core.applications",
-    "ApplicationStatus": "._model.applications",
-    "AppRevision": "._model.applications",
-    "MemberStatus": "._model.applications",
-    "UnknownApplicationError": "._model.errors",
-    "Controller": "._core.controller",
-    "open_controller": "._core.open",
-    "CodeDigest": "._model.code",
-    "CheckpointError": "._model.errors",
-    "CodeChangedError": "._model.errors",
-    "RolloutError": "._model.errors",
-    "ConfigError": "._model.errors",
-    "ControllerClosedError": "._model.errors",
-    "ControllerError": "._model.errors",
-    "FencedError": "._model.errors",
-    "GoalFailed": "._model.errors",
-    "InfeasibleError": "._model.errors",
-    "ManifestError": "._model.errors",
-    "NodesUnsupportedError": "._model.errors",
-    "UnknownNodeError": "._model.errors",
-    "NodeInfo": "._model.nodes",
-    "NodeRow": "._model.nodes",
-    "NodeRuntime": "._ports.runtime",
-    "ReplicaError": "._model.errors",
-    "RouteConflictError": "._model.errors",
-    "ReplicaGoneError": "._model.errors",
-    "StartupError": "._model.errors",
-    "StoreError": "._model.errors",
-    "UnknownBackendError": "._model.errors",
-    "Goal": "._backend.goal",
-    "tune_gc": "._core.gc",
-    "JSON": "._model.json_values",
-    "LocalRuntime": "._local.runtime",
-    "MemoryStore": "._stores.memory",
-    "RestartPolicy": "._model.policy",
-    "Cause": "._model.revisions",
-    "Revision": "._model.revisions",
-    "RevisionContent": "._model.revisions",
-    "BatchedChecks": "._ports.runtime",
-    "CheckReport": "._ports.runtime",
-    "DeathListener": "._ports.runtime",
-    "ReplicaInfo": "._ports.runtime",
-    "ReplicaSpec": "._model.spec",
-    "Runtime": "._ports.runtime",
-    "SQLiteStore": "._stores.sqlite",
-    "LOAD_TTL_S": "._model.status",
-    "BackendEvent": "._model.status",
-    "BackendLoad": "._model.status",
-    "AutoscalerStatus": "._model.status",
-    "BackendReason": "._model.status",
-    "BackendSnapshot": "._model.status",
-    "BackendState": "._model.status",
-    "BackendStatus": "._model.status",
-    "ControllerStatus": "._model.status",
-    "FailedStart": "._model.status",
-    "GoalOutcome": "._model.status",
-    "LoadReport": "._model.status",
-    "ReplicaState": "._model.status",
-    "ReplicaStatus": "._model.status",
-    "ServingReplica": "._model.status",
-    "ServingReplicas": "._model.serving",
-    "RolloutStatus": "._model.status",
-    "Store": "._ports.store",
-    "Request": "._serving.request",
-    "on_asyncio": "._serving.on_asyncio",
-    "batch": "._serving.batching",
-    "BatchStats": "._serving.batching",
-    "multiplexed": "._serving.multiplex",
-    "ReplicaModels": "._model.multiplexing",
-    "model_id": "._serving.multiplex",
-    "Handle": "._routing.handle",
-    "HandleAnswer": "._routing.handle",
-    "HandleError": "._routing.exchange",
-    "RemoteError": "._routing.exchange",
-    "Response": "._serving.response",
-}
-
-__all__ = sorted(_HOME)
 __version__ = "0.1.0"
 
-__getattr__, __dir__ = lazy_exports(__name__, _HOME)
+__getattr__, __dir__ = lazy_exports(__name__, __file__)

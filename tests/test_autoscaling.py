@@ -12,8 +12,9 @@ import trio
 import trio.testing
 
 import controller
-from controller import LOAD_TTL_S, AutoscalingConfig, GoalOutcome, LoadReport
+from controller import AutoscalingConfig, GoalOutcome, LoadReport
 from controller._model.manifest import parse_backend
+from controller._model.status import LOAD_TTL_S
 from controller.testing import FakeRuntime, FakeState
 
 from .conftest import DEADLOCK_LIMIT_S, EXACT, RC, config, settle

@@ -14,6 +14,7 @@ import trio.testing
 
 import controller
 from controller import BackendState, GoalOutcome
+from controller._model.json_values import JSON
 from controller._ports.wrap import RuntimeWrapper, StoreWrapper
 from controller.testing import FakeRuntime
 from controller.testing import FakeState as S
@@ -171,7 +172,7 @@ async def test_a_bad_user_config_halts_and_rolls_back_with_the_backend_serving(
 class FailingConfigs(RuntimeWrapper):
     """A runtime whose replicas refuse any user config that has a "raise" key."""
 
-    async def reconfigure_replica(self, tag: str, user_config: controller.JSON) -> None:
+    async def reconfigure_replica(self, tag: str, user_config: JSON) -> None:
         if isinstance(user_config, dict) and "raise" in user_config:
             await trio.lowlevel.checkpoint()
             raise controller.ReplicaError(tag, "ValueError", f"refused {user_config}")

@@ -8,6 +8,7 @@ import trio.testing
 
 import controller
 from controller import GoalFailed, GoalOutcome, ReplicaState
+from controller._model.json_values import JSON
 from controller.testing import FakeRuntime, FakeState
 
 from .conftest import RC, config, deploy_ready, opened, settle
@@ -112,7 +113,7 @@ class Spy:
         self._record("drain", tag)
         await self.inner.drain_replica(tag)
 
-    async def reconfigure_replica(self, tag: str, user_config: controller.JSON) -> None:
+    async def reconfigure_replica(self, tag: str, user_config: JSON) -> None:
         self._record("reconfigure", tag)
         await self.inner.reconfigure_replica(tag, user_config)
 

@@ -10,6 +10,7 @@ import controller
 from controller import BackendState, GoalOutcome, ReplicaState
 from controller._api.metrics import Metrics
 from controller._api.views import status_json
+from controller._model.json_values import JSON
 from controller.testing import FakeRuntime, FakeState
 
 from .conftest import DEADLOCK_LIMIT_S, RC, config, deploy_ready, opened, serving, settle
@@ -102,7 +103,7 @@ class GatedReconfigure:
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
 
-    async def reconfigure_replica(self, tag: str, user_config: controller.JSON) -> None:
+    async def reconfigure_replica(self, tag: str, user_config: JSON) -> None:
         self.in_flight += 1
         self.most = max(self.most, self.in_flight)
         try:

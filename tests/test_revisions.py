@@ -7,6 +7,7 @@ import pytest
 
 import controller
 from controller import Cause, ConfigError
+from controller._model.json_values import JSON
 from controller._model.revisions import (
     MAX_HISTORY_BYTES,
     Revision,
@@ -20,7 +21,7 @@ from controller._model.revisions import (
 RC = controller.ReplicaConfig("app.replica:Echo")
 
 
-def revision(number: int, user_config: controller.JSON = None) -> Revision:
+def revision(number: int, user_config: JSON = None) -> Revision:
     config = controller.BackendConfig(version=f"v{number}", user_config=user_config)
     return make_revision(
         number, content_of(config, RC), now=0.0, cause=Cause(), code=None, code_generation=1

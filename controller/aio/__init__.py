@@ -22,13 +22,4 @@ if TYPE_CHECKING:
     from ._guest import open_in_guest_mode as open_in_guest_mode
     from ._trio_asyncio import open_under_trio_asyncio as open_under_trio_asyncio
 
-_HOME = {
-    "AioController": "._bridge",
-    "AioGoal": "._bridge",
-    "open_in_guest_mode": "._guest",
-    "open_under_trio_asyncio": "._trio_asyncio",
-}
-
-__all__ = sorted(_HOME)
-
-__getattr__, __dir__ = lazy_exports(__name__, _HOME)
+__getattr__, __dir__ = lazy_exports(__name__, __file__)

@@ -14,26 +14,20 @@ share one port with ``reuse_port``)::
 
 from __future__ import annotations
 
-from .._http.server import listener_port as listener_port
-from .._http.server import open_listener as open_listener
-from .._routing.choice import RouteTable as RouteTable
-from .._routing.choice import choose as choose
-from .._routing.sources import ControllerSource as ControllerSource
-from .._routing.sources import HTTPSource as HTTPSource
-from .._routing.sources import SourceError as SourceError
-from .._routing.sources import WatchSource as WatchSource
-from ._config import IngressConfig as IngressConfig
-from ._ingress import Ingress as Ingress
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "ControllerSource",
-    "HTTPSource",
-    "Ingress",
-    "IngressConfig",
-    "RouteTable",
-    "SourceError",
-    "WatchSource",
-    "choose",
-    "listener_port",
-    "open_listener",
-]
+from .._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .._http.server import listener_port as listener_port
+    from .._http.server import open_listener as open_listener
+    from .._routing.choice import RouteTable as RouteTable
+    from .._routing.choice import choose as choose
+    from .._routing.sources import ControllerSource as ControllerSource
+    from .._routing.sources import HTTPSource as HTTPSource
+    from .._routing.sources import SourceError as SourceError
+    from .._routing.sources import WatchSource as WatchSource
+    from ._config import IngressConfig as IngressConfig
+    from ._ingress import Ingress as Ingress
+
+__getattr__, __dir__ = lazy_exports(__name__, __file__)

@@ -20,8 +20,4 @@ if TYPE_CHECKING:
     from ._kv_store import RayKVStore as RayKVStore
     from ._runtime import RayRuntime as RayRuntime
 
-_HOME = {"RayKVStore": "._kv_store", "RayRuntime": "._runtime", "connect": "._connect"}
-
-__all__ = sorted(_HOME)
-
-__getattr__, __dir__ = lazy_exports(__name__, _HOME)
+__getattr__, __dir__ = lazy_exports(__name__, __file__)
