@@ -43,3 +43,17 @@ def test_ci_runs_lint_format_types_import_contracts_and_the_tests() -> None:
     lint = noxfile.split("def lint(", 1)[1].split("\n@nox.session", 1)[0]
     for check in ('"ruff", "check"', '"ruff", "format", "--check"', '"lint-imports"'):
         assert check in lint, check
+
+
+def test_a_runtimes_optional_parts_are_found_only_in_the_ports() -> None:
+    # A runtime's nodes, batched checks and logs, and what a listener takes, are found by their
+    # protocols in `_ports/runtime.py` (`node_runtime`, `batched_checks`, `log_source`,
+    # `tell_load`, `tell_nodes_changed`), never by a name looked up where they are used.
+    by_name = re.compile(r"getattr\((self\.)?(_?runtime|inner|_on_death|listener)\b")
+    found = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in sorted((ROOT / "controller").rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if by_name.search(line)
+    ]
+    assert found == []

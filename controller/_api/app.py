@@ -18,6 +18,7 @@ from urllib.parse import parse_qs, unquote
 
 from .._core.controller import Controller
 from .._model.errors import ControllerError
+from .._ports.runtime import LogSource
 from .console import Console
 from .errors import domain_error
 from .handlers import Answer, Call, Handlers, IngressView
@@ -33,7 +34,6 @@ from .http import (
     read_body,
     route_token,
 )
-from .logs import LogSource
 from .routes import find_route
 from .serving import Serving
 from .timeline import Timelines

@@ -18,6 +18,7 @@ from .._model.load_report import parse_load_body
 from .._model.manifest import BackendDecl, Manifest, parse_manifest
 from .._model.revisions import Cause, Revision
 from .._model.status import BackendSnapshot, BackendStatus
+from .._ports.runtime import LogSource
 from .bodies import (
     backend_from_body,
     cause_of,
@@ -40,7 +41,7 @@ from .http import (
     parse_json,
 )
 from .listing import list_backends
-from .logs import LogSource, read_logs
+from .logs import read_logs
 from .nodes import node_json, steer_node
 from .openapi import OPENAPI
 from .serving import Serving

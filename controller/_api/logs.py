@@ -4,28 +4,17 @@ where they are read from, and the bounds of what one request reads."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
 from .._files import UnsafeFileError
-from .._local.logs import LogChunk
 from .._model.errors import UnknownBackendError
 from .._model.status import BackendStatus
+from .._ports.runtime import LogSource
 from .http import HTTPError, int_param
 
 MAX_LOG_LINES = 10_000
-
-
-class LogSource(Protocol):
-    """Where replicas' logs are read from (LocalRuntime and RayRuntime are). Blocking: the API
-    calls them in a thread."""
-
-    def log_tags(self, backend: str | None = None) -> list[str]: ...
-
-    def read_log(
-        self, tag: str, *, offset: int | None = None, tail: int = 100
-    ) -> LogChunk | None: ...
 
 
 async def read_logs(

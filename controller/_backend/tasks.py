@@ -20,7 +20,7 @@ import trio
 from .._model.errors import ReplicaError
 from .._model.json_values import JSON
 from .._model.spec import ReplicaSpec
-from .._ports.runtime import ReplicaInfo, Runtime, check_each
+from .._ports.runtime import ReplicaInfo, Runtime, batched_checks, check_each
 from . import events as ev
 from .intent import Intent
 from .replica import Replica
@@ -99,11 +99,11 @@ async def checks(runtime: Runtime, tags: list[str], limit_s: float, send: Send) 
         if out:
             send(ev.HealthChecked(out))
 
-    batched = getattr(runtime, "check_health_replicas", None)
+    batched = batched_checks(runtime)
     with trio.move_on_after(limit_s):
         try:
             if batched is not None:
-                await batched(tags, report)
+                await batched.check_health_replicas(tags, report)
             else:
                 await check_each(runtime, tags, report)
         except Exception as exc:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import cast, final
 
 import trio
@@ -24,7 +24,7 @@ from .._backend.shared import Nodes
 from .._model.errors import ConfigError, NodesUnsupportedError, UnknownNodeError
 from .._model.nodes import NODE_PREFIX, Cordon, NodeInfo, NodeRow, node_id
 from .._model.numbers import MAX_SECONDS
-from .._ports.runtime import NodeRuntime, Runtime
+from .._ports.runtime import NodeRuntime, Runtime, node_runtime
 from .._ports.store import Store
 
 logger = logging.getLogger("controller")
@@ -54,11 +54,7 @@ class NodeDesk:
 
     @property
     def supported(self) -> bool:
-        runtime = self._runtime
-        # A wrapper (metrics, fencing) has the methods whatever it wraps: it says.
-        return callable(getattr(runtime, "nodes", None)) and bool(
-            getattr(runtime, "supports_nodes", True)
-        )
+        return node_runtime(self._runtime) is not None
 
     # -- from recovery and the runtime --
 
@@ -205,9 +201,9 @@ class NodeDesk:
         forced = frozenset(self._forced & draining)
         evict = frozenset(draining - forced)
         cordoned = frozenset(self._cordons) | evict | forced
-        cordon: Callable[[frozenset[str]], None] | None = getattr(self._runtime, "cordon", None)
-        if cordon is not None:
-            cordon(cordoned)
+        runtime = node_runtime(self._runtime)
+        if runtime is not None:
+            runtime.cordon(cordoned)
         state = self._state
         state.cordoned = cordoned
         if (evict, forced) != (state.evict, state.evict_now):

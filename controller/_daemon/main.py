@@ -27,13 +27,12 @@ import sqlite3
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import attrs
 import trio
 
 from .._api.http import route_token
-from .._api.logs import LogSource
 from .._api.metrics import Metrics
 from .._api.serving import Serving
 from .._core.open import _only_error
@@ -47,7 +46,7 @@ from .._model.errors import (
 )
 from .._model.lease import LeaseTiming
 from .._model.manifest import load_manifest
-from .._ports.runtime import Runtime
+from .._ports.runtime import Runtime, log_source
 from .._ports.store import LeaseStore
 from .ingress_fleet import Fleet
 from .ingress_records import stop_leftovers
@@ -195,7 +194,7 @@ async def run_daemon(options: DaemonOptions) -> None:
                         Front(sock, fleet),
                         token,
                         metrics,
-                        _log_source(runtime),
+                        log_source(runtime),
                         _keep_token(state_dir, shared, token),
                     )
                 except Exception as exc:
@@ -367,16 +366,6 @@ def _child_env() -> dict[str, str]:
     """What replicas and ingress processes get of this process's environment: all but what is
     the daemon's own business."""
     return {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV, STATE_DIR_ENV)}
-
-
-def _log_source(runtime: Runtime) -> LogSource | None:
-    """LocalRuntime reads its workers' log files; RayRuntime asks each replica's actor."""
-    has_logs = callable(getattr(runtime, "read_log", None))
-    return (
-        cast(LogSource, runtime)
-        if has_logs and callable(getattr(runtime, "log_tags", None))
-        else None
-    )
 
 
 def _connect_ray(options: DaemonOptions) -> None:

@@ -41,7 +41,6 @@ import hypercorn.trio
 import trio
 
 from .._api.app import Api
-from .._api.logs import LogSource
 from .._api.metrics import Metrics
 from .._api.timeline import Timelines
 from .._api.timeline import record as record_timelines
@@ -49,6 +48,7 @@ from .._api.views import iso
 from .._backend.tasks import KILL_TIMEOUT_S
 from .._core.controller import Controller
 from .._model.errors import ControllerError
+from .._ports.runtime import LogSource
 from .ingress_fleet import Fleet
 from .ingress_process import DRAIN_S
 from .ingress_records import STOP_MARGIN_S

@@ -18,9 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import attrs
-
 from .._files import UnsafeFileError, open_regular
+from .._ports.runtime import LogChunk
 
 #: Past this size a log is rotated (the worker keeps one rotated file besides the current one).
 DEFAULT_MAX_BYTES = 8 << 20
@@ -102,15 +101,6 @@ def _copy(read_end: int, log: _Log) -> None:
         if not chunk:
             return  # every writer is gone: the process is ending
         log.write(chunk)
-
-
-@attrs.frozen
-class LogChunk:
-    """Text read from a replica's log, and where the next read of new text starts."""
-
-    text: str
-    offset: int
-    """The size of the current log file when read: pass it back to get only what follows."""
 
 
 def read_log(

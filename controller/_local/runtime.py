@@ -53,7 +53,7 @@ from .._model.errors import ConfigError, FencedError, ReplicaError, ReplicaGoneE
 from .._model.json_values import JSON
 from .._model.placement import SLOTS
 from .._model.spec import ReplicaSpec
-from .._ports.runtime import CheckReport, DeathListener, ReplicaInfo, Watchers
+from .._ports.runtime import CheckReport, DeathListener, LogChunk, ReplicaInfo, Watchers
 from .._procfs import memory_bytes
 from .check_wave import check_links
 from .commands import ask_to_stop, command, connect, died, refused
@@ -68,7 +68,7 @@ from .layout import (
 )
 from .link import ENDED, MonitorLink
 from .link_reader import LinkReader
-from .logs import DEFAULT_MAX_BYTES, LogChunk, log_file, log_tags, read_log
+from .logs import DEFAULT_MAX_BYTES, log_file, log_tags, read_log
 from .node import OneNode
 from .process import WorkerProcess, launch
 from .scan import WorkerScan

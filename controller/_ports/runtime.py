@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Protocol, final
+from typing import Protocol, final, runtime_checkable
 
 import attrs
 import trio
@@ -22,6 +22,7 @@ DeathListener = Callable[[str, str], None]
 CheckReport = Callable[[list[tuple[str, Exception | None]]], None]
 
 
+@runtime_checkable
 class ReplicaListener(Protocol):
     """What the controller hands ``serve``: a DeathListener that also takes the load a replica
     reports of itself. A runtime that can carry a replica's ``load()`` calls ``load``; any
@@ -138,6 +139,7 @@ class Runtime(Protocol):
         ...
 
 
+@runtime_checkable
 class NodeRuntime(Protocol):
     """What a runtime of several nodes adds to the Runtime protocol (RayRuntime; FakeRuntime
     given ``nodes``): its nodes, and which of them take no new replica. It places each start
@@ -154,6 +156,7 @@ class NodeRuntime(Protocol):
         ...
 
 
+@runtime_checkable
 class BatchedChecks(Protocol):
     """What a runtime may add to the Runtime protocol: the health checks of many replicas due
     together in one call, which costs the controller one task (not one a check) and lets the
@@ -164,6 +167,70 @@ class BatchedChecks(Protocol):
         several together), and return once all are reported. Cancelled at the checks' deadline:
         those not reported by then count as timed out."""
         ...
+
+
+@runtime_checkable
+class NodesListener(Protocol):
+    """A listener a runtime of several nodes tells when its view of them changes."""
+
+    def nodes_changed(self) -> None:
+        """The nodes changed: one died, joined, or was announced to drain. Must not block."""
+        ...
+
+
+@attrs.frozen
+class LogChunk:
+    """Text read from a replica's log, and where the next read of new text starts."""
+
+    text: str
+    offset: int
+    """The size of the current log file when read: pass it back to get only what follows."""
+
+
+@runtime_checkable
+class LogSource(Protocol):
+    """What a runtime may add to the Runtime protocol: its replicas' logs (LocalRuntime reads
+    its workers' files, RayRuntime asks each replica's actor). Blocking: the API calls them in
+    a thread."""
+
+    def log_tags(self, backend: str | None = None) -> list[str]:
+        """The tags that have a log (of `backend`'s replicas only, if given)."""
+        ...
+
+    def read_log(self, tag: str, *, offset: int | None = None, tail: int = 100) -> LogChunk | None:
+        """The last `tail` lines of `tag`'s log, or what follows `offset`; None if none."""
+        ...
+
+
+@runtime_checkable
+class _SaysNodes(Protocol):
+    """A wrapper (metrics, fencing) has a NodeRuntime's methods whatever it wraps: it says here
+    whether they lead anywhere."""
+
+    @property
+    def supports_nodes(self) -> bool: ...
+
+
+# The optional parts of a runtime are found here, by their protocols, and nowhere else.
+
+
+def node_runtime(runtime: object) -> NodeRuntime | None:
+    """`runtime` as a runtime of several nodes, or None if it is not one."""
+    if not isinstance(runtime, NodeRuntime):
+        return None
+    if isinstance(runtime, _SaysNodes) and not runtime.supports_nodes:
+        return None
+    return runtime
+
+
+def batched_checks(runtime: object) -> BatchedChecks | None:
+    """`runtime`'s batch of health checks, or None if it checks one replica a call."""
+    return runtime if isinstance(runtime, BatchedChecks) else None
+
+
+def log_source(runtime: object) -> LogSource | None:
+    """Where `runtime`'s replica logs are read, or None if it keeps none."""
+    return runtime if isinstance(runtime, LogSource) else None
 
 
 async def check_each(runtime: Runtime, tags: Sequence[str], report: CheckReport) -> None:
@@ -230,20 +297,35 @@ class Watchers:
     ) -> None:
         """Tell the controller, if one is listening and takes it, what `tag` reports of its load
         (and of the requests it has answered, and of its models and batches)."""
-        take = getattr(self._on_death, "load", None)
-        if take is not None:
-            if code is None:
-                take(tag, ongoing, served)
-            else:
-                take(tag, ongoing, served, code)
+        tell_load(self._on_death, tag, ongoing, served, code)
 
     def nodes_changed(self) -> None:
         """Tell the controller, if one is listening and takes it, that the nodes changed."""
-        tell = getattr(self._on_death, "nodes_changed", None)
-        if tell is not None:
-            tell()
+        tell_nodes_changed(self._on_death)
 
     def died(self, tag: str, reason: str) -> None:
         """Tell the controller, if one is listening, that `tag` died on its own."""
         if self._on_death is not None:
             self._on_death(tag, reason)
+
+
+def tell_load(
+    listener: object,
+    tag: str,
+    ongoing: int | None,
+    served: int | None = None,
+    code: CodeReport | None = None,
+) -> None:
+    """Give `listener` a replica's own load report if it takes one (a ``ReplicaListener``; a
+    plain DeathListener does not)."""
+    if isinstance(listener, ReplicaListener):
+        if code is None:
+            listener.load(tag, ongoing, served)
+        else:
+            listener.load(tag, ongoing, served, code)
+
+
+def tell_nodes_changed(listener: object) -> None:
+    """Tell `listener` the nodes changed, if it listens for that (a ``NodesListener``)."""
+    if isinstance(listener, NodesListener):
+        listener.nodes_changed()

@@ -8,10 +8,19 @@ from typing import TypeVar
 
 import trio
 
+from .._model.errors import NodesUnsupportedError
 from .._model.json_values import JSON
 from .._model.nodes import NodeInfo
 from .._model.spec import ReplicaSpec
-from .runtime import CheckReport, DeathListener, ReplicaInfo, Runtime, check_each
+from .runtime import (
+    CheckReport,
+    DeathListener,
+    ReplicaInfo,
+    Runtime,
+    batched_checks,
+    check_each,
+    node_runtime,
+)
 from .store import Store
 
 T = TypeVar("T")
@@ -46,18 +55,18 @@ class RuntimeWrapper:
 
     @property
     def supports_nodes(self) -> bool:
-        return callable(getattr(self.inner, "nodes", None)) and bool(
-            getattr(self.inner, "supports_nodes", True)
-        )
+        return node_runtime(self.inner) is not None
 
     async def nodes(self) -> Sequence[NodeInfo]:
-        nodes: Callable[[], Awaitable[Sequence[NodeInfo]]] = getattr(self.inner, "nodes")  # noqa: B009
-        return await nodes()
+        inner = node_runtime(self.inner)
+        if inner is None:
+            raise NodesUnsupportedError(f"{type(self.inner).__name__} has no nodes")
+        return await inner.nodes()
 
     def cordon(self, nodes: frozenset[str]) -> None:
-        cordon = getattr(self.inner, "cordon", None)
-        if cordon is not None:
-            cordon(nodes)
+        inner = node_runtime(self.inner)
+        if inner is not None:
+            inner.cordon(nodes)
 
     async def list_replicas(self) -> Sequence[str]:
         return await self.around("list_replicas", None, self.inner.list_replicas)
@@ -84,11 +93,11 @@ class RuntimeWrapper:
     async def inner_checks(self, tags: Sequence[str], report: CheckReport) -> None:
         """The inner runtime's batch of checks, if it has one; else ``check_health_replicas``
         as this class does it."""
-        batched = getattr(self.inner, "check_health_replicas", None)
+        batched = batched_checks(self.inner)
         if batched is None:
             await check_each(self, tags, report)
         else:
-            await batched(tags, report)
+            await batched.check_health_replicas(tags, report)
 
     async def drain_replica(self, tag: str) -> None:
         await self.around("drain", tag, lambda: self.inner.drain_replica(tag))

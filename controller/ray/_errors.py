@@ -10,8 +10,8 @@ import ray
 import ray.exceptions
 from ray._private import state as ray_state
 
-from .._local.logs import LogChunk
 from .._model.errors import ReplicaError
+from .._ports.runtime import LogChunk
 
 #: How long a log read waits for the actor's answer.
 _LOG_READ_S = 10.0

@@ -30,13 +30,12 @@ import ray.exceptions
 import ray.util
 import trio
 
-from .._local.logs import LogChunk
 from .._model.errors import ConfigError, FencedError, ReplicaError, ReplicaGoneError
 from .._model.json_values import JSON
 from .._model.nodes import NodeInfo
 from .._model.spec import ReplicaSpec
 from .._ports.hosting import host_spec
-from .._ports.runtime import CheckReport, DeathListener, ReplicaInfo, Watchers, check_each
+from .._ports.runtime import CheckReport, DeathListener, LogChunk, ReplicaInfo, Watchers, check_each
 from ._await import wait_ref, wait_refs
 from ._errors import first_line, is_alive, ray_error, read_actor_log
 from ._host import ReplicaHost

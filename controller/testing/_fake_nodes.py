@@ -13,6 +13,7 @@ from .._model.errors import ReplicaError
 from .._model.nodes import Candidate, NodeInfo, choose_node, label_keys
 from .._model.placement import SLOTS
 from .._model.spec import ReplicaSpec
+from .._ports.runtime import tell_nodes_changed
 from ._fake_replica import FakeReplica, FakeState, Shared
 
 
@@ -163,6 +164,4 @@ class FakeNodeControls:
 
     def _nodes_changed(self) -> None:
         for listener in list(self._shared.listeners):
-            tell = getattr(listener, "nodes_changed", None)
-            if tell is not None:
-                tell()
+            tell_nodes_changed(listener)

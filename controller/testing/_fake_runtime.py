@@ -13,7 +13,7 @@ from .._model.errors import FencedError, ReplicaError, ReplicaGoneError
 from .._model.json_values import JSON
 from .._model.placement import SLOTS
 from .._model.spec import ReplicaSpec
-from .._ports.runtime import CheckReport, DeathListener, ReplicaInfo
+from .._ports.runtime import CheckReport, DeathListener, ReplicaInfo, tell_load
 from ._fake_http import reconfigure_code, serve_code
 from ._fake_nodes import FakeNodeControls, FakeNodes
 from ._fake_replica import FakeReplica, FakeState, Shared
@@ -258,12 +258,7 @@ class FakeRuntime(FakeNodeControls):
         if self.replicas[tag].state is FakeState.DEAD:
             raise ValueError(f"replica {tag} is dead")
         for listener in list(self._shared.listeners):
-            take = getattr(listener, "load", None)
-            if take is not None:
-                if code is None:
-                    take(tag, ongoing, served)
-                else:
-                    take(tag, ongoing, served, code)
+            tell_load(listener, tag, ongoing, served, code)
 
     # -- the Runtime protocol --
 
