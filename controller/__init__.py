@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from ._model.revisions import Cause as Cause
     from ._model.revisions import Revision as Revision
     from ._model.revisions import RevisionContent as RevisionContent
+    from ._model.serving import ServingReplica as ServingReplica
     from ._model.serving import ServingReplicas as ServingReplicas
     from ._model.spec import ReplicaSpec as ReplicaSpec
     from ._model.status import AutoscalerStatus as AutoscalerStatus
@@ -76,7 +77,6 @@ if TYPE_CHECKING:
     from ._model.status import ReplicaState as ReplicaState
     from ._model.status import ReplicaStatus as ReplicaStatus
     from ._model.status import RolloutStatus as RolloutStatus
-    from ._model.status import ServingReplica as ServingReplica
     from ._model.status import TrafficSplit as TrafficSplit
     from ._model.verdict import RequestTally as RequestTally
     from ._ports.runtime import BatchedChecks as BatchedChecks

@@ -4,6 +4,7 @@ every check the project claims (lint, format, types, import contracts, tests).""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -57,3 +58,47 @@ def test_a_runtimes_optional_parts_are_found_only_in_the_ports() -> None:
         if by_name.search(line)
     ]
     assert found == []
+
+
+def _imports() -> dict[str, set[str]]:
+    """Each module of the package and the package's modules it imports, those imported only
+    for type checkers included."""
+    modules: dict[str, Path] = {}
+    for path in (ROOT / "controller").rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - max(node.level - 1, 0)]
+                target = ".".join([*base, node.module] if node.module else base)
+                if not node.level:
+                    target = node.module or ""
+                found |= {target, *(f"{target}.{alias.name}" for alias in node.names)}
+            elif isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    # An import circle, even one for type checkers only, is two modules that cannot be read
+    # (or moved) apart. A package's `__init__` stands apart: it lists its public names.
+    graph = _imports()
+    inits = {m for m in graph if (ROOT / m.replace(".", "/") / "__init__.py").exists()}
+    circles = []
+    for start in sorted(graph):
+        seen: set[str] = set()
+        todo = [d for d in graph[start] if d not in inits]
+        while todo:
+            module = todo.pop()
+            if module == start:
+                circles.append(start)
+                break
+            if module not in seen:
+                seen.add(module)
+                todo.extend(d for d in graph[module] if d not in inits)
+    assert circles == []

@@ -10,7 +10,8 @@ from typing import Protocol, final
 import attrs
 
 from .._model.census import Key
-from .._model.status import ReplicaState, ServingReplica
+from .._model.serving import ServingReplica
+from .._model.status import ReplicaState
 from .pages import Page
 
 _tag_rng = random.SystemRandom()

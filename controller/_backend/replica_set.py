@@ -23,8 +23,8 @@ from .._model.records import (
     page_key,
     replicas_key,
 )
-from .._model.serving import ServingReplicas
-from .._model.status import ReplicaState, ServingReplica
+from .._model.serving import ServingReplica, ServingReplicas
+from .._model.status import ReplicaState
 from .._ports.runtime import ReplicaInfo
 from .pages import Pages
 from .replica import Replica

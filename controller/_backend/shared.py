@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import attrs
 
@@ -15,8 +15,13 @@ from .observe import Observer
 from .turns import Turns
 from .watch import SnapshotHub
 
-if TYPE_CHECKING:
-    from .loop import Backend
+
+class Member(Protocol):
+    """A backend as the controller is told of it once it is gone (which one: a backend of the
+    same name may have come since)."""
+
+    @property
+    def name(self) -> str: ...
 
 
 @attrs.define
@@ -46,7 +51,7 @@ class Shared:
     room: Callable[[str, int], Awaitable[int]]
     """How many of so many replicas of a backend fit on the runtime beside the others."""
     on_pass: Callable[[], None]
-    on_forgotten: Callable[[Backend], None]
+    on_forgotten: Callable[[Member], None]
     roll_back: Callable[[str, int], None]
     """Undo a backend's failed revision (given) to its last good one, in the controller's
     nursery (the spec is the controller's to write)."""

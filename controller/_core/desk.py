@@ -25,7 +25,7 @@ from .._backend.goal import Goal
 from .._backend.history import log_spec_change
 from .._backend.loop import Backend
 from .._backend.observe import Observer
-from .._backend.shared import Nodes, Shared
+from .._backend.shared import Member, Nodes, Shared
 from .._backend.turns import take_turns
 from .._backend.watch import SnapshotHub
 from .._model.checkpoint import dump
@@ -414,7 +414,7 @@ class SpecDesk:
             return "off"
         return backend.canary.phase
 
-    def _forgotten(self, backend: Backend) -> None:
+    def _forgotten(self, backend: Member) -> None:
         """A deleted backend is gone (its loop holds the name's lock)."""
         name = backend.name
         if self._backends.get(name) is backend:

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, final, overload
+from typing import Any, final, overload
 
-if TYPE_CHECKING:
-    from .status import ServingReplica
+import attrs
 
 _BITS = 5
 _WIDTH = 1 << _BITS
@@ -30,8 +29,20 @@ _MASK = _WIDTH - 1
 _Node = tuple[Any, ...]
 
 
+@attrs.frozen
+class ServingReplica:
+    """One replica in a watch snapshot: where a router may send requests."""
+
+    tag: str
+    """The replica's stable name."""
+    version: str
+    """Its code version."""
+    address: str | None
+    """Where it listens, as its runtime reports it (None if the runtime has no such notion)."""
+
+
 @final
-class ServingReplicas(Sequence["ServingReplica"]):
+class ServingReplicas(Sequence[ServingReplica]):
     """An immutable sequence of ``ServingReplica``, in no particular order. Each change
     (``replaced``, ``appended``, ``without_last``) makes a new one in O(log n) that shares
     the rest with this one; this one is unchanged."""

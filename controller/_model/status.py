@@ -16,7 +16,7 @@ from .code_report import BatchNumbers
 from .config import BackendConfig
 from .multiplexing import Held, ReplicaModels
 from .replica_config import ReplicaConfig
-from .serving import ServingReplicas
+from .serving import ServingReplica, ServingReplicas
 from .verdict import RequestTally
 
 
@@ -137,18 +137,6 @@ class GoalOutcome(enum.Enum):
     SUPERSEDED = "SUPERSEDED"
     #: It will not be reached: ``Goal.exception`` says why (``wait`` raises it).
     FAILED = "FAILED"
-
-
-@attrs.frozen
-class ServingReplica:
-    """One replica in a watch snapshot: where a router may send requests."""
-
-    tag: str
-    """The replica's stable name."""
-    version: str
-    """Its code version."""
-    address: str | None
-    """Where it listens, as its runtime reports it (None if the runtime has no such notion)."""
 
 
 def _serving(replicas: Iterable[ServingReplica]) -> ServingReplicas:
