@@ -140,8 +140,14 @@ async def test_bad_entrypoint_fails_without_a_retry_storm(harness: Harness) -> N
             goal = await ctl.deploy("a", cfg(num_replicas=2), controller.ReplicaConfig("nosuch:X"))
             with pytest.raises(controller.GoalFailed, match="ModuleNotFoundError: No module named"):
                 await goal.wait()
-            await trio.sleep(0.5)  # time a storm would need to show; none may start
-            # Three failed starts, then only the one already in flight when the goal failed.
+            # Every start keeps its log under its tag: three failed starts, and at most the one
+            # already in flight when the goal failed.
+            started = harness.runtime.log_tags("a")
+            assert 3 <= len(started) <= 4
+            # A storm would start more within half a second; the backoff starts none.
+            with trio.move_on_after(0.5):
+                await ctl.wait_until(lambda c: len(harness.runtime.log_tags("a")) > 4)
+            assert len(harness.runtime.log_tags("a")) <= 4
             assert len(worker_pids(harness.runtime_dir)) <= 1
             await (await ctl.delete("a")).wait()
 
