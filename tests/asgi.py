@@ -7,7 +7,9 @@ from urllib.parse import quote
 
 import trio
 
+import controller
 from controller._api.app import Api
+from controller._api.metrics import Metrics
 
 # What RFC 3986 lets a path carry unencoded ("/" and its pchar set), and "%": a test's path may
 # hold an escape it means to send as written.
@@ -58,3 +60,26 @@ async def call(
     await app(scope, receive, send)  # type: ignore[arg-type]
     answered = {k.decode(): v.decode() for k, v in sent[0]["headers"]}
     return sent[0]["status"], answered, sent[1]["body"]
+
+
+TOKEN = "t" * 32
+
+
+class Client:
+    """The app, called in process with the right token unless told otherwise."""
+
+    def __init__(self, app: Api):
+        self.app = app
+
+    async def __call__(
+        self, method: str, path: str, body: bytes = b"", **options: Any
+    ) -> tuple[int, dict[str, str], bytes]:
+        options.setdefault("token", TOKEN)
+        return await call(self.app, method, path, body, **options)
+
+
+def api(ctl: controller.Controller, metrics: Metrics | None = None) -> Client:
+    render = metrics.render if metrics is not None else (lambda: b"")
+    return Client(
+        Api(ctl, token=TOKEN, epoch="e", render_metrics=render, request_shutdown=lambda: None)
+    )

@@ -174,8 +174,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 # -- The fixtures of the modules that start real processes: LocalRuntime's workers (a runtime
 # dir, and a harness on it), and daemons (a state dir). Modules with a set-up of their own
-# define a fixture of the same name (tests/test_fork_server.py, tests/test_ingress.py,
-# tests/test_ray_runtime.py), which pytest uses there instead.
+# define a fixture of the same name (tests/local/test_fork_server.py, tests/ingress/test_ingress.py,
+# tests/on_ray/test_ray_runtime.py), which pytest uses there instead.
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""Random histories' steps and the checks after each (tests/test_histories.py, and
-tests/test_fencing.py with leader changes interleaved): hypothesis draws each step from the
+"""Random histories' steps and the checks after each (tests/core/test_histories.py, and
+tests/core/test_fencing.py with leader changes interleaved): hypothesis draws each step from the
 state so far, and runs it against FakeRuntime under MockClock."""
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
+import trio
+
 import controller
 from controller import ReplicaState
 from controller._ports.wrap import RuntimeWrapper
@@ -57,7 +59,8 @@ def is_zombie_or_gone(pid: int) -> str:
 
 class Harness:
     """A runtime dir, its store and a LocalRuntime on it: workers spawned by default
-    (tests/test_local_runtime.py tests the spawn path), forked in tests/test_fork_server.py."""
+    (tests/local/test_local_runtime.py tests the spawn path), forked in
+    tests/local/test_fork_server.py."""
 
     def __init__(self, runtime_dir: Path, record: Path, *, fork_server: bool = False):
         self.runtime_dir = runtime_dir
@@ -103,3 +106,31 @@ class WaitsForTheForkServer(RuntimeWrapper):
         if op == "start":
             assert await self.local.wait_fork_server_ready()
         return await work()
+
+
+def checked(path: Path) -> controller.ReplicaConfig:
+    return controller.ReplicaConfig("replicas:CheckedByFile", init_kwargs={"path": str(path)})
+
+
+def spec(tag: str, entry: controller.ReplicaConfig) -> controller.ReplicaSpec:
+    return controller.ReplicaSpec(tag, tag.split("#")[0], "v1", entry, None, {})
+
+
+class Deaths:
+    def __init__(self) -> None:
+        self.told: list[tuple[str, str]] = []
+        self.loads: list[tuple[str, int | None]] = []
+        self.changed = trio.Event()
+
+    def __call__(self, tag: str, reason: str) -> None:
+        self.told.append((tag, reason))
+        self.changed.set()
+
+    def load(self, tag: str, ongoing: int | None, served: int | None = None) -> None:
+        self.loads.append((tag, ongoing))
+        self.changed.set()
+
+    async def wait(self, predicate: object) -> None:
+        while not predicate():  # type: ignore[operator]
+            self.changed = trio.Event()
+            await self.changed.wait()

@@ -2,9 +2,9 @@
 
 Request bodies are made from the config model itself (each field's JSON Schema sits beside its
 validator in ``_model.config``), so that the document and the server cannot drift apart;
-responses are written as the views (``views``) make them (``schemas``). ``tests/test_openapi.py``
-and a schemathesis run against a real daemon check both. The paths are here; how an operation
-is written, in ``operations``.
+responses are written as the views (``views``) make them (``schemas``).
+``tests/daemon/test_openapi.py`` and a schemathesis run against a real daemon check both. The
+paths are here; how an operation is written, in ``operations``.
 """
 
 from __future__ import annotations

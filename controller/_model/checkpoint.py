@@ -164,7 +164,7 @@ def dump_replica(record: ReplicaRecord) -> str:
     checkpoint of 1,000 replicas does not re-encode the 999 that did not change. An entry is
     still made at each start, each start's end and each stop, 300,000 for a scale-up and down
     of 100,000: through cattrs and ``json.dumps`` one took 3.7 us, written out 0.8 us
-    (tests/test_checkpoint_pages.py holds the two to the same text).
+    (tests/core/test_checkpoint_pages.py holds the two to the same text).
     """
     text = (
         f'{{"tag":{_quote(record.tag)},"version":{_quote(record.version)},'

@@ -62,7 +62,8 @@ from .rollout import (
 from .traffic import MAX_REQUESTS, ROUTE_PATTERN, max_ongoing, max_queued, route_prefix
 
 # Every rule below is written once more as JSON Schema (each field's ``metadata["schema"]``),
-# which the API's OpenAPI document is made from; tests/test_openapi.py checks that the two agree.
+# which the API's OpenAPI document is made from; tests/daemon/test_openapi.py checks that the
+# two agree.
 # So the patterns are ASCII and spelled out: JSON Schema's ``\w`` is not Python's.
 VERSION_PATTERN = r"[\x20-\x7e]{1,200}"
 _VERSION = re.compile(VERSION_PATTERN)

@@ -2,7 +2,7 @@
 replica a keyed request goes to (rendezvous hashing with bounded load), and whether a client
 may send one more request (token buckets). The retry budget is ``RetryPolicy.allows``.
 
-Property-tested on their own (tests/test_policy.py)."""
+Property-tested on their own (tests/serving/test_policy.py)."""
 
 from __future__ import annotations
 

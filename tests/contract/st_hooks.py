@@ -1,4 +1,4 @@
-"""Schemathesis hooks for tests/test_api_contract.py (loaded with ``SCHEMATHESIS_HOOKS``).
+"""Schemathesis hooks for tests/daemon/test_api_contract.py (loaded with ``SCHEMATHESIS_HOOKS``).
 
 They keep the run safe and bounded; they never make a request the document forbids valid, or
 an invalid one valid."""

@@ -1,0 +1,193 @@
+"""What keeps the house in order, checked on every run (fast: the quick lane): the API's paths
+as the code routes them and as its OpenAPI document describes them are the same, and CI runs
+every check the project claims (lint, format, types, import contracts, tests)."""
+
+from __future__ import annotations
+
+import ast
+import re
+import tomllib
+from pathlib import Path
+
+from controller._api.openapi import OPENAPI
+from controller._api.routes import _ROUTES
+
+ROOT = Path(__file__).parent.parent.parent
+_METHODS = {"get", "put", "post", "delete", "patch"}
+
+
+def _sample(path: str) -> str:
+    """A path of the document with a value in each of its parameters."""
+    return re.sub(r"\{[^}]+\}", "x", path)
+
+
+def test_every_documented_path_is_routed_with_exactly_its_methods() -> None:
+    for path, operations in OPENAPI["paths"].items():
+        routed = [r for r in _ROUTES if r.pattern.fullmatch(_sample(path))]
+        assert len(routed) == 1, f"{path}: routed by {len(routed)} patterns"
+        documented = {m.upper() for m in operations if m in _METHODS}
+        # HEAD goes wherever GET does, undocumented (as in most APIs' documents).
+        assert set(routed[0].methods) - {"HEAD"} == documented, path
+
+
+def test_every_route_is_documented() -> None:
+    paths = [_sample(p) for p in OPENAPI["paths"]]
+    undocumented = [
+        r.pattern.pattern for r in _ROUTES if not any(r.pattern.fullmatch(p) for p in paths)
+    ]
+    assert undocumented == []
+
+
+def test_ci_runs_lint_format_types_import_contracts_and_the_tests() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r"nox -s lint typecheck tests\b", ci), ci
+    noxfile = (ROOT / "noxfile.py").read_text()
+    lint = noxfile.split("def lint(", 1)[1].split("\n@nox.session", 1)[0]
+    for check in ('"ruff", "check"', '"ruff", "format", "--check"', '"lint-imports"'):
+        assert check in lint, check
+
+
+def test_a_runtimes_optional_parts_are_found_only_in_the_ports() -> None:
+    # A runtime's nodes, batched checks and logs, and what a listener takes, are found by their
+    # protocols in `_ports/runtime.py` (`node_runtime`, `batched_checks`, `log_source`,
+    # `tell_load`, `tell_nodes_changed`), never by a name looked up where they are used.
+    by_name = re.compile(r"getattr\((self\.)?(_?runtime|inner|_on_death|listener)\b")
+    found = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in sorted((ROOT / "controller").rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if by_name.search(line)
+    ]
+    assert found == []
+
+
+def _imports() -> dict[str, set[str]]:
+    """Each module of the package and the package's modules it imports, those imported only
+    for type checkers included."""
+    modules: dict[str, Path] = {}
+    for path in (ROOT / "controller").rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - max(node.level - 1, 0)]
+                target = ".".join([*base, node.module] if node.module else base)
+                if not node.level:
+                    target = node.module or ""
+                found |= {target, *(f"{target}.{alias.name}" for alias in node.names)}
+            elif isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    # An import circle, even one for type checkers only, is two modules that cannot be read
+    # (or moved) apart. A package's `__init__` stands apart: it lists its public names.
+    graph = _imports()
+    inits = {m for m in graph if (ROOT / m.replace(".", "/") / "__init__.py").exists()}
+    circles = []
+    for start in sorted(graph):
+        seen: set[str] = set()
+        todo = [d for d in graph[start] if d not in inits]
+        while todo:
+            module = todo.pop()
+            if module == start:
+                circles.append(start)
+                break
+            if module not in seen:
+                seen.add(module)
+                todo.extend(d for d in graph[module] if d not in inits)
+    assert circles == []
+
+
+# -- docs/architecture.md names the house as it is --
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+PACKAGE = ROOT / "controller"
+
+
+def _sections(text: str) -> dict[str, str]:
+    """Each `### ` section of the page by its heading."""
+    parts = re.split(r"^### (.+)$", text, flags=re.M)
+    pairs = zip(parts[1::2], parts[2::2], strict=True)
+    return {heading: body.split("\n## ", 1)[0] for heading, body in pairs}
+
+
+def _folders() -> list[Path]:
+    return sorted(p for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__")
+
+
+def test_the_architecture_names_every_folder_and_module_and_no_other() -> None:
+    sections = _sections(ARCHITECTURE.read_text())
+    for folder in [PACKAGE, *_folders()]:
+        name = "controller/" if folder == PACKAGE else f"{folder.name}/"
+        (body,) = [b for h, b in sections.items() if f"`{name}`" in h] or [""]
+        assert body, f"docs/architecture.md has no section for `{name}`"
+        modules = {p.name for p in folder.glob("*.py") if p.name != "__init__.py"}
+        if folder == PACKAGE:
+            modules |= {"worker.py"}  # also named in `_local/`'s section, which it shares
+        named = set(re.findall(r"`([\w]+\.py)`", body))
+        assert modules - named == set(), f"`{name}`: modules the page does not name"
+        assert named - modules == set(), f"`{name}`: modules the page names that do not exist"
+
+
+def _layers() -> list[set[str]]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    (floors,) = [c for c in config["tool"]["importlinter"]["contracts"] if c.get("exhaustive")]
+    return [set(re.split(r"\s*[:|]\s*", layer.strip())) for layer in floors["layers"]]
+
+
+def test_the_architectures_floors_are_the_import_contracts_layers() -> None:
+    rows = re.findall(r"^\| (\d+) \| ([^|]+) \|", ARCHITECTURE.read_text(), flags=re.M)
+    table = {
+        int(n): {u.strip("`").rstrip("/").removesuffix(".py") for u in re.findall(r"`[^`]+`", cell)}
+        for n, cell in rows
+    }
+    layers = _layers()
+    assert table == {len(layers) - i: units for i, units in enumerate(layers)}
+
+
+def _folder_imports() -> set[tuple[str, str]]:
+    """Which top-level folder or module of the package imports which, each arrow drawn once:
+    none that a longer path already implies."""
+    unit = {m: m.split(".")[1] for m in _imports() if m.count(".") >= 1}
+    merged = {"__main__": "_cli", "worker": "_local"}  # drawn as one box each
+    edges = {
+        (merged.get(unit[a], unit[a]), merged.get(unit[b], unit[b]))
+        for a, deps in _imports().items()
+        if a in unit
+        for b in deps
+        if b in unit
+    }
+    edges = {(a, b) for a, b in edges if a != b}
+
+    def reaches(a: str, b: str, without: tuple[str, str]) -> bool:
+        todo, seen = [y for x, y in edges if x == a and (x, y) != without], set()
+        while todo:
+            here = todo.pop()
+            if here == b:
+                return True
+            if here not in seen:
+                seen.add(here)
+                todo.extend(y for x, y in edges if x == here)
+        return False
+
+    return {e for e in edges if not reaches(*e, without=e)}
+
+
+def test_the_architectures_drawing_has_the_arrows_the_code_has() -> None:
+    text = ARCHITECTURE.read_text()
+    drawing = text.split("```mermaid", 1)[1].split("```", 1)[0]
+    boxes = {
+        box: label.split()[0].rstrip("/").removesuffix(".py")
+        for box, label in re.findall(r'(\w+)\["([^"]+)"\]', drawing)
+    }
+    arrows = {
+        (boxes[a], boxes[b]) for a, b in re.findall(r"(\w+)(?:\[[^\]]*\])? --> (\w+)", drawing)
+    }
+    assert arrows == _folder_imports()
