@@ -15,6 +15,7 @@ import trio
 
 from .._model.failures import FailureBook
 from .._model.multiplexing import Held
+from .._model.pass_plan import replaces_unhealthy
 from .._model.records import EventsRecord, ReplicasRecord
 from .._model.revisions import RevisionBook
 from .._model.spec import Spec
@@ -286,7 +287,7 @@ class Reducer:
             f"replica {replica.tag}: health check {replica.check_failures}/{threshold} "
             f"failed: {error}",
         )
-        if replica.check_failures >= threshold:
+        if replaces_unhealthy(replica.check_failures, threshold):
             self._canary.replica_failed(replica.tag, replica.version, f"unhealthy: {error}")
             self._reports.failure(replica.tag, "Unhealthy", f"unhealthy: {error}")
             self._stop_now(replica, graceful=True)

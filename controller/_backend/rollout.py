@@ -16,9 +16,9 @@ from collections.abc import Callable
 from typing import final
 
 from .._model.failures import FailureBook
-from .._model.pass_plan import RolloutState, unhealthy_after_ready
+from .._model.pass_plan import RolloutState, after_failure, unhealthy_after_ready
 from .._model.records import RolloutRecord
-from .._model.revisions import Revision, RevisionBook
+from .._model.revisions import RevisionBook
 from .._model.spec import Spec
 from .failure_reports import Stored
 from .history import Journal
@@ -189,20 +189,14 @@ class Rollout:
         return then
 
     def _then(self, revision: int) -> str:
-        """What a failed rollout of `revision` does: halt, or ask for a rollback."""
-        if self._in_canary():
-            target = rollback_target(self.book, revision)
-            if isinstance(target, str):
-                return f"the canary is aborted; {target}: halted"
+        """Carry out what a failed rollout of `revision` does (``after_failure`` decides)."""
+        on_failure = self._spec().backend_config.on_failure
+        then = after_failure(
+            self.book, revision, on_failure=on_failure, in_canary=self._in_canary()
+        )
+        if then.roll_back_to is not None:
             self._roll_back(self.name, revision)
-            return f"the canary is aborted: back to revision {target.number}, the stable one"
-        if self._spec().backend_config.on_failure != "rollback":
-            return "the rollout is halted where it is (on_failure=halt)"
-        target = rollback_target(self.book, revision)
-        if isinstance(target, str):
-            return f"{target}: halted"
-        self._roll_back(self.name, revision)
-        return f"rolling back to revision {target.number} (on_failure=rollback)"
+        return then.said
 
     def record(self) -> RolloutRecord | None:
         """What the store keeps of it, with the replicas."""
@@ -210,22 +204,3 @@ class Rollout:
         if kept is None or self.revision is None:
             return None
         return RolloutRecord(self.revision, kept.outcome, kept.good, kept.error)
-
-
-def rollback_target(book: RevisionBook, failed: int) -> Revision | str:
-    """Where an automatic rollback of revision `failed` goes: the newest revision that
-    completed with every replica serving, or why there is none. Never further back than that:
-    if the newest good revision is what failed (a rollback that failed too, or a good release
-    that fails now), the rollout halts rather than go to an older release."""
-    revision = book.get(failed)
-    if revision is not None and revision.automatic:
-        return "the automatic rollback failed too"
-    stable = None if revision is None else book.get(revision.canary_of)
-    if stable is not None:
-        return stable  # a canary goes back to what it was judged against
-    target = book.last_good()
-    if target is None:
-        return "no earlier revision completed, so there is none to roll back to"
-    if revision is not None and target.digest == revision.digest:
-        return "the last good revision is what failed"
-    return target

@@ -16,7 +16,6 @@ import attrs
 import trio
 
 from .._backend.goal import Goal
-from .._backend.rollout import rollback_target
 from .._model.code import CodeDigest, code_digest
 from .._model.errors import (
     CodeChangedError,
@@ -26,6 +25,7 @@ from .._model.errors import (
     RolloutError,
     UnknownBackendError,
 )
+from .._model.pass_plan import rollback_target
 from .._model.revisions import Cause, Revision, RevisionBook
 from .._model.spec import Spec
 from .._model.steering import (

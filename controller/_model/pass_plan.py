@@ -24,6 +24,7 @@ from .canary_plan import CanarySplit, decide_split
 from .census import Census
 from .failures import Blocked, blocks_starts, halts
 from .reconcile import Plan, ReplicaView, decide
+from .revisions import Revision, RevisionBook
 from .spec import Spec
 
 
@@ -145,6 +146,62 @@ def unhealthy_after_ready(
     """Whether a replica that failed fails the rollout: one of the revision being rolled out,
     ready less than ``min_ready_s`` ago, while the deploy has not failed yet."""
     return active and of_spec and blocked is None and now < ready_at + min_ready
+
+
+def replaces_unhealthy(check_failures: int, threshold: int) -> bool:
+    """Whether a replica whose health checks failed `check_failures` times in a row is replaced
+    (at ``health_check_failure_threshold``), or only taken out of the snapshot until it passes
+    one again."""
+    return check_failures >= threshold
+
+
+def rollback_target(book: RevisionBook, failed: int) -> Revision | str:
+    """Where an automatic rollback of revision `failed` goes: the newest revision that
+    completed with every replica serving, or why there is none. Never further back than that:
+    if the newest good revision is what failed (a rollback that failed too, or a good release
+    that fails now), the rollout halts rather than go to an older release."""
+    revision = book.get(failed)
+    if revision is not None and revision.automatic:
+        return "the automatic rollback failed too"
+    stable = None if revision is None else book.get(revision.canary_of)
+    if stable is not None:
+        return stable  # a canary goes back to what it was judged against
+    target = book.last_good()
+    if target is None:
+        return "no earlier revision completed, so there is none to roll back to"
+    if revision is not None and target.digest == revision.digest:
+        return "the last good revision is what failed"
+    return target
+
+
+@attrs.frozen
+class AfterFailure:
+    """What a failed rollout does: halt where it is, or roll back to `roll_back_to`."""
+
+    roll_back_to: int | None
+    """The revision an automatic rollback goes to (None: the rollout halts)."""
+    said: str
+    """What follows, as the goal's error, the events and the revision's error say it."""
+
+
+def after_failure(
+    book: RevisionBook, failed: int, *, on_failure: str, in_canary: bool
+) -> AfterFailure:
+    """What the failure of revision `failed`'s rollout does: a canary goes back to the revision
+    it was judged against; any other rollout halts, or rolls back with ``on_failure =
+    "rollback"``; either halts where ``rollback_target`` finds nowhere to go."""
+    if not in_canary and on_failure != "rollback":
+        return AfterFailure(None, "the rollout is halted where it is (on_failure=halt)")
+    target = rollback_target(book, failed)
+    if isinstance(target, str):
+        if in_canary:
+            return AfterFailure(None, f"the canary is aborted; {target}: halted")
+        return AfterFailure(None, f"{target}: halted")
+    if in_canary:
+        said = f"the canary is aborted: back to revision {target.number}, the stable one"
+    else:
+        said = f"rolling back to revision {target.number} (on_failure=rollback)"
+    return AfterFailure(target.number, said)
 
 
 def decide_pass(state: PassState, now: float) -> PassPlan:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import attrs
 
@@ -10,14 +11,18 @@ from controller._model.census import Census
 from controller._model.config import BackendConfig
 from controller._model.failures import Blocked
 from controller._model.pass_plan import (
+    AfterFailure,
     DueCheck,
     HealthState,
     PassState,
     RolloutState,
+    after_failure,
     decide_pass,
+    replaces_unhealthy,
 )
 from controller._model.reconcile import Plan
 from controller._model.replica_config import ReplicaConfig
+from controller._model.revisions import Cause, Revision, RevisionBook, content_of, make_revision
 from controller._model.spec import Spec
 from controller._model.status import ReplicaState
 
@@ -279,3 +284,57 @@ def test_the_backoff_wakes_it_only_while_it_lasts() -> None:
     assert plan.wake(NOW + 2) == NOW + 2
     assert plan.wake(NOW + 9) == NOW + 5
     assert plan.wake(NOW) == NOW + 5  # over already
+
+
+# -- the verdicts of a failure, on exact inputs --
+
+
+def _revision(number: int, version: str, **fields: Any) -> Revision:
+    content = content_of(BackendConfig(version=version), ReplicaConfig("app:Echo"))
+    made = make_revision(number, content, now=0.0, cause=Cause(), code=None, code_generation=1)
+    return attrs.evolve(made, **fields)
+
+
+GOOD_1 = _revision(1, "v1", outcome="complete", good=True)
+FAILED_2 = _revision(2, "v2", outcome="failed")
+
+
+def test_a_failed_rollout_halts_unless_told_to_roll_back() -> None:
+    book = RevisionBook([GOOD_1, FAILED_2])
+    assert after_failure(book, 2, on_failure="halt", in_canary=False) == AfterFailure(
+        None, "the rollout is halted where it is (on_failure=halt)"
+    )
+    assert after_failure(book, 2, on_failure="rollback", in_canary=False) == AfterFailure(
+        1, "rolling back to revision 1 (on_failure=rollback)"
+    )
+
+
+def test_a_canary_goes_back_to_what_it_was_judged_against_whatever_on_failure_says() -> None:
+    stable = _revision(3, "v3", outcome="complete", good=True)
+    canary = _revision(4, "v4", canary_of=3)
+    book = RevisionBook([GOOD_1, stable, canary])
+    for on_failure in ("halt", "rollback"):
+        assert after_failure(book, 4, on_failure=on_failure, in_canary=True) == AfterFailure(
+            3, "the canary is aborted: back to revision 3, the stable one"
+        )
+
+
+def test_a_rollback_with_nowhere_to_go_halts() -> None:
+    automatic = _revision(3, "v1", automatic=True)
+    assert after_failure(
+        RevisionBook([GOOD_1, FAILED_2, automatic]), 3, on_failure="rollback", in_canary=False
+    ) == AfterFailure(None, "the automatic rollback failed too: halted")
+    assert after_failure(
+        RevisionBook([FAILED_2]), 2, on_failure="rollback", in_canary=False
+    ) == AfterFailure(
+        None, "no earlier revision completed, so there is none to roll back to: halted"
+    )
+    same = _revision(2, "v1", outcome="failed")  # what failed is the last good release's content
+    assert after_failure(
+        RevisionBook([GOOD_1, same]), 2, on_failure="rollback", in_canary=True
+    ) == AfterFailure(None, "the canary is aborted; the last good revision is what failed: halted")
+
+
+def test_a_replica_is_replaced_at_the_health_threshold_not_before() -> None:
+    assert [replaces_unhealthy(n, 3) for n in range(5)] == [False, False, False, True, True]
+    assert replaces_unhealthy(1, 1)
