@@ -1,5 +1,5 @@
 """The reading half of a backend: its status, its counts, and what the controller asks of its
-state, as read (never written) from outside its loop; and a standby's view of it as stored."""
+state, as read (never written) from outside its loop."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from .._model.failures import FailureBook
 from .._model.json_values import JSON
 from .._model.revisions import RevisionBook
 from .._model.spec import Spec
-from .._model.status import BackendNumbers, BackendReason, BackendState, BackendStatus, ReplicaState
+from .._model.status import BackendNumbers, BackendReason, BackendState, BackendStatus
 from . import view as view
 from .canary import Canary
 from .goal import Goal
@@ -41,9 +41,6 @@ class Reading:
     def desired(self) -> int:
         raise NotImplementedError
 
-    def _publish(self) -> None:
-        raise NotImplementedError
-
     @property
     def canary(self) -> Canary:
         """Its canary release (read only: the loop is its writer)."""
@@ -64,26 +61,6 @@ class Reading:
     def deploy_failed(self) -> bool:
         """DEPLOY_FAILED, for any reason: the same spec deployed again is a new attempt."""
         return self._failures.blocked is not None
-
-    def show_as_stored(self) -> None:
-        """After ``restore``, for a standby's view (which never runs): publish the replicas that
-        served, and say the backend is what its spec and replicas make it, not recovering."""
-        for replica in self.replicas.values():
-            # As the leader last wrote it: those that served, serve (a standby does not look).
-            if replica.state is ReplicaState.RECOVERING and replica.view is not None:
-                replica.state = ReplicaState.RUNNING
-        self._change = view.classify(self.spec, self.spec)
-        # The leader writes a spec before it acts on it: the stored spec is the one it follows.
-        self._observed_generation = self.spec.generation
-        self._scaling.as_stored()
-        running = [r for r in self.replicas.values() if r.state is ReplicaState.RUNNING]
-        if len(running) == len(self.replicas) == self.desired and all(
-            r.version == self.spec.version for r in running
-        ):
-            # All there, as asked: what the leader reported as its goal reached.
-            self._converged = True
-            self.goal.complete()
-        self._publish()
 
     # -- views --
 

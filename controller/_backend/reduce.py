@@ -64,6 +64,15 @@ class Reducer:
     _snapshot_dirty: bool
     _held: dict[str, Held]
     _restored: bool
+    _observed_generation: int
+    _converged: bool
+
+    @property
+    def desired(self) -> int:
+        raise NotImplementedError
+
+    def _publish(self) -> None:
+        raise NotImplementedError
 
     # -- what the store held, before the task runs --
 
@@ -93,6 +102,26 @@ class Reducer:
         self.journal.log.restore(events)
         self.journal.recovered(self.spec.generation, len(self.replicas))
         return dropped
+
+    def show_as_stored(self) -> None:
+        """After ``restore``, for a standby's view (which never runs): publish the replicas that
+        served, and say the backend is what its spec and replicas make it, not recovering."""
+        for replica in self.replicas.values():
+            # As the leader last wrote it: those that served, serve (a standby does not look).
+            if replica.state is ReplicaState.RECOVERING and replica.view is not None:
+                replica.state = ReplicaState.RUNNING
+        self._change = view.classify(self.spec, self.spec)
+        # The leader writes a spec before it acts on it: the stored spec is the one it follows.
+        self._observed_generation = self.spec.generation
+        self._scaling.as_stored()
+        running = [r for r in self.replicas.values() if r.state is ReplicaState.RUNNING]
+        if len(running) == len(self.replicas) == self.desired and all(
+            r.version == self.spec.version for r in running
+        ):
+            # All there, as asked: what the leader reported as its goal reached.
+            self._converged = True
+            self.goal.complete()
+        self._publish()
 
     def block_starts(self, reason: str) -> None:
         """Before ``run``: start nothing new until the next deploy, because the spec cannot be

@@ -191,3 +191,17 @@ def test_the_architectures_drawing_has_the_arrows_the_code_has() -> None:
         (boxes[a], boxes[b]) for a, b in re.findall(r"(\w+)(?:\[[^\]]*\])? --> (\w+)", drawing)
     }
     assert arrows == _folder_imports()
+
+
+def test_a_backends_reading_half_assigns_nothing() -> None:
+    # `_backend/reading.py` is what is read of a backend from outside its loop: an assignment
+    # there would be a second writer of the loop's state.
+    tree = ast.parse((PACKAGE / "_backend" / "reading.py").read_text())
+    targets = [
+        target
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign)
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+    ]
+    assigned = [ast.unparse(t) for t in targets if isinstance(t, ast.Attribute | ast.Subscript)]
+    assert assigned == []
