@@ -1,8 +1,9 @@
 """A backend's canary release, as its loop runs it: which step it is at, the step's clock,
 the numbers the ingresses report for each revision, and the moves the gates decide
 (``_model.canary_steps``). The loop is its only writer: it follows the spec, looks at each pass,
-and acts on a move (an abort fails the deploy, which rolls back to the stable revision).
-Reports from the ingresses only add to the step's numbers and wake the loop.
+and acts on a move (an abort fails the deploy, which rolls back to the stable revision). The
+ingresses' reports reach it through the loop's channel (``LoadReported``) and only add to the
+step's numbers.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ class Canary:
         journal: Journal,
         *,
         touched: Callable[[], None],
-        wake: Callable[[], None],
         published: Callable[[], None],
         fail: Callable[[str], None],
         progressed: Callable[[float], None],
@@ -62,7 +62,6 @@ class Canary:
         self._book = book
         self._journal = journal
         self._touched = touched
-        self._wake = wake
         self._published = published
         self.revision: int | None = None
         self.phase: Phase = "off"
@@ -74,7 +73,6 @@ class Canary:
         self._held_s = 0.0
         self._held_since: float | None = None
         self.numbers = {"canary": RequestTally(), "stable": RequestTally()}
-        self._told = False
         self._config: CanaryConfig | None = None
         self._lost: str | None = None
         self._due = math.inf
@@ -174,10 +172,11 @@ class Canary:
 
     # -- numbers from the ingresses --
 
-    def report(self, tallies: Mapping[str, RequestTally]) -> None:
-        """Add an ingress's numbers (by replica version) to the step's, if its clock runs."""
+    def report(self, tallies: Mapping[str, RequestTally]) -> bool:
+        """Add an ingress's numbers (by replica version) to the step's, if its clock runs;
+        True if they may move the canary, so that a pass should judge them."""
         if self.phase != "judging" or self.started is None or self.stable is None:
-            return
+            return False
         for version, tally in tallies.items():
             side = (
                 "canary"
@@ -191,15 +190,10 @@ class Canary:
         # A pass only when the numbers may move the canary: a gate failing, or enough of them
         # once the pause is over (the step's timer wakes the loop at its end otherwise).
         config = self._config
-        if self._told or config is None:
-            return
+        if config is None:
+            return False
         verdict = judge(config, self.numbers["canary"], self.numbers["stable"])
-        if verdict.failed is not None or (verdict.enough and trio.current_time() >= self._due):
-            self._told = True
-            self._wake()
-
-    def heard(self) -> None:
-        self._told = False
+        return verdict.failed is not None or (verdict.enough and trio.current_time() >= self._due)
 
     # -- a pass's look, and what a person asks --
 

@@ -11,7 +11,9 @@ from typing import TypeAlias
 import attrs
 import trio
 
+from .._model.code_report import CodeReport
 from .._model.spec import Spec
+from .._model.status import LoadReport
 from .._ports.runtime import ReplicaInfo
 from .goal import Goal
 
@@ -95,9 +97,24 @@ class SpecChanged:
 
 
 @attrs.frozen
-class LoadChanged:
-    """A source reported new load for the backend (one event for any number of reports: the
-    loop reads the latest from the backend's load book)."""
+class LoadReported:
+    """A source (an ingress, in this process or another) reported the backend's load, and for
+    a canary each revision's numbers, at `at`. The loop is the one writer of the load book and
+    of the canary's numbers: reports come to it, as every other event does."""
+
+    report: LoadReport
+    at: float
+
+
+@attrs.frozen
+class OwnLoad:
+    """A replica's own report, through its runtime: its ``load()`` (None: it no longer says),
+    the requests it has answered, and its code's models and batches."""
+
+    tag: str
+    ongoing: int | None
+    served: int | None
+    code: CodeReport | None
 
 
 @attrs.frozen
@@ -111,12 +128,6 @@ class RoomChecked:
 @attrs.frozen
 class NodesChanged:
     """Nodes began or stopped draining: the pass reads which from the shared node state."""
-
-
-@attrs.frozen
-class CanaryNumbers:
-    """An ingress reported numbers for the revisions of a canary release (one event for any
-    number of reports: the loop reads the sums from its canary)."""
 
 
 @attrs.frozen(eq=False)
@@ -139,9 +150,9 @@ Event: TypeAlias = (
     | Tick
     | Written
     | SpecChanged
-    | LoadChanged
+    | LoadReported
+    | OwnLoad
     | RoomChecked
     | NodesChanged
-    | CanaryNumbers
     | CanaryCommand
 )

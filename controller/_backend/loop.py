@@ -51,8 +51,9 @@ from .settle import GoalSettler, unfinished
 from .shared import Shared
 
 logger = logging.getLogger("controller")
-#: How often, at most, a change of what multiplexed replicas hold alone publishes a snapshot.
-HELD_PUBLISH_S = 1.0
+#: The events of load: a pass for them alone leaves the autoscaler's count unchanged if its
+#: evaluation does.
+_OF_LOAD = (ev.LoadReported, ev.OwnLoad)
 
 
 @final
@@ -90,7 +91,7 @@ class Backend(Reducer, Reading):
         self._held: dict[str, Held] = {}
         """What each multiplexed replica said it holds, for the snapshot."""
         self._held_published_at = -math.inf
-        self._held_due = False  # a task publishes what they hold once HELD_PUBLISH_S is past
+        self._held_due = False  # a timer brings a pass once HELD_PUBLISH_S is past
         self.journal = Journal(name, shared.observer, lambda: self._intent.events_changed())
         self._intent = Intent(
             name,
@@ -131,7 +132,6 @@ class Backend(Reducer, Reading):
             revisions,
             self.journal,
             touched=self._intent.touched,
-            wake=lambda: self._send_nowait(ev.CanaryNumbers()),
             published=self._traffic_changed,
             fail=lambda why: self._reports.deploy_failed("CanaryAborted", why),
             progressed=self._rollout.progressed,
@@ -146,7 +146,7 @@ class Backend(Reducer, Reading):
             self._ready_changed,
             late=lambda n: shared.observer.late_checks(name, n),
         )
-        self._load_only = False  # the events of this pass were all LoadChanged
+        self._load_only = False  # the events of this pass were all of load
         self._scaling = Scaling(
             name,
             room=shared.room,
@@ -183,11 +183,9 @@ class Backend(Reducer, Reading):
         return applied
 
     def report_load(self, report: LoadReport) -> None:
-        """Keep a source's latest load; the loop hears of it once however many arrive
-        before it runs."""
-        self._scaling.report(report, trio.current_time())
-        if report.traffic:
-            self._canary.report(report.traffic)
+        """A source's latest load, for the loop to keep (its load book and its canary's numbers
+        have one writer, the loop: status shows the report once the loop has taken it)."""
+        self._send_nowait(ev.LoadReported(report, trio.current_time()))
 
     def report_replica_load(
         self,
@@ -196,34 +194,10 @@ class Backend(Reducer, Reading):
         served: int | None = None,
         code: CodeReport | None = None,
     ) -> None:
-        """Keep what a replica of this backend says of its own load (its ``load()``; None:
-        it no longer says), of the requests it has answered (code the worker serves), and of
-        its models and batches (``CodeReport``)."""
-        if tag in self.replicas:
-            self._scaling.report_own(tag, ongoing, served, code)
-            models = None if code is None else code.models
-            if models is not None and self._held.get(tag) != models.held:
-                self._held[tag] = models.held
-                # Routers that have not heard from it yet learn where its models are with a
-                # snapshot (published by the pass the report brings), at most every
-                # HELD_PUBLISH_S: a replica loading models all the time must not have every
-                # ingress fetch the backend again each time (a task publishes what came between).
-                due = self._held_published_at + HELD_PUBLISH_S - trio.current_time()
-                if due <= 0 or self._tasks.nursery is None:
-                    self._publish_held()
-                elif not self._held_due:
-                    self._held_due = True
-                    self._tasks.nursery.start_soon(self._publish_held_in, due)
-
-    def _publish_held(self) -> None:
-        self._held_published_at = trio.current_time()
-        self._snapshot_dirty = True
-        self._scaling.poke()  # the pass it brings publishes
-
-    async def _publish_held_in(self, seconds: float) -> None:
-        await trio.sleep(seconds)
-        self._held_due = False
-        self._publish_held()
+        """What a replica of this backend says of its own load (its ``load()``; None: it no
+        longer says), of the requests it has answered (code the worker serves), and of its
+        models and batches (``CodeReport``), for the loop to keep."""
+        self._send_nowait(ev.OwnLoad(tag, ongoing, served, code))
 
     # -- the task --
 
@@ -256,7 +230,7 @@ class Backend(Reducer, Reading):
                 self._load_only = True
                 quiet = True
                 while True:
-                    self._load_only &= isinstance(event, ev.LoadChanged)
+                    self._load_only &= isinstance(event, _OF_LOAD)
                     quiet = self._apply(event) and quiet
                     handled += 1
                     try:

@@ -37,6 +37,8 @@ from .scaling import Scaling
 from .settle import GoalSettler
 
 logger = logging.getLogger("controller")
+#: How often, at most, a change of what multiplexed replicas hold alone publishes a snapshot.
+HELD_PUBLISH_S = 1.0
 
 
 class Reducer:
@@ -63,6 +65,8 @@ class Reducer:
     _change: tuple[BackendState, BackendReason]
     _snapshot_dirty: bool
     _held: dict[str, Held]
+    _held_published_at: float
+    _held_due: bool
     _restored: bool
     _observed_generation: int
     _converged: bool
@@ -123,6 +127,33 @@ class Reducer:
             self.goal.complete()
         self._publish()
 
+    def _own_load(self, event: ev.OwnLoad) -> bool:
+        """Keep what a replica says of itself; True if a pass should follow (the book's totals
+        moved, or what it holds of its models is due in a snapshot)."""
+        tag, code = event.tag, event.code
+        if tag not in self.replicas:
+            return False  # a late report about a replica already forgotten
+        moved = self._scaling.report_own(tag, event.ongoing, event.served, code)
+        models = None if code is None else code.models
+        if models is None or self._held.get(tag) == models.held:
+            return moved
+        self._held[tag] = models.held
+        # Routers that have not heard from it yet learn where its models are with a snapshot, at
+        # most every HELD_PUBLISH_S: a replica loading models all the time must not have every
+        # ingress fetch the backend again each time (a timer brings what came between).
+        due = self._held_published_at + HELD_PUBLISH_S - trio.current_time()
+        if due <= 0:
+            self._publish_held()
+            return True
+        if not self._held_due:
+            self._held_due = True
+            self._tasks.timer(trio.CancelScope(), self._held_published_at + HELD_PUBLISH_S)
+        return moved
+
+    def _publish_held(self) -> None:
+        self._held_published_at = trio.current_time()
+        self._snapshot_dirty = True
+
     def block_starts(self, reason: str) -> None:
         """Before ``run``: start nothing new until the next deploy, because the spec cannot be
         placed (a spec stored before the runtime shrank). Replicas already there stay."""
@@ -143,6 +174,14 @@ class Reducer:
                 if checked is not None:  # else a late report about a replica already forgotten
                     quiet = not self._health.reported(checked, error) and quiet
             return quiet
+        if isinstance(event, ev.LoadReported):
+            # A pass for the autoscaler when the book's totals moved, and for the canary when
+            # its numbers may move it (a gate failing, or enough of them once its pause is over).
+            moved = self._scaling.report(event.report, event.at)
+            judged = bool(event.report.traffic) and self._canary.report(event.report.traffic)
+            return not (moved or judged)
+        if isinstance(event, ev.OwnLoad):
+            return not self._own_load(event)
         self._take(event)
         return False
 
@@ -153,6 +192,9 @@ class Reducer:
             return
         if isinstance(event, ev.Tick):
             self._alarm.rang(event.at)
+            if self._held_due and event.at >= self._held_published_at + HELD_PUBLISH_S:
+                self._held_due = False
+                self._publish_held()
             return
         if isinstance(event, ev.Written):
             self._intent.written(event.seq)
@@ -160,19 +202,13 @@ class Reducer:
         if isinstance(event, ev.RoomChecked):
             self._scaling.room_checked(event)
             return
-        if isinstance(event, ev.LoadChanged):
-            self._scaling.heard()  # the pass gives the autoscaler the book's new totals
-            return
         if isinstance(event, ev.NodesChanged):
             return  # the pass reads the nodes to move off
-        if isinstance(event, ev.CanaryNumbers):
-            self._canary.heard()  # the pass judges the sums
-            return
         if isinstance(event, ev.CanaryCommand):
             self._canary.steer(event.what, event.via, trio.current_time())
             event.applied.set()
             return
-        assert not isinstance(event, ev.HealthChecked)
+        assert not isinstance(event, ev.HealthChecked | ev.LoadReported | ev.OwnLoad)
         replica = self.replicas.get(event.tag)
         if replica is None:
             return  # a late report about a replica already forgotten

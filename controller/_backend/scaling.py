@@ -39,9 +39,7 @@ class Scaling:
         start_task: Callable[..., None],
         send: Callable[[ev.Event], None],
     ):
-        self._send = send
         self._book = LoadBook()
-        self._pending = False  # a LoadChanged is on its way to the loop
         self._desired: int | None = None  # the autoscaler's count, as far as it fits
         self.under_way: tuple[BackendState, BackendReason] | None = None
         """The autoscaler changed the count and the replicas have not caught up yet."""
@@ -60,10 +58,9 @@ class Scaling:
 
     # -- what is heard --
 
-    def report(self, report: LoadReport, now: float) -> None:
-        """A source's latest load: the loop hears of it once however many arrive first."""
-        if self._book.take(report, now):
-            self._changed()
+    def report(self, report: LoadReport, now: float) -> bool:
+        """A source's latest load (the loop's to give); True if the book's totals moved."""
+        return self._book.take(report, now)
 
     def report_own(
         self,
@@ -71,20 +68,15 @@ class Scaling:
         ongoing: int | None,
         served: int | None = None,
         code: CodeReport | None = None,
-    ) -> None:
+    ) -> bool:
         """What a live replica says of its own load (None: it no longer says), of the
         requests it has answered and of its models (status shows them; they move no
-        decision)."""
+        decision); True if the book's totals moved."""
         if served is not None:
             self._book.take_served(tag, served)
         if code is not None:
             self._book.take_code(tag, code)
-        if self._book.forget_own(tag) if ongoing is None else self._book.take_own(tag, ongoing):
-            self._changed()
-
-    def heard(self) -> None:
-        """The loop took the LoadChanged event: the next report sends another."""
-        self._pending = False
+        return self._book.forget_own(tag) if ongoing is None else self._book.take_own(tag, ongoing)
 
     def room_checked(self, event: ev.RoomChecked) -> None:
         self._room.checked(event)
@@ -92,15 +84,6 @@ class Scaling:
     def gone(self, tag: str) -> None:
         """Replica `tag` is gone: what it said of its load no longer counts."""
         self._book.forget_own(tag)
-
-    def poke(self) -> None:
-        """Have the loop make a pass soon (once, however many ask before it takes it)."""
-        self._changed()
-
-    def _changed(self) -> None:
-        if not self._pending:
-            self._pending = True
-            self._send(ev.LoadChanged())
 
     # -- specs and the store --
 

@@ -386,8 +386,9 @@ class Controller:
 
     def report_load(self, report: LoadReport) -> bool:
         """Take a router's latest load for one backend (``LoadReport``): status and metrics show
-        it, summed over every source that reported within ``LOAD_TTL_S``. Never blocks; returns
-        False if no such backend is held (the report is dropped)."""
+        it, summed over every source that reported within ``LOAD_TTL_S``, once the backend's
+        loop has taken it (its one writer; at its next turn). Never blocks; returns False if no
+        such backend is held (the report is dropped)."""
         self._desk.check_open()
         backend = self._backends.get(report.backend)
         if backend is None or backend.forgotten:

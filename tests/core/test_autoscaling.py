@@ -342,6 +342,22 @@ async def test_a_deploy_of_only_the_autoscaling_block_restarts_nothing_and_keeps
         assert len(rt.replicas) >= 2
 
 
+async def test_the_load_book_has_one_writer_the_loop(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with autoscaled(auto(), num_replicas=1) as (ctl, _ingress, rt):
+        await settle()
+        ctl.report_load(LoadReport("ingress-2", "a", {}, queued=7))
+        (tag,) = rt.tags()
+        rt.report_load(tag, 3)
+        # Both wait in the loop's channel: a source's report, and a replica's own.
+        load = ctl.status("a").load
+        assert (load.queued, load.self_reported) == (0, 0)
+        await settle()
+        load = ctl.status("a").load
+        assert (load.queued, load.self_reported) == (7, 3)
+
+
 async def test_autoscaling_during_a_rolling_update_keeps_the_rollouts_bounds(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

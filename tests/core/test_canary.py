@@ -120,6 +120,24 @@ async def test_a_healthy_canary_goes_through_every_step_and_is_promoted(
         assert "canary 30 requests" in promoted
 
 
+async def test_the_canarys_numbers_have_one_writer_its_loop(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    def counted(ctl: controller.Controller) -> tuple[int, int]:
+        rollout = ctl.status("a").rollout
+        assert rollout is not None
+        assert rollout.canary is not None
+        return rollout.canary.canary.requests, rollout.canary.stable.requests
+
+    async with opened(FakeRuntime(auto_ready=True)) as ctl:
+        await v2_as_canary(ctl)
+        report(ctl, v2=tally(20), v1=tally(60))
+        # The report waits in the loop's channel: nothing but the loop adds to the numbers.
+        assert counted(ctl) == (0, 0)
+        await settle()
+        assert counted(ctl) == (20, 60)
+
+
 async def test_a_canary_that_fails_the_error_gate_is_aborted_and_rolled_back(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
