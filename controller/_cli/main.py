@@ -62,7 +62,8 @@ _FOLLOW_S = 0.5
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from .._model.manifest import MAX_MANIFEST_BYTES, load_manifest
+    from .._model.manifest import MAX_MANIFEST_BYTES
+    from .._sources import load_manifest
 
     try:
         manifest = load_manifest(args.file)

@@ -29,7 +29,7 @@ from .._backend.shared import Member, Nodes, Shared
 from .._backend.turns import take_turns
 from .._backend.watch import SnapshotHub
 from .._model.checkpoint import dump
-from .._model.code import CodeDigest, code_digest
+from .._model.code import CodeDigest
 from .._model.config import BackendConfig
 from .._model.errors import ControllerClosedError, UnknownBackendError
 from .._model.json_values import JSON
@@ -41,6 +41,7 @@ from .._model.spec import Spec, delete_record
 from .._model.steering import SpecChange, asked, deploy_change, restored
 from .._ports.runtime import Runtime
 from .._ports.store import Store
+from .._sources import code_digest
 from .capacity import Reservations
 from .locks import Held, NameLocks
 from .routes import RouteClaims, route_of

@@ -16,7 +16,7 @@ import attrs
 import trio
 
 from .._backend.goal import Goal
-from .._model.code import CodeDigest, code_digest
+from .._model.code import CodeDigest
 from .._model.errors import (
     CodeChangedError,
     ConfigError,
@@ -35,6 +35,7 @@ from .._model.steering import (
     resume_change,
     undo_change,
 )
+from .._sources import code_digest
 from .desk import SpecDesk
 
 logger = logging.getLogger("controller")

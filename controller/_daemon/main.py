@@ -45,9 +45,9 @@ from .._model.errors import (
     StartupError,
 )
 from .._model.lease import LeaseTiming
-from .._model.manifest import load_manifest
 from .._ports.runtime import Runtime, log_source
 from .._ports.store import LeaseStore
+from .._sources import load_manifest
 from .ingress_fleet import Fleet
 from .ingress_records import stop_leftovers
 from .ingress_slot import FleetOptions

@@ -1,4 +1,5 @@
-"""Backends declared as data: a TOML (or JSON) file, or the body of an apply request.
+"""Backends declared as data: a TOML (or JSON) file (read by ``controller._sources``), or the
+body of an apply request.
 
 Each backend is one table of ``BackendConfig`` and ``ReplicaConfig`` fields side by side::
 
@@ -15,10 +16,7 @@ its source, backend and field.
 
 from __future__ import annotations
 
-import json
-import tomllib
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -98,34 +96,6 @@ def config_to_dict(config: BackendConfig | ReplicaConfig) -> dict[str, JSON]:
     for name, value in fields_of(config).items():
         out[name] = list(value) if isinstance(value, tuple) else value
     return out
-
-
-def load_manifest(path: str | Path) -> Manifest:
-    """Read and check a manifest file (``.toml``, or ``.json``); ``ManifestError`` lists every
-    fault."""
-    path = Path(path)
-    source = str(path)
-    try:
-        with path.open("rb") as f:
-            # Bounded: a device or a pipe named by mistake (/dev/zero) must not read forever.
-            raw = f.read(MAX_MANIFEST_BYTES + 1)
-    except OSError as exc:
-        raise ManifestError(source, [f"cannot read the file: {exc.strerror or exc}"]) from None
-    if len(raw) > MAX_MANIFEST_BYTES:
-        raise ManifestError(
-            source, [f"the file is over {MAX_MANIFEST_BYTES} bytes, the most an apply may send"]
-        )
-    try:
-        data = json.loads(raw) if path.suffix == ".json" else tomllib.loads(raw.decode())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ManifestError(source, [f"not valid {_format(path)}: {exc}"]) from None
-    except RecursionError:
-        raise ManifestError(source, [f"the {_format(path)} is nested too deeply"]) from None
-    return parse_manifest(data, source)
-
-
-def _format(path: Path) -> str:
-    return "JSON" if path.suffix == ".json" else "TOML"
 
 
 def parse_manifest(data: object, source: str, *, check_routes: bool = True) -> Manifest:

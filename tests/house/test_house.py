@@ -205,3 +205,18 @@ def test_a_backends_reading_half_assigns_nothing() -> None:
     ]
     assigned = [ast.unparse(t) for t in targets if isinstance(t, ast.Attribute | ast.Subscript)]
     assert assigned == []
+
+
+def test_the_model_reads_no_file() -> None:
+    # `_model/` is configs, records, views and pure decisions; the user's files are read by
+    # `_sources.py` (a manifest, an entrypoint's source), the daemon's by `_daemon/`.
+    reads = re.compile(
+        r"\b(open|os\.(listdir|walk|scandir|stat|lstat|read))\(|\.read_(text|bytes)\("
+    )
+    found = [
+        f"{path.name}:{n}"
+        for path in sorted((PACKAGE / "_model").glob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if reads.search(line)
+    ]
+    assert found == []

@@ -12,7 +12,7 @@ import pytest
 
 from controller import BackendReason
 from controller._model.autoscale import ScaleReason
-from controller._model.manifest import load_manifest
+from controller._sources import load_manifest
 
 ROOT = Path(__file__).parent.parent.parent
 README = (ROOT / "README.md").read_text()

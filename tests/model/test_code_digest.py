@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from controller._model import code
-from controller._model.code import CodeDigest, code_digest
+from controller import _sources as code
+from controller._model.code import CodeDigest
+from controller._sources import code_digest
 
 # Every module file raises if imported, and each test checks that none got into sys.modules.
 BOOM = b'raise SystemExit("imported!")\n'

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 import controller
-from controller._model.manifest import load_manifest, parse_manifest
+from controller._model.manifest import parse_manifest
+from controller._sources import load_manifest
 
 
 def test_every_problem_is_reported_at_once() -> None:
