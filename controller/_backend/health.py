@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Mapping
-from typing import final
+from typing import Protocol, final
 
 import trio
 
@@ -44,11 +44,11 @@ class HealthSchedule:
     def schedule(self, replica: Replica, now: float, period: float) -> None:
         """The replica's next check is one `period` from `now` (none if the period is 0)."""
         if period <= 0:
-            replica.next_check_at = math.inf
+            replica.checks.next_at = math.inf
             return
         self._gather = min(period / 10, GATHER_MAX_S)
-        replica.next_check_at = now + period
-        heapq.heappush(self._due, (replica.next_check_at, replica.seq, replica.tag))
+        replica.checks.next_at = now + period
+        heapq.heappush(self._due, (replica.checks.next_at, replica.seq, replica.tag))
 
     def clear(self) -> None:
         self._due.clear()
@@ -69,7 +69,7 @@ class HealthSchedule:
             replica = replicas.get(tag)
             if (
                 replica is not None
-                and replica.next_check_at == at
+                and replica.checks.next_at == at
                 and replica.state is ReplicaState.RUNNING
             ):
                 taken.append(replica)
@@ -82,9 +82,16 @@ class HealthSchedule:
         due = self._due
         self._gather = min(period / 10, GATHER_MAX_S)
         for replica in replicas:
-            at = replica.next_check_at
-            replica.next_check_at = (at if now < at < math.inf else now) + period
-            heapq.heappush(due, (replica.next_check_at, replica.seq, replica.tag))
+            at = replica.checks.next_at
+            replica.checks.next_at = (at if now < at < math.inf else now) + period
+            heapq.heappush(due, (replica.checks.next_at, replica.seq, replica.tag))
+
+
+class Mark(Protocol):
+    """How the health part has a replica marked healthy or not: by its set, which writes every
+    field of a replica (``ReplicaSet.mark``)."""
+
+    def __call__(self, replica: Replica, *, healthy: bool) -> None: ...
 
 
 @final
@@ -100,12 +107,14 @@ class HealthChecks:
         failed: Callable[[Replica, str], None],
         ready_changed: Callable[[], None],
         late: Callable[[int], None],
+        mark: Mark,
     ):
         self.schedule = HealthSchedule()
         self._launcher = launcher
         self._failed = failed
         self._late = late
         self._ready_changed = ready_changed
+        self._mark = mark  # a replica's health is its set's to write (``ReplicaSet.mark``)
         self._adoptions_due = math.inf
 
     @property
@@ -136,10 +145,11 @@ class HealthChecks:
                 continue
             self.schedule.schedule(replica, now, period)
             if period <= 0:
-                replica.checking = replica.check_late = False
-                replica.check_failures = 0
+                replica.checks.in_flight = replica.checks.late = False
+                replica.checks.failures = 0
                 if not replica.healthy:
-                    replica.healthy = back = True
+                    self._mark(replica, healthy=True)
+                    back = True
         if back:
             self._ready_changed()
 
@@ -149,8 +159,8 @@ class HealthChecks:
         late: list[DueCheck] = []
         if take:
             for r in self.schedule.take_due(now, replicas):
-                if r.checking:
-                    late.append(DueCheck(r.tag, r.check_failures, r.version, r.ready_at))
+                if r.checks.in_flight:
+                    late.append(DueCheck(r.tag, r.checks.failures, r.version, r.ready_at))
                 else:
                     due.append(r.tag)
         return HealthState(tuple(due), tuple(late), self.schedule.next_at, self._adoptions_due)
@@ -163,7 +173,7 @@ class HealthChecks:
             self._adoptions_due = math.inf
             for replica in replicas.values():
                 if replica.state is ReplicaState.RECOVERING and replica.served and replica.healthy:
-                    replica.healthy = False  # back in once adopted (RUNNING and ready)
+                    self._mark(replica, healthy=False)  # back in once adopted, RUNNING and ready
                     self._ready_changed()
         if plan.checks_off:
             self.schedule.clear()  # turned off by a redeploy: drop what the old spec scheduled
@@ -176,24 +186,24 @@ class HealthChecks:
         if late:
             self._late(len(late))
         for replica in late:
-            replica.check_late = True
+            replica.checks.late = True
             self._fail(replica, plan.late_reason)
         if plan.checks:
             checked = [replicas[tag] for tag in plan.checks]
             self.schedule.taken(checked, now, period)
             for replica in checked:
-                replica.checking = True
+                replica.checks.in_flight = True
             self._launcher.checks(list(plan.checks), config.health_check_timeout_s)
 
     def reported(self, replica: Replica, error: str | None) -> bool:
         """A check of `replica` returned (failed if `error`); False if that changes nothing but
         the check's being in flight (it passed, and the replica was healthy and serving; or it
         passed after it had been counted late; or it was no longer waited for)."""
-        if not replica.checking:
+        if not replica.checks.in_flight:
             return False  # checks were turned off meanwhile
-        replica.checking = False
-        if replica.check_late:
-            replica.check_late = False
+        replica.checks.in_flight = False
+        if replica.checks.late:
+            replica.checks.late = False
             if error is None:
                 return False  # counted failed when it was late: passing now undoes nothing
         if replica.state is not ReplicaState.RUNNING:
@@ -201,17 +211,17 @@ class HealthChecks:
         if error is not None:
             self._fail(replica, error)
             return True
-        if replica.check_failures == 0 and replica.healthy:
+        if replica.checks.failures == 0 and replica.healthy:
             return False
-        replica.check_failures = 0
+        replica.checks.failures = 0
         if not replica.healthy:
-            replica.healthy = True
+            self._mark(replica, healthy=True)
             self._ready_changed()  # ready again: back in the watch snapshot
         return True
 
     def _fail(self, replica: Replica, error: str) -> None:
-        replica.check_failures += 1
+        replica.checks.failures += 1
         if replica.healthy:
-            replica.healthy = False
+            self._mark(replica, healthy=False)
             self._ready_changed()
         self._failed(replica, error)

@@ -145,6 +145,7 @@ class Backend(Reducer, Reading):
             self._check_failed,
             self._ready_changed,
             late=lambda n: shared.observer.late_checks(name, n),
+            mark=self._set.mark,
         )
         self._load_only = False  # the events of this pass were all of load
         self._scaling = Scaling(
@@ -317,7 +318,7 @@ class Backend(Reducer, Reading):
                 self._set.set_config(replica, config_digest)
             updates = []
         for replica in updates:
-            replica.state = ReplicaState.UPDATING
+            self._set.mark(replica, state=ReplicaState.UPDATING)
 
         # Watchers first: a replica leaves the snapshot before it is asked to drain.
         self._publish()

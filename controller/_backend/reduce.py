@@ -113,7 +113,7 @@ class Reducer:
         for replica in self.replicas.values():
             # As the leader last wrote it: those that served, serve (a standby does not look).
             if replica.state is ReplicaState.RECOVERING and replica.view is not None:
-                replica.state = ReplicaState.RUNNING
+                self._set.mark(replica, state=ReplicaState.RUNNING)
         self._change = view.classify(self.spec, self.spec)
         # The leader writes a spec before it acts on it: the stored spec is the one it follows.
         self._observed_generation = self.spec.generation
@@ -263,7 +263,7 @@ class Reducer:
         of_target = replica.version == self.spec.version
         self._failures.ready(of_target)
         if of_target:
-            self._rollout.ready(replica, trio.current_time())
+            self._ready(replica)
         self._health.begin(replica, self.spec.backend_config)
         logger.info("replica %s RUNNING at %s", replica.tag, info.address)
         self._settler.gone()  # its start has ended: a failure waiting may resolve
@@ -308,11 +308,11 @@ class Reducer:
         if error is None and event.cut:
             error = "ReconfigureTimeout: no answer within start_timeout_s"
         if error is None:
-            replica.state = ReplicaState.RUNNING
+            self._set.mark(replica, state=ReplicaState.RUNNING)
             spec = self.spec
             if event.config_digest == spec.config_digest:
                 self._set.set_config(replica, event.config_digest, spec.revision)
-                self._rollout.ready(replica, trio.current_time())
+                self._ready(replica)
             else:
                 self._set.set_config(replica, event.config_digest)
             self._health.begin(replica, spec.backend_config)
@@ -332,11 +332,17 @@ class Reducer:
             self._reports.failure(replica.tag, "ReconfigureFailed", message, then=back)
             reason = f"the new user config failed in replica {replica.tag}: {error}"
             self._reports.deploy_failed("ReconfigureFailed", reason)
-            replica.state = ReplicaState.RUNNING
+            self._set.mark(replica, state=ReplicaState.RUNNING)
             self._set.set_config(replica, UNKNOWN_CONFIG)
             return
         self._reports.failure(replica.tag, "ReconfigureFailed", message)
         self._stop_now(replica, graceful=True)
+
+    def _ready(self, replica: Replica) -> None:
+        """`replica`, of the spec's version, became ready (or took the spec's config)."""
+        now = trio.current_time()
+        self._set.mark(replica, ready_at=now)
+        self._rollout.ready(now)
 
     def _ready_changed(self) -> None:
         self._snapshot_dirty = True
@@ -349,10 +355,10 @@ class Reducer:
         self._rollout.replica_failed(replica, what, trio.current_time())
         self.journal.event(
             "Unhealthy",
-            f"replica {replica.tag}: health check {replica.check_failures}/{threshold} "
+            f"replica {replica.tag}: health check {replica.checks.failures}/{threshold} "
             f"failed: {error}",
         )
-        if replaces_unhealthy(replica.check_failures, threshold):
+        if replaces_unhealthy(replica.checks.failures, threshold):
             self._canary.replica_failed(replica.tag, replica.version, f"unhealthy: {error}")
             self._reports.failure(replica.tag, "Unhealthy", f"unhealthy: {error}")
             self._stop_now(replica, graceful=True)

@@ -32,8 +32,27 @@ class Owner(Protocol):
 
 @final
 @attrs.define(eq=False)
+class Checks:
+    """One replica's health checks as the health part (``health``) keeps them: its state,
+    written there and nowhere else (a replica's own fields are its set's to write)."""
+
+    failures: int = 0
+    """Consecutive failed (or late) health checks."""
+    next_at: float = math.inf
+    """When its next health check is due (inf: none scheduled)."""
+    in_flight: bool = False
+    """A health check is in flight (never more than one)."""
+    late: bool = False
+    """The check in flight was counted late (failed): if it passes after all, that undoes
+    nothing, or a check always slower than the period would pass as often as it fails."""
+
+
+@final
+@attrs.define(eq=False)
 class Replica:
     """One replica as the loop tracks it. Slotted and small: a controller may hold 10,000s.
+    Its fields are written by its set (``replica_set``) alone; its checks' bookkeeping is the
+    health part's (``Checks``).
 
     What its set counts of it (state, version, config digest, served) and whether it serves
     (its view, its state, its health) are told to the set as they change (the properties at
@@ -64,15 +83,8 @@ class Replica:
     grants the drain only what is left of its deadline)."""
     _view: ServingReplica | None = None
     _healthy: bool = True
-    check_failures: int = 0
-    """Consecutive failed (or late) health checks."""
-    next_check_at: float = math.inf
-    """When its next health check is due (inf: none scheduled)."""
-    checking: bool = False
-    """A health check is in flight (never more than one)."""
-    check_late: bool = False
-    """The check in flight was counted late (failed): if it passes after all, that undoes
-    nothing, or a check always slower than the period would pass as often as it fails."""
+    checks: Checks = attrs.field(factory=lambda: Checks(), repr=False)
+    """Its health checks' bookkeeping: the health part's own (``health``), its one writer."""
     revision: int | None = None
     """The revision it was started with, or last reconfigured to."""
     ready_at: float = -math.inf

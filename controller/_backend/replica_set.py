@@ -157,6 +157,24 @@ class ReplicaSet:
         """`replica`'s checkpoint entry must be made anew."""
         self._stale.add(replica.tag)
 
+    def mark(
+        self,
+        replica: Replica,
+        *,
+        healthy: bool | None = None,
+        state: ReplicaState | None = None,
+        ready_at: float | None = None,
+    ) -> None:
+        """What the backend's other parts learn of `replica` (its health, from its checks; a
+        state its loop moves it to; when it became ready, for the rollout), written here as
+        every other field of it."""
+        if healthy is not None:
+            replica.healthy = healthy
+        if state is not None:
+            replica.state = state
+        if ready_at is not None:
+            replica.ready_at = ready_at
+
     def set_config(self, replica: Replica, config_digest: str, revision: int | None = None) -> None:
         """`replica` holds `config_digest` now (and runs `revision`, if given)."""
         replica.config_digest = config_digest

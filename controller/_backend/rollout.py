@@ -122,9 +122,9 @@ class Rollout:
 
     # -- what the loop sees --
 
-    def ready(self, replica: Replica, now: float) -> None:
-        """`replica`, of the spec's version, became ready (or took the spec's config): progress."""
-        replica.ready_at = now
+    def ready(self, now: float) -> None:
+        """A replica of the spec's version became ready (or took the spec's config) at `now`:
+        progress."""
         if self.active:
             self.last_progress = now
             min_ready = self._spec().backend_config.min_ready_s

@@ -9,6 +9,8 @@ import re
 import tomllib
 from pathlib import Path
 
+import attrs
+
 from controller._api.openapi import OPENAPI
 from controller._api.routes import _ROUTES
 
@@ -220,3 +222,40 @@ def test_the_model_reads_no_file() -> None:
         if reads.search(line)
     ]
     assert found == []
+
+
+def _assigned_attributes(path: Path) -> list[tuple[int, str, str]]:
+    """Each assignment in `path` to an attribute of anything but `self`: (line, object, name)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        for target in targets:
+            for one in target.elts if isinstance(target, ast.Tuple) else [target]:
+                if isinstance(one, ast.Attribute) and ast.unparse(one.value) != "self":
+                    found.append((node.lineno, ast.unparse(one.value), one.attr))
+    return found
+
+
+def test_a_replica_is_written_by_its_set_and_its_checks_by_the_health_part() -> None:
+    # `Replica`'s fields have one writer, `_backend/replica_set.py`; `Replica.checks` (the
+    # health checks' bookkeeping) has one, `_backend/health.py`. Any other module of the
+    # backend's that assigns to a replica is a second writer.
+    from controller._backend.replica import Checks, Replica
+
+    of_replica = {a.name.lstrip("_") for a in attrs.fields(Replica)} | {
+        name for name, value in vars(Replica).items() if isinstance(value, property)
+    }
+    of_checks = {a.name for a in attrs.fields(Checks)}
+    second = []
+    for path in sorted((PACKAGE / "_backend").glob("*.py")):
+        for line, owner, name in _assigned_attributes(path):
+            if owner.endswith(".checks") and name in of_checks:
+                if path.name != "health.py":
+                    second.append(f"{path.name}:{line} {owner}.{name}")
+            elif name in of_replica and path.name != "replica_set.py":
+                second.append(f"{path.name}:{line} {owner}.{name}")
+    assert second == []
