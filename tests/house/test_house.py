@@ -228,11 +228,12 @@ def _assigned_attributes(path: Path) -> list[tuple[int, str, str]]:
     """Each assignment in `path` to an attribute of anything but `self`: (line, object, name)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
-        targets: list[ast.expr] = []
         if isinstance(node, ast.Assign):
             targets = node.targets
         elif isinstance(node, ast.AugAssign | ast.AnnAssign):
             targets = [node.target]
+        else:
+            continue
         for target in targets:
             for one in target.elts if isinstance(target, ast.Tuple) else [target]:
                 if isinstance(one, ast.Attribute) and ast.unparse(one.value) != "self":
