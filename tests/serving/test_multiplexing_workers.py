@@ -80,13 +80,16 @@ async def test_requests_land_where_their_model_is_and_one_load_serves_a_burst(
             others = {m: (await ask(port, m))["replica"] for m in ("b", "c", "d")}
             assert home not in others.values()  # replicas with room for a model go first
             assert len(set(others.values())) == 3
-            # Status (and so metrics and the console) says what each holds.
-            await ctl.wait_until(
-                lambda c: (
-                    {m for said in c.status("m").load.models.values() for m in said.models}
-                    == {"a", "b", "c", "d"}
-                )
-            )
+
+            # Status (and so metrics and the console) says what each holds, once each replica's
+            # latest report is in (they come on their own time: the home replica's last one may
+            # follow the others').
+            def heard(c: controller.Controller) -> bool:
+                said = c.status("m").load.models
+                held = {m for one in said.values() for m in one.models}
+                return held == {"a", "b", "c", "d"} and said[home].requests.get("a") == 22
+
+            await ctl.wait_until(heard)
             said = ctl.status("m").load.models
             assert said[home].models == ("a",)
             assert said[home].requests["a"] == 22
