@@ -157,11 +157,12 @@ def test_the_architectures_floors_are_the_import_contracts_layers() -> None:
 def _folder_imports() -> set[tuple[str, str]]:
     """Which top-level folder or module of the package imports which, each arrow drawn once:
     none that a longer path already implies."""
-    unit = {m: m.split(".")[1] for m in _imports() if m.count(".") >= 1}
+    graph = _imports()
+    unit = {m: m.split(".")[1] for m in graph if m.count(".") >= 1}
     merged = {"__main__": "_cli", "worker": "_local"}  # drawn as one box each
     edges = {
         (merged.get(unit[a], unit[a]), merged.get(unit[b], unit[b]))
-        for a, deps in _imports().items()
+        for a, deps in graph.items()
         if a in unit
         for b in deps
         if b in unit
