@@ -11,6 +11,7 @@ itself.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -115,7 +116,7 @@ class Backend(Reducer, Reading):
             self._rollout_failed,
         )
         self.revisions = revisions
-        """Its revisions: added by the controller, marked by the rollout."""
+        """Its revisions, read here: the desk adds them, and marks what the rollout reports."""
         self._rollout = Rollout(
             name,
             revisions,
@@ -125,6 +126,7 @@ class Backend(Reducer, Reading):
             failures=self._failures,
             deploy_failed=self._reports.deploy_failed,
             roll_back=shared.roll_back,
+            report=functools.partial(shared.report_outcome, name),
             observer=shared.observer,
             in_canary=lambda: self._canary.phase in ("judging", "aborted"),
         )

@@ -1,5 +1,6 @@
 """How the rollout of a backend's revision goes: progress and its deadline, the ``min_ready_s``
-watch over new replicas, the outcome (noted in the revision book and stored with the replicas),
+watch over new replicas, the outcome (reported to the desk, which marks it in the revision book,
+and stored with the replicas),
 and what a failure does: halt, or ask the controller to roll back.
 
 The backend's loop feeds it (a new spec, a replica ready, a replica failed) with the time; its
@@ -18,7 +19,7 @@ from typing import final
 from .._model.failures import FailureBook
 from .._model.pass_plan import RolloutState, after_failure, unhealthy_after_ready
 from .._model.records import RolloutRecord
-from .._model.revisions import RevisionBook
+from .._model.revisions import Outcome, RevisionBook, RevisionOutcome
 from .._model.spec import Spec
 from .failure_reports import Stored
 from .history import Journal
@@ -32,7 +33,9 @@ logger = logging.getLogger("controller")
 class Rollout:
     """The rollout of one backend's current revision. `spec` gives the spec the loop works
     toward; `deploy_failed` fails the deploy (and calls back ``failed``); `roll_back` asks the
-    controller to undo a failed revision."""
+    controller to undo a failed revision; `report` tells the desk each outcome (the desk marks
+    the book, which the rollout only reads: what it told last of its own revision it keeps, as
+    the desk may mark it a little later)."""
 
     def __init__(
         self,
@@ -45,6 +48,7 @@ class Rollout:
         failures: FailureBook,
         deploy_failed: Callable[[Stored, str], None],
         roll_back: Callable[[str, int], None],
+        report: Callable[[Outcome], None],
         observer: Observer,
         in_canary: Callable[[], bool] = lambda: False,
     ):
@@ -56,6 +60,8 @@ class Rollout:
         self._failures = failures
         self._deploy_failed = deploy_failed
         self._roll_back = roll_back
+        self._report = report
+        self._told: Outcome | None = None
         self._observer = observer
         # Whether the revision is in its canary steps (or was aborted in them): a failure
         # there goes back to the stable revision whatever on_failure says.
@@ -75,13 +81,40 @@ class Rollout:
         """Roll out `revision` from now on (a new one, or one tried again)."""
         self.revision, self.active = revision, revision is not None
         self.last_progress, self.settled_at = now, -math.inf
-        if self.book.mark(revision, outcome="in_progress", error=None) is not None:
+        if self._tell(revision, "in_progress"):
             self._touched()
+
+    def _tell(
+        self,
+        revision: int | None,
+        outcome: RevisionOutcome,
+        *,
+        good: bool | None = None,
+        error: str | None = None,
+    ) -> Outcome | None:
+        """Report `revision`'s `outcome` to the desk (`good` unchanged if None); the outcome
+        told, or None if the history has no such revision."""
+        kept = self._outcome_of(revision)
+        if kept is None or revision is None:
+            return None
+        told = Outcome(revision, outcome, kept.good if good is None else good, error)
+        self._told = told
+        self._report(told)
+        return told
+
+    def _outcome_of(self, revision: int | None) -> Outcome | None:
+        """How `revision`'s rollout went, as this rollout told it last, or as the book has it."""
+        if self._told is not None and self._told.revision == revision:
+            return self._told
+        kept = self.book.get(revision)
+        if kept is None:
+            return None
+        return Outcome(kept.number, kept.outcome, kept.good, kept.error)
 
     def taken(self, old: Spec, new: Spec, now: float) -> None:
         """The loop took `new` over `old`: a rollout begins if it runs another revision, or
         tries again one that failed."""
-        kept = self.book.get(new.revision)
+        kept = self._outcome_of(new.revision)
         if not new.deleting and (
             old.deleting
             or new.revision != old.revision
@@ -95,11 +128,9 @@ class Rollout:
         with ``on_failure = "rollback"`` and was not rolled back yet is, once the loop runs."""
         spec = self._spec()
         revision = spec.revision
-        kept = self.book.get(revision)
+        kept = self._outcome_of(revision)
         if record is not None and record.revision == revision:
-            kept = self.book.mark(
-                revision, outcome=record.outcome, good=record.good, error=record.error
-            )
+            kept = self._tell(revision, record.outcome, good=record.good, error=record.error)
             self.revision, self.active = revision, record.outcome == "in_progress"
             self.last_progress = now
         elif kept is not None and kept.outcome in ("complete", "failed"):
@@ -167,7 +198,7 @@ class Rollout:
         (the pass decides when): done. It is `good` (an undo may go back to it) if it served
         at full count, one replica or more."""
         self.active = False
-        self.book.mark(self.revision, outcome="complete", good=count > 0, error=None)
+        self._tell(self.revision, "complete", good=count > 0)
         self._touched()
         self._journal.event(
             "RolloutComplete", f"revision {self.revision}: complete, {count} serving"
@@ -183,7 +214,7 @@ class Rollout:
             return ""
         self.active = False
         then = self._then(revision)
-        self.book.mark(revision, outcome="failed", error=f"{reason.rstrip('.')}; {then}")
+        self._tell(revision, "failed", error=f"{reason.rstrip('.')}; {then}")
         self._touched()
         self._observer.rollout(self.name, "failed")
         return then
@@ -200,7 +231,7 @@ class Rollout:
 
     def record(self) -> RolloutRecord | None:
         """What the store keeps of it, with the replicas."""
-        kept = self.book.get(self.revision)
-        if kept is None or self.revision is None:
+        kept = self._outcome_of(self.revision)
+        if kept is None:
             return None
-        return RolloutRecord(self.revision, kept.outcome, kept.good, kept.error)
+        return RolloutRecord(kept.revision, kept.outcome, kept.good, kept.error)

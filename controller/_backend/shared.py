@@ -9,6 +9,7 @@ from typing import Protocol
 import attrs
 
 from .._model.policy import RestartPolicy
+from .._model.revisions import Outcome
 from .._ports.runtime import Runtime
 from .._ports.store import Store
 from .observe import Observer
@@ -55,6 +56,8 @@ class Shared:
     roll_back: Callable[[str, int], None]
     """Undo a backend's failed revision (given) to its last good one, in the controller's
     nursery (the spec is the controller's to write)."""
+    report_outcome: Callable[[str, Outcome], None]
+    """How a backend's rollout goes, told to the desk, the one writer of its revision book."""
     on_promoted: Callable[[str], None] = lambda name: None
     """A backend's canary was promoted (its application's other members follow)."""
     canary_phase: Callable[[str], str] = lambda name: "off"

@@ -4,8 +4,10 @@ Every spec, revision history, route claim and capacity reservation is written he
 else, under one lock per name: a deploy, a delete, an undo or an automatic rollback each makes a
 ``SpecChange`` (the pure functions of ``steering``) and commits it through ``commit``, which
 writes the spec with its revisions in one store batch and then hands it to the backend's loop
-as an event. The loop only marks how its rollout went in the revision book; a commit merges
-those marks rather than replacing them (``_write_with_histories``).
+as an event. The desk is also the one writer of each revision book: a backend's rollout reports
+how it goes (``Outcome``) and the desk marks it, at once, or, while a change of that name is
+under way, in the history the change writes (``_write_with_histories``), so that the change
+never writes over an outcome, and nothing reconciles two writers afterwards.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
+from contextlib import asynccontextmanager
 from typing import Any, Literal, final
 
 import attrs
@@ -36,7 +38,7 @@ from .._model.json_values import JSON
 from .._model.policy import RestartPolicy
 from .._model.records import RevisionsRecord, revisions_key, spec_key
 from .._model.replica_config import ReplicaConfig
-from .._model.revisions import Cause, Revision, RevisionBook, merged
+from .._model.revisions import Cause, Outcome, Revision, RevisionBook, with_outcomes
 from .._model.spec import Spec, delete_record
 from .._model.steering import SpecChange, asked, deploy_change, restored
 from .._ports.runtime import Runtime
@@ -93,8 +95,11 @@ class SpecDesk:
         # Those of them that keep a route, for the route check of each deploy: most backends
         # have none, and a deploy beside 1,000 backends should not look at each.
         self._routed: dict[str, Spec] = {}
-        # Each backend's revisions, shared with its loop (which marks how rollouts go).
+        # Each backend's revisions, read by its loop, written here only.
         self._books: dict[str, RevisionBook] = {}
+        # The outcomes rollouts reported for names a change holds, marked once it writes
+        # (or lets go): the change made its history from the book before they came.
+        self._held_outcomes: dict[str, list[Outcome]] = {}
         self._locks = NameLocks(lambda name: name in self._backends)
         self._routes = RouteClaims()
         self._reservations = Reservations(
@@ -116,6 +121,7 @@ class SpecDesk:
             on_pass=on_pass,
             on_forgotten=self._forgotten,
             roll_back=roll_back,
+            report_outcome=self._outcome,
             on_promoted=on_promoted,
             canary_phase=self._leading_phase,
         )
@@ -170,10 +176,31 @@ class SpecDesk:
 
     # -- writing --
 
-    def hold(self, names: Collection[str]) -> AbstractAsyncContextManager[Held]:
-        """Hold the lock of every name of `names` (sorted, so that two holders never deadlock)."""
+    @asynccontextmanager
+    async def hold(self, names: Collection[str]) -> AsyncIterator[Held]:
+        """Hold the lock of every name of `names` (sorted, so that two holders never deadlock).
+        Meanwhile their rollouts' outcomes are held for the change to mark (``_outcome``)."""
         self.check_open()
-        return self._locks.hold(names)
+        async with self._locks.hold(names) as held:
+            for name in names:
+                self._held_outcomes[name] = []
+            try:
+                yield held
+            finally:
+                for name in names:
+                    book = self._books.get(name)
+                    for outcome in self._held_outcomes.pop(name, ()):
+                        if book is not None:
+                            book.mark(outcome)
+
+    def _outcome(self, name: str, outcome: Outcome) -> None:
+        """How `name`'s rollout goes, as it reports it: marked in its book, or held while a
+        change of the name is under way (the change marks it in the history it writes)."""
+        held = self._held_outcomes.get(name)
+        if held is not None:
+            held.append(outcome)
+        elif (book := self._books.get(name)) is not None:
+            book.mark(outcome)
 
     def check_open(self) -> None:
         if self._closed:
@@ -352,29 +379,22 @@ class SpecDesk:
         self, writes: dict[str, str | None], changes: Mapping[str, SpecChange]
     ) -> dict[str, list[Revision]]:
         """Write `writes` with the changes' histories; the histories written. Each was made
-        from a copy of its book, and the backend's rollout may mark a revision in the book
-        (begun, complete, failed) until its loop takes the new spec, during the write too:
-        each history takes the marks made since its copy, and is written again if one came
-        during the write."""
+        from the book before its name was held; the outcomes its rollout reported since are
+        marked in it before the write, and those reported during the write before one more."""
         histories = {n: c.revisions for n, c in changes.items() if c.revisions is not None}
-        bases = {name: changes[name].base for name in histories}
         due = set(histories)
         while True:
             for done, name in enumerate(due, 1):
                 await take_turns(done)
-                now = self._book_now(name)
-                histories[name] = merged(histories[name], bases[name], now, changes[name].replaces)
-                bases[name] = now
+                outcomes = self._held_outcomes.get(name, [])
+                histories[name] = with_outcomes(histories[name], outcomes, changes[name].replaces)
+                outcomes.clear()
                 writes[revisions_key(name)] = dump(RevisionsRecord(name, histories[name]))
             await self._store.write(writes)
-            due = {name for name in histories if self._book_now(name) != bases[name]}
+            due = {name for name in histories if self._held_outcomes.get(name)}
             if not due:
                 return histories
             writes = {}
-
-    def _book_now(self, name: str) -> tuple[Revision, ...]:
-        book = self._books.get(name)
-        return () if book is None else tuple(book.revisions)
 
     async def handed_over(self, handovers: list[trio.Event]) -> None:
         """Wait until each backend's loop has taken its new spec, so that what the caller reads

@@ -140,6 +140,17 @@ def with_content(backend_config: BackendConfig, content: RevisionContent) -> Bac
 
 
 @attrs.frozen
+class Outcome:
+    """How a revision's rollout went, as its rollout reports it to the desk (which marks it)."""
+
+    revision: int
+    outcome: RevisionOutcome
+    good: bool = False
+    """Whether it served at full count once (an undo may go back to it)."""
+    error: str | None = None
+
+
+@attrs.frozen
 class Revision:
     """One revision of a backend, as ``ctl.revisions(name)`` lists it."""
 
@@ -300,8 +311,9 @@ def _size(revision: Revision) -> int:
 
 @final
 class RevisionBook:
-    """One backend's revisions in memory, oldest first. The controller adds (once the store
-    holds them); the backend's loop marks how each rollout goes."""
+    """One backend's revisions in memory, oldest first. One writer, the controller's desk: it
+    adds revisions (once the store holds them) and marks the outcomes the backend's rollout
+    reports; everyone else reads."""
 
     def __init__(self, revisions: Sequence[Revision] = ()):
         self.revisions: list[Revision] = list(revisions)
@@ -321,13 +333,10 @@ class RevisionBook:
                 return revision
         return None
 
-    def mark(self, number: int | None, **changes: object) -> Revision | None:
-        """Note how revision `number`'s rollout went (`outcome`, `error`, `good`)."""
-        for i, revision in enumerate(self.revisions):
-            if revision.number == number:
-                self.revisions[i] = attrs.evolve(revision, **changes)  # type: ignore[arg-type]
-                return self.revisions[i]
-        return None
+    def mark(self, outcome: Outcome) -> None:
+        """Note how a revision's rollout went (nothing if the history no longer has it). The
+        controller's desk is the one caller: rollouts report, the desk marks."""
+        self.revisions = with_outcomes(self.revisions, [outcome])
 
     def last_good(self, *, unlike: str | None = None) -> Revision | None:
         """The newest revision whose rollout completed with every replica serving, and whose
@@ -345,27 +354,19 @@ class RevisionBook:
         return None
 
 
-def merged(
-    history: Sequence[Revision],
-    base: Sequence[Revision],
-    now: Sequence[Revision],
-    replaces: Iterable[int | None],
+def with_outcomes(
+    history: Sequence[Revision], outcomes: Iterable[Outcome], replaces: Iterable[int | None] = ()
 ) -> list[Revision]:
-    """`history` (a change's, made from `base`, a copy of the book) with what the book's
-    rollouts marked since (`now` against `base`: a revision begun, completed or failed), and
-    the revisions the change replaces still superseded if their rollout was under way then.
-    The change and the loop never write the same thing: the loop marks how a rollout went,
-    the change adds revisions and supersedes the one it replaces."""
-    before = {revision.number: revision for revision in base}
-    current = {revision.number: revision for revision in now}
-    out = []
-    for revision in history:
-        seen = current.get(revision.number)
-        if seen is not None and seen != before.get(revision.number):
-            revision = attrs.evolve(
-                revision, outcome=seen.outcome, good=seen.good, error=seen.error
-            )
-        out.append(revision)
+    """`history` with `outcomes` marked in the order they came (a revision no longer in it is
+    skipped), and the revisions of `replaces` still superseded if their rollout is under way:
+    a change that lands over a rollout it replaces ends it, whatever the rollout said since."""
+    out = list(history)
+    for outcome in outcomes:
+        for i, revision in enumerate(out):
+            if revision.number == outcome.revision:
+                out[i] = attrs.evolve(
+                    revision, outcome=outcome.outcome, good=outcome.good, error=outcome.error
+                )
     return superseded(out, replaces)
 
 

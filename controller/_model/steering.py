@@ -43,9 +43,9 @@ class SpecChange:
 
     record: SpecRecord
     revisions: list[Revision] | None = None
-    base: tuple[Revision, ...] = ()
-    """The history `revisions` was made from (the book then): what the loop marks meanwhile
-    is told from what the change did by it."""
+    """The history to write, made from the book when the change was made: the outcomes the
+    backend's rollout reports meanwhile are held by the desk and marked in it before it is
+    written (``with_outcomes``)."""
     replaces: tuple[int | None, ...] = ()
     """The revisions the change supersedes (if their rollout is under way when it lands)."""
 
@@ -320,7 +320,7 @@ def _change(
     keep = {record.revision, record.pending, None if good is None else good.number, stable, *live}
     kept = (n for n in keep if n is not None)
     trimmed = trim(revisions, config.revision_history_limit, kept)
-    return SpecChange(record, trimmed, tuple(book.revisions), replaces)
+    return SpecChange(record, trimmed, replaces)
 
 
 def restored(

@@ -261,3 +261,28 @@ def test_a_replica_is_written_by_its_set_and_its_checks_by_the_health_part() -> 
             elif name in of_replica and path.name != "replica_set.py":
                 second.append(f"{path.name}:{line} {owner}.{name}")
     assert second == []
+
+
+def test_a_revision_book_is_written_by_the_desk_only() -> None:
+    # A backend's revision history has one writer, the spec desk (`_core/desk.py`): it adds
+    # revisions and marks the outcomes the backend's rollout reports. A mark or an assignment
+    # of a book's revisions anywhere else is a second writer (as the rollout was, before).
+    second = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.relative_to(PACKAGE).as_posix() in ("_core/desk.py", "_model/revisions.py"):
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "mark"
+                and "book" in ast.unparse(node.func.value).lower()
+            ):
+                second.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+        second += [
+            f"{path.relative_to(PACKAGE)}:{line}"
+            for line, _, name in _assigned_attributes(path)
+            if name == "revisions"
+        ]
+    assert second == []

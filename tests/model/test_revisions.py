@@ -10,12 +10,13 @@ from controller import Cause, ConfigError
 from controller._model.json_values import JSON
 from controller._model.revisions import (
     MAX_HISTORY_BYTES,
+    Outcome,
     Revision,
     content_of,
     make_revision,
-    merged,
     superseded,
     trim,
+    with_outcomes,
 )
 
 RC = controller.ReplicaConfig("app.replica:Echo")
@@ -94,7 +95,7 @@ def marked(r: Revision, outcome: str, good: bool = False) -> Revision:
 
 
 @pytest.mark.parametrize(
-    ("copied", "loop_marked", "expected"),
+    ("copied", "reported", "expected"),
     [
         # Completed while the change was written: complete, not superseded.
         ("in_progress", ("complete", True), ("complete", True)),
@@ -109,15 +110,14 @@ def marked(r: Revision, outcome: str, good: bool = False) -> Revision:
         ("in_progress", None, ("superseded", False)),
     ],
 )
-def test_a_change_keeps_the_marks_the_loop_made_since_its_copy(
-    copied: str, loop_marked: tuple[str, bool] | None, expected: tuple[str, bool]
+def test_a_change_keeps_the_outcomes_reported_since_it_read_the_book(
+    copied: str, reported: tuple[str, bool] | None, expected: tuple[str, bool]
 ) -> None:
     one, two = marked(revision(1), "complete", True), marked(revision(2), copied)
-    base = [one, two]
     # The change: a new revision 3, replacing 2.
-    history = [*superseded(base, [2]), marked(revision(3), "in_progress")]
-    now = base if loop_marked is None else [one, marked(two, *loop_marked)]
-    assert outcomes(merged(history, base, now, [2])) == [
+    history = [*superseded([one, two], [2]), marked(revision(3), "in_progress")]
+    told = [] if reported is None else [Outcome(2, *reported)]  # type: ignore[arg-type]
+    assert outcomes(with_outcomes(history, told, [2])) == [
         (1, "complete", True),
         (2, *expected),
         (3, "in_progress", False),
