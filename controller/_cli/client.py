@@ -9,10 +9,9 @@ import os
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import Any
 
-from .._daemon.statedir import TOKEN_ENV, check_private, daemon_running, read_address, token_path
+from .._daemon.statedir import TOKEN_ENV, StateDir
 from .._files import UnsafeFileError, read_regular
 from .._model.errors import StartupError
 from .._routing.sources import leader_of
@@ -159,36 +158,36 @@ def describe_error(status: int, payload: Any) -> str:
 
 
 def make_client(args: argparse.Namespace) -> Client:
-    state_dir: Path = args.state_dir
+    state = StateDir(args.state_dir)
     url = args.url
     token = (args.token or os.environ.get(TOKEN_ENV) or "").strip() or None
     if url is None or token is None:
         # Its files say where to send the token, so they are trusted only in a dir that no one
         # else can write: else anyone could point the CLI, and the token, at a server of theirs.
         try:
-            check_private(state_dir, create=False)
+            state.check_private(create=False)
         except StartupError as exc:
             raise CLIError(f"error: {exc}") from None
     if url is None:
-        found = read_address(state_dir).get("url")
-        if not isinstance(found, str) or not daemon_running(state_dir):
+        found = state.read_address().get("url")
+        if not isinstance(found, str) or not state.running():
             why = "no daemon.json" if not isinstance(found, str) else "its daemon.json is stale"
             left = ""
-            if any((state_dir / "ingress").glob("*.json")):
+            if any(state.ingress.glob("*.json")):
                 # Its replicas and ingress processes outlive a stopped daemon, by design.
                 left = (
                     "; what the last one started may still be serving: `controller run` adopts "
                     "it, and `controller shutdown` then stops it all"
                 )
             raise CLIError(
-                f"error: no controller daemon is running for the state dir {state_dir} ({why}); "
+                f"error: no controller daemon is running for the state dir {state} ({why}); "
                 "start one with `controller run`, or pass --url (or the --state-dir it runs "
                 f"with){left}"
             )
         url = found
     if token is None:
         try:
-            token = read_regular(token_path(state_dir), limit=4096).decode(errors="replace")
+            token = read_regular(state.token, limit=4096).decode(errors="replace")
             token = token.strip()
         except UnsafeFileError as exc:
             raise CLIError(f"error: the token {exc}") from None

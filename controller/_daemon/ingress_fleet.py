@@ -28,7 +28,6 @@ import signal
 import socket
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, final
 
 import trio
@@ -37,7 +36,7 @@ from .._api.views import iso
 from .._files import private_dir
 from .._model.errors import StartupError
 from .._procfs import describe_exit
-from .ingress_process import DRAIN_S, ingress_dir, log_path
+from .ingress_process import DRAIN_S
 from .ingress_records import (
     STOP_MARGIN_S,
     Handle,
@@ -46,13 +45,13 @@ from .ingress_records import (
     forget_sockets,
     hold,
     max_slot,
-    record_path,
     split,
     stop_records,
     tail,
 )
 from .ingress_slot import START_TIMEOUT_S, FleetOptions, Launcher, Member
 from .metrics_merge import fleet_metrics, merge_metrics
+from .statedir import StateDir
 
 logger = logging.getLogger("controller.daemon")
 
@@ -70,15 +69,15 @@ HUNG_AFTER = 3
 class Fleet:
     """The ingress processes of one daemon (its state dir)."""
 
-    def __init__(self, state_dir: Path, options: FleetOptions, env: Mapping[str, str]):
-        self.state_dir = state_dir
+    def __init__(self, state: StateDir, options: FleetOptions, env: Mapping[str, str]):
+        self.state = state
         self.options = options
         self.env = dict(env)
         self.members = [Member(slot) for slot in range(options.workers)]
         self.address = ""
         """The port the processes serve, ``HOST:PORT`` (known once `claim`ed)."""
         self._digest = options.digest()
-        self._launcher = Launcher(state_dir, options, self.env, self._digest, self._stopped)
+        self._launcher = Launcher(state, options, self.env, self._digest, self._stopped)
         self._adopt: dict[int, Record] = {}
         self._retire: list[Record] = []
         self._heirs: dict[int, Record] = {}
@@ -98,15 +97,15 @@ class Fleet:
         would, else retired once the new ones serve), and make sure the port is free or
         theirs. ``StartupError`` if another process holds it."""
         try:
-            private_dir(ingress_dir(self.state_dir), "--state-dir")
+            private_dir(self.state.ingress, "--state-dir")
         except (OSError, ValueError) as exc:
-            raise StartupError(f"cannot use {ingress_dir(self.state_dir)}: {exc}") from None
+            raise StartupError(f"cannot use {self.state.ingress}: {exc}") from None
         host, port = split(self.options.listen)
         live = []
         for record in self._records():
             if record.slot < len(self.members):
                 self.members[record.slot].restarts = record.restarts
-            if record.alive(self.state_dir):
+            if record.alive(self.state):
                 live.append(record)
                 continue
             # Gone while no daemon watched it (killed, or the machine restarted).
@@ -120,7 +119,7 @@ class Fleet:
                 member = self.members[record.slot]
                 member.restarts += 1
                 member.last_exit = "exited while no daemon ran"
-            record.forget(self.state_dir)
+            record.forget(self.state)
         for record in live:
             r_host, r_port = split(record.listen)
             same = r_host == host and (port in (0, r_port))
@@ -157,7 +156,7 @@ class Fleet:
                     "ingress: process(es) %s not serving after %gs; still trying (see %s)",
                     ", ".join(map(str, late)),
                     START_TIMEOUT_S,
-                    ingress_dir(self.state_dir),
+                    self.state.ingress,
                 )
             if self._holder is not None:
                 self._holder.close()
@@ -165,7 +164,7 @@ class Fleet:
             # Those of an earlier daemon that this one does not adopt go, now that the new
             # ones serve (on the same port, they overlap for a moment: no gap).
             retired, self._retire = self._retire, []
-            await stop_records(retired, self.state_dir)
+            await stop_records(retired, self.state)
             task_status.started()
 
     async def _supervise(self, member: Member, serving: trio.Event) -> None:
@@ -214,7 +213,7 @@ class Fleet:
                     exited.set()
                 # It has exited (not just this daemon stopped watching it): if killed, it
                 # could not remove its sockets itself.
-                forget_sockets(self.state_dir, member.slot, handle.pid)
+                forget_sockets(self.state, member.slot, handle.pid)
                 if self._stopped():
                     return
                 member.last_exit = (
@@ -237,7 +236,7 @@ class Fleet:
                 member.pid,
                 member.last_exit,
                 wait,
-                tail(log_path(self.state_dir, member.slot)),
+                tail(self.state.ingress_log(member.slot)),
             )
             await trio.sleep(wait)
 
@@ -286,8 +285,8 @@ class Fleet:
                     os.kill(member.pid, signal.SIGTERM)
         # Those this daemon does not supervise (an earlier daemon's, left unadopted).
         pids = {h.pid for h in handles.values()}
-        records = [r for r in self._records() if r.alive(self.state_dir) and r.pid not in pids]
-        await stop_records(records, self.state_dir)
+        records = [r for r in self._records() if r.alive(self.state) and r.pid not in pids]
+        await stop_records(records, self.state)
         # Their supervisors see them exit (and start no other).
         with trio.move_on_after(DRAIN_S + STOP_MARGIN_S):
             for slot in handles:
@@ -298,14 +297,14 @@ class Fleet:
         with trio.move_on_after(STOP_MARGIN_S):
             for slot in handles:
                 await self._exited[slot].wait()
-        for slot in range(max(len(self.members), max_slot(self.state_dir) + 1)):
+        for slot in range(max(len(self.members), max_slot(self.state) + 1)):
             with contextlib.suppress(FileNotFoundError):
-                record_path(self.state_dir, slot).unlink()
+                self.state.ingress_record(slot).unlink()
 
     def _records(self) -> list[Record]:
         found = []
         with contextlib.suppress(FileNotFoundError):
-            for path in sorted(ingress_dir(self.state_dir).glob("*.json")):
+            for path in sorted(self.state.ingress.glob("*.json")):
                 record = Record.read(path)
                 if record is not None:
                     found.append(record)
@@ -345,14 +344,14 @@ class Fleet:
 
     async def _answers(self, slot: int, pid: int) -> bool:
         """Whether the process `pid` of `slot` answers on its own socket (it is up, not hung)."""
-        return await ask(self.state_dir, slot, pid, "/-/healthz") is not None
+        return await ask(self.state, slot, pid, "/-/healthz") is not None
 
     async def _ask_all(self, target: str) -> dict[int, bytes]:
         """What each serving process answers to `target`, asked all at once."""
         answers: dict[int, bytes] = {}
 
         async def one(slot: int, pid: int) -> None:
-            said = await ask(self.state_dir, slot, pid, target)
+            said = await ask(self.state, slot, pid, target)
             if said is not None:
                 answers[slot] = said
 

@@ -32,7 +32,7 @@ import trio
 
 from ..ingress import HTTPSource, Ingress, IngressConfig, open_listener
 from .log_format import private_log, setup_logging
-from .statedir import kept_token, read_address
+from .statedir import StateDir
 
 logger = logging.getLogger("controller.ingress")
 
@@ -42,31 +42,12 @@ LOG_MAX_BYTES = 10 << 20
 LOG_BACKUPS = 2
 
 
-def ingress_dir(state_dir: Path) -> Path:
-    return state_dir / "ingress"
-
-
-def socket_path(state_dir: Path, slot: int, pid: int) -> Path:
-    """The process's own socket: named by its pid too, so that a process replacing another in
-    its slot never shares (or, on the other's way out, loses) its socket."""
-    return ingress_dir(state_dir) / f"{slot}.{pid}.sock"
-
-
-def handover_path(state_dir: Path, slot: int, pid: int) -> Path:
-    """Where the process gives its listening sockets to the daemon starting its successor."""
-    return ingress_dir(state_dir) / f"{slot}.{pid}.listeners"
-
-
-def log_path(state_dir: Path, slot: int) -> Path:
-    return ingress_dir(state_dir) / f"{slot}.log"
-
-
-def locate(state_dir: Path) -> tuple[str, str] | None:
-    """Where the daemon of `state_dir` serves its API now, and its token; None while no daemon
+def locate(state: StateDir) -> tuple[str, str] | None:
+    """Where the daemon of `state` serves its API now, and its token; None while no daemon
     runs there."""
-    url = read_address(state_dir).get("url")
+    url = state.read_address().get("url")
     try:
-        token = kept_token(state_dir)
+        token = state.kept_token()
     except OSError:
         return None  # a link planted in its place: as if no daemon ran; the daemon says why
     if not isinstance(url, str) or token is None:
@@ -227,17 +208,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--access-log", action="store_true")
     parser.add_argument("--log-format", choices=["human", "json"], default="human")
     args = parser.parse_args(argv)
-    state_dir: Path = args.state_dir
+    state = StateDir(args.state_dir)
     setup_logging(
-        args.log_format, private_log(log_path(state_dir, args.slot), LOG_MAX_BYTES, LOG_BACKUPS)
+        args.log_format, private_log(state.ingress_log(args.slot), LOG_MAX_BYTES, LOG_BACKUPS)
     )
     # A signal from the daemon's terminal (Ctrl-C) is the daemon's: this process has a session
     # of its own, so it gets none; SIGTERM is how it is told to stop.
-    found = locate(state_dir)
+    found = locate(state)
     if found is None:
-        logger.error("no daemon found in %s (daemon.json, token)", state_dir)
+        logger.error("no daemon found in %s (daemon.json, token)", state)
         sys.exit(1)
-    source = HTTPSource(found[0], found[1], locate=lambda: locate(state_dir))
+    source = HTTPSource(found[0], found[1], locate=lambda: locate(state))
     host, _, port = args.listen.rpartition(":")
     config = IngressConfig(access_log=args.access_log)
     try:
@@ -248,8 +229,8 @@ def main(argv: list[str] | None = None) -> None:
             host.strip("[]"),
             int(port),
             Sockets(
-                socket_path(state_dir, args.slot, os.getpid()),
-                handover_path(state_dir, args.slot, os.getpid()),
+                state.ingress_socket(args.slot, os.getpid()),
+                state.ingress_handover(args.slot, os.getpid()),
             ),
             _ready,
             args.listen_fd,

@@ -26,7 +26,8 @@ from .._model.errors import StartupError
 from .._procfs import command_line, exit_status, start_time
 from .._routing.sources import read_answer
 from ..ingress import SourceError
-from .ingress_process import DRAIN_S, handover_path, ingress_dir, socket_path
+from .ingress_process import DRAIN_S
+from .statedir import StateDir
 
 logger = logging.getLogger("controller.daemon")
 
@@ -68,22 +69,22 @@ class Record:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def forget(self, state_dir: Path) -> None:
+    def forget(self, state: StateDir) -> None:
         """Its process is gone: its socket goes, and its record if no other process of its
         slot has replaced it there (its log stays)."""
-        forget_sockets(state_dir, self.slot, self.pid)
-        path = record_path(state_dir, self.slot)
+        forget_sockets(state, self.slot, self.pid)
+        path = state.ingress_record(self.slot)
         now = Record.read(path)
         if now is not None and now.pid == self.pid:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
 
-    def alive(self, state_dir: Path) -> bool:
+    def alive(self, state: StateDir) -> bool:
         """Whether its process still runs, as ours (same start time, same command)."""
         args = command_line(self.pid)
         if args is None or start_time(self.pid) != self.started:
             return False
-        return args[:2] == [b"-m", MODULE.encode()] and os.fsencode(state_dir) in args
+        return args[:2] == [b"-m", MODULE.encode()] and os.fsencode(state.path) in args
 
 
 @final
@@ -133,14 +134,14 @@ async def reap(process: trio.Process) -> int | None:
     return (-code & 0x7F) if code < 0 else (code << 8)
 
 
-async def stop_records(records: list[Record], state_dir: Path) -> None:
+async def stop_records(records: list[Record], state: StateDir) -> None:
     """Stop processes of records (an earlier daemon's): SIGTERM, then SIGKILL after their
     drain. Each is checked to be ours again just before it is signalled."""
     if not records:
         return
     pidfds: list[tuple[Record, int]] = []
     for record in records:
-        if not record.alive(state_dir):
+        if not record.alive(state):
             continue
         try:
             pidfd = os.pidfd_open(record.pid)
@@ -166,7 +167,7 @@ async def stop_records(records: list[Record], state_dir: Path) -> None:
             trio.lowlevel.notify_closing(pidfd)
             os.close(pidfd)
         for record in records:
-            record.forget(state_dir)
+            record.forget(state)
 
 
 def split(listen: str) -> tuple[str, int]:
@@ -217,14 +218,10 @@ def hold(host: str, port: int, listen: str, ours: set[str]) -> tuple[socket.sock
     return holder, f"{shown}:{bound_port}"
 
 
-def record_path(state_dir: Path, slot: int) -> Path:
-    return ingress_dir(state_dir) / f"{slot}.json"
-
-
-def max_slot(state_dir: Path) -> int:
+def max_slot(state: StateDir) -> int:
     slots = [-1]
     with contextlib.suppress(FileNotFoundError):
-        for path in ingress_dir(state_dir).glob("*.json"):
+        for path in state.ingress.glob("*.json"):
             with contextlib.suppress(ValueError):
                 slots.append(int(path.stem))
     return max(slots)
@@ -246,12 +243,12 @@ def tail(path: Path, lines: int = 3) -> str:
     return "; its log ends: " + " | ".join(line.strip() for line in last) if last else ""
 
 
-async def ask(state_dir: Path, slot: int, pid: int, target: str) -> bytes | None:
+async def ask(state: StateDir, slot: int, pid: int, target: str) -> bytes | None:
     """What the process `pid` of `slot` answers to ``GET target`` on its own socket, within
     `ASK_TIMEOUT_S`; None if it does not (gone, stopped, stuck, or no such socket)."""
     with trio.move_on_after(ASK_TIMEOUT_S):
         with contextlib.suppress(OSError, h11.ProtocolError, trio.BrokenResourceError, SourceError):
-            stream = await trio.open_unix_socket(str(socket_path(state_dir, slot, pid)))
+            stream = await trio.open_unix_socket(str(state.ingress_socket(slot, pid)))
             async with stream:
                 conn = h11.Connection(h11.CLIENT)
                 request = h11.Request(
@@ -264,15 +261,15 @@ async def ask(state_dir: Path, slot: int, pid: int, target: str) -> bytes | None
     return None
 
 
-def forget_sockets(state_dir: Path, slot: int, pid: int) -> None:
+def forget_sockets(state: StateDir, slot: int, pid: int) -> None:
     """The Unix sockets of process `pid` of `slot`, which has exited: one that was killed
     could not remove them itself."""
-    for path in (socket_path(state_dir, slot, pid), handover_path(state_dir, slot, pid)):
+    for path in (state.ingress_socket(slot, pid), state.ingress_handover(slot, pid)):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
 
 
-async def take_listeners(state_dir: Path, record: Record) -> list[int]:
+async def take_listeners(state: StateDir, record: Record) -> list[int]:
     """Descriptors of the listening sockets of `record`'s process (now also ours, close-on-exec),
     for its successor; [] if it does not give them in `ASK_TIMEOUT_S`."""
     room = socket.CMSG_SPACE(MAX_LISTENERS * array.array("i").itemsize)
@@ -280,7 +277,7 @@ async def take_listeners(state_dir: Path, record: Record) -> list[int]:
         with contextlib.suppress(OSError):
             sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             with sock:
-                await sock.connect(str(handover_path(state_dir, record.slot, record.pid)))
+                await sock.connect(str(state.ingress_handover(record.slot, record.pid)))
                 _, ancillary, _, _ = await sock.recvmsg(1, room, socket.MSG_CMSG_CLOEXEC)
                 fds = array.array("i")
                 for level, kind, data in ancillary:
@@ -290,15 +287,15 @@ async def take_listeners(state_dir: Path, record: Record) -> list[int]:
     return []
 
 
-def stop_leftovers(state_dir: Path) -> None:
-    """Tell the ingress processes an earlier daemon of `state_dir` left to stop (a daemon that
+def stop_leftovers(state: StateDir) -> None:
+    """Tell the ingress processes an earlier daemon of `state` left to stop (a daemon that
     runs no ingress): each drains and exits on its own."""
-    directory = ingress_dir(state_dir)
+    directory = state.ingress
     if not directory.is_dir():
         return
     for path in sorted(directory.glob("*.json")):
         record = Record.read(path)
-        if record is not None and record.alive(state_dir):
+        if record is not None and record.alive(state):
             with contextlib.suppress(OSError):
                 os.kill(record.pid, signal.SIGTERM)
                 logger.info(

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Literal, final
 
 import attrs
@@ -22,16 +21,15 @@ import trio
 
 from .._files import write_private
 from .._procfs import describe_exit, start_time
-from .ingress_process import log_path
 from .ingress_records import (
     MODULE,
     Handle,
     Record,
     open_log,
     reap,
-    record_path,
     take_listeners,
 )
+from .statedir import StateDir
 
 logger = logging.getLogger("controller.daemon")
 
@@ -78,7 +76,7 @@ class Member:
 class Launcher:
     """Starts the processes of one daemon's slots, and writes the record of each."""
 
-    state_dir: Path
+    state: StateDir
     options: FleetOptions
     env: Mapping[str, str]
     digest: str
@@ -97,7 +95,7 @@ class Launcher:
             "-m",
             MODULE,
             "--state-dir",
-            str(self.state_dir),
+            str(self.state),
             "--slot",
             str(member.slot),
             "--listen",
@@ -108,7 +106,7 @@ class Launcher:
         if options.access_log:
             argv.append("--access-log")
         member.state, member.since = "starting", time.time()
-        inherited = [] if heir is None else await take_listeners(self.state_dir, heir)
+        inherited = [] if heir is None else await take_listeners(self.state, heir)
         if heir is not None and inherited:
             logger.info(
                 "ingress process %d takes over the listening socket of pid %d",
@@ -117,7 +115,7 @@ class Launcher:
             )
         for fd in inherited:
             argv += ["--listen-fd", str(fd)]
-        log = open_log(log_path(self.state_dir, member.slot))
+        log = open_log(self.state.ingress_log(member.slot))
         try:
             process = await trio.lowlevel.open_process(
                 argv,
@@ -166,4 +164,4 @@ class Launcher:
             self.digest,
             member.restarts,
         )
-        write_private(record_path(self.state_dir, member.slot), json.dumps(attrs.asdict(record)))
+        write_private(self.state.ingress_record(member.slot), json.dumps(attrs.asdict(record)))

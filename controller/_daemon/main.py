@@ -55,16 +55,7 @@ from .listen import bound
 from .log_format import private_log
 from .roles import STARTUP_ERRORS, Roles, leader_status, startup_reason
 from .serve import Front, serve
-from .statedir import (
-    STATE_DIR_ENV,
-    TOKEN_ENV,
-    check_private,
-    kept_token,
-    locked,
-    log_path,
-    token_path,
-    write_token,
-)
+from .statedir import STATE_DIR_ENV, TOKEN_ENV, StateDir
 
 logger = logging.getLogger("controller.daemon")
 
@@ -138,13 +129,13 @@ async def run_daemon(options: DaemonOptions) -> None:
     given_token = (os.environ.pop(TOKEN_ENV, None) or "").strip()
     try:
         with (
-            locked(options.state_dir) as state_dir,
-            _file_log(state_dir),
+            StateDir(options.state_dir).locked() as state,
+            _file_log(state),
             bound(options.listen, "--listen", warn_remote=not options.allow_remote) as sock,
         ):
-            fleet = _fleet(options, state_dir)
-            shared = _shared_dir(options, state_dir)
-            shared_token = kept_token(shared) if shared != state_dir else None
+            fleet = _fleet(options, state)
+            shared = _shared_dir(options, state)
+            shared_token = shared.kept_token() if shared != state else None
             if given_token and shared_token is not None and given_token != shared_token:
                 raise StartupError(
                     f"${TOKEN_ENV} is not the token of the shared dir {shared}: daemons of one "
@@ -154,12 +145,12 @@ async def run_daemon(options: DaemonOptions) -> None:
                 )
             # The token outlives a restart, so that routers and watchers given it carry on;
             # daemons of one shared dir take its token, so that any of them takes a client's.
-            token = given_token or kept_token(shared) or kept_token(state_dir) or _new_token()
+            token = given_token or shared.kept_token() or state.kept_token() or _new_token()
             metrics = Metrics()
             if "ray" in (options.runtime, options.store):
                 # Joining (or starting) a cluster takes seconds: not on the trio thread.
                 await trio.to_thread.run_sync(_connect_ray, options)
-            with _store(options, shared, alone=shared == state_dir) as store:
+            with _store(options, shared, alone=shared == state) as store:
                 host, port = sock.getsockname()[:2]
                 address = f"http://{_url_host(host)}:{port}"
                 # Replicas follow the routes (their handles) with a token that reads the
@@ -167,7 +158,7 @@ async def run_daemon(options: DaemonOptions) -> None:
                 runtime = _runtime(options, shared, (address, route_token(token)))
                 leadership = Leadership(
                     store,
-                    holder_name(socket.gethostname(), str(state_dir.resolve())),
+                    holder_name(socket.gethostname(), str(state.path.resolve())),
                     options.lease,
                     address=address,
                 )
@@ -190,12 +181,12 @@ async def run_daemon(options: DaemonOptions) -> None:
                 try:
                     await serve(
                         roles,
-                        options.state_dir,
+                        state,
                         Front(sock, fleet),
                         token,
                         metrics,
                         log_source(runtime),
-                        _keep_token(state_dir, shared, token),
+                        _keep_token(state, shared, token),
                     )
                 except Exception as exc:
                     found = _only_error(exc) if isinstance(exc, BaseExceptionGroup) else exc
@@ -234,45 +225,46 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _shared_dir(options: DaemonOptions, state_dir: Path) -> Path:
+def _shared_dir(options: DaemonOptions, state: StateDir) -> StateDir:
     """Where the store and the workers are: the state dir, or one daemons share."""
     if options.shared_dir is None:
-        return state_dir
-    check_private(options.shared_dir, create=True, what="shared dir")
-    return options.shared_dir
+        return state
+    shared = StateDir(options.shared_dir)
+    shared.check_private(create=True, what="shared dir")
+    return shared
 
 
-def _keep_token(state_dir: Path, shared: Path, token: str) -> Callable[[], None]:
+def _keep_token(state: StateDir, shared: StateDir, token: str) -> Callable[[], None]:
     def keep() -> None:
         # Written only once the start is past what can fail before serving: a failed start
         # leaves the token of the last good one in place.
-        _write_token(state_dir, token)
-        if shared != state_dir and kept_token(shared) is None:
+        _write_token(state, token)
+        if shared != state and shared.kept_token() is None:
             _write_token(shared, token)
 
     return keep
 
 
-def _write_token(state_dir: Path, token: str) -> None:
+def _write_token(state: StateDir, token: str) -> None:
     # Written only once the start is past what can fail before serving: a failed start leaves
     # the token of the last good one in place.
     try:
-        write_token(state_dir, token)
+        state.write_token(token)
     except OSError as exc:
         raise StartupError(
-            f"cannot write the token {token_path(state_dir)}: {exc.strerror or exc}; the "
+            f"cannot write the token {state.token}: {exc.strerror or exc}; the "
             "replicas were adopted and keep running for the next start"
         ) from None
 
 
-def _fleet(options: DaemonOptions, state_dir: Path) -> Fleet | None:
+def _fleet(options: DaemonOptions, state: StateDir) -> Fleet | None:
     """The ingress processes this daemon runs (their port checked now), or None; processes an
     earlier daemon left that it will not run are stopped at once."""
     if options.ingress_listen is None:
-        stop_leftovers(state_dir)
+        stop_leftovers(state)
         return None
     fleet = Fleet(
-        state_dir,
+        state,
         FleetOptions(
             options.ingress_listen,
             options.ingress_workers,
@@ -286,12 +278,12 @@ def _fleet(options: DaemonOptions, state_dir: Path) -> Fleet | None:
 
 
 @contextlib.contextmanager
-def _file_log(state_dir: Path) -> Iterator[None]:
+def _file_log(state: StateDir) -> Iterator[None]:
     """The daemon's log also goes to ``daemon.log`` in the state dir (rotated), in the format
     of its console log."""
     root = logging.getLogger()
     # Fatal signals too (SIGBUS, SIGSEGV): a death by one is then in the log, with a traceback.
-    handler = private_log(log_path(state_dir), LOG_MAX_BYTES, LOG_BACKUPS, fatal_errors=True)
+    handler = private_log(state.log, LOG_MAX_BYTES, LOG_BACKUPS, fatal_errors=True)
     if root.handlers:
         handler.setFormatter(root.handlers[0].formatter)
     root.addHandler(handler)
@@ -303,7 +295,7 @@ def _file_log(state_dir: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _store(options: DaemonOptions, shared: Path, *, alone: bool) -> Iterator[LeaseStore]:
+def _store(options: DaemonOptions, shared: StateDir, *, alone: bool) -> Iterator[LeaseStore]:
     """The store. `alone`: no other daemon shares its file (the state dir's lock makes sure),
     so SQLite may keep its WAL index in this process's memory, not in a mapped ``-shm`` file
     whose fault (truncated, a disk error) would kill the daemon with SIGBUS."""
@@ -315,7 +307,7 @@ def _store(options: DaemonOptions, shared: Path, *, alone: bool) -> Iterator[Lea
     from .._stores.sqlite import SQLiteStore
     from .._stores.sqlite_files import check_files
 
-    path = shared / "controller.db"
+    path = shared.store
     try:
         # SQLite's own errors name none of its files ("attempt to write a readonly database").
         check_files(str(path), shm=not alone)
@@ -326,7 +318,7 @@ def _store(options: DaemonOptions, shared: Path, *, alone: bool) -> Iterator[Lea
         yield store
 
 
-def _runtime(options: DaemonOptions, shared: Path, routes: tuple[str, str]) -> Runtime:
+def _runtime(options: DaemonOptions, shared: StateDir, routes: tuple[str, str]) -> Runtime:
     """The runtime, its replicas told where their handles follow the routes."""
     if options.runtime == "ray":
         from ..ray import RayRuntime
@@ -343,7 +335,7 @@ def _runtime(options: DaemonOptions, shared: Path, routes: tuple[str, str]) -> R
     from .._local.runtime import LocalRuntime
 
     local = LocalRuntime(
-        shared / "w",
+        shared.workers,
         pythonpath=options.pythonpath,
         env=_child_env(),
         max_replicas=options.max_replicas,

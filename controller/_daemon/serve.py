@@ -32,7 +32,6 @@ import signal
 import socket
 from collections.abc import AsyncIterator, Callable
 from functools import partial
-from pathlib import Path
 from typing import Any, Literal, final
 
 import attrs
@@ -53,7 +52,7 @@ from .ingress_fleet import Fleet
 from .ingress_process import DRAIN_S
 from .ingress_records import STOP_MARGIN_S
 from .roles import Roles, role_of
-from .statedir import address_path, mark_stopping, token_path, write_address
+from .statedir import StateDir
 
 logger = logging.getLogger("controller.daemon")
 
@@ -125,7 +124,7 @@ class WithNodes:
 
 async def serve(
     roles: Roles,
-    state_dir: Path,
+    state: StateDir,
     front: Front,
     token: str,
     metrics: Metrics,
@@ -163,7 +162,7 @@ async def serve(
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")  # through our handlers, once
     config.graceful_timeout = API_GRACE_S
-    address_file = address_path(state_dir)
+    address_file = state.address
     # The API's own trigger: it closes once the lease is handed over.
     closing = trio.Event()
 
@@ -185,7 +184,7 @@ async def serve(
         # not be, or a child could keep the port open after we exit.
         os.set_inheritable(fd, False)
         url = binds[0]
-        write_address(state_dir, url, secrets.token_hex(8))
+        state.write_address(url, secrets.token_hex(8))
         if roles.node_ingresses is not None:
             roles.node_ingresses.follow(url, token)
         ingress.start_soon(start_ingress, daemon, url)
@@ -211,7 +210,7 @@ async def serve(
         logger.info(
             "listening on %s (token in %s), %s",
             url,
-            token_path(state_dir),
+            state.token,
             role_of(roles.leadership),
         )
 
@@ -229,7 +228,7 @@ async def serve(
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as daemon:
-            daemon.start_soon(_on_signals, signals, stop, state_dir)
+            daemon.start_soon(_on_signals, signals, stop, state)
             daemon.start_soon(metrics.measure_loop_lag)
             # Cancelled last: what it has not logged yet of wrong tokens is logged then.
             daemon.start_soon(app.throttle.run)
@@ -244,7 +243,7 @@ async def serve(
                         await start_serving(api, ingress, daemon)
                     if await stop.wait() == "shutdown":
                         await shut_down()
-                    mark_stopping(state_dir)
+                    state.mark_stopping()
                     # Stop leading (the controller closes): the lease can go.
                     roles_nursery.cancel_scope.cancel()
                 # Released before the API's connections (long polls) close: a standby takes
@@ -261,11 +260,11 @@ async def serve(
         address_file.unlink()
 
 
-async def _on_signals(signals: AsyncIterator[int], stop: Stop, state_dir: Path) -> None:
+async def _on_signals(signals: AsyncIterator[int], stop: Stop, state: StateDir) -> None:
     """The first SIGINT or SIGTERM pulls the trigger (or cuts a shutdown's drain short); later
     ones are taken and ignored: the stop under way goes on."""
     async for signum in signals:
-        mark_stopping(state_dir)
+        state.mark_stopping()
         logger.info(
             "%s: stopping; replicas keep running for the next start to adopt",
             signal.Signals(signum).name,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from controller._daemon.statedir import kept_token, read_address
+from controller._daemon.statedir import StateDir
 from controller._files import UnsafeFileError, open_regular, read_regular
 from controller._local.logs import read_log
 
@@ -48,7 +48,7 @@ def test_what_is_not_a_regular_file_is_refused_without_waiting(tmp_path: Path) -
     os.mkfifo(fifo)  # opened for reading the usual way, it waits for a writer for ever
     with pytest.raises(UnsafeFileError, match=r"daemon.json: is not a regular file \(p"):
         open_regular(fifo)
-    assert read_address(tmp_path) == {}
+    assert StateDir(tmp_path).read_address() == {}
     big = tmp_path / "big"
     big.write_bytes(b"x" * 101)
     with pytest.raises(UnsafeFileError, match="is larger than 100 bytes"):
@@ -60,9 +60,9 @@ def test_the_state_dir_s_token_and_address_are_not_read_through_links(
 ) -> None:
     (tmp_path / "daemon.json").symlink_to(victim)
     (tmp_path / "token").symlink_to(victim)
-    assert read_address(tmp_path) == {}
+    assert StateDir(tmp_path).read_address() == {}
     with pytest.raises(UnsafeFileError, match="token: is a symlink"):
-        kept_token(tmp_path)
+        StateDir(tmp_path).kept_token()
 
 
 @pytest.mark.parametrize("linked", ["a#0.log", "a#0.log.1"])

@@ -286,3 +286,19 @@ def test_a_revision_book_is_written_by_the_desk_only() -> None:
             if name == "revisions"
         ]
     assert second == []
+
+
+def test_the_state_dirs_files_are_named_in_statedir_only() -> None:
+    # The daemon's state dir is one object, `StateDir` (`_daemon/statedir.py`): the daemon, its
+    # ingress processes and the CLI ask it for a file, never join a name to a bare path.
+    names = r"token|daemon\.json|lock|daemon\.log|controller\.db|w|ingress"
+    joined = re.compile(rf'/ "({names})"|\{{slot\}}\.(json|log|sock)|\.listeners"')
+    found = [
+        f"{path.relative_to(PACKAGE)}:{n}"
+        for folder in ("_daemon", "_cli")
+        for path in sorted((PACKAGE / folder).glob("*.py"))
+        if path.name != "statedir.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if joined.search(line)
+    ]
+    assert found == []
