@@ -273,7 +273,7 @@ def failover(extra: Sequence[str], prefix: str, trials: int) -> dict[str, Any]:
 
 async def write_costs(store: Any, rounds: int) -> dict[str, dict[str, float]]:
     """Per write, in ms: `write` and `write_fenced` (the lease held as epoch 1), 1 and 10 keys."""
-    from controller._model.lease import claimed
+    from controller._model.decisions.lease import claimed
 
     lease = claimed(None, holder="bench", duration_s=3600, pid=os.getpid(), wall=time.time())
     assert await store.claim_lease(None, lease)

@@ -18,7 +18,7 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
-from ._model.errors import ConfigError
+from ._model.values.errors import ConfigError
 
 
 def private_dir(path: Path, what: str, *, create: bool = True) -> None:

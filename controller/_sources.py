@@ -19,9 +19,9 @@ from importlib.machinery import BYTECODE_SUFFIXES, EXTENSION_SUFFIXES
 from pathlib import Path
 from typing import NoReturn
 
-from ._model.code import CodeDigest
-from ._model.errors import ManifestError
-from ._model.manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from ._model.config.manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from ._model.values.code import CodeDigest
+from ._model.values.errors import ManifestError
 
 # FileFinder's order within one directory: a compiled extension shadows a .py file of the same
 # name, and a .pyc one without source; both mean there is no source for us to pin.

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 import controller
 from controller._backend.replica_set import entry_of
-from controller._model.census import Census
-from controller._model.checkpoint import join_replicas
-from controller._model.status import SERVING_STATES
+from controller._model.decisions.census import Census
+from controller._model.records.checkpoint import join_replicas
+from controller._model.records.replica_state import SERVING_STATES
 from controller.testing import FakeRuntime, FakeState
 
 from .conftest import RC

@@ -17,7 +17,7 @@ from typing import final
 from urllib.parse import parse_qs, unquote
 
 from .._core.controller import Controller
-from .._model.errors import ControllerError
+from .._model.values.errors import ControllerError
 from .._ports.runtime import LogSource
 from .console import Console
 from .errors import domain_error

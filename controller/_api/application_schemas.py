@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._model.canary import canary_schema
+from .._model.config.canary import canary_schema
 from .operations import NAME, answer, flag, operation
 from .schema_parts import BOOL, COUNT, STRING, obj, ref
 

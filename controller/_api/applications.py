@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from .._model.applications import ApplicationStatus, AppRevision
+from .._model.config.applications import ApplicationStatus, AppRevision
 from .bodies import optional_json, restart_request, steer_request, undo_request
 from .handlers import Answer, Call, Handlers, by_console
 from .http import flag, ok

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._model.config import MAX_REPLICAS
-from .._model.errors import ConfigError
-from .._model.manifest import BackendDecl, parse_backend
-from .._model.numbers import whole
-from .._model.records import MAX_REVISION
-from .._model.revisions import Cause
+from .._model.config.cause import Cause
+from .._model.config.config import MAX_REPLICAS
+from .._model.config.manifest import BackendDecl, parse_backend
+from .._model.records.records import MAX_REVISION
+from .._model.values.errors import ConfigError
+from .._model.values.numbers import whole
 from .http import HTTPError, Receive, Scope, parse_json, read_body
 
 #: The cause's fields as a request names them.

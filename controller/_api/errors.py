@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .._model.errors import (
+from .._model.values.errors import (
     ConfigError,
     ControllerClosedError,
     ControllerError,

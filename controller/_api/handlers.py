@@ -13,11 +13,12 @@ import trio
 from .._backend.turns import take_turns
 from .._core.controller import Controller
 from .._core.rollouts import with_code_checked
-from .._model.errors import ManifestError, UnknownBackendError
-from .._model.load_report import parse_load_body
-from .._model.manifest import BackendDecl, Manifest, parse_manifest
-from .._model.revisions import Cause, Revision
-from .._model.status import BackendSnapshot, BackendStatus
+from .._model.config.cause import Cause
+from .._model.config.manifest import BackendDecl, Manifest, parse_manifest
+from .._model.records.revisions import Revision
+from .._model.values.errors import ManifestError, UnknownBackendError
+from .._model.views.load_report import parse_load_body
+from .._model.views.status import BackendSnapshot, BackendStatus
 from .._ports.runtime import LogSource
 from .bodies import (
     backend_from_body,

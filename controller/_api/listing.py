@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._core.controller import Controller
-from .._model.status import BackendState
+from .._model.views.status import BackendState
 from .http import HTTPError, int_param
 from .views import status_json
 

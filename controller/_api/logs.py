@@ -9,8 +9,8 @@ from typing import Any
 import trio
 
 from .._files import UnsafeFileError
-from .._model.errors import UnknownBackendError
-from .._model.status import BackendStatus
+from .._model.values.errors import UnknownBackendError
+from .._model.views.status import BackendStatus
 from .._ports.runtime import LogSource
 from .http import HTTPError, int_param
 

@@ -12,14 +12,14 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .._model.status import BackendState
+from .._model.views.status import BackendState
 from .._ports.runtime import CheckReport, Runtime
 from .._ports.store import Store
 from .._ports.wrap import RuntimeWrapper, StoreWrapper
 
 if TYPE_CHECKING:
     from .._leadership.keeper import Leadership
-    from .._model.status import ControllerStatus
+    from .._model.views.status import ControllerStatus
 
 T = TypeVar("T")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._model.nodes import NODE_ID_PATTERN, NodeRow
-from .._model.numbers import MAX_SECONDS
+from .._model.config.nodes import NODE_ID_PATTERN, NodeRow
+from .._model.values.numbers import MAX_SECONDS
 from .http import HTTPError
 from .operations import answer, operation
 from .schema_parts import BOOL, NULLABLE_STRING, STRING, obj

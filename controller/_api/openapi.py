@@ -1,7 +1,7 @@
 """The OpenAPI description of the daemon's HTTP API, served at ``/openapi.json``.
 
 Request bodies are made from the config model itself (each field's JSON Schema sits beside its
-validator in ``_model.config``), so that the document and the server cannot drift apart;
+validator in ``_model.config.config``), so that the document and the server cannot drift apart;
 responses are written as the views (``views``) make them (``schemas``).
 ``tests/daemon/test_openapi.py`` and a schemathesis run against a real daemon check both. The
 paths are here; how an operation is written, in ``operations``.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._model.status import BackendState
+from .._model.views.status import BackendState
 from .application_schemas import PATHS as APPLICATION_PATHS
 from .listing import MAX_LIMIT
 from .nodes import PATHS as NODE_PATHS

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._model.config import NAME_PATTERN
+from .._model.config.config import NAME_PATTERN
 from .schema_parts import BOOL, COUNT, INT, STRING, ref
 
 JSON_BODY = "application/json"

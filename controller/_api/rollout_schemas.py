@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Any, get_args
 
-from .._model.config import BackendConfig
-from .._model.fields import field_schemas
-from .._model.records import MAX_REVISION
-from .._model.replica_config import ReplicaConfig
-from .._model.revisions import VIA, RevisionOutcome
+from .._model.config.cause import VIA
+from .._model.config.config import BackendConfig
+from .._model.config.replica_config import ReplicaConfig
+from .._model.records.records import MAX_REVISION
+from .._model.records.revisions import RevisionOutcome
+from .._model.values.fields import field_schemas
 from .schema_parts import BOOL, COUNT, MESSAGE, NULLABLE_STRING, STRING, VIA_HTTP, obj, ref
 
 #: The largest revision number a request may name (a signed 64-bit integer's, as for counts in

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._model.revisions import MAX_MESSAGE
+from .._model.config.cause import MAX_MESSAGE
 
 
 def ref(name: str) -> dict[str, str]:

@@ -6,17 +6,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._model.config import MAX_REPLICAS, NAME_PATTERN, BackendConfig
-from .._model.fields import field_schemas
-from .._model.load_report import (
+from .._model.config.cause import MAX_MANIFEST
+from .._model.config.config import MAX_REPLICAS, NAME_PATTERN, BackendConfig
+from .._model.config.replica_config import ReplicaConfig
+from .._model.values.fields import field_schemas
+from .._model.views.load_report import (
     MAX_LOAD_BACKENDS,
     MAX_LOAD_COUNT,
     MAX_LOAD_REPLICAS,
     MAX_TRAFFIC_VERSIONS,
     SOURCE_PATTERN,
 )
-from .._model.replica_config import ReplicaConfig
-from .._model.revisions import MAX_MANIFEST
 from .application_schemas import SCHEMAS as APPLICATION_SCHEMAS
 from .nodes import SCHEMAS as NODE_SCHEMAS
 from .rollout_schemas import ROLLOUT_SCHEMAS

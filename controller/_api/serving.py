@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, final
 
 import trio
 
-from .._model.errors import ControllerClosedError
-from .._model.status import BackendSnapshot
+from .._model.values.errors import ControllerClosedError
+from .._model.views.status import BackendSnapshot
 from .views import iso
 
 T = TypeVar("T")
@@ -20,7 +20,7 @@ T = TypeVar("T")
 if TYPE_CHECKING:
     from .._core.controller import Controller
     from .._leadership.keeper import Leadership
-    from .._model.lease import Lease
+    from .._model.decisions.lease import Lease
 
 
 @final

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._model.status import BackendState, ReplicaState
+from .._model.records.replica_state import ReplicaState
+from .._model.views.status import BackendState
 from .schema_parts import BOOL, INT, NULLABLE_STRING, STRING, obj, ref
 
 _REPLICA = obj(

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, final
 import attrs
 import trio
 
-from .._model.status import BackendNumbers
+from .._model.views.status import BackendNumbers
 from .views import iso
 
 if TYPE_CHECKING:

@@ -11,17 +11,13 @@ import attrs
 import trio
 
 from .._core.desk import Applied
-from .._model.autoscale import ScaleDecision
-from .._model.canary_steps import CanaryStatus, RevisionNumbers
-from .._model.last_applied import BackendDiff
-from .._model.manifest import BackendDecl, config_to_dict
-from .._model.revisions import Cause, Revision
-from .._model.status import (
-    AutoscalerStatus,
-    BackendSnapshot,
-    BackendStatus,
-    RolloutStatus,
-)
+from .._model.config.cause import Cause
+from .._model.config.last_applied import BackendDiff
+from .._model.config.manifest import BackendDecl, config_to_dict
+from .._model.decisions.autoscale import ScaleDecision
+from .._model.decisions.canary_steps import CanaryStatus, RevisionNumbers
+from .._model.records.revisions import Revision
+from .._model.views.status import AutoscalerStatus, BackendSnapshot, BackendStatus, RolloutStatus
 
 
 def iso(wall_time: float | None) -> str | None:

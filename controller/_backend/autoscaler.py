@@ -1,4 +1,4 @@
-"""One backend's autoscaler: the thin part around the pure ``_model.autoscale.evaluate``.
+"""One backend's autoscaler: the thin part around the pure ``_model.decisions.autoscale.evaluate``.
 
 The backend's loop calls ``evaluate`` on each pass of an autoscaled backend (a load event, its
 timer, a replica becoming ready): nothing here loops over replicas or polls. The state goes to the
@@ -16,7 +16,9 @@ from typing import final
 
 import trio
 
-from .._model.autoscale import (
+from .._model.config.autoscaling import AutoscalingConfig
+from .._model.config.config import BackendConfig
+from .._model.decisions.autoscale import (
     Entry,
     Inputs,
     ScaleDecision,
@@ -25,10 +27,8 @@ from .._model.autoscale import (
     initial_state,
     restored,
 )
-from .._model.autoscaling import AutoscalingConfig
-from .._model.config import BackendConfig
-from .._model.records import AutoscaleRecord
-from .._model.status import AutoscalerStatus
+from .._model.records.records import AutoscaleRecord
+from .._model.views.status import AutoscalerStatus
 from . import events as ev
 from .history import plural
 

@@ -1,9 +1,9 @@
-"""A backend's canary release, as its loop runs it: which step it is at, the step's clock,
-the numbers the ingresses report for each revision, and the moves the gates decide
-(``_model.canary_steps``). The loop is its only writer: it follows the spec, looks at each pass,
-and acts on a move (an abort fails the deploy, which rolls back to the stable revision). The
-ingresses' reports reach it through the loop's channel (``LoadReported``) and only add to the
-step's numbers.
+"""A backend's canary release, as its loop runs it: which step it is at, the step's clock, the
+numbers the ingresses report for each revision, and the moves the gates decide
+(``_model.decisions.canary_steps``). The loop is its only writer: it follows the spec, looks at each
+pass, and acts on a move (an abort fails the deploy, which rolls back to the stable revision). The
+ingresses' reports reach it through the loop's channel (``LoadReported``) and only add to the step's
+numbers.
 """
 
 from __future__ import annotations
@@ -16,21 +16,21 @@ from typing import Literal, final
 import attrs
 import trio
 
-from .._model.canary import CanaryConfig, canary_count
-from .._model.canary_plan import CanarySplit
-from .._model.canary_steps import (
+from .._model.config.canary import CanaryConfig, canary_count
+from .._model.decisions.canary_plan import CanarySplit
+from .._model.decisions.canary_steps import (
     CanaryStatus,
     RevisionNumbers,
     StepMove,
     describe_gates,
     step_move,
 )
-from .._model.json_values import digest
-from .._model.records import CanaryRecord, RolloutRecord
-from .._model.revisions import Revision, RevisionBook
-from .._model.spec import Spec
-from .._model.status import TrafficSplit
-from .._model.verdict import RequestTally, judge
+from .._model.decisions.spec import Spec
+from .._model.decisions.verdict import RequestTally, judge
+from .._model.records.records import CanaryRecord, RolloutRecord
+from .._model.records.revisions import Revision, RevisionBook
+from .._model.values.json_values import digest
+from .._model.views.status import TrafficSplit
 from .history import Journal
 
 Phase = Literal["off", "judging", "promoted", "aborted"]

@@ -11,9 +11,9 @@ from typing import TypeAlias
 import attrs
 import trio
 
-from .._model.code_report import CodeReport
-from .._model.spec import Spec
-from .._model.status import LoadReport
+from .._model.decisions.spec import Spec
+from .._model.records.code_report import CodeReport
+from .._model.views.status import LoadReport
 from .._ports.runtime import ReplicaInfo
 from .goal import Goal
 

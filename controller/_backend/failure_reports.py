@@ -1,6 +1,6 @@
 """What a backend's failures do beyond the bookkeeping: each is told (log, event, metric), each
-backs off, and a deploy that has failed fails its goal and is stored, so that a restarted
-controller does not try it again. ``_model.failures`` keeps the pure rules; this applies them."""
+backs off, and a deploy that has failed fails its goal and is stored, so that a restarted controller
+does not try it again. ``_model.decisions.failures`` keeps the pure rules; this applies them."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Literal, final
 
 import trio
 
-from .._model.failures import FailureBook
-from .._model.records import FailureRecord
+from .._model.decisions.failures import FailureBook
+from .._model.records.records import FailureRecord
 from .goal import Goal
 from .history import Journal
 from .replica_set import ReplicaSet

@@ -7,8 +7,8 @@ from typing import Literal, final
 import attrs
 import trio
 
-from .._model.errors import ControllerClosedError, GoalFailed
-from .._model.status import GoalOutcome
+from .._model.values.errors import ControllerClosedError, GoalFailed
+from .._model.views.status import GoalOutcome
 
 
 @final

@@ -22,9 +22,9 @@ from typing import Protocol, final
 
 import trio
 
-from .._model.config import BackendConfig
-from .._model.pass_plan import DueCheck, HealthState, PassPlan
-from .._model.status import ReplicaState
+from .._model.config.config import BackendConfig
+from .._model.decisions.pass_plan import DueCheck, HealthState, PassPlan
+from .._model.records.replica_state import ReplicaState
 from .replica import Replica
 from .tasks import Launcher
 

@@ -9,10 +9,10 @@ from typing import final
 
 import trio
 
-from .._model.checkpoint import dump_event, join_events
-from .._model.records import EventRecord, EventsRecord
-from .._model.spec import Spec
-from .._model.status import BackendEvent, FailedStart
+from .._model.decisions.spec import Spec
+from .._model.records.checkpoint import dump_event, join_events
+from .._model.records.records import EventRecord, EventsRecord
+from .._model.views.status import BackendEvent, FailedStart
 from .observe import Observer
 
 logger = logging.getLogger("controller")

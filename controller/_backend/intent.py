@@ -14,8 +14,8 @@ from typing import final
 
 import trio
 
-from .._model.errors import ControllerError
-from .._model.records import events_key
+from .._model.records.records import events_key
+from .._model.values.errors import ControllerError
 from .._ports.store import Store
 from . import events as ev
 from .history import EventLog

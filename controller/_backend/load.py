@@ -9,9 +9,9 @@ from typing import final
 
 import attrs
 
-from .._model.code_report import BatchNumbers, CodeReport
-from .._model.multiplexing import ReplicaModels
-from .._model.status import LOAD_TTL_S, BackendLoad, LoadReport
+from .._model.records.code_report import BatchNumbers, CodeReport
+from .._model.records.multiplexing import ReplicaModels
+from .._model.views.status import LOAD_TTL_S, BackendLoad, LoadReport
 
 #: Sources kept per backend: more are dropped oldest first (a buggy router that makes up a
 #: new id per report must not grow memory).

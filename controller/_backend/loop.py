@@ -1,10 +1,10 @@
 """One backend: its task, its nursery, its replicas and its reconcile loop.
 
-The loop is the only writer of the backend's state. A spec change arrives as an event with its
-goal; every start, adoption, reconfigure, health check and stop runs as a task in the backend's
-nursery and reports with one event (``tasks``). The loop wakes on its channel, applies
-every queued event (``reduce``), reads what its pass needs, asks the pure ``decide_pass`` for a
-plan (``_model.pass_plan``), publishes the watch snapshot, and carries the plan out through its
+The loop is the only writer of the backend's state. A spec change arrives as an event with its goal;
+every start, adoption, reconfigure, health check and stop runs as a task in the backend's nursery
+and reports with one event (``tasks``). The loop wakes on its channel, applies every queued event
+(``reduce``), reads what its pass needs, asks the pure ``decide_pass`` for a plan
+(``_model.decisions.pass_plan``), publishes the watch snapshot, and carries the plan out through its
 helpers, each action once the intent behind it is durable (``intent``). It decides every stop
 itself.
 """
@@ -19,20 +19,16 @@ from typing import final
 
 import trio
 
-from .._model.code_report import CodeReport
-from .._model.failures import FailureBook
-from .._model.json_values import JSON
-from .._model.multiplexing import Held
-from .._model.pass_plan import PassState, decide_pass
-from .._model.records import events_key, replicas_key, revisions_key, spec_key
-from .._model.revisions import RevisionBook
-from .._model.spec import Spec
-from .._model.status import (
-    BackendReason,
-    BackendState,
-    LoadReport,
-    ReplicaState,
-)
+from .._model.decisions.failures import FailureBook
+from .._model.decisions.pass_plan import PassState, decide_pass
+from .._model.decisions.spec import Spec
+from .._model.records.code_report import CodeReport
+from .._model.records.multiplexing import Held
+from .._model.records.records import events_key, replicas_key, revisions_key, spec_key
+from .._model.records.replica_state import ReplicaState
+from .._model.records.revisions import RevisionBook
+from .._model.values.json_values import JSON
+from .._model.views.status import BackendReason, BackendState, LoadReport
 from . import events as ev
 from . import tasks as tasks
 from . import view as view
@@ -348,7 +344,7 @@ class Backend(Reducer, Reading):
         self, now: float, config_digest: str, hands_config: bool, canary_at: float
     ) -> PassState:
         """What the pass decides on. The autoscaler is evaluated and its count fitted here:
-        both are state that evaluating updates (``_model.pass_plan``)."""
+        both are state that evaluating updates (``_model.decisions.pass_plan``)."""
         census, version = self._set.census, self.spec.version
         autoscaled = self._scaling.autoscaled and not self.spec.deleting
         # Replicas not serving yet count as fully loaded before it scales down (asked lazily).

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import trio
 
-from .._model.failures import FailureBook
-from .._model.json_values import JSON
-from .._model.revisions import RevisionBook
-from .._model.spec import Spec
-from .._model.status import BackendNumbers, BackendReason, BackendState, BackendStatus
+from .._model.decisions.failures import FailureBook
+from .._model.decisions.spec import Spec
+from .._model.records.revisions import RevisionBook
+from .._model.values.json_values import JSON
+from .._model.views.status import BackendNumbers, BackendReason, BackendState, BackendStatus
 from . import view as view
 from .canary import Canary
 from .goal import Goal

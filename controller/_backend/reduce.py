@@ -13,13 +13,14 @@ import logging
 
 import trio
 
-from .._model.failures import FailureBook
-from .._model.multiplexing import Held
-from .._model.pass_plan import replaces_unhealthy
-from .._model.records import EventsRecord, ReplicasRecord
-from .._model.revisions import RevisionBook
-from .._model.spec import Spec
-from .._model.status import BackendReason, BackendState, ReplicaState
+from .._model.decisions.failures import FailureBook
+from .._model.decisions.pass_plan import replaces_unhealthy
+from .._model.decisions.spec import Spec
+from .._model.records.multiplexing import Held
+from .._model.records.records import EventsRecord, ReplicasRecord
+from .._model.records.replica_state import ReplicaState
+from .._model.records.revisions import RevisionBook
+from .._model.views.status import BackendReason, BackendState
 from .._ports.runtime import ReplicaInfo
 from . import events as ev
 from . import tasks as tasks

@@ -1,4 +1,5 @@
-"""Each replica of a backend as its loop tracks it (the spec it works toward is ``_model.spec``)."""
+"""Each replica of a backend as its loop tracks it (the spec it works toward is
+``_model.decisions.spec``)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from typing import Protocol, final
 
 import attrs
 
-from .._model.census import Key
-from .._model.serving import ServingReplica
-from .._model.status import ReplicaState
+from .._model.decisions.census import Key
+from .._model.records.replica_state import ReplicaState
+from .._model.views.serving import ServingReplica
 from .pages import Page
 
 _tag_rng = random.SystemRandom()

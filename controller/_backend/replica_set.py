@@ -12,9 +12,9 @@ from collections.abc import Callable
 from functools import partial
 from typing import final
 
-from .._model.census import Census, Key, key_of
-from .._model.checkpoint import dump_replica, join_page, join_replicas
-from .._model.records import (
+from .._model.decisions.census import Census, Key, key_of
+from .._model.records.checkpoint import dump_replica, join_page, join_replicas
+from .._model.records.records import (
     AutoscaleRecord,
     FailureRecord,
     ReplicaRecord,
@@ -23,8 +23,8 @@ from .._model.records import (
     page_key,
     replicas_key,
 )
-from .._model.serving import ServingReplica, ServingReplicas
-from .._model.status import ReplicaState
+from .._model.records.replica_state import ReplicaState
+from .._model.views.serving import ServingReplica, ServingReplicas
 from .._ports.runtime import ReplicaInfo
 from .pages import Pages
 from .replica import Replica

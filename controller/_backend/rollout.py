@@ -1,10 +1,9 @@
 """How the rollout of a backend's revision goes: progress and its deadline, the ``min_ready_s``
 watch over new replicas, the outcome (reported to the desk, which marks it in the revision book,
-and stored with the replicas),
-and what a failure does: halt, or ask the controller to roll back.
+and stored with the replicas), and what a failure does: halt, or ask the controller to roll back.
 
-The backend's loop feeds it (a new spec, a replica ready, a replica failed) with the time; its
-pass decides when the deadline fails it and when it completes (``_model.pass_plan``). It never
+The backend's loop feeds it (a new spec, a replica ready, a replica failed) with the time; its pass
+decides when the deadline fails it and when it completes (``_model.decisions.pass_plan``). It never
 acts on replicas itself: a failed rollout fails the deploy (``FailureReports``), which blocks new
 starts ("halt"), and a rollback is a new spec, which only the controller writes.
 """
@@ -16,11 +15,11 @@ import math
 from collections.abc import Callable
 from typing import final
 
-from .._model.failures import FailureBook
-from .._model.pass_plan import RolloutState, after_failure, unhealthy_after_ready
-from .._model.records import RolloutRecord
-from .._model.revisions import Outcome, RevisionBook, RevisionOutcome
-from .._model.spec import Spec
+from .._model.decisions.failures import FailureBook
+from .._model.decisions.pass_plan import RolloutState, after_failure, unhealthy_after_ready
+from .._model.decisions.spec import Spec
+from .._model.records.records import RolloutRecord
+from .._model.records.revisions import Outcome, RevisionBook, RevisionOutcome
 from .failure_reports import Stored
 from .history import Journal
 from .observe import Observer
@@ -184,7 +183,7 @@ class Rollout:
             self.last_progress = now
 
     def state(self) -> RolloutState:
-        """What a pass decides on (``_model.pass_plan``)."""
+        """What a pass decides on (``_model.decisions.pass_plan``)."""
         deadline = self._spec().backend_config.progress_deadline_s
         return RolloutState(self.active, self.revision, self.deadline(deadline), self.settled_at)
 

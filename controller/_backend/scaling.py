@@ -1,10 +1,10 @@
 """A backend's load and the count its autoscaler sets: the part of the backend's loop that hears
 load and decides how many replicas it should have.
 
-The loop owns it and calls it: load reports (the ingresses', the replicas' own) go to the book
-and ask the loop for one pass; each pass of an autoscaled backend evaluates the autoscaler
-(``_model.autoscale``, pure) and asks the capacity gate (``Room``) how far its count may go.
-It walks no replicas itself: what it needs of them, the loop hands it.
+The loop owns it and calls it: load reports (the ingresses', the replicas' own) go to the book and
+ask the loop for one pass; each pass of an autoscaled backend evaluates the autoscaler
+(``_model.decisions.autoscale``, pure) and asks the capacity gate (``Room``) how far its count may
+go. It walks no replicas itself: what it needs of them, the loop hands it.
 """
 
 from __future__ import annotations
@@ -12,10 +12,16 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import final
 
-from .._model.code_report import CodeReport
-from .._model.config import BackendConfig
-from .._model.records import AutoscaleRecord
-from .._model.status import AutoscalerStatus, BackendLoad, BackendReason, BackendState, LoadReport
+from .._model.config.config import BackendConfig
+from .._model.records.code_report import CodeReport
+from .._model.records.records import AutoscaleRecord
+from .._model.views.status import (
+    AutoscalerStatus,
+    BackendLoad,
+    BackendReason,
+    BackendState,
+    LoadReport,
+)
 from . import events as ev
 from .autoscaler import Autoscaler, Room
 from .history import Journal

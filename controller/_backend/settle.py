@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import final
 
-from .._model.status import ReplicaState
+from .._model.records.replica_state import ReplicaState
 from .goal import Goal
 from .intent import Intent
 from .replica import Replica

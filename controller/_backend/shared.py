@@ -8,8 +8,8 @@ from typing import Protocol
 
 import attrs
 
-from .._model.policy import RestartPolicy
-from .._model.revisions import Outcome
+from .._model.decisions.policy import RestartPolicy
+from .._model.records.revisions import Outcome
 from .._ports.runtime import Runtime
 from .._ports.store import Store
 from .observe import Observer

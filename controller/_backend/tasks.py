@@ -17,9 +17,9 @@ from typing import Any, final
 
 import trio
 
-from .._model.errors import ReplicaError
-from .._model.json_values import JSON
-from .._model.spec import ReplicaSpec
+from .._model.decisions.spec import ReplicaSpec
+from .._model.values.errors import ReplicaError
+from .._model.values.json_values import JSON
 from .._ports.runtime import ReplicaInfo, Runtime, batched_checks, check_each
 from . import events as ev
 from .intent import Intent

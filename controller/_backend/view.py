@@ -8,22 +8,22 @@ from typing import final
 
 import attrs
 
-from .._model.canary import canary_count
-from .._model.canary_steps import CanaryStatus
-from .._model.census import Census
-from .._model.failures import FailureBook
-from .._model.multiplexing import Held
-from .._model.revisions import Revision, RevisionBook
-from .._model.serving import ServingReplicas
-from .._model.spec import Spec
-from .._model.status import (
+from .._model.config.canary import canary_count
+from .._model.decisions.canary_steps import CanaryStatus
+from .._model.decisions.census import Census
+from .._model.decisions.failures import FailureBook
+from .._model.decisions.spec import Spec
+from .._model.records.multiplexing import Held
+from .._model.records.replica_state import ReplicaState
+from .._model.records.revisions import Revision, RevisionBook
+from .._model.views.serving import ServingReplicas
+from .._model.views.status import (
     AutoscalerStatus,
     BackendLoad,
     BackendReason,
     BackendSnapshot,
     BackendState,
     BackendStatus,
-    ReplicaState,
     ReplicaStatus,
     RolloutStatus,
     TrafficSplit,

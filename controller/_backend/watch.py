@@ -9,8 +9,8 @@ from typing import final
 import attrs
 import trio
 
-from .._model.errors import ControllerClosedError
-from .._model.status import BackendSnapshot
+from .._model.values.errors import ControllerClosedError
+from .._model.views.status import BackendSnapshot
 
 #: Tombstones kept for watchers that were away; older ones are dropped (``SnapshotHub.floor``).
 TOMBSTONES_KEPT = 10_000

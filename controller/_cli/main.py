@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .._model.errors import ManifestError
-from .._model.text import safe_text
+from .._model.values.errors import ManifestError
+from .._model.values.text import safe_text
 from . import applications as apps
 from .client import CLIError, describe_error, make_client
 from .console import add_console_parsers
@@ -52,7 +52,7 @@ from .run import add_run_parser
 from .waiting import wait_for
 
 if TYPE_CHECKING:
-    from .._model.manifest import Manifest
+    from .._model.config.manifest import Manifest
 
 #: How often ``logs --follow`` asks for what is new.
 _FOLLOW_S = 0.5
@@ -62,7 +62,7 @@ _FOLLOW_S = 0.5
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from .._model.manifest import MAX_MANIFEST_BYTES
+    from .._model.config.manifest import MAX_MANIFEST_BYTES
     from .._sources import load_manifest
 
     try:
@@ -130,7 +130,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 def _applications(manifest: Manifest) -> dict[str, Any]:
     """A manifest's applications as an apply's body names them."""
-    from .._model.fields import block_to_dict
+    from .._model.values.fields import block_to_dict
 
     out: dict[str, Any] = {}
     for app in manifest.applications:

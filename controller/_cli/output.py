@@ -10,7 +10,7 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TextIO, final
 
-from .._model.text import one_line, safe_text
+from .._model.values.text import one_line, safe_text
 
 
 @final

@@ -10,8 +10,8 @@ import os
 from pathlib import Path
 
 from .._daemon.log_format import setup_logging
-from .._model.errors import CheckpointError, ConfigError, ManifestError, StartupError
-from .._model.lease import DURATION_S, RENEW_S, LeaseTiming
+from .._model.decisions.lease import DURATION_S, RENEW_S, LeaseTiming
+from .._model.values.errors import CheckpointError, ConfigError, ManifestError, StartupError
 from .client import CLIError
 from .ingress import ingress_workers
 from .rollout import seconds

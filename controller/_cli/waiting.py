@@ -8,7 +8,7 @@ import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
 
-from .._model.text import one_line
+from .._model.values.text import one_line
 from .client import Client, CLIError, leader_answer
 from .output import canary_line, indent
 

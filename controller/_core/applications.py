@@ -16,7 +16,7 @@ from typing import final
 import trio
 
 from .._backend.goal import Goal
-from .._model.applications import (
+from .._model.config.applications import (
     AppDecl,
     ApplicationRecord,
     ApplicationStatus,
@@ -24,17 +24,17 @@ from .._model.applications import (
     MemberStatus,
     application_key,
 )
-from .._model.checkpoint import dump
-from .._model.errors import (
+from .._model.config.cause import Cause, Via
+from .._model.config.manifest import Manifest
+from .._model.decisions.spec import Spec, delete_record
+from .._model.decisions.steering import SpecChange
+from .._model.records.checkpoint import dump
+from .._model.values.errors import (
     ConfigError,
     ControllerError,
     RolloutError,
     UnknownApplicationError,
 )
-from .._model.manifest import Manifest
-from .._model.revisions import Cause, Via
-from .._model.spec import Spec, delete_record
-from .._model.steering import SpecChange
 from . import manifests, rollouts
 from .desk import Also, Applied, Configs, SpecDesk
 

@@ -1,8 +1,8 @@
 """Which scale-ups the runtime can hold: the controller's side of feasibility.
 
-``_model.placement`` does the arithmetic; this module says what each backend holds and asks for, and
-words the refusal. A deploy is refused only for what it adds: a spec that frees or keeps
-resources is never refused.
+``_model.decisions.placement`` does the arithmetic; this module says what each backend holds and
+asks for, and words the refusal. A deploy is refused only for what it adds: a spec that frees or
+keeps resources is never refused.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import trio
 
 from .._backend.history import plural
 from .._backend.loop import Backend
-from .._model.errors import InfeasibleError
-from .._model.nodes import NodeRules, rules_text
-from .._model.placement import SLOTS, Demand, need_of, place, total
-from .._model.reconcile import resolve_limits
-from .._model.spec import Spec
+from .._model.config.nodes import NodeRules, rules_text
+from .._model.decisions.placement import SLOTS, Demand, need_of, place, total
+from .._model.decisions.reconcile import resolve_limits
+from .._model.decisions.spec import Spec
+from .._model.values.errors import InfeasibleError
 from .._ports.runtime import Runtime
 
 #: How long room granted to a growing backend counts as held by it for the others' checks: long

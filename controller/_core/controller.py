@@ -18,24 +18,21 @@ from .._backend.goal import Goal
 from .._backend.loop import Backend
 from .._backend.observe import Observer
 from .._backend.watch import SnapshotHub, SnapshotStream
-from .._model.code_report import CodeReport
-from .._model.config import BackendConfig, check_backend_name
-from .._model.errors import (
-    ConfigError,
-    RolloutError,
-    UnknownBackendError,
-)
-from .._model.last_applied import BackendDiff
-from .._model.load_report import MAX_LOAD_COUNT
-from .._model.manifest import Manifest
-from .._model.nodes import NodeRow
-from .._model.policy import RestartPolicy
-from .._model.records import RevisionsRecord
-from .._model.replica_config import ReplicaConfig
-from .._model.revisions import Cause, Revision, Via, with_content
-from .._model.scale import scaled
-from .._model.spec import Spec, check_declared
-from .._model.status import (
+from .._model.config.cause import Cause, Via
+from .._model.config.config import BackendConfig, check_backend_name
+from .._model.config.last_applied import BackendDiff
+from .._model.config.manifest import Manifest
+from .._model.config.nodes import NodeRow
+from .._model.config.replica_config import ReplicaConfig
+from .._model.config.scale import scaled
+from .._model.decisions.policy import RestartPolicy
+from .._model.decisions.spec import Spec, check_declared
+from .._model.records.code_report import CodeReport
+from .._model.records.records import RevisionsRecord
+from .._model.records.revisions import Revision, with_content
+from .._model.values.errors import ConfigError, RolloutError, UnknownBackendError
+from .._model.views.load_report import MAX_LOAD_COUNT
+from .._model.views.status import (
     BackendNumbers,
     BackendSnapshot,
     BackendStatus,

@@ -30,17 +30,18 @@ from .._backend.observe import Observer
 from .._backend.shared import Member, Nodes, Shared
 from .._backend.turns import take_turns
 from .._backend.watch import SnapshotHub
-from .._model.checkpoint import dump
-from .._model.code import CodeDigest
-from .._model.config import BackendConfig
-from .._model.errors import ControllerClosedError, UnknownBackendError
-from .._model.json_values import JSON
-from .._model.policy import RestartPolicy
-from .._model.records import RevisionsRecord, revisions_key, spec_key
-from .._model.replica_config import ReplicaConfig
-from .._model.revisions import Cause, Outcome, Revision, RevisionBook, with_outcomes
-from .._model.spec import Spec, delete_record
-from .._model.steering import SpecChange, asked, deploy_change, restored
+from .._model.config.cause import Cause
+from .._model.config.config import BackendConfig
+from .._model.config.replica_config import ReplicaConfig
+from .._model.decisions.policy import RestartPolicy
+from .._model.decisions.spec import Spec, delete_record
+from .._model.decisions.steering import SpecChange, asked, deploy_change, restored
+from .._model.records.checkpoint import dump
+from .._model.records.records import RevisionsRecord, revisions_key, spec_key
+from .._model.records.revisions import Outcome, Revision, RevisionBook, with_outcomes
+from .._model.values.code import CodeDigest
+from .._model.values.errors import ControllerClosedError, UnknownBackendError
+from .._model.values.json_values import JSON
 from .._ports.runtime import Runtime
 from .._ports.store import Store
 from .._sources import code_digest

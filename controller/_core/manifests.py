@@ -7,14 +7,14 @@ from __future__ import annotations
 import functools
 
 from .._backend.turns import take_turns
-from .._model.config import BackendConfig
-from .._model.errors import ConfigError
-from .._model.last_applied import BackendDiff, applied_text, diff_of, merged
-from .._model.manifest import BackendDecl, Manifest
-from .._model.replica_config import ReplicaConfig
-from .._model.revisions import Cause
-from .._model.spec import Spec, check_declared
-from .._model.steering import asked
+from .._model.config.cause import Cause
+from .._model.config.config import BackendConfig
+from .._model.config.last_applied import BackendDiff, applied_text, diff_of, merged
+from .._model.config.manifest import BackendDecl, Manifest
+from .._model.config.replica_config import ReplicaConfig
+from .._model.decisions.spec import Spec, check_declared
+from .._model.decisions.steering import asked
+from .._model.values.errors import ConfigError
 from .desk import Also, Applied, SpecDesk
 
 

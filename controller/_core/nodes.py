@@ -21,9 +21,9 @@ import trio
 
 from .._backend.loop import Backend
 from .._backend.shared import Nodes
-from .._model.errors import ConfigError, NodesUnsupportedError, UnknownNodeError
-from .._model.nodes import NODE_PREFIX, Cordon, NodeInfo, NodeRow, node_id
-from .._model.numbers import MAX_SECONDS
+from .._model.config.nodes import NODE_PREFIX, Cordon, NodeInfo, NodeRow, node_id
+from .._model.values.errors import ConfigError, NodesUnsupportedError, UnknownNodeError
+from .._model.values.numbers import MAX_SECONDS
 from .._ports.runtime import NodeRuntime, Runtime, node_runtime
 from .._ports.store import Store
 

@@ -14,8 +14,8 @@ import attrs
 import trio
 
 from .._backend.observe import NullObserver, Observer
-from .._model.code_report import CodeReport
-from .._model.policy import RestartPolicy
+from .._model.decisions.policy import RestartPolicy
+from .._model.records.code_report import CodeReport
 from .._ports.runtime import Runtime
 from .._ports.store import Store
 from .._routing.sources import ControllerSource

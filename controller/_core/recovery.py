@@ -17,11 +17,17 @@ from .._backend.history import plural
 from .._backend.loop import Backend
 from .._backend.tasks import kill_replica
 from .._backend.turns import in_turns, take_turns
-from .._model.applications import ApplicationRecord
-from .._model.checkpoint import parse_in_steps
-from .._model.placement import Demand
-from .._model.records import RevisionsRecord, events_key, page_key, replicas_key, revisions_key
-from .._model.spec import Spec
+from .._model.config.applications import ApplicationRecord
+from .._model.decisions.placement import Demand
+from .._model.decisions.spec import Spec
+from .._model.records.checkpoint import parse_in_steps
+from .._model.records.records import (
+    RevisionsRecord,
+    events_key,
+    page_key,
+    replicas_key,
+    revisions_key,
+)
 from .._ports.runtime import Runtime
 from .._ports.store import Store
 from .capacity import shortfalls

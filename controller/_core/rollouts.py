@@ -16,24 +16,25 @@ import attrs
 import trio
 
 from .._backend.goal import Goal
-from .._model.code import CodeDigest
-from .._model.errors import (
+from .._model.config.cause import Cause
+from .._model.decisions.pass_plan import rollback_target
+from .._model.decisions.spec import Spec
+from .._model.decisions.steering import (
+    SpecChange,
+    pause_change,
+    restart_change,
+    resume_change,
+    undo_change,
+)
+from .._model.records.revisions import Revision, RevisionBook
+from .._model.values.code import CodeDigest
+from .._model.values.errors import (
     CodeChangedError,
     ConfigError,
     ControllerClosedError,
     ControllerError,
     RolloutError,
     UnknownBackendError,
-)
-from .._model.pass_plan import rollback_target
-from .._model.revisions import Cause, Revision, RevisionBook
-from .._model.spec import Spec
-from .._model.steering import (
-    SpecChange,
-    pause_change,
-    restart_change,
-    resume_change,
-    undo_change,
 )
 from .._sources import code_digest
 from .desk import SpecDesk

@@ -7,8 +7,8 @@ from typing import final
 
 import attrs
 
-from .._model.errors import RouteConflictError
-from .._model.spec import Spec
+from .._model.decisions.spec import Spec
+from .._model.values.errors import RouteConflictError
 
 
 def route_of(spec: Spec) -> str | None:

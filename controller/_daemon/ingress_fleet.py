@@ -34,7 +34,7 @@ import trio
 
 from .._api.views import iso
 from .._files import private_dir
-from .._model.errors import StartupError
+from .._model.values.errors import StartupError
 from .._procfs import describe_exit
 from .ingress_process import DRAIN_S
 from .ingress_records import (

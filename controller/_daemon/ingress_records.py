@@ -22,7 +22,7 @@ import h11
 import trio
 
 from .._files import open_regular, read_regular
-from .._model.errors import StartupError
+from .._model.values.errors import StartupError
 from .._procfs import command_line, exit_status, start_time
 from .._routing.sources import read_answer
 from ..ingress import SourceError

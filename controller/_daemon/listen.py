@@ -10,7 +10,7 @@ import logging
 import socket
 from collections.abc import Iterator
 
-from .._model.errors import StartupError
+from .._model.values.errors import StartupError
 
 logger = logging.getLogger("controller.daemon")
 

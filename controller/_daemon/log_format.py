@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .._model.text import one_line
+from .._model.values.text import one_line
 
 
 class JSONFormatter(logging.Formatter):

@@ -38,13 +38,8 @@ from .._api.serving import Serving
 from .._core.open import _only_error
 from .._files import create_private
 from .._leadership.keeper import Leadership, holder_name
-from .._model.errors import (
-    CheckpointError,
-    ConfigError,
-    ManifestError,
-    StartupError,
-)
-from .._model.lease import LeaseTiming
+from .._model.decisions.lease import LeaseTiming
+from .._model.values.errors import CheckpointError, ConfigError, ManifestError, StartupError
 from .._ports.runtime import Runtime, log_source
 from .._ports.store import LeaseStore
 from .._sources import load_manifest

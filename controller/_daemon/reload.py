@@ -19,9 +19,10 @@ import attrs
 import trio
 
 from .._core.controller import Controller
-from .._model.code import CodeDigest
-from .._model.errors import ControllerClosedError, ControllerError
-from .._model.revisions import Cause, Revision
+from .._model.config.cause import Cause
+from .._model.records.revisions import Revision
+from .._model.values.code import CodeDigest
+from .._model.values.errors import ControllerClosedError, ControllerError
 from .._sources import code_digest
 
 logger = logging.getLogger("controller.daemon")

@@ -21,7 +21,10 @@ from .._core.open import _only_error, open_controller
 from .._leadership.fencing import FencedRuntime, FencedStore
 from .._leadership.keeper import Leadership
 from .._leadership.standby import store_view
-from .._model.errors import (
+from .._model.config.cause import Cause
+from .._model.config.manifest import Manifest
+from .._model.decisions.lease import Lease
+from .._model.values.errors import (
     CheckpointError,
     ConfigError,
     ControllerError,
@@ -29,10 +32,7 @@ from .._model.errors import (
     StartupError,
     StoreError,
 )
-from .._model.lease import Lease
-from .._model.manifest import Manifest
-from .._model.revisions import Cause
-from .._model.status import ControllerStatus
+from .._model.views.status import ControllerStatus
 from .._ports.runtime import Runtime
 from .._ports.store import LeaseStore, Store
 from .reload import CodeWatch

@@ -46,7 +46,7 @@ from .._api.timeline import record as record_timelines
 from .._api.views import iso
 from .._backend.tasks import KILL_TIMEOUT_S
 from .._core.controller import Controller
-from .._model.errors import ControllerError
+from .._model.values.errors import ControllerError
 from .._ports.runtime import LogSource
 from .ingress_fleet import Fleet
 from .ingress_process import DRAIN_S

@@ -30,7 +30,7 @@ from typing import final
 import attrs
 
 from .._files import UnsafeFileError, private_dir, read_regular, write_private
-from .._model.errors import ConfigError, StartupError
+from .._model.values.errors import ConfigError, StartupError
 
 STATE_DIR_ENV = "CONTROLLER_STATE_DIR"
 TOKEN_ENV = "CONTROLLER_TOKEN"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import attrs
 
-from .._model.errors import ConfigError
+from .._model.values.errors import ConfigError
 
 
 def positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:

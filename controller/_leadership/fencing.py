@@ -12,7 +12,7 @@ from typing import NoReturn, TypeVar, final
 
 import trio
 
-from .._model.errors import FencedError
+from .._model.values.errors import FencedError
 from .._ports.runtime import CheckReport, Runtime
 from .._ports.store import LeaseStore
 from .._ports.wrap import RuntimeWrapper, StoreWrapper

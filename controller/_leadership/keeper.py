@@ -1,5 +1,5 @@
 """Leadership, the trio part: stand by until the lease is ours, then keep it, and stop leading
-the moment it is lost (``_model.lease`` holds the decisions, ``fencing`` the refusals).
+the moment it is lost (``_model.decisions.lease`` holds the decisions, ``fencing`` the refusals).
 
 A leader runs inside ``leading_scope()``, cancelled when the lease is lost: when a renewal is
 refused (another daemon claimed; the store and the replicas then refuse its writes and commands
@@ -26,8 +26,8 @@ from typing import final
 
 import trio
 
-from .._model.errors import FencedError, StoreError
-from .._model.lease import Lease, LeaseTiming, Watched, claim_at, claimed, renewed, watch
+from .._model.decisions.lease import Lease, LeaseTiming, Watched, claim_at, claimed, renewed, watch
+from .._model.values.errors import FencedError, StoreError
 from .._ports.store import LeaseStore
 
 logger = logging.getLogger("controller.leadership")

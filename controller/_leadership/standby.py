@@ -16,10 +16,10 @@ import trio
 from .._backend.observe import NullObserver
 from .._backend.turns import in_turns, take_turns
 from .._core.controller import Controller
-from .._model.checkpoint import parse_in_steps
-from .._model.json_values import JSON
-from .._model.policy import RestartPolicy
-from .._model.spec import ReplicaSpec, Spec
+from .._model.decisions.policy import RestartPolicy
+from .._model.decisions.spec import ReplicaSpec, Spec
+from .._model.records.checkpoint import parse_in_steps
+from .._model.values.json_values import JSON
 from .._ports.runtime import DeathListener, ReplicaInfo
 
 

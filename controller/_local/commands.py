@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from .._model.errors import FencedError, ReplicaError, ReplicaGoneError
+from .._model.values.errors import FencedError, ReplicaError, ReplicaGoneError
 from .layout import log_path, socket_path
 from .logs import read_log
 from .wire import LineStream, WireError

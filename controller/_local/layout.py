@@ -18,7 +18,7 @@ from pathlib import Path
 
 import trio
 
-from .._model.errors import ConfigError
+from .._model.values.errors import ConfigError
 from .logs import log_file, prune_logs
 
 # sockaddr_un.sun_path is 108 bytes on Linux, including the final NUL.

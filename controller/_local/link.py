@@ -19,7 +19,7 @@ from typing import Any, final
 
 import trio
 
-from .._model.code_report import CodeReport, parse_code_report
+from .._model.records.code_report import CodeReport, parse_code_report
 from .._ports.arrivals import Arrivals
 from .wire import MAX_LINE, LineStream, WireError, check_request, decode, parse_check_passed
 

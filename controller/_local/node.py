@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import trio
 
-from .._model.errors import ReplicaError
-from .._model.nodes import NodeInfo
+from .._model.config.nodes import NodeInfo
+from .._model.values.errors import ReplicaError
 
 
 class OneNode:

@@ -8,7 +8,7 @@ from typing import Any
 
 import trio
 
-from .._model.load_report import MAX_LOAD_COUNT
+from .._model.views.load_report import MAX_LOAD_COUNT
 from .user_calls import call, describe
 
 #: How often a replica's own ``load()`` is read (in its own process, on its own thread).

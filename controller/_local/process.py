@@ -22,8 +22,8 @@ import attrs
 import trio
 
 from .._files import write_private
-from .._model.errors import ReplicaError
-from .._model.spec import ReplicaSpec
+from .._model.decisions.spec import ReplicaSpec
+from .._model.values.errors import ReplicaError
 from .._ports.hosting import host_spec
 from .._procfs import describe_exit, exit_status
 from .layout import log_path, pid_path, socket_path, spec_path

@@ -49,10 +49,10 @@ from typing import Any, final
 import trio
 
 from .._files import private_dir, read_regular, write_private
-from .._model.errors import ConfigError, FencedError, ReplicaError, ReplicaGoneError
-from .._model.json_values import JSON
-from .._model.placement import SLOTS
-from .._model.spec import ReplicaSpec
+from .._model.decisions.placement import SLOTS
+from .._model.decisions.spec import ReplicaSpec
+from .._model.values.errors import ConfigError, FencedError, ReplicaError, ReplicaGoneError
+from .._model.values.json_values import JSON
 from .._ports.runtime import CheckReport, DeathListener, LogChunk, ReplicaInfo, Watchers
 from .._procfs import memory_bytes
 from .check_wave import check_links

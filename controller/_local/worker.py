@@ -36,7 +36,7 @@ from typing import Any, final
 
 import trio
 
-from .._model.code_report import CodeReport
+from .._model.records.code_report import CodeReport
 from .._serving.entry import build
 from .._serving.multiplex import process_shelf
 from .._serving.server import ReplicaServer, serving_line

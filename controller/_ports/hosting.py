@@ -15,7 +15,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .._model.spec import ReplicaSpec
+    from .._model.decisions.spec import ReplicaSpec
 
 #: Bounds on what one error reply carries: a message goes into one-line statuses, and a reply
 #: must stay far below the wire's line limit, whatever the user's code raised.

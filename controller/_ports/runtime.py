@@ -8,10 +8,10 @@ from typing import Protocol, cast, final, runtime_checkable
 import attrs
 import trio
 
-from .._model.code_report import CodeReport
-from .._model.json_values import JSON
-from .._model.nodes import NodeInfo
-from .._model.spec import ReplicaSpec
+from .._model.config.nodes import NodeInfo
+from .._model.decisions.spec import ReplicaSpec
+from .._model.records.code_report import CodeReport
+from .._model.values.json_values import JSON
 
 #: Called by a runtime, from trio, when a replica it started or adopted dies on its own:
 #: ``on_death(tag, reason)``. It must not block; the controller turns it into an event.
@@ -143,7 +143,7 @@ class Runtime(Protocol):
 class NodeRuntime(Protocol):
     """What a runtime of several nodes adds to the Runtime protocol (RayRuntime; FakeRuntime
     given ``nodes``): its nodes, and which of them take no new replica. It places each start
-    itself, by the spec's rules (``_model.nodes.choose_node``), and says where in the
+    itself, by the spec's rules (``_model.config.nodes.choose_node``), and says where in the
     ``ReplicaInfo`` it returns. When its view of the nodes changes (one died, or the cluster
     announced a drain), it calls the listener's ``nodes_changed()`` if it has one."""
 

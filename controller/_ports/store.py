@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from .._model.lease import Lease
+    from .._model.decisions.lease import Lease
 
 
 class Store(Protocol):
@@ -27,9 +27,9 @@ class Store(Protocol):
 
 
 class LeaseStore(Store, Protocol):
-    """A Store that daemons sharing it can elect a leader through (``controller._model.lease``), and
-    that writes intent only for the leader's epoch (fencing). SQLiteStore, RayKVStore and
-    MemoryStore are such stores.
+    """A Store that daemons sharing it can elect a leader through
+    (``controller._model.decisions.lease``), and that writes intent only for the leader's epoch
+    (fencing). SQLiteStore, RayKVStore and MemoryStore are such stores.
 
     Each call is one atomic step of the store: its compare and its write cannot be split by
     another writer's.

@@ -8,10 +8,10 @@ from typing import TypeVar
 
 import trio
 
-from .._model.errors import NodesUnsupportedError
-from .._model.json_values import JSON
-from .._model.nodes import NodeInfo
-from .._model.spec import ReplicaSpec
+from .._model.config.nodes import NodeInfo
+from .._model.decisions.spec import ReplicaSpec
+from .._model.values.errors import NodesUnsupportedError
+from .._model.values.json_values import JSON
 from .runtime import (
     CheckReport,
     DeathListener,

@@ -15,7 +15,7 @@ import trio
 from .._http.answers import ResponseHead, ResponseReader
 from .._http.framing import Problem
 from .._http.sockets import receive_upstream, send_all
-from .._model.errors import ControllerError
+from .._model.values.errors import ControllerError
 from .upstream import Lost, NotSent, Stale, Upstream
 
 #: The method a call names; the callee's server answers it (``_serving.server``).

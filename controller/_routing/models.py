@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from typing import Final
 
 from .._http.errors import Reply
-from .._model.multiplexing import MODEL_ID as _MODEL_ID
-from .._model.multiplexing import MODEL_ID_RULE as MODEL_ID_RULE
-from .._model.multiplexing import Held as Held
+from .._model.records.multiplexing import MODEL_ID as _MODEL_ID
+from .._model.records.multiplexing import MODEL_ID_RULE as MODEL_ID_RULE
+from .._model.records.multiplexing import Held as Held
 
 #: A request's model (Ray Serve's ``serve_multiplexed_model_id``): routed to a replica that holds
 #: it, and what ``controller.model_id()`` returns in its handler.

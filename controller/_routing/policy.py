@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import final
 
-from .._model.policies import AffinityPolicy
+from .._model.config.policies import AffinityPolicy
 
 #: The replicas a key's cached preference keeps (the first is its owner; the rest take it
 #: while the owner is at the load bound); past them, the whole order is worked out again.

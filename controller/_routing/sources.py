@@ -13,12 +13,12 @@ import attrs
 import h11
 import trio
 
-from .._model.canary import canary_dict
-from .._model.config import BackendConfig
-from .._model.errors import ControllerClosedError
-from .._model.load_report import load_body
-from .._model.policies import affinity, rate_limit, retries
-from .._model.status import BackendSnapshot, LoadReport, TrafficSplit
+from .._model.config.canary import canary_dict
+from .._model.config.config import BackendConfig
+from .._model.config.policies import affinity, rate_limit, retries
+from .._model.values.errors import ControllerClosedError
+from .._model.views.load_report import load_body
+from .._model.views.status import BackendSnapshot, LoadReport, TrafficSplit
 from .models import Held, parse_held
 from .split import Split
 from .table import RouteInfo

@@ -12,8 +12,8 @@ from typing import Literal, final
 import attrs
 import trio
 
-from .._model.policies import AffinityPolicy, RateLimitPolicy, RetryPolicy
-from .._model.verdict import RequestTally
+from .._model.config.policies import AffinityPolicy, RateLimitPolicy, RetryPolicy
+from .._model.decisions.verdict import RequestTally
 from .choice import choose, choose_near
 from .model_routes import ModelRoutes
 from .models import Held

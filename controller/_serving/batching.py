@@ -22,8 +22,8 @@ import attrs
 import outcome
 import trio
 
-from .._model.code_report import BatchNumbers
-from .._model.errors import ConfigError
+from .._model.records.code_report import BatchNumbers
+from .._model.values.errors import ConfigError
 from .._ports.context import replica_only
 from .calls import escaped, for_one_caller
 from .multiplex import replica_shelf

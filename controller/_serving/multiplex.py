@@ -26,9 +26,9 @@ import attrs
 import outcome
 import trio
 
-from .._model.code_report import BatchNumbers, CodeReport
-from .._model.errors import ConfigError
-from .._model.multiplexing import OTHER_MODELS, ReplicaModels
+from .._model.records.code_report import BatchNumbers, CodeReport
+from .._model.records.multiplexing import OTHER_MODELS, ReplicaModels
+from .._model.values.errors import ConfigError
 from .._ports.context import replica_only
 from .._ports.hosting import tracebacks
 from .._routing.models import Held, model_id_problem

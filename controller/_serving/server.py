@@ -33,8 +33,8 @@ from .._http.errors import ClientGone, Reply
 from .._http.framing import Problem, RequestHead
 from .._http.limits import ConnectionLimits
 from .._http.server import Server, open_listener
-from .._model.code_report import CodeReport
-from .._model.traffic import MAX_REQUESTS
+from .._model.config.traffic import MAX_REQUESTS
+from .._model.records.code_report import CodeReport
 from .._ports.hosting import tracebacks
 from .._routing.exchange import CALL_HEADER
 from .._routing.handle import current_deadline

@@ -8,8 +8,8 @@ from typing import final
 import attrs
 import trio
 
-from .._model.errors import FencedError
-from .._model.lease import Lease, same_grant
+from .._model.decisions.lease import Lease, same_grant
+from .._model.values.errors import FencedError
 
 
 @final

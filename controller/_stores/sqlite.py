@@ -14,8 +14,8 @@ from typing import Literal, TypeVar, final
 import attrs
 import trio
 
-from .._model.errors import FencedError, StoreError
-from .._model.lease import Lease, same_grant
+from .._model.decisions.lease import Lease, same_grant
+from .._model.values.errors import FencedError, StoreError
 from .sqlite_files import ShmGuard, check_files
 
 T = TypeVar("T")

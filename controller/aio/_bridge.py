@@ -19,11 +19,11 @@ import trio
 from .._backend.goal import Goal
 from .._core.controller import Controller
 from .._core.open import open_controller
-from .._model.config import BackendConfig
-from .._model.errors import ControllerClosedError
-from .._model.policy import RestartPolicy
-from .._model.replica_config import ReplicaConfig
-from .._model.status import BackendSnapshot, BackendStatus, ControllerStatus, GoalOutcome
+from .._model.config.config import BackendConfig
+from .._model.config.replica_config import ReplicaConfig
+from .._model.decisions.policy import RestartPolicy
+from .._model.values.errors import ControllerClosedError
+from .._model.views.status import BackendSnapshot, BackendStatus, ControllerStatus, GoalOutcome
 from .._ports.runtime import Runtime
 from .._ports.store import Store
 

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 import outcome
 import trio
 
-from .._model.policy import RestartPolicy
+from .._model.decisions.policy import RestartPolicy
 from .._ports.runtime import Runtime
 from .._ports.store import Store
 from ._bridge import AioController, Opening, host

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 
 import trio_asyncio
 
-from .._model.policy import RestartPolicy
+from .._model.decisions.policy import RestartPolicy
 from .._ports.runtime import Runtime
 from .._ports.store import Store
 from ._bridge import AioController, Opening, host

@@ -17,7 +17,7 @@ import trio
 from prometheus_client import generate_latest
 
 from .._http.server import Server
-from .._model.status import LOAD_TTL_S, LoadReport
+from .._model.views.status import LOAD_TTL_S, LoadReport
 from .._routing.choice import RouteTable
 from .._routing.router import Router
 from .._routing.sources import SourceError, WatchSource

@@ -10,7 +10,7 @@ import ray
 import ray.exceptions
 from ray._private import state as ray_state
 
-from .._model.errors import ReplicaError
+from .._model.values.errors import ReplicaError
 from .._ports.runtime import LogChunk
 
 #: How long a log read waits for the actor's answer.

@@ -29,8 +29,8 @@ from typing import Any, final
 from ray.exceptions import RayError
 from ray.experimental import internal_kv
 
-from .._model.errors import StoreError
-from .._model.lease import Lease, same_grant
+from .._model.decisions.lease import Lease, same_grant
+from .._model.values.errors import StoreError
 
 #: Where the intent's keys live (``read_all`` lists this prefix).
 DATA = b"k/"

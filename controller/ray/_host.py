@@ -35,7 +35,7 @@ import trio
 
 from .._local.logs import read_log
 from .._local.own_load import read_load
-from .._model.code_report import CodeReport
+from .._model.records.code_report import CodeReport
 from .._ports.context import ReplicaContext, set_context
 from .._ports.hosting import describe_error, tracebacks
 from .._routing.sources import HTTPSource

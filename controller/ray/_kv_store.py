@@ -36,8 +36,8 @@ from ray.exceptions import RayError
 from ray.experimental import internal_kv
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .._model.errors import ConfigError, FencedError, StoreError
-from .._model.lease import Lease
+from .._model.decisions.lease import Lease
+from .._model.values.errors import ConfigError, FencedError, StoreError
 from ._await import wait_ref
 from ._fence_actor import ACTOR_NAMESPACE, DATA, FENCED_JOURNAL, LEASE, FenceActor, apply
 

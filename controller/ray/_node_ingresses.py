@@ -25,7 +25,8 @@ import attrs
 import ray
 import trio
 
-from .._model.status import BackendStatus, ReplicaState
+from .._model.records.replica_state import ReplicaState
+from .._model.views.status import BackendStatus
 from ._await import wait_ref
 from ._ingress_host import IngressHost
 

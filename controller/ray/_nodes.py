@@ -7,8 +7,8 @@ round trips to the control store, and nothing when nothing changed. A node's dea
 per replica by each actor's monitor call; the watch only makes it sooner where Ray is slow to
 fail those calls.
 
-Placement is the controller's, by the spec's rules (``_model.nodes.choose_node``): each actor is
-pinned to its node with ``NodeAffinitySchedulingStrategy(soft=False)``, so Ray's own first fit
+Placement is the controller's, by the spec's rules (``_model.config.nodes.choose_node``): each actor
+is pinned to its node with ``NodeAffinitySchedulingStrategy(soft=False)``, so Ray's own first fit
 neither spreads nor packs for us, and a cordoned node gets nothing new.
 """
 
@@ -22,9 +22,9 @@ import ray
 import trio
 from ray._private import state as ray_state
 
-from .._model.nodes import Candidate, NodeInfo, choose_node, label_keys
-from .._model.placement import SLOTS
-from .._model.spec import ReplicaSpec
+from .._model.config.nodes import Candidate, NodeInfo, choose_node, label_keys
+from .._model.decisions.placement import SLOTS
+from .._model.decisions.spec import ReplicaSpec
 
 logger = logging.getLogger("controller.ray")
 

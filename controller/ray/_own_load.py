@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import ray
 import trio
 
-from .._model.code_report import CodeReport, parse_code_report
+from .._model.records.code_report import CodeReport, parse_code_report
 from ._await import wait_ref
 
 

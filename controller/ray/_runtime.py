@@ -30,10 +30,10 @@ import ray.exceptions
 import ray.util
 import trio
 
-from .._model.errors import ConfigError, FencedError, ReplicaError, ReplicaGoneError
-from .._model.json_values import JSON
-from .._model.nodes import NodeInfo
-from .._model.spec import ReplicaSpec
+from .._model.config.nodes import NodeInfo
+from .._model.decisions.spec import ReplicaSpec
+from .._model.values.errors import ConfigError, FencedError, ReplicaError, ReplicaGoneError
+from .._model.values.json_values import JSON
 from .._ports.hosting import host_spec
 from .._ports.runtime import CheckReport, DeathListener, LogChunk, ReplicaInfo, Watchers, check_each
 from ._await import wait_ref, wait_refs

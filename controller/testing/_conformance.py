@@ -25,10 +25,10 @@ import attrs
 import trio
 
 from .._core.open import open_controller
-from .._model.config import BackendConfig
-from .._model.errors import FencedError
-from .._model.replica_config import ReplicaConfig
-from .._model.spec import ReplicaSpec
+from .._model.config.config import BackendConfig
+from .._model.config.replica_config import ReplicaConfig
+from .._model.decisions.spec import ReplicaSpec
+from .._model.values.errors import FencedError
 from .._ports.runtime import Runtime
 from .._ports.store import Store
 from .._ports.wrap import RuntimeWrapper

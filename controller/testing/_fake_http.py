@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 import trio
 
 from .._local.user_calls import call
-from .._model.code_report import CodeReport
-from .._model.errors import ReplicaError
-from .._model.json_values import JSON
+from .._model.records.code_report import CodeReport
+from .._model.values.errors import ReplicaError
+from .._model.values.json_values import JSON
 from .._ports.context import ReplicaContext, set_task_context
 from .._ports.hosting import host_spec
 from .._serving.entry import build

@@ -1,5 +1,5 @@
 """The nodes of a FakeRuntime given ``nodes``: a cluster a test can drain, lose and grow, with
-placement by the same rules as RayRuntime's (``_model.nodes.choose_node``)."""
+placement by the same rules as RayRuntime's (``_model.config.nodes.choose_node``)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import final
 import attrs
 import trio
 
-from .._model.errors import ReplicaError
-from .._model.nodes import Candidate, NodeInfo, choose_node, label_keys
-from .._model.placement import SLOTS
-from .._model.spec import ReplicaSpec
+from .._model.config.nodes import Candidate, NodeInfo, choose_node, label_keys
+from .._model.decisions.placement import SLOTS
+from .._model.decisions.spec import ReplicaSpec
+from .._model.values.errors import ReplicaError
 from .._ports.runtime import tell_nodes_changed
 from ._fake_replica import FakeReplica, FakeState, Shared
 

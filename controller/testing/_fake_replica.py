@@ -10,9 +10,9 @@ from typing import Any, final
 import attrs
 import trio
 
-from .._model.errors import ReplicaError
-from .._model.json_values import JSON
-from .._model.spec import ReplicaSpec
+from .._model.decisions.spec import ReplicaSpec
+from .._model.values.errors import ReplicaError
+from .._model.values.json_values import JSON
 from .._ports.runtime import DeathListener
 from .._serving.server import ReplicaServer
 

@@ -8,11 +8,11 @@ from typing import NoReturn, final
 
 import trio
 
-from .._model.code_report import CodeReport
-from .._model.errors import FencedError, ReplicaError, ReplicaGoneError
-from .._model.json_values import JSON
-from .._model.placement import SLOTS
-from .._model.spec import ReplicaSpec
+from .._model.decisions.placement import SLOTS
+from .._model.decisions.spec import ReplicaSpec
+from .._model.records.code_report import CodeReport
+from .._model.values.errors import FencedError, ReplicaError, ReplicaGoneError
+from .._model.values.json_values import JSON
 from .._ports.runtime import CheckReport, DeathListener, ReplicaInfo, tell_load
 from ._fake_http import reconfigure_code, serve_code
 from ._fake_nodes import FakeNodeControls, FakeNodes

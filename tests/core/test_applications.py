@@ -17,7 +17,7 @@ from controller import GoalOutcome, ManifestError, ReplicaState, RolloutError
 from controller._api.app import Api
 from controller._api.openapi import OPENAPI
 from controller._leadership.standby import store_view
-from controller._model.manifest import parse_manifest
+from controller._model.config.manifest import parse_manifest
 from controller.testing import FakeRuntime
 
 from ..asgi import call

@@ -13,8 +13,8 @@ import trio.testing
 
 import controller
 from controller import AutoscalingConfig, GoalOutcome, LoadReport
-from controller._model.manifest import parse_backend
-from controller._model.status import LOAD_TTL_S
+from controller._model.config.manifest import parse_backend
+from controller._model.views.status import LOAD_TTL_S
 from controller.testing import FakeRuntime, FakeState
 
 from ..conftest import DEADLOCK_LIMIT_S, EXACT, RC, config, settle

@@ -14,7 +14,7 @@ import trio.testing
 
 import controller
 from controller import BackendState, GoalOutcome
-from controller._model.json_values import JSON
+from controller._model.values.json_values import JSON
 from controller._ports.wrap import RuntimeWrapper, StoreWrapper
 from controller.testing import FakeRuntime
 from controller.testing import FakeState as S

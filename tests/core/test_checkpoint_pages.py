@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 import controller
 from controller._backend.pages import PAGE_SIZE
-from controller._model.checkpoint import _converter, dump_replica, parse_all
-from controller._model.records import ReplicaRecord
+from controller._model.records.checkpoint import _converter, dump_replica, parse_all
+from controller._model.records.records import ReplicaRecord
 from controller.testing import FakeRuntime, FakeState
 
 from ..conftest import RC, FlakyStore, config, opened, settle

@@ -8,7 +8,7 @@ import trio.testing
 
 import controller
 from controller import GoalFailed, GoalOutcome, ReplicaState
-from controller._model.json_values import JSON
+from controller._model.values.json_values import JSON
 from controller.testing import FakeRuntime, FakeState
 
 from ..conftest import RC, config, deploy_ready, opened, settle

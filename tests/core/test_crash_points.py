@@ -19,8 +19,8 @@ import trio.testing
 import controller
 from controller._backend import pages
 from controller._backend.pages import PAGE_SIZE
-from controller._model.checkpoint import parse_all
-from controller._model.manifest import parse_manifest
+from controller._model.config.manifest import parse_manifest
+from controller._model.records.checkpoint import parse_all
 from controller.testing import ControllerCrash, FakeRuntime, FakeState, FaultInjector
 
 from ..conftest import FIGURES, RC, config, opened

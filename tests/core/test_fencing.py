@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 import controller
 from controller._leadership.fencing import FencedRuntime, FencedStore
-from controller._model.errors import FencedError
-from controller._model.lease import Lease
+from controller._model.decisions.lease import Lease
+from controller._model.values.errors import FencedError
 from controller.testing import FakeRuntime, FakeState, FaultInjector
 
 from ..conftest import DEADLOCK_LIMIT_S, EXACT, RC

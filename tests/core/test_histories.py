@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 import controller
 from controller._backend import pages
 from controller._backend.pages import PAGE_SIZE
-from controller._model.checkpoint import parse_all
+from controller._model.records.checkpoint import parse_all
 from controller.testing import FakeRuntime
 
 from ..conftest import DEADLOCK_LIMIT_S, EXACT, FIGURES

@@ -25,8 +25,8 @@ from controller._api.app import Api
 from controller._api.console import Console
 from controller._backend import pages
 from controller._backend.pages import PAGE_SIZE
-from controller._model.manifest import parse_backend, parse_manifest
-from controller._model.records import SCHEMA_VERSION
+from controller._model.config.manifest import parse_backend, parse_manifest
+from controller._model.records.records import SCHEMA_VERSION
 from controller._sources import load_manifest
 from controller.testing import FakeRuntime
 

@@ -17,8 +17,7 @@ import controller
 from controller._backend.turns import TURN_EVERY
 from controller._leadership.keeper import Leadership
 from controller._leadership.standby import store_view
-from controller._model.errors import FencedError
-from controller._model.lease import (
+from controller._model.decisions.lease import (
     MAX_COUNT,
     Lease,
     LeaseTiming,
@@ -29,6 +28,7 @@ from controller._model.lease import (
     same_grant,
     watch,
 )
+from controller._model.values.errors import FencedError
 from controller._ports.store import LeaseStore
 from controller._routing.sources import REPORT_TIMEOUT_S, SourceError
 from controller._stores.sqlite import SQLiteStore

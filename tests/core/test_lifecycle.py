@@ -10,7 +10,7 @@ import controller
 from controller import BackendState, GoalOutcome, ReplicaState
 from controller._api.metrics import Metrics
 from controller._api.views import status_json
-from controller._model.json_values import JSON
+from controller._model.values.json_values import JSON
 from controller.testing import FakeRuntime, FakeState
 
 from ..conftest import DEADLOCK_LIMIT_S, RC, config, deploy_ready, opened, serving, settle

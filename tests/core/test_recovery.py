@@ -15,7 +15,7 @@ import trio.testing
 import controller
 from controller import GoalOutcome, ReplicaState
 from controller._backend.turns import TURN_EVERY
-from controller._model.records import SCHEMA_VERSION
+from controller._model.records.records import SCHEMA_VERSION
 from controller.testing import FakeRuntime, FakeState
 
 from ..conftest import RC, FlakyStore, config, opened, settle
@@ -246,8 +246,8 @@ async def test_intent_reaches_the_store_before_the_runtime_is_asked() -> None:
 
 async def test_cached_event_texts_make_the_same_log_as_cattrs() -> None:
     from controller._backend.history import EVENTS_KEPT, EventLog
-    from controller._model.checkpoint import dump, load
-    from controller._model.records import EventRecord, EventsRecord
+    from controller._model.records.checkpoint import dump, load
+    from controller._model.records.records import EventRecord, EventsRecord
 
     def as_cattrs(log: EventLog) -> str:
         events = log.events
@@ -269,8 +269,8 @@ async def test_cached_event_texts_make_the_same_log_as_cattrs() -> None:
 
 def test_cached_replica_entries_make_the_same_checkpoint_as_cattrs() -> None:
     from controller._backend.pages import PAGE_SIZE, Pages
-    from controller._model.checkpoint import dump, dump_replica, join_replicas, load
-    from controller._model.records import ReplicaRecord, ReplicasRecord
+    from controller._model.records.checkpoint import dump, dump_replica, join_replicas, load
+    from controller._model.records.records import ReplicaRecord, ReplicasRecord
 
     records = [ReplicaRecord("a#1", "v1", "d", False), ReplicaRecord("a#2", "gen-3", "e", True)]
     fast = join_replicas("a", ",".join(dump_replica(r) for r in records))

@@ -11,7 +11,7 @@ import pytest
 import controller
 from controller import BackendState, Cause, GoalOutcome, RolloutError
 from controller._daemon.reload import CodeWatch
-from controller._model.revisions import describe_cause
+from controller._model.records.revisions import describe_cause
 from controller.testing import FakeRuntime, FakeState
 
 from ..conftest import RC, config, opened, settle

@@ -13,7 +13,7 @@ import pytest
 from controller._cli.ingress import describe_ingress
 from controller._cli.output import EscapedText, display_width, print_backend, print_table
 from controller._cli.rollout import print_history
-from controller._model.text import safe_text
+from controller._model.values.text import safe_text
 
 #: Cells a column must not be pushed out of line by: a long word, CJK (two columns a character),
 #: a combining accent (none), a zero-width space, a terminal escape and a tab (escaped: six,

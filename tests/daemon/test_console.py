@@ -21,7 +21,7 @@ from controller._api.console import Console
 from controller._api.console_auth import LINK_S, SESSION_S, Sessions
 from controller._api.openapi import OPENAPI
 from controller._api.timeline import RESOLUTION_S, WINDOW_S, Timelines
-from controller._model.status import BackendNumbers
+from controller._model.views.status import BackendNumbers
 from controller.testing import FakeRuntime
 
 from ..asgi import call

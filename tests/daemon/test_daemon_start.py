@@ -18,8 +18,8 @@ import pytest
 import trio
 
 from controller import BackendConfig, ReplicaConfig, SQLiteStore
-from controller._model.checkpoint import dump
-from controller._model.records import SpecRecord, spec_key
+from controller._model.records.checkpoint import dump
+from controller._model.records.records import SpecRecord, spec_key
 
 from ..daemons import (
     LIMIT_S,

@@ -20,7 +20,7 @@ import controller
 from controller import BackendConfig, ReplicaConfig
 from controller._api.metrics import Metrics
 from controller._api.openapi import OPENAPI
-from controller._model.manifest import parse_backend
+from controller._model.config.manifest import parse_backend
 from controller.testing import FakeRuntime
 
 from ..asgi import api

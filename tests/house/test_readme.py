@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from controller import BackendReason
-from controller._model.autoscale import ScaleReason
+from controller._model.decisions.autoscale import ScaleReason
 from controller._sources import load_manifest
 
 ROOT = Path(__file__).parent.parent.parent

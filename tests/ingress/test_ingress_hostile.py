@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from controller import Request
 from controller._http.connection import CLOSING_GRACE_S
-from controller._model.status import LoadReport
+from controller._model.views.status import LoadReport
 from controller._routing.sources import SourceError, read_answer
 from controller._routing.table import RouteInfo
 from controller._serving.entry import Entry

@@ -17,7 +17,7 @@ import trio
 import trio.testing
 
 import controller
-from controller._model.status import LoadReport
+from controller._model.views.status import LoadReport
 from controller._routing.table import RouteInfo
 from controller.ingress import Ingress, open_listener
 

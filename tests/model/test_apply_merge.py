@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 import controller
-from controller._model.last_applied import BackendDiff, merged
-from controller._model.manifest import parse_manifest
+from controller._model.config.last_applied import BackendDiff, merged
+from controller._model.config.manifest import parse_manifest
 from controller.testing import FakeRuntime
 
 from ..conftest import opened
@@ -145,6 +145,6 @@ def _specs(stored: dict[str, str]) -> dict[str, str]:
 
 
 def _fields(config: controller.BackendConfig) -> dict[str, object]:
-    from controller._model.manifest import config_to_dict
+    from controller._model.config.manifest import config_to_dict
 
     return dict(config_to_dict(config))

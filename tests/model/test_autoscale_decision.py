@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller import AutoscalingConfig
-from controller._model.autoscale import Inputs, ScaleDecision, evaluate, initial_state
+from controller._model.decisions.autoscale import Inputs, ScaleDecision, evaluate, initial_state
 
 configs = st.builds(
     lambda low, span, target, tol, up_w, down_w, up_pct, up_n, down_pct, zero: AutoscalingConfig(

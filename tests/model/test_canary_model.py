@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 
 import controller
 from controller import CanaryConfig, ConfigError, RequestTally
-from controller._model.canary import canary_count
-from controller._model.canary_steps import step_move
-from controller._model.load_report import load_body, parse_load_body
-from controller._model.status import LoadReport
-from controller._model.verdict import bucket_of, bucket_top, judge, tally_from_json
+from controller._model.config.canary import canary_count
+from controller._model.decisions.canary_steps import step_move
+from controller._model.decisions.verdict import bucket_of, bucket_top, judge, tally_from_json
+from controller._model.views.load_report import load_body, parse_load_body
+from controller._model.views.status import LoadReport
 from controller._routing.split import Split, choose_side
 
 
@@ -61,7 +61,7 @@ def test_an_empty_block_takes_the_default_steps_and_survives_json() -> None:
         (50, 120),
     ]
     again = controller.BackendConfig.from_dict(
-        {"canary": controller._model.fields.fields_of(config)["canary"]}
+        {"canary": controller._model.values.fields.fields_of(config)["canary"]}
     )
     assert again == config
     assert CanaryConfig.from_dict({"sticky_header": "X-User"}).sticky_header == "x-user"

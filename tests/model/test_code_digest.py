@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from controller import _sources as code
-from controller._model.code import CodeDigest
+from controller._model.values.code import CodeDigest
 from controller._sources import code_digest
 
 # Every module file raises if imported, and each test checks that none got into sys.modules.

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import controller
-from controller._model.manifest import parse_manifest
+from controller._model.config.manifest import parse_manifest
 from controller._sources import load_manifest
 
 

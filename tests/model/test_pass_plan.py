@@ -7,10 +7,12 @@ from typing import Any
 
 import attrs
 
-from controller._model.census import Census
-from controller._model.config import BackendConfig
-from controller._model.failures import Blocked
-from controller._model.pass_plan import (
+from controller._model.config.cause import Cause
+from controller._model.config.config import BackendConfig
+from controller._model.config.replica_config import ReplicaConfig
+from controller._model.decisions.census import Census
+from controller._model.decisions.failures import Blocked
+from controller._model.decisions.pass_plan import (
     AfterFailure,
     DueCheck,
     HealthState,
@@ -20,11 +22,10 @@ from controller._model.pass_plan import (
     decide_pass,
     replaces_unhealthy,
 )
-from controller._model.reconcile import Plan
-from controller._model.replica_config import ReplicaConfig
-from controller._model.revisions import Cause, Revision, RevisionBook, content_of, make_revision
-from controller._model.spec import Spec
-from controller._model.status import ReplicaState
+from controller._model.decisions.reconcile import Plan
+from controller._model.decisions.spec import Spec
+from controller._model.records.replica_state import ReplicaState
+from controller._model.records.revisions import Revision, RevisionBook, content_of, make_revision
 
 S = ReplicaState
 NOW = 100.0

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller._model.placement import SLOTS, Demand, place
+from controller._model.decisions.placement import SLOTS, Demand, place
 
 
 def one_at_a_time(nodes: list[dict[str, float]], need: Mapping[str, float], count: int) -> int:
@@ -82,7 +82,7 @@ def test_an_absurd_count_costs_what_a_small_one_does() -> None:
 
 
 def test_a_per_node_limit_counts_what_the_backend_holds_already() -> None:
-    from controller._model.nodes import NodeRules
+    from controller._model.config.nodes import NodeRules
 
     nodes = [{SLOTS: 10.0}, {SLOTS: 10.0}, {SLOTS: 10.0}]
     capped = NodeRules(max_per_node=2)
@@ -93,7 +93,7 @@ def test_a_per_node_limit_counts_what_the_backend_holds_already() -> None:
 
 
 def test_labels_admit_only_the_nodes_that_carry_them() -> None:
-    from controller._model.nodes import NodeRules, label_keys
+    from controller._model.config.nodes import NodeRules, label_keys
 
     nodes = [{SLOTS: 4.0, **label_keys({"zone": "a"})}, {SLOTS: 4.0, **label_keys({"zone": "b"})}]
     zone_a = NodeRules(labels={"zone": "a"})
@@ -102,7 +102,7 @@ def test_labels_admit_only_the_nodes_that_carry_them() -> None:
 
 
 def test_choose_node_spreads_packs_and_respects_every_rule() -> None:
-    from controller._model.nodes import Candidate, NodeRules, choose_node
+    from controller._model.config.nodes import Candidate, NodeRules, choose_node
 
     nodes = [
         Candidate("a", {"zone": "a"}, True, 5),

@@ -6,9 +6,16 @@ import attrs
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller._model.census import Census
-from controller._model.reconcile import Plan, Target, _walked, decide, resolve_limits, stop_order
-from controller._model.status import ReplicaState
+from controller._model.decisions.census import Census
+from controller._model.decisions.reconcile import (
+    Plan,
+    Target,
+    _walked,
+    decide,
+    resolve_limits,
+    stop_order,
+)
+from controller._model.records.replica_state import ReplicaState
 
 S = ReplicaState
 

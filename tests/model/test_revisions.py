@@ -7,8 +7,7 @@ import pytest
 
 import controller
 from controller import Cause, ConfigError
-from controller._model.json_values import JSON
-from controller._model.revisions import (
+from controller._model.records.revisions import (
     MAX_HISTORY_BYTES,
     Outcome,
     Revision,
@@ -18,6 +17,7 @@ from controller._model.revisions import (
     trim,
     with_outcomes,
 )
+from controller._model.values.json_values import JSON
 
 RC = controller.ReplicaConfig("app.replica:Echo")
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import controller
-from controller._model.serving import ServingReplicas
+from controller._model.views.serving import ServingReplicas
 from controller.testing import FakeRuntime, FakeState
 
 from ..conftest import RC, config, opened, settle

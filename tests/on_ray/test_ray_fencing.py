@@ -18,7 +18,7 @@ import trio.testing
 
 import controller
 from controller import FencedError
-from controller._model.lease import Lease, claimed, renewed
+from controller._model.decisions.lease import Lease, claimed, renewed
 
 from ..replicas import events
 

@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 import controller
-from controller._model.manifest import parse_manifest
+from controller._model.config.manifest import parse_manifest
 from controller.ingress import ControllerSource, Ingress, open_listener
 from controller.testing import FakeRuntime, FakeState
 

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 import controller
 from controller._http.errors import Reply
 from controller._http.framing import RequestHead
-from controller._model.fields import fields_of
-from controller._model.policies import RetryPolicy
+from controller._model.config.policies import RetryPolicy
+from controller._model.values.fields import fields_of
 from controller._routing.policy import Buckets, Ring, bounded, choose_by_key, session_key
 from controller._routing.table import BackendRoutes, RouteInfo, Slot
 from controller.ingress._policies import admit
@@ -317,7 +317,7 @@ async def test_the_ingress_admits_by_client_or_key_and_says_when_to_come_back(
 
 
 def test_a_manifest_names_every_fault_of_a_policy_block_at_once() -> None:
-    from controller._model.manifest import parse_manifest
+    from controller._model.config.manifest import parse_manifest
 
     fields = {
         "entrypoint": "m:C",

@@ -18,7 +18,7 @@ import trio.testing
 
 import controller
 from controller._leadership.keeper import Leadership
-from controller._model.lease import Lease, LeaseTiming
+from controller._model.decisions.lease import Lease, LeaseTiming
 
 from ..daemons import LIMIT_S, Daemon, ingress_args, killed_at_exit, one_line, running, trivial
 

@@ -1,0 +1,1 @@
+"""What users write: the configs, each block's checks, manifests, applications, a change's cause."""

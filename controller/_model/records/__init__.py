@@ -1,0 +1,1 @@
+"""What the store keeps: specs' and revisions' records, checkpoints, what replicas report."""
