@@ -42,7 +42,7 @@ logger = logging.getLogger("controller.api")
 
 
 @final
-class Api(Handlers):
+class Api:
     """The ASGI app. `render_metrics` gives the Prometheus text; `ingress`, the daemon's
     ingress processes (``GET /api/v1/ingress``, and their metrics). ``POST /api/v1/shutdown``
     writes the delete of every backend (in one store batch), then calls `request_shutdown`,
@@ -70,16 +70,19 @@ class Api(Handlers):
         self._serving = serving if serving is not None else Serving.fixed(controller, epoch)
         self._token = token.encode()
         self._route_token = route_token(token).encode()
-        self._render_metrics = render_metrics
-        self._request_shutdown = request_shutdown
-        self._shutdown_done = shutdown_done
-        self._shutting_down = False
-        self._logs = logs
         self._console = console if console is not None else Console(token)
         self.throttle = self._console.throttle
         """Wrong tokens, slowed and counted per client address: its `run` logs their summary."""
-        self._timelines = timelines if timelines is not None else Timelines()
-        self._ingress = ingress
+        self._handlers = Handlers(
+            self._serving,
+            render_metrics=render_metrics,
+            request_shutdown=request_shutdown,
+            shutdown_done=shutdown_done,
+            logs=logs,
+            console=self._console,
+            timelines=timelines if timelines is not None else Timelines(),
+            ingress=ingress,
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -179,7 +182,7 @@ class Api(Handlers):
         body = await read_body(scope, receive) if method in route.bodies else b""
         query = parse_qs(scope.get("query_string", b"").decode(), keep_blank_values=True)
         call = Call(scope, receive, "GET" if head else method, head, args, query, body, by_session)
-        return await route.handler(self, call)
+        return await route.handler(self._handlers, call)
 
     async def _authenticate(self, scope: Scope, for_routers: bool) -> bool:
         """The token, or the console's session (True): its cookie and its key, which the

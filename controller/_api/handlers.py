@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, final
 
 import attrs
 import trio
@@ -85,19 +85,33 @@ class IngressView(Protocol):
         ...
 
 
+@final
 class Handlers:
-    """The API's handlers, a base of its ASGI app (`Api`, which sets these attributes): each
-    answers a `Call` from what the daemon serves now."""
+    """The API's handlers, a part of its ASGI app (`Api`, which authenticates and routes each
+    call here): each answers a `Call` from what the daemon serves now. Its own state is
+    whether a shutdown was asked (from then on, changes are refused)."""
 
-    _serving: Serving
-    _render_metrics: Callable[[], bytes]
-    _request_shutdown: Callable[[], None]
-    _shutdown_done: Callable[[], Awaitable[list[str]]] | None
-    _shutting_down: bool
-    _logs: LogSource | None
-    _console: Console
-    _timelines: Timelines
-    _ingress: IngressView | None
+    def __init__(
+        self,
+        serving: Serving,
+        *,
+        render_metrics: Callable[[], bytes],
+        request_shutdown: Callable[[], None],
+        shutdown_done: Callable[[], Awaitable[list[str]]] | None,
+        logs: LogSource | None,
+        console: Console,
+        timelines: Timelines,
+        ingress: IngressView | None,
+    ):
+        self._serving = serving
+        self._render_metrics = render_metrics
+        self._request_shutdown = request_shutdown
+        self._shutdown_done = shutdown_done
+        self._shutting_down = False
+        self._logs = logs
+        self._console = console
+        self._timelines = timelines
+        self._ingress = ingress
 
     @property
     def _ctl(self) -> Controller:

@@ -306,3 +306,14 @@ def test_the_state_dirs_files_are_named_in_statedir_only() -> None:
         if joined.search(line)
     ]
     assert found == []
+
+
+def test_the_apis_app_holds_its_handlers_rather_than_being_them() -> None:
+    # `Api` (the ASGI app: authentication, routing, errors made answers) and `Handlers` (what
+    # each path does) are two parts, the one holding the other, not halves of one object.
+    from controller._api.app import Api
+    from controller._api.handlers import Handlers
+
+    assert Api.__mro__ == (Api, object)
+    assert Handlers.__mro__ == (Handlers, object)
+    assert "__init__" in vars(Handlers)
