@@ -46,10 +46,11 @@ class Stopped:
 
 @attrs.frozen
 class Died:
-    """The runtime saw a replica die on its own."""
+    """The runtime saw a replica die on its own, or go with its node (`node`: the node lost)."""
 
     tag: str
     reason: str
+    node: str | None = None
 
 
 @attrs.frozen

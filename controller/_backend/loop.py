@@ -168,8 +168,9 @@ class Backend(Reducer, Reading):
         self._send_nowait(ev.SpecChanged(spec, goal, applied))
         return applied
 
-    def notify_died(self, tag: str, reason: str) -> None:
-        self._send_nowait(ev.Died(tag, reason))
+    def notify_died(self, tag: str, reason: str, *, node: str | None = None) -> None:
+        """`tag` died on its own, or went with its lost `node`."""
+        self._send_nowait(ev.Died(tag, reason, node))
 
     def notify_nodes(self) -> None:
         self._send_nowait(ev.NodesChanged())

@@ -224,6 +224,8 @@ class Reducer:
             self._held.pop(event.tag, None)
             self._settler.gone()
             logger.info("replica %s stopped", replica.tag)
+        elif isinstance(event, ev.Died) and event.node is not None:
+            self._lost_with_node(replica, event.reason, event.node)
         elif isinstance(event, ev.Died):
             self._died(replica, event.reason)
         else:
@@ -298,6 +300,16 @@ class Reducer:
         else:
             self._canary.replica_failed(replica.tag, replica.version, f"died: {reason}")
             self._reports.failure(replica.tag, "Died", f"died: {reason}")
+        self._stop_now(replica, graceful=False)
+
+    def _lost_with_node(self, replica: Replica, reason: str, node: str) -> None:
+        """`replica` went with its lost node: no crash of its own (the release is not judged by
+        it, nor is a start counted failed), so its replacement waits out no backoff. A backend
+        whose replicas crash as well still backs off: the crashes do."""
+        if replica.state is ReplicaState.STOPPING:
+            return
+        logger.warning("replica %s: its node %s was lost (%s)", replica.tag, node, reason)
+        self.journal.event("NodeLost", f"replica {replica.tag}: its node {node} was lost")
         self._stop_now(replica, graceful=False)
 
     def _reconfigured(self, replica: Replica, event: ev.Reconfigured) -> None:

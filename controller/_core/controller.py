@@ -303,10 +303,11 @@ class Controller:
         """A backend made from what the store holds (by recovery, or a standby's view)."""
         return self._desk.restored(name, spec, kept)
 
-    def _on_death(self, tag: str, reason: str) -> None:
+    def _on_death(self, tag: str, reason: str, *, node: str | None = None) -> None:
+        """`tag` died on its own, or went with its lost `node` (not a crash of its own)."""
         backend = self._backends.get(tag.rpartition("#")[0])
         if backend is not None:
-            backend.notify_died(tag, reason)
+            backend.notify_died(tag, reason, node=node)
 
     def _on_nodes_changed(self) -> None:
         self._nodes.nodes_changed()

@@ -125,3 +125,6 @@ class _Listener:
 
     def nodes_changed(self) -> None:
         self.controller._on_nodes_changed()
+
+    def lost_with_node(self, tag: str, node: str, reason: str) -> None:
+        self.controller._on_death(tag, reason, node=node)

@@ -178,6 +178,17 @@ class NodesListener(Protocol):
         ...
 
 
+@runtime_checkable
+class NodeLossListener(Protocol):
+    """A listener a runtime of several nodes tells of the replicas a lost node took with it:
+    they did not crash, and their replacements should not wait out a crash loop's backoff."""
+
+    def lost_with_node(self, tag: str, node: str, reason: str) -> None:
+        """`tag` is gone because its node `node` was lost (`reason` in words). Must not
+        block."""
+        ...
+
+
 @attrs.frozen
 class LogChunk:
     """Text read from a replica's log, and where the next read of new text starts."""
@@ -321,6 +332,11 @@ class Watchers:
         if self._on_death is not None:
             self._on_death(tag, reason)
 
+    def lost_with_node(self, tag: str, node: str, reason: str) -> None:
+        """Tell the controller, if one is listening, that `tag` went with its node `node`."""
+        if self._on_death is not None:
+            tell_lost_with_node(self._on_death, tag, node, reason)
+
 
 def tell_load(
     listener: object,
@@ -337,6 +353,15 @@ def tell_load(
             take.load(tag, ongoing, served)
         else:
             take.load(tag, ongoing, served, code)
+
+
+def tell_lost_with_node(listener: DeathListener, tag: str, node: str, reason: str) -> None:
+    """Tell `listener` that `tag` went with its lost node: as such if it listens for that (a
+    ``NodeLossListener``), else as a death."""
+    if _kind_is(type(listener), NodeLossListener):
+        cast(NodeLossListener, listener).lost_with_node(tag, node, reason)
+    else:
+        listener(tag, reason)
 
 
 def tell_nodes_changed(listener: object) -> None:

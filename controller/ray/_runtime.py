@@ -171,7 +171,7 @@ class RayRuntime:
         for tag, actor in list(self._actors.items()):
             if actor.node_id == node and not actor.killing:
                 del self._actors[tag]
-                self._watchers.died(tag, f"actor died: its node {node[:12]} died")
+                self._watchers.lost_with_node(tag, node, f"actor died: its node {node[:12]} died")
 
     async def capacity(self) -> Sequence[Mapping[str, float]] | None:
         return await self._nodes.capacity([(a.node_id, a.resources) for a in self._actors.values()])
@@ -441,5 +441,22 @@ class RayRuntime:
             break
         if actor.killing or self._actors.get(actor.tag) is not actor:
             return
+        # Gone with its node (Ray ends an actor once it declares the node dead): no crash of
+        # the replica's own, so not one its replacement should back off for.
+        lost = actor.node_id is not None and await self._node_dead(actor.node_id)
+        if actor.killing or self._actors.get(actor.tag) is not actor:
+            return  # said by the node watch meanwhile
         del self._actors[actor.tag]
-        self._watchers.died(actor.tag, f"actor died: {reason}")
+        if lost and actor.node_id is not None:
+            node = actor.node_id
+            self._watchers.lost_with_node(actor.tag, node, f"actor died: its node {node[:12]} died")
+        else:
+            self._watchers.died(actor.tag, f"actor died: {reason}")
+
+    async def _node_dead(self, node: str) -> bool:
+        """Whether Ray says `node` is dead now (False if it cannot be read)."""
+        try:
+            nodes = await trio.to_thread.run_sync(read_nodes)
+        except Exception:
+            return False
+        return any(n.id == node and not n.alive for n in nodes)

@@ -109,6 +109,9 @@ class FakeNodeControls:
     def crash(self, tag: str, reason: str = "crashed") -> None:
         raise NotImplementedError
 
+    def _lost_with_node(self, tag: str, node: str, reason: str) -> None:
+        raise NotImplementedError
+
     def tags(self, state: FakeState | None = None, *, backend: str | None = None) -> list[str]:
         raise NotImplementedError
 
@@ -137,7 +140,7 @@ class FakeNodeControls:
         self._cluster().by_id[node].alive = False
         for replica in list(self.replicas.values()):
             if replica.node == node and replica.state is not FakeState.DEAD:
-                self.crash(replica.tag, f"its node {node} died")
+                self._lost_with_node(replica.tag, node, f"its node {node} died")
         self._nodes_changed()
 
     def notice_drain(self, node: str, deadline: float | None = None) -> None:

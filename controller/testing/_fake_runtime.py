@@ -13,7 +13,13 @@ from .._model.decisions.spec import ReplicaSpec
 from .._model.records.code_report import CodeReport
 from .._model.values.errors import FencedError, ReplicaError, ReplicaGoneError
 from .._model.values.json_values import JSON
-from .._ports.runtime import CheckReport, DeathListener, ReplicaInfo, tell_load
+from .._ports.runtime import (
+    CheckReport,
+    DeathListener,
+    ReplicaInfo,
+    tell_load,
+    tell_lost_with_node,
+)
 from ._fake_http import reconfigure_code, serve_code
 from ._fake_nodes import FakeNodeControls, FakeNodes
 from ._fake_replica import FakeReplica, FakeState, Shared
@@ -237,13 +243,22 @@ class FakeRuntime(FakeNodeControls):
 
     def crash(self, tag: str, reason: str = "crashed") -> None:
         """Kill a replica from outside the controller (it dies on its own); tell the controller."""
+        self._kill(tag, reason)
+        for listener in list(self._shared.listeners):
+            listener(tag, reason)
+
+    def _lost_with_node(self, tag: str, node: str, reason: str) -> None:
+        """A replica goes with its node; the controller is told so (not of a crash)."""
+        self._kill(tag, reason)
+        for listener in list(self._shared.listeners):
+            tell_lost_with_node(listener, tag, node, reason)
+
+    def _kill(self, tag: str, reason: str) -> None:
         replica = self.replicas[tag]
         if replica.state is FakeState.DEAD:
             raise ValueError(f"replica {tag} is already dead")
         replica._die(ReplicaError(tag, "ReplicaDied", reason))
         self._note(tag, f"crashed: {reason}")
-        for listener in list(self._shared.listeners):
-            listener(tag, reason)
 
     def report_load(
         self,

@@ -174,13 +174,55 @@ async def test_a_lost_node_s_replicas_are_replaced_on_the_others(
     rt = cluster()
     async with opened(rt) as ctl:
         await (await ctl.deploy("api", config(num_replicas=6), RC)).wait()
+        gone = {t for t in rt.tags(FakeState.READY, backend="api") if rt.replicas[t].node == "n2"}
         rt.lose_node("n2")
         await settle()
-        assert available(ctl, "api") == 4  # its replicas left the choice at once
-        await rt.wait_until(lambda rt: len(rt.tags(FakeState.READY, backend="api")) == 6)
+        # Its replicas left the choice at once, and their replacements serve (no backoff).
+        serving = {r.tag for r in ctl.status("api").replicas if r.state is ReplicaState.RUNNING}
+        assert len(gone) == 2
+        assert not gone & serving
+        assert available(ctl, "api") == 6
         assert spread(rt, "api") == {"n1": 3, "n3": 3}
         rows = {r.id: r.state for r in await ctl.nodes()}
         assert rows == {"n1": "ready", "n2": "dead", "n3": "ready"}
+
+
+async def test_a_lost_node_s_ten_replicas_are_replaced_at_once_not_after_a_backoff(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Found by an outside attack: each replica a lost node took counted as a crash, so 10 of
+    # them put the backend at the 60 s cap of the crash loop's backoff before its replacements.
+    rt = FakeRuntime(auto_ready=True, nodes={"n1": {}, "n2": {}}, max_replicas=20)
+    async with opened(rt) as ctl:
+        await (await ctl.deploy("api", config(num_replicas=20), RC)).wait()
+        assert spread(rt, "api") == {"n1": 10, "n2": 10}
+        lost = trio.current_time()
+        rt.lose_node("n2")
+        await rt.wait_until(lambda rt: len(rt.tags(FakeState.READY, backend="api")) == 20)
+        # Replaced as soon as the controller heard: no time passed on the (virtual) clock.
+        assert trio.current_time() == lost
+        status = ctl.status("api")
+        assert status.last_error is None  # not a failure of the backend's
+        kinds = [e.kind for e in status.events]
+        assert kinds.count("NodeLost") == 10
+        assert "Died" not in kinds
+
+
+async def test_replicas_that_really_crash_still_back_off_beside_a_lost_node(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The other side of the rule: crashes of the replicas' own still back off (the first
+    # after 1 s, shortened by up to 20 % jitter), node or no node.
+    rt = FakeRuntime(auto_ready=True, nodes={"n1": {}, "n2": {}}, max_replicas=20)
+    async with opened(rt) as ctl:
+        await (await ctl.deploy("api", config(num_replicas=4), RC)).wait()
+        crashed = trio.current_time()
+        on_n1 = [t for t in rt.tags(FakeState.READY, backend="api") if rt.replicas[t].node == "n1"]
+        for tag in on_n1:
+            rt.crash(tag)
+        await rt.wait_until(lambda rt: len(rt.tags(FakeState.READY, backend="api")) == 4)
+        assert trio.current_time() - crashed >= 0.8
+        assert "Died" in [e.kind for e in ctl.status("api").events]
 
 
 async def test_the_cluster_s_own_drain_notice_moves_replicas_off(

@@ -353,6 +353,10 @@ async def test_a_lost_node_s_replicas_serve_again_on_the_others(cluster: Cluster
             assert failed <= 20, flow.counts
             rows = {r.id: r.state for r in await ctl.nodes()}
             assert rows[victim.node_id] == "dead"
+            # Gone with its node, not crashed: its replacement waited out no backoff.
+            kinds = [e.kind for e in ctl.status("lost").events]
+            assert "NodeLost" in kinds
+            assert "Died" not in kinds
     cluster.worker_nodes.discard(victim)  # gone: not one to shut down
 
 
