@@ -58,6 +58,12 @@ class Metrics:
             ["backend"],
             registry=r,
         )
+        self.unknown_load_total = Counter(
+            "controller_load_unknown_replicas",
+            "Replicas named in load reports that the backend does not have: dropped",
+            ["backend"],
+            registry=r,
+        )
         self.starts = Histogram(
             "controller_replica_start_seconds",
             "Replica start (or adoption) to ready, by outcome",
@@ -117,6 +123,9 @@ class Metrics:
     def late_checks(self, backend: str, count: int) -> None:
         self.late_checks_total.labels(backend).inc(count)
 
+    def unknown_load(self, backend: str, count: int) -> None:
+        self.unknown_load_total.labels(backend).inc(count)
+
     def autoscaled(self, backend: str, before: int, after: int) -> None:
         direction = "up" if after > before else "down"
         self.scalings.labels(backend, direction).inc()
@@ -132,6 +141,8 @@ class Metrics:
             self.events.remove(backend)
         with contextlib.suppress(KeyError):
             self.late_checks_total.remove(backend)
+        with contextlib.suppress(KeyError):
+            self.unknown_load_total.remove(backend)
         for direction in self._directions.pop(backend, ()):
             with contextlib.suppress(KeyError):
                 self.scalings.remove(backend, direction)

@@ -31,6 +31,10 @@ class Observer(Protocol):
         """`backend`'s autoscaler changed its replica count from `before` to `after`."""
         ...
 
+    def unknown_load(self, backend: str, count: int) -> None:
+        """A load report named `count` replicas `backend` does not have: dropped."""
+        ...
+
     def rollout(self, backend: str, outcome: str) -> None:
         """A rollout of `backend` ended: `outcome` is complete or failed."""
         ...
@@ -53,6 +57,9 @@ class NullObserver:
         pass
 
     def autoscaled(self, backend: str, before: int, after: int) -> None:
+        pass
+
+    def unknown_load(self, backend: str, count: int) -> None:
         pass
 
     def rollout(self, backend: str, outcome: str) -> None:

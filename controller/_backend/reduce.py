@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 
+import attrs
 import trio
 
 from .._model.decisions.failures import FailureBook
@@ -20,7 +21,7 @@ from .._model.records.multiplexing import Held
 from .._model.records.records import EventsRecord, ReplicasRecord
 from .._model.records.replica_state import ReplicaState
 from .._model.records.revisions import RevisionBook
-from .._model.views.status import BackendReason, BackendState
+from .._model.views.status import BackendReason, BackendState, LoadReport
 from .._ports.runtime import ReplicaInfo
 from . import events as ev
 from . import tasks as tasks
@@ -36,6 +37,7 @@ from .replica_set import ReplicaSet
 from .rollout import Rollout
 from .scaling import Scaling
 from .settle import GoalSettler
+from .shared import Shared
 
 logger = logging.getLogger("controller")
 #: How often, at most, a change of what multiplexed replicas hold alone publishes a snapshot.
@@ -63,6 +65,7 @@ class Reducer:
     _health: HealthChecks
     _scaling: Scaling
     _settler: GoalSettler
+    _shared: Shared
     _change: tuple[BackendState, BackendReason]
     _snapshot_dirty: bool
     _held: dict[str, Held]
@@ -178,13 +181,25 @@ class Reducer:
         if isinstance(event, ev.LoadReported):
             # A pass for the autoscaler when the book's totals moved, and for the canary when
             # its numbers may move it (a gate failing, or enough of them once its pause is over).
-            moved = self._scaling.report(event.report, event.at)
+            moved = self._scaling.report(self._known(event.report), event.at)
             judged = bool(event.report.traffic) and self._canary.report(event.report.traffic)
             return not (moved or judged)
         if isinstance(event, ev.OwnLoad):
             return not self._own_load(event)
         self._take(event)
         return False
+
+    def _known(self, report: LoadReport) -> LoadReport:
+        """`report` with only the replicas this backend has (others are dropped, and counted),
+        each at most its ``max_ongoing_requests``: no source makes up replicas or loads that
+        the status and the autoscaler would take for real."""
+        cap = self.spec.backend_config.max_ongoing_requests
+        known = {t: min(n, cap) for t, n in report.in_flight.items() if t in self.replicas}
+        if len(known) != len(report.in_flight):
+            self._shared.observer.unknown_load(self.name, len(report.in_flight) - len(known))
+        elif all(report.in_flight[t] == n for t, n in known.items()):
+            return report
+        return attrs.evolve(report, in_flight=known)
 
     def _take(self, event: ev.Event) -> None:
         if isinstance(event, ev.SpecChanged):

@@ -29,6 +29,8 @@ class Scalings:
     def __init__(self) -> None:
         self.seen: list[tuple[float, int, int]] = []
         self._new = trio.Event()
+        self.unknown = 0
+        """Replicas named in load reports that the backend did not have (dropped)."""
 
     def autoscaled(self, backend: str, before: int, after: int) -> None:
         self.seen.append((trio.current_time(), before, after))
@@ -42,6 +44,9 @@ class Scalings:
 
     def late_checks(self, backend: str, count: int) -> None:
         pass
+
+    def unknown_load(self, backend: str, count: int) -> None:
+        self.unknown += count
 
     def rollout(self, backend: str, outcome: str) -> None:
         pass
@@ -356,6 +361,27 @@ async def test_the_load_book_has_one_writer_the_loop(
         await settle()
         load = ctl.status("a").load
         assert (load.queued, load.self_reported) == (7, 3)
+
+
+async def test_load_reports_name_only_replicas_that_exist_each_within_its_bound(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Found by an outside attack: 30 sources claiming `ec#fake` made the status show it, with
+    # an in-flight sum of 64,424,509,410, and the autoscaler took that for load.
+    rt = FakeRuntime(auto_ready=True)
+    seen = Scalings()
+    async with opened(rt, scalings=seen) as ctl:
+        bounds = {"max_ongoing_requests": 5, "autoscaling": auto(max_replicas=3)}
+        await (await ctl.deploy("a", config(num_replicas=1, **bounds), RC)).wait()
+        (tag,) = rt.tags()
+        huge = 2**31 - 1
+        for n in range(30):
+            ctl.report_load(LoadReport(f"s{n}", "a", {"a#fake": huge, tag: huge}))
+        await settle()
+        load = ctl.status("a").load
+        assert set(load.replicas) == {tag}  # the made-up replica is not shown
+        assert load.replicas[tag] == 30 * 5  # each source's count at max_ongoing_requests
+        assert seen.unknown == 30  # and each drop is counted
 
 
 async def test_autoscaling_during_a_rolling_update_keeps_the_rollouts_bounds(
