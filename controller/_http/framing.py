@@ -107,6 +107,9 @@ _UNSAFE_PATH = re.compile(
 )
 #: Requests a client may pipeline (send before the first is answered) in one go.
 MAX_PIPELINED = 32
+#: Header lines a request head may hold (Apache's LimitRequestFields default): a head of 10,000
+#: short lines fits the byte limit, and every one would be forwarded.
+MAX_HEADER_LINES = 100
 
 
 def check_path(target: bytes) -> tuple[bytes, str, bytes]:
@@ -124,6 +127,10 @@ def check_path(target: bytes) -> tuple[bytes, str, bytes]:
             if 0 <= at < cut:
                 cut = at
         authority, origin = rest[:cut], rest[cut:]
+        if b"@" in authority:
+            # RFC 9110 4.2.4: userinfo in an http(s) URI from an untrusted source is an error;
+            # passed on, it would become the replica's Host header.
+            raise Problem(400, "BadRequest", "the request target's authority holds userinfo ('@')")
         if not origin.startswith(b"/"):
             origin = b"/" + origin
     else:
@@ -234,6 +241,10 @@ class RequestReader:
             raise Problem(431, "HeadersTooLarge", self._too_large())
         if self.in_body:
             return  # a trailer of a chunked body: not passed on
+        if len(self._headers) >= MAX_HEADER_LINES:
+            raise Problem(
+                431, "HeadersTooLarge", f"the request head holds over {MAX_HEADER_LINES} lines"
+            )
         self._headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
@@ -264,7 +275,13 @@ class RequestReader:
                 # The headers that say how to read the request are never the client's hop's
                 # to drop by naming them.
                 head.dropped = head.dropped | (frozenset(tokens) - FRAMING)
-            elif name == b"expect" and value.strip().lower() == b"100-continue":
+            elif name == b"expect" and not head.http_10:  # HTTP/1.0 ignores it (RFC 9110)
+                if value.strip().lower() != b"100-continue":
+                    # RFC 9110 10.1.1: an expectation the server cannot meet is refused, not
+                    # dropped (the client would take the request as served as it asked).
+                    raise Problem(
+                        417, "ExpectationFailed", "the only expectation served is 100-continue"
+                    )
                 head.expect_continue = True
         if head.http_10 and (chunked or not any(n == b"connection" for n, _ in head.headers)):
             # An HTTP/1.0 message with Transfer-Encoding is treated as faultily framed: the

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from controller import Request
 from controller._http.connection import CLOSING_GRACE_S
+from controller._http.framing import MAX_HEADER_LINES
 from controller._model.views.status import LoadReport
 from controller._routing.sources import SourceError, read_answer
 from controller._routing.table import RouteInfo
@@ -481,6 +482,27 @@ async def test_a_fragment_in_the_target_is_refused(target: str) -> None:
             answer = await raw(f.port, b"GET " + sent + b" HTTP/1.1\r\nHost: h\r\n\r\n")
             assert answer.startswith(b"HTTP/1.1 400 "), (sent, answer)
         assert f.replica.seen == []
+
+
+@pytest.mark.parametrize("target", TARGETS)
+async def test_userinfo_header_floods_and_unknown_expectations_are_refused(target: str) -> None:
+    # Found by an outside attack: a target with userinfo was forwarded as `Host: u:p@x`, a head
+    # of 10,000 short lines was forwarded whole, and an unknown Expect was dropped.
+    async with front(target=target) as f:
+        userinfo = await raw(f.port, b"GET http://u:p@h/app/x HTTP/1.1\r\nHost: h\r\n\r\n")
+        assert userinfo.startswith(b"HTTP/1.1 400 "), userinfo
+        lines = b"".join(b"X-%d: a\r\n" % n for n in range(10_000))
+        flood = await raw(f.port, b"GET /app/x HTTP/1.1\r\nHost: h\r\n" + lines + b"\r\n")
+        assert flood.startswith(b"HTTP/1.1 431 "), flood[:100]
+        expect = b"POST /app/x HTTP/1.1\r\nHost: h\r\nExpect: x-magic\r\nContent-Length: 1\r\n\r\na"
+        assert (await raw(f.port, expect)).startswith(b"HTTP/1.1 417 ")
+        assert f.replica.seen == []
+        # At the limit, and with the one expectation served, requests pass.
+        at_limit = b"".join(b"X-%d: a\r\n" % n for n in range(MAX_HEADER_LINES - 1))
+        fine = await raw(f.port, b"GET /app/x HTTP/1.1\r\nHost: h\r\n" + at_limit + b"\r\n")
+        assert fine.startswith(b"HTTP/1.1 200 "), fine[:100]
+        old = b"GET /app/y HTTP/1.0\r\nExpect: x-magic\r\n\r\n"  # HTTP/1.0 ignores Expect
+        assert (await raw(f.port, old)).startswith(b"HTTP/1.1 200 ")
 
 
 async def test_bytes_a_replica_sends_past_its_answer_do_not_spoil_the_answer() -> None:
