@@ -4,10 +4,8 @@ Every spec, revision history, route claim and capacity reservation is written he
 else, under one lock per name: a deploy, a delete, an undo or an automatic rollback each makes a
 ``SpecChange`` (the pure functions of ``steering``) and commits it through ``commit``, which
 writes the spec with its revisions in one store batch and then hands it to the backend's loop
-as an event. The desk is also the one writer of each revision book: a backend's rollout reports
-how it goes (``Outcome``) and the desk marks it, at once, or, while a change of that name is
-under way, in the history the change writes (``_write_with_histories``), so that the change
-never writes over an outcome, and nothing reconciles two writers afterwards.
+as an event. Its revision books have one writer, its ``Histories`` (``histories``): a change's
+new revisions and the outcomes backends' rollouts report are both marked there.
 """
 
 from __future__ import annotations
@@ -37,8 +35,8 @@ from .._model.decisions.policy import RestartPolicy
 from .._model.decisions.spec import Spec, delete_record
 from .._model.decisions.steering import SpecChange, asked, deploy_change, restored
 from .._model.records.checkpoint import dump
-from .._model.records.records import RevisionsRecord, revisions_key, spec_key
-from .._model.records.revisions import Outcome, Revision, RevisionBook, with_outcomes
+from .._model.records.records import RevisionsRecord, spec_key
+from .._model.records.revisions import RevisionBook
 from .._model.values.code import CodeDigest
 from .._model.values.errors import ControllerClosedError, UnknownBackendError
 from .._model.values.json_values import JSON
@@ -46,6 +44,7 @@ from .._ports.runtime import Runtime
 from .._ports.store import Store
 from .._sources import code_digest
 from .capacity import Reservations
+from .histories import Histories
 from .locks import Held, NameLocks
 from .routes import RouteClaims, route_of
 
@@ -96,11 +95,8 @@ class SpecDesk:
         # Those of them that keep a route, for the route check of each deploy: most backends
         # have none, and a deploy beside 1,000 backends should not look at each.
         self._routed: dict[str, Spec] = {}
-        # Each backend's revisions, read by its loop, written here only.
-        self._books: dict[str, RevisionBook] = {}
-        # The outcomes rollouts reported for names a change holds, marked once it writes
-        # (or lets go): the change made its history from the book before they came.
-        self._held_outcomes: dict[str, list[Outcome]] = {}
+        # Each backend's revisions: read by its loop, written by `Histories` only.
+        self._histories = Histories(store)
         self._locks = NameLocks(lambda name: name in self._backends)
         self._routes = RouteClaims()
         self._reservations = Reservations(
@@ -122,7 +118,7 @@ class SpecDesk:
             on_pass=on_pass,
             on_forgotten=self._forgotten,
             roll_back=roll_back,
-            report_outcome=self._outcome,
+            report_outcome=self._histories.report,
             on_promoted=on_promoted,
             canary_phase=self._leading_phase,
         )
@@ -156,7 +152,7 @@ class SpecDesk:
         return self._requested[name][1]
 
     def book(self, name: str) -> RevisionBook:
-        return self._books[name]
+        return self._histories[name]
 
     def held(self, name: str) -> tuple[str, JSON] | None:
         """The config the replicas went back to, if the last spec's own change failed in one."""
@@ -180,28 +176,12 @@ class SpecDesk:
     @asynccontextmanager
     async def hold(self, names: Collection[str]) -> AsyncIterator[Held]:
         """Hold the lock of every name of `names` (sorted, so that two holders never deadlock).
-        Meanwhile their rollouts' outcomes are held for the change to mark (``_outcome``)."""
+        Meanwhile their rollouts' outcomes are held for the change to mark
+        (``Histories.holding``)."""
         self.check_open()
         async with self._locks.hold(names) as held:
-            for name in names:
-                self._held_outcomes[name] = []
-            try:
+            with self._histories.holding(names):
                 yield held
-            finally:
-                for name in names:
-                    book = self._books.get(name)
-                    for outcome in self._held_outcomes.pop(name, ()):
-                        if book is not None:
-                            book.mark(outcome)
-
-    def _outcome(self, name: str, outcome: Outcome) -> None:
-        """How `name`'s rollout goes, as it reports it: marked in its book, or held while a
-        change of the name is under way (the change marks it in the history it writes)."""
-        held = self._held_outcomes.get(name)
-        if held is not None:
-            held.append(outcome)
-        elif (book := self._books.get(name)) is not None:
-            book.mark(outcome)
 
     def check_open(self) -> None:
         if self._closed:
@@ -251,7 +231,7 @@ class SpecDesk:
                     change = deploy_change(
                         name,
                         self.spec(name),
-                        self._books.get(name) or RevisionBook(),
+                        self._histories.get(name) or RevisionBook(),
                         configs,
                         cause=cause or Cause(),
                         code_of=code_of,
@@ -301,7 +281,7 @@ class SpecDesk:
             not spec.deleting
             and goal.error is None
             and not self._backends[name].deploy_failed
-            and asked(spec, self._books[name]) == (backend_config, replica_config)
+            and asked(spec, self._histories[name]) == (backend_config, replica_config)
         )
 
     async def commit(
@@ -335,11 +315,7 @@ class SpecDesk:
             # One step, shielded: a caller cancelled once the write has begun must not leave a
             # spec durable but never handed to its loop (a phantom deploy at the next start).
             with trio.CancelScope(shield=True):
-                histories = await self._write_with_histories(writes, changes)
-                for name in changes:
-                    book = self._books.setdefault(name, RevisionBook())
-                    if name in histories:
-                        book.revisions = histories[name]
+                await self._histories.write(writes, changes)
                 for done, (name, spec) in enumerate(specs.items(), 1):
                     # Shielded, not frozen: the names are ours, and other backends go on.
                     await take_turns(done)
@@ -355,7 +331,7 @@ class SpecDesk:
                     self._request(name, spec, goal)
                     backend = self._backends.get(name)
                     if backend is None:
-                        new.append(self._new_backend(name, spec, goal, self._books[name]))
+                        new.append(self._new_backend(name, spec, goal, self._histories[name]))
                     else:
                         handover = backend.request(spec, goal)
                         self._handovers.add(handover)
@@ -376,27 +352,6 @@ class SpecDesk:
             self._routes.release(claims)
         return handovers
 
-    async def _write_with_histories(
-        self, writes: dict[str, str | None], changes: Mapping[str, SpecChange]
-    ) -> dict[str, list[Revision]]:
-        """Write `writes` with the changes' histories; the histories written. Each was made
-        from the book before its name was held; the outcomes its rollout reported since are
-        marked in it before the write, and those reported during the write before one more."""
-        histories = {n: c.revisions for n, c in changes.items() if c.revisions is not None}
-        due = set(histories)
-        while True:
-            for done, name in enumerate(due, 1):
-                await take_turns(done)
-                outcomes = self._held_outcomes.get(name, [])
-                histories[name] = with_outcomes(histories[name], outcomes, changes[name].replaces)
-                outcomes.clear()
-                writes[revisions_key(name)] = dump(RevisionsRecord(name, histories[name]))
-            await self._store.write(writes)
-            due = {name for name in histories if self._held_outcomes.get(name)}
-            if not due:
-                return histories
-            writes = {}
-
     async def handed_over(self, handovers: list[trio.Event]) -> None:
         """Wait until each backend's loop has taken its new spec, so that what the caller reads
         next (a status) shows it."""
@@ -410,7 +365,7 @@ class SpecDesk:
     def restored(self, name: str, spec: Spec, kept: RevisionsRecord | None) -> Backend:
         """A backend made from what the store holds (a recovery, or a standby's view)."""
         spec, book = restored(spec, kept, self.code_of, time.time())
-        self._books[name] = book
+        self._histories.restore(name, book)
         goal = Goal(name, spec.generation, "delete" if spec.deleting else "deploy")
         self._request(name, spec, goal)
         return self._new_backend(name, spec, goal, book)
@@ -443,7 +398,7 @@ class SpecDesk:
             del self._backends[name]
             del self._requested[name]
             self._routed.pop(name, None)
-            self._books.pop(name, None)
+            self._histories.forget(name)
             # The forgetting loop holds it, and does nothing more under it.
             self._locks.drop([name], held_here=True)
             self._reservations.forget(name)
