@@ -183,16 +183,21 @@ def runtime_dir() -> Iterator[Path]:
     # Short, because Unix socket paths are limited to 107 bytes.
     path = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
     yield path
-    # A worker still on its way out (killed by the test, its exit not yet reaped) is given the
-    # grace a loaded machine needs, as `no_process_left_behind` gives; what is left is killed.
+    leftovers = _kill_leftover_workers(path)
+    shutil.rmtree(path, ignore_errors=True)
+    assert leftovers == set(), "a test left worker processes behind"
+
+
+def _kill_leftover_workers(path: Path) -> set[int]:
+    """The workers of `path` still running after the grace a loaded machine needs (one killed
+    by the test may not be reaped yet, as `no_process_left_behind` allows), killed now."""
     leftovers = _gone_within(set(worker_pids(path)), LEFTOVER_GRACE_S)
     for pid in leftovers:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    shutil.rmtree(path, ignore_errors=True)
-    assert leftovers == set(), "a test left worker processes behind"
+    return leftovers
 
 
 @pytest.fixture
@@ -206,16 +211,14 @@ async def harness(runtime_dir: Path, tmp_path: Path) -> AsyncIterator[Harness]:
 def state_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="dm", dir="/tmp"))  # short: Unix socket paths
     yield path
-    leftovers = worker_pids(path)
-    for pid in leftovers:
-        os.killpg(pid, signal.SIGKILL)
+    leftovers = _kill_leftover_workers(path)
     # A daemon stopped by a signal leaves its ingress processes serving, by design (the next
     # one adopts them); a test that shut its daemon down checks that none is left itself.
     for pid in ingress_pids(path):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     shutil.rmtree(path, ignore_errors=True)
-    assert leftovers == {}, "a test left worker processes behind"
+    assert leftovers == set(), "a test left worker processes behind"
 
 
 def config(**kwargs: object) -> controller.BackendConfig:

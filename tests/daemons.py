@@ -249,11 +249,19 @@ async def running(
         try:
             yield daemon
         finally:
-            with trio.fail_after(LIMIT_S):
-                result = await daemon.cli("shutdown")
-                # The daemon's own words say why a shutdown failed; the CLI's only that it did.
-                assert result.returncode == 0, (result.stderr, bytes(daemon.log[-6000:]))
-                assert await daemon.process.wait() == 0
+            # Shielded: a test cut short by its deadline still shuts its daemon down (else its
+            # processes, and its pipes' garbage, would fail the tests that come next).
+            with trio.CancelScope(shield=True):
+                try:
+                    with trio.fail_after(LIMIT_S):
+                        result = await daemon.cli("shutdown")
+                        # The daemon's own words say why a shutdown failed; the CLI's only that.
+                        assert result.returncode == 0, (result.stderr, bytes(daemon.log[-6000:]))
+                        assert await daemon.process.wait() == 0
+                finally:
+                    if daemon.process.returncode is None:
+                        daemon.process.kill()
+                        await daemon.process.wait()
             assert ingress_pids(state_dir) == [], "shutdown left ingress processes behind"
 
 
