@@ -197,9 +197,7 @@ class Reducer:
         known = {t: min(n, cap) for t, n in report.in_flight.items() if t in self.replicas}
         if len(known) != len(report.in_flight):
             self._shared.observer.unknown_load(self.name, len(report.in_flight) - len(known))
-        elif all(report.in_flight[t] == n for t, n in known.items()):
-            return report
-        return attrs.evolve(report, in_flight=known)
+        return report if known == report.in_flight else attrs.evolve(report, in_flight=known)
 
     def _take(self, event: ev.Event) -> None:
         if isinstance(event, ev.SpecChanged):

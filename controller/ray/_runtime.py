@@ -443,12 +443,12 @@ class RayRuntime:
             return
         # Gone with its node (Ray ends an actor once it declares the node dead): no crash of
         # the replica's own, so not one its replacement should back off for.
-        lost = actor.node_id is not None and await self._node_dead(actor.node_id)
+        node = actor.node_id
+        lost = node is not None and await self._node_dead(node)
         if actor.killing or self._actors.get(actor.tag) is not actor:
             return  # said by the node watch meanwhile
         del self._actors[actor.tag]
-        if lost and actor.node_id is not None:
-            node = actor.node_id
+        if lost and node is not None:
             self._watchers.lost_with_node(actor.tag, node, f"actor died: its node {node[:12]} died")
         else:
             self._watchers.died(actor.tag, f"actor died: {reason}")
