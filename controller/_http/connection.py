@@ -105,8 +105,10 @@ class Connection:
         self._idle = False
         self._unread = False
         """Closing with some of what the client sent unread: linger (`_linger`)."""
-        self._body_bytes = 0
+        # The body's rate, judged in windows of the client's time (``body``).
         self._body_waited = 0.0
+        self._window_end = 0.0
+        self._window_need = 0
         """Of the current request's body: bytes taken, and seconds spent waiting for them."""
 
     async def serve(self) -> None:
@@ -271,7 +273,8 @@ class Connection:
         event = events.popleft()
         if isinstance(event, RequestHead):
             reader.queued_heads -= 1
-            self._body_bytes, self._body_waited = 0, 0.0
+            self._body_waited = 0.0
+            self._next_window()
             return event
         if isinstance(event, Problem):
             return event
@@ -285,10 +288,8 @@ class Connection:
             now = trio.current_time()
             wait = limits.body_timeout_s
             if limits.min_body_rate:
-                # What the client may still take and keep its average: the grace, and a second
-                # for each `min_body_rate` bytes sent, less what it has taken so far.
-                allowed = limits.header_timeout_s + self._body_bytes / limits.min_body_rate
-                wait = min(wait, max(0.0, allowed - self._body_waited))
+                # What is left of the window the client must bring its bytes in.
+                wait = min(wait, max(0.0, self._window_end - self._body_waited))
             self.arm(now + wait, "body")
             await trio.lowlevel.wait_readable(self.sock)
             self._body_waited += trio.current_time() - now
@@ -306,13 +307,22 @@ class Connection:
                 self.timer.set(self.request_deadline, "deadline")
         event = events.popleft()
         if isinstance(event, bytes):
-            self._body_bytes += len(event)
+            self._window_need -= len(event)
+            if self._window_need <= 0:
+                self._next_window()
             return event
         if event is END:
             return None
         if isinstance(event, Problem):
             raise Reply(event.status, event.kind, str(event))
         raise Reply(400, "BadRequest", "a request began before the body ended")  # cannot happen
+
+    def _next_window(self) -> None:
+        """A window of the body's rate begins now, in the client's time: a fast start earns
+        no credit for a trickle after it."""
+        limits = self.limits
+        self._window_end = self._body_waited + limits.body_rate_window_s
+        self._window_need = int(limits.min_body_rate * limits.body_rate_window_s)
 
     def skip_body(self) -> bool:
         """Drop what has arrived of the current request's body, without waiting; whether its

@@ -45,9 +45,13 @@ class ConnectionLimits:
     """How long a client may leave the request body, or the response it is sent, without
     progress: 408, or the connection is closed."""
     min_body_rate: int = attrs.field(default=1024, validator=count)
-    """Bytes a second a request body must arrive at, on average, once `header_timeout_s` has
-    passed since its head (0: no floor): 408 below. Time the server spends waiting on its
+    """Bytes a second a request body must arrive at over each `body_rate_window_s` (0: no
+    floor): each window of the client's time must bring ``min_body_rate * body_rate_window_s``
+    bytes, or 408. A window ends when it has them (what came beyond is no credit for the next),
+    so a body cannot bank a fast start and then trickle. Time the server spends waiting on its
     answer (a replica's, or the handler's) does not count against the client."""
+    body_rate_window_s: float = attrs.field(default=10.0, validator=positive)
+    """The window `min_body_rate` is judged over."""
     keepalive_timeout_s: float = attrs.field(default=60.0, validator=positive)
     """How long an idle client connection is kept open for its next request."""
     max_header_bytes: int = attrs.field(default=65536, validator=count)

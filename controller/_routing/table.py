@@ -65,6 +65,9 @@ class Slot:
     tag: str
     address: str
     in_flight: int = 0
+    uploads: int = 0
+    """Of what it was sent, the uploads (bodies too large to read first) not yet answered:
+    counted apart from ``in_flight``, which ``max_ongoing_requests`` bounds."""
     latency_s: float = 0.0
     """Its recent answer time (peak-sensitive average of the time to a response's head)."""
     index: int = -1
@@ -171,7 +174,7 @@ class BackendRoutes:
             if fresh.get(slot.tag) != slot.address:
                 slot.gone = True
                 del self.by_tag[slot.tag]
-                if slot.in_flight:
+                if slot.in_flight or slot.uploads:
                     self._leaving[slot.tag] = slot
                 else:
                     closed.append(slot)
@@ -315,11 +318,38 @@ class BackendRoutes:
         """A request to `slot` ended (answered, failed or abandoned)."""
         slot.in_flight -= 1
         if slot.gone:
-            if slot.in_flight == 0:
+            if slot.in_flight == 0 and slot.uploads == 0:
                 self._leaving.pop(slot.tag, None)
         else:
             self._loads[slot.index] = slot.in_flight
             self._serve_queue()
+        self.on_change(self)
+
+    def take_upload(self, excluded: frozenset[str], side: Side | None) -> Slot | None:
+        """A replica for an upload (a body too large to read before choosing): the less
+        loaded of two, of the `side` drawn while it has replicas, whatever their room. It is
+        counted in the replica's ``uploads``: its budget is the ingress's, not
+        ``max_ongoing_requests``, so that a slow upload takes no request's room. None if no
+        replica serves."""
+        unbounded = 1 << 62
+        index: int | None = None
+        group = self._sides.get(side) if side is not None and not excluded else None
+        if group:
+            index = choose_near(group, self._loads, unbounded, self.rng)
+        if index is None:
+            index = choose(self._loads, unbounded, self.rng, self._indices(excluded))
+        if index is None:
+            return None
+        slot = self.slots[index]
+        slot.uploads += 1
+        self.on_change(self)
+        return slot
+
+    def release_upload(self, slot: Slot) -> None:
+        """An upload to `slot` ended."""
+        slot.uploads -= 1
+        if slot.gone and slot.in_flight == 0 and slot.uploads == 0:
+            self._leaving.pop(slot.tag, None)
         self.on_change(self)
 
     def answered(self, slot: Slot, seconds: float) -> None:
@@ -362,9 +392,10 @@ class BackendRoutes:
         self.answered(slot, REFUSED_PENALTY_S)
 
     def in_flight(self) -> dict[str, int]:
-        """Requests in flight per replica tag (replicas gone included until they finish)."""
-        out = {s.tag: s.in_flight for s in self.slots if s.in_flight}
-        out.update((s.tag, s.in_flight) for s in self._leaving.values())
+        """Requests in flight per replica tag, uploads included (replicas gone included until
+        they finish)."""
+        out = {s.tag: s.in_flight + s.uploads for s in self.slots if s.in_flight or s.uploads}
+        out.update((s.tag, s.in_flight + s.uploads) for s in self._leaving.values())
         return out
 
     def _take(self, index: int) -> Slot:

@@ -11,6 +11,11 @@ import trio
 
 from .._http.sockets import close, connect, is_idle_and_open
 
+#: Set by the ingress on a request whose body is an upload (too large to read before choosing a
+#: replica): code the worker serves runs it without waiting for one of its
+#: ``max_ongoing_requests`` places, which the ingress's upload budget stands for, so that a slow
+#: body takes no request's place. A client's own is dropped at the ingress.
+UPLOAD_HEADER = b"x-controller-upload"
 #: Idle connections kept per replica; more are closed when their request ends.
 MAX_IDLE_PER_REPLICA = 64
 #: A kept connection idle for less than this is taken without first checking that the replica

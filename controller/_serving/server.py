@@ -12,8 +12,10 @@ gets 504. At most ``max_ongoing_requests`` handlers run at once, however many in
 more wait here, first come first served; the ingress says the backend's limit as it is now with
 each request (``x-max-ongoing-requests``), so that a change reaches the replica with no
 restart. Both are the request's own: nothing a request says changes what another gets
-(``places``). What waits and what runs is the replica's load, which the worker reports as a
-replica's own ``load()``."""
+(``places``). Uploads (bodies the ingress streams on, marked ``x-controller-upload``) run beside
+those places, bounded by the ingress's upload budget instead: a slow body takes no one's place.
+What waits and what runs is the replica's load, which the worker reports as a replica's own
+``load()``."""
 
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ from .._routing.exchange import CALL_HEADER
 from .._routing.handle import current_deadline
 from .._routing.models import MODEL_HEADER, MODEL_ID_RULE, model_of, shown_value
 from .._routing.split import SIDE_HEADER, Side, current_side, side_of_header
+from .._routing.upstream import UPLOAD_HEADER
 from . import rpc
 from .asgi import AppError, Exchange, Lifespan, http_scope
 from .calls import Caller
@@ -236,6 +239,7 @@ class ReplicaServer:
         call: str | None = None
         side: Side | None = None
         model: str | None = None
+        upload = False
         for name, value in head.headers:
             if name == TIMEOUT_HEADER:
                 budget = _milliseconds(value, budget) / 1000
@@ -247,6 +251,8 @@ class ReplicaServer:
                 call = value.decode("latin-1")
             elif name == SIDE_HEADER:
                 side = side_of_header(value)
+            elif name == UPLOAD_HEADER:
+                upload = True
             elif name == MODEL_HEADER and model is None:  # the first, as routers read it
                 model = model_of(value.strip(b" \t"))
                 if model is None:
@@ -255,11 +261,12 @@ class ReplicaServer:
         conn.request_deadline = deadline
         conn.timer.set(deadline, "deadline")
         self._changed()  # read a moment later, when it may wait in line
-        try:
-            await self._places.take(limit)  # in line, first come first served
-        except BaseException:
-            self._changed()  # it left the line unserved (a deadline, a hang-up)
-            raise
+        if not upload:  # (an upload is bounded by its ingress's budget instead)
+            try:
+                await self._places.take(limit)  # in line, first come first served
+            except BaseException:
+                self._changed()  # it left the line unserved (a deadline, a hang-up)
+                raise
         self.in_flight += 1
         # What handles called by the handler inherit: the time this request has left, and the
         # side of a canary's split it went to.
@@ -280,7 +287,8 @@ class ReplicaServer:
             current_deadline.reset(inherited)
             self.in_flight -= 1
             self.served += 1
-            self._places.give_back()
+            if not upload:
+                self._places.give_back()
             self._changed()
 
     def _reader(self, conn: Connection, head: RequestHead, done: list[bool]) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from .._http.limits import ConnectionLimits, positive
+from .._http.limits import ConnectionLimits, at_least_one, count, positive
 
 
 @attrs.frozen(kw_only=True)
@@ -20,6 +20,18 @@ class IngressConfig(ConnectionLimits):
     """How long a request may wait in its backend's queue for a replica with room: 503."""
     connect_timeout_s: float = attrs.field(default=5.0, validator=positive)
     """How long connecting to a replica may take before another is tried."""
+    buffer_body_bytes: int = attrs.field(default=65536, validator=count)
+    """Request bodies up to this size (by ``Content-Length``, or chunked ones that end within
+    it) are read whole before a replica is chosen: a client that sends one slowly holds no
+    replica's room meanwhile. A process holds at most ``max_connections`` of them at once, so
+    this bounds its memory too. Larger bodies are uploads (``max_uploads``)."""
+    max_uploads: int = attrs.field(default=64, validator=at_least_one)
+    """Bodies beyond ``buffer_body_bytes`` streamed to one backend's replicas at once, by this
+    process: they are counted here until answered, not against ``max_ongoing_requests`` (a
+    slow one cannot take the room of the requests that use it). More get 503 ``TooManyUploads``."""
+    max_uploads_per_client: int = attrs.field(default=16, validator=at_least_one)
+    """Of those, how many one address may have under way in this process: more get 429
+    ``TooManyUploads``."""
     prefer_host: str | None = None
     """Locality: send each request to a replica at this host (the ingress's own node) while one
     of them has room, by power of two choices among them; only when all of them are at

@@ -34,7 +34,13 @@ def expired_answer(phase: str, config: IngressConfig, upstream: str) -> tuple[in
         message = f"the request head did not arrive within {config.header_timeout_s:g} s"
         return 408, "RequestTimeout", message
     if phase == "body":
-        return 408, "RequestTimeout", f"the request body stalled for {config.body_timeout_s:g} s"
+        message = f"the request body stalled for {config.body_timeout_s:g} s"
+        if config.min_body_rate:
+            message += (
+                f" or came slower than min_body_rate={config.min_body_rate} bytes a second"
+                f" over body_rate_window_s={config.body_rate_window_s:g}"
+            )
+        return 408, "RequestTimeout", message
     if phase == "request":
         message = f"{where} did not answer within request_timeout_s={config.request_timeout_s:g}"
         return 504, "GatewayTimeout", message

@@ -36,6 +36,7 @@ from ._config import IngressConfig
 from ._deadlines import EXPIRED_STATUS, expired_answer, start_deadline
 from ._metrics import IngressMetrics
 from ._policies import admit, retry
+from ._uploads import Uploads
 from ._wire import upstream_head
 
 logger = logging.getLogger("controller.ingress")
@@ -46,8 +47,6 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _NONE_TRIED: frozenset[str] = frozenset()
 #: What a ``Reply`` carries for the ingress, not for the client's body.
 _NOT_SAID = frozenset({"cause", "retry_after"})
-#: Request bodies up to this size (by Content-Length) are read whole before a replica is chosen.
-BUFFERED_BODY_BYTES = 64 * 1024
 #: Requests that may be sent twice (RFC 9110 9.2.2, less PUT and DELETE, whose effects a
 #: replica may not make idempotent): sent again once when a kept connection proves closed.
 _REPEATABLE = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE"})
@@ -75,6 +74,7 @@ class Proxy:
         self.pool = pool
         self.config = config
         self.metrics = metrics
+        self.uploads = Uploads(config)
         self.warnings = RateLimitedLog(logger)
 
     # -- what a client connection asks --
@@ -109,8 +109,8 @@ class Proxy:
             return False
         except Reply as reply:
             status = reply.status
-            if reply.status == 503:
-                self.metrics.rejected(name, reply.extra.get("cause", ""))
+            if reply.status in (429, 503) and "cause" in reply.extra:
+                self.metrics.rejected(name, reply.extra["cause"])
             elif reply.status >= 500:
                 self.warnings.warn(
                     f"{reply.kind}:{name}",
@@ -154,26 +154,56 @@ class Proxy:
     async def _forward(
         self, client: Connection, head: RequestHead, backend: BackendRoutes
     ) -> tuple[int, bool]:
-        repeatable = not head.body and head.method in _REPEATABLE
         model = requested_model(head.headers)  # a bad one is refused before the body is read
         deadline = start_deadline(client, head, backend)
-        body = b""
-        streamed = head.body
-        if head.body and head.length is not None and head.length <= BUFFERED_BODY_BYTES:
-            # A small body is read whole before a replica's slot is taken: a client that sends
-            # it slowly holds no slot meanwhile, and it goes on with its head in one write.
-            body = await self._read_body(client, head)
-            streamed = False
+        if not head.body:
+            return await self._send(client, head, backend, deadline, model)
+        limit = self.config.buffer_body_bytes
+        if head.length is not None and head.length > limit:
+            body, whole = b"", False  # an upload: known as one before a byte of it is read
+        else:
+            # A body read whole before a replica's slot is taken: a client that sends it
+            # slowly holds no slot meanwhile, and it goes on with its head in one write.
+            body, whole = await self._read_body(client, head, limit)
+        if whole:
+            return await self._send(client, head, backend, deadline, model, body)
+        with self.uploads.held(backend.name, client.peer):
+            return await self._send(client, head, backend, deadline, model, body, upload=True)
+
+    async def _send(
+        self,
+        client: Connection,
+        head: RequestHead,
+        backend: BackendRoutes,
+        deadline: float,
+        model: str | None,
+        body: bytes = b"",
+        *,
+        upload: bool = False,
+    ) -> tuple[int, bool]:
+        """Send `head` to a replica, and its `body`: whole, or (an `upload`) what was read of
+        it, the rest as it arrives."""
+        repeatable = not head.body and head.method in _REPEATABLE
         tried: frozenset[str] = _NONE_TRIED
         split = backend.split
         side = None if split is None else choose_side(split, head.headers, backend.rng)
         key = session_key(backend.affinity, head.headers)
         if model is not None:
             backend.asked(model)
+        # What goes after the head: a whole body by its length (chunks read are sent as one
+        # body), or the first part of an upload in its own framing.
+        length = len(body) if head.body and not upload else None
+        first = b"%x\r\n%s\r\n" % (len(body), body) if upload and head.chunked and body else body
+        # An upload known by its length is sent no 100 Continue until its replica has the
+        # head (it would send what no replica may take); one read in part has been sent it.
+        expect = upload and not body and head.expect_continue
         retrying = False  # counted in the backend's retry budget until the request ends
         try:
             while True:
-                slot = await self._acquire(backend, tried, side, key, model)
+                slot = backend.take_upload(tried, side) if upload else None
+                counted_apart = slot is not None
+                if slot is None:
+                    slot = await self._acquire(backend, tried, side, key, model)
                 taken_at, client.waited_s = trio.current_time(), None
                 # What the gates of a canary release count: an answer's status, or none at all
                 # (a timeout, a 502) as an error; a request tried again elsewhere, or one whose
@@ -184,11 +214,11 @@ class Proxy:
                     # The side the request reached (not the one drawn: a side with no room, or
                     # none serving yet, gives another replica), which its calls keep to.
                     reached = backend.side_of(slot)
-                    sent = upstream_head(head, client.peer, backend, slot.address, left_ms, reached)
-                    if body:
-                        sent += body
+                    sent = upstream_head(
+                        head, client.peer, backend, slot.address, left_ms, reached, length, upload
+                    )
                     status, keep = await self._through(
-                        client, head, backend, slot, sent, repeatable, streamed
+                        client, head, backend, slot, sent + first, repeatable, upload, expect
                     )
                     outcome = status
                     return status, keep
@@ -216,8 +246,11 @@ class Proxy:
                         waited = client.waited_s
                         seconds = trio.current_time() - taken_at if waited is None else waited
                         backend.count(slot, outcome >= 500, seconds)
-                    backend.release(slot)
-                    if slot.gone and not slot.in_flight:
+                    if counted_apart:
+                        backend.release_upload(slot)
+                    else:
+                        backend.release(slot)
+                    if slot.gone and not slot.in_flight and not slot.uploads:
                         # The last request to a replica that left: what was pooled for it
                         # before it left goes too (the snapshot that took it away could not
                         # close those).
@@ -262,9 +295,11 @@ class Proxy:
         sent: bytes,
         repeatable: bool,
         streamed: bool,
+        expect: bool = False,
     ) -> tuple[int, bool]:
-        """The request to the replica of `slot` (`sent`: its head, and its body unless it is
-        `streamed`), and its answer to the client. ``NotSent`` while nothing reached the
+        """The request to the replica of `slot` (`sent`: its head, and its body, or what was
+        read of it if the rest is `streamed`, once the client is told to `expect` to send it), and
+        its answer to the client. ``NotSent`` while nothing reached the
         replica (``Lost``: one that may be sent twice, closed unanswered); ``Stale`` for a
         `repeatable` one whose kept connection proved closed."""
         upstream = await self.pool.get(slot.address, check=not repeatable)
@@ -278,29 +313,32 @@ class Proxy:
             if head.body:
                 upstream.body_sent = True
             if streamed:
-                whole = await self._send_body(client, head, upstream, head.chunked)
+                if expect:
+                    await client.send(_CONTINUE)
+                whole = await self._send_body(client, upstream, head.chunked)
             return await self._relay(client, head, backend, slot, upstream, repeatable, whole)
         finally:
             if slot.gone:
                 upstream.reusable = False
             self.pool.put(upstream)  # or closed, if it cannot carry another request
 
-    async def _read_body(self, client: Connection, head: RequestHead) -> bytes:
-        """The whole body of `head`, read before anything goes to a replica."""
+    async def _read_body(
+        self, client: Connection, head: RequestHead, limit: int
+    ) -> tuple[bytes, bool]:
+        """The body of `head`, read before anything goes to a replica: whole (True), or, once
+        more than `limit` bytes came, what came so far (False: the rest is streamed)."""
         if head.expect_continue:
             await client.send(_CONTINUE)
         body = bytearray()
         while (chunk := await client.body()) is not None:
             body += chunk
-        return bytes(body)
+            if len(body) > limit:
+                return bytes(body), False
+        return bytes(body), True
 
-    async def _send_body(
-        self, client: Connection, head: RequestHead, upstream: Upstream, chunked: bool
-    ) -> bool:
-        """Stream the body to the replica; whether all of it went (False: the replica closed
-        the connection first, which an early answer may explain)."""
-        if head.expect_continue:
-            await client.send(_CONTINUE)
+    async def _send_body(self, client: Connection, upstream: Upstream, chunked: bool) -> bool:
+        """Stream the rest of the body to the replica; whether all of it went (False: the
+        replica closed the connection first, which an early answer may explain)."""
         while True:
             chunk = await client.body()
             if chunk is None:

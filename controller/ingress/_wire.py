@@ -9,6 +9,7 @@ from typing import Final
 from .._http.framing import HOP_BY_HOP, RequestHead
 from .._routing.split import SIDE_HEADER, Side
 from .._routing.table import BackendRoutes
+from .._routing.upstream import UPLOAD_HEADER
 
 #: Set by the ingress alone: a client's own are dropped (its time left it reads first).
 OURS: Final = frozenset(
@@ -19,6 +20,7 @@ OURS: Final = frozenset(
         b"x-max-ongoing-requests",
         b"x-controller-call",  # a method call is a handle's, never a client's
         SIDE_HEADER,  # the split's choice, not the client's (a force_header says that)
+        UPLOAD_HEADER,
     }
 )
 #: What a request's head loses on its way to a replica (more if its Connection names more).
@@ -33,12 +35,15 @@ def upstream_head(
     fallback_host: str,
     left_ms: int,
     side: Side | None = None,
+    length: int | None = None,
+    upload: bool = False,
 ) -> bytes:
     """The head sent to the replica: the client's, less what belongs to the client's hop (and
     the headers its Connection header names), in origin form, with a Host, with where it came
     from, with the milliseconds it has left, and with its backend's max_ongoing_requests as it
     is now (code the worker serves holds to both), and the `side` of a canary's split it went
-    to. Every value sent was accepted by the reader, so it is valid on the wire."""
+    to. A chunked body read whole goes by its `length`; an `upload` says it is one. Every value
+    sent was accepted by the reader, so it is valid on the wire."""
     # Most requests name nothing in Connection: their set is the framing's own, ours is known.
     dropped = DROPPED if head.dropped is HOP_BY_HOP else head.dropped | OURS
     out = [head.method, b" ", head.target, b" HTTP/1.1\r\n"]
@@ -59,7 +64,12 @@ def upstream_head(
                 continue
         out += (key, b": ", value, b"\r\n")
     if head.chunked:
-        out.append(b"transfer-encoding: chunked\r\n")
+        if length is None:
+            out.append(b"transfer-encoding: chunked\r\n")
+        else:
+            out.append(b"content-length: %d\r\n" % length)
+    if upload:
+        out += (UPLOAD_HEADER, b": 1\r\n")
     if side is not None:
         out += (SIDE_HEADER, b": ", side.encode(), b"\r\n")
     forwarded.append(peer.encode())

@@ -516,6 +516,63 @@ async def test_bytes_a_replica_sends_past_its_answer_do_not_spoil_the_answer() -
         assert f.the_ingress.proxy.pool.opened == 40  # none of those connections was kept
 
 
+async def test_a_chunked_body_within_the_buffer_goes_whole_and_a_larger_one_as_an_upload() -> None:
+    config = IngressConfig(buffer_body_bytes=1000)
+    async with front(config) as f:
+        assert isinstance(f.replica, Replica)
+
+        def chunked(n: int) -> bytes:
+            # In chunks of 100, with a client's own claim to be an upload (dropped).
+            chunks = b"".join(b"64\r\n" + b"z" * 100 + b"\r\n" for _ in range(n // 100))
+            return (
+                b"POST /app/c HTTP/1.1\r\nHost: h\r\nX-Controller-Upload: 1\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n"
+            )
+
+        assert (await _answer_of(f.port, chunked(600)))[0] == 200
+        seen = dict(f.replica.seen[-1]["headers"])
+        assert seen["content-length"] == "600"
+        assert "transfer-encoding" not in seen
+        assert "x-controller-upload" not in seen
+        assert (await _answer_of(f.port, chunked(5000)))[0] == 200
+        seen = dict(f.replica.seen[-1]["headers"])
+        assert seen["transfer-encoding"] == "chunked"
+        assert "content-length" not in seen
+        assert seen["x-controller-upload"] == "1"
+        await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+        assert f.settled()
+
+
+async def test_uploads_beyond_the_backend_s_budget_get_503_and_take_no_room() -> None:
+    config = IngressConfig(buffer_body_bytes=1000, max_uploads=2)
+    async with front(config) as f, trio.open_nursery() as nursery:
+        held: list[trio.SocketStream] = []
+        for _ in range(2):
+            stream = await trio.open_tcp_stream("127.0.0.1", f.port)
+            held.append(stream)
+            await stream.send_all(
+                b"POST /app/u HTTP/1.1\r\nHost: h\r\nContent-Length: 9999\r\n\r\n"
+            )
+        await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+        uploads = f.the_ingress.proxy.uploads
+        assert uploads.by_backend == {"app": 2}
+        assert uploads.by_client == {"127.0.0.1": 2}
+        status, body = await _answer_of(
+            f.port, b"POST /app/u HTTP/1.1\r\nHost: h\r\nContent-Length: 9999\r\n\r\n"
+        )
+        assert status == 503
+        assert b"max_uploads=2" in body
+        # The two uploads under way are the replica's load, not its room: a request is served.
+        assert (await request(f.port, "/app/x")).status == 200
+        for stream in held:
+            await stream.aclose()
+        await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+        assert uploads.by_backend == {}
+        assert uploads.by_client == {}
+        assert f.settled()
+        nursery.cancel_scope.cancel()
+
+
 async def test_an_early_answer_to_a_large_upload_is_passed_on() -> None:
     """A replica that answers 413 at once and closes without reading a 2 MB body: the client
     gets the 413 (not a 502 for the connection the replica closed under the upload)."""
@@ -542,16 +599,20 @@ async def test_an_answer_of_ours_to_an_upload_arrives_whole_not_as_a_reset() -> 
 
 @pytest.mark.parametrize("target", TARGETS)
 async def test_a_slow_body_is_cut_off_and_a_small_one_holds_no_slot_meanwhile(target: str) -> None:
-    config = IngressConfig(header_timeout_s=0.3, min_body_rate=1000)
+    config = IngressConfig(min_body_rate=1000, body_rate_window_s=0.3)
     async with front(config, target=target) as f:
-        for length in (1000, 1_000_000):  # read whole before a slot is taken; streamed
+        # Read whole before a slot is taken; streamed (an upload, counted apart); and a body
+        # that banks a fast start of 100 KB, then trickles: judged by its window, not by its
+        # average since the start (which would have given it 100 s).
+        for length, start in ((1000, b"x"), (1_000_000, b"x"), (1_000_000, b"x" * 100_000)):
             stream = await trio.open_tcp_stream("127.0.0.1", f.port)
             async with stream:
-                # Timed from before the send: the cut comes 0.3 s after the ingress has the head
-                # at the earliest, however long a busy machine takes to get there.
+                # Timed from before the send: the cut comes a window after the ingress has the
+                # head at the earliest, however long a busy machine takes to get there.
                 began = trio.current_time()
                 await stream.send_all(
-                    b"POST /app/x HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n\r\nx" % length
+                    b"POST /app/x HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n\r\n%s"
+                    % (length, start)
                 )
                 await trio.testing.wait_all_tasks_blocked(cushion=0.05)
                 if f.server is not None:
@@ -561,8 +622,12 @@ async def test_a_slow_body_is_cut_off_and_a_small_one_holds_no_slot_meanwhile(ta
                     held = f.the_ingress.load()["app"][0]
                     assert held == (0 if length == 1000 else 1)
                 with trio.fail_after(5):
-                    answer = await stream.receive_some(65536)
-                # 1 byte in 0.3 s of grace plus 1 ms: far under 1000 bytes a second.
+                    while True:  # a byte every 0.1 s: 10 a second, far under 1000
+                        with trio.move_on_after(0.1):
+                            answer = await stream.receive_some(65536)
+                            break
+                        with contextlib.suppress(trio.BrokenResourceError):
+                            await stream.send_all(b"x")
                 assert answer.startswith(b"HTTP/1.1 408 "), answer
                 assert 0.29 <= trio.current_time() - began < 3
             await trio.testing.wait_all_tasks_blocked(cushion=0.05)
