@@ -10,6 +10,7 @@ GET /stray           answers "ok", then sends bytes that look like another answe
 POST /early          answers 413 without reading the body, and keeps the connection open
 GET /watch-cancel    waits until the client hangs up, then appends "cancelled" to ``record``
 GET /drop            the replica that claimed ``slow_claim`` closes the connection unanswered
+GET /fail            503 at once: a request the app fails, whatever the revision
 
 ``error_every=N`` (init) answers every Nth request (of any path) with a 500: a bad release.
 """
@@ -93,6 +94,11 @@ class HTTPReplica:
                 h.send_header("Content-Length", "0")
                 h.end_headers()
                 return
+        if path == "fail":
+            h.send_response(503)
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
         if path == "slow":
             time.sleep(float(query.get("ms", "100")) / 1000)
         if path == "hang":

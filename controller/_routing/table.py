@@ -364,15 +364,16 @@ class BackendRoutes:
         if not slot.gone:
             self._latencies[slot.index] = slot.latency_s
 
-    def count(self, slot: Slot, error: bool, seconds: float) -> None:
+    def count(self, slot: Slot, error: bool, seconds: float, client: str | None = None) -> None:
         """A request `slot` took has ended (`error`: a 5xx, or no answer): counted for the
-        gates of a canary release, while there is one."""
+        gates of a canary release, while there is one, with the `client` (address) it came
+        from (no single client decides a verdict)."""
         if self.split is None or not slot.version:
             return
         tally = self.tallies.get(slot.version)
         if tally is None:
             tally = self.tallies[slot.version] = RequestTally()
-        tally.count(error, seconds)
+        tally.count(error, seconds, client)
 
     def take_tallies(self) -> dict[str, RequestTally]:
         """What was counted since the last call (for a load report)."""

@@ -245,7 +245,7 @@ class Proxy:
                     if outcome is not None and not client.gone:  # (a hang-up is no answer)
                         waited = client.waited_s
                         seconds = trio.current_time() - taken_at if waited is None else waited
-                        backend.count(slot, outcome >= 500, seconds)
+                        backend.count(slot, outcome >= 500, seconds, client.peer)
                     if counted_apart:
                         backend.release_upload(slot)
                     else:

@@ -6,6 +6,7 @@ daemon killed mid-canary resumed at the same step, and promote and abort from th
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 from collections.abc import AsyncIterator
@@ -290,6 +291,110 @@ def readme_commands() -> list[str]:
     section = readme.split(CANARIES, 1)[1].split("\n## ", 1)[0]
     (block,) = re.findall(r"```console\n(.*?)```", section, re.DOTALL)
     return [line[2:] for line in block.splitlines() if line.startswith("$ controller ")]
+
+
+async def _from(
+    source: str, port: int, path: str, headers: tuple[tuple[str, str], ...] = ()
+) -> tuple[int, str]:
+    """A GET from the loopback address `source`: its status, and the replica that answered
+    ("" if none said)."""
+    sock = trio.socket.socket()
+    try:
+        await sock.bind((source, 0))
+        await sock.connect(("127.0.0.1", port))
+    except BaseException:
+        sock.close()
+        raise
+    said = "".join(f"{k}: {v}\r\n" for k, v in headers)
+    async with trio.SocketStream(sock) as stream:
+        await stream.send_all(
+            f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{said}\r\n".encode()
+        )
+        answer = bytearray()
+        while chunk := await stream.receive_some(65536):
+            answer += chunk
+    body = bytes(answer).partition(b"\r\n\r\n")[2]
+    replica = json.loads(body)["replica"] if answer[9:12] == b"200" and body else ""
+    return int(answer[9:12]), replica
+
+
+async def _steered(state_dir: Path, release: dict[str, Any], side: str) -> list[dict[str, Any]]:
+    """The fourth attack's canary steering, run against `release`: six clients (each an
+    address) send plain requests while one address finds sticky values that land on the
+    `side` revision (the answers name the replica) and sends requests the app fails with
+    those alone. The backend's revisions once the canary ended, either way."""
+    block = release["canary"]
+    async with v1_serving(state_dir, canary=block) as (daemon, port, path):
+        path.write_text(manifest(app=release))
+        assert (await daemon.cli("apply", "-f", str(path))).returncode == 0
+        await until(
+            daemon, "app", lambda s: (s["rollout"]["canary"] or {}).get("phase") == "judging"
+        )
+        versions = await tags_by_version(daemon)
+        wanted = "v2" if side == "canary" else "v1"
+        values = []
+        for user in range(40):
+            _, tag = await _from("127.0.0.66", port, "/app/any", (("X-User", f"u{user}"),))
+            if versions.get(tag) == wanted:
+                values.append(f"u{user}")
+        assert values, "no sticky value lands there"
+
+        async def client(source: str) -> None:
+            while True:
+                await _from(source, port, "/app/any")
+
+        async def attacker() -> None:
+            while True:
+                for value in values:
+                    await _from("127.0.0.66", port, "/app/fail", (("X-User", value),))
+
+        async with trio.open_nursery() as nursery:
+            for n in range(6):
+                nursery.start_soon(client, f"127.0.0.{11 + n}")
+            for _ in range(3):
+                nursery.start_soon(attacker)
+            await until(
+                daemon,
+                "app",
+                lambda s: settled("v2")(s) or (s["rollout"]["revision"] == 3 and settled("v1")(s)),
+            )
+            nursery.cancel_scope.cancel()
+        revisions = (await daemon.http("GET", "/api/v1/backends/app/revisions"))[1]["revisions"]
+        return list(revisions)
+
+
+def _sticky_release(**fields: Any) -> dict[str, Any]:
+    # One step of half the traffic: its numbers come within a few seconds. Not a test of the
+    # latency gate: a busy machine's slow answers must not decide it.
+    block = {
+        "steps": [{"weight": 50, "pause_s": 3}],
+        "min_requests": 60,
+        "p99_slack_s": 5,
+        "sticky_header": "X-User",
+    }
+    return canary_app("v2", canary=block, **fields)
+
+
+async def test_one_client_failing_the_canary_does_not_abort_an_identical_release(
+    state_dir: Path,
+) -> None:
+    revisions = await _steered(state_dir, _sticky_release(), "canary")
+    assert [(r["number"], r["outcome"]) for r in revisions] == [(1, "complete"), (2, "complete")]
+
+
+async def test_one_client_failing_the_stable_does_not_hide_a_failing_release(
+    state_dir: Path,
+) -> None:
+    # A fifth of what the canary answers fails, whoever sends it.
+    release = _sticky_release(init_kwargs={"error_every": 5})
+    revisions = await _steered(state_dir, release, "stable")
+    assert [(r["number"], r["outcome"]) for r in revisions] == [
+        (1, "complete"),
+        (2, "failed"),
+        (3, "complete"),
+    ]
+    assert "error rate" in revisions[1]["error"], revisions[1]["error"]
+    assert "without 127.0.0.66" in revisions[1]["error"], revisions[1]["error"]
 
 
 async def test_the_readme_canary_example_runs_as_written(state_dir: Path) -> None:

@@ -199,6 +199,65 @@ def test_a_load_report_carries_the_numbers_and_a_bad_one_is_refused_whole() -> N
         tally_from_json({"requests": True, "errors": 0, "buckets": {}})
 
 
+def clients(*counts: tuple[str, int, int]) -> RequestTally:
+    """A tally of clients' (name, requests, errors), summed as an ingress counts them."""
+    t = RequestTally()
+    for client, requests, errors in counts:
+        for i in range(requests):
+            t.count(i < errors, 0.01, client)
+    return t
+
+
+def test_no_single_client_decides_the_error_gate() -> None:
+    config = CanaryConfig(min_requests=100)
+    legit = [(f"10.0.0.{n}", 40, 0) for n in range(10)]
+    # The fourth attack: 80 failing POSTs from one address abort an identical release...
+    canary = clients(*legit[:5], ("6.6.6.6", 80, 80))
+    stable = clients(*legit)
+    verdict = judge(config, canary, stable)
+    assert verdict.enough
+    assert verdict.failed is None, verdict
+    assert "without 6.6.6.6" in verdict.numbers
+    # ...as they would if counted: the same numbers, named by no client.
+    assert judge(config, tally(280, 80), tally(400)).failed is not None
+    # 622 failing requests to the stable hide a release that fails a fifth of its requests.
+    canary = clients(*((f"10.0.0.{n}", 40, 8) for n in range(10)))
+    stable = clients(*legit, ("6.6.6.6", 622, 622))
+    failed = judge(config, canary, stable).failed
+    assert failed is not None
+    assert failed.startswith("error rate"), failed
+    # A release that fails many clients fails, one client or not.
+    canary = clients(*((f"10.0.0.{n}", 40, 10) for n in range(10)), ("6.6.6.6", 80, 80))
+    assert judge(config, canary, clients(*legit)).failed is not None
+    # A tally whose one client is all its traffic is judged on it: a client behind everything
+    # (a load test, a proxy) cannot be left out of its own numbers.
+    assert judge(config, clients(("10.0.0.1", 200, 40)), clients(("10.0.0.1", 400, 0))).failed
+    # Summed from reports where that client erred in some only, it is still the only one.
+    total = RequestTally()
+    for errors in (0, 20, 0, 20):
+        total.add(tally_from_json(clients(("10.0.0.1", 50, errors)).to_json()))
+    assert total.without_worst() == (200, 40, None)
+
+
+def test_a_tally_names_its_heaviest_clients_and_reports_are_checked() -> None:
+    many = clients(*((f"10.0.{n // 250}.{n % 250}", 2, n % 2) for n in range(2000)))
+    # An ingress tracks a thousand clients between reports; a report names sixteen.
+    assert len(many.clients) == 1024
+    named = tally_from_json(many.to_json())
+    assert len(named.clients) == 16
+    assert all(errors == 1 for _, errors in named.clients.values())
+    for bad in (
+        {"x" * 65: [1, 0]},
+        {"a": [2, 0]},  # more than the tally's requests
+        {"a": [1, 2]},
+        {f"c{n}": [0, 0] for n in range(17)},
+        {"a": "1,0"},
+    ):
+        body = {**clients(("a", 1, 0)).to_json(), "clients": bad}
+        with pytest.raises(ValueError, match="clients must map at most 16 names"):
+            tally_from_json(body)
+
+
 def test_sums_stop_at_what_a_double_holds_and_versions_are_checked() -> None:
     big = RequestTally(2**53 - 1, 0, {0: 2**53 - 1})
     total = RequestTally()

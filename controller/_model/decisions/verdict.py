@@ -23,6 +23,13 @@ MAX_BUCKET = 80
 _LOG_GROWTH = math.log(BUCKET_GROWTH)
 #: The largest count kept (2**53 - 1).
 MAX_COUNT = 2**53 - 1
+#: The clients a tally names once summed: the heaviest, enough to leave out the one that errs
+#: most (``judge``), and to know a tally with one client for one.
+MAX_CLIENTS = 16
+#: The clients an ingress tracks between two reports (more are counted, not named).
+MAX_TRACKED_CLIENTS = 1024
+#: The longest client name a report may carry (an address).
+MAX_CLIENT_CHARS = 64
 
 
 def bucket_of(seconds: float) -> int:
@@ -47,12 +54,22 @@ class RequestTally:
     requests: int = 0
     errors: int = 0
     buckets: dict[int, int] = attrs.field(factory=dict)
+    clients: dict[str, tuple[int, int]] = attrs.field(factory=dict)
+    """Of its requests, the requests and errors of each client (by address): all of them while
+    an ingress counts (up to `MAX_TRACKED_CLIENTS`), the `MAX_CLIENTS` heaviest once summed
+    (those with the most errors, then requests)."""
 
-    def count(self, error: bool, seconds: float) -> None:
+    def count(self, error: bool, seconds: float, client: str | None = None) -> None:
         self.requests += 1
         self.errors += error
         k = bucket_of(seconds)
         self.buckets[k] = self.buckets.get(k, 0) + 1
+        if client is not None:
+            seen = self.clients.get(client)
+            if seen is not None:
+                self.clients[client] = (seen[0] + 1, seen[1] + error)
+            elif len(self.clients) < MAX_TRACKED_CLIENTS:
+                self.clients[client] = (1, int(error))
 
     def add(self, other: RequestTally) -> None:
         # Sums stop at what a double holds exactly (what the API's readers keep): reports can
@@ -61,6 +78,24 @@ class RequestTally:
         self.errors = min(self.errors + other.errors, self.requests)
         for k, n in other.buckets.items():
             self.buckets[k] = min(self.buckets.get(k, 0) + n, MAX_COUNT)
+        clients = dict(self.clients)
+        for client, (requests, errors) in other.clients.items():
+            mine = clients.get(client, (0, 0))
+            clients[client] = (
+                min(mine[0] + requests, self.requests),
+                min(mine[1] + errors, self.errors),
+            )
+        self.clients = _heaviest(clients)
+
+    def without_worst(self) -> tuple[int, int, str | None]:
+        """Its requests and errors less those of the client that erred most, and that client
+        (None: none named, or it is the only client, so there is no one else to judge by)."""
+        if not self.clients:
+            return self.requests, self.errors, None
+        client, (requests, errors) = max(self.clients.items(), key=lambda kv: (kv[1][1], kv[0]))
+        if errors == 0 or requests >= self.requests:
+            return self.requests, self.errors, None
+        return self.requests - requests, max(0, self.errors - errors), client
 
     @property
     def error_rate(self) -> float:
@@ -81,17 +116,38 @@ class RequestTally:
         return bucket_top(MAX_BUCKET)
 
     def to_json(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "requests": self.requests,
             "errors": self.errors,
             "buckets": {str(k): n for k, n in sorted(self.buckets.items())},
         }
+        clients = _heaviest(self.clients)
+        if clients:
+            out["clients"] = {c: list(counts) for c, counts in sorted(clients.items())}
+        return out
+
+
+def _heaviest(clients: Mapping[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    """The `MAX_CLIENTS` clients with the most errors, then the most requests: those without
+    errors are kept too, so that a tally whose one client never erred in a report still
+    counts all of that client's requests, and is known as that client's alone."""
+    if len(clients) <= MAX_CLIENTS:
+        return dict(clients)
+    ranked = sorted(clients.items(), key=lambda kv: (-kv[1][1], -kv[1][0], kv[0]))
+    return dict(ranked[:MAX_CLIENTS])
 
 
 def tally_from_json(data: object) -> RequestTally:
     """A tally as an ingress reports it; ``ValueError`` naming the rule."""
-    if not isinstance(data, Mapping) or set(data) != {"requests", "errors", "buckets"}:
-        raise ValueError("must be an object with exactly 'requests', 'errors' and 'buckets'")
+    if not isinstance(data, Mapping) or not (
+        {"requests", "errors", "buckets"}
+        <= set(data)
+        <= {"requests", "errors", "buckets", "clients"}
+    ):
+        raise ValueError(
+            "must be an object with exactly 'requests', 'errors' and 'buckets', and 'clients'"
+            " if any"
+        )
     requests, errors, buckets = data["requests"], data["errors"], data["buckets"]
     if not _count(requests) or not _count(errors) or errors > requests:
         raise ValueError("requests and errors must be counts, errors at most requests")
@@ -104,7 +160,30 @@ def tally_from_json(data: object) -> RequestTally:
         out[int(key)] = n
     if sum(out.values()) != requests:
         raise ValueError("buckets must count every request once")
-    return RequestTally(requests, errors, out)
+    return RequestTally(requests, errors, out, _clients(data.get("clients", {}), requests, errors))
+
+
+def _clients(data: object, requests: int, errors: int) -> dict[str, tuple[int, int]]:
+    rule = (
+        f"clients must map at most {MAX_CLIENTS} names of up to {MAX_CLIENT_CHARS} characters"
+        " to [requests, errors], within the tally's own"
+    )
+    if not isinstance(data, Mapping) or len(data) > MAX_CLIENTS:
+        raise ValueError(rule)
+    out: dict[str, tuple[int, int]] = {}
+    for client, counts in data.items():
+        if (
+            not isinstance(client, str)
+            or not 0 < len(client) <= MAX_CLIENT_CHARS
+            or not isinstance(counts, list)
+            or len(counts) != 2
+            or not all(_count(n) for n in counts)
+            or not counts[1] <= counts[0] <= requests
+            or counts[1] > errors
+        ):
+            raise ValueError(rule)
+        out[client] = (counts[0], counts[1])
+    return out
 
 
 _BUCKET_KEYS = frozenset(str(k) for k in range(MAX_BUCKET + 1))
@@ -132,12 +211,14 @@ class Verdict:
 ERROR_Z = 3.0
 
 
-def _beyond_noise(canary: RequestTally, stable: RequestTally, allowed: float) -> bool:
-    """Whether the canary's error rate is above `allowed` by more than `ERROR_Z` standard
-    errors of the difference of two rates (pooled, as a two-proportion z-test)."""
-    pooled = (canary.errors + stable.errors) / (canary.requests + stable.requests)
-    spread = math.sqrt(pooled * (1 - pooled) * (1 / canary.requests + 1 / stable.requests))
-    return canary.error_rate - allowed > ERROR_Z * spread
+def _beyond_noise(canary: tuple[int, int], stable: tuple[int, int], allowed: float) -> bool:
+    """Whether the canary's error rate (of its requests and errors) is above `allowed` by more
+    than `ERROR_Z` standard errors of the difference of two rates (pooled, as a two-proportion
+    z-test)."""
+    (canary_requests, canary_errors), (stable_requests, stable_errors) = canary, stable
+    pooled = (canary_errors + stable_errors) / (canary_requests + stable_requests)
+    spread = math.sqrt(pooled * (1 - pooled) * (1 / canary_requests + 1 / stable_requests))
+    return canary_errors / canary_requests - allowed > ERROR_Z * spread
 
 
 def describe(side: str, tally: RequestTally) -> str:
@@ -152,19 +233,37 @@ def describe(side: str, tally: RequestTally) -> str:
 def judge(config: CanaryConfig, canary: RequestTally, stable: RequestTally) -> Verdict:
     """The gates over one step's numbers: the canary's error rate at most the stable's plus
     ``max_error_rate_increase``, its p99 at most ``max_p99_ratio`` times the stable's (or
-    ``p99_slack_s`` above it, whichever is more), once both answered ``min_requests``."""
+    ``p99_slack_s`` above it, whichever is more), once both answered ``min_requests``.
+
+    No single client decides the error gate: each revision's rate is taken without the client
+    that erred most on it, where it had others. A client that sends requests the app fails
+    cannot so abort an identical release, nor hide a failing one by failing the stable's."""
     numbers = f"{describe('canary', canary)}; {describe('stable', stable)}"
     need = config.min_requests
     if canary.requests < need or stable.requests < need:
         return Verdict(None, False, numbers)
-    allowed = stable.error_rate + config.max_error_rate_increase
-    if canary.error_rate > allowed + 1e-12 and _beyond_noise(canary, stable, allowed):
-        return Verdict(
-            f"error rate {canary.error_rate:.1%} > stable {stable.error_rate:.1%} + "
-            f"{config.max_error_rate_increase:.1%}",
-            True,
-            numbers,
-        )
+    *ours_counted, ours_left = canary.without_worst()
+    *theirs_counted, theirs_left = stable.without_worst()
+    for side, left, counted in (
+        ("canary", ours_left, ours_counted),
+        ("stable", theirs_left, theirs_counted),
+    ):
+        if left is not None:
+            numbers += f"; the {side}'s {counted[0]} requests, {counted[1]} errors without {left}"
+    requests, errors = ours_counted
+    stable_requests, stable_errors = theirs_counted
+    if requests and stable_requests:
+        rate, stable_rate = errors / requests, stable_errors / stable_requests
+        allowed = stable_rate + config.max_error_rate_increase
+        if rate > allowed + 1e-12 and _beyond_noise(
+            (requests, errors), (stable_requests, stable_errors), allowed
+        ):
+            return Verdict(
+                f"error rate {rate:.1%} > stable {stable_rate:.1%} + "
+                f"{config.max_error_rate_increase:.1%}",
+                True,
+                numbers,
+            )
     ours, theirs = canary.quantile(0.99), stable.quantile(0.99)
     if ours is not None and theirs is not None:
         bound = max(theirs * config.max_p99_ratio, theirs + config.p99_slack_s)
