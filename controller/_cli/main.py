@@ -31,7 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .._model.values.errors import ManifestError
+from .._daemon.statedir import StateDir
+from .._model.values.errors import ManifestError, StartupError
 from .._model.values.text import safe_text
 from . import applications as apps
 from .client import CLIError, describe_error, make_client
@@ -253,6 +254,8 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_shutdown(args: argparse.Namespace) -> int:
+    if args.url is None and not StateDir(args.state_dir).running():
+        return _stop_what_was_left(StateDir(args.state_dir))
     client = make_client(args)
     print("shutting down: draining and deleting every backend", flush=True)
     try:
@@ -284,6 +287,34 @@ def cmd_shutdown(args: argparse.Namespace) -> int:
             print("the controller has stopped")
             return 0
     raise CLIError(f"the controller is still running after {args.timeout:g}s")
+
+
+def _stop_what_was_left(state: StateDir) -> int:
+    """`shutdown` with no daemon in `state`: stop the ingress processes the last one left
+    serving (they hold the ingress port), and say what is left."""
+    import trio  # (here: the other commands need neither it nor the daemon's modules)
+
+    from .._daemon.ingress_records import left_behind, stop_records
+
+    try:
+        state.check_private(create=False)
+    except StartupError as exc:
+        raise CLIError(f"error: {exc}") from None
+    left = left_behind(state)
+    if not left:
+        raise CLIError(
+            f"error: no controller daemon is running for the state dir {state}, and no ingress "
+            "process of one is left: nothing to stop (pass --url, or the --state-dir a daemon "
+            "runs with)"
+        )
+    shown = ", ".join(f"pid {r.pid} on {r.listen}" for r in left)
+    print(f"no daemon runs for {state}: stopping the ingress processes it left ({shown})")
+    trio.run(stop_records, left, state)
+    print(
+        "stopped. The replicas of its backends, if it left any, are stopped and deleted by "
+        f"`controller --state-dir {state} run` then `controller shutdown`"
+    )
+    return 0
 
 
 # -- the parser --

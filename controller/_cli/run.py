@@ -9,6 +9,7 @@ import faulthandler
 import os
 from pathlib import Path
 
+from .._daemon.ingress_process import ORPHAN_TIMEOUT_S
 from .._daemon.log_format import setup_logging
 from .._model.decisions.lease import DURATION_S, RENEW_S, LeaseTiming
 from .._model.values.errors import CheckpointError, ConfigError, ManifestError, StartupError
@@ -51,6 +52,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         ingress_listen=None if args.no_ingress else args.ingress_listen,
         ingress_workers=args.ingress_workers or os.cpu_count() or 1,
         access_log=args.access_log,
+        ingress_orphan_timeout_s=args.ingress_orphan_timeout,
         log_format=args.log_format,
         fork_server=not args.no_fork_server,
         preload=tuple(args.preload),
@@ -194,6 +196,15 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "%(default)g; at most a third of --lease-duration)",
     )
     run.add_argument("--access-log", action="store_true", help="the ingress logs each request")
+    run.add_argument(
+        "--ingress-orphan-timeout",
+        type=seconds,
+        default=ORPHAN_TIMEOUT_S,
+        metavar="SECONDS",
+        help="how long the ingress processes keep serving once no daemon runs in the state dir "
+        "(stopped by a signal, none started again): then they stop and let go of the port "
+        "(default %(default)g)",
+    )
     run.add_argument(
         "--no-fork-server",
         action="store_true",

@@ -10,7 +10,9 @@ Unix socket of its own in the state dir (``ingress/N.sock``), where the daemon r
 and metrics. Its log is ``ingress/N.log``. Once it serves it writes ``ready`` to its stdout (a
 pipe the daemon reads) and lets go of it, so that it can outlive the daemon. SIGUSR1 (from a
 daemon that adopts it): it follows the daemon again at once. SIGTERM: it stops taking
-connections, lets requests under way finish (at most `DRAIN_S`), and exits.
+connections, lets requests under way finish (at most `DRAIN_S`), and exits. So it does by
+itself once no daemon has run in its state dir for ``--orphan-timeout`` seconds (an orphan: a
+daemon stopped by a signal that no ``controller run`` followed must not hold its port for ever).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import attrs
@@ -38,6 +40,8 @@ logger = logging.getLogger("controller.ingress")
 
 #: How long requests under way may take to finish once the process is told to stop.
 DRAIN_S = 10.0
+#: How long a process outlives its daemon by default (``controller run --ingress-orphan-timeout``).
+ORPHAN_TIMEOUT_S = 300.0
 LOG_MAX_BYTES = 10 << 20
 LOG_BACKUPS = 2
 
@@ -65,6 +69,14 @@ class Sockets:
     """Its listening sockets, for the daemon starting its successor."""
 
 
+@attrs.frozen
+class Orphan:
+    """When a process stops for want of a daemon: none has run in `state` for `timeout_s`."""
+
+    state: StateDir
+    timeout_s: float = ORPHAN_TIMEOUT_S
+
+
 async def serve(
     source: HTTPSource,
     config: IngressConfig,
@@ -73,10 +85,11 @@ async def serve(
     sockets: Sockets | None = None,
     on_ready: Callable[[], None] | None = None,
     inherited: Sequence[int] = (),
+    orphan: Orphan | None = None,
 ) -> None:
     """Follow `source` and serve `host`:`port` (with ``SO_REUSEPORT``; on the listening
-    sockets `inherited` from a predecessor, if any) and `sockets`, until SIGTERM or SIGINT;
-    then drain (at most `DRAIN_S`)."""
+    sockets `inherited` from a predecessor, if any) and `sockets`, until SIGTERM or SIGINT, or
+    until it is an `orphan`; then drain (at most `DRAIN_S`)."""
     if inherited:
         listeners = [_inherit(fd) for fd in inherited]
     else:
@@ -89,7 +102,7 @@ async def serve(
         async with trio.open_nursery() as nursery:
             if sockets is not None:
                 nursery.start_soon(_hand_over, handover, tcp)
-            await _serve(source, config, host, listeners, on_ready)
+            await _serve(source, config, host, listeners, on_ready, orphan)
             nursery.cancel_scope.cancel()
     finally:
         for listener in tcp:
@@ -126,6 +139,7 @@ async def _serve(
     host: str,
     listeners: list[trio.SocketListener],
     on_ready: Callable[[], None] | None,
+    orphan: Orphan | None,
 ) -> None:
     listener = listeners[0]
     ingress = Ingress(source, config)
@@ -150,22 +164,53 @@ async def _serve(
             )
             if on_ready is not None:
                 on_ready()
-            async for signum in signals:
-                if signum == signal.SIGUSR1:
-                    # A daemon has started (and adopted this process): follow it now, not
-                    # after what is left of the backoff.
-                    ingress.retry_now()
-                    continue
-                logger.info(
-                    "%s: closing; requests under way get %gs to finish",
-                    signal.Signals(signum).name,
-                    DRAIN_S,
-                )
-                break
+            async with trio.open_nursery() as told:
+                told.start_soon(_until_told_to_stop, signals, ingress, told.cancel_scope)
+                if orphan is not None:
+                    told.start_soon(_until_orphaned, ingress, orphan, told.cancel_scope)
             ingress.close()
             with trio.move_on_after(DRAIN_S):
                 await served.wait()
             nursery.cancel_scope.cancel()
+
+
+async def _until_told_to_stop(
+    signals: AsyncIterator[int], ingress: Ingress, done: trio.CancelScope
+) -> None:
+    async for signum in signals:
+        if signum == signal.SIGUSR1:
+            # A daemon has started (and adopted this process): follow it now, not after
+            # what is left of the backoff.
+            ingress.retry_now()
+            continue
+        logger.info(
+            "%s: closing; requests under way get %gs to finish",
+            signal.Signals(signum).name,
+            DRAIN_S,
+        )
+        done.cancel()
+        return
+
+
+async def _until_orphaned(ingress: Ingress, orphan: Orphan, done: trio.CancelScope) -> None:
+    """Stop (cancel `done`) once the daemon has been out of reach for the orphan timeout, and
+    no daemon holds the state dir then: one that holds it but does not answer (a long
+    takeover, a loop held up) is waited for again."""
+    while True:
+        if ingress.connected:
+            await ingress.link_changed()
+            continue
+        with trio.move_on_after(orphan.timeout_s):
+            await ingress.link_changed()
+            continue
+        if not orphan.state.running():
+            break
+    logger.warning(
+        "no daemon has run in the state dir %s for %gs (--ingress-orphan-timeout): this "
+        "ingress process stops; `controller run --state-dir %s` starts the next ones",
+        *(orphan.state, orphan.timeout_s, orphan.state),
+    )
+    done.cancel()
 
 
 async def _unix_socket(path: Path) -> trio.socket.SocketType:
@@ -206,6 +251,7 @@ def main(argv: list[str] | None = None) -> None:
         "--listen-fd", type=int, action="append", default=[], help="a predecessor's socket"
     )
     parser.add_argument("--access-log", action="store_true")
+    parser.add_argument("--orphan-timeout", type=float, default=ORPHAN_TIMEOUT_S)
     parser.add_argument("--log-format", choices=["human", "json"], default="human")
     args = parser.parse_args(argv)
     state = StateDir(args.state_dir)
@@ -234,6 +280,7 @@ def main(argv: list[str] | None = None) -> None:
             ),
             _ready,
             args.listen_fd,
+            Orphan(state, args.orphan_timeout),
         )
     except OSError as exc:
         logger.error("cannot serve %s: %s", args.listen, exc)

@@ -193,7 +193,8 @@ def hold(host: str, port: int, listen: str, ours: set[str]) -> tuple[socket.sock
             probe.bind((host, port))
         except OSError as exc:
             advice = {
-                errno.EADDRINUSE: "another process holds the port (another daemon?): stop it, "
+                errno.EADDRINUSE: _holders(port)
+                or "another process holds the port (another daemon?): stop it, "
                 "or pick another port with --ingress-listen",
                 errno.EADDRNOTAVAIL: "this machine has no such address: pick one of its own "
                 "with --ingress-listen",
@@ -216,6 +217,38 @@ def hold(host: str, port: int, listen: str, ours: set[str]) -> tuple[socket.sock
     bound_port = holder.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     return holder, f"{shown}:{bound_port}"
+
+
+def _holders(port: int) -> str:
+    """Who holds `port`, if ingress processes of ours do (of any state dir): what says how to
+    stop them; else nothing."""
+    by_dir: dict[str, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            args = command_line(int(entry))
+            if args is None or args[:2] != [b"-m", MODULE.encode()]:
+                continue
+            options = dict(zip(args[2::2], args[3::2], strict=False))
+            listen = options.get(b"--listen", b"").decode(errors="replace")
+            if listen.rpartition(":")[2] == str(port):
+                where = os.fsdecode(options.get(b"--state-dir", b"?"))
+                by_dir.setdefault(where, []).append(int(entry))
+    said = []
+    for where, pids in sorted(by_dir.items()):
+        held = (
+            f"it is held by the ingress processes (pids {', '.join(map(str, sorted(pids)))}) of "
+            f"the controller whose state dir is {where}"
+        )
+        if StateDir(Path(where)).running():
+            said.append(f"{held}, which runs: pick another port with --ingress-listen")
+        else:
+            said.append(
+                f"{held}, which no longer runs: `controller --state-dir {where} shutdown` "
+                "stops them (they stop by themselves after its --ingress-orphan-timeout)"
+            )
+    return "; ".join(said)
 
 
 def max_slot(state: StateDir) -> int:
@@ -285,6 +318,16 @@ async def take_listeners(state: StateDir, record: Record) -> list[int]:
                         fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
                 return list(fds)
     return []
+
+
+def left_behind(state: StateDir) -> list[Record]:
+    """The ingress processes of `state` still running (as ours) with no daemon there: what a
+    daemon stopped by a signal left for the next one to adopt."""
+    directory = state.ingress
+    if not directory.is_dir():
+        return []
+    found = [Record.read(path) for path in sorted(directory.glob("*.json"))]
+    return [r for r in found if r is not None and r.alive(state)]
 
 
 def stop_leftovers(state: StateDir) -> None:

@@ -21,6 +21,7 @@ import trio
 
 from .._files import write_private
 from .._procfs import describe_exit, start_time
+from .ingress_process import ORPHAN_TIMEOUT_S
 from .ingress_records import (
     MODULE,
     Handle,
@@ -46,12 +47,16 @@ class FleetOptions:
     workers: int
     access_log: bool = False
     log_format: str = "human"
+    orphan_timeout_s: float = ORPHAN_TIMEOUT_S
+    """How long a process outlives its daemon (``ingress_process``)."""
 
     def digest(self) -> str:
         """What a process must have been started with to be adopted (its address aside)."""
         from .. import __version__
 
-        what = json.dumps([self.access_log, self.log_format, __version__, sys.executable])
+        what = json.dumps(
+            [self.access_log, self.log_format, self.orphan_timeout_s, __version__, sys.executable]
+        )
         return hashlib.sha256(what.encode()).hexdigest()[:16]
 
 
@@ -102,6 +107,8 @@ class Launcher:
             address,
             "--log-format",
             options.log_format,
+            "--orphan-timeout",
+            f"{options.orphan_timeout_s:g}",
         ]
         if options.access_log:
             argv.append("--access-log")

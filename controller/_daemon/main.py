@@ -44,6 +44,7 @@ from .._ports.runtime import Runtime, log_source
 from .._ports.store import LeaseStore
 from .._sources import load_manifest
 from .ingress_fleet import Fleet
+from .ingress_process import ORPHAN_TIMEOUT_S
 from .ingress_records import stop_leftovers
 from .ingress_slot import FleetOptions
 from .listen import bound
@@ -83,6 +84,8 @@ class DaemonOptions:
     """Ingress processes sharing that port."""
     access_log: bool = False
     """The ingress logs one line per request."""
+    ingress_orphan_timeout_s: float = ORPHAN_TIMEOUT_S
+    """How long its ingress processes outlive it when no daemon follows (they stop then)."""
     log_format: str = "human"
     """How the daemon and its ingress processes log: ``human`` or ``json``."""
     fork_server: bool = True
@@ -265,6 +268,7 @@ def _fleet(options: DaemonOptions, state: StateDir) -> Fleet | None:
             options.ingress_workers,
             access_log=options.access_log,
             log_format=options.log_format,
+            orphan_timeout_s=options.ingress_orphan_timeout_s,
         ),
         _child_env(),
     )

@@ -61,11 +61,23 @@ class Router:
     _conflicts: frozenset[str] = attrs.field(factory=frozenset, init=False)
     _retry_now: trio.Event = attrs.field(factory=trio.Event, init=False)
     _taken: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _link: trio.Event = attrs.field(factory=trio.Event, init=False)
+    """Set (and replaced) whenever `connected` changes."""
 
     def retry_now(self) -> None:
         """Try the source again at once, if it could not be reached (a daemon that has just
         started again says so)."""
         self._retry_now.set()
+
+    async def link_changed(self) -> None:
+        """Return once `connected` has changed."""
+        await self._link.wait()
+
+    def _connected(self, now: bool) -> None:
+        if now != self.connected:
+            self.connected = now
+            self._link.set()
+            self._link = trio.Event()
 
     async def wait_taken(self) -> None:
         """Return once the next answer of the source has been taken."""
@@ -87,7 +99,7 @@ class Router:
                         "%s: %s is unreachable (%s); routing on the last snapshot and trying again",
                         *(self.name, self.source.describe(), exc),
                     )
-                self.connected = False
+                self._connected(False)
                 failures += 1
                 if not started:
                     task_status.started()
@@ -98,7 +110,8 @@ class Router:
                 continue
             if not self.connected and failures:
                 logger.info("%s: following %s again", self.name, self.source.describe())
-            self.connected, failures = True, 0
+            self._connected(True)
+            failures = 0
             self.take(infos, complete)
             self._taken.set()
             self._taken = trio.Event()

@@ -87,6 +87,10 @@ class Ingress:
         """Whether the last call to the source worked."""
         return self.router.connected
 
+    async def link_changed(self) -> None:
+        """Return once `connected` has changed."""
+        await self.router.link_changed()
+
     @property
     def _backends(self) -> dict[str, BackendRoutes]:
         return self.router.backends

@@ -27,6 +27,7 @@ from ..daemons import (
     free_port,
     ingress_pids,
     manifest,
+    one_line,
     running,
     standalone,
 )
@@ -335,3 +336,86 @@ def test_ingress_workers_are_bounded(tmp_path: Path) -> None:
         )
         assert result.returncode == 2
         assert b"--ingress-workers: must be a whole number from 1 to 64" in result.stderr
+
+
+async def _gone(pids: list[int]) -> None:
+    """Return once every process of `pids` has exited (their pidfds say so: no polling)."""
+    for pid in pids:
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            await trio.lowlevel.wait_readable(pidfd)
+        finally:
+            trio.lowlevel.notify_closing(pidfd)
+            os.close(pidfd)
+
+
+async def test_ingress_processes_no_daemon_follows_stop_after_the_orphan_timeout(
+    state_dir: Path,
+) -> None:
+    port = free_port()
+    with trio.fail_after(LIMIT_S * 2):
+        async with trio.open_nursery() as nursery:
+            daemon = Daemon(state_dir)
+            await daemon.start(
+                nursery,
+                *("--ingress-listen", f"127.0.0.1:{port}", "--ingress-workers", "2"),
+                *("--ingress-orphan-timeout", "1"),
+            )
+            pids = sorted(ingress_pids(state_dir))
+            assert len(pids) == 2
+            # Stopped by a signal: its ingress processes serve on, for a next daemon...
+            assert await daemon.stop(signal.SIGINT) == 0
+            assert (await request(port, "/-/healthz")).status == 200
+            # ...which does not come: a second later they stop, and the port is free.
+            await _gone(pids)
+    assert listening_sockets(port) == 0
+    log = (state_dir / "ingress" / "0.log").read_text()
+    assert f"no daemon has run in the state dir {state_dir} for 1s" in log, log
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+async def test_shutdown_with_no_daemon_stops_its_ingress_and_a_held_port_names_them(
+    state_dir: Path,
+) -> None:
+    first, second = state_dir / "a", state_dir / "b"
+    port = free_port()
+    listen = ("--ingress-listen", f"127.0.0.1:{port}")
+    with trio.fail_after(LIMIT_S * 2):
+        async with trio.open_nursery() as nursery:
+            daemon = Daemon(first)
+            await daemon.start(nursery, *listen)
+            assert await daemon.stop(signal.SIGINT) == 0
+            pids = ingress_pids(first)
+            assert len(pids) == 1
+            # Another daemon on that port: the error names who holds it and how to stop them.
+            other = Daemon(second)
+            result = await trio.run_process(
+                [*other.cli_argv(), "run", "--listen", "127.0.0.1:0", *listen],
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+            assert result.returncode == 1
+            said = one_line(result.stderr)
+            assert f"(pids {pids[0]})" in said, said
+            assert f"state dir is {first}, which no longer runs" in said, said
+            assert f"`controller --state-dir {first} shutdown` stops them" in said, said
+            # That command, with no daemon: it stops what the last one left.
+            result = await daemon.cli("shutdown")
+            assert result.returncode == 0, result.stderr
+            assert f"pid {pids[0]} on 127.0.0.1:{port}" in result.stdout.decode()
+            await _gone(pids)
+            assert ingress_pids(first) == []
+            # Nothing left: said so, and nothing done.
+            result = await daemon.cli("shutdown")
+            assert result.returncode == 1
+            assert b"no ingress process of one is left" in result.stderr
+            # The port is free for the other daemon.
+            await other.start(nursery, *listen)
+            assert (await other.cli("shutdown")).returncode == 0
+            assert other.process is not None
+            assert await other.process.wait() == 0
