@@ -171,6 +171,16 @@ def start_time(pid: int) -> str | None:
         return None
 
 
+def is_stopped(pid: int) -> bool:
+    """Whether `pid` is stopped (SIGSTOP, a terminal's Ctrl-Z, a debugger): ``T`` or ``t`` in
+    ``/proc/<pid>/stat``. It runs none of its code until continued."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0] in (b"T", b"t")
+    except (OSError, IndexError):
+        return False
+
+
 def command_line(pid: int) -> list[bytes] | None:
     """The arguments of `pid` after the interpreter and its ``-P``, if it may be a worker of
     ours: our user in every uid (a setuid program run by another user is not), and a session

@@ -201,7 +201,7 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         type=seconds,
         default=ORPHAN_TIMEOUT_S,
         metavar="SECONDS",
-        help="how long the ingress processes keep serving once no daemon runs in the state dir "
+        help="seconds the ingress processes keep serving once no daemon runs in the state dir "
         "(stopped by a signal, none started again): then they stop and let go of the port "
         "(default %(default)g)",
     )

@@ -35,7 +35,7 @@ import trio
 from .._api.views import iso
 from .._files import private_dir
 from .._model.values.errors import StartupError
-from .._procfs import describe_exit
+from .._procfs import describe_exit, is_stopped
 from .ingress_process import DRAIN_S
 from .ingress_records import (
     STOP_MARGIN_S,
@@ -60,9 +60,13 @@ BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 #: A process that served this long has its earlier exits forgiven.
 FORGIVE_AFTER_S = 60.0
 #: How often each process's health is asked, and after how many unanswered asks in a row it
-#: is taken for hung and killed (a stopped or stuck process: its port share is lost meanwhile).
+#: is taken for hung and killed (a stuck process: its port share is lost meanwhile).
 LIVENESS_PERIOD_S = 5.0
 HUNG_AFTER = 3
+#: How often the process table is read for a stopped process (SIGSTOP): one found stopped on
+#: two reads in a row runs nothing of its own (its share of new connections waits in its
+#: accept queue), so it is killed and replaced at once, without waiting for health checks.
+STOPPED_PERIOD_S = 0.25
 
 
 @final
@@ -202,10 +206,11 @@ class Fleet:
                     )
                 if self._stopped():
                     handle.signal(signal.SIGTERM)  # started while the fleet began to stop
-                hung: list[bool] = []
+                hung: list[str] = []
                 try:
                     async with trio.open_nursery() as watch:
                         watch.start_soon(self._until_hung, member, handle, hung)
+                        watch.start_soon(self._until_stopped, member, handle, hung)
                         status = await handle.wait()
                         watch.cancel_scope.cancel()
                 finally:
@@ -217,9 +222,7 @@ class Fleet:
                 if self._stopped():
                     return
                 member.last_exit = (
-                    f"did not answer its health check {HUNG_AFTER} times in a row, and was killed"
-                    if hung
-                    else describe_exit(status).removeprefix("worker process ")
+                    hung[0] if hung else describe_exit(status).removeprefix("worker process ")
                 )
             elif self._stopped():
                 return  # told to stop as it started
@@ -240,10 +243,10 @@ class Fleet:
             )
             await trio.sleep(wait)
 
-    async def _until_hung(self, member: Member, handle: Handle, hung: list[bool]) -> None:
+    async def _until_hung(self, member: Member, handle: Handle, hung: list[str]) -> None:
         """Ask the process for its health every `LIVENESS_PERIOD_S`; once it has not answered
-        `HUNG_AFTER` times in a row (stopped, or stuck), kill it (its supervisor starts
-        another) and say so in `hung`. Returns only then (or is cancelled)."""
+        `HUNG_AFTER` times in a row (stuck), kill it (its supervisor starts another) and say
+        why in `hung`. Returns only then (or is cancelled)."""
         missed = 0
         while True:
             await trio.sleep(LIVENESS_PERIOD_S)
@@ -259,9 +262,30 @@ class Fleet:
                     missed,
                     LIVENESS_PERIOD_S,
                 )
-                hung.append(True)
-                handle.signal(signal.SIGKILL)
+                self._kill(handle, hung, f"did not answer its health check {missed} times in a row")
                 return
+
+    async def _until_stopped(self, member: Member, handle: Handle, hung: list[str]) -> None:
+        """Kill the process once it is found stopped on two reads of the process table in a
+        row, `STOPPED_PERIOD_S` apart: a stopped process answers nothing, and waiting for its
+        health checks would black-hole its share of new connections for 15 s."""
+        seen = 0
+        while True:
+            await trio.sleep(STOPPED_PERIOD_S)
+            seen = seen + 1 if is_stopped(handle.pid) else 0
+            if seen >= 2:
+                logger.warning(
+                    "ingress process %d (pid %d) is stopped (SIGSTOP?); killing it",
+                    member.slot,
+                    handle.pid,
+                )
+                self._kill(handle, hung, "was stopped (SIGSTOP?)")
+                return
+
+    def _kill(self, handle: Handle, hung: list[str], why: str) -> None:
+        if not hung:
+            hung.append(f"{why}, and was killed")
+            handle.signal(signal.SIGKILL)
 
     def _stopped(self) -> bool:
         # A method, not the attribute: it changes across the awaits of one supervisor's loop.
