@@ -55,6 +55,8 @@ from .statedir import StateDir
 
 logger = logging.getLogger("controller.daemon")
 
+#: The backlog of the port the daemon listens on until its first processes serve (as theirs).
+LISTEN_BACKLOG = 1024
 #: Waits between starts of a process that keeps exiting.
 BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 #: A process that served this long has its earlier exits forgiven.
@@ -88,6 +90,8 @@ class Fleet:
         """Per slot, the retired process on this port whose listening socket its next process
         takes over (so that stopping it resets no queued connection)."""
         self._holder: socket.socket | None = None
+        self._shared: int | None = None
+        """The holder's descriptor while it listens for the first processes (``claim``)."""
         self.stopping = False
         """Set by `stop`: an exit is then the end, not a cause to start another."""
         self._handles: dict[int, Handle] = {}
@@ -136,6 +140,12 @@ class Fleet:
         else:
             ours = {r.listen for r in self._retire}
             self._holder, self.address = hold(host, port, self.options.listen, ours)
+            if not self._retire:
+                # Nothing serves the port yet: it accepts from now on, and the first processes
+                # serve this socket's queue (`spawn`), so a client that connects as soon as
+                # the daemon has started waits for them rather than being refused.
+                self._holder.listen(LISTEN_BACKLOG)
+                self._shared = self._holder.fileno()
         # Those on another port go; those on this one are replaced in place, each slot's new
         # process on its predecessor's socket (one a slot: a slot that is no more closes its
         # socket when its process stops, or the port's group of sockets would grow with every
@@ -164,7 +174,7 @@ class Fleet:
                 )
             if self._holder is not None:
                 self._holder.close()
-                self._holder = None
+                self._holder, self._shared = None, None
             # Those of an earlier daemon that this one does not adopt go, now that the new
             # ones serve (on the same port, they overlap for a moment: no gap).
             retired, self._retire = self._retire, []
@@ -193,7 +203,7 @@ class Fleet:
             else:
                 member.adopted = False
                 heir = self._heirs.pop(member.slot, None)
-                handle = await self._launcher.spawn(member, self.address, heir)
+                handle = await self._launcher.spawn(member, self.address, heir, self._shared)
             if handle is not None:
                 exited = self._exited[member.slot] = trio.Event()
                 self._handles[member.slot] = handle

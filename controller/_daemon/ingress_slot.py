@@ -90,9 +90,12 @@ class Launcher:
     """Whether the fleet is stopping: a process it starts then is told to stop at once (it
     would wait for routes from an API that is closing)."""
 
-    async def spawn(self, member: Member, address: str, heir: Record | None) -> Handle | None:
+    async def spawn(
+        self, member: Member, address: str, heir: Record | None, shared: int | None = None
+    ) -> Handle | None:
         """A new process for `member`'s slot, serving `address` (on `heir`'s listening socket,
-        taken over), once it serves; None if it ended first (its end in `member.last_exit`)."""
+        taken over; else on the daemon's `shared` listening socket, if it holds one), once it
+        serves; None if it ended first (its end in `member.last_exit`)."""
         options = self.options
         argv = [
             sys.executable,
@@ -114,6 +117,8 @@ class Launcher:
             argv.append("--access-log")
         member.state, member.since = "starting", time.time()
         inherited = [] if heir is None else await take_listeners(self.state, heir)
+        if not inherited and shared is not None:
+            inherited = [os.dup(shared)]
         if heir is not None and inherited:
             logger.info(
                 "ingress process %d takes over the listening socket of pid %d",

@@ -263,7 +263,8 @@ async def test_a_daemon_restarted_with_other_options_replaces_its_ingress_then_a
             assert code == 200
             assert all(p["adopted"] and p["answers"] for p in fleet["processes"]), fleet
             assert all(p["since"].endswith("Z") for p in fleet["processes"]), fleet
-            assert listening_sockets(port) == 2
+            # One socket: the first daemon's, which its processes shared, handed on since.
+            assert listening_sockets(port) == 1
             stop.set()
             assert await third.stop(signal.SIGINT) == 0
             # Fewer processes: one socket a process still (a slot that is no more closes its
@@ -426,3 +427,37 @@ async def test_shutdown_with_no_daemon_stops_its_ingress_and_a_held_port_names_t
             assert (await other.cli("shutdown")).returncode == 0
             assert other.process is not None
             assert await other.process.wait() == 0
+
+
+async def test_the_ingress_port_accepts_from_the_daemon_s_start(state_dir: Path) -> None:
+    """The daemon listens on the ingress port before its API is up, and its first processes
+    serve that socket: a script that connects as soon as the daemon answers (the fourth
+    attack's `run`, `wait`, `curl`) waits for them, rather than being refused."""
+    port = free_port()
+    daemon = Daemon(state_dir)
+    with trio.fail_after(LIMIT_S * 2):
+        async with trio.open_nursery() as nursery:
+            daemon.process = await trio.lowlevel.open_process(
+                [
+                    *daemon.cli_argv(),
+                    *("run", "--listen", "127.0.0.1:0"),
+                    *("--ingress-listen", f"127.0.0.1:{port}", "--ingress-workers", "2"),
+                ],
+                stderr=subprocess.PIPE,
+            )
+            try:
+                nursery.start_soon(daemon._read_log, daemon.process, trio.Event())
+                await daemon.logged(b"Running on")  # the API: its processes start after it
+                assert b"ingress serving routes" not in daemon.log
+                stream = await trio.open_tcp_stream("127.0.0.1", port)  # not refused
+                async with stream:
+                    await stream.send_all(b"GET /-/healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                    answer = await stream.receive_some(65536)
+                assert answer.startswith(b"HTTP/1.1 200 "), answer
+                await daemon.logged(b"ingress serving routes")
+                # The processes share the daemon's socket: one listens on the port.
+                assert listening_sockets(port) == 1
+            finally:
+                with trio.CancelScope(shield=True):
+                    assert (await daemon.cli("shutdown")).returncode == 0
+                    assert await daemon.process.wait() == 0
