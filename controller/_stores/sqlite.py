@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import sqlite3
@@ -16,7 +17,7 @@ import trio
 
 from .._model.decisions.lease import Lease, same_grant
 from .._model.values.errors import FencedError, StoreError
-from .sqlite_files import ShmGuard, check_files
+from .sqlite_files import ShmGuard, check_files, frozen
 
 T = TypeVar("T")
 
@@ -109,6 +110,13 @@ class SQLiteStore:
         """Close the connection; the next use opens it again."""
         if self._conn is not None:
             if self._shm is not None:
+                if frozen(self.path + "-shm") is not None:
+                    # Closing would checkpoint, writing the mapped index: a fault (SIGBUS).
+                    # The connection is left open for good, and its mapping to the kernel
+                    # when the process exits; a next use opens another, refused by name.
+                    _never_closed(self._conn)
+                    self._conn = None
+                    return
                 self._shm.mend()
             self._conn.close()
             self._conn = None
@@ -391,3 +399,9 @@ def _inode(path: str) -> int | None:
         return os.stat(path).st_ino
     except FileNotFoundError:
         return None
+
+
+def _never_closed(conn: sqlite3.Connection) -> None:
+    """Keep `conn` alive until the process exits, through the interpreter's own finalization
+    too (which would close it): a reference no one ever gives back."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(conn))

@@ -6,17 +6,45 @@ errors for those files name none of them ("attempt to write a readonly database"
 of the mapped ``-shm`` (truncated by someone, a disk error under it) is not an error at all but
 SIGBUS, which kills the process without a word. So: each file is checked, by name, before the
 connection opens; and while it is open, the ``-shm`` is checked before each use, so that one
-truncated, replaced or deleted under us is refused rather than touched.
+truncated, replaced, deleted or made immutable (``chattr +i``: a write to its mapped pages then
+faults too) under us is refused rather than touched.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sqlite3
 import stat
 from typing import final
 
 import attrs
+
+#: statx(2), for a file's attributes without opening it (closing a descriptor of a file drops
+#: every lock SQLite holds on it in this process). Absent (not Linux, an old libc): None.
+_STATX = getattr(ctypes.CDLL(None, use_errno=True), "statx", None)
+_AT_FDCWD = -100
+_AT_SYMLINK_NOFOLLOW = 0x100
+_STATX_ATTRIBUTES_AT = 8  # struct statx: u32 mask, u32 blksize, u64 attributes
+#: Attributes under which a file cannot be written, nor its mapped pages (they fault).
+_STATX_ATTR_IMMUTABLE = 0x10
+_STATX_ATTR_APPEND = 0x20
+
+
+def frozen(path: str) -> str | None:
+    """What makes `path` unwritable whoever writes it, if anything (``immutable``, or
+    ``append-only``: ``chattr``'s ``i`` and ``a``); None if neither, or if it cannot be told."""
+    if _STATX is None:
+        return None
+    buf = ctypes.create_string_buffer(256)
+    if _STATX(_AT_FDCWD, os.fsencode(path), _AT_SYMLINK_NOFOLLOW, 0, buf) != 0:
+        return None
+    attributes = int.from_bytes(buf.raw[_STATX_ATTRIBUTES_AT : _STATX_ATTRIBUTES_AT + 8], "little")
+    if attributes & _STATX_ATTR_IMMUTABLE:
+        return "immutable"
+    if attributes & _STATX_ATTR_APPEND:
+        return "append-only"
+    return None
 
 
 def check_files(path: str, *, shm: bool) -> None:
@@ -71,6 +99,9 @@ def _writable(path: str) -> bool:
 
 def _refusal(path: str) -> tuple[str, str]:
     """Why `path` cannot be written, and what to do about it."""
+    attribute = frozen(path)
+    if attribute is not None:
+        return f"it is {attribute}", f"make it writable (`chattr -{attribute[0]} {path}`)"
     try:
         read_only = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
     except OSError:
@@ -119,8 +150,21 @@ class ShmGuard:
             info = os.stat(self.path + "-shm")
         except FileNotFoundError:
             info = None
-        if info is not None and info.st_ino == self._inode and info.st_size >= self._size:
+        attribute = None if info is None else frozen(self.path + "-shm")
+        if (
+            info is not None
+            and info.st_ino == self._inode
+            and info.st_size >= self._size
+            and attribute is None
+        ):
             return
+        if attribute is not None:
+            raise sqlite3.OperationalError(
+                f"{self.path}-shm, the index of the write-ahead log that SQLite maps into "
+                f"memory, was made {attribute} while in use: a write to it would crash the "
+                "process (SIGBUS), so nothing was read or written. Make it writable again "
+                f"(`chattr -{attribute[0]} {self.path}-shm`)"
+            )
         if info is None:
             what = "deleted"
         elif info.st_ino != self._inode:

@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from ..daemons import (
@@ -403,3 +404,61 @@ async def test_apply_wait_through_a_standby_outlasts_the_leader_s_death(state_di
                 result = await b.cli("shutdown")
                 assert result.returncode == 0, result.stderr
                 await stopped(b)
+
+
+def _chattr(flag: str, path: Path) -> bool:
+    """Set or clear an attribute of `path` (root on ext4 and the like); whether it could."""
+    result = subprocess.run(["chattr", flag, str(path)], capture_output=True, check=False)
+    return result.returncode == 0
+
+
+async def test_an_immutable_shm_stops_no_daemon_and_they_lead_again_once_it_is_mended(
+    state_dir: Path,
+) -> None:
+    """The fourth attack made the shared store's ``-shm`` immutable: SQLite's next write to
+    its mapped pages faulted, and both daemons died of SIGBUS within 2 s. Now each refuses the
+    store by name (the file, and `chattr -i`), no process dies, and once the file is mended
+    a daemon leads and changes go through again."""
+    with trio.fail_after(LIMIT_S * 4):
+        async with trio.open_nursery() as nursery:
+            shared, (a, b) = await start_all(nursery, state_dir, "ab")
+            shm = shared / "controller.db-shm"
+            with killed_at_exit(a, b):
+                await deploy(a, "app", num_replicas=1)
+                await until(a, "app", settled("v1"))
+                if not _chattr("+i", shm):
+                    pytest.skip("chattr +i needs root on a file system with attributes")
+                try:
+                    said = f"`chattr -i {shm}`".encode()
+                    await a.logged(said)
+                    await b.logged(said)
+                    # The leader cannot renew its lease: it steps down when the lease ends,
+                    # and the standby cannot take it (the file is theirs alike).
+                    await a.logged(b"stopped leading (epoch 1)")
+                    # Told, neither died: the fault was refused, not touched.
+                    for daemon in (a, b):
+                        assert daemon.process is not None
+                        assert daemon.process.returncode is None, daemon.log[-3000:]
+                finally:
+                    _chattr("-i", shm)
+                # Mended: a daemon leads, and a change lands.
+                leader = await _first_to_log(b"leading as epoch 2", a, b)
+                await deploy(leader, "app", num_replicas=2)
+                await until(leader, "app", lambda s: settled("v1")(s) and len(s["replicas"]) == 2)
+                assert (await leader.cli("shutdown")).returncode == 0
+                await stopped(leader, b if leader is a else a)
+
+
+async def _first_to_log(text: bytes, *daemons: Daemon) -> Daemon:
+    """The first of `daemons` to log `text`."""
+    first: list[Daemon] = []
+    async with trio.open_nursery() as nursery:
+
+        async def one(daemon: Daemon) -> None:
+            await daemon.logged(text)
+            first.append(daemon)
+            nursery.cancel_scope.cancel()
+
+        for daemon in daemons:
+            nursery.start_soon(one, daemon)
+    return first[0]

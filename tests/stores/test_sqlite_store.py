@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import subprocess
 import sys
 from pathlib import Path
 
@@ -185,6 +186,70 @@ trio.run(main)
         assert "was truncated (from 32768 to 0 bytes) while in use" in line, line
         assert "nothing was read or written" in line, line
     assert lines[3] == "{'a': '1'}"
+
+
+@pytest.mark.parametrize("how", ["chattr", "injected"])
+def test_a_shm_file_made_immutable_while_in_use_is_refused_not_touched(
+    tmp_path: Path, how: str
+) -> None:
+    """An immutable ``-shm`` faults (SIGBUS) at SQLite's next write to its mapped pages, and
+    at its close. Made so for real (``chattr +i``, where this machine allows it), or with the
+    check told so (anywhere): each use is refused by name, the close leaves the connection
+    open rather than fault, and once mended the store is used again."""
+    script = """
+import subprocess, sys, trio, controller
+from controller._stores import sqlite, sqlite_files
+path, how = sys.argv[1], sys.argv[2]
+def mark(frozen):
+    if how == "chattr":
+        subprocess.run(["chattr", "+i" if frozen else "-i", path + "-shm"], check=True)
+    else:
+        told = (lambda p: "immutable") if frozen else sqlite_files.frozen
+        sqlite.frozen = sqlite_files.frozen = told
+real = sqlite_files.frozen
+async def main():
+    store = controller.SQLiteStore(path)
+    await store.write({"a": "1"})
+    mark(True)
+    for op in (store.read_all, lambda: store.write({"b": "2"}), store.read_lease):
+        try:
+            await op()
+        except controller.StoreError as exc:
+            print(exc)
+    store.close()  # a checkpoint, which would fault: not done
+    if how != "chattr":
+        sqlite.frozen = sqlite_files.frozen = real
+    mark(False)
+    await store.write({"c": "3"})
+    print(sorted(await store.read_all()))
+    store.close()
+trio.run(main)
+"""
+    path = tmp_path / "s.db"
+    if how == "chattr":
+        probe = tmp_path / "probe"
+        probe.touch()
+        if subprocess.run(["chattr", "+i", str(probe)], capture_output=True).returncode != 0:
+            pytest.skip("chattr +i needs root on a file system with attributes")
+        subprocess.run(["chattr", "-i", str(probe)], check=True)
+    try:
+        # (In a child process: a fault kills that, not the test run.)
+        result = subprocess.run(
+            [sys.executable, "-c", script, str(path), how],
+            capture_output=True,
+            check=False,
+            timeout=60,
+        )
+    finally:
+        subprocess.run(["chattr", "-i", f"{path}-shm"], capture_output=True, check=False)
+    assert result.returncode == 0, result.stderr.decode()
+    lines = result.stdout.decode().splitlines()
+    assert len(lines) == 4, lines
+    for line in lines[:3]:
+        assert f"{path}-shm" in line, line
+        assert "was made immutable while in use" in line, line
+        assert f"`chattr -i {path}-shm`" in line, line
+    assert lines[3] == "['a', 'c']"
 
 
 @pytest.mark.parametrize(
