@@ -128,7 +128,8 @@ class Counting:
     """Counts its requests: how many are inside at once (and the most ever), how many were
     cancelled, and its health checks. ``/stats`` answers the counts (``?until=NAME&n=N``: once
     that count has reached N, so that a test waits for it without polling); ``/sleep?s=N``
-    sleeps; ``/block?s=N`` blocks its thread (sync); anything else answers at once."""
+    sleeps; ``/digest?s=N`` reads the body first, then sleeps (what a model does with an upload);
+    ``/block?s=N`` blocks its thread (sync); anything else answers at once."""
 
     def __init__(self) -> None:
         self.inside = 0
@@ -153,16 +154,17 @@ class Counting:
             return self.stats()
         if path == "block":
             return await trio.to_thread.run_sync(self._block, float(request.query_params["s"]))
+        body = await request.body() if path == "digest" else b""
         with self.lock:
             self.inside += 1
             self.most = max(self.most, self.inside)
         self._moved()
         try:
-            if path == "sleep":
+            if path in ("sleep", "digest"):
                 await trio.sleep(float(request.query_params["s"]))
             else:
                 await trio.sleep(0.01)
-            return {"tag": context().tag, "left": request.time_left()}
+            return {"tag": context().tag, "left": request.time_left(), "bytes": len(body)}
         except trio.Cancelled:
             self.cancelled += 1
             raise

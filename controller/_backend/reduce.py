@@ -14,6 +14,7 @@ import logging
 import attrs
 import trio
 
+from .._model.config.traffic import DEFAULT_MAX_UPLOADS
 from .._model.decisions.failures import FailureBook
 from .._model.decisions.pass_plan import replaces_unhealthy
 from .._model.decisions.spec import Spec
@@ -191,9 +192,10 @@ class Reducer:
 
     def _known(self, report: LoadReport) -> LoadReport:
         """`report` with only the replicas this backend has (others are dropped, and counted),
-        each at most its ``max_ongoing_requests``: no source makes up replicas or loads that
-        the status and the autoscaler would take for real."""
-        cap = self.spec.backend_config.max_ongoing_requests
+        each at most its ``max_ongoing_requests`` and the uploads an ingress process sends
+        beside them: no source makes up replicas or loads that the status and the autoscaler
+        would take for real."""
+        cap = self.spec.backend_config.max_ongoing_requests + DEFAULT_MAX_UPLOADS
         known = {t: min(n, cap) for t, n in report.in_flight.items() if t in self.replicas}
         if len(known) != len(report.in_flight):
             self._shared.observer.unknown_load(self.name, len(report.in_flight) - len(known))

@@ -12,8 +12,9 @@ gets 504. At most ``max_ongoing_requests`` handlers run at once, however many in
 more wait here, first come first served; the ingress says the backend's limit as it is now with
 each request (``x-max-ongoing-requests``), so that a change reaches the replica with no
 restart. Both are the request's own: nothing a request says changes what another gets
-(``places``). Uploads (bodies the ingress streams on, marked ``x-controller-upload``) run beside
-those places, bounded by the ingress's upload budget instead: a slow body takes no one's place.
+(``places``). An upload (a body the ingress streams on, marked ``x-controller-upload``) takes
+its place once its body has all arrived: a slow body takes no one's place, and what its handler
+does with it is within the limit.
 What waits and what runs is the replica's load, which the worker reports as a replica's own
 ``load()``."""
 
@@ -261,12 +262,22 @@ class ReplicaServer:
         conn.request_deadline = deadline
         conn.timer.set(deadline, "deadline")
         self._changed()  # read a moment later, when it may wait in line
-        if not upload:  # (an upload is bounded by its ingress's budget instead)
+        placed = False
+
+        async def take_place() -> None:
+            nonlocal placed
             try:
                 await self._places.take(limit)  # in line, first come first served
             except BaseException:
                 self._changed()  # it left the line unserved (a deadline, a hang-up)
                 raise
+            placed = True
+
+        # An upload's body arrives at the client's pace: its handler runs meanwhile beside the
+        # places, and takes one once the body has all come (``_reader``), before what it does
+        # with it. Bounded meanwhile by the ingress's upload budget.
+        if not upload:
+            await take_place()
         self.in_flight += 1
         # What handles called by the handler inherit: the time this request has left, and the
         # side of a canary's split it went to.
@@ -277,9 +288,10 @@ class ReplicaServer:
         if model is not None:
             self.shelf.asked(model)
         try:
+            late = take_place if upload else None
             if self._lifespan is not None and call is None:
-                return await self._asgi(conn, head, root_path)
-            return await self._plain(conn, head, root_path, deadline, limit, call)
+                return await self._asgi(conn, head, root_path, late)
+            return await self._plain(conn, head, root_path, deadline, limit, call, late)
         finally:
             current_shelf.reset(inherited_shelf)
             current_model.reset(inherited_model)
@@ -287,13 +299,19 @@ class ReplicaServer:
             current_deadline.reset(inherited)
             self.in_flight -= 1
             self.served += 1
-            if not upload:
+            if placed:
                 self._places.give_back()
             self._changed()
 
-    def _reader(self, conn: Connection, head: RequestHead, done: list[bool]) -> Any:
+    def _reader(
+        self,
+        conn: Connection,
+        head: RequestHead,
+        done: list[bool],
+        at_end: Callable[[], Awaitable[None]] | None = None,
+    ) -> Any:
         """How a handler reads the body of `head` (None without one); `done` is set at its
-        end."""
+        end, once `at_end` (an upload's place taken) is over."""
         if not head.body:
             done.append(True)
             return None
@@ -306,7 +324,9 @@ class ReplicaServer:
                 if head.expect_continue and conn.answered is None:
                     await conn.send(_CONTINUE)
             chunk = await conn.body()
-            if chunk is None:
+            if chunk is None and not done:
+                if at_end is not None:
+                    await at_end()
                 done.append(True)
             return chunk
 
@@ -320,8 +340,10 @@ class ReplicaServer:
         deadline: float,
         limit: int,
         call: str | None,
+        late: Callable[[], Awaitable[None]] | None = None,
     ) -> bool:
-        """A request to the handler, or (`call`) to a method a handle named (``rpc``)."""
+        """A request to the handler, or (`call`) to a method a handle named (``rpc``); an
+        upload's place taken `late` (``exchange``)."""
         caller = self._caller
         if caller is None:  # an ASGI app: it has no methods to call
             caller = self._caller = Caller(_no_handler, self._changed)
@@ -331,7 +353,7 @@ class ReplicaServer:
             head.target,
             head.headers,
             Address(conn.peer, 0),
-            self._reader(conn, head, done),
+            self._reader(conn, head, done, late),
             root_path=root_path,
             deadline=deadline,
             clock=self._clock,
@@ -375,12 +397,18 @@ class ReplicaServer:
         await outgoing.end()
         return outgoing.keep
 
-    async def _asgi(self, conn: Connection, head: RequestHead, root_path: str) -> bool:
+    async def _asgi(
+        self,
+        conn: Connection,
+        head: RequestHead,
+        root_path: str,
+        late: Callable[[], Awaitable[None]] | None = None,
+    ) -> bool:
         assert self._lifespan is not None
         done: list[bool] = []
         outgoing = Outgoing(conn, head, self.shelf)
         scope = http_scope(head, conn.peer, self._address, root_path, self._lifespan.state)
-        exchange = Exchange(head, outgoing, self._reader(conn, head, done), scope)
+        exchange = Exchange(head, outgoing, self._reader(conn, head, done, late), scope)
         try:
             await self._lifespan.app(scope, exchange.receive, exchange.send)
             if not outgoing.started:

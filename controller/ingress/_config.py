@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from .._http.limits import ConnectionLimits, at_least_one, count, positive
+from .._model.config.traffic import DEFAULT_MAX_UPLOADS
 
 
 @attrs.frozen(kw_only=True)
@@ -25,7 +26,7 @@ class IngressConfig(ConnectionLimits):
     it) are read whole before a replica is chosen: a client that sends one slowly holds no
     replica's room meanwhile. A process holds at most ``max_connections`` of them at once, so
     this bounds its memory too. Larger bodies are uploads (``max_uploads``)."""
-    max_uploads: int = attrs.field(default=64, validator=at_least_one)
+    max_uploads: int = attrs.field(default=DEFAULT_MAX_UPLOADS, validator=at_least_one)
     """Bodies beyond ``buffer_body_bytes`` streamed to one backend's replicas at once, by this
     process: they are counted here until answered, not against ``max_ongoing_requests`` (a
     slow one cannot take the room of the requests that use it). More get 503 ``TooManyUploads``."""

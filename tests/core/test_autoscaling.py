@@ -14,6 +14,7 @@ import trio.testing
 import controller
 from controller import AutoscalingConfig, GoalOutcome, LoadReport
 from controller._model.config.manifest import parse_backend
+from controller._model.config.traffic import DEFAULT_MAX_UPLOADS
 from controller._model.views.status import LOAD_TTL_S
 from controller.testing import FakeRuntime, FakeState
 
@@ -380,7 +381,8 @@ async def test_load_reports_name_only_replicas_that_exist_each_within_its_bound(
         await settle()
         load = ctl.status("a").load
         assert set(load.replicas) == {tag}  # the made-up replica is not shown
-        assert load.replicas[tag] == 30 * 5  # each source's count at max_ongoing_requests
+        # Each source's count at max_ongoing_requests and the uploads an ingress sends beside.
+        assert load.replicas[tag] == 30 * (5 + DEFAULT_MAX_UPLOADS)
         assert seen.unknown == 30  # and each drop is counted
 
 

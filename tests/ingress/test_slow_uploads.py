@@ -111,3 +111,39 @@ async def test_slow_uploads_take_no_room_and_are_held_to_their_budget(state_dir:
                 assert 'ingress_in_flight{backend="up"} 16.0' in metrics, metrics
                 nursery.cancel_scope.cancel()
             assert len(answers.seen) == 4
+
+
+async def test_an_upload_takes_a_place_in_the_replica_once_its_body_has_come(
+    state_dir: Path,
+) -> None:
+    """Found by the trial of the fix: uploads ran their handlers beside the replica's places,
+    so forty 100 KB bodies ran forty handlers at once where `max_ongoing_requests` said two.
+    The body arrives beside the places; what the handler does with it is within them."""
+    backend = {
+        "entrypoint": "serving_apps:Counting",
+        "route_prefix": "/count",
+        "num_replicas": 1,
+        "version": "v1",
+        "max_ongoing_requests": 2,
+        "graceful_shutdown_timeout_s": 5,
+    }
+    file = state_dir / "count.toml"
+    file.write_text(manifest(count=backend))
+    with trio.fail_after(LIMIT_S * 3):
+        async with running(state_dir, "--config", str(file)) as daemon:
+            assert (await daemon.cli("wait", "count")).returncode == 0
+            port = int(daemon.ingress_url.rpartition(":")[2])
+            answers = []
+
+            async def upload() -> None:
+                body = b"u" * 100_000  # beyond the 64 KiB the ingress reads first
+                answers.append(await request(port, "/count/digest?s=0.2", method="POST", body=body))
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(12):  # (within the 16 one address may have under way)
+                    nursery.start_soon(upload)
+            assert [a.status for a in answers] == [200] * 12
+            assert all(a.json()["bytes"] == 100_000 for a in answers)
+            stats = (await request(port, "/count/stats")).json()
+            assert stats["finished"] == 12
+            assert stats["most"] <= 2, stats

@@ -17,6 +17,10 @@ _ROUTE = re.compile(ROUTE_PATTERN)
 
 #: The most requests one replica may be sent at once, or one backend may queue at an ingress.
 MAX_REQUESTS = 1_000_000
+#: Uploads (request bodies too large to read before a replica is chosen) an ingress process
+#: sends one backend at once by default: counted apart from ``max_ongoing_requests``, so a
+#: replica's load may exceed that by as many (``IngressConfig.max_uploads``).
+DEFAULT_MAX_UPLOADS = 64
 
 
 def route_prefix(value: object) -> str | None:
