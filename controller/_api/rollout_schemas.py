@@ -105,6 +105,11 @@ ROLLOUT_SCHEMAS: dict[str, Any] = {
             "weight": {"type": "number", "minimum": 0, "maximum": 100},
             "pause_s": {"type": "number", "minimum": 0},
             "elapsed_s": {"type": ["number", "null"], "minimum": 0},
+            "step_started": {
+                "type": ["string", "null"],
+                "format": "date-time",
+                "description": "When the step's clock started (null while its replicas start)",
+            },
             "canary": ref("RevisionNumbers"),
             "stable": ref("RevisionNumbers"),
             "verdict": {**STRING, "description": "What the gates say of the step so far"},

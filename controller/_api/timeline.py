@@ -9,13 +9,13 @@ restarted daemon's chart starts afresh.
 from __future__ import annotations
 
 import collections
-import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, final
 
 import attrs
 import trio
 
+from .._clock import wall_now
 from .._model.views.status import BackendNumbers
 from .views import iso
 
@@ -105,6 +105,6 @@ async def record(serving: Serving, timelines: Timelines) -> None:
         cursor = ctl.passes
         # The wall clock, not trio's: the points are shown as times of day, and a daemon's
         # chart is not driven by a test's MockClock.
-        timelines.sample(ctl.numbers(), time.time())
+        timelines.sample(ctl.numbers(), wall_now())
         await trio.sleep(SAMPLE_GAP_S)
         await serving.wait_changed(ctl, cursor)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import attrs
 import trio
 
+from .._clock import wall_now
 from .._core.desk import Applied
 from .._model.config.cause import Cause
 from .._model.config.last_applied import BackendDiff
@@ -43,7 +43,7 @@ def status_json(status: BackendStatus, *, summary: bool = False) -> dict[str, An
     for (replica_version, state), n in status.counts_by_version.items():
         counts[state.value] = counts.get(state.value, 0) + n
         counts_by_version.setdefault(replica_version, {})[state.value] = n
-    now = time.time()
+    now = wall_now()
     out: dict[str, Any] = {
         "name": status.name,
         "state": status.state.value,
@@ -150,6 +150,7 @@ def canary_json(canary: CanaryStatus | None) -> dict[str, Any] | None:
         "weight": canary.weight,
         "pause_s": canary.pause_s,
         "elapsed_s": None if canary.elapsed_s is None else round(canary.elapsed_s, 3),
+        "step_started": iso(canary.step_started),
         "canary": numbers(canary.canary),
         "stable": numbers(canary.stable),
         "verdict": canary.verdict,

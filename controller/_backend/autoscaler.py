@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Awaitable, Callable
 from typing import final
 
-import trio
-
+from .._clock import wall_offset
 from .._model.config.autoscaling import AutoscalingConfig
 from .._model.config.config import BackendConfig
 from .._model.decisions.autoscale import (
@@ -128,7 +126,7 @@ class Autoscaler:
         if self.state is None:
             return None
         state = self.state
-        offset = _wall_offset()
+        offset = wall_offset()
 
         def ms(entries: tuple[Entry, ...]) -> list[tuple[int, int]]:
             return [(round((t + offset) * 1000), v) for t, v in entries]
@@ -146,7 +144,7 @@ class Autoscaler:
             self.state = None
             self.configure(config, now)
             return
-        offset = _wall_offset()
+        offset = wall_offset()
 
         def trio_times(entries: list[tuple[int, int]]) -> tuple[Entry, ...]:
             return tuple((at / 1000 - offset, v) for at, v in entries)
@@ -183,11 +181,6 @@ def _values(state: ScaleState) -> tuple[object, ...]:
         [v for _, v in state.downs],
         state.changes,
     )
-
-
-def _wall_offset() -> float:
-    """Wall-clock seconds minus trio seconds, now."""
-    return time.time() - trio.current_time()
 
 
 #: How often a backend held below its autoscaler's count by capacity asks the runtime again.

@@ -9,13 +9,13 @@ numbers.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Mapping
 from typing import Literal, final
 
 import attrs
 import trio
 
+from .._clock import wall_now, wall_offset
 from .._model.config.canary import CanaryConfig, canary_count
 from .._model.decisions.canary_plan import CanarySplit
 from .._model.decisions.canary_steps import (
@@ -113,7 +113,7 @@ class Canary:
         config = spec.backend_config.canary
         self.step = max(0, min(record.step, 0 if config is None else len(config.steps) - 1))
         self.phase = "aborted" if record.aborted else "promoted" if record.promoted else "judging"
-        offset = time.time() - now  # wall seconds minus trio seconds
+        offset = wall_now() - now  # wall seconds minus trio seconds
         self.started = None if record.started_ms is None else record.started_ms / 1000 - offset
         self._held_s = record.held_s
         since = record.held_since_ms
@@ -127,7 +127,7 @@ class Canary:
     def record(self) -> CanaryRecord | None:
         if self.phase == "off":
             return None
-        offset = time.time() - trio.current_time()
+        offset = wall_offset()
 
         def ms(t: float | None) -> int | None:
             return None if t is None else round((t + offset) * 1000)
@@ -344,6 +344,7 @@ class Canary:
             _numbers(stable.version, self.numbers["stable"]),
             verdict.failed or ("passing" if verdict.enough else "waiting for min_requests"),
             describe_gates(config),
+            None if self.started is None else self.started + wall_offset(),
         )
 
     # -- inside --

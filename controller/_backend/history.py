@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import final
 
 import trio
 
+from .._clock import wall_now
 from .._model.decisions.spec import Spec
 from .._model.records.checkpoint import dump_event, join_events
 from .._model.records.records import EventRecord, EventsRecord
@@ -75,7 +75,7 @@ class EventLog:
         differs from what it stored last."""
 
     def add(self, kind: str, message: str) -> None:
-        self._append(BackendEvent(trio.current_time(), kind, message, time.time()))
+        self._append(BackendEvent(trio.current_time(), kind, message, wall_now()))
         self.added += 1
 
     def _append(self, event: BackendEvent) -> None:
@@ -93,7 +93,7 @@ class EventLog:
         self._texts.clear()
         if record is None:
             return
-        now, wall = trio.current_time(), time.time()
+        now, wall = trio.current_time(), wall_now()
         for e in record.events[-EVENTS_KEPT:]:
             at = e.at_ms / 1000
             self._append(BackendEvent(now - (wall - at), e.kind, e.message, at))
@@ -146,7 +146,7 @@ class Journal:
 
     def start_failed(self, tag: str, version: str, error: str, traceback: str | None) -> None:
         """Kept for the status (the replica itself is about to go); told by ``failure``."""
-        failed = FailedStart(tag, version, error, traceback, time.time())
+        failed = FailedStart(tag, version, error, traceback, wall_now())
         self.failed_starts = (*self.failed_starts, failed)[-FAILED_STARTS_KEPT:]
 
     def healthy(self) -> None:

@@ -14,11 +14,11 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import time
 from typing import final
 
 import trio
 
+from .._clock import wall_now
 from .._model.decisions.failures import FailureBook
 from .._model.decisions.pass_plan import PassState, decide_pass
 from .._model.decisions.spec import Spec
@@ -393,7 +393,7 @@ class Backend(Reducer, Reading):
         if replica.resumed_stop and replica.stopping_since is not None:
             # A stop begun before (by a controller that crashed or lost its lease): only what
             # is left of its deadline, or a takeover after another would drain for ever.
-            grace = max(0.0, replica.stopping_since + grace - time.time())
+            grace = max(0.0, replica.stopping_since + grace - wall_now())
         self._tasks.stop(replica, grace)
 
     def _spawn_bring_up(self, replica: Replica, *, adopt: bool) -> None:

@@ -7,11 +7,11 @@ and the watch keep, the replicas themselves tell it as their fields change (``Re
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from functools import partial
 from typing import final
 
+from .._clock import wall_now
 from .._model.decisions.census import Census, Key, key_of
 from .._model.records.checkpoint import dump_replica, join_page, join_replicas
 from .._model.records.records import (
@@ -88,7 +88,7 @@ class ReplicaSet:
     ) -> Replica:
         self._seq += 1
         replica = Replica(tag, version, config_digest, state, self._seq, revision=revision)
-        replica.created_at = time.time() if state is ReplicaState.STARTING else created_at
+        replica.created_at = wall_now() if state is ReplicaState.STARTING else created_at
         self.by_tag[tag] = replica
         self.census.add(key_of(replica))
         replica.page = self._entries.add(tag)
@@ -191,7 +191,7 @@ class ReplicaSet:
         replica.state = ReplicaState.STOPPING
         replica.graceful = graceful
         if replica.stopping_since is None:
-            replica.stopping_since = time.time()
+            replica.stopping_since = wall_now()
         self.stale(replica)
         self._changed()
         return serving

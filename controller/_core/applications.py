@@ -9,13 +9,13 @@ of an application are one change of all its members: one batch, one new applicat
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from typing import final
 
 import trio
 
 from .._backend.goal import Goal
+from .._clock import wall_now
 from .._model.config.applications import (
     AppDecl,
     ApplicationRecord,
@@ -318,7 +318,7 @@ class Applications:
             return None
 
         def also(specs: Mapping[str, Spec]) -> dict[str, str | None]:
-            now = time.time()
+            now = wall_now()
             for decl in decls:
                 asked = {m: self._asked_now(m, specs) for m in decl.members}
                 old = self._records.get(decl.name) or ApplicationRecord(
@@ -352,7 +352,7 @@ class Applications:
                 record.members,
                 asked,
                 cause or Cause(),
-                time.time(),
+                wall_now(),
                 undone_to,
                 restart=restart,
             )

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import logging
 import random
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Literal, final
@@ -28,6 +27,7 @@ from .._backend.observe import Observer
 from .._backend.shared import Member, Nodes, Shared
 from .._backend.turns import take_turns
 from .._backend.watch import SnapshotHub
+from .._clock import wall_now
 from .._model.config.cause import Cause
 from .._model.config.config import BackendConfig
 from .._model.config.replica_config import ReplicaConfig
@@ -219,7 +219,7 @@ class SpecDesk:
                     await locks.take(name)
                 deletes = [n for n in others if n in self._backends]
             records: dict[str, SpecChange] = {}
-            now = time.time()
+            now = wall_now()
             # One read of each entrypoint's source for the whole change, not one a backend.
             code_of = functools.cache(self.code_of)
             for done, (name, configs) in enumerate(declared.items(), 1):
@@ -364,7 +364,7 @@ class SpecDesk:
 
     def restored(self, name: str, spec: Spec, kept: RevisionsRecord | None) -> Backend:
         """A backend made from what the store holds (a recovery, or a standby's view)."""
-        spec, book = restored(spec, kept, self.code_of, time.time())
+        spec, book = restored(spec, kept, self.code_of, wall_now())
         self._histories.restore(name, book)
         goal = Goal(name, spec.generation, "delete" if spec.deleting else "deploy")
         self._request(name, spec, goal)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Mapping, Sequence
 from typing import cast, final
 
@@ -21,6 +20,7 @@ import trio
 
 from .._backend.loop import Backend
 from .._backend.shared import Nodes
+from .._clock import wall_now
 from .._model.config.nodes import NODE_PREFIX, Cordon, NodeInfo, NodeRow, node_id
 from .._model.values.errors import ConfigError, NodesUnsupportedError, UnknownNodeError
 from .._model.values.numbers import MAX_SECONDS
@@ -147,7 +147,7 @@ class NodeDesk:
             if state == "cordoned" and held is not None:
                 # Cordoned already, or more: a drain goes on (uncordon ends it).
                 return self._row(node, self._counts().get(node, {}))
-            wall = time.time()
+            wall = wall_now()
             cordon = Cordon(node, state, wall, None if deadline_s is None else wall + deadline_s)
             await self._store.write({NODE_PREFIX + node: cordon.to_json()})
             self._forced.discard(node)
@@ -164,7 +164,7 @@ class NodeDesk:
         self._cordons[cordon.node] = cordon
         self._due.pop(cordon.node, None)
         if cordon.state == "draining" and cordon.deadline is not None:
-            left = cordon.deadline - time.time()
+            left = cordon.deadline - wall_now()
             if left <= 0:
                 self._forced.add(cordon.node)
             else:

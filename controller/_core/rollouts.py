@@ -9,13 +9,13 @@ the new spec. What each writes is decided by the pure functions of ``steering``.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 
 import attrs
 import trio
 
 from .._backend.goal import Goal
+from .._clock import wall_now
 from .._model.config.cause import Cause
 from .._model.decisions.pass_plan import rollback_target
 from .._model.decisions.spec import Spec
@@ -249,7 +249,7 @@ def restart_change_for(
         book,
         cause=cause,
         code_of=desk.code_of,
-        now=time.time(),
+        now=wall_now(),
         held=desk.held(name),
         live=desk.live_revisions(name),
     )
@@ -272,7 +272,7 @@ def undo_change_for(
         target,
         cause=cause,
         code_of=desk.code_of,
-        now=time.time(),
+        now=wall_now(),
         held=desk.held(name),
         live=desk.live_revisions(name),
         automatic=automatic,

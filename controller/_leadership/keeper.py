@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import final
 
 import trio
 
+from .._clock import wall_now
 from .._model.decisions.lease import Lease, LeaseTiming, Watched, claim_at, claimed, renewed, watch
 from .._model.values.errors import FencedError, StoreError
 from .._ports.store import LeaseStore
@@ -91,7 +91,7 @@ class Leadership:
                         holder=self.holder,
                         duration_s=self.timing.duration_s,
                         pid=os.getpid(),
-                        wall=time.time(),
+                        wall=wall_now(),
                         address=self.address,
                         floor=self.floor,
                     )
@@ -172,7 +172,7 @@ class Leadership:
             lease = self.held
             if lease is None:
                 return  # released
-            new = renewed(lease, wall=time.time(), address=self.address)
+            new = renewed(lease, wall=wall_now(), address=self.address)
             renewed_now = False
             # A store that does not answer gets until the renew deadline (and at least a renew
             # period, should the loop have been held up past it).
@@ -233,7 +233,7 @@ class Leadership:
         self.held = None
         try:
             await self.store.renew_lease(
-                renewed(lease, wall=time.time(), address=None, released=True)
+                renewed(lease, wall=wall_now(), address=None, released=True)
             )
         except (FencedError, StoreError) as exc:
             logger.debug("the lease was not released (%s); it lapses on its own", exc)

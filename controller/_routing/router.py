@@ -69,6 +69,11 @@ class Router:
         started again says so)."""
         self._retry_now.set()
 
+    @property
+    def routes(self) -> dict[str, RouteInfo]:
+        """What it routes on: each backend as the source last said it (``RouteInfo``)."""
+        return dict(self._known)
+
     async def link_changed(self) -> None:
         """Return once `connected` has changed."""
         await self._link.wait()

@@ -10,6 +10,11 @@ share one port with ``reuse_port``)::
     await nursery.start(ingress.run)
     listener = await open_listener("127.0.0.1", 8000)
     await nursery.start(ingress.serve, [listener])
+
+``ingress.routes()`` is the routing it uses, a ``RouteInfo`` per backend: its route, its
+limits, the replicas that serve (tag and address, and each one's version) and, during a canary
+release, the ``Split`` of its requests (the canary's version and weight, the sticky and
+forcing headers).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ if TYPE_CHECKING:
     from .._routing.sources import HTTPSource as HTTPSource
     from .._routing.sources import SourceError as SourceError
     from .._routing.sources import WatchSource as WatchSource
+    from .._routing.split import Split as Split
+    from .._routing.table import RouteInfo as RouteInfo
     from ._config import IngressConfig as IngressConfig
     from ._ingress import Ingress as Ingress
 

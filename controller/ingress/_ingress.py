@@ -21,7 +21,7 @@ from .._model.views.status import LOAD_TTL_S, LoadReport
 from .._routing.choice import RouteTable
 from .._routing.router import Router
 from .._routing.sources import SourceError, WatchSource
-from .._routing.table import BackendRoutes
+from .._routing.table import BackendRoutes, RouteInfo
 from .._routing.upstream import Pool
 from ._config import IngressConfig
 from ._metrics import IngressMetrics
@@ -86,6 +86,12 @@ class Ingress:
     def connected(self) -> bool:
         """Whether the last call to the source worked."""
         return self.router.connected
+
+    def routes(self) -> dict[str, RouteInfo]:
+        """The routing it uses, by backend name: each backend's route, limits and serving
+        replicas (tag, address, version), and a canary release's split of its requests, as
+        its watch source last said them."""
+        return self.router.routes
 
     async def link_changed(self) -> None:
         """Return once `connected` has changed."""

@@ -25,6 +25,7 @@ import attrs
 import ray
 import trio
 
+from .._clock import wall_now
 from .._model.records.replica_state import ReplicaState
 from .._model.views.status import BackendStatus
 from ._await import wait_ref
@@ -198,7 +199,7 @@ class NodeIngresses:
             return f"it did not start within {START_S:g}s"
         if not reply.get("ok"):
             return str(reply.get("error"))
-        entry.state, entry.since = "serving", time.time()
+        entry.state, entry.since = "serving", wall_now()
         entry.address, entry.pid = reply["address"], reply["pid"]
         logger.info("ingress on node %s serving on %s", entry.node[:12], entry.address)
         ended = json.loads(await wait_ref(handle.wait_exit.remote()))

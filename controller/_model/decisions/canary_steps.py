@@ -99,6 +99,9 @@ class CanaryStatus:
     """What the gates say of the step's numbers so far."""
     gates: str = ""
     """The gates, in words."""
+    step_started: float | None = None
+    """When the current step's clock started, by the wall clock (seconds since the epoch;
+    None while its replicas start). A restart keeps it: it is stored."""
 
 
 def describe_gates(config: CanaryConfig) -> str:
