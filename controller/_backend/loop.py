@@ -281,7 +281,9 @@ class Backend(Reducer, Reading):
         if plan.converged:
             self._scaling.converged()
             if self._failures.blocked is None and not self._set.unhealthy and not spec.deleting:
-                self.journal.healthy()  # else a failure long mended reads as news
+                # Else a failure long mended reads as news.
+                self.journal.healthy()
+                self._failures.mended()
         if plan.complete:
             self._rollout.complete(plan.num_replicas)
 

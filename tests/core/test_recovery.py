@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import trio.testing
 import controller
 from controller import GoalOutcome, ReplicaState
 from controller._backend.turns import TURN_EVERY
+from controller._clock import wall_now
 from controller._model.records.records import SCHEMA_VERSION
 from controller.testing import FakeRuntime, FakeState
 
@@ -342,15 +342,15 @@ async def test_a_stop_taken_over_gets_only_what_is_left_of_its_drain_deadline(
     [entry] = record["replicas"]
     assert entry["stopping"] is True
     # As if the stop had begun 15 s before the next controller took over.
-    entry["stopping_ms"] = round((time.time() - 15) * 1000)
+    entry["stopping_ms"] = round((wall_now() - 15) * 1000)
     store.data["replicas/a"] = json.dumps(record)
     async with controller.open_controller(runtime=rt, store=store) as ctl:
         began = trio.current_time()
         await rt.wait_until(lambda r: r.replicas[tag].state is FakeState.DEAD)
         killed = rt.replicas[tag].killed_at
         assert killed is not None
-        # 20 - 15, less the real time the test took (the stored start is in whole ms)
-        assert 4.5 <= killed - began <= 5.001
+        # 20 - 15: the controller's wall clock follows the MockClock (the start is in whole ms)
+        assert killed - began == pytest.approx(5, abs=0.001)
 
 
 async def test_a_recovery_of_many_backends_lets_the_loop_go_on(

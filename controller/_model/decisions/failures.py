@@ -60,6 +60,12 @@ class FailureBook:
         self.error = self.start_error = None
         self.backoff_until = -math.inf
 
+    def mended(self) -> None:
+        """The backend is healthy again: what failed is history (the events keep it), not its
+        status message. The backoff keeps its own count, forgiven in its own time."""
+        self.failed_starts = 0
+        self.error = self.start_error = None
+
     def failed(self, now: float, error: str) -> str:
         """Note a failure (a failed start, a crash, a failed health check or reconfigure): the
         next start waits, longer after each failure in a row. Returns what comes next, in
