@@ -161,6 +161,12 @@ def _module(item: pytest.Item) -> str:
     return item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
 
 
+def pytest_report_header() -> str | None:
+    from .pristine import NOTICE
+
+    return NOTICE
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {module: n for n, module in enumerate(LONGEST_FIRST)}
     # Stable: each file's tests keep their order.

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import trio
 
+from ..pristine import EXAMPLES
+
 HERE = Path(__file__).parent.parent
-EXAMPLES = HERE.parent / "examples"
 
 
 async def run_cases(file: str, expected: int) -> None:

@@ -14,8 +14,8 @@ from pathlib import Path
 import trio
 
 from ..daemons import HERE, running
+from ..pristine import EXAMPLES
 
-EXAMPLES = HERE.parent / "examples"
 CONTRACT = HERE / "contract"
 MAX_EXAMPLES = int(os.environ.get("CONTRACT_EXAMPLES", "25"))
 

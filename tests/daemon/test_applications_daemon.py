@@ -13,8 +13,7 @@ import trio
 
 from ..daemons import LIMIT_S, Daemon, free_port, running
 from ..http_client import request
-
-EXAMPLES = Path(__file__).parent.parent.parent / "examples"
+from ..pristine import EXAMPLES
 
 
 async def _ok(daemon: Daemon, *args: str) -> str:

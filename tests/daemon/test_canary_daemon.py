@@ -18,6 +18,7 @@ import trio
 
 from ..daemons import HERE, LIMIT_S, Daemon, app, free_port, manifest, running, settled, until
 from ..http_client import request
+from ..pristine import EXAMPLES, EXAMPLES_ROOT
 
 
 def canary_app(version: str = "v1", **fields: Any) -> dict[str, Any]:
@@ -398,7 +399,7 @@ async def test_one_client_failing_the_stable_does_not_hide_a_failing_release(
 
 
 async def test_the_readme_canary_example_runs_as_written(state_dir: Path) -> None:
-    examples = HERE.parent / "examples"
+    examples = EXAMPLES
     port = free_port()
     commands = readme_commands()
     assert [c.split()[1:3] for c in commands] == [
@@ -423,7 +424,7 @@ async def test_the_readme_canary_example_runs_as_written(state_dir: Path) -> Non
                 load.start(nursery, 4)
                 for command in commands:
                     args = [
-                        str(HERE.parent / a) if a.startswith("examples/") else a
+                        str(EXAMPLES_ROOT / a) if a.startswith("examples/") else a
                         for a in command.split()[1:]
                     ]
                     result = await daemon.cli(*args)

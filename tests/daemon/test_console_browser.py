@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from ..conftest import FIGURES
+from ..pristine import EXAMPLES
 from ..workers import worker_pids
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, ConsoleMessage, Page
 
 HERE = Path(__file__).parent.parent
-EXAMPLES = HERE.parent / "examples"
 ARTIFACTS = Path(os.environ.get("CONSOLE_ARTIFACTS", HERE.parent / "artifacts" / "console"))
 #: Every wait on the real clock is bounded by this (a page action, a CLI command, a start).
 LIMIT_S = 60

@@ -17,6 +17,7 @@ import trio
 
 from ..daemons import LIMIT_S, Daemon, free_port, manifest, running
 from ..http_client import request
+from ..pristine import EXAMPLES
 
 
 def code(entrypoint: str, **fields: Any) -> dict[str, Any]:
@@ -124,7 +125,7 @@ def _token_in(token: str, state_dir: Path, pids: list[int]) -> bool:
 async def test_the_readme_services_example_runs_as_written(state_dir: Path) -> None:
     """examples/services.toml as the README runs it: search calls embed through a handle; its
     rate limit answers 429 past the burst, its metrics count it; a session stays put."""
-    examples = Path(__file__).parent.parent.parent / "examples"
+    examples = EXAMPLES
     with trio.fail_after(LIMIT_S * 2):
         async with running(
             state_dir,

@@ -13,8 +13,7 @@ import trio
 
 from ..daemons import LIMIT_S, running, until
 from ..http_client import request
-
-EXAMPLES = Path(__file__).parent.parent.parent / "examples"
+from ..pristine import EXAMPLES
 
 
 async def test_the_readmes_multiplexing_example_routes_by_model_and_shows_what_is_held(

@@ -13,9 +13,8 @@ from typing import Any
 import trio
 
 from ..daemons import LIMIT_S, running
+from ..pristine import EXAMPLES
 from ..workers import worker_pids
-
-EXAMPLES = Path(__file__).parent.parent.parent / "examples"
 
 
 async def _get(url: str) -> dict[str, Any]:

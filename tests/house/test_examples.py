@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import trio
 
+from ..pristine import EXAMPLES
 from ..workers import worker_pids
 
 ROOT = Path(__file__).parent.parent.parent
-EXAMPLES = ROOT / "examples"
 
 
 def assert_every_step_served(out: str) -> None:
@@ -73,3 +73,60 @@ async def test_ray_quickstart_serves_every_request_through_every_change() -> Non
 
 
 #: The README's worked rollout example: its ``console`` blocks, under this heading.
+
+
+def test_the_tests_run_the_committed_examples_when_the_reader_has_edited_them(
+    tmp_path: Path,
+) -> None:
+    """Found by a newcomer: the README invites edits of examples/backends.toml and
+    examples/echo_replica.py, and the tests read both from the working tree, so following it
+    broke the test command. In a clone with those edits, the tests' examples are the commit's."""
+    import subprocess
+
+    clone = tmp_path / "clone"
+    subprocess.run(
+        ["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(clone)],
+        check=True,
+        timeout=120,
+    )
+    committed = (clone / "examples" / "backends.toml").read_text()
+    (clone / "examples" / "backends.toml").write_text(committed + "\n# the reader's edit\n")
+    (clone / "examples" / "echo_replica.py").write_text("raise SystemExit('edited')\n")
+    probe = (
+        "from tests.pristine import EXAMPLES, NOTICE; "
+        "print(EXAMPLES); print((EXAMPLES / 'backends.toml').read_text() == "
+        f"{committed!r}); print(NOTICE)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(clone)}
+    env.pop("CONTROLLER_TEST_EXAMPLES", None)
+    said = (
+        subprocess.run(
+            [sys.executable, "-c", probe],
+            cwd=clone,
+            env=env,
+            capture_output=True,
+            check=True,
+            timeout=60,
+        )
+        .stdout.decode()
+        .splitlines()
+    )
+    assert said[0] != str(clone / "examples"), said
+    assert said[1] == "True", said
+    assert "examples/ has local edits" in said[2], said
+    assert "raise SystemExit" not in (Path(said[0]) / "echo_replica.py").read_text()
+    # Asked for, the edits are what runs.
+    env["CONTROLLER_TEST_EXAMPLES"] = "worktree"
+    said = (
+        subprocess.run(
+            [sys.executable, "-c", probe],
+            cwd=clone,
+            env=env,
+            capture_output=True,
+            check=True,
+            timeout=60,
+        )
+        .stdout.decode()
+        .splitlines()
+    )
+    assert said[0] == str(clone / "examples"), said

@@ -14,6 +14,8 @@ from controller import BackendReason
 from controller._model.decisions.autoscale import ScaleReason
 from controller._sources import load_manifest
 
+from ..pristine import EXAMPLES
+
 ROOT = Path(__file__).parent.parent.parent
 README = (ROOT / "README.md").read_text()
 
@@ -60,12 +62,12 @@ def test_every_example_the_readme_names_is_shipped() -> None:
     assert sorted(path for path in named if not (ROOT / path).is_file()) == []
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.toml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.toml")), ids=lambda p: p.name)
 def test_every_example_manifest_is_valid_and_its_code_is_shipped_beside_it(path: Path) -> None:
     manifest = load_manifest(path)
     for backend in manifest.backends:
         module = backend.replica_config.entrypoint.partition(":")[0]
-        assert (ROOT / "examples" / f"{module.replace('.', '/')}.py").is_file(), backend.name
+        assert (EXAMPLES / f"{module.replace('.', '/')}.py").is_file(), backend.name
 
 
 def test_the_readme_says_how_to_deploy_code_from_a_directory_of_ones_own() -> None:

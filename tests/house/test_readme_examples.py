@@ -13,9 +13,9 @@ from pathlib import Path
 import trio
 
 from ..daemons import LIMIT_S, running
+from ..pristine import EXAMPLES, EXAMPLES_ROOT
 
 ROOT = Path(__file__).parent.parent.parent
-EXAMPLES = ROOT / "examples"
 
 ROLLOUTS = "## Rollouts: history, undo, restart, pause, a deadline, automatic rollback"
 
@@ -75,9 +75,9 @@ async def test_the_readmes_rollout_example_runs_as_it_says_broken_release_and_al
                     capture_stdout=True,
                     capture_stderr=True,
                     check=False,
-                    cwd=ROOT,  # the README's paths are the repository's
+                    cwd=EXAMPLES_ROOT,  # the README's paths are the repository's
                 )
-                out = (result.stdout + result.stderr).decode().replace(f"{ROOT}/", "")
+                out = (result.stdout + result.stderr).decode().replace(f"{EXAMPLES_ROOT}/", "")
                 fails = any(line.startswith("failed: ") for line in shown)
                 assert result.returncode == (1 if fails else 0), (command, out)
                 if "--wait" in argv:

@@ -33,8 +33,7 @@ from ..daemons import (
     standalone,
 )
 from ..http_client import request
-
-EXAMPLES = Path(__file__).parent.parent.parent / "examples"
+from ..pristine import EXAMPLES
 
 
 def app(n: int = 2, **extra: Any) -> dict[str, Any]:

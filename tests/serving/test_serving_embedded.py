@@ -19,6 +19,7 @@ from controller.ingress import ControllerSource, Ingress, open_listener
 from controller.testing import FakeRuntime, FakeState
 
 from ..http_client import request
+from ..pristine import EXAMPLES
 
 HERE = Path(__file__).parent.parent
 LIMIT_S = 60
@@ -125,7 +126,7 @@ async def test_a_worker_batches_concurrent_requests_and_answers_each_its_own(
 ) -> None:
     """examples/batching.py on a real worker process: 24 requests at once run in batches of up
     to 16, and each answer is its own request's."""
-    examples = HERE.parent / "examples"
+    examples = EXAMPLES
     runtime = controller.LocalRuntime(runtime_dir / "w", pythonpath=[examples])
     with trio.fail_after(LIMIT_S):
         async with (
