@@ -11,7 +11,17 @@ from .._model.config.replica_config import ReplicaConfig
 from .._model.records.records import MAX_REVISION
 from .._model.records.revisions import RevisionOutcome
 from .._model.values.fields import field_schemas
-from .schema_parts import BOOL, COUNT, MESSAGE, NULLABLE_STRING, STRING, VIA_HTTP, obj, ref
+from .schema_parts import (
+    BOOL,
+    COUNT,
+    MESSAGE,
+    NULLABLE_STRING,
+    SAME_VERSION,
+    STRING,
+    VIA_HTTP,
+    obj,
+    ref,
+)
 
 #: The largest revision number a request may name (a signed 64-bit integer's, as for counts in
 #: a query): a larger one is a mistake, refused as such rather than looked for.
@@ -156,6 +166,7 @@ ROLLOUT_SCHEMAS: dict[str, Any] = {
                 "type": ["boolean", "null"],
                 "description": "The source on disk is not `code` any more (null: cannot tell)",
             },
+            "same_version": SAME_VERSION,
             "outcome": {"enum": list(_OUTCOMES)},
             "error": NULLABLE_STRING,
             "good": {

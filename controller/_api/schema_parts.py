@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._model.config.cause import MAX_MESSAGE
+from .._model.records.revisions import STARTED_WITH
 
 
 def ref(name: str) -> dict[str, str]:
@@ -36,4 +37,11 @@ SAYS = (
 )
 MESSAGE = {**MESSAGE_TEXT, "type": ["string", "null"], "description": SAYS}
 #: Who asks, over HTTP: a client of the API, or the CLI through it.
+#: What changes how replicas start under the version they run (``Revision.same_version``).
+SAME_VERSION = {
+    "type": "array",
+    "items": {"enum": list(STARTED_WITH)},
+    "description": "What changes how replicas start under the version they run: the replicas "
+    "running keep the old, new ones get the new (a new version replaces them)",
+}
 VIA_HTTP = {"enum": ["api", "cli"], "description": "Who asks: `api` (the default) or `cli`"}

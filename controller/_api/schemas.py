@@ -27,6 +27,7 @@ from .schema_parts import (
     MESSAGE,
     NULLABLE_STRING,
     ONE_LINE,
+    SAME_VERSION,
     STRING,
     VIA_HTTP,
     obj,
@@ -261,6 +262,7 @@ SCHEMAS: dict[str, Any] = {
                             "runs recorded: edited code waits for `POST .../restart` (null: "
                             "cannot tell)",
                         },
+                        "same_version": SAME_VERSION,
                     }
                 ),
             },
@@ -286,6 +288,7 @@ SCHEMAS: dict[str, Any] = {
                             "description": "Each field that would change: its value now "
                             "(null for a new backend) and then",
                         },
+                        "same_version": SAME_VERSION,
                     }
                 ),
             }

@@ -186,6 +186,7 @@ def revision_json(revision: Revision, *, current: bool) -> dict[str, Any]:
             else {"module": code.module, "digest": code.digest, "files": code.files}
         ),
         "code_changed": revision.code_changed,
+        "same_version": list(revision.same_version),
         "outcome": revision.outcome,
         "error": revision.error,
         "good": revision.good,
@@ -261,6 +262,7 @@ def diff_json(diffs: Sequence[BackendDiff]) -> dict[str, Any]:
                 "name": d.name,
                 "action": d.action,
                 "fields": {f: {"now": now, "then": then} for f, (now, then) in d.fields.items()},
+                "same_version": list(d.same_version),
             }
             for d in diffs
         ]
@@ -277,6 +279,7 @@ def applied_json(applied: Applied, code_changed: dict[str, bool | None]) -> dict
                 "generation": goal.generation,
                 "changed": name in applied.changed,
                 "code_changed": code_changed.get(name),
+                "same_version": list(applied.same_version.get(name, ())),
             }
             for name, goal in applied.goals.items()
         ],

@@ -47,6 +47,7 @@ from .output import (
     print_diff,
     print_log,
     print_table,
+    same_version_notice,
 )
 from .rollout import add_rollout_parser, seconds
 from .run import add_run_parser
@@ -117,6 +118,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
         print(f"backend/{item['name']} {what} (generation {item['generation']})")
         if item.get("code_changed"):
             print(f"  {code_notice(item['name'], None)}")
+        if item.get("same_version"):
+            print(f"  note: {same_version_notice(item['same_version'])}")
     for item in result["deleted"]:
         print(f"backend/{item['name']} deleted (pruned)")
     for item in result.get("applications", []):

@@ -157,6 +157,16 @@ def print_table(backends: list[dict[str, Any]]) -> None:
     print("\n".join(table(rows)))
 
 
+def same_version_notice(fields: list[str], version: str | None = None) -> str:
+    """What a change of how replicas start under an unchanged version does (a mixed fleet):
+    the same words after an apply, in a dry run and in a history."""
+    under = "the same version" if version is None else f"version {version}"
+    return (
+        f"{', '.join(fields)} changed under {under}: the replicas running keep the old, new "
+        "ones get the new; give it a new version to replace them"
+    )
+
+
 def code_notice(name: str, revision: int | None, *, paused: bool = False) -> str:
     """What to do when the code a backend runs was edited on disk: the same words after an
     apply and in a status."""
@@ -276,6 +286,8 @@ def print_diff(backends: list[dict[str, Any]]) -> None:
                 print(f"  {field}: {then}")
             else:
                 print(f"  {field}: {_value(change['now'])} -> {then}")
+        if b.get("same_version"):
+            print(f"  note: {same_version_notice(b['same_version'])}")
 
 
 def _value(value: Any) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 from . import applications as apps
 from .client import make_client
 from .options import WAIT_TIMEOUT_HELP
-from .output import age, describe_cause, since, table
+from .output import age, describe_cause, same_version_notice, since, table
 from .waiting import wait_for
 
 
@@ -159,6 +159,9 @@ def print_history(revisions: list[dict[str, Any]]) -> None:
         )
     print("\n".join(table(rows)))
     for r in revisions:
+        if r.get("same_version"):
+            notice = same_version_notice(r["same_version"], r["version"])
+            print(f"revision {r['number']}: {notice}")
         if r["error"]:
             print(f"revision {r['number']} failed: {r['error']}")
 

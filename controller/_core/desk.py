@@ -66,6 +66,9 @@ class Applied:
     """The backends whose spec the call changed (a new generation); the others were unchanged."""
     deleted: Mapping[str, Goal]
     """The backends the call deleted (``prune``), with their goals."""
+    same_version: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
+    """The backends whose change of how replicas start (entrypoint, arguments, resources) kept
+    the version: their running replicas keep the old, new ones get the new (a mixed fleet)."""
 
 
 @final
@@ -253,6 +256,7 @@ class SpecDesk:
                 goals={name: self._requested[name][1] for name in declared},
                 changed=frozenset(n for n in records if n in declared),
                 deleted={n: self._requested[n][1] for n in records if n not in declared},
+                same_version={n: c.same_version for n, c in records.items() if c.same_version},
             )
         await self.handed_over(handovers)
         return result

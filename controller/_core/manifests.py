@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import functools
 
+import attrs
+
 from .._backend.turns import take_turns
 from .._model.config.cause import Cause
 from .._model.config.config import BackendConfig
@@ -14,6 +16,7 @@ from .._model.config.manifest import BackendDecl, Manifest
 from .._model.config.replica_config import ReplicaConfig
 from .._model.decisions.spec import Spec, check_declared
 from .._model.decisions.steering import asked
+from .._model.records.revisions import content_of, started_differently
 from .._model.values.errors import ConfigError
 from .desk import Also, Applied, SpecDesk
 
@@ -43,7 +46,12 @@ async def preview(desk: SpecDesk, manifest: Manifest, *, prune: bool) -> list[Ba
     for decl in manifest.backends:
         spec = desk.spec(decl.name)
         live = _live(desk, decl.name, spec)
-        diffs.append(diff_of(decl.name, live, _merge(desk, decl, spec)))
+        after = _merge(desk, decl, spec)
+        diff = diff_of(decl.name, live, after)
+        if live is not None:
+            same = started_differently(content_of(*live), content_of(*after))
+            diff = attrs.evolve(diff, same_version=same)
+        diffs.append(diff)
         await take_turns(len(diffs))
     if prune:
         named = set(manifest.names)

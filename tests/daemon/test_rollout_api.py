@@ -487,3 +487,38 @@ def test_every_rollout_command_needs_a_name(verb: str) -> None:
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["rollout", verb])
+
+
+async def test_a_change_of_how_replicas_start_under_the_same_version_is_called_out(
+    state_dir: Path,
+) -> None:
+    """Found by a newcomer: `broken.toml` after `canary_fixed.toml`, both at v3, applied in a
+    second, reported HEALTHY and recorded a complete revision whose arguments could not start a
+    replica, saying nothing of the running replicas keeping the old ones."""
+    file = state_dir / "a.toml"
+    with trio.fail_after(LIMIT_S * 2):
+        async with running(state_dir) as daemon:
+            file.write_text(manifest(a=trivial(1, "v3")))
+            assert (await daemon.cli("apply", "-f", str(file), "--wait")).returncode == 0
+            file.write_text(manifest(a=trivial(1, "v3", init_kwargs={"x": 1})))
+            notice = (
+                "note: init_kwargs changed under the same version: the replicas running keep "
+                "the old, new ones get the new; give it a new version to replace them"
+            )
+            dry = await daemon.cli("apply", "-f", str(file), "--dry-run")
+            assert dry.returncode == 0, dry.stderr
+            assert notice in dry.stdout.decode(), dry.stdout
+            applied = await daemon.cli("apply", "-f", str(file))
+            assert applied.returncode == 0, applied.stderr
+            assert notice in applied.stdout.decode(), applied.stdout
+            history = await daemon.cli("rollout", "history", "a")
+            assert (
+                "revision 2: init_kwargs changed under version v3: the replicas running keep"
+                in history.stdout.decode()
+            ), history.stdout
+            _, revisions = await daemon.http("GET", "/api/v1/backends/a/revisions")
+            assert [r["same_version"] for r in revisions["revisions"]] == [[], ["init_kwargs"]]
+            # A new version replaces them: nothing to say.
+            file.write_text(manifest(a=trivial(1, "v4", init_kwargs={"x": 1})))
+            applied = await daemon.cli("apply", "-f", str(file))
+            assert "note:" not in applied.stdout.decode(), applied.stdout

@@ -13,6 +13,7 @@ from controller._model.records.revisions import (
     Revision,
     content_of,
     make_revision,
+    started_differently,
     superseded,
     trim,
     with_outcomes,
@@ -122,3 +123,22 @@ def test_a_change_keeps_the_outcomes_reported_since_it_read_the_book(
         (2, *expected),
         (3, "in_progress", False),
     ]
+
+
+def test_what_changes_how_replicas_start_under_one_version_is_named() -> None:
+    def content(version: str | None, **replica: object) -> controller.RevisionContent:
+        rc = controller.ReplicaConfig("m:C", **replica)
+        return controller.RevisionContent(rc, version, None, {"CPU": 1.0})
+
+    before = content("v3")
+    assert started_differently(before, content("v3", init_kwargs={"a": 1})) == ("init_kwargs",)
+    assert started_differently(before, content("v3", init_args=(1,))) == ("init_args",)
+    moved = attrs.evolve(content("v3"), resources={"CPU": 2.0})
+    assert started_differently(before, moved) == ("resources",)
+    other = attrs.evolve(content("v3"), replica_config=controller.ReplicaConfig("m:D"))
+    assert started_differently(before, other) == ("entrypoint",)
+    # A new version replaces the replicas; an unversioned config's get one at each deploy.
+    assert started_differently(before, content("v4", init_kwargs={"a": 1})) == ()
+    assert started_differently(content(None), content(None, init_kwargs={"a": 1})) == ()
+    # What replicas are reconfigured with in place is no start.
+    assert started_differently(before, attrs.evolve(before, user_config={"g": 1})) == ()

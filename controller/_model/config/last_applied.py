@@ -40,6 +40,9 @@ class BackendDiff:
     action: Literal["created", "changed", "unchanged", "deleted"]
     fields: Mapping[str, tuple[JSON, JSON]] = attrs.field(factory=dict)
     """Each field that would change: (now, then); for a new backend, those not at defaults."""
+    same_version: tuple[str, ...] = ()
+    """Of those, what changes how replicas start under the version they run
+    (``Revision.same_version``)."""
 
 
 def diff_of(name: str, live: Configs | None, after: Configs) -> BackendDiff:

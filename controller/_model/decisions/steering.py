@@ -28,6 +28,7 @@ from ..records.revisions import (
     content_of,
     make_revision,
     replica_version,
+    started_differently,
     superseded,
     trim,
     with_content,
@@ -48,6 +49,15 @@ class SpecChange:
     written (``with_outcomes``)."""
     replaces: tuple[int | None, ...] = ()
     """The revisions the change supersedes (if their rollout is under way when it lands)."""
+
+    @property
+    def same_version(self) -> tuple[str, ...]:
+        """What the revision it makes changes of how replicas start under the running one's
+        version (``Revision.same_version``); none if it makes none."""
+        made = self.revisions[-1] if self.revisions else None
+        if made is None or made.number != self.record.revision:
+            return ()
+        return made.same_version
 
 
 #: How the controller reads the code of an entrypoint now (None: not found).
@@ -145,6 +155,10 @@ def deploy_change(
     version = replica_version(backend_config.version, generation, record.restarted)
     canary = canary_base(book, running, version, backend_config.canary is not None)
     revision = new("in_progress", generation, record.restarted, canary)
+    if running is not None:
+        revision = attrs.evolve(
+            revision, same_version=started_differently(running.content, content)
+        )
     replaced = () if old is None else (old.revision,)
     revisions = [*superseded(revisions, replaced), revision]
     return _change(record, revisions, backend_config, live, book, replaced)

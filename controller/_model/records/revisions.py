@@ -61,6 +61,26 @@ class RevisionContent:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+#: What a replica is started with: under an unchanged version, a change of these reaches only the
+#: replicas started after it (the running ones keep what they were started with: a mixed fleet).
+STARTED_WITH = ("entrypoint", "init_args", "init_kwargs", "resources")
+
+
+def started_differently(before: RevisionContent, after: RevisionContent) -> tuple[str, ...]:
+    """The fields of `STARTED_WITH` that `after` changes while keeping `before`'s version (an
+    unversioned config's replicas get a new version at each deploy: none then)."""
+    if after.version is None or before.version != after.version:
+        return ()
+    old, new = before.replica_config, after.replica_config
+    changed = {
+        "entrypoint": old.entrypoint != new.entrypoint,
+        "init_args": old.init_args != new.init_args,
+        "init_kwargs": old.init_kwargs != new.init_kwargs,
+        "resources": dict(before.resources) != dict(after.resources),
+    }
+    return tuple(field for field in STARTED_WITH if changed[field])
+
+
 def content_of(backend_config: BackendConfig, replica_config: ReplicaConfig) -> RevisionContent:
     return RevisionContent(
         replica_config,
@@ -135,6 +155,10 @@ class Revision:
     canary_skipped: str | None = None
     """Why a backend with a canary block rolled this revision out without one (the first
     revision, or one whose replicas keep their version)."""
+    same_version: tuple[str, ...] = ()
+    """What it changed of how replicas start (``STARTED_WITH``) under the version of the
+    revision before it: the replicas that ran then keep what they were started with, new ones
+    get this; a new version replaces them."""
     code_changed: bool | None = None
     """Filled when listed: whether the code on disk differs from `code` now (None: cannot
     tell). Never stored."""
