@@ -45,6 +45,13 @@ class FailsInInit:
         raise ValueError("bad port")
 
 
+class AbortsInInit:
+    """Dies of a native fault as it starts (C code calling abort(), say)."""
+
+    def __init__(self) -> None:
+        os.abort()
+
+
 class Unprintable(Exception):
     def __str__(self) -> str:
         raise RuntimeError("no text for you")

@@ -112,7 +112,12 @@ async def ask_to_stop(runtime_dir: Path, tag: str, epoch: int, term_timeout_s: f
 
 
 def _log_tail(runtime_dir: Path, tag: str) -> str:
-    # Blocking (a file read): run in a thread. Only the end of the log is read.
-    chunk = read_log(log_path(runtime_dir, tag), tail=1, max_bytes=4096)
-    last = chunk.text.strip() if chunk is not None else ""
+    last = log_tail(runtime_dir, tag)
     return f"; its log ends: {last}" if last else ""
+
+
+def log_tail(runtime_dir: Path, tag: str, lines: int = 1) -> str:
+    """The last `lines` lines of the replica's log ("" if none). Blocking (a file read): run
+    in a thread. Only the end of the log is read."""
+    chunk = read_log(log_path(runtime_dir, tag), tail=lines, max_bytes=4096 * lines)
+    return chunk.text.strip() if chunk is not None else ""

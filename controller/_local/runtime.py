@@ -56,7 +56,7 @@ from .._model.values.json_values import JSON
 from .._ports.runtime import CheckReport, DeathListener, LogChunk, ReplicaInfo, Watchers
 from .._procfs import memory_bytes
 from .check_wave import check_links
-from .commands import ask_to_stop, command, connect, died, refused
+from .commands import ask_to_stop, command, connect, died, log_tail, refused
 from .fence_file import fenced_at, raise_fence
 from .layout import (
     LOGS,
@@ -76,6 +76,11 @@ from .wire import MONITOR_CHECKS
 from .zygote import ForkServer
 
 # The default limit on workers: one per this much memory, and at most this many per core.
+#: How long a worker whose connection broke as it started is given to exit, so that its exit
+#: status says how it ended (it is killed by a signal at once, usually).
+DIED_WAIT_S = 2.0
+#: How much of its log such a worker's failure carries (a C-level fault's traceback).
+DIED_LOG_LINES = 60
 _MEMORY_PER_REPLICA = 64 << 20
 _REPLICAS_PER_CORE = 256
 
@@ -300,9 +305,37 @@ class LocalRuntime(OneNode):
             env=self._worker_env,
         )
         self._workers[spec.tag] = worker
-        await self._attach(worker, checks=True)  # it runs this version's worker
-        await self._request(spec.tag, {"op": "wait_ready"})
+        try:
+            await self._attach(worker, checks=True)  # it runs this version's worker
+            await self._request(spec.tag, {"op": "wait_ready"})
+        except ReplicaGoneError as exc:
+            raise await self._died_starting(worker, exc) from None
+        except ReplicaError as exc:
+            if exc.error_type != "WorkerDied":
+                raise
+            raise await self._died_starting(worker, exc) from None
         return ReplicaInfo(f"127.0.0.1:{port}", worker.pid, self._node)
+
+    async def _died_starting(
+        self, worker: WorkerProcess, exc: ReplicaError | ReplicaGoneError
+    ) -> ReplicaError | ReplicaGoneError:
+        """A worker whose connection broke as it started: how its process ended (a signal, an
+        exit status), and the end of its log (a C-level fault's traceback, which the worker's
+        ``faulthandler`` writes there), rather than the socket's error alone."""
+        with trio.move_on_after(DIED_WAIT_S):
+            how = await worker.wait_end(self._fork_server)
+            said, tail = await self._ended(worker.tag, how)
+            return ReplicaError(worker.tag, "WorkerDied", f"{said} while starting", tail or None)
+        return exc  # still running: the connection's end is all there is to say
+
+    async def _ended(self, tag: str, how: str) -> tuple[str, str]:
+        """`how` a worker ended, with Python's own words for a fatal signal if it wrote them
+        (``Fatal Python error: Aborted``); and the end of its log, where they are."""
+        tail = await trio.to_thread.run_sync(
+            partial(log_tail, self.runtime_dir, tag, lines=DIED_LOG_LINES)
+        )
+        fatal = [line for line in tail.splitlines() if line.startswith("Fatal Python error")]
+        return how + (f" ({fatal[-1]})" if fatal else ""), tail
 
     async def adopt_replica(self, tag: str) -> ReplicaInfo:
         self._watchers.check_running()
@@ -423,6 +456,7 @@ class LocalRuntime(OneNode):
         how = await worker.wait_end(self._fork_server)
         if worker.killing or self._workers.get(worker.tag) is not worker:
             return  # a stop came while it ended: the stop says what became of it
+        how, _ = await self._ended(worker.tag, how)
         self._forget(worker)
         await self._gone(worker.tag)
         self._watchers.died(worker.tag, how)

@@ -4,6 +4,7 @@ controller.worker SPEC_FILE`` runs `main`; the fork server calls `run` in each w
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
@@ -59,6 +60,11 @@ def run(spec_path: str, listen_fd: int | None = None) -> None:
         spec["listen_fd"] = listen_fd
     if spec.get("log"):
         capture_output(Path(spec["log"]), int(spec.get("log_max_bytes", DEFAULT_MAX_BYTES)))
+        # A fatal signal (SIGSEGV, SIGABRT, SIGBUS) in C code: Python's traceback of every
+        # thread goes to the log, written straight to the file (the thread that copies the
+        # output's pipe dies with the process). The descriptor stays open for good.
+        fault_log = os.open(spec["log"], os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        faulthandler.enable(fault_log, all_threads=True)
     trio.run(serve, spec, Path(spec_path).parent / ROUTES)
 
 

@@ -134,6 +134,27 @@ async def test_init_error_reaches_the_goal(harness: Harness) -> None:
             await (await ctl.delete("a")).wait()
 
 
+async def test_a_worker_that_dies_at_start_says_how(harness: Harness) -> None:
+    """Found by a newcomer: with `os:abort` the only word was "WorkerDied: socket connection
+    broken: Connection reset by peer", the replica's log empty. Now the exit signal, Python's
+    own words for the fault, and its traceback (faulthandler, in the log)."""
+    with trio.fail_after(LIMIT_S):
+        async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
+            replica = controller.ReplicaConfig("replicas:AbortsInInit")
+            goal = await ctl.deploy("a", cfg(), replica)
+            with pytest.raises(controller.GoalFailed):
+                await goal.wait()
+            status = ctl.status("a")
+            assert status.last_error == (
+                "WorkerDied: worker process killed by SIGABRT (Fatal Python error: Aborted) "
+                "while starting"
+            ), status.last_error
+            failed = status.failed_starts[-1]
+            assert failed.traceback is not None
+            assert "in __init__" in failed.traceback, failed.traceback
+            await (await ctl.delete("a")).wait()
+
+
 async def test_bad_entrypoint_fails_without_a_retry_storm(harness: Harness) -> None:
     with trio.fail_after(LIMIT_S):
         async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
