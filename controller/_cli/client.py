@@ -100,7 +100,7 @@ class Client:
         ) as exc:
             reason = getattr(exc, "reason", exc)
             raise Unreachable(
-                f"cannot reach the controller at {url} ({reason}); is `controller run` "
+                f"error: cannot reach the controller at {url} ({reason}); is `controller run` "
                 "running, and is --url or --state-dir right?"
             ) from None
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 from ..values.errors import ConfigError
+from ..values.fields import unknown_field
 from .canary import CanaryConfig
 from .cause import Cause
 from .config import check_backend_name
@@ -159,9 +160,7 @@ def _members(
     label: str, fields: Mapping[object, object], backends: Mapping[str, object]
 ) -> tuple[tuple[str, ...] | None, list[str]]:
     problems = [
-        f"{label}: {key}: unknown field; known fields are {', '.join(_FIELDS)}"
-        for key in fields
-        if key not in _FIELDS
+        f"{label}: {key}: {unknown_field(key, _FIELDS)}" for key in fields if key not in _FIELDS
     ]
     entry = fields.get("entry")
     if entry is None:

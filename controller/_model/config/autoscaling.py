@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 
 from ..values.errors import ConfigError
+from ..values.fields import unknown_field
 
 _PREFIX = "BackendConfig.autoscaling"
 #: The most replicas an autoscaled backend may reach, as for num_replicas.
@@ -198,7 +199,7 @@ def problems_of(data: Mapping[str, object]) -> list[ConfigError]:
             found.append(
                 ConfigError(
                     f"{_PREFIX}.{key}",
-                    f"unknown field; known fields are {', '.join(sorted(fields))}",
+                    unknown_field(key, fields),
                     show_value=False,
                 )
             )

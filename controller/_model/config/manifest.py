@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 
 from ..values.errors import ConfigError, ManifestError
-from ..values.fields import fields_of
+from ..values.fields import fields_of, unknown_field
 from ..values.json_values import JSON
 from .applications import AppDecl, parse_applications
 from .autoscaling import problems_of
@@ -32,7 +32,7 @@ from .replica_config import ReplicaConfig
 
 _BACKEND_FIELDS = frozenset(attrs.fields_dict(BackendConfig))
 _REPLICA_FIELDS = frozenset(attrs.fields_dict(ReplicaConfig))
-_KNOWN = ", ".join(sorted(_BACKEND_FIELDS | _REPLICA_FIELDS))
+_KNOWN_FIELDS = _BACKEND_FIELDS | _REPLICA_FIELDS
 #: The largest manifest file: what the API takes in one request body.
 MAX_MANIFEST_BYTES = 1 << 20
 
@@ -174,7 +174,7 @@ def parse_backend(name: object, fields: object) -> tuple[BackendDecl | None, lis
         return None, [*problems, f"{label}: must be a table of fields"]
     for key in fields:
         if key not in _BACKEND_FIELDS and key not in _REPLICA_FIELDS:
-            problems.append(f"{label}: {key}: unknown field; known fields are {_KNOWN}")
+            problems.append(f"{label}: {key}: {unknown_field(key, _KNOWN_FIELDS)}")
     if "entrypoint" not in fields:
         problems.append(f"{label}: entrypoint: is required")
     for key, value in fields.items():

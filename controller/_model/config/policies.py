@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import attrs
 
 from ..values.errors import ConfigError
-from ..values.fields import from_mapping
+from ..values.fields import from_mapping, unknown_field
 from ..values.numbers import MAX_COUNT, whole
 from .canary import RESERVED_HEADERS, TOKEN_PATTERN
 
@@ -238,7 +238,7 @@ def policy_problems(block: str, data: Mapping[str, object]) -> list[ConfigError]
             found.append(
                 ConfigError(
                     f"{field}.{key}",
-                    f"unknown field; known fields are {', '.join(sorted(known))}",
+                    unknown_field(key, known),
                     show_value=False,
                 )
             )

@@ -4,7 +4,8 @@ fields as JSON data."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 import attrs
@@ -24,6 +25,16 @@ def field_schemas(cls: type[Any]) -> dict[str, dict[str, Any]]:
     return {f.name: f.metadata["schema"] for f in attrs.fields(cls)}
 
 
+def unknown_field(key: object, known: Iterable[str]) -> str:
+    """The rule an unknown field breaks: the known field it most looks like (a typo, as
+    ``did you mean `num_replicas`?``), or, if none, every known field."""
+    names = sorted(known)
+    near = difflib.get_close_matches(str(key), names, n=1, cutoff=0.75)
+    if near:
+        return f"unknown field; did you mean `{near[0]}`?"
+    return f"unknown field; known fields are {', '.join(names)}"
+
+
 def from_mapping(cls: type[_C], data: object, prefix: str | None = None) -> _C:
     """`cls` built from a mapping (a config file, a request body, a block of a config: its
     errors' fields start with `prefix`, by default the class's name); unknown keys are
@@ -36,7 +47,7 @@ def from_mapping(cls: type[_C], data: object, prefix: str | None = None) -> _C:
         if key not in fields:
             raise ConfigError(
                 f"{prefix}.{key}",
-                f"unknown field; known fields are {', '.join(sorted(fields))}",
+                unknown_field(key, fields),
                 show_value=False,
             )
     for name, field in fields.items():
