@@ -7,6 +7,7 @@ import sys
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .._model.values.text import one_line
 from .client import Client, CLIError, leader_answer
@@ -14,6 +15,19 @@ from .output import canary_line, indent
 
 #: The longest a watch request waits before the CLI refreshes what it shows.
 _REFRESH_S = 1.0
+
+
+def progress_line(status: Mapping[str, Any]) -> str:
+    """A backend's progress in a line: ``1/3 ready (3 serving), UPDATING: ...``."""
+    canary = (status.get("rollout") or {}).get("canary")
+    steps = canary is not None and canary["phase"] not in ("promoted", "aborted")
+    # During a canary's steps both revisions serve: what is ready is all of them.
+    ready = status["ready"] if steps else status["ready_of_version"]
+    message = one_line(status["message"])
+    # Replicas of another version that serve meanwhile (a rolling update's old ones): "0/3
+    # ready" alone read as an outage.
+    serving = "" if status["ready"] <= ready else f" ({status['ready']} serving)"
+    return f"{ready}/{status['desired']} ready{serving}, {status['state']}: {message}"
 
 
 def wait_for(
@@ -61,12 +75,7 @@ def wait_for(
                 failed.append(name)
                 line = "not found (deleted meanwhile?)"
             else:
-                canary = (status.get("rollout") or {}).get("canary")
-                steps = canary is not None and canary["phase"] not in ("promoted", "aborted")
-                # During a canary's steps both revisions serve: what is ready is all of them.
-                ready = status["ready"] if steps else status["ready_of_version"]
-                message = one_line(status["message"])
-                line = f"{ready}/{status['desired']} ready, {status['state']}: {message}"
+                line = progress_line(status)
                 if status["state"] == "DEPLOY_FAILED":
                     failed.append(name)
                     rollout = status.get("rollout") or {}

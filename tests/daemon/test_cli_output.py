@@ -172,3 +172,20 @@ def test_the_ingress_line_names_the_slots_not_following_yet() -> None:
         "ingress: 2/2 processes serving on http://127.0.0.1:8000 (pids 11, 12); "
         "not following this daemon yet: slot 0"
     )
+
+
+def test_a_rolling_update_s_progress_counts_the_old_replicas_that_serve() -> None:
+    """Found by a newcomer: `--wait` said "0/3 ready" while three old replicas served."""
+    from controller._cli.waiting import progress_line
+
+    status = {
+        "ready": 3,
+        "ready_of_version": 0,
+        "desired": 3,
+        "state": "UPDATING",
+        "message": "0/3 replicas of version v2 running; 1 starting; 3 of older versions",
+        "rollout": None,
+    }
+    assert progress_line(status).startswith("0/3 ready (3 serving), UPDATING: 0/3 replicas")
+    done = {**status, "ready_of_version": 3, "state": "HEALTHY"}
+    assert progress_line(done).startswith("3/3 ready, HEALTHY: ")
