@@ -298,25 +298,32 @@ def _stop_what_was_left(state: StateDir) -> int:
     import trio  # (here: the other commands need neither it nor the daemon's modules)
 
     from .._daemon.ingress_records import left_behind, stop_records
+    from .._local.scan import WorkerScan
 
     try:
         state.check_private(create=False)
     except StartupError as exc:
         raise CLIError(f"error: {exc}") from None
     left = left_behind(state)
+    replicas = sum(len(pids) for pids in WorkerScan(state.workers, lambda: None)().values())
+    # The replicas are the store's to delete: only a daemon over it drains them and forgets
+    # their backends (killed here, the next start would start them again).
+    kept = (
+        f"; {replicas} replica process(es) of its backends still run: `controller "
+        f"--state-dir {state} run` adopts them, and `controller shutdown` then deletes them"
+        if replicas
+        else ""
+    )
     if not left:
         raise CLIError(
             f"error: no controller daemon is running for the state dir {state}, and no ingress "
-            "process of one is left: nothing to stop (pass --url, or the --state-dir a daemon "
-            "runs with)"
+            f"process of one is left{kept or ': nothing to stop'} (pass --url, or the "
+            "--state-dir a daemon runs with)"
         )
     shown = ", ".join(f"pid {r.pid} on {r.listen}" for r in left)
     print(f"no daemon runs for {state}: stopping the ingress processes it left ({shown})")
     trio.run(stop_records, left, state)
-    print(
-        "stopped. The replicas of its backends, if it left any, are stopped and deleted by "
-        f"`controller --state-dir {state} run` then `controller shutdown`"
-    )
+    print(f"stopped{kept}")
     return 0
 
 
