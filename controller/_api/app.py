@@ -19,7 +19,7 @@ from urllib.parse import parse_qs, unquote
 from .._core.controller import Controller
 from .._model.values.errors import ControllerError
 from .._ports.runtime import LogSource
-from .console import Console
+from .console import Console, same_origin
 from .errors import domain_error
 from .handlers import Answer, Call, Handlers, IngressView
 from .http import (
@@ -209,6 +209,13 @@ class Api:
         if session is not None and self._console.key_ok(scope, session):
             return True
         if session is not None and scope["method"] not in ("GET", "HEAD"):
+            if not same_origin(scope):
+                raise HTTPError(
+                    403,
+                    "CrossOrigin",
+                    "a change made with the console's session must come from one of this "
+                    "daemon's own pages, not from another site's",
+                )
             raise HTTPError(
                 403,
                 "CSRFRejected",
