@@ -305,13 +305,18 @@ def _stop_what_was_left(state: StateDir) -> int:
     except StartupError as exc:
         raise CLIError(f"error: {exc}") from None
     left = left_behind(state)
-    replicas = sum(len(pids) for pids in WorkerScan(state.workers, lambda: None)().values())
+    # Its workers name the state dir as the daemon was given it: through a symlink or not.
+    pids: set[int] = set()
+    for where in {state.workers, Path(os.path.realpath(state.workers))}:
+        for found in WorkerScan(where, lambda: None)().values():
+            pids |= found
     # The replicas are the store's to delete: only a daemon over it drains them and forgets
     # their backends (killed here, the next start would start them again).
     kept = (
-        f"; {replicas} replica process(es) of its backends still run: `controller "
-        f"--state-dir {state} run` adopts them, and `controller shutdown` then deletes them"
-        if replicas
+        f"; {len(pids)} replica process(es) of its backends still run: `controller "
+        f"--state-dir {state} run`, with the options it ran with (--listen, --ingress-listen, "
+        "--pythonpath...), adopts them, and `controller shutdown` then deletes them"
+        if pids
         else ""
     )
     if not left:

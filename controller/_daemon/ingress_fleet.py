@@ -91,7 +91,8 @@ class Fleet:
         takes over (so that stopping it resets no queued connection)."""
         self._holder: socket.socket | None = None
         self._shared: int | None = None
-        """The holder's descriptor while it listens for the first processes (``claim``)."""
+        """The holder's descriptor, when it listens (a fresh start, ``claim``): the socket the
+        processes share, kept while the daemon runs."""
         self.stopping = False
         """Set by `stop`: an exit is then the end, not a cause to start another."""
         self._handles: dict[int, Handle] = {}
@@ -172,9 +173,13 @@ class Fleet:
                     START_TIMEOUT_S,
                     self.state.ingress,
                 )
-            if self._holder is not None:
+            if self._holder is not None and self._shared is None:
+                # Held only for the port's sake while the processes started: they hold it now.
                 self._holder.close()
-                self._holder, self._shared = None, None
+                self._holder = None
+            # (The daemon's own listening socket, the processes' shared one, is kept while it
+            # runs: a process started later serves it too, and while every process is being
+            # replaced at once (all stopped, say) connections wait in its queue.)
             # Those of an earlier daemon that this one does not adopt go, now that the new
             # ones serve (on the same port, they overlap for a moment: no gap).
             retired, self._retire = self._retire, []
@@ -306,6 +311,10 @@ class Fleet:
     async def stop(self) -> None:
         """Stop every process (a shutdown, or no ingress wanted): each drains first."""
         self.stopping = True
+        if self._holder is not None:
+            # No new connection is to wait for a process: the port closes with them.
+            self._holder.close()
+            self._holder, self._shared = None, None
         handles = dict(self._handles)
         for member in self.members:
             if member.slot in handles:

@@ -42,6 +42,9 @@ logger = logging.getLogger("controller.ingress")
 DRAIN_S = 10.0
 #: How long a process outlives its daemon by default (``controller run --ingress-orphan-timeout``).
 ORPHAN_TIMEOUT_S = 300.0
+#: How often, at most, an ingress that cannot reach its daemon looks whether one holds its
+#: state dir.
+ORPHAN_LOOK_S = 1.0
 LOG_MAX_BYTES = 10 << 20
 LOG_BACKUPS = 2
 
@@ -193,24 +196,33 @@ async def _until_told_to_stop(
 
 
 async def _until_orphaned(ingress: Ingress, orphan: Orphan, done: trio.CancelScope) -> None:
-    """Stop (cancel `done`) once the daemon has been out of reach for the orphan timeout, and
-    no daemon holds the state dir then: one that holds it but does not answer (a long
-    takeover, a loop held up) is waited for again."""
+    """Stop (cancel `done`) once no daemon has held the state dir for the orphan timeout while
+    this process could not reach one: the time is counted from when the last daemon let go of
+    the state dir (a daemon that holds it but does not answer, or one a moment from starting
+    again, is waited for), not from when its API went quiet."""
     while True:
         if ingress.connected:
             await ingress.link_changed()
             continue
-        with trio.move_on_after(orphan.timeout_s):
-            await ingress.link_changed()
-            continue
-        if not orphan.state.running():
-            break
-    logger.warning(
-        "no daemon has run in the state dir %s for %gs (--ingress-orphan-timeout): this "
-        "ingress process stops; `controller run --state-dir %s` starts the next ones",
-        *(orphan.state, orphan.timeout_s, orphan.state),
-    )
-    done.cancel()
+        free_since: float | None = None
+        while not ingress.connected:
+            now = trio.current_time()
+            if orphan.state.running():
+                free_since = None
+            elif free_since is None:
+                free_since = now
+            elif now - free_since >= orphan.timeout_s:
+                logger.warning(
+                    "no daemon has run in the state dir %s for %gs (--ingress-orphan-timeout): "
+                    "this ingress process stops; `controller run --state-dir %s` starts the "
+                    "next ones",
+                    *(orphan.state, orphan.timeout_s, orphan.state),
+                )
+                done.cancel()
+                return
+            # The state dir's lock tells of no change: it is looked at, a few times a timeout.
+            with trio.move_on_after(min(ORPHAN_LOOK_S, orphan.timeout_s / 4)):
+                await ingress.link_changed()
 
 
 async def _unix_socket(path: Path) -> trio.socket.SocketType:

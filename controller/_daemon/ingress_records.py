@@ -9,6 +9,7 @@ from __future__ import annotations
 import array
 import contextlib
 import errno
+import itertools
 import json
 import logging
 import os
@@ -80,11 +81,12 @@ class Record:
                 path.unlink()
 
     def alive(self, state: StateDir) -> bool:
-        """Whether its process still runs, as ours (same start time, same command)."""
+        """Whether its process still runs, as ours (same start time, same command, the same
+        state dir however reached: through a symlink or not)."""
         args = command_line(self.pid)
         if args is None or start_time(self.pid) != self.started:
             return False
-        return args[:2] == [b"-m", MODULE.encode()] and os.fsencode(state.path) in args
+        return args[:2] == [b"-m", MODULE.encode()] and _same_dir(_state_dir_of(args), state.path)
 
 
 @final
@@ -233,7 +235,7 @@ def _holders(port: int) -> str:
             options = dict(zip(args[2::2], args[3::2], strict=False))
             listen = options.get(b"--listen", b"").decode(errors="replace")
             if listen.rpartition(":")[2] == str(port):
-                where = os.fsdecode(options.get(b"--state-dir", b"?"))
+                where = os.path.realpath(os.fsdecode(options.get(b"--state-dir", b"?")))
                 by_dir.setdefault(where, []).append(int(entry))
     said = []
     for where, pids in sorted(by_dir.items()):
@@ -249,6 +251,18 @@ def _holders(port: int) -> str:
                 "stops them (they stop by themselves after its --ingress-orphan-timeout)"
             )
     return "; ".join(said)
+
+
+def _state_dir_of(args: list[bytes]) -> bytes | None:
+    """The ``--state-dir`` an ingress process was started with."""
+    for flag, value in itertools.pairwise(args):
+        if flag == b"--state-dir":
+            return value
+    return None
+
+
+def _same_dir(a: bytes | None, b: Path) -> bool:
+    return a is not None and os.path.realpath(os.fsdecode(a)) == os.path.realpath(b)
 
 
 def max_slot(state: StateDir) -> int:

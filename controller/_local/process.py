@@ -44,6 +44,9 @@ class WorkerProcess:
     """Held from start or adoption on, so that a reused pid can never be mistaken for it."""
     killing: bool = False
     """Set when the stop is ours, so that the monitor does not report it as a death."""
+    started: bool = False
+    """Its start (or adoption) is over: until then a death is its start's failure, which the
+    start says (how it ended, its log), not the monitor."""
     exit_status: int | None = None
     """Its wait status, once reaped by us (None if it was not our child)."""
     forked_by: int | None = None

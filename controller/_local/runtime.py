@@ -314,6 +314,7 @@ class LocalRuntime(OneNode):
             if exc.error_type != "WorkerDied":
                 raise
             raise await self._died_starting(worker, exc) from None
+        worker.started = True
         return ReplicaInfo(f"127.0.0.1:{port}", worker.pid, self._node)
 
     async def _died_starting(
@@ -360,6 +361,7 @@ class LocalRuntime(OneNode):
         # A worker started by an older version answers no checks on its monitor connection.
         await self._attach(worker, checks=hello.get(MONITOR_CHECKS) is True)
         await self._request(tag, {"op": "wait_ready"})
+        worker.started = True
         return ReplicaInfo(f"127.0.0.1:{port}", pid, self._node)
 
     async def reconfigure_replica(self, tag: str, user_config: JSON) -> None:
@@ -453,6 +455,8 @@ class LocalRuntime(OneNode):
             watching.cancel_scope.cancel()
         if worker.killing or self._workers.get(worker.tag) is not worker:
             return
+        if not worker.started:
+            return  # its start fails with how it ended (``_died_starting``): said once, there
         how = await worker.wait_end(self._fork_server)
         if worker.killing or self._workers.get(worker.tag) is not worker:
             return  # a stop came while it ended: the stop says what became of it

@@ -460,3 +460,43 @@ async def test_the_ingress_port_accepts_from_the_daemon_s_start(state_dir: Path)
                 with trio.CancelScope(shield=True):
                     assert (await daemon.cli("shutdown")).returncode == 0
                     assert await daemon.process.wait() == 0
+
+
+async def test_every_ingress_process_stopped_at_once_refuses_no_connection(
+    state_dir: Path,
+) -> None:
+    """Found by a trial: with both processes stopped (SIGSTOP), both were killed and replaced,
+    and for half a second nothing listened: connections were refused. The daemon keeps the
+    socket its processes share, so connections wait in its queue for the replacements."""
+    port = free_port()
+    with trio.fail_after(LIMIT_S * 2):
+        async with running(
+            state_dir, "--ingress-listen", f"127.0.0.1:{port}", "--ingress-workers", "2"
+        ) as daemon:
+            refused: list[OSError] = []
+            answered: list[int] = []
+            stop = trio.Event()
+
+            async def client() -> None:
+                while not stop.is_set():
+                    try:
+                        answer = await request(port, "/-/healthz")
+                    except ConnectionRefusedError as exc:
+                        refused.append(exc)
+                    except OSError:
+                        pass  # a request a stopped process had taken: cut with it
+                    else:
+                        answered.append(answer.status)
+                    await trio.sleep(0.02)  # a client's pace
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(client)
+                for pid in ingress_pids(state_dir):
+                    os.kill(pid, signal.SIGSTOP)
+                await daemon.logged(b"ingress process 0 serving again")
+                await daemon.logged(b"ingress process 1 serving again")
+                stop.set()
+            assert refused == [], refused
+            assert answered  # the client was served, before and after
+            for _ in range(10):  # and the new processes serve
+                assert (await request(port, "/-/healthz")).status == 200

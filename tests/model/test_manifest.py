@@ -91,3 +91,9 @@ def test_an_unknown_field_far_from_any_lists_them_all() -> None:
     (problem,) = caught.value.problems
     assert problem.startswith("backend 'a': colour: unknown field; known fields are affinity, ")
     assert problem.endswith("user_config, version")
+
+
+def test_a_top_level_typo_is_named_for_the_key_it_looks_like() -> None:
+    with pytest.raises(controller.ManifestError) as caught:
+        parse_manifest({"backend": {"a": {"entrypoint": "m:C"}}}, "f.toml")
+    assert caught.value.problems == ["backend: unknown top-level key; did you mean 'backends'?"]

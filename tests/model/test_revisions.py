@@ -140,5 +140,9 @@ def test_what_changes_how_replicas_start_under_one_version_is_named() -> None:
     # A new version replaces the replicas; an unversioned config's get one at each deploy.
     assert started_differently(before, content("v4", init_kwargs={"a": 1})) == ()
     assert started_differently(content(None), content(None, init_kwargs={"a": 1})) == ()
+    # As the revision's digest tells them apart: 7 and 7.0 reach the replica differently.
+    assert started_differently(
+        content("v3", init_kwargs={"ms": 7}), content("v3", init_kwargs={"ms": 7.0})
+    ) == ("init_kwargs",)
     # What replicas are reconfigured with in place is no start.
     assert started_differently(before, attrs.evolve(before, user_config={"g": 1})) == ()

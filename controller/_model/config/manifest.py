@@ -16,6 +16,7 @@ its source, backend and field.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Generator, Mapping
 from typing import Any
 
@@ -127,9 +128,13 @@ def manifest_steps(
     problems: list[str] = []
     for key in data:
         if key not in ("backends", "applications"):
-            problems.append(
-                f"{key}: unknown top-level key; the keys are 'backends' and 'applications'"
+            near = difflib.get_close_matches(str(key), ["backends", "applications"], n=1)
+            hint = (
+                f"did you mean '{near[0]}'?"
+                if near
+                else "the keys are 'backends' and 'applications'"
             )
+            problems.append(f"{key}: unknown top-level key; {hint}")
     backends = data.get("backends", {})
     if not isinstance(backends, Mapping):
         problems.append("backends: must be a table of backend name to its fields")

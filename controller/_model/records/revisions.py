@@ -72,11 +72,13 @@ def started_differently(before: RevisionContent, after: RevisionContent) -> tupl
     if after.version is None or before.version != after.version:
         return ()
     old, new = before.replica_config, after.replica_config
+    # As the content's digest tells them apart (canonical JSON: 7 and 7.0 differ, as they do
+    # to the replica that gets them), so that a change that makes a revision is named.
     changed = {
         "entrypoint": old.entrypoint != new.entrypoint,
-        "init_args": old.init_args != new.init_args,
-        "init_kwargs": old.init_kwargs != new.init_kwargs,
-        "resources": dict(before.resources) != dict(after.resources),
+        "init_args": canonical(list(old.init_args)) != canonical(list(new.init_args)),
+        "init_kwargs": canonical(old.init_kwargs) != canonical(new.init_kwargs),
+        "resources": canonical(dict(before.resources)) != canonical(dict(after.resources)),
     }
     return tuple(field for field in STARTED_WITH if changed[field])
 
