@@ -105,6 +105,32 @@ async def request(port: int, path: str, *, host: str = "127.0.0.1", **kwargs: An
         await conn.aclose()
 
 
+async def connect_from(source: str, port: int) -> trio.SocketStream:
+    """A connection to 127.0.0.1:`port` from the loopback address `source` (another client, as
+    the server sees it: its own per-address share)."""
+    sock = trio.socket.socket()
+    try:
+        await sock.bind((source, 0))
+        await sock.connect(("127.0.0.1", port))
+    except BaseException:
+        sock.close()
+        raise
+    return trio.SocketStream(sock)
+
+
+async def get_from(source: str, port: int, path: str, headers: str = "") -> bytes:
+    """A GET of `path` from `source` on a connection of its own (closed after the answer):
+    the whole answer. `headers`: more header lines, each ending with CRLF."""
+    async with await connect_from(source, port) as stream:
+        await stream.send_all(
+            f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}\r\n".encode()
+        )
+        answer = bytearray()
+        while chunk := await stream.receive_some(65536):
+            answer += chunk
+    return bytes(answer)
+
+
 async def raw(port: int, data: bytes, *, read: bool = True) -> bytes:
     """Send raw bytes, reading meanwhile (a server may answer, and close, before it has read
     them all); everything the server answers until it closes."""

@@ -17,7 +17,7 @@ from typing import Any
 import trio
 
 from ..daemons import HERE, LIMIT_S, Daemon, app, free_port, manifest, running, settled, until
-from ..http_client import request
+from ..http_client import get_from, request
 from ..pristine import EXAMPLES, EXAMPLES_ROOT
 
 
@@ -299,22 +299,9 @@ async def _from(
 ) -> tuple[int, str]:
     """A GET from the loopback address `source`: its status, and the replica that answered
     ("" if none said)."""
-    sock = trio.socket.socket()
-    try:
-        await sock.bind((source, 0))
-        await sock.connect(("127.0.0.1", port))
-    except BaseException:
-        sock.close()
-        raise
     said = "".join(f"{k}: {v}\r\n" for k, v in headers)
-    async with trio.SocketStream(sock) as stream:
-        await stream.send_all(
-            f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{said}\r\n".encode()
-        )
-        answer = bytearray()
-        while chunk := await stream.receive_some(65536):
-            answer += chunk
-    body = bytes(answer).partition(b"\r\n\r\n")[2]
+    answer = await get_from(source, port, path, said)
+    body = answer.partition(b"\r\n\r\n")[2]
     replica = json.loads(body)["replica"] if answer[9:12] == b"200" and body else ""
     return int(answer[9:12]), replica
 

@@ -6,32 +6,16 @@ client is served at once, and the uploads beyond the buffer are held to a budget
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
 
 from ..daemons import LIMIT_S, manifest, running
-from ..http_client import request
+from ..http_client import connect_from, request
 
 #: Bodies a legitimate client sends whole, and the attacker's chunks: 2 KiB a second, twice the
 #: default minimum rate, so the window never cuts them.
 CHUNK = b"x" * 2048
-
-
-@asynccontextmanager
-async def _from(source: str, port: int) -> AsyncIterator[trio.SocketStream]:
-    """A connection to the ingress from the loopback address `source`."""
-    sock = trio.socket.socket()
-    try:
-        await sock.bind((source, 0))
-        await sock.connect(("127.0.0.1", port))
-    except BaseException:
-        sock.close()
-        raise
-    async with trio.SocketStream(sock) as stream:
-        yield stream
 
 
 class Answers:
@@ -54,7 +38,7 @@ class Answers:
 async def _trickle(port: int, head: bytes, chunked: bool, answers: Answers) -> None:
     """An attacker's upload from 127.0.0.2: its head, then 2 KiB a second until it is
     answered (the answer is kept) or cancelled."""
-    async with _from("127.0.0.2", port) as stream:
+    async with await connect_from("127.0.0.2", port) as stream:
         await stream.send_all(head)
         while True:
             with trio.move_on_after(1):  # the attacker's pace, not a wait for anything
