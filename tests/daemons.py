@@ -22,6 +22,8 @@ from typing import Any
 
 import trio
 
+from controller._daemon.statedir import StateDir
+
 HERE = Path(__file__).parent
 LIMIT_S = 60
 
@@ -257,6 +259,8 @@ async def running(
                         result = await daemon.cli("shutdown")
                         # The daemon's own words say why a shutdown failed; the CLI's only that.
                         assert result.returncode == 0, (result.stderr, bytes(daemon.log[-6000:]))
+                        # Said once the daemon has let go of its state dir: a `run` may follow.
+                        assert not StateDir(state_dir).running(), "shutdown said so too soon"
                         assert await daemon.process.wait() == 0
                 finally:
                     if daemon.process.returncode is None:

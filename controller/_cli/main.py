@@ -256,6 +256,10 @@ def cmd_delete(args: argparse.Namespace) -> int:
     return wait_for(client, [args.name], {args.name}, args.timeout, ours)
 
 
+#: How often `shutdown` looks whether the daemon's process has let go of its state dir.
+_EXIT_POLL_S = 0.05
+
+
 def cmd_shutdown(args: argparse.Namespace) -> int:
     if args.url is None and not StateDir(args.state_dir).running():
         return _stop_what_was_left(StateDir(args.state_dir))
@@ -287,6 +291,13 @@ def cmd_shutdown(args: argparse.Namespace) -> int:
             query = urllib.parse.urlencode({"since": cursor, "timeout_s": 30})
             cursor = client.ok("GET", f"/api/v1/watch?{query}", timeout=40)["cursor"]
         except CLIError:
+            if args.url is None:
+                # Its API is gone; the process may still be closing its ingress processes and
+                # its store. Its state dir's lock goes only with the process: once it is free,
+                # a `controller run` on the same dir and ports starts at once.
+                state = StateDir(args.state_dir)
+                while state.running() and time.monotonic() < deadline:
+                    time.sleep(_EXIT_POLL_S)
             print("the controller has stopped")
             return 0
     raise CLIError(f"the controller is still running after {args.timeout:g}s")
