@@ -99,8 +99,9 @@ def test_the_tests_run_the_committed_examples_when_the_reader_has_edited_them(
     )
     env = {**os.environ, "PYTHONPATH": str(clone)}
     env.pop("CONTROLLER_TEST_EXAMPLES", None)
-    said = (
-        subprocess.run(
+
+    def probed() -> list[str]:
+        result = subprocess.run(
             [sys.executable, "-c", probe],
             cwd=clone,
             env=env,
@@ -108,25 +109,14 @@ def test_the_tests_run_the_committed_examples_when_the_reader_has_edited_them(
             check=True,
             timeout=60,
         )
-        .stdout.decode()
-        .splitlines()
-    )
+        return result.stdout.decode().splitlines()
+
+    said = probed()
     assert said[0] != str(clone / "examples"), said
     assert said[1] == "True", said
     assert "examples/ has local edits" in said[2], said
     assert "raise SystemExit" not in (Path(said[0]) / "echo_replica.py").read_text()
     # Asked for, the edits are what runs.
     env["CONTROLLER_TEST_EXAMPLES"] = "worktree"
-    said = (
-        subprocess.run(
-            [sys.executable, "-c", probe],
-            cwd=clone,
-            env=env,
-            capture_output=True,
-            check=True,
-            timeout=60,
-        )
-        .stdout.decode()
-        .splitlines()
-    )
+    said = probed()
     assert said[0] == str(clone / "examples"), said

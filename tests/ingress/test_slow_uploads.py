@@ -6,6 +6,8 @@ client is served at once, and the uploads beyond the buffer are held to a budget
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
@@ -16,6 +18,25 @@ from ..http_client import connect_from, request
 #: Bodies a legitimate client sends whole, and the attacker's chunks: 2 KiB a second, twice the
 #: default minimum rate, so the window never cuts them.
 CHUNK = b"x" * 2048
+
+
+@asynccontextmanager
+async def _serving(state_dir: Path, name: str, entrypoint: str) -> AsyncIterator[int]:
+    """A real daemon serving `entrypoint` as backend `name` at ``/name``, with room for two
+    requests (``max_ongoing_requests = 2``), once it is ready; its ingress port."""
+    backend = {
+        "entrypoint": entrypoint,
+        "route_prefix": f"/{name}",
+        "num_replicas": 1,
+        "version": "v1",
+        "max_ongoing_requests": 2,
+        "graceful_shutdown_timeout_s": 5,
+    }
+    file = state_dir / f"{name}.toml"
+    file.write_text(manifest(**{name: backend}))
+    async with running(state_dir, "--config", str(file)) as daemon:
+        assert (await daemon.cli("wait", name)).returncode == 0
+        yield int(daemon.ingress_url.rpartition(":")[2])
 
 
 class Answers:
@@ -48,20 +69,8 @@ async def _trickle(port: int, head: bytes, chunked: bool, answers: Answers) -> N
 
 
 async def test_slow_uploads_take_no_room_and_are_held_to_their_budget(state_dir: Path) -> None:
-    backend = {
-        "entrypoint": "serving_apps:streamed_body",
-        "route_prefix": "/up",
-        "num_replicas": 1,
-        "version": "v1",
-        "max_ongoing_requests": 2,
-        "graceful_shutdown_timeout_s": 5,
-    }
-    file = state_dir / "up.toml"
-    file.write_text(manifest(up=backend))
     with trio.fail_after(LIMIT_S * 3):
-        async with running(state_dir, "--config", str(file)) as daemon:
-            assert (await daemon.cli("wait", "up")).returncode == 0
-            port = int(daemon.ingress_url.rpartition(":")[2])
+        async with _serving(state_dir, "up", "serving_apps:streamed_body") as port:
             answers = Answers()
             async with trio.open_nursery() as nursery:
                 chunked = b"POST /up HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -103,20 +112,8 @@ async def test_an_upload_takes_a_place_in_the_replica_once_its_body_has_come(
     """Found by the trial of the fix: uploads ran their handlers beside the replica's places,
     so forty 100 KB bodies ran forty handlers at once where `max_ongoing_requests` said two.
     The body arrives beside the places; what the handler does with it is within them."""
-    backend = {
-        "entrypoint": "serving_apps:Counting",
-        "route_prefix": "/count",
-        "num_replicas": 1,
-        "version": "v1",
-        "max_ongoing_requests": 2,
-        "graceful_shutdown_timeout_s": 5,
-    }
-    file = state_dir / "count.toml"
-    file.write_text(manifest(count=backend))
     with trio.fail_after(LIMIT_S * 3):
-        async with running(state_dir, "--config", str(file)) as daemon:
-            assert (await daemon.cli("wait", "count")).returncode == 0
-            port = int(daemon.ingress_url.rpartition(":")[2])
+        async with _serving(state_dir, "count", "serving_apps:Counting") as port:
             answers = []
 
             async def upload() -> None:
