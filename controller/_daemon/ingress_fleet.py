@@ -35,7 +35,7 @@ import trio
 from .._api.views import iso
 from .._files import private_dir
 from .._model.values.errors import StartupError
-from .._procfs import describe_exit, is_stopped
+from .._procfs import describe_exit
 from .ingress_process import DRAIN_S
 from .ingress_records import (
     STOP_MARGIN_S,
@@ -48,8 +48,10 @@ from .ingress_records import (
     split,
     stop_records,
     tail,
+    take_listeners,
 )
 from .ingress_slot import START_TIMEOUT_S, FleetOptions, Launcher, Member
+from .liveness import until_dead_or_stuck
 from .metrics_merge import fleet_metrics, merge_metrics
 from .statedir import StateDir
 
@@ -65,10 +67,6 @@ FORGIVE_AFTER_S = 60.0
 #: is taken for hung and killed (a stuck process: its port share is lost meanwhile).
 LIVENESS_PERIOD_S = 5.0
 HUNG_AFTER = 3
-#: How often the process table is read for a stopped process (SIGSTOP): one found stopped on
-#: two reads in a row runs nothing of its own (its share of new connections waits in its
-#: accept queue), so it is killed and replaced at once, without waiting for health checks.
-STOPPED_PERIOD_S = 0.25
 
 
 @final
@@ -173,10 +171,8 @@ class Fleet:
                     START_TIMEOUT_S,
                     self.state.ingress,
                 )
-            if self._holder is not None and self._shared is None:
-                # Held only for the port's sake while the processes started: they hold it now.
-                self._holder.close()
-                self._holder = None
+            if self._shared is None:
+                await self._share_theirs()
             # (The daemon's own listening socket, the processes' shared one, is kept while it
             # runs: a process started later serves it too, and while every process is being
             # replaced at once (all stopped, say) connections wait in its queue.)
@@ -185,6 +181,27 @@ class Fleet:
             retired, self._retire = self._retire, []
             await stop_records(retired, self.state)
             task_status.started()
+
+    async def _share_theirs(self) -> None:
+        """Hold a copy of the listening socket the processes serve (adopted, or taken over from
+        an earlier daemon's) as the one later processes share: a process killed or stopping
+        then leaves the connections queued on it to its siblings, where one on a socket of its
+        own (``SO_REUSEPORT``) would have them reset."""
+        if self._holder is not None:
+            # Held only for the port's sake while the processes started: they hold it now.
+            self._holder.close()
+            self._holder = None
+        serving = {handle.pid for handle in self._handles.values()}
+        for record in self._records():
+            if record.pid not in serving:
+                continue
+            fds = await take_listeners(self.state, record)
+            for fd in fds[1:]:
+                os.close(fd)
+            if fds:
+                self._holder = socket.socket(fileno=fds[0])
+                self._shared = fds[0]
+                return
 
     async def _supervise(self, member: Member, serving: trio.Event) -> None:
         try:
@@ -225,7 +242,7 @@ class Fleet:
                 try:
                     async with trio.open_nursery() as watch:
                         watch.start_soon(self._until_hung, member, handle, hung)
-                        watch.start_soon(self._until_stopped, member, handle, hung)
+                        watch.start_soon(self._until_stuck, member, handle, hung)
                         status = await handle.wait()
                         watch.cancel_scope.cancel()
                 finally:
@@ -280,22 +297,14 @@ class Fleet:
                 self._kill(handle, hung, f"did not answer its health check {missed} times in a row")
                 return
 
-    async def _until_stopped(self, member: Member, handle: Handle, hung: list[str]) -> None:
-        """Kill the process once it is found stopped on two reads of the process table in a
-        row, `STOPPED_PERIOD_S` apart: a stopped process answers nothing, and waiting for its
-        health checks would black-hole its share of new connections for 15 s."""
-        seen = 0
-        while True:
-            await trio.sleep(STOPPED_PERIOD_S)
-            seen = seen + 1 if is_stopped(handle.pid) else 0
-            if seen >= 2:
-                logger.warning(
-                    "ingress process %d (pid %d) is stopped (SIGSTOP?); killing it",
-                    member.slot,
-                    handle.pid,
-                )
-                self._kill(handle, hung, "was stopped (SIGSTOP?)")
-                return
+    async def _until_stuck(self, member: Member, handle: Handle, hung: list[str]) -> None:
+        """Kill the process once `liveness` finds it stopped or stuck: waiting for its health
+        checks would black-hole its share of new connections for 15 s."""
+        why = await until_dead_or_stuck(
+            handle.pid, self.state.ingress_beat(member.slot, handle.pid)
+        )
+        logger.warning("ingress process %d (pid %d) %s; killing it", member.slot, handle.pid, why)
+        self._kill(handle, hung, why)
 
     def _kill(self, handle: Handle, hung: list[str], why: str) -> None:
         if not hung:

@@ -6,8 +6,9 @@ It follows the daemon of its state dir over the API, finding it (its URL, its to
 state dir's files again whenever the daemon cannot be reached or refuses the token: so it goes
 on routing on the last snapshot while the daemon restarts, and follows the next one, on
 whatever port. It listens on the ingress port beside its siblings (``SO_REUSEPORT``) and on a
-Unix socket of its own in the state dir (``ingress/N.sock``), where the daemon reads its health
-and metrics. Its log is ``ingress/N.log``. Once it serves it writes ``ready`` to its stdout (a
+Unix socket of its own in the state dir (``ingress/N.PID.sock``), where the daemon reads its
+health and metrics; it writes the time into ``ingress/N.PID.beat`` while its loop runs
+(`liveness`). Its log is ``ingress/N.log``. Once it serves it writes ``ready`` to its stdout (a
 pipe the daemon reads) and lets go of it, so that it can outlive the daemon. SIGUSR1 (from a
 daemon that adopts it): it follows the daemon again at once. SIGTERM: it stops taking
 connections, lets requests under way finish (at most `DRAIN_S`), and exits. So it does by
@@ -33,6 +34,7 @@ import attrs
 import trio
 
 from ..ingress import HTTPSource, Ingress, IngressConfig, open_listener
+from .liveness import keep_beating
 from .log_format import private_log, setup_logging
 from .statedir import StateDir
 
@@ -70,6 +72,8 @@ class Sockets:
     """Health and metrics, for the daemon."""
     handover: Path
     """Its listening sockets, for the daemon starting its successor."""
+    beat: Path
+    """Where it writes the time while its loop runs (`liveness`)."""
 
 
 @attrs.frozen
@@ -105,6 +109,7 @@ async def serve(
         async with trio.open_nursery() as nursery:
             if sockets is not None:
                 nursery.start_soon(_hand_over, handover, tcp)
+                nursery.start_soon(keep_beating, sockets.beat)
             await _serve(source, config, host, listeners, on_ready, orphan)
             nursery.cancel_scope.cancel()
     finally:
@@ -289,6 +294,7 @@ def main(argv: list[str] | None = None) -> None:
             Sockets(
                 state.ingress_socket(args.slot, os.getpid()),
                 state.ingress_handover(args.slot, os.getpid()),
+                state.ingress_beat(args.slot, os.getpid()),
             ),
             _ready,
             args.listen_fd,

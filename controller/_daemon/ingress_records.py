@@ -309,9 +309,13 @@ async def ask(state: StateDir, slot: int, pid: int, target: str) -> bytes | None
 
 
 def forget_sockets(state: StateDir, slot: int, pid: int) -> None:
-    """The Unix sockets of process `pid` of `slot`, which has exited: one that was killed
-    could not remove them itself."""
-    for path in (state.ingress_socket(slot, pid), state.ingress_handover(slot, pid)):
+    """The Unix sockets (and the beat) of process `pid` of `slot`, which has exited: one that
+    was killed could not remove them itself."""
+    for path in (
+        state.ingress_socket(slot, pid),
+        state.ingress_handover(slot, pid),
+        state.ingress_beat(slot, pid),
+    ):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
 

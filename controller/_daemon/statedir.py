@@ -105,6 +105,11 @@ class StateDir:
         successor."""
         return self.ingress / f"{slot}.{pid}.listeners"
 
+    def ingress_beat(self, slot: int, pid: int) -> Path:
+        """Where an ingress process writes the time, again and again, while its loop runs
+        (`liveness`)."""
+        return self.ingress / f"{slot}.{pid}.beat"
+
     def ingress_log(self, slot: int) -> Path:
         return self.ingress / f"{slot}.log"
 
