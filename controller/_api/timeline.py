@@ -9,12 +9,13 @@ restarted daemon's chart starts afresh.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable
+from collections.abc import Generator, Iterable
 from typing import TYPE_CHECKING, Any, final
 
 import attrs
 import trio
 
+from .._backend.turns import TURN_EVERY, in_turns
 from .._clock import wall_now
 from .._model.views.status import BackendNumbers
 from .views import iso
@@ -53,12 +54,25 @@ class Timelines:
 
     def sample(self, numbers: Iterable[BackendNumbers], now: float) -> None:
         """Take every backend's numbers at wall time `now`; forget backends no longer there."""
+        for _ in self._sampling(numbers, now):
+            pass
+
+    async def sample_in_turns(self, numbers: Iterable[BackendNumbers], now: float) -> None:
+        """`sample`, letting the loop's other tasks run every `TURN_EVERY` backends: a sample
+        of 10,000 backends in one go held the loop 200 to 300 ms."""
+        await in_turns(self._sampling(numbers, now))
+
+    def _sampling(self, numbers: Iterable[BackendNumbers], now: float) -> Generator[None]:
+        before = set(self._points)
         seen: set[str] = set()
-        for n in numbers:
+        for done, n in enumerate(numbers, 1):
             seen.add(n.name)
             self._add(n.name, Point(now, n.desired, n.ready, n.in_flight, n.queued))
-        for gone in self._points.keys() - seen:
-            del self._points[gone]
+            if done % TURN_EVERY == 0:
+                yield
+        # Only those known before it began: one added meanwhile is not gone.
+        for gone in before - seen:
+            self._points.pop(gone, None)
 
     def _add(self, name: str, point: Point) -> None:
         points = self._points.get(name)
@@ -105,6 +119,6 @@ async def record(serving: Serving, timelines: Timelines) -> None:
         cursor = ctl.passes
         # The wall clock, not trio's: the points are shown as times of day, and a daemon's
         # chart is not driven by a test's MockClock.
-        timelines.sample(ctl.numbers(), wall_now())
+        await timelines.sample_in_turns(ctl.each_numbers(), wall_now())
         await trio.sleep(SAMPLE_GAP_S)
         await serving.wait_changed(ctl, cursor)

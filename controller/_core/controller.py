@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import final, overload
 
 import trio
@@ -365,6 +365,12 @@ class Controller:
     def numbers(self) -> list[BackendNumbers]:
         """Every backend's counts (desired, ready, load), without building their statuses."""
         return [backend.numbers() for backend in self._backends.values()]
+
+    def each_numbers(self) -> Iterator[BackendNumbers]:
+        """`numbers` one backend at a time, of the backends held when it was called: for a
+        caller that lets the loop run between them."""
+        for backend in list(self._backends.values()):
+            yield backend.numbers()
 
     def backend_names(self) -> list[str]:
         """The names of every backend held (deleting ones too), sorted."""

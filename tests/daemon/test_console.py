@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -21,6 +21,7 @@ from controller._api.console import Console
 from controller._api.console_auth import LINK_S, SESSION_S, Sessions
 from controller._api.openapi import OPENAPI
 from controller._api.timeline import RESOLUTION_S, WINDOW_S, Timelines
+from controller._backend.turns import TURN_EVERY
 from controller._model.views.status import BackendNumbers
 from controller.testing import FakeRuntime
 
@@ -632,3 +633,24 @@ def test_the_openapi_document_lists_the_console_endpoints() -> None:
         "/api/v1/console/links",
     ]:
         assert path in paths, path
+
+
+async def test_a_sample_of_many_backends_lets_the_loop_run_between_turns() -> None:
+    """A sample of 10,000 backends in one go held the daemon's loop 200-300 ms (issue 43)."""
+    timelines = Timelines()
+    other = trio.Event()
+    seen_at_last: list[bool] = []
+
+    def numbers() -> Iterator[BackendNumbers]:
+        for i in range(TURN_EVERY * 3):
+            yield BackendNumbers(f"b{i}", 1, 0, 0, 0)
+        seen_at_last.append(other.is_set())
+
+    async def go_on() -> None:
+        other.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(go_on)  # runs only once the sampler lets the loop go on
+        await timelines.sample_in_turns(numbers(), 1_800_000_000.0)
+    assert seen_at_last == [True]
+    assert len(timelines.json("b0")["points"]) == 1
