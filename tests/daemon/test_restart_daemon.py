@@ -12,7 +12,7 @@ from typing import Any
 
 import trio
 
-from ..daemons import LIMIT_S, running
+from ..daemons import LIMIT_S, running, until
 from ..pristine import EXAMPLES
 from ..workers import worker_pids
 
@@ -137,3 +137,49 @@ async def test_a_release_directory_switched_by_its_symlink_is_what_a_restart_shi
             assert (await _get(url))["edited"] is True
             history = (await daemon.cli("rollout", "history", "echo")).stdout.decode()
             assert "CHANGED" not in history.splitlines()[-1]  # the restart pinned what runs
+
+
+async def test_reload_never_leaves_a_revision_pinning_code_its_replicas_do_not_run(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    """Found by the fourth attack: an edit saved in two writes, the second landing as the
+    restart of the first began, left a revision recorded complete with the digest of the first
+    while its replicas ran the second. The next look finds the code on disk unlike the pin and
+    restarts once more: the revision that ends up running pins what its replicas run."""
+    code, file = user_code(tmp_path)
+    args = ("--pythonpath", str(code), "--config", str(file), "--reload")
+    module = code / "echo_replica.py"
+    source = module.read_text()
+
+    def saved(mark: int) -> None:
+        module.write_text(
+            source.replace('"pid": os.getpid()}', f'"pid": os.getpid(), "edited": {mark}}}')
+        )
+
+    with trio.fail_after(LIMIT_S * 2):
+        async with running(state_dir, *args) as daemon:
+            assert (await daemon.cli("wait", "echo")).returncode == 0
+            saved(1)
+            await daemon.logged(b"--reload: the code of backend echo changed on disk")
+            saved(2)  # as the restart of the first write begins
+            cursor = 0
+            while True:
+                status = await until(daemon, "echo", settled_on_any_version)
+                answer, revisions = await daemon.http("GET", "/api/v1/backends/echo/revisions")
+                assert answer == 200
+                last = revisions["revisions"][-1]
+                running_now = status["version"] == last["version"]
+                if running_now and last["code_changed"] is False:
+                    break  # the revision that runs pins what is on disk
+                answer, data = await daemon.http("GET", f"/api/v1/watch?since={cursor}&timeout_s=1")
+                cursor = data["cursor"]
+            assert (await _get(daemon.ingress_url + "/echo"))["edited"] == 2
+            assert (await daemon.cli("wait", "echo")).returncode == 0
+
+
+def settled_on_any_version(status: dict[str, Any]) -> bool:
+    return bool(
+        status["state"] == "HEALTHY"
+        and status["replicas"]
+        and all(r["version"] == status["version"] for r in status["replicas"])
+    )
