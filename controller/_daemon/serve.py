@@ -46,7 +46,7 @@ from .._api.timeline import record as record_timelines
 from .._api.views import iso
 from .._backend.tasks import KILL_TIMEOUT_S
 from .._core.controller import Controller
-from .._model.values.errors import ControllerError
+from .._model.values.errors import ControllerError, StoreError
 from .._ports.runtime import LogSource
 from .ingress_fleet import Fleet
 from .ingress_process import DRAIN_S
@@ -65,6 +65,9 @@ API_GRACE_S = 2.0
 #: (an earlier daemon's processes, then its own: each a drain and a margin; a margin after the
 #: kill), so that this only ends a stop that hangs.
 FLEET_STOP_S = 2 * (DRAIN_S + STOP_MARGIN_S) + 2 * STOP_MARGIN_S
+#: Beyond the standbys' time to read the lease, how long a shutdown waits to remove what the
+#: store runs beside its data (Ray's fencing actor).
+RETIRE_S = 10.0
 
 Cause = Literal["signal", "shutdown", "roles"]
 
@@ -248,8 +251,15 @@ async def serve(
                     roles_nursery.cancel_scope.cancel()
                 # Released before the API's connections (long polls) close: a standby takes
                 # over at once.
-                with trio.move_on_after(roles.leadership.timing.renew_s * 2, shield=True):
-                    await roles.leadership.release()
+                renew_s = roles.leadership.timing.renew_s
+                released = None
+                with trio.move_on_after(renew_s * 2, shield=True):
+                    released = await roles.leadership.release()
+                if stop.cause == "shutdown" and released is not None:
+                    # Unless a standby takes over, nothing of this store is left running.
+                    with trio.move_on_after(renew_s * 4 + RETIRE_S, shield=True):
+                        with contextlib.suppress(StoreError):
+                            await roles.leadership.retire_if_alone(released)
                 if stop.cause == "shutdown":
                     # The request waiting for this answers at once; the server's graceful stop
                     # gives it the time to.

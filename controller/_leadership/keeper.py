@@ -28,7 +28,7 @@ import trio
 from .._clock import wall_now
 from .._model.decisions.lease import Lease, LeaseTiming, Watched, claim_at, claimed, renewed, watch
 from .._model.values.errors import FencedError, StoreError
-from .._ports.store import LeaseStore
+from .._ports.store import LeaseStore, Retirable
 
 logger = logging.getLogger("controller.leadership")
 
@@ -224,22 +224,37 @@ class Leadership:
         if lease is not None:
             logger.warning("stopped leading (epoch %d); standing by", lease.epoch)
 
-    async def release(self) -> None:
-        """Give the lease up (a clean stop), so that a standby takes over at once. A lease lost
-        already is left as it is."""
+    async def release(self) -> Lease | None:
+        """Give the lease up (a clean stop), so that a standby takes over at once; the lease
+        as released (None if none was held, or it could not be released: a lease lost already
+        is left as it is, and one the store refused lapses on its own)."""
         lease = self.held
         if lease is None:
-            return
+            return None
         self.held = None
+        given_up = renewed(lease, wall=wall_now(), address=None, released=True)
         try:
-            await self.store.renew_lease(
-                renewed(lease, wall=wall_now(), address=None, released=True)
-            )
+            await self.store.renew_lease(given_up)
         except (FencedError, StoreError) as exc:
             logger.debug("the lease was not released (%s); it lapses on its own", exc)
-            return
+            return None
         # Quiet: a failed start releases too, and says why in its one line.
         logger.debug("released the lease (epoch %d)", lease.epoch)
+        return given_up
+
+    async def retire_if_alone(self, released: Lease) -> bool:
+        """After a shutdown that `released` the lease: once standbys have had the time to read
+        it twice, if none has claimed it (no daemon uses the store), remove what the store runs
+        beside its data (``Retirable``: Ray's fencing actor). Says whether it did."""
+        if not isinstance(self.store, Retirable):
+            return False
+        await trio.sleep(self.timing.renew_s * 2)  # a standby reads the lease that often
+        now = await self.store.read_lease()
+        if now is not None and (now.epoch != released.epoch or not now.released):
+            return False  # a standby leads now: it uses the store
+        await self.store.retire()
+        logger.info("no daemon uses the store now: its fencing actor is removed")
+        return True
 
     def _store_failed(self, doing: str, exc: StoreError) -> None:
         if not self._store_down:

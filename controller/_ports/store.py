@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from .._model.decisions.lease import Lease
@@ -53,4 +53,14 @@ class LeaseStore(Store, Protocol):
     async def write_fenced(self, epoch: int, changes: Mapping[str, str | None]) -> None:
         """``write``, if the stored lease's epoch is `epoch`; else raise ``FencedError``, with
         nothing of `changes` written. The check and the write are one atomic step."""
+        ...
+
+
+@runtime_checkable
+class Retirable(Protocol):
+    """A store that keeps something running beside its data (RayKVStore: its fencing actor),
+    to be removed once no daemon uses the store (a shutdown that no standby took over from)."""
+
+    async def retire(self) -> None:
+        """Remove it. A daemon that uses the store later makes it again."""
         ...

@@ -74,6 +74,7 @@ class IngressHost:
         for url in spec["also_urls"]:
             argv += ["--also-url", url]
         argv += ["--listen", self._address, "--prefer-host", host]
+        self._forget_log()  # an earlier process's, whose end was told (`wait_exit`)
         fd, self._log = tempfile.mkstemp(prefix="controller-ingress-", suffix=".log")
         env = {**os.environ, "CONTROLLER_TOKEN": spec["token"]}
         self._process = await asyncio.create_subprocess_exec(
@@ -113,7 +114,14 @@ class IngressHost:
             except TimeoutError:
                 process.kill()
                 await process.wait()
+        self._forget_log()  # stopped on purpose: nothing of it is left on the node
         return json.dumps({"ok": True})
+
+    def _forget_log(self) -> None:
+        if self._log:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._log)
+            self._log = ""
 
     def _reply(self) -> str:
         process = self._process

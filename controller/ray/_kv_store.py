@@ -119,6 +119,23 @@ class RayKVStore:
         if "fenced" in reply:
             raise FencedError("writing intent", epoch, reply["fenced"])
 
+    async def retire(self) -> None:
+        """Kill this namespace's fencing actor, if there is one: no daemon uses the store (a
+        shutdown no standby took over from). It keeps nothing of its own; a daemon that uses
+        the store again makes a new one (one that had it in hand fails one call first)."""
+        await trio.to_thread.run_sync(
+            _as_store_error, "removing the fencing actor of", self._kill_fence
+        )
+        self._fence = None
+
+    def _kill_fence(self) -> None:
+        self._check()
+        try:
+            actor = ray.get_actor(self.namespace, namespace=ACTOR_NAMESPACE)
+        except ValueError:
+            return  # never made, or gone already
+        ray.kill(actor, no_restart=True)
+
     # -- the fencing actor --
 
     async def _ask(

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -246,6 +247,7 @@ async def test_a_daemon_runs_an_ingress_on_each_node_that_needs_one(
         assert all(e["state"] == "serving" for e in found.values()), found
         return found
 
+    logs_before = ingress_logs()
     with trio.fail_after(LIMIT_S * 2):
         async with trio.open_nursery() as outer, running(tmp_path / "d", *extra) as daemon:
             await deploy(daemon, "web", num_replicas=2, route_prefix="/web", version="v1")
@@ -298,6 +300,19 @@ async def test_a_daemon_runs_an_ingress_on_each_node_that_needs_one(
             e for e in ray.util.list_named_actors(True) if e["namespace"] == f"{namespace}-ingress"
         ]
         assert gone == []  # the shutdown stopped every node's ingress
+        # And left nothing of them or of the store running or on the nodes' disks (the fourth
+        # attack found the fencing actor and every node ingress's log left behind).
+        assert ingress_logs() - logs_before == set()
+        fences = [
+            e for e in ray.util.list_named_actors(True) if e["namespace"] == "controller-fences"
+        ]
+        assert namespace not in {e["name"] for e in fences}, fences
+        assert "its fencing actor is removed" in daemon.log.decode()
+
+
+def ingress_logs() -> set[Path]:
+    """The node ingresses' log files on this machine (every node of the test cluster is)."""
+    return set(Path(tempfile.gettempdir()).glob("controller-ingress-*.log"))
 
 
 async def test_a_replica_s_own_load_reaches_the_autoscaler_on_ray(
