@@ -1,4 +1,4 @@
-"""Dynamic batching (the README's "Batching"): requests that arrive within 20 ms of each other
+"""Dynamic batching (docs/batching.md): requests that arrive within 20 ms of each other
 run as one call of ``predict``, as a model runs a batch on a GPU. Run with
 examples/batching.toml."""
 

@@ -1,5 +1,5 @@
 """The smallest backend: a function. The worker calls it with each request and sends back what
-it returns (a str is text; a dict or list, JSON; see the README's "Backends as code")."""
+it returns (a str is text; a dict or list, JSON; see docs/backends-as-code.md)."""
 
 from __future__ import annotations
 

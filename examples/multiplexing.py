@@ -1,4 +1,4 @@
-"""Model multiplexing (the README's "Serving many models"): each replica holds at most 4 models
+"""Model multiplexing (docs/multiplexing.md): each replica holds at most 4 models
 and loads the others on demand; the ingress sends a request to a replica that holds the model
 its ``x-model-id`` header names. Run with examples/multiplexing.toml."""
 

@@ -1,4 +1,4 @@
-"""Two backends that call each other (the README's "Services that call each other"):
+"""Two backends that call each other (docs/handles-and-applications.md):
 ``embed`` turns text into a vector, ``search`` (routed at ``/search``) ranks documents by
 calling it through a handle. Run with examples/services.toml."""
 

@@ -52,7 +52,7 @@ async def _sample(method: Callable[[], Any], sent: trio.MemorySendChannel[int | 
                 complained = True
                 describe(exc)  # once, in the replica's log
         else:
-            # Anything else, a number past the largest too, says nothing (the README's rule).
+            # Anything else, a number past the largest too, says nothing (docs/autoscaling.md).
             if (
                 isinstance(value, int)
                 and not isinstance(value, bool)

@@ -1,5 +1,5 @@
-"""What a backend's entrypoint names, and how its replica is built from it (the README's
-table says the same):
+"""What a backend's entrypoint names, and how its replica is built from it (the table of
+docs/backends-as-code.md says the same):
 
 - a function of the request (or of nothing), ``def hello(request)`` or ``async def
   f(request)``: the worker serves HTTP on the replica's port and calls it for each request;

@@ -8,7 +8,7 @@ as ``RemoteError``.
 Only public methods of a class backend's instance are called, and none of the replica
 contract's (``reconfigure``, ``check_health``, ``drain``, ``load``): those are the controller's
 to call. The ingress drops a client's ``x-controller-call``: only handles (and whoever reaches a
-replica's port, see the README's Security) call methods."""
+replica's port, see docs/security.md) call methods."""
 
 from __future__ import annotations
 

@@ -4,7 +4,6 @@ the table, the way a user of the kit writes a test with it."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,14 +15,14 @@ from controller import BackendState, GoalOutcome, ReplicaState
 from controller.testing import FakeRuntime
 from controller.testing import FakeState as S
 
-README = Path(__file__).resolve().parent.parent.parent / "README.md"
+from ..documents import page
+
 RC = controller.ReplicaConfig("m:C")
 
 
 def readme_example() -> str:
-    """The first Python block of the README's testing section."""
-    text = README.read_text()
-    section = text[text.index("## Testing code that uses the controller") :]
+    """The first Python block of the testing page (docs/testing.md)."""
+    section = page("testing.md")
     match = re.search(r"```python\n(.*?)```", section, re.S)
     assert match is not None
     return match.group(1)

@@ -16,7 +16,8 @@ from typing import Any
 
 import trio
 
-from ..daemons import HERE, LIMIT_S, Daemon, app, free_port, manifest, running, settled, until
+from ..daemons import LIMIT_S, Daemon, app, free_port, manifest, running, settled, until
+from ..documents import page
 from ..http_client import get_from, request
 from ..pristine import EXAMPLES, EXAMPLES_ROOT
 
@@ -283,13 +284,9 @@ async def test_a_daemon_killed_mid_canary_resumes_the_step_and_the_cli_steers(
             nursery.cancel_scope.cancel()
 
 
-CANARIES = "## Canary releases: a share of the traffic, judged on its own numbers"
-
-
 def readme_commands() -> list[str]:
-    """The ``$ controller ...`` commands of the README's canary example, in order."""
-    readme = (HERE.parent / "README.md").read_text()
-    section = readme.split(CANARIES, 1)[1].split("\n## ", 1)[0]
+    """The ``$ controller ...`` commands of the canary example (docs/canary.md), in order."""
+    section = page("canary.md")
     (block,) = re.findall(r"```console\n(.*?)```", section, re.DOTALL)
     return [line[2:] for line in block.splitlines() if line.startswith("$ controller ")]
 

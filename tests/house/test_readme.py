@@ -14,10 +14,12 @@ from controller import BackendReason
 from controller._model.decisions.autoscale import ScaleReason
 from controller._sources import load_manifest
 
+from ..documents import all_text
 from ..pristine import EXAMPLES
 
 ROOT = Path(__file__).parent.parent.parent
-README = (ROOT / "README.md").read_text()
+#: The README and the pages of docs/, which the README links to.
+README = all_text()
 
 
 def reason_aliases() -> dict[str, tuple[str, ...]]:

@@ -13,18 +13,16 @@ from pathlib import Path
 import trio
 
 from ..daemons import LIMIT_S, running
+from ..documents import page
 from ..pristine import EXAMPLES, EXAMPLES_ROOT
 
 ROOT = Path(__file__).parent.parent.parent
-
-ROLLOUTS = "## Rollouts: history, undo, restart, pause, a deadline, automatic rollback"
 
 
 def readme_transcript() -> list[tuple[str, list[str]]]:
     """Each ``$ controller ...`` command of the README's rollout example, with the lines the
     README shows it print."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split(ROLLOUTS, 1)[1].split("\n## ", 1)[0]
+    section = page("rollouts.md")
     steps: list[tuple[str, list[str]]] = []
     for block in re.findall(r"```console\n(.*?)```", section, re.DOTALL):
         for line in block.splitlines():

@@ -277,7 +277,7 @@ class BackendConfig:
     )
     """How long a request may take, from its arrival at the ingress to the end of its answer:
     past it, 504 (or a cut answer), and the handler of code the worker serves is cancelled
-    (see the README's "Backends as code"). Changing it never restarts replicas."""
+    (see docs/backends-as-code.md). Changing it never restarts replicas."""
 
     autoscaling: AutoscalingConfig | None = attrs.field(
         default=None, converter=autoscaling, metadata=schema(**autoscaling_schema())
