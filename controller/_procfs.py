@@ -181,6 +181,17 @@ def is_stopped(pid: int) -> bool:
         return False
 
 
+def cpu_ticks(pid: int) -> int | None:
+    """The CPU time `pid` has had, user and system, in clock ticks (``/proc/<pid>/stat``,
+    fields 14 and 15); None if it cannot be read (gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def command_line(pid: int) -> list[bytes] | None:
     """The arguments of `pid` after the interpreter and its ``-P``, if it may be a worker of
     ours: our user in every uid (a setuid program run by another user is not), and a session

@@ -51,7 +51,7 @@ from .ingress_records import (
     take_listeners,
 )
 from .ingress_slot import START_TIMEOUT_S, FleetOptions, Launcher, Member
-from .liveness import until_dead_or_stuck
+from .liveness import STALE_AFTER_S, beat_age, until_dead_or_stuck
 from .metrics_merge import fleet_metrics, merge_metrics
 from .statedir import StateDir
 
@@ -67,6 +67,8 @@ FORGIVE_AFTER_S = 60.0
 #: is taken for hung and killed (a stuck process: its port share is lost meanwhile).
 LIVENESS_PERIOD_S = 5.0
 HUNG_AFTER = 3
+#: How long after its SIGKILL a process's slot waits for it to exit before it is served anew.
+KILLED_EXIT_S = 0.2
 
 
 @final
@@ -95,6 +97,8 @@ class Fleet:
         """Set by `stop`: an exit is then the end, not a cause to start another."""
         self._handles: dict[int, Handle] = {}
         self._exited: dict[int, trio.Event] = {}
+        self._reapers: trio.Nursery | None = None
+        """Where a killed process that did not exit is waited for (`run`'s nursery)."""
         """Per slot whose process runs: set once it has exited (the supervisor waits on it)."""
 
     # -- start-up --
@@ -157,6 +161,7 @@ class Fleet:
         """Supervise the processes until cancelled (they keep running). Started once each
         serves (or `START_TIMEOUT_S` passed: late ones are logged and go on starting)."""
         async with trio.open_nursery() as nursery:
+            self._reapers = nursery
             serving = [trio.Event() for _ in self.members]
             for member, event in zip(self.members, serving, strict=True):
                 nursery.start_soon(self._supervise, member, event)
@@ -240,17 +245,26 @@ class Fleet:
                     handle.signal(signal.SIGTERM)  # started while the fleet began to stop
                 hung: list[str] = []
                 try:
-                    async with trio.open_nursery() as watch:
-                        watch.start_soon(self._until_hung, member, handle, hung)
-                        watch.start_soon(self._until_stuck, member, handle, hung)
-                        status = await handle.wait()
-                        watch.cancel_scope.cancel()
+                    gone, status = await self._watch(member, handle, hung)
                 finally:
                     self._handles.pop(member.slot, None)
                     exited.set()
-                # It has exited (not just this daemon stopped watching it): if killed, it
-                # could not remove its sockets itself.
-                forget_sockets(self.state, member.slot, handle.pid)
+                if not gone:
+                    # Killed, but not gone (frozen: it dies once thawed). Its slot is served
+                    # again now; it is reaped, and its sockets forgotten, once it has gone.
+                    logger.warning(
+                        "ingress process %d (pid %d) has not exited %gs after its SIGKILL "
+                        "(frozen?); starting another beside it",
+                        member.slot,
+                        handle.pid,
+                        KILLED_EXIT_S,
+                    )
+                    assert self._reapers is not None
+                    self._reapers.start_soon(self._reap, member.slot, handle)
+                else:
+                    # It has exited (not just this daemon stopped watching it): if killed, it
+                    # could not remove its sockets itself.
+                    forget_sockets(self.state, member.slot, handle.pid)
                 if self._stopped():
                     return
                 member.last_exit = (
@@ -275,41 +289,77 @@ class Fleet:
             )
             await trio.sleep(wait)
 
-    async def _until_hung(self, member: Member, handle: Handle, hung: list[str]) -> None:
+    async def _watch(
+        self, member: Member, handle: Handle, hung: list[str]
+    ) -> tuple[bool, int | None]:
+        """Wait for the process to exit, killing it if it hangs or is stuck (why in `hung`):
+        (whether it has gone, its wait status). Not gone: killed, and it did not exit."""
+        gone, status = False, None  # unless it exits: `_kill` cancels the wait
+        async with trio.open_nursery() as watch:
+            scope = watch.cancel_scope
+            watch.start_soon(self._until_hung, member, handle, hung, scope)
+            watch.start_soon(self._until_stuck, member, handle, hung, scope)
+            status = await handle.wait()
+            gone = True
+            scope.cancel()
+        return gone, status
+
+    async def _until_hung(
+        self, member: Member, handle: Handle, hung: list[str], watch: trio.CancelScope
+    ) -> None:
         """Ask the process for its health every `LIVENESS_PERIOD_S`; once it has not answered
-        `HUNG_AFTER` times in a row (stuck), kill it (its supervisor starts another) and say
-        why in `hung`. Returns only then (or is cancelled)."""
+        `HUNG_AFTER` times in a row (stuck) while it wrote no fresh beat, kill it (its
+        supervisor starts another) and say why in `hung`."""
+        beat = self.state.ingress_beat(member.slot, handle.pid)
         missed = 0
         while True:
             await trio.sleep(LIVENESS_PERIOD_S)
             if self._stopped():
                 return  # a process told to stop closes its socket: that is no hang
-            missed = 0 if await self._answers(member.slot, handle.pid) else missed + 1
+            # A fresh beat says its loop runs: an unanswered ask is a flood's delay, no hang.
+            age = beat_age(beat)
+            fresh = age is not None and age <= STALE_AFTER_S
+            answered = fresh or await self._answers(member.slot, handle.pid)
+            missed = 0 if answered else missed + 1
             if missed >= HUNG_AFTER:
+                why = f"did not answer its health check {missed} times in a row"
                 logger.warning(
-                    "ingress process %d (pid %d) did not answer its health check %d times in a "
-                    "row (every %gs); killing it",
+                    "ingress process %d (pid %d) %s (every %gs); killing it",
                     member.slot,
                     handle.pid,
-                    missed,
+                    why,
                     LIVENESS_PERIOD_S,
                 )
-                self._kill(handle, hung, f"did not answer its health check {missed} times in a row")
+                await self._kill(member, handle, hung, why, watch)
                 return
 
-    async def _until_stuck(self, member: Member, handle: Handle, hung: list[str]) -> None:
+    async def _until_stuck(
+        self, member: Member, handle: Handle, hung: list[str], watch: trio.CancelScope
+    ) -> None:
         """Kill the process once `liveness` finds it stopped or stuck: waiting for its health
         checks would black-hole its share of new connections for 15 s."""
-        why = await until_dead_or_stuck(
-            handle.pid, self.state.ingress_beat(member.slot, handle.pid)
-        )
+        beat = self.state.ingress_beat(member.slot, handle.pid)
+        why = await until_dead_or_stuck(handle.pid, beat)
         logger.warning("ingress process %d (pid %d) %s; killing it", member.slot, handle.pid, why)
-        self._kill(handle, hung, why)
+        await self._kill(member, handle, hung, why, watch)
 
-    def _kill(self, handle: Handle, hung: list[str], why: str) -> None:
-        if not hung:
-            hung.append(f"{why}, and was killed")
-            handle.signal(signal.SIGKILL)
+    async def _kill(
+        self, member: Member, handle: Handle, hung: list[str], why: str, watch: trio.CancelScope
+    ) -> None:
+        """SIGKILL the process (once); if it has not exited `KILLED_EXIT_S` later (a frozen
+        process dies only once thawed), stop waiting for it: its slot is served anew."""
+        if hung:
+            return
+        hung.append(f"{why}, and was killed")
+        member.state, member.since = "restarting", time.time()
+        handle.signal(signal.SIGKILL)
+        await trio.sleep(KILLED_EXIT_S)
+        watch.cancel()
+
+    async def _reap(self, slot: int, handle: Handle) -> None:
+        await handle.wait()
+        forget_sockets(self.state, slot, handle.pid)
+        logger.info("ingress process %d (pid %d), killed before, has exited", slot, handle.pid)
 
     def _stopped(self) -> bool:
         # A method, not the attribute: it changes across the awaits of one supervisor's loop.

@@ -4,17 +4,25 @@ three must be missed, five seconds apart), so each process also beats.
 
 The process writes the time (``time.monotonic()``, one clock for every process of the machine)
 into a file of its own every `BEAT_PERIOD_S`, from a task of its event loop: a loop that is
-stuck (a blocking call, a spin, a frozen cgroup) stops beating. The daemon reads the process
-table and the beat every `LOOK_PERIOD_S` and kills a process found stopped (SIGSTOP) or with a
-beat older than `STALE_AFTER_S` on two looks in a row. A look that itself came late (the daemon
-starved of CPU, the machine suspended) judges nothing: a busy machine delays the beats as much.
-A process that writes no beat (one started by an earlier version) is judged by the process
-table and its health checks only.
+stuck (a blocking call, a deadlock, a frozen cgroup) stops beating. The daemon looks at the
+process table and the beat every `LOOK_PERIOD_S`. A process found stopped (SIGSTOP) on two
+looks in a row is killed; so is one whose beat is older than `STALE_AFTER_S` on two looks in a
+row while it had no CPU time between them (it runs nothing: frozen, or blocked). One that had
+CPU time is busy, not stuck (a flood on a loaded machine delays its beats by a second or
+more), unless its beat is older than `SPIN_AFTER_S` (its loop spins on something). A look that
+itself came late (the daemon starved of CPU, the machine suspended) judges nothing. A process
+that writes no beat (one started by an earlier version) is judged by the process table and its
+health checks only.
+
+The beat is written by path each time, never through a link (a file removed or replaced is
+written anew at the next beat), and read as a regular file only: the daemon's loop never waits
+on what it finds there.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import struct
 import time
@@ -23,14 +31,17 @@ from pathlib import Path
 import attrs
 import trio
 
-from .._procfs import is_stopped
+from .._files import open_regular
+from .._procfs import cpu_ticks, is_stopped
 
 #: How often a process writes its beat.
 BEAT_PERIOD_S = 0.2
 #: How often the daemon looks at each process.
 LOOK_PERIOD_S = 0.25
 #: A beat this old is stale: the process's loop has run none of its tasks for that long.
-STALE_AFTER_S = 1.25
+STALE_AFTER_S = 1.0
+#: A beat this old is stale even while the process has CPU time: its loop spins.
+SPIN_AFTER_S = 5.0
 #: A look that comes this much later than asked judges nothing (the daemon was not running).
 LATE_LOOK_S = 0.5
 _BEAT = struct.Struct("<d")
@@ -38,26 +49,58 @@ _BEAT = struct.Struct("<d")
 
 async def keep_beating(path: Path) -> None:
     """Write the time into `path` (0600) every `BEAT_PERIOD_S` until cancelled; remove it then."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         while True:
-            # One small write at offset 0: a reader sees the old time or the new, whole.
-            os.pwrite(fd, _BEAT.pack(time.monotonic()), 0)
+            _beat(path)
             await trio.sleep(BEAT_PERIOD_S)
     finally:
-        os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             os.unlink(path)
 
 
-def beat_of(path: Path) -> float | None:
-    """The time of the last beat in `path`; None if there is no such file (or nothing whole)."""
+def _beat(path: Path) -> None:
+    # O_NOFOLLOW and O_NONBLOCK: a link or a FIFO put in its place is refused at once (a FIFO
+    # without a reader would hold the loop); it is removed, and the next beat writes anew.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, flags, 0o600)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return
+    try:
+        # One small write at offset 0: a reader sees the old time or the new, whole.
+        os.pwrite(fd, _BEAT.pack(time.monotonic()), 0)
+    except OSError:
+        pass  # not a regular file after all: the next beat finds out again
+    finally:
+        os.close(fd)
+
+
+def beat_age(path: Path) -> float | None:
+    """How long ago the last beat in `path` was written; None if there is no readable beat
+    (no such file, not a regular file, not whole). A time in the future is not one the
+    process wrote: infinitely old."""
+    try:
+        with open_regular(path) as f:
             data = f.read(_BEAT.size)
     except OSError:
         return None
-    return _BEAT.unpack(data)[0] if len(data) == _BEAT.size else None
+    if len(data) != _BEAT.size:
+        return None
+    age: float = time.monotonic() - _BEAT.unpack(data)[0]
+    return age if age > -1.0 else math.inf
+
+
+@attrs.frozen
+class Look:
+    """What one look at a process saw."""
+
+    late_s: float
+    """How much later than due the look came."""
+    stopped: bool
+    beat_age_s: float | None
+    cpu_ticks: int | None
 
 
 @attrs.define
@@ -65,21 +108,31 @@ class Judge:
     """A process's looks so far; `look` says why it is to be killed, once it is."""
 
     stopped: int = 0
-    stale: int = 0
+    stuck: int = 0
+    last_cpu: int | None = None
 
-    def look(self, *, late_s: float, stopped: bool, beat_age_s: float | None) -> str | None:
-        """One look, `late_s` after it was due: the reason to kill the process (found stopped
-        or stale on two looks in a row), or None."""
-        if late_s > LATE_LOOK_S:
-            self.stopped = self.stale = 0  # the daemon did not run: the beats may be as late
+    def look(self, seen: Look) -> str | None:
+        """One look: the reason to kill the process, or None."""
+        ran = (
+            seen.cpu_ticks is not None
+            and self.last_cpu is not None
+            and seen.cpu_ticks > self.last_cpu
+        )
+        self.last_cpu = seen.cpu_ticks
+        if seen.late_s > LATE_LOOK_S:
+            self.stopped = self.stuck = 0  # the daemon did not run: the beats may be as late
             return None
-        self.stopped = self.stopped + 1 if stopped else 0
-        stale = not stopped and beat_age_s is not None and beat_age_s > STALE_AFTER_S
-        self.stale = self.stale + 1 if stale else 0
+        self.stopped = self.stopped + 1 if seen.stopped else 0
+        age = seen.beat_age_s
+        stale = not seen.stopped and age is not None and age > STALE_AFTER_S
+        stuck = stale and (not ran or (age is not None and age > SPIN_AFTER_S))
+        self.stuck = self.stuck + 1 if stuck else 0
         if self.stopped >= 2:
             return "was stopped (SIGSTOP?)"
-        if self.stale >= 2:
-            return f"ran none of its code for {beat_age_s:.1f}s (stuck?)"
+        if self.stuck >= 2:
+            if ran:
+                return f"ran no task of its event loop for {age:.1f}s (a spin?)"
+            return f"ran none of its code for {age:.1f}s (stuck?)"
         return None
 
 
@@ -90,9 +143,7 @@ async def until_dead_or_stuck(pid: int, beat: Path) -> str:
     while True:
         due = trio.current_time() + LOOK_PERIOD_S
         await trio.sleep_until(due)
-        late_s = trio.current_time() - due
-        last = beat_of(beat)
-        age = None if last is None else time.monotonic() - last
-        why = judge.look(late_s=late_s, stopped=is_stopped(pid), beat_age_s=age)
+        seen = Look(trio.current_time() - due, is_stopped(pid), beat_age(beat), cpu_ticks(pid))
+        why = judge.look(seen)
         if why is not None:
             return why
