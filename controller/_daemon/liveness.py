@@ -110,9 +110,16 @@ class Judge:
     stopped: int = 0
     stuck: int = 0
     last_cpu: int | None = None
+    beats: bool = False
+    """Whether a beat was ever seen: then one gone is as stale as can be (the process writes
+    it anew at each beat), not a process of an earlier version that writes none."""
 
     def look(self, seen: Look) -> str | None:
         """One look: the reason to kill the process, or None."""
+        if seen.beat_age_s is not None:
+            self.beats = True
+        elif self.beats:
+            seen = attrs.evolve(seen, beat_age_s=math.inf)
         ran = (
             seen.cpu_ticks is not None
             and self.last_cpu is not None
@@ -130,9 +137,11 @@ class Judge:
         if self.stopped >= 2:
             return "was stopped (SIGSTOP?)"
         if self.stuck >= 2:
+            # Infinitely old: its beat is gone, or says a time to come.
+            since = f"for {age:.1f}s" if age is not None and age < math.inf else "since it beat"
             if ran:
-                return f"ran no task of its event loop for {age:.1f}s (a spin?)"
-            return f"ran none of its code for {age:.1f}s (stuck?)"
+                return f"ran no task of its event loop {since} (a spin?)"
+            return f"ran none of its code {since} (stuck?)"
         return None
 
 

@@ -72,6 +72,13 @@ def test_a_stopped_process_is_told_as_stopped_not_stuck() -> None:
     assert judge.look(Look(0, True, STALE, 10)) == "was stopped (SIGSTOP?)"
 
 
+def test_a_beat_gone_after_it_was_seen_is_as_stale_as_can_be() -> None:
+    """Found by a trial: a beat file removed just before the process froze was never written
+    again, and the frozen process was judged by its health checks only (killed after 18 s)."""
+    verdicts = looks(Judge(), (FRESH, 10), (None, 10), (None, 10))
+    assert verdicts == [None, None, "ran none of its code since it beat (stuck?)"]
+
+
 def test_a_process_that_writes_no_beat_is_judged_by_the_process_table_only() -> None:
     """One started by an earlier version: its health checks still judge it, slowly."""
     assert looks(Judge(), *[(None, 10)] * 10) == [None] * 10

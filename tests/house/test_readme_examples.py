@@ -13,7 +13,8 @@ from pathlib import Path
 import trio
 
 from ..daemons import LIMIT_S, running
-from ..documents import page
+from ..documents import blocks, page
+from ..http_client import request
 from ..pristine import EXAMPLES, EXAMPLES_ROOT
 
 ROOT = Path(__file__).parent.parent.parent
@@ -120,3 +121,60 @@ async def test_the_autoscaling_example_scales_up_under_its_load_script(state_dir
             assert sum(failed) == 0, seconds
             status = (await daemon.status())["auto"]
             assert status["autoscaler"]["last_change"]["reason"] == "ScaleUp", status
+
+
+def port_of(url: str) -> int:
+    return int(url.rpartition(":")[2])
+
+
+def drive_it_list() -> list[tuple[list[str], str]]:
+    """The README's "drive it" block: each command's words and its comment."""
+    (block,) = [b for b in blocks("sh") if b.path.name == "README.md" and "curl" in b.code]
+    steps = []
+    for line in block.code.splitlines():
+        command, _, comment = line.partition("  #")
+        steps.append((shlex.split(command), comment.strip()))
+    return steps
+
+
+async def test_the_readmes_drive_it_list_runs_as_written(state_dir: Path) -> None:
+    """Each line of the README's list, in order, against the main job (on free ports here):
+    the curls' answers are what their comments say, and every command succeeds."""
+    steps = drive_it_list()
+    assert [words[0] for words, _ in steps].count("curl") == 2
+    assert steps[-1][0][-1] == "shutdown"
+    with trio.fail_after(LIMIT_S * 4):
+        async with running(
+            state_dir,
+            *("--config", str(EXAMPLES / "backends.toml"), "--pythonpath", str(EXAMPLES)),
+        ) as daemon:
+            for name in ("hello", "echo", "greeter"):
+                assert (await daemon.cli("wait", name)).returncode == 0
+            for words, comment in steps[:-1]:  # the shutdown is `running`'s, checked there
+                if words[0] == "curl":
+                    path = words[1].removeprefix("127.0.0.1:8000")
+                    answer = await request(port_of(daemon.ingress_url), path)
+                    assert answer.status == 200, (words, answer.status)
+                    if comment == "hello, you":
+                        assert answer.body == b"hello, you\n"
+                    else:
+                        assert answer.json()["replica"].startswith("echo#"), answer.body
+                    continue
+                assert words[:3] == ["python3", "-m", "controller"], words
+                argv = words[3:]
+                if "--follow" in argv:
+                    # It follows until stopped, as a reader stops it: what it printed first.
+                    with trio.move_on_after(3):
+                        await trio.run_process([*daemon.cli_argv(), *argv], capture_stdout=True)
+                    continue
+                result = await trio.run_process(
+                    [*daemon.cli_argv(), *argv],
+                    capture_stdout=True,
+                    capture_stderr=True,
+                    check=False,
+                    cwd=EXAMPLES_ROOT,  # the README's paths are the repository's
+                )
+                said = (result.stdout + result.stderr).decode()
+                assert result.returncode == 0, (argv, said)
+            status = await daemon.status()
+            assert len(status["echo"]["replicas"]) == 3  # `scale echo 3`
