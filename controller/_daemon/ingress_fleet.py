@@ -51,8 +51,8 @@ from .ingress_records import (
     take_listeners,
 )
 from .ingress_slot import START_TIMEOUT_S, FleetOptions, Launcher, Member
-from .liveness import STALE_AFTER_S, beat_age, until_dead_or_stuck
 from .metrics_merge import fleet_metrics, merge_metrics
+from .process_watch import KILLED_EXIT_S, ProcessWatch
 from .statedir import StateDir
 
 logger = logging.getLogger("controller.daemon")
@@ -63,12 +63,6 @@ LISTEN_BACKLOG = 1024
 BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 #: A process that served this long has its earlier exits forgiven.
 FORGIVE_AFTER_S = 60.0
-#: How often each process's health is asked, and after how many unanswered asks in a row it
-#: is taken for hung and killed (a stuck process: its port share is lost meanwhile).
-LIVENESS_PERIOD_S = 5.0
-HUNG_AFTER = 3
-#: How long after its SIGKILL a process's slot waits for it to exit before it is served anew.
-KILLED_EXIT_S = 0.2
 
 
 @final
@@ -243,9 +237,9 @@ class Fleet:
                     )
                 if self._stopped():
                     handle.signal(signal.SIGTERM)  # started while the fleet began to stop
-                hung: list[str] = []
+                watch = ProcessWatch(self.state, member, handle, self._stopped)
                 try:
-                    gone, status = await self._watch(member, handle, hung)
+                    gone, status = await watch.until_exit()
                 finally:
                     self._handles.pop(member.slot, None)
                     exited.set()
@@ -267,8 +261,8 @@ class Fleet:
                     forget_sockets(self.state, member.slot, handle.pid)
                 if self._stopped():
                     return
-                member.last_exit = (
-                    hung[0] if hung else describe_exit(status).removeprefix("worker process ")
+                member.last_exit = watch.killed or describe_exit(status).removeprefix(
+                    "worker process "
                 )
             elif self._stopped():
                 return  # told to stop as it started
@@ -288,73 +282,6 @@ class Fleet:
                 tail(self.state.ingress_log(member.slot)),
             )
             await trio.sleep(wait)
-
-    async def _watch(
-        self, member: Member, handle: Handle, hung: list[str]
-    ) -> tuple[bool, int | None]:
-        """Wait for the process to exit, killing it if it hangs or is stuck (why in `hung`):
-        (whether it has gone, its wait status). Not gone: killed, and it did not exit."""
-        gone, status = False, None  # unless it exits: `_kill` cancels the wait
-        async with trio.open_nursery() as watch:
-            scope = watch.cancel_scope
-            watch.start_soon(self._until_hung, member, handle, hung, scope)
-            watch.start_soon(self._until_stuck, member, handle, hung, scope)
-            status = await handle.wait()
-            gone = True
-            scope.cancel()
-        return gone, status
-
-    async def _until_hung(
-        self, member: Member, handle: Handle, hung: list[str], watch: trio.CancelScope
-    ) -> None:
-        """Ask the process for its health every `LIVENESS_PERIOD_S`; once it has not answered
-        `HUNG_AFTER` times in a row (stuck) while it wrote no fresh beat, kill it (its
-        supervisor starts another) and say why in `hung`."""
-        beat = self.state.ingress_beat(member.slot, handle.pid)
-        missed = 0
-        while True:
-            await trio.sleep(LIVENESS_PERIOD_S)
-            if self._stopped():
-                return  # a process told to stop closes its socket: that is no hang
-            # A fresh beat says its loop runs: an unanswered ask is a flood's delay, no hang.
-            age = beat_age(beat)
-            fresh = age is not None and age <= STALE_AFTER_S
-            answered = fresh or await self._answers(member.slot, handle.pid)
-            missed = 0 if answered else missed + 1
-            if missed >= HUNG_AFTER:
-                why = f"did not answer its health check {missed} times in a row"
-                logger.warning(
-                    "ingress process %d (pid %d) %s (every %gs); killing it",
-                    member.slot,
-                    handle.pid,
-                    why,
-                    LIVENESS_PERIOD_S,
-                )
-                await self._kill(member, handle, hung, why, watch)
-                return
-
-    async def _until_stuck(
-        self, member: Member, handle: Handle, hung: list[str], watch: trio.CancelScope
-    ) -> None:
-        """Kill the process once `liveness` finds it stopped or stuck: waiting for its health
-        checks would black-hole its share of new connections for 15 s."""
-        beat = self.state.ingress_beat(member.slot, handle.pid)
-        why = await until_dead_or_stuck(handle.pid, beat)
-        logger.warning("ingress process %d (pid %d) %s; killing it", member.slot, handle.pid, why)
-        await self._kill(member, handle, hung, why, watch)
-
-    async def _kill(
-        self, member: Member, handle: Handle, hung: list[str], why: str, watch: trio.CancelScope
-    ) -> None:
-        """SIGKILL the process (once); if it has not exited `KILLED_EXIT_S` later (a frozen
-        process dies only once thawed), stop waiting for it: its slot is served anew."""
-        if hung:
-            return
-        hung.append(f"{why}, and was killed")
-        member.state, member.since = "restarting", time.time()
-        handle.signal(signal.SIGKILL)
-        await trio.sleep(KILLED_EXIT_S)
-        watch.cancel()
 
     async def _reap(self, slot: int, handle: Handle) -> None:
         await handle.wait()
