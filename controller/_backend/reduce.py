@@ -219,6 +219,7 @@ class Reducer:
             self._scaling.room_checked(event)
             return
         if isinstance(event, ev.NodesChanged):
+            self._failures.nodes_changed()
             return  # the pass reads the nodes to move off
         if isinstance(event, ev.CanaryCommand):
             self._canary.steer(event.what, event.via, trio.current_time())

@@ -51,6 +51,9 @@ class NodeDesk:
         """The runtime's nodes as last read (for their drain notices)."""
         self._lock = trio.Lock()
         self._wake = trio.Event()
+        self._placeable: frozenset[str] = frozenset()
+        """The nodes that took new replicas at the last look: one more, and the starts that
+        no node would take are tried again at once."""
 
     @property
     def supported(self) -> bool:
@@ -206,8 +209,14 @@ class NodeDesk:
             runtime.cordon(cordoned)
         state = self._state
         state.cordoned = cordoned
-        if (evict, forced) != (state.evict, state.evict_now):
-            state.evict, state.evict_now = evict, forced
+        moved = (evict, forced) != (state.evict, state.evict_now)
+        state.evict, state.evict_now = evict, forced
+        # A node that takes replicas now and did not (uncordoned, or joined): a start refused
+        # for want of one goes at once, not after its backoff.
+        placeable = frozenset(n.id for n in self._notices.values() if n.alive) - cordoned
+        freed = not placeable <= self._placeable
+        self._placeable = placeable
+        if moved or freed:
             for backend in list(self._backends.values()):
                 backend.notify_nodes()
 

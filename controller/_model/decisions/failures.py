@@ -51,6 +51,9 @@ class FailureBook:
     """Set once the deploy has failed, until the next one."""
     error: str | None = None
     """The last failure of this generation (what the status message shows)."""
+    unschedulable: bool = False
+    """The last failure was a start no node would take (cordoned, drained, full): a change of
+    the nodes ends its backoff."""
 
     def new_generation(self) -> None:
         """A new spec is a new attempt: nothing of the one it replaces carries over."""
@@ -71,6 +74,7 @@ class FailureBook:
         next start waits, longer after each failure in a row. Returns what comes next, in
         words."""
         self.error = error
+        self.unschedulable = error.startswith("Unschedulable")
         if now - self.last_failure_at >= self.policy.reset_after_s:
             self.restarts = 0  # it has been well for a while: forgive the earlier failures
         self.restarts += 1
@@ -80,6 +84,13 @@ class FailureBook:
         if self.starts_blocked:
             return "no new start until the next deploy"
         return f"next start in {delay:.3g}s"
+
+    def nodes_changed(self) -> None:
+        """A node was added, uncordoned or given room: a start that failed for want of one is
+        tried at once, as a Kubernetes scheduler places a pending pod, not after its backoff
+        (which grew with each refusal while the node was cordoned)."""
+        if self.unschedulable:
+            self.backoff_until = -math.inf
 
     def why_blocked(self, error: str) -> str:
         """Why the deploy failed, once `start_failed` said it did (what follows is said by the
