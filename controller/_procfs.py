@@ -171,14 +171,14 @@ def start_time(pid: int) -> str | None:
         return None
 
 
-def is_stopped(pid: int) -> bool:
-    """Whether `pid` is stopped (SIGSTOP, a terminal's Ctrl-Z, a debugger): ``T`` or ``t`` in
-    ``/proc/<pid>/stat``. It runs none of its code until continued."""
+def run_state(pid: int) -> str | None:
+    """`pid`'s state letter in ``/proc/<pid>/stat`` (``R`` running or waiting for a CPU, ``S``
+    asleep, ``D`` in an uninterruptible wait, ``T`` stopped...); None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rpartition(b")")[2].split()[0] in (b"T", b"t")
-    except (OSError, IndexError):
-        return False
+            return f.read().rpartition(b")")[2].split()[0].decode()
+    except (OSError, IndexError, UnicodeDecodeError):
+        return None
 
 
 def cpu_ticks(pid: int) -> int | None:

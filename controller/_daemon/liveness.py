@@ -7,12 +7,13 @@ into a file of its own every `BEAT_PERIOD_S`, from a task of its event loop: a l
 stuck (a blocking call, a deadlock, a frozen cgroup) stops beating. The daemon looks at the
 process table and the beat every `LOOK_PERIOD_S`. A process found stopped (SIGSTOP) on two
 looks in a row is killed; so is one whose beat is older than `STALE_AFTER_S` on two looks in a
-row while it had no CPU time between them (it runs nothing: frozen, or blocked). One that had
-CPU time is busy, not stuck (a flood on a loaded machine delays its beats by a second or
-more), unless its beat is older than `SPIN_AFTER_S` (its loop spins on something). A look that
-itself came late (the daemon starved of CPU, the machine suspended) judges nothing. A process
-that writes no beat (one started by an earlier version) is judged by the process table and its
-health checks only.
+row while it had no CPU time between them and was not waiting for one (it runs nothing: frozen,
+or blocked). One that had CPU time is busy, and one waiting for a CPU is starved, not stuck (a
+flood, or a loaded machine, delays a healthy process's beats by a second or more), unless its
+beat is older than `SPIN_AFTER_S` (its loop spins, or the machine is hopelessly overloaded). A
+look that itself came late (the daemon starved of CPU, the machine suspended) judges nothing.
+A process that writes no beat (one started by an earlier version) is judged by the process
+table and its health checks only.
 
 The beat is written by path each time, never through a link (a file removed or replaced is
 written anew at the next beat), and read as a regular file only: the daemon's loop never waits
@@ -32,7 +33,7 @@ import attrs
 import trio
 
 from .._files import open_regular
-from .._procfs import cpu_ticks, is_stopped
+from .._procfs import cpu_ticks, run_state
 
 #: How often a process writes its beat.
 BEAT_PERIOD_S = 0.2
@@ -101,6 +102,9 @@ class Look:
     stopped: bool
     beat_age_s: float | None
     cpu_ticks: int | None
+    runnable: bool = False
+    """Waiting for a CPU (``R``): on a loaded machine, a healthy process's beat is late by as
+    long as it waits, and it gets no CPU time meanwhile either."""
 
 
 @attrs.define
@@ -132,7 +136,8 @@ class Judge:
         self.stopped = self.stopped + 1 if seen.stopped else 0
         age = seen.beat_age_s
         stale = not seen.stopped and age is not None and age > STALE_AFTER_S
-        stuck = stale and (not ran or (age is not None and age > SPIN_AFTER_S))
+        idle = not ran and not seen.runnable  # asleep or blocked, its beat overdue
+        stuck = stale and (idle or (age is not None and age > SPIN_AFTER_S))
         self.stuck = self.stuck + 1 if stuck else 0
         if self.stopped >= 2:
             return "was stopped (SIGSTOP?)"
@@ -152,7 +157,9 @@ async def until_dead_or_stuck(pid: int, beat: Path) -> str:
     while True:
         due = trio.current_time() + LOOK_PERIOD_S
         await trio.sleep_until(due)
-        seen = Look(trio.current_time() - due, is_stopped(pid), beat_age(beat), cpu_ticks(pid))
+        state = run_state(pid)
+        late_s = trio.current_time() - due
+        seen = Look(late_s, state in ("T", "t"), beat_age(beat), cpu_ticks(pid), state == "R")
         why = judge.look(seen)
         if why is not None:
             return why

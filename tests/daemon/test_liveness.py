@@ -46,6 +46,17 @@ def test_a_stale_beat_while_the_process_has_cpu_time_is_a_busy_process_not_a_stu
     assert spun == [None, f"ran no task of its event loop for {SPIN_AFTER_S + 0.35:.1f}s (a spin?)"]
 
 
+def test_a_stale_beat_while_the_process_waits_for_a_cpu_is_a_starved_process() -> None:
+    """An idle ingress process gets no measurable CPU time in a quarter of a second, so on a
+    loaded machine one that waited a second for a CPU looked stuck. Waiting for a CPU (``R``),
+    it is spared until its beat is as old as a spin's."""
+    judge = Judge()
+    for _ in range(4):
+        assert judge.look(Look(0, False, STALE + 1, 10, runnable=True)) is None
+    assert judge.look(Look(0, False, SPIN_AFTER_S + 0.1, 10, runnable=True)) is None
+    assert judge.look(Look(0, False, SPIN_AFTER_S + 0.35, 10, runnable=True)) is not None
+
+
 def test_one_stuck_look_between_fresh_ones_kills_nothing() -> None:
     judge = Judge()
     seen = [(STALE, 10), (FRESH, 10), (STALE, 10), (FRESH, 10), (STALE, 10)]
