@@ -119,6 +119,6 @@ async def record(serving: Serving, timelines: Timelines) -> None:
         cursor = ctl.passes
         # The wall clock, not trio's: the points are shown as times of day, and a daemon's
         # chart is not driven by a test's MockClock.
-        await timelines.sample_in_turns(ctl.each_numbers(), wall_now())
+        await timelines.sample_in_turns(ctl.numbers(), wall_now())
         await trio.sleep(SAMPLE_GAP_S)
         await serving.wait_changed(ctl, cursor)

@@ -362,13 +362,9 @@ class Controller:
             raise UnknownBackendError(name)
         return backend.status(summary=True)
 
-    def numbers(self) -> list[BackendNumbers]:
-        """Every backend's counts (desired, ready, load), without building their statuses."""
-        return [backend.numbers() for backend in self._backends.values()]
-
-    def each_numbers(self) -> Iterator[BackendNumbers]:
-        """`numbers` one backend at a time, of the backends held when it was called: for a
-        caller that lets the loop run between them."""
+    def numbers(self) -> Iterator[BackendNumbers]:
+        """Every backend's counts (desired, ready, load), without building their statuses, one
+        at a time (of the backends held when called): a caller may let the loop run between."""
         for backend in list(self._backends.values()):
             yield backend.numbers()
 
