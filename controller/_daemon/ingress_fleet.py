@@ -91,9 +91,9 @@ class Fleet:
         """Set by `stop`: an exit is then the end, not a cause to start another."""
         self._handles: dict[int, Handle] = {}
         self._exited: dict[int, trio.Event] = {}
+        """Per slot whose process runs: set once it has exited (the supervisor waits on it)."""
         self._reapers: trio.Nursery | None = None
         """Where a killed process that did not exit is waited for (`run`'s nursery)."""
-        """Per slot whose process runs: set once it has exited (the supervisor waits on it)."""
 
     # -- start-up --
 

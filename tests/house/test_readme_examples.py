@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
 import trio
 
-from ..daemons import LIMIT_S, running
+from ..daemons import LIMIT_S, Daemon, running
 from ..documents import blocks, page
 from ..http_client import request
 from ..pristine import EXAMPLES, EXAMPLES_ROOT
@@ -49,6 +50,20 @@ def shows(shown: list[str], printed: str) -> bool:
     return re.fullmatch(pattern, text) is not None
 
 
+async def as_the_readme_runs_it(
+    daemon: Daemon, argv: list[str]
+) -> subprocess.CompletedProcess[bytes]:
+    """`controller argv` against `daemon`, from the repository's root (the README's paths are
+    the repository's)."""
+    return await trio.run_process(
+        [*daemon.cli_argv(), *argv],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+        cwd=EXAMPLES_ROOT,
+    )
+
+
 async def test_the_readmes_rollout_example_runs_as_it_says_broken_release_and_all(
     state_dir: Path,
 ) -> None:
@@ -69,13 +84,7 @@ async def test_the_readmes_rollout_example_runs_as_it_says_broken_release_and_al
                 if argv[:2] == ["rollout", "history"]:
                     # As the README shows it: once the rollback under way (if any) is over.
                     assert (await daemon.cli("rollout", "status", argv[2])).returncode == 0
-                result = await trio.run_process(
-                    [*daemon.cli_argv(), *argv],
-                    capture_stdout=True,
-                    capture_stderr=True,
-                    check=False,
-                    cwd=EXAMPLES_ROOT,  # the README's paths are the repository's
-                )
+                result = await as_the_readme_runs_it(daemon, argv)
                 out = (result.stdout + result.stderr).decode().replace(f"{EXAMPLES_ROOT}/", "")
                 fails = any(line.startswith("failed: ") for line in shown)
                 assert result.returncode == (1 if fails else 0), (command, out)
@@ -167,13 +176,7 @@ async def test_the_readmes_drive_it_list_runs_as_written(state_dir: Path) -> Non
                     with trio.move_on_after(3):
                         await trio.run_process([*daemon.cli_argv(), *argv], capture_stdout=True)
                     continue
-                result = await trio.run_process(
-                    [*daemon.cli_argv(), *argv],
-                    capture_stdout=True,
-                    capture_stderr=True,
-                    check=False,
-                    cwd=EXAMPLES_ROOT,  # the README's paths are the repository's
-                )
+                result = await as_the_readme_runs_it(daemon, argv)
                 said = (result.stdout + result.stderr).decode()
                 assert result.returncode == 0, (argv, said)
             status = await daemon.status()
