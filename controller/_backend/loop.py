@@ -18,34 +18,41 @@ from typing import final
 
 import trio
 
-from .._clock import wall_now
 from .._model.decisions.failures import FailureBook
 from .._model.decisions.pass_plan import PassState, decide_pass
 from .._model.decisions.spec import Spec
 from .._model.records.code_report import CodeReport
-from .._model.records.multiplexing import Held
-from .._model.records.records import events_key, replicas_key, revisions_key, spec_key
+from .._model.records.records import (
+    EventsRecord,
+    ReplicasRecord,
+    events_key,
+    replicas_key,
+    revisions_key,
+    spec_key,
+)
 from .._model.records.replica_state import ReplicaState
 from .._model.records.revisions import RevisionBook
-from .._model.values.json_values import JSON
-from .._model.views.status import BackendReason, BackendState, LoadReport
+from .._model.views.status import LoadReport
 from . import events as ev
 from . import tasks as tasks
 from . import view as view
+from .act import Executor
 from .canary import Canary
 from .failure_reports import FailureReports
 from .goal import Goal
 from .health import HealthChecks
 from .history import Journal
 from .intent import Intent
+from .loop_state import LoopState
 from .reading import Reading
 from .reduce import Reducer
-from .replica import Replica, new_tag
+from .replica import Replica
 from .replica_set import ReplicaSet
 from .rollout import Rollout
 from .scaling import Scaling
 from .settle import GoalSettler, unfinished
 from .shared import Shared
+from .snapshot import Snapshot
 
 logger = logging.getLogger("controller")
 #: The events of load: a pass for them alone leaves the autoscaler's count unchanged if its
@@ -54,8 +61,12 @@ _OF_LOAD = (ev.LoadReported, ev.OwnLoad)
 
 
 @final
-class Backend(Reducer, Reading):
-    """A backend's state and its task. Made by the controller; ``run`` is the task."""
+class Backend:
+    """A backend's state and its task. Made by the controller; ``run`` is the task.
+
+    A composition: its state (``LoopState``) is written by its reducer (``reduce``) as events
+    come and by its pass, and read through ``reading``; the parts that keep state of their own
+    (the intent, the tasks, the rollout, the health checks, the snapshot) are held here."""
 
     def __init__(
         self,
@@ -67,97 +78,162 @@ class Backend(Reducer, Reading):
         revisions: RevisionBook,
     ):
         self.name = name
-        self.spec = spec
-        self.goal = goal
         self.lock = lock
         """Held by deploy and delete while they write the spec, and by the loop while it forgets
         a deleted backend, so that a deploy racing a finished delete is never lost."""
-        self._set = ReplicaSet(name, lambda: self._intent.changed())
-        self.replicas = self._set.by_tag
-        self.forgotten = False
         self._shared = shared
         # Unbounded, and that is safe: every event answers a task the loop itself started (one
         # each), a death (at most one per replica) or a spec change (one per deploy). Senders
         # must never block: some of them run in the runtime's own callbacks.
         self._send, self._receive = trio.open_memory_channel[ev.Event](math.inf)
-        self._failures = FailureBook(shared.policy, shared.rng)
-        self._change: tuple[BackendState, BackendReason] = view.classify(spec, spec)
-        self._observed_generation = 0
-        self._converged = False
-        self._snapshot_dirty = True
-        self._held: dict[str, Held] = {}
-        """What each multiplexed replica said it holds, for the snapshot."""
-        self._held_published_at = -math.inf
-        self._held_due = False  # a timer brings a pass once HELD_PUBLISH_S is past
-        self.journal = Journal(name, shared.observer, lambda: self._intent.events_changed())
+        replica_set = ReplicaSet(name, lambda: self._intent.changed())
+        failures = FailureBook(shared.policy, shared.rng)
+        journal = Journal(name, shared.observer, lambda: self._intent.events_changed())
         self._intent = Intent(
             name,
             shared.store,
-            self._set.record,
-            self.journal.log,
+            replica_set.record,
+            journal.log,
             self._send_nowait,
             shared.turns,
         )
         self._tasks = tasks.Launcher(shared.runtime, self._intent, self._send_nowait)
         self._alarm = tasks.Alarm(self._tasks)
         self._settler = GoalSettler(
-            self._intent, lambda: any(map(unfinished, self.replicas.values()))
+            self._intent, lambda: any(map(unfinished, replica_set.by_tag.values()))
         )
         self._reports = FailureReports(
-            self._failures,
-            self.journal,
-            self._set,
-            lambda: (self.spec.generation, self.goal),
+            failures,
+            journal,
+            replica_set,
+            lambda: (self._state.spec.generation, self._state.goal),
             self._settler,
             self._rollout_failed,
         )
-        self.revisions = revisions
-        """Its revisions, read here: the desk adds them, and marks what the rollout reports."""
         self._rollout = Rollout(
             name,
             revisions,
-            self.journal,
+            journal,
             touched=self._intent.touched,
-            spec=lambda: self.spec,
-            failures=self._failures,
+            spec=lambda: self._state.spec,
+            failures=failures,
             deploy_failed=self._reports.deploy_failed,
             roll_back=shared.roll_back,
             report=functools.partial(shared.report_outcome, name),
             observer=shared.observer,
-            in_canary=lambda: self._canary.phase in ("judging", "aborted"),
+            in_canary=lambda: canary.phase in ("judging", "aborted"),
         )
-        self._canary = Canary(
+        canary = Canary(
             revisions,
-            self.journal,
+            journal,
             touched=self._intent.touched,
-            published=self._traffic_changed,
+            published=lambda: self._snapshot.changed(),
             fail=lambda why: self._reports.deploy_failed("CanaryAborted", why),
             progressed=self._rollout.progressed,
             promoted=lambda: shared.on_promoted(name),
             phase_of=shared.canary_phase,
         )
-        self._set.rollout = lambda: self._canary.recorded(self._rollout.record())
-        self._restored = False
-        self._health = HealthChecks(
-            self._tasks,
-            self._check_failed,
-            self._ready_changed,
-            late=lambda n: shared.observer.late_checks(name, n),
-            mark=self._set.mark,
-        )
-        self._load_only = False  # the events of this pass were all of load
-        self._scaling = Scaling(
+        replica_set.rollout = lambda: canary.recorded(self._rollout.record())
+        scaling = Scaling(
             name,
             room=shared.room,
             observer=shared.observer,
             intent=self._intent,
-            journal=self.journal,
+            journal=journal,
             start_task=self._tasks.start_task,
             send=self._send_nowait,
         )
-        self._set.autoscale = self._scaling.record
-        self._scaling.configure(spec.backend_config, trio.current_time())
-        self.journal.event("Delete" if spec.deleting else "Deploy", view.describe_new(spec))
+        replica_set.autoscale = scaling.record
+        scaling.configure(spec.backend_config, trio.current_time())
+        self._state = LoopState(
+            name,
+            spec,
+            goal,
+            revisions,
+            journal,
+            replica_set,
+            failures,
+            scaling,
+            canary,
+            view.classify(spec, spec),
+        )
+        # Its parts, held here too: each keeps its own state, and none is ever replaced.
+        self._set, self._replicas, self._journal = replica_set, replica_set.by_tag, journal
+        self._failures, self._scaling, self._canary = failures, scaling, canary
+        self.reading = Reading(self._state)
+        """What is read of it: its status, its counts, its canary."""
+        self._snapshot = Snapshot(
+            self._state,
+            shared.hub,
+            lambda at: self._tasks.timer(trio.CancelScope(), at),
+        )
+        self._health = HealthChecks(
+            self._tasks,
+            lambda replica, error: self._reducer.check_failed(replica, error),
+            self._snapshot.changed,
+            late=lambda n: shared.observer.late_checks(name, n),
+            mark=replica_set.mark,
+        )
+        self._reducer = Reducer(
+            self._state,
+            self._snapshot,
+            tasks=self._tasks,
+            alarm=self._alarm,
+            intent=self._intent,
+            reports=self._reports,
+            rollout=self._rollout,
+            health=self._health,
+            settler=self._settler,
+            shared=shared,
+        )
+        self._executor = Executor(
+            self._state, self._snapshot, self._reducer, self._tasks, self._health
+        )
+        self._load_only = False  # the events of this pass were all of load
+        journal.event("Delete" if spec.deleting else "Deploy", view.describe_new(spec))
+
+    # -- what the controller reads of it (the rest through `reading`) --
+
+    @property
+    def spec(self) -> Spec:
+        return self._state.spec
+
+    @property
+    def goal(self) -> Goal:
+        return self._state.goal
+
+    @property
+    def replicas(self) -> dict[str, Replica]:
+        return self._state.replicas
+
+    @property
+    def journal(self) -> Journal:
+        return self._state.journal
+
+    @property
+    def revisions(self) -> RevisionBook:
+        return self._state.revisions
+
+    @property
+    def forgotten(self) -> bool:
+        return self._state.forgotten
+
+    # -- before the task runs: what the store held --
+
+    def restore(
+        self, record: ReplicasRecord | None, live: set[str], events: EventsRecord | None
+    ) -> list[str]:
+        """Rebuild replicas from a checkpoint, adopting what is alive and forgetting what is
+        not (returned, for the runtime to clear what they left behind)."""
+        return self._reducer.restore(record, live, events)
+
+    def show_as_stored(self) -> None:
+        """For a standby's view (which never runs): as the leader last wrote it."""
+        self._reducer.show_as_stored()
+
+    def block_starts(self, reason: str) -> None:
+        """Start nothing new until the next deploy: the spec cannot be placed."""
+        self._reducer.block_starts(reason)
 
     # -- called by the controller: it reads, and it sends events --
 
@@ -206,15 +282,15 @@ class Backend(Reducer, Reading):
             self._tasks.nursery = nursery
             nursery.start_soon(self._intent.run)
             # What a previous controller left in flight; its intent is already stored.
-            for replica in list(self.replicas.values()):
+            for replica in list(self._replicas.values()):
                 if replica.state is ReplicaState.RECOVERING:
-                    self._spawn_bring_up(replica, adopt=True)
+                    self._executor.bring_up(replica, adopt=True)
                 elif replica.state is ReplicaState.STOPPING:
-                    self._spawn_stop(replica)
-            self._health.adopting(self.replicas, self.spec.backend_config)
-            self._publish()  # watchers see the replicas that served before `open` returns
-            if not self._restored and not self.spec.deleting:
-                self._rollout.begin(self.spec.revision, trio.current_time())
+                    self._reducer.spawn_stop(replica)
+            self._health.adopting(self._replicas, self._state.spec.backend_config)
+            self._snapshot.publish()  # watchers see the replicas that served before `open` returns
+            if not self._state.restored and not self._state.spec.deleting:
+                self._rollout.begin(self._state.spec.revision, trio.current_time())
             task_status.started()
             self._rollout.started()
             done = await self._pass()
@@ -231,7 +307,7 @@ class Backend(Reducer, Reading):
                 quiet = True
                 while True:
                     self._load_only &= isinstance(event, _OF_LOAD)
-                    quiet = self._apply(event) and quiet
+                    quiet = self._reducer.apply(event) and quiet
                     handled += 1
                     try:
                         event = self._receive.receive_nowait()
@@ -249,9 +325,6 @@ class Backend(Reducer, Reading):
     def _send_nowait(self, event: ev.Event) -> None:
         self._send.send_nowait(event)
 
-    def _traffic_changed(self) -> None:
-        self._snapshot_dirty = True
-
     def _rollout_failed(self, reason: str) -> str:
         if self._canary.phase == "judging":
             self._canary.abort()  # weight 0 now, whatever failed it
@@ -261,11 +334,11 @@ class Backend(Reducer, Reading):
 
     async def _pass(self) -> bool:
         """Read, decide, publish, act. True once a deleted backend is gone for good."""
-        spec, config, now = self.spec, self.spec.backend_config, trio.current_time()
-        config_digest, user_config = self._config_to_hold()
+        spec, now = self._state.spec, trio.current_time()
+        config_digest, user_config = self._state.config_to_hold()
         serving = self._set.serving_of.get(spec.version, 0)
-        canary_at = self._canary.look(spec, now, serving, self.desired)
-        self._publish()  # a new weight reaches the ingresses before replicas move
+        canary_at = self._canary.look(spec, now, serving, self._state.desired)
+        self._snapshot.publish()  # a new weight reaches the ingresses before replicas move
         state = self._read(now, config_digest, user_config is not None, canary_at)
         plan = decide_pass(state, now)
         if plan.deadline_failure is not None:
@@ -276,71 +349,26 @@ class Backend(Reducer, Reading):
             # backend of 10,000 replicas is not walked ten times a second).
             self._alarm.ask(plan.wake(self._failures.backoff_until))
             return False
-        self._observed_generation = spec.generation
-        self._converged = plan.converged
+        self._state.observed_generation = spec.generation
+        self._state.converged = plan.converged
         if plan.converged:
             self._scaling.converged()
             if self._failures.blocked is None and not self._set.unhealthy and not spec.deleting:
                 # Else a failure long mended reads as news.
-                self.journal.healthy()
+                self._journal.healthy()
                 self._failures.mended()
         if plan.complete:
             self._rollout.complete(plan.num_replicas)
 
-        stops = [self.replicas[tag] for tag in plan.replicas.stop]
-        for replica in stops:
-            graceful = not spec.force and replica.state is not ReplicaState.STARTING
-            self._begin_stop(replica, graceful=graceful)
-        starts = [
-            self._set.add(
-                new_tag(self.name, self.replicas),
-                spec.version,
-                config_digest,
-                revision=spec.revision,
-            )
-            for _ in range(plan.replicas.start)
-        ]
-        if plan.replicas.start_stable and state.split is not None:
-            stable = state.split
-            starts += [
-                self._set.add(
-                    new_tag(self.name, self.replicas),
-                    stable.stable_version,
-                    stable.stable_digest,
-                    revision=self._canary.stable_number,
-                )
-                for _ in range(plan.replicas.start_stable)
-            ]
-        updates = [self.replicas[tag] for tag in plan.replicas.reconfigure]
-        if user_config is None:
-            # Only a config that is not None is handed to replicas (new ones get none either):
-            # those that had one are up to date as they are.
-            for replica in updates:
-                self._set.set_config(replica, config_digest)
-            updates = []
-        for replica in updates:
-            self._set.mark(replica, state=ReplicaState.UPDATING)
-
-        # Watchers first: a replica leaves the snapshot before it is asked to drain.
-        self._publish()
-        for replica in stops:
-            self._spawn_stop(replica)
-        for replica in starts:
-            self._spawn_bring_up(replica, adopt=False)
-        for replica in updates:
-            self._tasks.reconfigure(replica, user_config, config_digest, config.start_timeout_s)
-        started = [r.version for r in starts]
-        self.journal.decision(spec.version, started, [r.version for r in stops], len(updates))
-        self._health.carry_out(plan, now, self.replicas, config)
-        self._publish()  # a late health check may have taken a replica out
+        self._executor.carry_out(plan, state.split, (config_digest, user_config))
         # The backoff as the plan left it: a late check at its threshold backs off.
         self._alarm.ask(plan.wake(self._failures.backoff_until))
         if plan.forget:
             return await self._forget()
         # Converged, and not within a new replica's min_ready_s: complete once stored.
-        if plan.reached and not self._settler.resolving(self.goal):
-            self.journal.reached(spec.generation)
-            self._settler.resolve(self.goal, Goal.complete)
+        if plan.reached and not self._settler.resolving(self._state.goal):
+            self._journal.reached(spec.generation)
+            self._settler.resolve(self._state.goal, Goal.complete)
         return False
 
     def _read(
@@ -348,8 +376,8 @@ class Backend(Reducer, Reading):
     ) -> PassState:
         """What the pass decides on. The autoscaler is evaluated and its count fitted here:
         both are state that evaluating updates (``_model.decisions.pass_plan``)."""
-        census, version = self._set.census, self.spec.version
-        autoscaled = self._scaling.autoscaled and not self.spec.deleting
+        census, version = self._set.census, self._state.spec.version
+        autoscaled = self._scaling.autoscaled and not self._state.spec.deleting
         # Replicas not serving yet count as fully loaded before it scales down (asked lazily).
         changed = autoscaled and self._scaling.evaluate(now, lambda: census.not_ready(version))
         unchanged = autoscaled and self._load_only and not changed
@@ -358,87 +386,40 @@ class Backend(Reducer, Reading):
         if not autoscaled:
             self._scaling.not_autoscaled()
         return PassState(
-            spec=self.spec,
+            spec=self._state.spec,
             config_digest=config_digest,
             hands_config=hands_config,
             blocked=self._failures.blocked,
             backoff_until=self._failures.backoff_until,
-            converged=self._converged,
+            converged=self._state.converged,
             rollout=self._rollout.state(),
             autoscaled=autoscaled,
             count=count,
             unchanged=unchanged,
             asking_room=self._scaling.asking_room,
             scaling_at=self._scaling.next_at,
-            health=self._health.read(now, self.replicas, take=not unchanged),
-            replicas=self.replicas.values(),
+            health=self._health.read(now, self._replicas, take=not unchanged),
+            replicas=self._replicas.values(),
             census=census,
             evict=self._shared.nodes.evict,
             evict_now=self._shared.nodes.evict_now,
-            split=self._canary.split(self.spec, self.desired),
+            split=self._canary.split(self._state.spec, self._state.desired),
             canary_at=canary_at,
         )
-
-    def _config_to_hold(self) -> tuple[str, JSON]:
-        return self.spec.config_to_hold(rolled_back=self._failures.blocked == "ReconfigureFailed")
-
-    @property
-    def desired(self) -> int:
-        """The replica count it moves to: the autoscaler's (as far as it fits), or the
-        config's."""
-        return self._scaling.desired(self.spec.backend_config.num_replicas)
-
-    # -- replicas --
-
-    def _spawn_stop(self, replica: Replica) -> None:
-        grace = self.spec.backend_config.graceful_shutdown_timeout_s
-        if replica.resumed_stop and replica.stopping_since is not None:
-            # A stop begun before (by a controller that crashed or lost its lease): only what
-            # is left of its deadline, or a takeover after another would drain for ever.
-            grace = max(0.0, replica.stopping_since + grace - wall_now())
-        self._tasks.stop(replica, grace)
-
-    def _spawn_bring_up(self, replica: Replica, *, adopt: bool) -> None:
-        spec = None
-        if not adopt:
-            user_config = self._config_to_hold()[1]
-            of = self.spec
-            stable = self._canary.stable
-            if replica.version != of.version and stable is not None:
-                # A replica of the stable revision, beside a canary: its content.
-                of, user_config = of.running(stable.content), stable.content.user_config
-            spec = of.replica_spec(self.name, replica.tag, replica.version, user_config)
-        self._tasks.bring_up(replica, spec, self.spec.backend_config.start_timeout_s)
-
-    def _publish(self) -> None:
-        if self._snapshot_dirty:
-            self._snapshot_dirty = False
-            hub = self._shared.hub
-            hub.publish(
-                view.snapshot_of(
-                    self.name,
-                    hub.next_id(),
-                    self.spec,
-                    self._set.serving,
-                    self.forgotten,
-                    self._canary.traffic(self.spec),
-                    self._held,
-                )
-            )
 
     async def _forget(self) -> bool:
         if not self._intent.idle:
             return False  # a write is in flight or due; its Written event brings another pass
         async with self.lock:
-            if self._shared.requested(self.name) != self.spec.generation or self.replicas:
+            if self._shared.requested(self.name) != self._state.spec.generation or self._replicas:
                 return False  # a deploy came in while we waited for the lock: its spec is next
             name = self.name
             keys = [spec_key(name), replicas_key(name), events_key(name), revisions_key(name)]
             await self._intent.forget(keys + self._set.page_keys())
-            self.forgotten = True
-            self._snapshot_dirty = True
-            self._publish()
-            self.goal.complete()
+            self._state.forgotten = True
+            self._snapshot.changed()
+            self._snapshot.publish()
+            self._state.goal.complete()
             self._shared.on_forgotten(self)
             logger.info("backend %s deleted", self.name)
             return True

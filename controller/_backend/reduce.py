@@ -14,74 +14,66 @@ import logging
 import attrs
 import trio
 
+from .._clock import wall_now
 from .._model.config.traffic import DEFAULT_MAX_UPLOADS
-from .._model.decisions.failures import FailureBook
 from .._model.decisions.pass_plan import replaces_unhealthy
 from .._model.decisions.spec import Spec
-from .._model.records.multiplexing import Held
 from .._model.records.records import EventsRecord, ReplicasRecord
 from .._model.records.replica_state import ReplicaState
-from .._model.records.revisions import RevisionBook
-from .._model.views.status import BackendReason, BackendState, LoadReport
+from .._model.views.status import BackendState, LoadReport
 from .._ports.runtime import ReplicaInfo
 from . import events as ev
 from . import tasks as tasks
 from . import view as view
-from .canary import Canary
 from .failure_reports import FailureReports
 from .goal import Goal
 from .health import HealthChecks
-from .history import Journal
 from .intent import Intent
+from .loop_state import LoopState
 from .replica import UNKNOWN_CONFIG, Replica
-from .replica_set import ReplicaSet
 from .rollout import Rollout
-from .scaling import Scaling
 from .settle import GoalSettler
 from .shared import Shared
+from .snapshot import Snapshot
 
 logger = logging.getLogger("controller")
-#: How often, at most, a change of what multiplexed replicas hold alone publishes a snapshot.
-HELD_PUBLISH_S = 1.0
 
 
 class Reducer:
-    """Applies events to a backend's state (the ``Backend`` of ``loop``, which sets every
-    attribute named here)."""
+    """Applies events to a backend's state (``LoopState``): the loop's only way of changing it
+    between passes."""
 
-    name: str
-    spec: Spec
-    goal: Goal
-    revisions: RevisionBook
-    journal: Journal
-    replicas: dict[str, Replica]
-    _set: ReplicaSet
-    _tasks: tasks.Launcher
-    _alarm: tasks.Alarm
-    _intent: Intent
-    _failures: FailureBook
-    _reports: FailureReports
-    _rollout: Rollout
-    _canary: Canary
-    _health: HealthChecks
-    _scaling: Scaling
-    _settler: GoalSettler
-    _shared: Shared
-    _change: tuple[BackendState, BackendReason]
-    _snapshot_dirty: bool
-    _held: dict[str, Held]
-    _held_published_at: float
-    _held_due: bool
-    _restored: bool
-    _observed_generation: int
-    _converged: bool
-
-    @property
-    def desired(self) -> int:
-        raise NotImplementedError
-
-    def _publish(self) -> None:
-        raise NotImplementedError
+    def __init__(
+        self,
+        state: LoopState,
+        snapshot: Snapshot,
+        *,
+        tasks: tasks.Launcher,
+        alarm: tasks.Alarm,
+        intent: Intent,
+        reports: FailureReports,
+        rollout: Rollout,
+        health: HealthChecks,
+        settler: GoalSettler,
+        shared: Shared,
+    ):
+        self._state = state
+        # Its parts, held here too: each keeps its own state, and none is ever replaced.
+        self._set = state.set
+        self._replicas = state.replicas
+        self._failures = state.failures
+        self._scaling = state.scaling
+        self._canary = state.canary
+        self._journal = state.journal
+        self._snapshot = snapshot
+        self._tasks = tasks
+        self._alarm = alarm
+        self._intent = intent
+        self._reports = reports
+        self._rollout = rollout
+        self._health = health
+        self._settler = settler
+        self._shared = shared
 
     # -- what the store held, before the task runs --
 
@@ -91,91 +83,80 @@ class Reducer:
         """Before ``run``: rebuild replicas from a checkpoint, adopting what is alive and
         forgetting what is not (returned, for the runtime to clear what they left behind)."""
         # Those not alive, the plan replaces.
-        dropped = self._set.restore(record, live, graceful=not self.spec.force)
+        dropped = self._set.restore(record, live, graceful=not self._state.spec.force)
         self._reports.restore(record.failed if record is not None else None)
-        self._restored = True
+        self._state.restored = True
         rollout = record.rollout if record is not None else None
         self._rollout.restore(rollout, trio.current_time())
         canary = rollout.canary if rollout is not None else None
-        self._canary.restore(canary, self.spec, trio.current_time())
+        self._canary.restore(canary, self._state.spec, trio.current_time())
         for rec in record.replicas if record is not None else ():
             if rec.tag in dropped and rec.served and not rec.stopping:
                 # Gone while no controller ran: a canary's replica died as surely as one
                 # seen to die (its first pass aborts it).
                 self._canary.lost(rec.tag, rec.version)
         autoscale = record.autoscale if record is not None else None
-        self._scaling.restore(autoscale, self.spec.backend_config, trio.current_time())
+        self._scaling.restore(autoscale, self._state.spec.backend_config, trio.current_time())
         self._intent.restored(changed=bool(dropped))
-        if not self.spec.deleting:
-            self._change = (BackendState.UPDATING, "Recovering")
-        self.journal.log.restore(events)
-        self.journal.recovered(self.spec.generation, len(self.replicas))
+        if not self._state.spec.deleting:
+            self._state.change = (BackendState.UPDATING, "Recovering")
+        self._journal.log.restore(events)
+        self._journal.recovered(self._state.spec.generation, len(self._replicas))
         return dropped
 
     def show_as_stored(self) -> None:
         """After ``restore``, for a standby's view (which never runs): publish the replicas that
         served, and say the backend is what its spec and replicas make it, not recovering."""
-        for replica in self.replicas.values():
+        for replica in self._replicas.values():
             # As the leader last wrote it: those that served, serve (a standby does not look).
             if replica.state is ReplicaState.RECOVERING and replica.view is not None:
                 self._set.mark(replica, state=ReplicaState.RUNNING)
-        self._change = view.classify(self.spec, self.spec)
+        self._state.change = view.classify(self._state.spec, self._state.spec)
         # The leader writes a spec before it acts on it: the stored spec is the one it follows.
-        self._observed_generation = self.spec.generation
+        self._state.observed_generation = self._state.spec.generation
         self._scaling.as_stored()
-        running = [r for r in self.replicas.values() if r.state is ReplicaState.RUNNING]
-        if len(running) == len(self.replicas) == self.desired and all(
-            r.version == self.spec.version for r in running
+        running = [r for r in self._replicas.values() if r.state is ReplicaState.RUNNING]
+        if len(running) == len(self._replicas) == self._state.desired and all(
+            r.version == self._state.spec.version for r in running
         ):
             # All there, as asked: what the leader reported as its goal reached.
-            self._converged = True
-            self.goal.complete()
-        self._publish()
+            self._state.converged = True
+            self._state.goal.complete()
+        self._snapshot.publish()
 
     def _own_load(self, event: ev.OwnLoad) -> bool:
         """Keep what a replica says of itself; True if a pass should follow (the book's totals
         moved, or what it holds of its models is due in a snapshot)."""
         tag, code = event.tag, event.code
-        if tag not in self.replicas:
+        if tag not in self._replicas:
             return False  # a late report about a replica already forgotten
         moved = self._scaling.report_own(tag, event.ongoing, event.served, code)
         models = None if code is None else code.models
-        if models is None or self._held.get(tag) == models.held:
-            return moved
-        self._held[tag] = models.held
-        # Routers that have not heard from it yet learn where its models are with a snapshot, at
-        # most every HELD_PUBLISH_S: a replica loading models all the time must not have every
-        # ingress fetch the backend again each time (a timer brings what came between).
-        due = self._held_published_at + HELD_PUBLISH_S - trio.current_time()
-        if due <= 0:
-            self._publish_held()
-            return True
-        if not self._held_due:
-            self._held_due = True
-            self._tasks.timer(trio.CancelScope(), self._held_published_at + HELD_PUBLISH_S)
-        return moved
-
-    def _publish_held(self) -> None:
-        self._held_published_at = trio.current_time()
-        self._snapshot_dirty = True
+        # Routers that have not heard from it yet learn where its models are with a snapshot.
+        return (models is not None and self._snapshot.held(tag, models.held)) or moved
 
     def block_starts(self, reason: str) -> None:
         """Before ``run``: start nothing new until the next deploy, because the spec cannot be
         placed (a spec stored before the runtime shrank). Replicas already there stay."""
         self._reports.infeasible(reason)
 
-    def _spawn_stop(self, replica: Replica) -> None:
-        """Start the stop task of `replica`, marked STOPPING already (the loop's)."""
-        raise NotImplementedError
+    def spawn_stop(self, replica: Replica) -> None:
+        """Start the stop task of `replica`, marked STOPPING already."""
+        grace = self._state.spec.backend_config.graceful_shutdown_timeout_s
+        if replica.resumed_stop and replica.stopping_since is not None:
+            # A stop begun before (by a controller that crashed or lost its lease): only what
+            # is left of its deadline, or a takeover after another would drain for ever.
+            grace = max(0.0, replica.stopping_since + grace - wall_now())
+        self._tasks.stop(replica, grace)
 
-    def _apply(self, event: ev.Event) -> bool:
+    def apply(self, event: ev.Event) -> bool:
         """Take `event` in; True if it changed nothing a pass decides on (checks that passed,
         of replicas already healthy), so that a pass for it alone would decide what the last
         one did."""
         if isinstance(event, ev.HealthChecked):
             quiet = True
             for tag, error in event.results:
-                checked = self.replicas.get(tag)
+                checked = self._replicas.get(tag)
                 if checked is not None:  # else a late report about a replica already forgotten
                     quiet = not self._health.reported(checked, error) and quiet
             return quiet
@@ -195,10 +176,10 @@ class Reducer:
         each at most its ``max_ongoing_requests`` and the uploads an ingress process sends
         beside them: no source makes up replicas or loads that the status and the autoscaler
         would take for real."""
-        cap = self.spec.backend_config.max_ongoing_requests + DEFAULT_MAX_UPLOADS
-        known = {t: min(n, cap) for t, n in report.in_flight.items() if t in self.replicas}
+        cap = self._state.spec.backend_config.max_ongoing_requests + DEFAULT_MAX_UPLOADS
+        known = {t: min(n, cap) for t, n in report.in_flight.items() if t in self._replicas}
         if len(known) != len(report.in_flight):
-            self._shared.observer.unknown_load(self.name, len(report.in_flight) - len(known))
+            self._shared.observer.unknown_load(self._state.name, len(report.in_flight) - len(known))
         return report if known == report.in_flight else attrs.evolve(report, in_flight=known)
 
     def _take(self, event: ev.Event) -> None:
@@ -208,9 +189,7 @@ class Reducer:
             return
         if isinstance(event, ev.Tick):
             self._alarm.rang(event.at)
-            if self._held_due and event.at >= self._held_published_at + HELD_PUBLISH_S:
-                self._held_due = False
-                self._publish_held()
+            self._snapshot.tick(event.at)
             return
         if isinstance(event, ev.Written):
             self._intent.written(event.seq)
@@ -226,7 +205,7 @@ class Reducer:
             event.applied.set()
             return
         assert not isinstance(event, ev.HealthChecked | ev.LoadReported | ev.OwnLoad)
-        replica = self.replicas.get(event.tag)
+        replica = self._replicas.get(event.tag)
         if replica is None:
             return  # a late report about a replica already forgotten
         if isinstance(event, ev.Started):
@@ -237,7 +216,7 @@ class Reducer:
             self._set.remove(event.tag)
             self._tasks.gone(event.tag)
             self._scaling.gone(event.tag)
-            self._held.pop(event.tag, None)
+            self._snapshot.gone(event.tag)
             self._settler.gone()
             logger.info("replica %s stopped", replica.tag)
         elif isinstance(event, ev.Died) and event.node is not None:
@@ -248,19 +227,21 @@ class Reducer:
             self._reconfigured(replica, event)
 
     def _take_spec(self, spec: Spec, goal: Goal) -> None:
-        old = self.spec
+        old = self._state.spec
         if spec.generation == old.generation:
             # Paused or resumed with nothing to roll out: the same spec and goal, noted.
-            self.spec = spec
-            self.journal.event("Paused" if spec.paused else "Resumed", view.describe_pause(spec))
+            self._state.spec = spec
+            self._journal.event("Paused" if spec.paused else "Resumed", view.describe_pause(spec))
             return
-        self._settler.supersede(self.goal)
-        self.spec, self.goal = spec, goal
+        self._settler.supersede(self._state.goal)
+        self._state.spec, self._state.goal = spec, goal
         # A new spec is a new attempt: the failures of the one it replaces do not carry over.
         self._failures.new_generation()
         self._set.set_failed(None)
-        self._change = view.classify(old, spec, self.revisions.get(spec.revision))
-        self.journal.event("Delete" if spec.deleting else "Deploy", view.describe_change(old, spec))
+        self._state.change = view.classify(old, spec, self._state.revisions.get(spec.revision))
+        self._journal.event(
+            "Delete" if spec.deleting else "Deploy", view.describe_change(old, spec)
+        )
         self._rollout.taken(old, spec, trio.current_time())
         if spec.force:
             self._set.cut_drains()
@@ -268,39 +249,39 @@ class Reducer:
         self._scaling.configure(spec.backend_config, trio.current_time())
         period = spec.backend_config.health_check_period_s
         if period != old.backend_config.health_check_period_s:
-            self._health.reschedule(self.replicas, trio.current_time(), period)
-        self._snapshot_dirty = True
+            self._health.reschedule(self._replicas, trio.current_time(), period)
+        self._snapshot.changed()
 
     def _started(self, replica: Replica, info: ReplicaInfo) -> None:
         self._tasks.ended(replica.tag)
         if replica.state is ReplicaState.STOPPING:
-            self._spawn_stop(replica)  # ready just as the loop decided to stop it
+            self.spawn_stop(replica)  # ready just as the loop decided to stop it
             return
         if self._set.running(replica, info):
             self._intent.touched()  # stored with the next write; no action waits on it
-        self._snapshot_dirty = True
-        of_target = replica.version == self.spec.version
+        self._snapshot.changed()
+        of_target = replica.version == self._state.spec.version
         self._failures.ready(of_target)
         if of_target:
             self._ready(replica)
-        self._health.begin(replica, self.spec.backend_config)
+        self._health.begin(replica, self._state.spec.backend_config)
         logger.info("replica %s RUNNING at %s", replica.tag, info.address)
         self._settler.gone()  # its start has ended: a failure waiting may resolve
 
     def _start_failed(self, replica: Replica, error: str | None, traceback: str | None) -> None:
         self._tasks.ended(replica.tag)
         if replica.state is ReplicaState.STOPPING:
-            self._spawn_stop(replica)  # the loop stopped it; its start task has ended
+            self.spawn_stop(replica)  # the loop stopped it; its start task has ended
             return
         if error is None:
-            timeout = self.spec.backend_config.start_timeout_s
+            timeout = self._state.spec.backend_config.start_timeout_s
             error = f"ReplicaStartTimeout: not ready within start_timeout_s={timeout:g}"
         if replica.adopted:
             # Not a failed start of the version: the plan simply replaces it.
             logger.warning("replica %s: adoption failed (%s); replacing it", replica.tag, error)
-            self.journal.event("AdoptionFailed", f"replica {replica.tag}: {error}; replacing it")
+            self._journal.event("AdoptionFailed", f"replica {replica.tag}: {error}; replacing it")
         else:
-            of_target = replica.version == self.spec.version
+            of_target = replica.version == self._state.spec.version
             self._reports.start_failed(replica.tag, replica.version, of_target, error, traceback)
         # What a failed start left behind (its process may live on: a hung start, a worker that
         # failed to import): a goal this failure fails waits until it is gone (``settle``).
@@ -311,7 +292,7 @@ class Reducer:
             return  # being stopped anyway; its stop task reports when it is gone
         self._rollout.replica_failed(replica, f"died: {reason}", trio.current_time())
         if replica.state is ReplicaState.STARTING:
-            of_target = replica.version == self.spec.version
+            of_target = replica.version == self._state.spec.version
             self._reports.start_failed(replica.tag, replica.version, of_target, reason, None)
         else:
             self._canary.replica_failed(replica.tag, replica.version, f"died: {reason}")
@@ -325,20 +306,20 @@ class Reducer:
         if replica.state is ReplicaState.STOPPING:
             return
         logger.warning("replica %s: its node %s was lost (%s)", replica.tag, node, reason)
-        self.journal.event("NodeLost", f"replica {replica.tag}: its node {node} was lost")
+        self._journal.event("NodeLost", f"replica {replica.tag}: its node {node} was lost")
         self._stop_now(replica, graceful=False)
 
     def _reconfigured(self, replica: Replica, event: ev.Reconfigured) -> None:
         self._tasks.ended(replica.tag)
         if replica.state is ReplicaState.STOPPING:
-            self._spawn_stop(replica)  # stopped while it reconfigured; that task has ended
+            self.spawn_stop(replica)  # stopped while it reconfigured; that task has ended
             return
         error = event.error
         if error is None and event.cut:
             error = "ReconfigureTimeout: no answer within start_timeout_s"
         if error is None:
             self._set.mark(replica, state=ReplicaState.RUNNING)
-            spec = self.spec
+            spec = self._state.spec
             if event.config_digest == spec.config_digest:
                 self._set.set_config(replica, event.config_digest, spec.revision)
                 self._ready(replica)
@@ -348,7 +329,7 @@ class Reducer:
             logger.info("replica %s reconfigured", replica.tag)
             return
         message = f"reconfigure failed: {error}"
-        spec = self.spec
+        spec = self._state.spec
         if (
             self._failures.blocked is None
             and spec.rollback is not None
@@ -373,16 +354,16 @@ class Reducer:
         self._set.mark(replica, ready_at=now)
         self._rollout.ready(now)
 
-    def _ready_changed(self) -> None:
-        self._snapshot_dirty = True
+    def ready_changed(self) -> None:
+        self._snapshot.changed()
 
-    def _check_failed(self, replica: Replica, error: str) -> None:
+    def check_failed(self, replica: Replica, error: str) -> None:
         """A failed or late health check (the replica is out of the watch snapshot already):
         replaced after `health_check_failure_threshold` in a row (not live)."""
-        threshold = self.spec.backend_config.health_check_failure_threshold
+        threshold = self._state.spec.backend_config.health_check_failure_threshold
         what = f"failed a health check: {error}"
         self._rollout.replica_failed(replica, what, trio.current_time())
-        self.journal.event(
+        self._journal.event(
             "Unhealthy",
             f"replica {replica.tag}: health check {replica.checks.failures}/{threshold} "
             f"failed: {error}",
@@ -392,15 +373,15 @@ class Reducer:
             self._reports.failure(replica.tag, "Unhealthy", f"unhealthy: {error}")
             self._stop_now(replica, graceful=True)
         else:
-            self.journal.unhealthy(error)
+            self._journal.unhealthy(error)
 
     # -- stops --
 
-    def _begin_stop(self, replica: Replica, *, graceful: bool) -> None:
+    def begin_stop(self, replica: Replica, *, graceful: bool) -> None:
         if self._set.begin_stop(replica, graceful=graceful):
-            self._snapshot_dirty = True  # out of the watch snapshot before it is asked to drain
+            self._snapshot.changed()  # out of the watch snapshot before it is asked to drain
         logger.info("replica %s STOPPING (%s)", replica.tag, "drain" if graceful else "kill")
 
     def _stop_now(self, replica: Replica, *, graceful: bool) -> None:
-        self._begin_stop(replica, graceful=graceful)
-        self._spawn_stop(replica)
+        self.begin_stop(replica, graceful=graceful)
+        self.spawn_stop(replica)

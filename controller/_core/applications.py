@@ -89,7 +89,7 @@ class Applications:
                     MemberStatus(member, member == record.entry, "MISSING", gone, None, recorded)
                 )
                 continue
-            status = backend.status(summary=True)
+            status = backend.reading.status(summary=True)
             members.append(
                 MemberStatus(
                     member,
@@ -226,12 +226,13 @@ class Applications:
         judging = [
             member
             for member in record.members
-            if (backend := self._desk.backends.get(member)) and backend.canary.phase == "judging"
+            if (backend := self._desk.backends.get(member))
+            and backend.reading.canary.phase == "judging"
         ]
         goals = {}
         for member in judging:
             backend = self._desk.backends.get(member)
-            if backend is not None and backend.canary.phase == "judging":
+            if backend is not None and backend.reading.canary.phase == "judging":
                 goals[member] = await rollouts.steer_canary(self._desk, member, what, via)
             else:  # followed the first member's verdict meanwhile
                 goals[member] = self._desk.goal(member)
@@ -263,7 +264,7 @@ class Applications:
             return
         for member in self._records[name].members:
             other = self._desk.backends.get(member)
-            if member != backend and other is not None and other.canary.phase == "judging":
+            if member != backend and other is not None and other.reading.canary.phase == "judging":
                 logger.warning(
                     "application %s: %s %s's canary, as %s's was", name, what, member, backend
                 )

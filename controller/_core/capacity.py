@@ -135,12 +135,12 @@ def held(backend: Backend, requested: Spec) -> int:
     asked of it. One that starts nothing until its next deploy (DEPLOY_FAILED) holds only the
     replicas it has: it must not crowd out the others; its next deploy is checked afresh."""
     idle = requested.deleting or (
-        backend.blocked and backend.spec.generation == requested.generation
+        backend.reading.blocked and backend.spec.generation == requested.generation
     )
     if idle:
         target = 0
     elif requested.generation == backend.spec.generation:
-        target = backend.desired  # the autoscaler's count, for an autoscaled backend
+        target = backend.reading.desired  # the autoscaler's count, for an autoscaled backend
     else:
         target = requested.backend_config.initial_replicas()
     return max(target, len(backend.replicas))

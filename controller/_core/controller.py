@@ -350,8 +350,10 @@ class Controller:
             backend = self._backends.get(name)
             if backend is None:
                 raise UnknownBackendError(name)
-            return backend.status()
-        return ControllerStatus(tuple(self._backends[n].status() for n in sorted(self._backends)))
+            return backend.reading.status()
+        return ControllerStatus(
+            tuple(self._backends[n].reading.status() for n in sorted(self._backends))
+        )
 
     def summary(self, name: str) -> BackendStatus:
         """`name`'s status without its replicas and events (``replicas`` and ``events`` empty,
@@ -360,13 +362,13 @@ class Controller:
         backend = self._backends.get(name)
         if backend is None:
             raise UnknownBackendError(name)
-        return backend.status(summary=True)
+        return backend.reading.status(summary=True)
 
     def numbers(self) -> Iterator[BackendNumbers]:
         """Every backend's counts (desired, ready, load), without building their statuses, one
         at a time (of the backends held when called): a caller may let the loop run between."""
         for backend in list(self._backends.values()):
-            yield backend.numbers()
+            yield backend.reading.numbers()
 
     def backend_names(self) -> list[str]:
         """The names of every backend held (deleting ones too), sorted."""

@@ -161,7 +161,7 @@ class SpecDesk:
         """The config the replicas went back to, if the last spec's own change failed in one."""
         backend, old = self._backends.get(name), self.spec(name)
         if backend is not None and old is not None and backend.spec is old:
-            return backend.config_gone_back_to
+            return backend.reading.config_gone_back_to
         return None
 
     def live_revisions(self, name: str) -> set[int | None]:
@@ -284,7 +284,7 @@ class SpecDesk:
         return (
             not spec.deleting
             and goal.error is None
-            and not self._backends[name].deploy_failed
+            and not self._backends[name].reading.deploy_failed
             and asked(spec, self._histories[name]) == (backend_config, replica_config)
         )
 
@@ -393,7 +393,7 @@ class SpecDesk:
         canary = None if backend is None else backend.spec.backend_config.canary
         if backend is None or canary is None or canary.follows is not None:
             return "off"
-        return backend.canary.phase
+        return backend.reading.canary.phase
 
     def _forgotten(self, backend: Member) -> None:
         """A deleted backend is gone (its loop holds the name's lock)."""

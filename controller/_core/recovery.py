@@ -108,7 +108,9 @@ async def _block_what_cannot_fit(runtime: Runtime, backends: Sequence[Backend]) 
     deploy that fits, and says why."""
     # A backend that starts nothing until its next deploy (DEPLOY_FAILED on its starts) wants
     # no room: only what it holds counts.
-    growing = [b for b in backends if not (b.spec.deleting or b.blocked) and _missing(b) > 0]
+    growing = [
+        b for b in backends if not (b.spec.deleting or b.reading.blocked) and _missing(b) > 0
+    ]
     if not growing:
         return
     try:
@@ -133,7 +135,7 @@ async def _block_what_cannot_fit(runtime: Runtime, backends: Sequence[Backend]) 
 
 
 def _missing(backend: Backend) -> int:
-    return max(0, backend.desired - len(backend.replicas))
+    return max(0, backend.reading.desired - len(backend.replicas))
 
 
 def _resources(backend: Backend) -> Mapping[str, float]:

@@ -173,7 +173,7 @@ async def steer_canary(desk: SpecDesk, name: str, what: str, via: str) -> Goal:
     backend = desk.backends.get(name)
     if backend is None or backend.forgotten:
         raise UnknownBackendError(name)
-    if backend.canary.phase != "judging":
+    if backend.reading.canary.phase != "judging":
         raise RolloutError(
             "NoCanary",
             f"backend {name!r} has no canary release being judged, so there is nothing to "
@@ -202,7 +202,7 @@ def steerable(desk: SpecDesk, name: str, what: str) -> tuple[Spec, RevisionBook]
             f"backend {name!r} is paused: resume it first, or deploy the revision's config",
         )
     backend = desk.backends.get(name)
-    if what == "restart" and backend is not None and backend.canary.phase == "judging":
+    if what == "restart" and backend is not None and backend.reading.canary.phase == "judging":
         raise RolloutError(
             "Canary",
             f"backend {name!r} is in a canary release: promote or abort it first "

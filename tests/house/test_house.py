@@ -319,3 +319,23 @@ def test_the_apis_app_holds_its_handlers_rather_than_being_them() -> None:
     assert Api.__mro__ == (Api, object)
     assert Handlers.__mro__ == (Handlers, object)
     assert "__init__" in vars(Handlers)
+
+
+def test_a_backend_holds_its_parts_rather_than_being_them() -> None:
+    # `Backend` is a composition: its state (`LoopState`), the reducer that applies events to
+    # it, the executor that acts, and `Reading`, each an object of its own, none a base class
+    # stubbing what another half defines.
+    from controller._backend.act import Executor
+    from controller._backend.loop import Backend
+    from controller._backend.loop_state import LoopState
+    from controller._backend.reading import Reading
+    from controller._backend.reduce import Reducer
+
+    for part in (Backend, Executor, LoopState, Reading, Reducer):
+        assert part.__mro__ == (part, object), part
+    stubs = [
+        path.name
+        for path in sorted((PACKAGE / "_backend").glob("*.py"))
+        if "NotImplementedError" in path.read_text()
+    ]
+    assert stubs == []

@@ -1,0 +1,106 @@
+"""The act step of a backend's pass: it carries out the replica plan that ``decide_pass``
+returned, and decides nothing.
+
+What the plan stops, starts and reconfigures is marked first (the replica set records it, so
+the intent behind each task is durable before the task acts), watchers are told, and only then
+are the tasks started: a replica leaves the watch snapshot before it is asked to drain."""
+
+from __future__ import annotations
+
+from .._model.decisions.canary_plan import CanarySplit
+from .._model.decisions.pass_plan import PassPlan
+from .._model.records.replica_state import ReplicaState
+from .._model.values.json_values import JSON
+from . import tasks as tasks
+from .health import HealthChecks
+from .loop_state import LoopState
+from .reduce import Reducer
+from .replica import Replica, new_tag
+from .snapshot import Snapshot
+
+
+class Executor:
+    def __init__(
+        self,
+        state: LoopState,
+        snapshot: Snapshot,
+        reducer: Reducer,
+        tasks: tasks.Launcher,
+        health: HealthChecks,
+    ):
+        self._state = state
+        self._snapshot = snapshot
+        self._reducer = reducer
+        self._tasks = tasks
+        self._health = health
+
+    def carry_out(
+        self, plan: PassPlan, split: CanarySplit | None, config: tuple[str, JSON]
+    ) -> None:
+        """The plan's replica moves and health checks (``plan.replicas`` is not None), with what
+        the pass read: the split (the stable revision a canary's plan starts replicas of) and
+        the user config (digest, value) the replicas are to hold."""
+        assert plan.replicas is not None
+        state, replica_set = self._state, self._state.set
+        replicas, spec = replica_set.by_tag, state.spec
+        config_digest, user_config = config
+        stops = [replicas[tag] for tag in plan.replicas.stop]
+        for replica in stops:
+            graceful = not spec.force and replica.state is not ReplicaState.STARTING
+            self._reducer.begin_stop(replica, graceful=graceful)
+        starts = [
+            replica_set.add(
+                new_tag(state.name, replicas),
+                spec.version,
+                config_digest,
+                revision=spec.revision,
+            )
+            for _ in range(plan.replicas.start)
+        ]
+        if plan.replicas.start_stable and split is not None:
+            starts += [
+                replica_set.add(
+                    new_tag(state.name, replicas),
+                    split.stable_version,
+                    split.stable_digest,
+                    revision=state.canary.stable_number,
+                )
+                for _ in range(plan.replicas.start_stable)
+            ]
+        updates = [replicas[tag] for tag in plan.replicas.reconfigure]
+        if user_config is None:
+            # Only a config that is not None is handed to replicas (new ones get none either):
+            # those that had one are up to date as they are.
+            for replica in updates:
+                replica_set.set_config(replica, config_digest)
+            updates = []
+        for replica in updates:
+            replica_set.mark(replica, state=ReplicaState.UPDATING)
+
+        # Watchers first: a replica leaves the snapshot before it is asked to drain.
+        self._snapshot.publish()
+        timeout_s = spec.backend_config.start_timeout_s
+        for replica in stops:
+            self._reducer.spawn_stop(replica)
+        for replica in starts:
+            self.bring_up(replica, adopt=False)
+        for replica in updates:
+            self._tasks.reconfigure(replica, user_config, config_digest, timeout_s)
+        started = [r.version for r in starts]
+        state.journal.decision(spec.version, started, [r.version for r in stops], len(updates))
+        self._health.carry_out(plan, plan.now, replicas, spec.backend_config)
+        self._snapshot.publish()  # a late health check may have taken a replica out
+
+    def bring_up(self, replica: Replica, *, adopt: bool) -> None:
+        """Start `replica`'s start task, or (`adopt`) its adoption of a live replica."""
+        spec = None
+        state = self._state
+        if not adopt:
+            user_config: JSON = state.config_to_hold()[1]
+            of = state.spec
+            stable = state.canary.stable
+            if replica.version != of.version and stable is not None:
+                # A replica of the stable revision, beside a canary: its content.
+                of, user_config = of.running(stable.content), stable.content.user_config
+            spec = of.replica_spec(state.name, replica.tag, replica.version, user_config)
+        self._tasks.bring_up(replica, spec, state.spec.backend_config.start_timeout_s)
