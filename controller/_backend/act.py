@@ -7,6 +7,7 @@ are the tasks started: a replica leaves the watch snapshot before it is asked to
 
 from __future__ import annotations
 
+from .._clock import wall_now
 from .._model.decisions.canary_plan import CanarySplit
 from .._model.decisions.pass_plan import PassPlan
 from .._model.records.replica_state import ReplicaState
@@ -14,7 +15,7 @@ from .._model.values.json_values import JSON
 from . import tasks as tasks
 from .health import HealthChecks
 from .loop_state import LoopState
-from .reduce import Reducer
+from .reduce import Due, Reducer
 from .replica import Replica, new_tag
 from .snapshot import Snapshot
 
@@ -81,7 +82,7 @@ class Executor:
         self._snapshot.publish()
         timeout_s = spec.backend_config.start_timeout_s
         for replica in stops:
-            self._reducer.spawn_stop(replica)
+            self.start_stop(replica)
         for replica in starts:
             self.bring_up(replica, adopt=False)
         for replica in updates:
@@ -90,6 +91,23 @@ class Executor:
         state.journal.decision(spec.version, started, [r.version for r in stops], len(updates))
         self._health.carry_out(plan, plan.now, replicas, spec.backend_config)
         self._snapshot.publish()  # a late health check may have taken a replica out
+        self.act_on(self._reducer.take_due())  # the stops of those that reached the threshold
+
+    def act_on(self, due: Due) -> None:
+        """Start what the reducer left to do."""
+        for replica in due.stops:
+            self.start_stop(replica)
+        if due.cut_drains:
+            self._tasks.cut_drains()
+
+    def start_stop(self, replica: Replica) -> None:
+        """Start the stop task of `replica`, marked STOPPING already."""
+        grace = self._state.spec.backend_config.graceful_shutdown_timeout_s
+        if replica.resumed_stop and replica.stopping_since is not None:
+            # A stop begun before (by a controller that crashed or lost its lease): only what
+            # is left of its deadline, or a takeover after another would drain for ever.
+            grace = max(0.0, replica.stopping_since + grace - wall_now())
+        self._tasks.stop(replica, grace)
 
     def bring_up(self, replica: Replica, *, adopt: bool) -> None:
         """Start `replica`'s start task, or (`adopt`) its adoption of a live replica."""

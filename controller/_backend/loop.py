@@ -286,7 +286,7 @@ class Backend:
                 if replica.state is ReplicaState.RECOVERING:
                     self._executor.bring_up(replica, adopt=True)
                 elif replica.state is ReplicaState.STOPPING:
-                    self._reducer.spawn_stop(replica)
+                    self._executor.start_stop(replica)
             self._health.adopting(self._replicas, self._state.spec.backend_config)
             self._snapshot.publish()  # watchers see the replicas that served before `open` returns
             if not self._state.restored and not self._state.spec.deleting:
@@ -313,6 +313,7 @@ class Backend:
                         event = self._receive.receive_nowait()
                     except trio.WouldBlock:
                         break
+                self._executor.act_on(self._reducer.take_due())
                 if not quiet:
                     done = await self._pass()
                 elapsed = trio.current_time() - taken_at

@@ -3,8 +3,8 @@
 A spec taken, a replica started, failed, died, reconfigured or found unhealthy: each is applied
 by one small method, in the order the events came, before the pass decides anything. What a
 checkpoint holds is applied the same way, once, before the backend's task runs (``restore``).
-What the events decide to stop is marked STOPPING here; the stop task itself is the loop's to
-start (``_spawn_stop``, in ``loop``).
+What the events decide to stop is marked STOPPING here; the reducer starts no task: what it
+leaves to do (``Due``) is the executor's (``act``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import logging
 import attrs
 import trio
 
-from .._clock import wall_now
 from .._model.config.traffic import DEFAULT_MAX_UPLOADS
 from .._model.decisions.pass_plan import replaces_unhealthy
 from .._model.decisions.spec import Spec
@@ -37,6 +36,15 @@ from .shared import Shared
 from .snapshot import Snapshot
 
 logger = logging.getLogger("controller")
+
+
+@attrs.frozen
+class Due:
+    """What applying events left to do: the stops to start (marked STOPPING already), and
+    whether every drain under way is cut short (a forced spec)."""
+
+    stops: tuple[Replica, ...] = ()
+    cut_drains: bool = False
 
 
 class Reducer:
@@ -74,6 +82,9 @@ class Reducer:
         self._health = health
         self._settler = settler
         self._shared = shared
+        # What the events left to do, for the executor: the reducer records, and starts nothing.
+        self._stops_due: list[Replica] = []
+        self._cut_drains = False
 
     # -- what the store held, before the task runs --
 
@@ -140,14 +151,12 @@ class Reducer:
         placed (a spec stored before the runtime shrank). Replicas already there stay."""
         self._reports.infeasible(reason)
 
-    def spawn_stop(self, replica: Replica) -> None:
-        """Start the stop task of `replica`, marked STOPPING already."""
-        grace = self._state.spec.backend_config.graceful_shutdown_timeout_s
-        if replica.resumed_stop and replica.stopping_since is not None:
-            # A stop begun before (by a controller that crashed or lost its lease): only what
-            # is left of its deadline, or a takeover after another would drain for ever.
-            grace = max(0.0, replica.stopping_since + grace - wall_now())
-        self._tasks.stop(replica, grace)
+    def take_due(self) -> Due:
+        """What the events applied since the last call left for the executor to do."""
+        due = Due(tuple(self._stops_due), self._cut_drains)
+        self._stops_due.clear()
+        self._cut_drains = False
+        return due
 
     def apply(self, event: ev.Event) -> bool:
         """Take `event` in; True if it changed nothing a pass decides on (checks that passed,
@@ -245,7 +254,7 @@ class Reducer:
         self._rollout.taken(old, spec, trio.current_time())
         if spec.force:
             self._set.cut_drains()
-            self._tasks.cut_drains()
+            self._cut_drains = True
         self._scaling.configure(spec.backend_config, trio.current_time())
         period = spec.backend_config.health_check_period_s
         if period != old.backend_config.health_check_period_s:
@@ -255,7 +264,7 @@ class Reducer:
     def _started(self, replica: Replica, info: ReplicaInfo) -> None:
         self._tasks.ended(replica.tag)
         if replica.state is ReplicaState.STOPPING:
-            self.spawn_stop(replica)  # ready just as the loop decided to stop it
+            self._stops_due.append(replica)  # ready just as the loop decided to stop it
             return
         if self._set.running(replica, info):
             self._intent.touched()  # stored with the next write; no action waits on it
@@ -271,7 +280,7 @@ class Reducer:
     def _start_failed(self, replica: Replica, error: str | None, traceback: str | None) -> None:
         self._tasks.ended(replica.tag)
         if replica.state is ReplicaState.STOPPING:
-            self.spawn_stop(replica)  # the loop stopped it; its start task has ended
+            self._stops_due.append(replica)  # the loop stopped it; its start task has ended
             return
         if error is None:
             timeout = self._state.spec.backend_config.start_timeout_s
@@ -312,7 +321,7 @@ class Reducer:
     def _reconfigured(self, replica: Replica, event: ev.Reconfigured) -> None:
         self._tasks.ended(replica.tag)
         if replica.state is ReplicaState.STOPPING:
-            self.spawn_stop(replica)  # stopped while it reconfigured; that task has ended
+            self._stops_due.append(replica)  # stopped while it reconfigured; that task has ended
             return
         error = event.error
         if error is None and event.cut:
@@ -384,4 +393,4 @@ class Reducer:
 
     def _stop_now(self, replica: Replica, *, graceful: bool) -> None:
         self.begin_stop(replica, graceful=graceful)
-        self.spawn_stop(replica)
+        self._stops_due.append(replica)  # its task is the executor's to start

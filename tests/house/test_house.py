@@ -339,3 +339,18 @@ def test_a_backend_holds_its_parts_rather_than_being_them() -> None:
         if "NotImplementedError" in path.read_text()
     ]
     assert stubs == []
+
+
+def test_a_backends_reducer_records_and_starts_no_task() -> None:
+    # Reduce, decide, act: the reducer applies events to the backend's state and leaves what
+    # they ask to be done (`Due`: stops, drains cut short) to the executor, which starts every
+    # task. What it tells the launcher is bookkeeping: which tasks have ended.
+    tree = ast.parse((PACKAGE / "_backend" / "reduce.py").read_text())
+    told = {
+        node.func.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and ast.unparse(node.func.value) == "self._tasks"
+    }
+    assert told == {"ended", "gone"}
