@@ -132,6 +132,7 @@ def reliability(session: nox.Session) -> None:
         "tests/daemon/test_standby_daemon.py",
         "tests/ingress/test_ingress_hostile.py",
         "tests/ingress/test_ingress_attack.py",
+        "tests/serving/test_cancel_tree.py",
         "tests/on_ray/test_ray_runtime.py::test_a_driver_killed_mid_rollout_is_taken_over",
         env={"RELIABILITY_SCALE": "10", "RAY_AUTH_MODE": "disabled"},
     )

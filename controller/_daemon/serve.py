@@ -293,14 +293,21 @@ async def _wait_deleted(ctl: Controller, cut: trio.CancelScope) -> list[str]:
     logger.info("shutdown asked: draining and deleting every backend (for at most %gs)", limit)
     # Until none is left, not until each delete's goal: a forced delete meanwhile (which cuts
     # a drain short) supersedes the goal while its kills are still under way.
-    with cut, trio.move_on_after(limit), contextlib.suppress(ControllerError):
-        await ctl.wait_until(lambda c: not c.status().backends)
+    why = None
+    with cut, trio.move_on_after(limit) as timer:
+        try:
+            await ctl.wait_until(lambda c: not c.status().backends)
+        except ControllerError:
+            # It stopped acting (a lease it could not renew in time): its words say why.
+            why = "the controller stopped before they were deleted"
     left = [b.name for b in ctl.status().backends]
     if left:
+        if why is None:
+            why = f"still being deleted after {limit:g}s" if timer.cancelled_caught else "cut short"
         logger.error(
-            "shutdown: %s still being deleted after %gs; stopping anyway: their replicas keep "
-            "running, and the next start finishes the deletes",
+            "shutdown: %s: %s; stopping anyway: their replicas keep running, and the next "
+            "start finishes the deletes",
             ", ".join(left),
-            limit,
+            why,
         )
     return left
