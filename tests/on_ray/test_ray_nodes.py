@@ -230,11 +230,11 @@ async def test_a_daemon_runs_an_ingress_on_each_node_that_needs_one(
     the replicas as they move (a drain), and a shutdown stops them all."""
     namespace = f"nodes{os.getpid()}-{next(_namespaces)}"
     ray_args = ("--runtime", "ray", "--store", "ray", "--ray-address", cluster.address)
-    extra = (*ray_args, "--namespace", namespace, "--no-ingress", "--node-ingress", "0")
     # Not a test of leadership: a lease longer than the default 2 s, as a starved machine (two
     # CPU hogs beside the suite) delayed a renewal by 1.5 s, and the daemon stood down in the
     # middle of its shutdown.
-    extra += ("--lease-duration", "10", "--lease-renew", "2")
+    lease = ("--lease-duration", "10", "--lease-renew", "2")
+    extra = (*ray_args, *lease, "--namespace", namespace, "--no-ingress", "--node-ingress", "0")
     head = ray.get_runtime_context().get_node_id()
 
     async def entrances(daemon: Daemon) -> dict[str, dict[str, Any]]:
