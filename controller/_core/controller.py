@@ -351,9 +351,8 @@ class Controller:
             if backend is None:
                 raise UnknownBackendError(name)
             return backend.reading.status()
-        return ControllerStatus(
-            tuple(self._backends[n].reading.status() for n in sorted(self._backends))
-        )
+        backends = self._backends
+        return ControllerStatus(tuple(backends[n].reading.status() for n in sorted(backends)))
 
     def summary(self, name: str) -> BackendStatus:
         """`name`'s status without its replicas and events (``replicas`` and ``events`` empty,
