@@ -153,7 +153,9 @@ class Reducer:
 
     def take_due(self) -> Due:
         """What the events applied since the last call left for the executor to do."""
-        due = Due(tuple(self._stops_due), self._cut_drains)
+        # Once each: a replica that died while starting is stopped for its death and again when
+        # its start task reports, and both may come in one burst.
+        due = Due(tuple(dict.fromkeys(self._stops_due)), self._cut_drains)
         self._stops_due.clear()
         self._cut_drains = False
         return due
@@ -362,9 +364,6 @@ class Reducer:
         now = trio.current_time()
         self._set.mark(replica, ready_at=now)
         self._rollout.ready(now)
-
-    def ready_changed(self) -> None:
-        self._snapshot.changed()
 
     def check_failed(self, replica: Replica, error: str) -> None:
         """A failed or late health check (the replica is out of the watch snapshot already):
