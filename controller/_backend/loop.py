@@ -3,7 +3,7 @@
 The loop is the only writer of the backend's state (``loop_state``). A spec change arrives as an
 event with its goal; every start, adoption, reconfigure, health check and stop runs as a task in
 the backend's nursery and reports with one event (``tasks``). The loop wakes on its channel,
-applies every queued event (``reduce``: it records, and starts nothing), reads what its pass
+applies every queued event (``reduce``: it records, and starts no replica task), reads what its pass
 needs, asks the pure ``decide_pass`` for a plan (``_model.decisions.pass_plan``), publishes the
 watch snapshot (``snapshot``), and has its executor carry the plan out (``act``), each action once
 the intent behind it is durable (``intent``). It decides every stop itself.

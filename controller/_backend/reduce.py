@@ -3,7 +3,7 @@
 A spec taken, a replica started, failed, died, reconfigured or found unhealthy: each is applied
 by one small method, in the order the events came, before the pass decides anything. What a
 checkpoint holds is applied the same way, once, before the backend's task runs (``restore``).
-What the events decide to stop is marked STOPPING here; the reducer starts no task: what it
+What the events decide to stop is marked STOPPING here; the reducer starts no replica task: what it
 leaves to do (``Due``) is the executor's (``act``).
 """
 
@@ -82,7 +82,7 @@ class Reducer:
         self._health = health
         self._settler = settler
         self._shared = shared
-        # What the events left to do, for the executor: the reducer records, and starts nothing.
+        # What the events left to do, for the executor: the reducer records, and starts no task.
         self._stops_due: list[Replica] = []
         self._cut_drains = False
 
