@@ -47,6 +47,9 @@ class Due:
     cut_drains: bool = False
 
 
+_NOTHING_DUE = Due()
+
+
 class Reducer:
     """Applies events to a backend's state (``LoopState``): the loop's only way of changing it
     between passes."""
@@ -153,6 +156,8 @@ class Reducer:
 
     def take_due(self) -> Due:
         """What the events applied since the last call left for the executor to do."""
+        if not self._stops_due and not self._cut_drains:
+            return _NOTHING_DUE  # most bursts (load, passing checks): nothing made for them
         # Once each: a replica that died while starting is stopped for its death and again when
         # its start task reports, and both may come in one burst.
         due = Due(tuple(dict.fromkeys(self._stops_due)), self._cut_drains)
