@@ -33,8 +33,9 @@ from ..daemons import (
 )
 from ..http_client import Conn, get_from, request
 
-#: How long the flood lasts (the issue asks for 60 s; shorten it locally with the variable).
-ATTACK_S = float(os.environ.get("CONTROLLER_ATTACK_S", "60"))
+#: How long the flood lasts: 20 s in a test run, many lease renewals long (on 2 cores, 60 s of it
+#: slowed every test beside it); the 60 s that issue 28 asks for in ``nox -s reliability``.
+ATTACK_S = float(os.environ.get("CONTROLLER_ATTACK_S", "20"))
 HERE = Path(__file__).parent.parent
 IDLE_CONNECTIONS = 10_000
 
