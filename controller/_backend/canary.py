@@ -1,9 +1,10 @@
 """A backend's canary release, as its loop runs it: which step it is at, the step's clock, the
-numbers the ingresses report for each revision, and the moves the gates decide
-(``_model.decisions.canary_steps``). The loop is its only writer: it follows the spec, looks at each
-pass, and acts on a move (an abort fails the deploy, which rolls back to the stable revision). The
-ingresses' reports reach it through the loop's channel (``LoadReported``) and only add to the step's
-numbers.
+numbers the ingresses report for each revision, and the moves the gates decide. Every move is
+decided by ``_model.decisions.canary_steps.look``, a pure function of the step's clock, its
+numbers and what the pass sees; this records what it decided. The loop is its only writer: it
+follows the spec, looks at each pass, and acts on a move (an abort fails the deploy, which rolls
+back to the stable revision). The ingresses' reports reach it through the loop's channel
+(``LoadReported``) and only add to the step's numbers.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from .._clock import wall_now, wall_offset
 from .._model.config.canary import CanaryConfig, canary_count
 from .._model.decisions.canary_plan import CanarySplit
 from .._model.decisions.canary_steps import (
+    CanaryLook,
     CanaryStatus,
     RevisionNumbers,
-    StepMove,
+    StepClock,
     describe_gates,
-    step_move,
+    look,
 )
 from .._model.decisions.spec import Spec
 from .._model.decisions.verdict import RequestTally, judge
@@ -67,11 +69,7 @@ class Canary:
         self.phase: Phase = "off"
         self.stable: Revision | None = None
         self.version = ""
-        self.step = 0
-        self.started: float | None = None
-        """When the step's clock started (trio time); None until its replicas all serve."""
-        self._held_s = 0.0
-        self._held_since: float | None = None
+        self.clock = StepClock()
         self.numbers = {"canary": RequestTally(), "stable": RequestTally()}
         self._config: CanaryConfig | None = None
         self._lost: str | None = None
@@ -80,7 +78,7 @@ class Canary:
 
     # -- following the spec --
 
-    def follow(self, spec: Spec, now: float) -> None:
+    def follow(self, spec: Spec) -> None:
         """At each pass: the spec's revision is the one followed. A revision rolled out as a
         canary starts at its first step; a canary that failed and is tried again, too."""
         if spec.deleting:
@@ -98,26 +96,31 @@ class Canary:
         if kept is None or stable is None or kept.outcome != "in_progress":
             return
         self.phase, self.stable = "judging", stable
-        self._enter(0, now)
+        self._enter(0)
 
     def restore(self, record: CanaryRecord | None, spec: Spec, now: float) -> None:
         """After a restart: the step and its clock as a previous controller stored them (by the
         wall clock: the time no controller ran counts, but for a hold under way); the step's
         numbers are what the ingresses report from now on (they were never stored)."""
-        self.follow(spec, now)
+        self.follow(spec)
         kept = self._book.get(spec.revision)
         stable = None if kept is None else self._book.get(kept.canary_of)
         if record is None or stable is None or spec.deleting:
             return
         self.revision, self.version, self.stable = spec.revision, spec.version, stable
         config = spec.backend_config.canary
-        self.step = max(0, min(record.step, 0 if config is None else len(config.steps) - 1))
         self.phase = "aborted" if record.aborted else "promoted" if record.promoted else "judging"
         offset = wall_now() - now  # wall seconds minus trio seconds
-        self.started = None if record.started_ms is None else record.started_ms / 1000 - offset
-        self._held_s = record.held_s
-        since = record.held_since_ms
-        self._held_since = None if since is None else since / 1000 - offset
+
+        def trio_time(ms: int | None) -> float | None:
+            return None if ms is None else ms / 1000 - offset
+
+        self.clock = StepClock(
+            max(0, min(record.step, 0 if config is None else len(config.steps) - 1)),
+            trio_time(record.started_ms),
+            record.held_s,
+            trio_time(record.held_since_ms),
+        )
 
     def recorded(self, record: RolloutRecord | None) -> RolloutRecord | None:
         """The rollout's record with the canary's progress in it."""
@@ -132,11 +135,12 @@ class Canary:
         def ms(t: float | None) -> int | None:
             return None if t is None else round((t + offset) * 1000)
 
+        clock = self.clock
         return CanaryRecord(
-            self.step,
-            ms(self.started),
-            self._held_s,
-            ms(self._held_since),
+            clock.step,
+            ms(clock.started),
+            clock.held_s,
+            ms(clock.held_since),
             promoted=self.phase == "promoted",
             aborted=self.phase == "aborted",
         )
@@ -168,14 +172,14 @@ class Canary:
         config = spec.backend_config.canary
         if self.phase != "judging" or config is None:
             return 0.0
-        return config.steps[min(self.step, len(config.steps) - 1)].weight
+        return config.steps[min(self.clock.step, len(config.steps) - 1)].weight
 
     # -- numbers from the ingresses --
 
     def report(self, tallies: Mapping[str, RequestTally]) -> bool:
         """Add an ingress's numbers (by replica version) to the step's, if its clock runs;
         True if they may move the canary, so that a pass should judge them."""
-        if self.phase != "judging" or self.started is None or self.stable is None:
+        if self.phase != "judging" or self.clock.started is None or self.stable is None:
             return False
         for version, tally in tallies.items():
             side = (
@@ -198,17 +202,28 @@ class Canary:
     # -- a pass's look, and what a person asks --
 
     def look(self, spec: Spec, now: float, serving: int, num_replicas: int) -> float:
-        """Move the canary on, if one is under way (`serving`: its replicas that serve); when
-        its step wants a look next."""
-        self.follow(spec, now)
-        move = self._move(spec, now, serving, num_replicas)
-        if move is not None and move.move == "next":
-            # The next step's clock starts now if its replicas serve already (else their
-            # start wakes the loop).
-            move = self._move(spec, now, serving, num_replicas)
-        if move is None or move.move != "wait":
+        """Move the canary on, if one is under way (`serving`: its replicas that serve), as
+        ``canary_steps.look`` decides; when its step wants a look next."""
+        self.follow(spec)
+        if self.phase != "judging" or self.stable is None or self.revision is None:
             return math.inf
-        return now + move.wake_in
+        config = spec.backend_config.canary
+        follows = None if config is None else config.follows
+        seen = look(
+            config,
+            self.clock,
+            (self.numbers["canary"], self.numbers["stable"]),
+            revision=self.revision,
+            now=now,
+            paused=spec.paused,
+            serving=serving,
+            num_replicas=num_replicas,
+            deadline_s=spec.backend_config.progress_deadline_s,
+            following=follows is not None and self._phase_of(follows) == "judging",
+            lost=self._lost,
+        )
+        self._record(seen, config, now)
+        return seen.wake_at
 
     def steer(self, what: str, via: str, now: float) -> None:
         """A person's promote or abort (nothing, unless a canary is being judged); or its
@@ -216,7 +231,7 @@ class Canary:
         if self.phase != "judging":
             return
         who = via if " " in via else f"a person ({via})"
-        where = f"at step {self.step + 1}"
+        where = f"at step {self.clock.step + 1}"
         config, numbers = self._config, ""
         if config is not None:
             numbers = f": {judge(config, self.numbers['canary'], self.numbers['stable']).numbers}"
@@ -232,7 +247,7 @@ class Canary:
         answered before)."""
         if self.phase != "judging" or version != self.version:
             return
-        self._abort(f"step {self.step + 1}: replica {tag} of the canary {what}")
+        self._abort(f"step {self.clock.step + 1}: replica {tag} of the canary {what}")
 
     def lost(self, tag: str, version: str) -> None:
         """After a restart: replica `tag` had served and was gone; one of the canary's fails it
@@ -240,63 +255,25 @@ class Canary:
         if self.phase == "judging" and version == self.version and self._lost is None:
             self._lost = f"replica {tag} of the canary was gone when the controller started again"
 
-    def _move(self, spec: Spec, now: float, serving: int, num_replicas: int) -> StepMove | None:
-        config = spec.backend_config.canary
-        if self.phase == "judging" and config is None:
-            self.promote("the canary block was taken out of the config")
-            self._progressed(now)
-            return StepMove("promote")
-        if self.phase != "judging" or config is None or self.stable is None:
-            return None
-        if self._lost is not None:
-            why, self._lost = f"step {self.step + 1}: {self._lost}", None
-            self._abort(why)
-            return StepMove("abort", why)
-        self.step = min(self.step, len(config.steps) - 1)
-        # Paused, or scaled to 0 (no replica of either revision to judge): the clock waits.
-        held = spec.paused or num_replicas <= 0
-        if self.started is None:
-            if num_replicas <= 0 or serving < canary_count(num_replicas, self.weight(spec)):
-                return None
-            self.started = now
+    def _record(self, seen: CanaryLook, config: CanaryConfig | None, now: float) -> None:
+        """What a look decided, in its order: the clock, the events, a new step, the end."""
+        self.clock, self._due = seen.clock, seen.due
+        if config is not None and seen.clock.started is not None:
+            self._config = config  # what reports and a person's steer are judged by
+        for reason, message in seen.events:
+            self._journal.event(reason, message)
+        if seen.entered:
+            self.numbers = {"canary": RequestTally(), "stable": RequestTally()}
+            self._published()
+        if seen.touched:
             self._touched()
-            self._journal.event("CanaryStep", self._describe_step(config))
-        if held and self._held_since is None:
-            self._held_since = now
-            self._touched()  # stored: a restart keeps the hold's start
-        elif not held and self._held_since is not None:
-            self._held_s += now - self._held_since
-            self._held_since = None
-            self._touched()
-            self._progressed(now)  # a hold is no lack of progress: the deadline starts afresh
-        verdict = judge(config, self.numbers["canary"], self.numbers["stable"])
-        elapsed = self._elapsed(now) or 0.0
-        self._config = config
-        pause = config.steps[self.step].pause_s
-        self._due = math.inf if held else now + max(0.0, pause - elapsed)
-        deadline = spec.backend_config.progress_deadline_s
-        following = config.follows is not None and self._phase_of(config.follows) == "judging"
-        move = step_move(
-            config,
-            self.step,
-            elapsed,
-            verdict,
-            held=held,
-            deadline_s=deadline,
-            following=following,
-        )
-        if move.move == "next":
-            self._journal.event(
-                "CanaryStepPassed", f"step {self.step + 1} passed: {verdict.numbers}"
-            )
-            self._enter(self.step + 1, now)
+        if seen.progressed:
             self._progressed(now)
-        elif move.move == "promote":
-            self.promote(f"every step passed: {verdict.numbers}")
-            self._progressed(now)
-        elif move.move == "abort":
-            self._abort(move.why)
-        return move
+        if seen.end == "promote":
+            self.promote(seen.why)
+        elif seen.end == "abort":
+            self._lost = None
+            self._abort(seen.why)
 
     def promote(self, why: str) -> None:
         """Past the last step (or skipped there by a person): the rolling replacement."""
@@ -322,14 +299,15 @@ class Canary:
         stable, revision = self.stable, self.revision
         if self.phase == "off" or config is None or stable is None or revision is None:
             return None
-        step = min(self.step, len(config.steps) - 1)
+        clock = self.clock
+        step = min(clock.step, len(config.steps) - 1)
         phase: Literal["starting", "judging", "held", "promoted", "aborted"]
         if self.phase in ("promoted", "aborted"):
             phase = self.phase
-        elif self.started is None:
+        elif clock.started is None:
             phase = "starting"
         else:
-            phase = "held" if spec.paused or self._held_since is not None else "judging"
+            phase = "held" if spec.paused or clock.held_since is not None else "judging"
         verdict = judge(config, self.numbers["canary"], self.numbers["stable"])
         return CanaryStatus(
             revision,
@@ -339,35 +317,21 @@ class Canary:
             len(config.steps),
             100.0 if phase == "promoted" else self.weight(spec),
             config.steps[step].pause_s,
-            None if phase in ("promoted", "aborted") else self._elapsed(now),
+            None if phase in ("promoted", "aborted") else clock.elapsed(now),
             _numbers(self.version, self.numbers["canary"]),
             _numbers(stable.version, self.numbers["stable"]),
             verdict.failed or ("passing" if verdict.enough else "waiting for min_requests"),
             describe_gates(config),
-            None if self.started is None else self.started + wall_offset(),
+            None if clock.started is None else clock.started + wall_offset(),
         )
 
     # -- inside --
 
-    def _enter(self, step: int, now: float) -> None:
-        self.step, self.started, self._due = step, None, math.inf
-        self._held_s, self._held_since = 0.0, None
+    def _enter(self, step: int) -> None:
+        self.clock, self._due = StepClock(step), math.inf
         self.numbers = {"canary": RequestTally(), "stable": RequestTally()}
         self._touched()
         self._published()
-
-    def _elapsed(self, now: float) -> float | None:
-        if self.started is None:
-            return None
-        held = self._held_s + (0.0 if self._held_since is None else now - self._held_since)
-        return max(0.0, now - self.started - held)
-
-    def _describe_step(self, config: CanaryConfig) -> str:
-        step = config.steps[self.step]
-        return (
-            f"revision {self.revision}: step {self.step + 1} of {len(config.steps)}: "
-            f"{step.weight:g}% of requests for {step.pause_s:g}s"
-        )
 
 
 def _numbers(version: str, tally: RequestTally) -> RevisionNumbers:

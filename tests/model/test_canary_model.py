@@ -1,7 +1,8 @@
 """The pure parts of canary releases: the block's rules (each fault names its field), the
-replica counts for a weight, the latency histogram and its p99, the gates, the step moves, the
-split of requests at the ingress (weights, sticky hashes, the forcing header), and the numbers
-a load report carries, checked before any is taken."""
+replica counts for a weight, the latency histogram and its p99, the gates, the step moves and a
+pass's look (every move of a canary, decided from exact inputs), the split of requests at the
+ingress (weights, sticky hashes, the forcing header), and the numbers a load report carries,
+checked before any is taken."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 import controller
 from controller import CanaryConfig, ConfigError, RequestTally
 from controller._model.config.canary import canary_count
-from controller._model.decisions.canary_steps import step_move
+from controller._model.decisions.canary_steps import CanaryLook, StepClock, look, step_move
 from controller._model.decisions.verdict import bucket_of, bucket_top, judge, tally_from_json
 from controller._model.views.load_report import load_body, parse_load_body
 from controller._model.views.status import LoadReport
@@ -153,6 +154,71 @@ def test_the_step_moves() -> None:
     last = step_move(config, 1, 6000, good, **follow)  # type: ignore[arg-type]
     assert (last.move, last.wake_in) == ("wait", float("inf"))
     assert step_move(config, 1, 1, bad, **follow).move == "abort"  # type: ignore[arg-type]
+
+
+def test_a_pass_s_look_decides_every_move_of_a_canary() -> None:
+    config = CanaryConfig.from_dict(
+        {
+            "steps": [{"weight": 25, "pause_s": 60}, {"weight": 50, "pause_s": 60}],
+            "min_requests": 10,
+        }
+    )
+    empty, good = (tally(0), tally(0)), (tally(10), tally(10))
+
+    def seen(
+        clock: StepClock,
+        numbers: tuple[RequestTally, RequestTally],
+        now: float,
+        serving: int,
+        *,
+        paused: bool = False,
+        lost: str | None = None,
+        block: CanaryConfig | None = config,
+    ) -> CanaryLook:
+        return look(
+            block, clock, numbers, revision=2, now=now, paused=paused, serving=serving,
+            num_replicas=4, deadline_s=600, lost=lost,
+        )  # fmt: skip
+
+    # The clock waits for the step's replicas (25% of 4: one), then starts and says so.
+    waiting = seen(StepClock(), empty, 100, serving=0)
+    assert (waiting.clock, waiting.events, waiting.wake_at) == (StepClock(), (), float("inf"))
+    started = seen(StepClock(), empty, 100, serving=1)
+    assert started.clock == StepClock(0, started=100)
+    assert started.events == (("CanaryStep", "revision 2: step 1 of 2: 25% of requests for 60s"),)
+    assert (started.touched, started.end, started.due, started.wake_at) == (True, None, 160, 160)
+
+    # A pause stops the clock (stored: a restart keeps it); its end restarts the deadline.
+    clock = StepClock(0, started=100)
+    held = seen(clock, empty, 130, serving=1, paused=True)
+    assert (held.clock.held_since, held.due, held.wake_at) == (130, float("inf"), float("inf"))
+    back = seen(held.clock, empty, 150, serving=1)
+    assert (back.clock.held_s, back.clock.held_since, back.progressed) == (20, None, True)
+    assert back.wake_at == 180  # 30 s of the pause run, 30 left
+
+    # The pause over with the gates passing: the next step, looked at at once; its replicas
+    # serve already (two of 4 for 50%), so its clock starts now, with numbers of its own.
+    on = seen(clock, good, 160, serving=2)
+    assert on.clock == StepClock(1, started=160)
+    assert [reason for reason, _ in on.events] == ["CanaryStepPassed", "CanaryStep"]
+    assert (on.entered, on.progressed, on.end, on.wake_at) == (True, True, None, 220)
+    # Its replicas not serving yet: the step is entered and waits for them.
+    entered = seen(clock, good, 160, serving=1)
+    assert (entered.clock, entered.entered, entered.wake_at) == (StepClock(1), True, float("inf"))
+
+    # The last step passed: promoted; a failing gate aborts before the pause ends.
+    last = seen(StepClock(1, started=100), good, 160, serving=2)
+    assert (last.end, last.progressed) == ("promote", True)
+    assert last.why.startswith("every step passed: ")
+    bad = seen(clock, (tally(10, 5), tally(200)), 101, serving=1)
+    assert (bad.end, bad.progressed) == ("abort", False)
+    assert bad.why.startswith("step 1 of 2 (25%): ")
+
+    # A replica lost while no controller ran aborts; a config without the block promotes.
+    lost = seen(clock, good, 101, serving=1, lost="it was gone")
+    assert (lost.end, lost.why) == ("abort", "step 1: it was gone")
+    dropped = seen(clock, good, 101, serving=1, block=None)
+    assert (dropped.end, dropped.why) == ("promote", "the canary block was taken out of the config")
 
 
 def test_requests_split_by_weight_by_hash_and_by_force() -> None:

@@ -1,5 +1,7 @@
-"""Where a canary goes next: wait, the next step, promotion, or abort. Pure: the backend's loop
-gives the step, how long it has run and the gates' verdict (``verdict.judge``)."""
+"""Where a canary goes next: wait, the next step, promotion, or abort. Pure: ``look`` takes
+the step and its clock as the backend's canary keeps them, the step's numbers and what the pass
+sees (its replicas serving, a pause), and returns the new clock and the moves for the canary to
+record; ``step_move`` is the gates' verdict (``verdict.judge``) on one step."""
 
 from __future__ import annotations
 
@@ -8,8 +10,8 @@ from typing import Literal
 
 import attrs
 
-from ..config.canary import CanaryConfig
-from .verdict import Verdict
+from ..config.canary import CanaryConfig, canary_count
+from .verdict import RequestTally, Verdict, judge
 
 Move = Literal["wait", "next", "promote", "abort"]
 
@@ -59,6 +61,125 @@ def step_move(
             f"needs min_requests={config.min_requests}: {verdict.numbers}",
         )
     return StepMove("wait", wake_in=max(pause, deadline_s) - elapsed)
+
+
+@attrs.frozen
+class StepClock:
+    """A canary's step (from 0) and the step's clock, in trio time."""
+
+    step: int = 0
+    started: float | None = None
+    """When the step's clock started; None until the step's replicas all serve."""
+    held_s: float = 0.0
+    """How long the step was held (paused, or scaled to 0) before `held_since`."""
+    held_since: float | None = None
+    """When the hold under way began (None: not held)."""
+
+    def elapsed(self, now: float) -> float | None:
+        """How long the step has run at `now`, holds left out (None: not started)."""
+        if self.started is None:
+            return None
+        held = self.held_s + (0.0 if self.held_since is None else now - self.held_since)
+        return max(0.0, now - self.started - held)
+
+
+@attrs.frozen
+class CanaryLook:
+    """What a pass's look at a canary being judged decides: its clock afterwards, and what the
+    canary records of it, in this order."""
+
+    clock: StepClock
+    events: tuple[tuple[str, str], ...] = ()
+    """The journal's events (reason, message), in order."""
+    entered: bool = False
+    """A new step began: its numbers start afresh, and its weight is published."""
+    touched: bool = False
+    """The stored record changed."""
+    progressed: bool = False
+    """The rollout's progress deadline starts afresh (a step passed, a hold ended)."""
+    end: Literal["promote", "abort"] | None = None
+    """Promoted (the rolling replacement follows), or aborted (the deploy fails for `why`)."""
+    why: str = ""
+    due: float = math.inf
+    """When the step's pause ends (inf: held, or not started)."""
+    wake_at: float = math.inf
+    """When the step wants its next look."""
+
+
+def look(
+    config: CanaryConfig | None,
+    clock: StepClock,
+    numbers: tuple[RequestTally, RequestTally],
+    *,
+    revision: int,
+    now: float,
+    paused: bool,
+    serving: int,
+    num_replicas: int,
+    deadline_s: float,
+    following: bool = False,
+    lost: str | None = None,
+) -> CanaryLook:
+    """A pass's look at the canary of `revision`, being judged at `clock` with the step's
+    `numbers` (the canary's, the stable revision's) and `serving` of its replicas serving.
+
+    The step's clock starts once the canary's share of `num_replicas` all serve; it stops while
+    `paused` or scaled to 0. A step that passes is followed by a look at the next at once (its
+    clock starts now if its replicas serve already). `lost`: why the canary failed while no
+    controller ran (a replica of it gone): an abort. A canary whose config block was taken out
+    is promoted."""
+    if config is None:
+        why = "the canary block was taken out of the config"
+        return CanaryLook(clock, end="promote", why=why, progressed=True)
+    if lost is not None:
+        return CanaryLook(clock, end="abort", why=f"step {clock.step + 1}: {lost}")
+    clock = attrs.evolve(clock, step=min(clock.step, len(config.steps) - 1))
+    events: list[tuple[str, str]] = []
+    entered = touched = progressed = False
+    for _ in range(2):  # a step, and the next one if this one passed
+        step = config.steps[clock.step]
+        # Paused, or scaled to 0 (no replica of either revision to judge): the clock waits.
+        held = paused or num_replicas <= 0
+        if clock.started is None:
+            if num_replicas <= 0 or serving < canary_count(num_replicas, step.weight):
+                return CanaryLook(clock, tuple(events), entered, touched, progressed)
+            clock, touched = attrs.evolve(clock, started=now), True
+            said = f"{step.weight:g}% of requests for {step.pause_s:g}s"
+            events.append(
+                ("CanaryStep", f"revision {revision}: step {clock.step + 1} of "
+                 f"{len(config.steps)}: {said}")
+            )  # fmt: skip
+        if held and clock.held_since is None:
+            clock, touched = attrs.evolve(clock, held_since=now), True  # a restart keeps it
+        elif not held and clock.held_since is not None:
+            held_s = clock.held_s + now - clock.held_since
+            clock = attrs.evolve(clock, held_s=held_s, held_since=None)
+            touched = progressed = True  # a hold is no lack of progress: the deadline restarts
+        verdict = judge(config, *numbers)
+        elapsed = clock.elapsed(now) or 0.0
+        due = math.inf if held else now + max(0.0, step.pause_s - elapsed)
+        move = step_move(
+            config, clock.step, elapsed, verdict,
+            held=held, deadline_s=deadline_s, following=following,
+        )  # fmt: skip
+        if move.move == "wait":
+            return CanaryLook(
+                clock, tuple(events), entered, touched, progressed,
+                due=due, wake_at=now + move.wake_in,
+            )  # fmt: skip
+        if move.move != "next":
+            why = move.why if move.move == "abort" else f"every step passed: {verdict.numbers}"
+            return CanaryLook(
+                clock, tuple(events), entered, touched,
+                progressed or move.move == "promote", move.move, why, due,
+            )  # fmt: skip
+        events.append(("CanaryStepPassed", f"step {clock.step + 1} passed: {verdict.numbers}"))
+        clock = StepClock(clock.step + 1)
+        numbers = (RequestTally(), RequestTally())
+        entered = touched = progressed = True
+    # Two steps passed in one look (pauses of 0, following another canary): the next pass
+    # looks again.
+    return CanaryLook(clock, tuple(events), entered, touched, progressed)
 
 
 @attrs.frozen
