@@ -267,11 +267,12 @@ class Canary:
             self._published()
         if seen.touched:
             self._touched()
-        if seen.progressed:
-            self._progressed(now)
         if seen.end == "promote":
             self.promote(seen.why)
-        elif seen.end == "abort":
+        if seen.progressed:
+            # Before an abort, which ends the rollout (a restarted deadline would be lost).
+            self._progressed(now)
+        if seen.end == "abort":
             self._lost = None
             self._abort(seen.why)
 
