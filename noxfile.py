@@ -14,10 +14,9 @@ nox.options.error_on_missing_interpreters = False
 
 #: The tests run in 4 processes (pytest-xdist): most of a test's time is a daemon or a worker
 #: starting or draining, not CPU, so 4 keep 2 cores busy. A file's tests stay in one process, for
-#: the fixtures a module shares (a Ray cluster, a browser) and the crash points' final count; the
-#: files go out in the order collected, the longest first (``tests/conftest.py``), not in xdist's
-#: (by their number of tests). ``nox -s tests -- -n 0`` runs them all in this one.
-PARALLEL = ("-n", "4", "--dist", "loadfile", "--no-loadscope-reorder")
+#: the fixtures a module shares (a Ray cluster, a browser) and the crash points' final count.
+#: ``nox -s tests -- -n 0`` runs them all in this one.
+PARALLEL = ("-n", "4", "--dist", "loadfile")
 
 #: Bytecode is written even where the environment says not to: the suite starts a Python process
 #: for every CLI call, daemon, ingress process and worker (thousands), and without ``.pyc`` files
