@@ -258,8 +258,8 @@ class Canary:
     def _record(self, seen: CanaryLook, config: CanaryConfig | None, now: float) -> None:
         """What a look decided, in its order: the clock, the events, a new step, the end."""
         self.clock, self._due = seen.clock, seen.due
-        if config is not None and seen.clock.started is not None:
-            self._config = config  # what reports and a person's steer are judged by
+        if seen.judged:
+            self._config = config
         for reason, message in seen.events:
             self._journal.event(reason, message)
         if seen.entered:

@@ -183,6 +183,7 @@ def test_a_pass_s_look_decides_every_move_of_a_canary() -> None:
     # The clock waits for the step's replicas (25% of 4: one), then starts and says so.
     waiting = seen(StepClock(), empty, 100, serving=0)
     assert (waiting.clock, waiting.events, waiting.wake_at) == (StepClock(), (), float("inf"))
+    assert not waiting.judged  # a person's steer then says no numbers: none were judged
     started = seen(StepClock(), empty, 100, serving=1)
     assert started.clock == StepClock(0, started=100)
     assert started.events == (("CanaryStep", "revision 2: step 1 of 2: 25% of requests for 60s"),)
@@ -205,6 +206,7 @@ def test_a_pass_s_look_decides_every_move_of_a_canary() -> None:
     # Its replicas not serving yet: the step is entered and waits for them.
     entered = seen(clock, good, 160, serving=1)
     assert (entered.clock, entered.entered, entered.wake_at) == (StepClock(1), True, float("inf"))
+    assert entered.judged  # the step that passed was
 
     # The last step passed: promoted; a failing gate aborts before the pause ends.
     last = seen(StepClock(1, started=100), good, 160, serving=2)

@@ -97,6 +97,9 @@ class CanaryLook:
     """The stored record changed."""
     progressed: bool = False
     """The rollout's progress deadline starts afresh (a step passed, a hold ended)."""
+    judged: bool = False
+    """The gates judged a step's numbers by this config: a person's promote or abort and the
+    ingresses' reports are judged by it from now on."""
     end: Literal["promote", "abort"] | None = None
     """Promoted (the rolling replacement follows), or aborted (the deploy fails for `why`)."""
     why: str = ""
@@ -135,14 +138,14 @@ def look(
         return CanaryLook(clock, end="abort", why=f"step {clock.step + 1}: {lost}")
     clock = attrs.evolve(clock, step=min(clock.step, len(config.steps) - 1))
     events: list[tuple[str, str]] = []
-    entered = touched = progressed = False
+    entered = touched = progressed = judged = False
     for _ in range(2):  # a step, and the next one if this one passed
         step = config.steps[clock.step]
         # Paused, or scaled to 0 (no replica of either revision to judge): the clock waits.
         held = paused or num_replicas <= 0
         if clock.started is None:
             if num_replicas <= 0 or serving < canary_count(num_replicas, step.weight):
-                return CanaryLook(clock, tuple(events), entered, touched, progressed)
+                return CanaryLook(clock, tuple(events), entered, touched, progressed, judged)
             clock, touched = attrs.evolve(clock, started=now), True
             said = f"{step.weight:g}% of requests for {step.pause_s:g}s"
             events.append(
@@ -155,7 +158,7 @@ def look(
             held_s = clock.held_s + now - clock.held_since
             clock = attrs.evolve(clock, held_s=held_s, held_since=None)
             touched = progressed = True  # a hold is no lack of progress: the deadline restarts
-        verdict = judge(config, *numbers)
+        verdict, judged = judge(config, *numbers), True
         elapsed = clock.elapsed(now) or 0.0
         due = math.inf if held else now + max(0.0, step.pause_s - elapsed)
         move = step_move(
@@ -164,14 +167,14 @@ def look(
         )  # fmt: skip
         if move.move == "wait":
             return CanaryLook(
-                clock, tuple(events), entered, touched, progressed,
+                clock, tuple(events), entered, touched, progressed, judged,
                 due=due, wake_at=now + move.wake_in,
             )  # fmt: skip
         if move.move != "next":
             why = move.why if move.move == "abort" else f"every step passed: {verdict.numbers}"
             return CanaryLook(
                 clock, tuple(events), entered, touched,
-                progressed or move.move == "promote", move.move, why, due,
+                progressed or move.move == "promote", judged, move.move, why, due,
             )  # fmt: skip
         events.append(("CanaryStepPassed", f"step {clock.step + 1} passed: {verdict.numbers}"))
         clock = StepClock(clock.step + 1)
@@ -179,7 +182,7 @@ def look(
         entered = touched = progressed = True
     # Two steps passed in one look (pauses of 0, following another canary): the next pass
     # looks again.
-    return CanaryLook(clock, tuple(events), entered, touched, progressed)
+    return CanaryLook(clock, tuple(events), entered, touched, progressed, judged)
 
 
 @attrs.frozen
