@@ -180,8 +180,8 @@ def look(
         clock = StepClock(clock.step + 1)
         numbers = (RequestTally(), RequestTally())
         entered = touched = progressed = True
-    # Two steps passed in one look (pauses of 0, following another canary): the next pass
-    # looks again.
+    # Two steps passed in one look (pauses of 0, following another canary): the next pass,
+    # which an event brings (a replica's start, a load report), looks again.
     return CanaryLook(clock, tuple(events), entered, touched, progressed, judged)
 
 
