@@ -96,7 +96,7 @@ class Canary:
         if kept is None or stable is None or kept.outcome != "in_progress":
             return
         self.phase, self.stable = "judging", stable
-        self._enter(0)
+        self._start()
 
     def restore(self, record: CanaryRecord | None, spec: Spec, now: float) -> None:
         """After a restart: the step and its clock as a previous controller stored them (by the
@@ -328,8 +328,9 @@ class Canary:
 
     # -- inside --
 
-    def _enter(self, step: int) -> None:
-        self.clock, self._due = StepClock(step), math.inf
+    def _start(self) -> None:
+        """A canary judged from its first step (later steps come from `look`)."""
+        self.clock, self._due = StepClock(), math.inf
         self.numbers = {"canary": RequestTally(), "stable": RequestTally()}
         self._touched()
         self._published()
