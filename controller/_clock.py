@@ -5,10 +5,10 @@ middle of a canary's step is tested in virtual time (the stored start is where t
 
 from __future__ import annotations
 
+import sys
 import time
 
 import trio
-import trio.testing
 
 #: Where wall time stands at a MockClock's zero: 2026-01-01T00:00:00Z, so that stored times
 #: read as dates.
@@ -22,8 +22,12 @@ def wall_now() -> float:
         clock = trio.lowlevel.current_clock()
     except RuntimeError:  # outside trio: the CLI, a thread
         return time.time()
-    if isinstance(clock, trio.testing.MockClock):
-        return MOCK_EPOCH + clock.current_time()
+    # Looked up, not imported: a MockClock in use means trio.testing was imported, and importing
+    # it here would cost every daemon and worker its import of pytest (90 ms, where installed).
+    testing = sys.modules.get("trio.testing")
+    if testing is not None and isinstance(clock, testing.MockClock):
+        virtual: float = clock.current_time()  # (the module is looked up: mypy sees Any)
+        return MOCK_EPOCH + virtual
     return time.time()
 
 

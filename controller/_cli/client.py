@@ -14,7 +14,7 @@ from typing import Any
 from .._daemon.statedir import TOKEN_ENV, StateDir
 from .._files import UnsafeFileError, read_regular
 from .._model.values.errors import StartupError
-from .._routing.sources import leader_of
+from .._model.views.leader import leader_of
 
 
 class CLIError(Exception):

@@ -14,13 +14,14 @@ import subprocess
 import sys
 from typing import Any
 
-import trio
-
 from .._daemon.log_format import setup_logging
 from .client import CLIError, make_client
 
 
 def cmd_ingress(args: argparse.Namespace) -> int:
+    # Here, not at the top: every CLI call imports this module, and most never serve.
+    import trio
+
     from .._daemon.ingress_process import serve
     from ..ingress import HTTPSource, IngressConfig
 

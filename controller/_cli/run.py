@@ -9,8 +9,8 @@ import faulthandler
 import os
 from pathlib import Path
 
-from .._daemon.ingress_process import ORPHAN_TIMEOUT_S
 from .._daemon.log_format import setup_logging
+from .._daemon.statedir import ORPHAN_TIMEOUT_S
 from .._model.decisions.lease import DURATION_S, RENEW_S, LeaseTiming
 from .._model.values.errors import CheckpointError, ConfigError, ManifestError, StartupError
 from .client import CLIError

@@ -36,14 +36,12 @@ import trio
 from ..ingress import HTTPSource, Ingress, IngressConfig, open_listener
 from .liveness import keep_beating
 from .log_format import private_log, setup_logging
-from .statedir import StateDir
+from .statedir import ORPHAN_TIMEOUT_S, StateDir
 
 logger = logging.getLogger("controller.ingress")
 
 #: How long requests under way may take to finish once the process is told to stop.
 DRAIN_S = 10.0
-#: How long a process outlives its daemon by default (``controller run --ingress-orphan-timeout``).
-ORPHAN_TIMEOUT_S = 300.0
 #: How often, at most, an ingress that cannot reach its daemon looks whether one holds its
 #: state dir.
 ORPHAN_LOOK_S = 1.0

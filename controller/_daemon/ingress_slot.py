@@ -21,7 +21,6 @@ import trio
 
 from .._files import write_private
 from .._procfs import describe_exit, start_time
-from .ingress_process import ORPHAN_TIMEOUT_S
 from .ingress_records import (
     MODULE,
     Handle,
@@ -30,7 +29,7 @@ from .ingress_records import (
     reap,
     take_listeners,
 )
-from .statedir import StateDir
+from .statedir import ORPHAN_TIMEOUT_S, StateDir
 
 logger = logging.getLogger("controller.daemon")
 

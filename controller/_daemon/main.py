@@ -44,14 +44,13 @@ from .._ports.runtime import Runtime, log_source
 from .._ports.store import LeaseStore
 from .._sources import load_manifest
 from .ingress_fleet import Fleet
-from .ingress_process import ORPHAN_TIMEOUT_S
 from .ingress_records import stop_leftovers
 from .ingress_slot import FleetOptions
 from .listen import bound
 from .log_format import private_log
 from .roles import STARTUP_ERRORS, Roles, leader_status, startup_reason
 from .serve import Front, serve
-from .statedir import STATE_DIR_ENV, TOKEN_ENV, StateDir
+from .statedir import ORPHAN_TIMEOUT_S, STATE_DIR_ENV, TOKEN_ENV, StateDir
 
 logger = logging.getLogger("controller.daemon")
 

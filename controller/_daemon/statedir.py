@@ -46,6 +46,10 @@ def default_state_dir() -> Path:
     return Path(base) / "trio-controller"
 
 
+#: How long ingress processes outlive the daemon of their state dir, by default (``controller run
+#: --ingress-orphan-timeout``): here, for the CLI to show it without importing the ingress.
+ORPHAN_TIMEOUT_S = 300.0
+
 #: How long a start waits for a daemon that is stopping (it says so in the lock file) to exit:
 #: its graceful stop of the API server takes a few seconds at most.
 STOPPING_WAIT_S = 30.0

@@ -441,9 +441,16 @@ class LocalRuntime(OneNode):
         is checked, if `checks`)."""
         self._watchers.check_running()
         lines = await connect(self.runtime_dir, worker.tag)
-        await lines.send({"op": "monitor"})
-        worker.link = link = MonitorLink(worker.tag, lines, checks=checks)
-        self._watchers.start_soon(self._monitor, worker, link)
+        try:
+            await lines.send({"op": "monitor"})
+            worker.link = link = MonitorLink(worker.tag, lines, checks=checks)
+            self._watchers.start_soon(self._monitor, worker, link)
+        except BaseException:
+            # Cancelled mid-send (the runtime closed while adopting), or its watchers closed:
+            # the connection is no one's yet, so it is closed here, not left to the collector.
+            with trio.CancelScope(shield=True):
+                await lines.aclose()
+            raise
 
     async def _monitor(self, worker: WorkerProcess, link: MonitorLink) -> None:
         # Until the connection ends, which is the news, or the process does: a child it forked

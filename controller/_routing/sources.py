@@ -17,6 +17,7 @@ from .._model.config.canary import canary_dict
 from .._model.config.config import BackendConfig
 from .._model.config.policies import affinity, rate_limit, retries
 from .._model.values.errors import ControllerClosedError
+from .._model.views.leader import leader_of
 from .._model.views.load_report import load_body
 from .._model.views.status import BackendSnapshot, LoadReport, TrafficSplit
 from .models import Held, parse_held
@@ -371,12 +372,3 @@ def _held_from_json(data: Any) -> tuple[tuple[str, Held], ...]:
         if held is not None:
             out.append((str(tag), held))
     return tuple(out)
-
-
-def leader_of(status: int, payload: Any) -> str | None:
-    """The leader's API a standby's 307 names (``error.leader``), if it names one by URL."""
-    error = payload.get("error") if status == 307 and isinstance(payload, dict) else None
-    leader = error.get("leader") if isinstance(error, dict) else None
-    if isinstance(leader, str) and leader.startswith("http://"):
-        return leader.rstrip("/")
-    return None
