@@ -15,8 +15,11 @@ nox.options.error_on_missing_interpreters = False
 #: The tests run in 4 processes (pytest-xdist): most of a test's time is a daemon or a worker
 #: starting or draining, not CPU, so 4 keep 2 cores busy. A file's tests stay in one process, for
 #: the fixtures a module shares (a Ray cluster, a browser) and the crash points' final count.
-#: ``nox -s tests -- -n 0`` runs them all in this one.
-PARALLEL = ("-n", "4", "--dist", "loadfile")
+#: ``nox -s tests -- -n 0`` runs them all in this one. xdist's reordering is off because
+#: tests/conftest.py orders the files itself (xdist's order, but a long one-test file first).
+#: 6 processes measured no faster (7:33 and 8:19 against 6:54 to 7:58 for 4): the machine is
+#: busy all the while, and a third of its CPU is the kernel's memory monitor (``kdamond``).
+PARALLEL = ("-n", "4", "--dist", "loadfile", "--no-loadscope-reorder")
 
 #: Bytecode is written even where the environment says not to: the suite starts a Python process
 #: for every CLI call, daemon, ingress process and worker (thousands), and without ``.pyc`` files
