@@ -1,15 +1,15 @@
-"""One backend's autoscaler: the thin part around the pure ``_model.decisions.autoscale.evaluate``.
+"""One backend's autoscaler and capacity gate: the thin parts that keep what the pure
+``_model.decisions.autoscale.evaluate`` and ``_model.decisions.gate`` decide.
 
-The backend's loop calls ``evaluate`` on each pass of an autoscaled backend (a load event, its
-timer, a replica becoming ready): nothing here loops over replicas or polls. The state goes to the
-store with the backend's replica record: a change of target as intent (the starts and stops it
-causes wait for it), a change of the windows with the next write.
+Each pass of an autoscaled backend (a load event, its timer, a replica becoming ready) decides
+both (``decide_pass``); nothing here loops over replicas or polls. The state goes to the store
+with the backend's replica record: a change of target as intent (the starts and stops it causes
+wait for it), a change of the windows with the next write.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Awaitable, Callable
 from typing import final
 
@@ -18,13 +18,12 @@ from .._model.config.autoscaling import AutoscalingConfig
 from .._model.config.config import BackendConfig
 from .._model.decisions.autoscale import (
     Entry,
-    Inputs,
     ScaleDecision,
     ScaleState,
-    evaluate,
     initial_state,
     restored,
 )
+from .._model.decisions.gate import Gate, answered
 from .._model.records.records import AutoscaleRecord
 from .._model.views.status import AutoscalerStatus
 from . import events as ev
@@ -35,7 +34,8 @@ logger = logging.getLogger("controller")
 
 @final
 class Autoscaler:
-    """Holds the state, the last decision and the next wake-up of one backend's autoscaler."""
+    """Holds the state and the last decision of one backend's autoscaler (when it wants the
+    next pass is the pass's to decide: ``Scaled.wake_at``)."""
 
     def __init__(
         self,
@@ -55,8 +55,6 @@ class Autoscaler:
         self.state: ScaleState | None = None
         self.last: ScaleDecision | None = None
         self.last_change: ScaleDecision | None = None
-        self.next_at = math.inf
-        """When the windows, the rate limits or the zero delay may change the outcome."""
         self._untold: tuple[AutoscalingConfig, ScaleState, ScaleDecision | None] | None = None
 
     @property
@@ -71,27 +69,22 @@ class Autoscaler:
         if self._config is None:
             if self.state is not None:
                 self._changed()  # the store forgets it too
-            self.state, self.last, self.last_change, self.next_at = None, None, None, math.inf
+            self.state, self.last, self.last_change = None, None, None
             return
         if self.state is None:
             self.state = initial_state(self._config, config.num_replicas, now)
             self._changed()
 
-    def evaluate(self, load: int | None, not_ready: Callable[[], int], now: float) -> bool:
-        """Decide with the load now (ongoing requests; None: no signal); True if the target
-        changed. `not_ready` counts the replicas not serving yet: asked only when the load
-        points down, where they count (it walks the replicas)."""
-        config, before = self._config, self.state
-        if config is None or before is None:
-            return False
-        ongoing = None if load is None else float(load)
-        fewer = ongoing is not None and ongoing / config.target_ongoing_requests < before.target
-        inputs = Inputs(ongoing, not_ready() if fewer else 0)
-        self.state, decision, wake = evaluate(config, before, inputs, now)
-        self.next_at = math.inf if wake is None else wake
-        self._untold = (config, before, self.last)
-        self.last = decision
-        return decision.changed
+    @property
+    def config(self) -> AutoscalingConfig | None:
+        return self._config
+
+    def took(self, state: ScaleState, decision: ScaleDecision) -> None:
+        """What the pass decided (``_model.decisions.autoscale.evaluate``): told by ``tell``."""
+        if self._config is None or self.state is None:
+            return
+        self._untold = (self._config, self.state, self.last)
+        self.state, self.last = state, decision
 
     def tell(self) -> None:
         """Tell of the last evaluation, if not yet: the pass does so after its rollout verdict,
@@ -183,16 +176,12 @@ def _values(state: ScaleState) -> tuple[object, ...]:
     )
 
 
-#: How often a backend held below its autoscaler's count by capacity asks the runtime again.
-RECHECK_ROOM_S = 1.0
-
-
 @final
 class Room:
     """How far an autoscaled backend may grow on the runtime: the autoscaler's count is only
-    worked toward as far as it fits beside every other backend, as a deploy's would be (a load
-    spike must not start more workers than the machine holds). Asked of the runtime before a
-    scale-up past what was last found to fit, in a task, with the answer as an event."""
+    worked toward as far as it fits beside every other backend, as a deploy's would be. The gate
+    is decided by the pass (``_model.decisions.gate``); here it is kept, and the runtime asked,
+    in a task, with the answer as an event."""
 
     def __init__(
         self,
@@ -203,45 +192,16 @@ class Room:
         self._check = check
         self._start = start
         self._send = send
-        self.fits: int | None = None
-        """The most replicas that fit, by the last answer (None: not asked yet)."""
-        self._asked, self._asked_at, self._pending = 0, -math.inf, False
-        self._answered = 0  # the count the last answer was for
-        self._short = False  # the last count fell short of what was wanted, on an answer
+        self.gate = Gate()
 
-    def count(self, wanted: int, held: int, now: float) -> int:
-        """The count to work toward now, for `wanted` with `held` replicas there already: no
-        growth but on an answer to this very count, younger than `RECHECK_ROOM_S` (others
-        take room meanwhile: an older answer, or one for another count, is asked again)."""
-        self._short = False
-        if wanted <= held:
-            return wanted
-        fresh = self._answered == wanted and now < self._asked_at + RECHECK_ROOM_S
-        if fresh and self.fits is not None:
-            count = max(held, min(wanted, self.fits))
-            self._short = count < wanted
-            return count
-        if not self._pending:
-            self._pending, self._asked, self._asked_at = True, wanted, now
-            self._answered = 0
-            self._start(self._ask, wanted)
-        return held
-
-    @property
-    def asking(self) -> bool:
-        """Whether a question of room is on its way: the count is not final until it answers."""
-        return self._pending
-
-    @property
-    def next_at(self) -> float:
-        """When to ask again, while the last answer falls short of what is wanted (an answer
-        on its way wakes the loop itself)."""
-        return self._asked_at + RECHECK_ROOM_S if self._short else math.inf
+    def took(self, gate: Gate, ask: int | None) -> None:
+        """What the pass decided: the gate after it, and a count to ask the runtime about."""
+        self.gate = gate
+        if ask is not None:
+            self._start(self._ask, ask)
 
     def checked(self, event: ev.RoomChecked) -> None:
-        self._pending = False
-        if event.wanted == self._asked:
-            self.fits, self._answered = event.room, event.wanted
+        self.gate = answered(self.gate, event.wanted, event.room)
 
     async def _ask(self, wanted: int) -> None:
         try:

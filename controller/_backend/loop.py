@@ -19,7 +19,7 @@ from typing import final
 import trio
 
 from .._model.decisions.failures import FailureBook
-from .._model.decisions.pass_plan import PassState, decide_pass
+from .._model.decisions.pass_plan import PassState, decide_pass, decide_scale
 from .._model.decisions.spec import Spec
 from .._model.records.code_report import CodeReport
 from .._model.records.records import (
@@ -342,6 +342,8 @@ class Backend:
         self._snapshot.publish()  # a new weight reaches the ingresses before replicas move
         state = self._read(now, config_digest, user_config is not None, canary_at)
         plan = decide_pass(state, now)
+        if state.scaled is not None:
+            self._scaling.took(state.scaled)
         if plan.deadline_failure is not None:
             self._reports.deploy_failed("ProgressDeadlineExceeded", plan.deadline_failure)
         self._scaling.tell()
@@ -375,17 +377,16 @@ class Backend:
     def _read(
         self, now: float, config_digest: str, hands_config: bool, canary_at: float
     ) -> PassState:
-        """What the pass decides on. The autoscaler is evaluated and its count fitted here:
-        both are state that evaluating updates (``_model.decisions.pass_plan``)."""
-        census, version = self._set.census, self._state.spec.version
-        autoscaled = self._scaling.autoscaled and not self._state.spec.deleting
-        # Replicas not serving yet count as fully loaded before it scales down (asked lazily).
-        changed = autoscaled and self._scaling.evaluate(now, lambda: census.not_ready(version))
-        unchanged = autoscaled and self._load_only and not changed
-        held = census.total - census.count(ReplicaState.STOPPING)
-        count = self._scaling.count(held, now) if autoscaled and not unchanged else None
-        if not autoscaled:
+        """What the pass decides on, with an autoscaled backend's count decided first: a pass
+        on load alone that keeps the count takes no health check off the schedule."""
+        census, spec = self._set.census, self._state.spec
+        scale = None if spec.deleting else self._scaling.scale_input(now)
+        scaled = None
+        if scale is None:
             self._scaling.not_autoscaled()
+        else:
+            scaled = decide_scale(scale, census, spec.version, self._load_only, now)
+        unchanged = scaled is not None and scaled.unchanged
         return PassState(
             spec=self._state.spec,
             config_digest=config_digest,
@@ -394,11 +395,7 @@ class Backend:
             backoff_until=self._failures.backoff_until,
             converged=self._state.converged,
             rollout=self._rollout.state(),
-            autoscaled=autoscaled,
-            count=count,
-            unchanged=unchanged,
-            asking_room=self._scaling.asking_room,
-            scaling_at=self._scaling.next_at,
+            scaled=scaled,
             health=self._health.read(now, self._replicas, take=not unchanged),
             replicas=self._replicas.values(),
             census=census,

@@ -1,10 +1,10 @@
 """A backend's load and the count its autoscaler sets: the part of the backend's loop that hears
-load and decides how many replicas it should have.
+load and keeps how many replicas it should have.
 
 The loop owns it and calls it: load reports (the ingresses', the replicas' own) go to the book and
-ask the loop for one pass; each pass of an autoscaled backend evaluates the autoscaler
-(``_model.decisions.autoscale``, pure) and asks the capacity gate (``Room``) how far its count may
-go. It walks no replicas itself: what it needs of them, the loop hands it.
+ask the loop for one pass; each pass of an autoscaled backend decides the autoscaler's evaluation
+and the capacity gate's count (``decide_pass``, pure), which this part keeps (``took``). It walks
+no replicas itself.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import final
 
 from .._model.config.config import BackendConfig
+from .._model.decisions.pass_plan import Scaled, ScaleInput
 from .._model.records.code_report import CodeReport
 from .._model.records.records import AutoscaleRecord
 from .._model.views.status import (
@@ -104,19 +105,21 @@ class Scaling:
 
     # -- a pass --
 
-    def evaluate(self, now: float, not_ready: Callable[[], int]) -> bool:
-        """Evaluate the autoscaler on the load now; True if it changed its count."""
-        return self.scaler.evaluate(self._book.ongoing(now), not_ready, now)
+    def scale_input(self, now: float) -> ScaleInput | None:
+        """What the pass decides the count on (None: not autoscaled)."""
+        config, state = self.scaler.config, self.scaler.state
+        if config is None or state is None:
+            return None
+        return ScaleInput(config, state, self._book.ongoing(now), self._room.gate)
 
-    def tell(self) -> None:
-        """Tell of the last evaluation (its event, log and metric)."""
-        self.scaler.tell()
-
-    def count(self, held: int, now: float) -> int:
-        """The autoscaler's count, as far as the runtime fits it (`held` replicas are there)."""
-        wanted = self.scaler.target
-        assert wanted is not None
-        count = self._room.count(wanted, held, now)
+    def took(self, scaled: Scaled) -> None:
+        """Keep what the pass decided: the autoscaler's state, the gate's (and ask the runtime
+        for room, if it says so), and the count worked toward."""
+        self.scaler.took(scaled.state, scaled.decision)
+        self._room.took(scaled.gate, scaled.ask)
+        count = scaled.count
+        if count is None:
+            return
         if self._desired is not None and count != self._desired:
             # A change under way until the replicas catch up, as after a deploy.
             up = count > self._desired
@@ -126,13 +129,10 @@ class Scaling:
                 else (BackendState.DOWNSCALING, "ScaleDown")
             )
         self._desired = count
-        return count
 
-    @property
-    def asking_room(self) -> bool:
-        """Whether the runtime is being asked for room: until it answers, the count is what is
-        held, not what the autoscaler wants, and nothing has converged."""
-        return self._room.asking
+    def tell(self) -> None:
+        """Tell of the last evaluation (its event, log and metric)."""
+        self.scaler.tell()
 
     def as_stored(self) -> None:
         """For a standby's view: the stored target, as the leader had it (a standby asks the
@@ -144,11 +144,6 @@ class Scaling:
 
     def converged(self) -> None:
         self.under_way = None
-
-    @property
-    def next_at(self) -> float:
-        """When the windows, the rate limits, the zero delay or the capacity gate want a pass."""
-        return min(self.scaler.next_at, self._room.next_at)
 
     # -- views --
 

@@ -10,14 +10,17 @@ import attrs
 from controller._model.config.cause import Cause
 from controller._model.config.config import BackendConfig
 from controller._model.config.replica_config import ReplicaConfig
+from controller._model.decisions.autoscale import ScaleDecision, ScaleState
 from controller._model.decisions.census import Census
 from controller._model.decisions.failures import Blocked
+from controller._model.decisions.gate import Gate
 from controller._model.decisions.pass_plan import (
     AfterFailure,
     DueCheck,
     HealthState,
     PassState,
     RolloutState,
+    Scaled,
     after_failure,
     decide_pass,
     replaces_unhealthy,
@@ -80,17 +83,27 @@ def state(
         "backoff_until": -math.inf,
         "converged": False,
         "rollout": rollout,
-        "autoscaled": False,
-        "count": None,
-        "unchanged": False,
-        "asking_room": False,
-        "scaling_at": math.inf,
+        "scaled": None,
         "health": health,
         "replicas": replicas,
         "census": Census.of(replicas),
     }
     values.update(kwargs)
     return PassState(**values)  # type: ignore[arg-type]
+
+
+def scaled(
+    count: int | None,
+    *,
+    pending: bool = False,
+    unchanged: bool = False,
+    wake: float | None = None,
+) -> Scaled:
+    """An autoscaled backend's count as ``decide_scale`` hands it to the pass."""
+    target = 2 if count is None else count
+    decision = ScaleDecision(NOW, 1.0, 0, target, target, target, "Steady")
+    gate = Gate(pending=pending)
+    return Scaled(ScaleState(target), decision, wake, gate, None, count, unchanged=unchanged)
 
 
 def late(tag: str, *, failures: int = 0, ready_at: float = 0.0) -> DueCheck:
@@ -110,7 +123,7 @@ def test_the_replica_plan_is_reconciles_and_converges() -> None:
 
 
 def test_the_autoscalers_count_is_the_target() -> None:
-    plan = decide_pass(state(autoscaled=True, count=5), NOW)
+    plan = decide_pass(state(scaled=scaled(5)), NOW)
     assert plan.replicas is not None
     assert plan.replicas.start == 3
     assert plan.num_replicas == 5
@@ -118,7 +131,7 @@ def test_the_autoscalers_count_is_the_target() -> None:
 
 
 def test_a_count_waiting_on_the_runtimes_answer_is_not_converged() -> None:
-    plan = decide_pass(state(autoscaled=True, count=2, asking_room=True), NOW)
+    plan = decide_pass(state(scaled=scaled(2, pending=True)), NOW)
     assert plan.replicas is not None
     assert plan.replicas.converged
     assert not plan.converged
@@ -143,7 +156,7 @@ def test_a_deleted_backend_without_replicas_is_forgotten() -> None:
 
 def test_only_load_and_the_same_count_skip_the_replica_plan() -> None:
     health = HealthState(due=(), late=(), rest_at=NOW + 3, adoptions_due=NOW + 2)
-    plan = decide_pass(state(unchanged=True, health=health, scaling_at=NOW + 5), NOW)
+    plan = decide_pass(state(scaled=scaled(None, unchanged=True, wake=NOW + 5), health=health), NOW)
     assert plan.replicas is None
     assert not plan.reached
     assert not plan.forget
@@ -272,7 +285,9 @@ def test_a_late_check_of_a_replica_just_ready_fails_the_rollout() -> None:
 def test_the_wake_up_is_the_earliest_timer() -> None:
     health = HealthState(due=(), late=(), rest_at=NOW + 7, adoptions_due=NOW + 9)
     rollout = attrs.evolve(ACTIVE, deadline=NOW + 8)
-    plan = decide_pass(state([R("a")], rollout=rollout, health=health, scaling_at=NOW + 6), NOW)
+    plan = decide_pass(
+        state([R("a")], rollout=rollout, health=health, scaled=scaled(2, wake=NOW + 6)), NOW
+    )
     assert plan.wake_at == NOW + 6
     plan = decide_pass(state([R("a")], rollout=rollout, health=health), NOW)
     assert plan.wake_at == NOW + 7
@@ -281,7 +296,7 @@ def test_the_wake_up_is_the_earliest_timer() -> None:
 
 
 def test_the_backoff_wakes_it_only_while_it_lasts() -> None:
-    plan = decide_pass(state(scaling_at=NOW + 5), NOW)
+    plan = decide_pass(state(scaled=scaled(2, wake=NOW + 5)), NOW)
     assert plan.wake(NOW + 2) == NOW + 2
     assert plan.wake(NOW + 9) == NOW + 5
     assert plan.wake(NOW) == NOW + 5  # over already

@@ -6,11 +6,13 @@ which keep their state and their writes. The plan says whether the rollout fails
 or completes, which replicas to start, stop and reconfigure (``reconcile.decide``), which health
 checks start and which are late, and when to wake up next.
 
-Two steps stay in the helpers, as input here, because they are state that deciding updates:
-the autoscaler's evaluation (its windows move with each one; ``_backend/autoscaler.py``) and the
-capacity gate's count (it asks the runtime, and remembers the answer; ``Room``). And the backoff's
-end is read once the plan is carried out (``PassPlan.wake``): a late check that reaches its
-threshold backs off by a random delay that only carrying it out draws.
+An autoscaled backend's count is decided just before, by ``decide_scale`` (pure): the
+autoscaler's evaluation (``autoscale.evaluate``) and the capacity gate's count
+(``gate.gate_count``), which the pass needs before it reads the health checks due (a pass on load
+alone that keeps the count takes none). The backend's parts keep what it decided once the plan is
+made (``Scaled``; the gate's question to the runtime is the executor's to ask). The backoff's end
+is read once the plan is carried out (``PassPlan.wake``): a late check that reaches its threshold
+backs off by a random delay that only carrying it out draws.
 """
 
 from __future__ import annotations
@@ -20,10 +22,14 @@ from collections.abc import Collection
 
 import attrs
 
+from ..config.autoscaling import AutoscalingConfig
+from ..records.replica_state import ReplicaState
 from ..records.revisions import Revision, RevisionBook
+from .autoscale import Inputs, ScaleDecision, ScaleState, evaluate
 from .canary_plan import CanarySplit, decide_split
 from .census import Census
 from .failures import Blocked, blocks_starts, halts
+from .gate import Gate, gate_count
 from .reconcile import Plan, ReplicaView, decide
 from .spec import Spec
 
@@ -65,6 +71,58 @@ class HealthState:
 
 
 @attrs.frozen
+class ScaleInput:
+    """An autoscaled backend's count, as the pass finds it."""
+
+    config: AutoscalingConfig
+    state: ScaleState
+    ongoing: float | None
+    """The load now (ongoing requests; None: no signal)."""
+    gate: Gate
+
+
+@attrs.frozen
+class Scaled:
+    """What the pass decided of an autoscaled backend's count."""
+
+    state: ScaleState
+    decision: ScaleDecision
+    wake: float | None
+    """When the autoscaler wants to evaluate again (None: only on a new input)."""
+    gate: Gate
+    ask: int | None
+    """A count to ask the runtime for room for (None: no question now)."""
+    count: int | None
+    """The count as far as it fits (None: `unchanged`, the last one holds)."""
+    unchanged: bool
+    """Only load was heard and the autoscaler kept its count: the replica plan is the last one."""
+
+    @property
+    def wake_at(self) -> float:
+        """When the autoscaler or the capacity gate wants a pass."""
+        return min(math.inf if self.wake is None else self.wake, self.gate.next_at)
+
+
+def decide_scale(
+    scale: ScaleInput, census: Census, version: str, load_only: bool, now: float
+) -> Scaled:
+    """The autoscaler's evaluation on the load now, and how far its count fits: replicas not
+    serving yet count as fully loaded before it scales down (counted only then: it walks the
+    census), and replicas stopping do not hold room."""
+    config, before = scale.config, scale.state
+    ongoing = scale.ongoing
+    fewer = ongoing is not None and ongoing / config.target_ongoing_requests < before.target
+    inputs = Inputs(ongoing, census.not_ready(version) if fewer else 0)
+    after, decision, wake = evaluate(config, before, inputs, now)
+    unchanged = load_only and not decision.changed
+    if unchanged:
+        return Scaled(after, decision, wake, scale.gate, None, None, unchanged=True)
+    held = census.total - census.count(ReplicaState.STOPPING)
+    count, gate, ask = gate_count(scale.gate, after.target, held, now)
+    return Scaled(after, decision, wake, gate, ask, count, unchanged=False)
+
+
+@attrs.frozen
 class PassState:
     """What a pass reads. `replicas` and `census` are the live ones, read and not copied (a
     backend of 10,000 replicas is not copied each pass)."""
@@ -78,14 +136,9 @@ class PassState:
     converged: bool
     """Whether the last pass converged."""
     rollout: RolloutState
-    autoscaled: bool
-    count: int | None
-    """The autoscaler's count as far as it fits (None: not autoscaled, or `unchanged`)."""
-    unchanged: bool
-    """Only load was heard and the autoscaler kept its count: the replica plan is the last one."""
-    asking_room: bool
-    scaling_at: float
-    """When the autoscaler or the capacity gate wants a pass."""
+    scaled: Scaled | None
+    """An autoscaled backend's count, decided (``decide_scale``; None: not autoscaled, or
+    being deleted)."""
     health: HealthState
     replicas: Collection[ReplicaView]
     census: Census
@@ -222,7 +275,8 @@ def decide_pass(state: PassState, now: float) -> PassPlan:
         )
         blocked, active = "ProgressDeadlineExceeded", False
     health = state.health
-    if state.unchanged:
+    scaled = state.scaled
+    if scaled is not None and scaled.unchanged:
         return _plan(
             state, now, failure, None, converged=state.converged, rollout_active=active,
             health_at=min(health.rest_at, health.adoptions_due),
@@ -231,7 +285,7 @@ def decide_pass(state: PassState, now: float) -> PassPlan:
         state.config_digest,
         blocked=blocks_starts(blocked),
         deferred=now < state.backoff_until,
-        replicas=state.count,
+        replicas=None if scaled is None else scaled.count,
         halted=halts(blocked),
         evict=state.evict,
         evict_now=state.evict_now,
@@ -242,7 +296,7 @@ def decide_pass(state: PassState, now: float) -> PassPlan:
     else:
         replicas = decide_split(target, split, state.replicas)
     # A count held back until the runtime says whether there is room is not the goal.
-    converged = replicas.converged and not (state.autoscaled and state.asking_room)
+    converged = replicas.converged and not (scaled is not None and scaled.gate.pending)
     # A canary completes only once promoted and rolled out (its split gone).
     complete = (
         converged and active and not spec.deleting and now >= rollout.settled_at and split is None
@@ -308,6 +362,7 @@ def _plan(
     else:
         rollout_at = rollout.settled_at if converged else rollout.deadline
     done = replicas is not None and converged
+    scaling_at = math.inf if state.scaled is None else state.scaled.wake_at
     return PassPlan(
         now=now,
         deadline_failure=failure,
@@ -323,5 +378,5 @@ def _plan(
         rollout_active=rollout_active,
         reached=done and not state.spec.deleting and not rollout_active,
         forget=done and state.spec.deleting,
-        wake_at=min(health_at, state.scaling_at, rollout_at, state.canary_at),
+        wake_at=min(health_at, scaling_at, rollout_at, state.canary_at),
     )
