@@ -387,6 +387,8 @@ class Backend:
         else:
             scaled = decide_scale(scale, census, spec.version, self._load_only, now)
         unchanged = scaled is not None and scaled.unchanged
+        # The canary's share is of the count this pass works toward (kept only after the plan).
+        count = self._state.desired if scaled is None or scaled.count is None else scaled.count
         return PassState(
             spec=self._state.spec,
             config_digest=config_digest,
@@ -401,7 +403,7 @@ class Backend:
             census=census,
             evict=self._shared.nodes.evict,
             evict_now=self._shared.nodes.evict_now,
-            split=self._canary.split(self._state.spec, self._state.desired),
+            split=self._canary.split(spec, count),
             canary_at=canary_at,
         )
 

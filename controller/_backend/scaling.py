@@ -110,7 +110,9 @@ class Scaling:
         config, state = self.scaler.config, self.scaler.state
         if config is None or state is None:
             return None
-        return ScaleInput(config, state, self._book.ongoing(now), self._room.gate)
+        ongoing = self._book.ongoing(now)
+        load = None if ongoing is None else float(ongoing)  # a decision shows it as a number
+        return ScaleInput(config, state, load, self._room.gate)
 
     def took(self, scaled: Scaled) -> None:
         """Keep what the pass decided: the autoscaler's state, the gate's (and ask the runtime

@@ -171,6 +171,7 @@ async def test_step_load_scales_up_when_the_upscale_window_ends(
         ingress.set(16)  # x4
         await settle()
         assert last(ctl).reason == "Stabilizing"
+        assert repr(last(ctl).ongoing) == "16.0"  # a number, as status and the API show it
         # The lowest recommendation in the window is still 2, until the window has passed: then
         # up by the rate limit (max(100 %, 4) per 15 s: 2 -> 6), and the rest 15 s later.
         assert await scalings.next() == (t0 + 30, 2, 6)

@@ -377,6 +377,30 @@ async def test_an_autoscaled_canary_grows_with_the_backend(
         assert status.canary.phase == "judging"
 
 
+async def test_an_autoscaled_canary_restarted_keeps_every_replica(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The canary's share is of the count its pass decides: a restart once split the replicas by
+    # the config's num_replicas (4: one canary replica), drained a healthy canary replica, and
+    # started another one pass later.
+    auto = {"min_replicas": 4, "max_replicas": 8, "target_ongoing_requests": 2}
+    rt, store = FakeRuntime(auto_ready=True), controller.MemoryStore()
+    async with opened(rt, store) as ctl:
+        await (await ctl.deploy("a", canary_config(autoscaling=auto), RC)).wait()
+        await ctl.deploy("a", canary_config(version="v2", autoscaling=auto), RC)
+        await ctl.wait_until(lambda c: versions(c) == {"v1": 4, "v2": 1})
+        busy = {r.tag: 10 for r in ctl.status("a").replicas}
+        ctl.report_load(LoadReport("test", "a", busy, 0))
+        await ctl.wait_until(lambda c: versions(c) == {"v1": 8, "v2": 2})
+        tags = {r.tag for r in ctl.status("a").replicas}
+        starts = rt.start_calls
+    async with opened(rt, store) as ctl:
+        await ctl.wait_until(lambda c: versions(c) == {"v1": 8, "v2": 2})
+        await trio.sleep(5)  # virtual time: the passes after the first
+        assert {r.tag for r in ctl.status("a").replicas} == tags
+        assert rt.start_calls == starts
+
+
 async def test_a_canary_replica_that_dies_aborts_the_canary(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
