@@ -130,7 +130,9 @@ class Daemon:
             self.log += chunk
             self._grew.set()
             self._grew = trio.Event()
-            if b"listening on" in self.log:
+            # Its URL: the warning of a listen beyond loopback says "listening on" too, before
+            # the API serves (a shutdown sent then found no daemon.json, on a busy machine).
+            if b"listening on http" in self.log:
                 listening.set()
         listening.set()  # it exited; the caller's next request will say so
         self._grew.set()
@@ -299,14 +301,29 @@ def dirs(root: Path, *names: str) -> list[Path]:
 
 @contextlib.contextmanager
 def killed_at_exit(*daemons: Daemon) -> Iterator[None]:
+    """Whatever happens in the test, none of `daemons` outlives it (a stopped one is woken, so
+    that it dies), nor the ingress processes of one that had to be killed. Each is reaped and
+    its pipe closed here: left to the garbage collector, a failed test's daemon warned
+    (``ResourceWarning``) in whichever test ran next, and failed that one too."""
     try:
         yield
     finally:
         for daemon in daemons:
-            if daemon.process is not None and daemon.process.returncode is None:
+            process = daemon.process
+            if process is None:
+                continue
+            if process.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(daemon.process.pid, signal.SIGCONT)
-                daemon.process.kill()
+                    os.kill(process.pid, signal.SIGCONT)
+                process.kill()
+                with contextlib.suppress(ChildProcessError):
+                    os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)  # not reaped...
+                process.poll()  # ...until here, where the Process records how it ended
+                for pid in ingress_pids(daemon.state_dir):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            if isinstance(process.stderr, trio.lowlevel.FdStream):
+                process.stderr.close()
 
 
 async def until(daemon: Daemon, name: str, check: Any) -> dict[str, Any]:

@@ -4,16 +4,24 @@ restart."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from ..daemons import LIMIT_S, Daemon, app, free_port, manifest, running, settled, until
+from ..daemons import (
+    LIMIT_S,
+    Daemon,
+    app,
+    free_port,
+    killed_at_exit,
+    manifest,
+    running,
+    settled,
+    until,
+)
 from ..http_client import Traffic
 
 
@@ -76,7 +84,7 @@ async def test_revisions_outlive_a_kill_9_and_a_restart(state_dir: Path) -> None
     # No config file: one applied at each start would be a deploy of its own.
     args = ("--no-ingress",)
     first, second = Daemon(state_dir), Daemon(state_dir)
-    with trio.fail_after(LIMIT_S * 3), _killed_at_exit(first, second):
+    with trio.fail_after(LIMIT_S * 3), killed_at_exit(first, second):
         async with trio.open_nursery() as nursery:
             await first.start(nursery, *args)
             code, data = await first.http(
@@ -127,15 +135,3 @@ async def test_revisions_outlive_a_kill_9_and_a_restart(state_dir: Path) -> None
                 "manifest": None,
                 "manifest_digest": None,
             }
-
-
-@contextlib.contextmanager
-def _killed_at_exit(*daemons: Daemon) -> Iterator[None]:
-    """Whatever happens in the test, none of `daemons` outlives it (a failed assertion would
-    otherwise leave a `controller run` behind, with the state dir gone)."""
-    try:
-        yield
-    finally:
-        for daemon in daemons:
-            if daemon.process is not None and daemon.process.returncode is None:
-                daemon.process.kill()
