@@ -360,17 +360,23 @@ async def test_a_canary_block_taken_out_promotes_and_a_delete_ends_it(
         assert "a" not in ctl.backend_names()
 
 
+async def grown_by_load(ctl: controller.Controller) -> None:
+    """An autoscaled v1 (4 to 8 replicas), v2 as its canary at 25 %, then load that takes the
+    backend to 8: 8 of v1 and 2 of v2."""
+    auto = {"min_replicas": 4, "max_replicas": 8, "target_ongoing_requests": 2}
+    await (await ctl.deploy("a", canary_config(autoscaling=auto), RC)).wait()
+    await ctl.deploy("a", canary_config(version="v2", autoscaling=auto), RC)
+    await ctl.wait_until(lambda c: versions(c) == {"v1": 4, "v2": 1})
+    busy = {r.tag: 10 for r in ctl.status("a").replicas}
+    ctl.report_load(LoadReport("test", "a", busy, 0))
+    await ctl.wait_until(lambda c: versions(c) == {"v1": 8, "v2": 2})
+
+
 async def test_an_autoscaled_canary_grows_with_the_backend(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    auto = {"min_replicas": 4, "max_replicas": 8, "target_ongoing_requests": 2}
     async with opened(FakeRuntime(auto_ready=True)) as ctl:
-        await (await ctl.deploy("a", canary_config(autoscaling=auto), RC)).wait()
-        await ctl.deploy("a", canary_config(version="v2", autoscaling=auto), RC)
-        await ctl.wait_until(lambda c: versions(c) == {"v1": 4, "v2": 1})
-        busy = {r.tag: 10 for r in ctl.status("a").replicas}
-        ctl.report_load(LoadReport("test", "a", busy, 0))
-        await ctl.wait_until(lambda c: versions(c) == {"v1": 8, "v2": 2})
+        await grown_by_load(ctl)
         status = ctl.status("a").rollout
         assert status is not None
         assert status.canary is not None
@@ -383,15 +389,9 @@ async def test_an_autoscaled_canary_restarted_keeps_every_replica(
     # The canary's share is of the count its pass decides: a restart once split the replicas by
     # the config's num_replicas (4: one canary replica), drained a healthy canary replica, and
     # started another one pass later.
-    auto = {"min_replicas": 4, "max_replicas": 8, "target_ongoing_requests": 2}
     rt, store = FakeRuntime(auto_ready=True), controller.MemoryStore()
     async with opened(rt, store) as ctl:
-        await (await ctl.deploy("a", canary_config(autoscaling=auto), RC)).wait()
-        await ctl.deploy("a", canary_config(version="v2", autoscaling=auto), RC)
-        await ctl.wait_until(lambda c: versions(c) == {"v1": 4, "v2": 1})
-        busy = {r.tag: 10 for r in ctl.status("a").replicas}
-        ctl.report_load(LoadReport("test", "a", busy, 0))
-        await ctl.wait_until(lambda c: versions(c) == {"v1": 8, "v2": 2})
+        await grown_by_load(ctl)
         tags = {r.tag for r in ctl.status("a").replicas}
         starts = rt.start_calls
     async with opened(rt, store) as ctl:
