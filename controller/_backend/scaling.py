@@ -3,7 +3,7 @@ load and keeps how many replicas it should have.
 
 The loop owns it and calls it: load reports (the ingresses', the replicas' own) go to the book and
 ask the loop for one pass; each pass of an autoscaled backend decides the autoscaler's evaluation
-and the capacity gate's count (``decide_pass``, pure), which this part keeps (``took``). It walks
+and the capacity gate's count (``decide_scale``, pure), which this part keeps (``took``). It walks
 no replicas itself.
 """
 
