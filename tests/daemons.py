@@ -126,14 +126,15 @@ class Daemon:
 
     async def _read_log(self, process: trio.Process, listening: trio.Event) -> None:
         assert process.stderr is not None
-        async for chunk in process.stderr:
-            self.log += chunk
-            self._grew.set()
-            self._grew = trio.Event()
-            # Its URL: the warning of a listen beyond loopback says "listening on" too, before
-            # the API serves (a shutdown sent then found no daemon.json, on a busy machine).
-            if b"listening on http" in self.log:
-                listening.set()
+        async with process.stderr:  # closed however the reading ends (a failed test's too)
+            async for chunk in process.stderr:
+                self.log += chunk
+                self._grew.set()
+                self._grew = trio.Event()
+                # Its URL: the warning of a listen beyond loopback says "listening on" too,
+                # before the API serves (a shutdown sent then found no daemon.json).
+                if b"listening on http" in self.log:
+                    listening.set()
         listening.set()  # it exited; the caller's next request will say so
         self._grew.set()
 
@@ -302,9 +303,9 @@ def dirs(root: Path, *names: str) -> list[Path]:
 @contextlib.contextmanager
 def killed_at_exit(*daemons: Daemon) -> Iterator[None]:
     """Whatever happens in the test, none of `daemons` outlives it (a stopped one is woken, so
-    that it dies), nor the ingress processes of one that had to be killed. Each is reaped and
-    its pipe closed here: left to the garbage collector, a failed test's daemon warned
-    (``ResourceWarning``) in whichever test ran next, and failed that one too."""
+    that it dies), nor the ingress processes of one that had to be killed. Each is reaped here
+    (its pipe is closed by its reader): left to the garbage collector, a failed test's daemon
+    warned (``ResourceWarning``) in whichever test ran next, and failed that one too."""
     try:
         yield
     finally:
@@ -322,8 +323,6 @@ def killed_at_exit(*daemons: Daemon) -> Iterator[None]:
                 for pid in ingress_pids(daemon.state_dir):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
-            if isinstance(process.stderr, trio.lowlevel.FdStream):
-                process.stderr.close()
 
 
 async def until(daemon: Daemon, name: str, check: Any) -> dict[str, Any]:
