@@ -2,7 +2,7 @@
 ``_model.decisions.autoscale.evaluate`` and ``_model.decisions.gate`` decide.
 
 Each pass of an autoscaled backend (a load event, its timer, a replica becoming ready) decides
-both (``decide_pass``); nothing here loops over replicas or polls. The state goes to the store
+both (``decide_scale``); nothing here loops over replicas or polls. The state goes to the store
 with the backend's replica record: a change of target as intent (the starts and stops it causes
 wait for it), a change of the windows with the next write.
 """
