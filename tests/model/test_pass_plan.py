@@ -30,20 +30,10 @@ from controller._model.decisions.spec import Spec
 from controller._model.records.replica_state import ReplicaState
 from controller._model.records.revisions import Revision, RevisionBook, content_of, make_revision
 
+from .views import R
+
 S = ReplicaState
 NOW = 100.0
-
-
-@attrs.frozen
-class R:
-    tag: str
-    state: ReplicaState = S.RUNNING
-    version: str = "v1"
-    config_digest: str = "d1"
-    seq: int = 0
-    healthy: bool = True
-    node: str | None = None
-    served: bool = True
 
 
 def spec(n: int = 2, *, deleting: bool = False, **config: object) -> Spec:

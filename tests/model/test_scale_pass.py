@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import math
 
-import attrs
-
 from controller import AutoscalingConfig
 from controller._model.decisions.autoscale import ScaleState
 from controller._model.decisions.census import Census
 from controller._model.decisions.gate import RECHECK_ROOM_S, Gate, answered, gate_count
 from controller._model.decisions.pass_plan import ScaleInput, decide_scale
 from controller._model.records.replica_state import ReplicaState
+
+from .views import R
 
 NOW = 100.0
 #: Acts at once: no window, no rate limit beyond doubling.
@@ -24,18 +24,6 @@ EAGER = AutoscalingConfig(
     upscale_stabilization_s=0,
     downscale_stabilization_s=0,
 )
-
-
-@attrs.frozen
-class R:
-    tag: str
-    state: ReplicaState = ReplicaState.RUNNING
-    version: str = "v1"
-    config_digest: str = "d1"
-    seq: int = 0
-    healthy: bool = True
-    node: str | None = None
-    served: bool = True
 
 
 def census(*states: ReplicaState) -> Census:
