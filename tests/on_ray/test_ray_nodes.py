@@ -336,8 +336,9 @@ async def test_a_replica_s_own_load_reaches_the_autoscaler_on_ray(
             snapshot = ctl.snapshot("own")
             while len(snapshot.replicas) != 4:
                 snapshot = (await ctl.listen_for_change({"own": snapshot.snapshot_id}))["own"]
-            status = ctl.status("own")
-            assert status.load.self_reported in (18, 24)  # the fourth may not have said yet
+            # Two replicas' 12 already asks for 4, so the third and fourth may not have said
+            # yet: wait for all four to be heard rather than guess how many were.
+            await ctl.wait_until(lambda c: c.status("own").load.self_reported == 24)
             assert len(nodes_of(ctl, "own")) == 4  # and spread
             load_file.write_text("0")  # idle: down to the minimum
             while len(snapshot.replicas) != 1:
