@@ -132,17 +132,7 @@ async def run_daemon(options: DaemonOptions) -> None:
         ):
             fleet = _fleet(options, state)
             shared = _shared_dir(options, state)
-            shared_token = shared.kept_token() if shared != state else None
-            if given_token and shared_token is not None and given_token != shared_token:
-                raise StartupError(
-                    f"${TOKEN_ENV} is not the token of the shared dir {shared}: daemons of one "
-                    "store take one token (a client of one is a client of all, and standbys "
-                    "send changes and load on to the leader with it); unset it, or give the "
-                    "shared dir's"
-                )
-            # The token outlives a restart, so that routers and watchers given it carry on;
-            # daemons of one shared dir take its token, so that any of them takes a client's.
-            token = given_token or shared.kept_token() or state.kept_token() or _new_token()
+            token = _token(given_token, state, shared)
             metrics = Metrics()
             if "ray" in (options.runtime, options.store):
                 # Joining (or starting) a cluster takes seconds: not on the trio thread.
@@ -212,6 +202,21 @@ def _new_token() -> str:
     while (token := secrets.token_urlsafe(32)).startswith("-"):
         pass
     return token
+
+
+def _token(given: str, state: StateDir, shared: StateDir) -> str:
+    """The API's token: the one given, else the one kept. It outlives a restart, so that
+    routers and watchers given it carry on; daemons of one shared dir take its token, so that
+    any of them takes a client's (a given token that differs from it is refused)."""
+    shared_token = shared.kept_token() if shared != state else None
+    if given and shared_token is not None and given != shared_token:
+        raise StartupError(
+            f"${TOKEN_ENV} is not the token of the shared dir {shared}: daemons of one "
+            "store take one token (a client of one is a client of all, and standbys "
+            "send changes and load on to the leader with it); unset it, or give the "
+            "shared dir's"
+        )
+    return given or shared_token or state.kept_token() or _new_token()
 
 
 def _url_host(host: str) -> str:
