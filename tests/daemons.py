@@ -126,15 +126,26 @@ class Daemon:
 
     async def _read_log(self, process: trio.Process, listening: trio.Event) -> None:
         assert process.stderr is not None
-        async with process.stderr:  # closed however the reading ends (a failed test's too)
-            async for chunk in process.stderr:
-                self.log += chunk
-                self._grew.set()
-                self._grew = trio.Event()
-                # Its URL: the warning of a listen beyond loopback says "listening on" too,
-                # before the API serves (a shutdown sent then found no daemon.json).
-                if b"listening on http" in self.log:
-                    listening.set()
+        try:
+            async with process.stderr:  # closed however the reading ends (a failed test's too)
+                async for chunk in process.stderr:
+                    self.log += chunk
+                    self._grew.set()
+                    self._grew = trio.Event()
+                    # Its URL: the warning of a listen beyond loopback says "listening on" too,
+                    # before the API serves (a shutdown sent then found no daemon.json).
+                    if b"listening on http" in self.log:
+                        listening.set()
+        except BaseException:
+            # The test was cut short (its deadline, a failed assertion) with this daemon still
+            # running: it ends here, not in the next test (whose collector would find its
+            # process object still running, a ResourceWarning that fails that test). Its
+            # workers and ingress processes are the state_dir fixture's to end.
+            with trio.CancelScope(shield=True):
+                if process.returncode is None:
+                    process.kill()
+                await process.wait()
+            raise
         listening.set()  # it exited; the caller's next request will say so
         self._grew.set()
 

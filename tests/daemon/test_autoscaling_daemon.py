@@ -121,8 +121,13 @@ async def _get(port: int, answers: list[int]) -> None:
 
 
 async def _hold(port: int) -> None:
-    with contextlib.suppress(OSError, trio.BrokenResourceError, ValueError):
-        await request(port, "/app/hang")  # until the daemon (and its ingress) is killed
+    """A request the replica holds open until the test gives up on it. Sent again if it comes
+    back: an ingress process that has not yet heard of the backend's route answers at once (or
+    one not yet serving refuses), and a load that never came would not scale anything."""
+    while True:
+        with contextlib.suppress(OSError, trio.BrokenResourceError, ValueError):
+            await request(port, "/app/hang")
+        await trio.sleep(0.1)
 
 
 async def test_a_replica_s_own_load_reaches_the_autoscaler_through_local_runtime(
