@@ -13,6 +13,13 @@ import attrs
 import h11
 import trio
 
+#: A traffic loop's pause between a request's answer and its next request, where what a test
+#: waits for is a time (a takeover, a canary's pause, a restart) and not a count of answers:
+#: with none, its few tasks send as fast as two cores answer (hundreds a second), and take the
+#: CPU from the daemons under test, and from the other tests beside it, for answers nobody
+#: needs. With it, each task still sends tens a second.
+THINK_S = 0.01
+
 
 @attrs.frozen
 class Answer:
@@ -175,6 +182,7 @@ class Traffic:
             )
             self._grew.set()
             self._grew = trio.Event()
+            await trio.sleep(THINK_S)
 
     async def answered(self, count: int) -> None:
         """Wait until `count` requests in all have been answered."""

@@ -18,7 +18,7 @@ import trio
 
 from ..daemons import LIMIT_S, Daemon, app, free_port, manifest, running, settled, until
 from ..documents import page
-from ..http_client import get_from, request
+from ..http_client import THINK_S, get_from, request
 from ..pristine import EXAMPLES, EXAMPLES_ROOT
 
 
@@ -30,10 +30,12 @@ def canary_app(version: str = "v1", **fields: Any) -> dict[str, Any]:
 
 class Load:
     """Requests through the ingress by a few tasks, each answer kept with the version that
-    served it (a 5xx names none: only the bad release answers them)."""
+    served it (a 5xx names none: only the bad release answers them). `think_s`: each task's
+    pause after an answer, for a test whose steps wait on their pauses rather than on counts
+    (without, the tasks send as fast as the machine answers)."""
 
-    def __init__(self, port: int, path: str = "/app/any") -> None:
-        self.port, self.path = port, path
+    def __init__(self, port: int, path: str = "/app/any", think_s: float = 0.0) -> None:
+        self.port, self.path, self.think_s = port, path, think_s
         self.versions: dict[str, str] = {}
         self.answers: list[tuple[int, str]] = []
         self.stop = trio.Event()
@@ -47,7 +49,7 @@ class Load:
             self.answers.append((answer.status, tag))
             self._grew.set()
             self._grew = trio.Event()
-            await trio.lowlevel.checkpoint()
+            await trio.sleep(self.think_s)  # a checkpoint, at the least
 
     def start(self, nursery: trio.Nursery, tasks: int) -> None:
         for _ in range(tasks):
@@ -327,11 +329,13 @@ async def _steered(state_dir: Path, release: dict[str, Any], side: str) -> list[
         async def client(source: str) -> None:
             while True:
                 await _from(source, port, "/app/any")
+                await trio.sleep(THINK_S)
 
         async def attacker() -> None:
             while True:
                 for value in values:
                     await _from("127.0.0.66", port, "/app/fail", (("X-User", value),))
+                    await trio.sleep(THINK_S)
 
         async with trio.open_nursery() as nursery:
             for n in range(6):
@@ -402,7 +406,8 @@ async def test_the_readme_canary_example_runs_as_written(state_dir: Path) -> Non
             f"127.0.0.1:{port}",
         ) as daemon:
             await until(daemon, "echo", settled("v1"))
-            load = Load(port, "/echo")
+            # Its steps pause 10 s each: the paced load still brings each step's numbers.
+            load = Load(port, "/echo", THINK_S)
             said = []
             async with trio.open_nursery() as nursery:
                 load.start(nursery, 4)

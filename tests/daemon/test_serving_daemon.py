@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from ..daemons import LIMIT_S, Daemon, manifest, running, until
-from ..http_client import Conn, request
+from ..http_client import THINK_S, Conn, request
 
 
 def code(entrypoint: str, route: str, **fields: Any) -> dict[str, Any]:
@@ -231,6 +231,7 @@ async def test_rollouts_restarts_and_canaries_work_for_code(state_dir: Path) -> 
                 answer = await request(port, "/fn")
                 assert answer.status == 200
                 kinds.add(answer.body[:1])
+                await trio.sleep(THINK_S)
 
         done = trio.Event()
         async with trio.open_nursery() as nursery:

@@ -35,7 +35,7 @@ from ..daemons import (
     running,
     standalone,
 )
-from ..http_client import request
+from ..http_client import THINK_S, request
 from ..pristine import EXAMPLES
 
 
@@ -247,6 +247,7 @@ async def test_a_daemon_restarted_with_other_options_replaces_its_ingress_then_a
             async def traffic() -> None:
                 while not stop.is_set():
                     answers.append((await request(port, "/app/any")).status)
+                    await trio.sleep(THINK_S)
 
             nursery.start_soon(traffic)
             assert await first.stop(signal.SIGINT) == 0

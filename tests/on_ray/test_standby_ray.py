@@ -36,7 +36,7 @@ from controller._leadership.standby import store_view
 
 from ..daemons import Daemon
 from ..daemons import shown as until
-from ..http_client import request
+from ..http_client import THINK_S, request
 from ..replicas import events
 
 ray = pytest.importorskip("ray")
@@ -244,6 +244,7 @@ class Traffic:
                     self.failures.append(f"{answer.status}: {answer.body[:200]!r}")
             self._grew.set()
             self._grew = trio.Event()
+            await trio.sleep(THINK_S)
 
     async def answered(self, count: int) -> None:
         while self.ok + len(self.failures) < count:
