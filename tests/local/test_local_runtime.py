@@ -105,7 +105,8 @@ async def test_drain_honoured(harness: Harness) -> None:
             await (await ctl.delete("a")).wait()
             took = trio.current_time() - t0
             assert [e["what"] for e in events(harness.record)][-2:] == ["drain", "drained"]
-            assert 0.3 <= took < 5  # waited for the drain, not for the 20 s grace
+            # Waited for the drain, not for the 20 s grace (the margin: a machine at load 20).
+            assert 0.3 <= took < 15
 
 
 async def test_ignored_drain_is_killed_at_the_deadline(harness: Harness) -> None:

@@ -200,8 +200,8 @@ async def test_drain_ignored_is_killed_at_the_deadline(harness: Harness) -> None
             await (await ctl.delete("a")).wait()
             took = time.monotonic() - started
             # Killed at its 1 s deadline, not after the 600 s it would drain (the margin is for
-            # a busy machine: Ray's kill is a round trip through its GCS).
-            assert 1.0 <= took < 10.0
+            # a machine at load 20: Ray's kill is a round trip through its GCS).
+            assert 1.0 <= took < 30.0
             whats = [e["what"] for e in events(harness.record)]
             assert "drain" in whats
             assert "drained" not in whats

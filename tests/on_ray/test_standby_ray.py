@@ -54,9 +54,11 @@ LIMIT_S = 90  # generous: each daemon is a Ray driver, and Ray workers take a wh
 #: tests run beside each other, and must pass beside a CPU hog) does not lose a leader its lease
 #: to a late renewal: the takeover under the defaults is measured by bench/failover_bench.py.
 LEASE_S, RENEW_S = 5.0, 1.0
-#: What a busy machine adds to a bound of one renew period (the tests run beside each other, and
-#: must pass beside a CPU hog): a read of Ray's KV, a process scheduled late.
-BUSY_S = 2.0
+#: What a machine at load 20 adds to a bound of a few seconds (the tests run beside each other,
+#: and must pass beside CPU hogs): a read of Ray's KV, a process scheduled late. The bounds say
+#: that the lease decides (a takeover after it, a step-down within a renew period), not how fast:
+#: bench/failover_bench.py measures that.
+BUSY_S = 10.0
 #: Leader killed to a standby leading: the lease, a read period, and the recovery (adopting
 #: the actors), with a busy machine's margin.
 TAKEOVER_BOUND_S = LEASE_S + RENEW_S + BUSY_S + 1.0
@@ -339,7 +341,7 @@ async def test_kill_9_the_leader_under_traffic_a_standby_takes_over(
                     # The third daemon follows the new leader, from its next read of the lease
                     # (one every renew period).
                     while (seen := await leadership(other))["epoch"] != 2:
-                        assert time.monotonic() < led_at + RENEW_S + 5 * BUSY_S, seen
+                        assert time.monotonic() < led_at + RENEW_S + BUSY_S, seen
                         await trio.sleep(POLL_S)
                     assert (seen["role"], seen["address"]) == ("standby", leader.url), seen
             process.send_signal(signal.SIGTERM)
