@@ -331,13 +331,20 @@ async def test_shutdown_says_so_when_the_daemon_stops_before_its_deletes(state_d
             shutdown = await trio.lowlevel.open_process(
                 [*daemon.cli_argv(), "shutdown"], stderr=subprocess.PIPE
             )
-            await daemon.logged(b"shutdown asked")
-            assert daemon.process is not None
-            daemon.process.send_signal(signal.SIGTERM)  # stopped mid-drain
-            assert await daemon.process.wait() == 0
-            assert await shutdown.wait() == 1
             assert shutdown.stderr is not None
-            err = await shutdown.stderr.receive_some()
+            try:
+                await daemon.logged(b"shutdown asked")
+                assert daemon.process is not None
+                daemon.process.send_signal(signal.SIGTERM)  # stopped mid-drain
+                assert await daemon.process.wait() == 0
+                assert await shutdown.wait() == 1
+                err = await shutdown.stderr.receive_some()
+            finally:
+                with trio.CancelScope(shield=True):  # a failed test's too: not the next one's
+                    if shutdown.returncode is None:
+                        shutdown.kill()
+                    await shutdown.wait()
+                    await shutdown.stderr.aclose()
             # It answers before it goes (it stops leading first), naming what is left.
             assert b"the controller stopped before a were deleted" in err
             assert b"the next `controller run` finishes the deletes" in err

@@ -382,13 +382,19 @@ async def test_a_driver_killed_mid_rollout_is_taken_over(
             stdout=subprocess.PIPE,
         )
         assert driver.stdout is not None
-        said = b""
-        async for chunk in driver.stdout:
-            said += chunk
-            if b"rolling" in said:
-                break
-        driver.kill()  # kill -9, mid-rollout
-        assert await driver.wait() == -9
+        try:
+            said = b""
+            async for chunk in driver.stdout:
+                said += chunk
+                if b"rolling" in said:
+                    break
+        finally:
+            # Here as planned, and also when the wait above fails: not left to the next test.
+            with trio.CancelScope(shield=True):
+                driver.kill()  # kill -9, mid-rollout
+                code = await driver.wait()
+                await driver.stdout.aclose()
+        assert code == -9
         async with controller.open_controller(runtime=harness.runtime, store=harness.store) as ctl:
             # The user asks again for what the dead driver was rolling out: the same spec, so
             # the recovered backend's own goal, reached once the rollout is done.
