@@ -26,6 +26,8 @@ from controller._daemon.statedir import StateDir
 
 HERE = Path(__file__).parent
 LIMIT_S = 60
+#: How much of a daemon's log a test cut short shows (its end).
+LOG_TAIL = 8000
 
 
 def manifest(**backends: dict[str, Any]) -> str:
@@ -144,10 +146,16 @@ class Daemon:
             with trio.CancelScope(shield=True):
                 if process.returncode is None:
                     process.kill()
-                await process.wait()
+                    await process.wait()
+                    self.show_log("killed as its test was cut short")
             raise
         listening.set()  # it exited; the caller's next request will say so
         self._grew.set()
+
+    def show_log(self, why: str) -> None:
+        """The end of its log, to the test's captured output (pytest shows it with a failure)."""
+        tail = bytes(self.log[-LOG_TAIL:]).decode(errors="replace")
+        print(f"--- the daemon of {self.state_dir}, {why}; its log's end:\n{tail}", file=sys.stderr)
 
     async def logged_times(self, text: bytes, times: int) -> None:
         """Wait until the daemon's log holds `text` `times` times (or the daemon has exited)."""
@@ -264,6 +272,9 @@ async def running(
         assert daemon.process.returncode is None, daemon.log
         try:
             yield daemon
+        except BaseException:
+            daemon.show_log("its test failed")
+            raise
         finally:
             # Shielded: a test cut short by its deadline still shuts its daemon down (else its
             # processes, and its pipes' garbage, would fail the tests that come next).
