@@ -7,6 +7,8 @@ are the tasks started: a replica leaves the watch snapshot before it is asked to
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .._clock import wall_now
 from .._model.decisions.canary_plan import CanarySplit
 from .._model.decisions.pass_plan import PassPlan
@@ -28,12 +30,21 @@ class Executor:
         reducer: Reducer,
         tasks: tasks.Launcher,
         health: HealthChecks,
+        *,
+        roll_back: Callable[[int], None],
     ):
         self._state = state
         self._snapshot = snapshot
         self._reducer = reducer
         self._tasks = tasks
         self._health = health
+        self._roll_back = roll_back
+
+    def roll_back(self, failed: int | None) -> None:
+        """Ask the controller to undo revision `failed` (None: no rollback is due), in its own
+        nursery: the spec is the controller's to write."""
+        if failed is not None:
+            self._roll_back(failed)
 
     def carry_out(
         self, plan: PassPlan, split: CanarySplit | None, config: tuple[str, JSON]

@@ -118,7 +118,6 @@ class Backend:
             spec=lambda: self._state.spec,
             failures=failures,
             deploy_failed=self._reports.deploy_failed,
-            roll_back=shared.roll_back,
             report=functools.partial(shared.report_outcome, name),
             observer=shared.observer,
             in_canary=lambda: canary.phase in ("judging", "aborted"),
@@ -187,7 +186,12 @@ class Backend:
             shared=shared,
         )
         self._executor = Executor(
-            self._state, self._snapshot, self._reducer, self._tasks, self._health
+            self._state,
+            self._snapshot,
+            self._reducer,
+            self._tasks,
+            self._health,
+            roll_back=functools.partial(shared.roll_back, name),
         )
         self._load_only = False  # the events of this pass were all of load
         journal.event("Delete" if spec.deleting else "Deploy", view.describe_new(spec))
@@ -294,6 +298,7 @@ class Backend:
             task_status.started()
             self._rollout.started()
             done = await self._pass()
+            self._executor.roll_back(self._rollout.take_roll_back())
             while not done:
                 event = await self._receive.receive()
                 taken_at = trio.current_time()  # the wait for a turn counts in the latency
@@ -316,6 +321,9 @@ class Backend:
                 self._executor.act_on(self._reducer.take_due())
                 if not quiet:
                     done = await self._pass()
+                # A rollout that failed in the burst or the pass (an event, its deadline, a late
+                # check, the canary's verdict) and is to be undone: undone now.
+                self._executor.roll_back(self._rollout.take_roll_back())
                 elapsed = trio.current_time() - taken_at
                 self._shared.observer.events_handled(self.name, handled, elapsed)
                 self._shared.on_pass()

@@ -31,10 +31,10 @@ logger = logging.getLogger("controller")
 @final
 class Rollout:
     """The rollout of one backend's current revision. `spec` gives the spec the loop works
-    toward; `deploy_failed` fails the deploy (and calls back ``failed``); `roll_back` asks the
-    controller to undo a failed revision; `report` tells the desk each outcome (the desk marks
-    the book, which the rollout only reads: what it told last of its own revision it keeps, as
-    the desk may mark it a little later)."""
+    toward; `deploy_failed` fails the deploy (and calls back ``failed``); `report` tells the desk
+    each outcome (the desk marks the book, which the rollout only reads: what it told last of its
+    own revision it keeps, as the desk may mark it a little later). A failed revision to undo is
+    left for the executor (``take_roll_back``): the rollout records, it does not act."""
 
     def __init__(
         self,
@@ -46,7 +46,6 @@ class Rollout:
         spec: Callable[[], Spec],
         failures: FailureBook,
         deploy_failed: Callable[[Stored, str], None],
-        roll_back: Callable[[str, int], None],
         report: Callable[[Outcome], None],
         observer: Observer,
         in_canary: Callable[[], bool] = lambda: False,
@@ -58,7 +57,6 @@ class Rollout:
         self._spec = spec
         self._failures = failures
         self._deploy_failed = deploy_failed
-        self._roll_back = roll_back
         self._report = report
         self._told: Outcome | None = None
         self._observer = observer
@@ -73,6 +71,7 @@ class Rollout:
         self.settled_at = -math.inf
         """When the newest of its replicas has been ready for ``min_ready_s``."""
         self._roll_back_at_start = False
+        self._roll_back_due: int | None = None
 
     # -- a new spec, a restart --
 
@@ -148,7 +147,12 @@ class Rollout:
         """The loop runs: go on with a rollback the previous controller did not write."""
         revision = self._spec().revision
         if self._roll_back_at_start and revision is not None:
-            self._roll_back(self.name, revision)
+            self._roll_back_due = revision
+
+    def take_roll_back(self) -> int | None:
+        """The failed revision to undo now (``after_failure`` said so), once; None if none."""
+        due, self._roll_back_due = self._roll_back_due, None
+        return due
 
     # -- what the loop sees --
 
@@ -219,13 +223,14 @@ class Rollout:
         return then
 
     def _then(self, revision: int) -> str:
-        """Carry out what a failed rollout of `revision` does (``after_failure`` decides)."""
+        """What a failed rollout of `revision` does (``after_failure`` decides); a rollback is
+        left due, for the executor."""
         on_failure = self._spec().backend_config.on_failure
         then = after_failure(
             self.book, revision, on_failure=on_failure, in_canary=self._in_canary()
         )
         if then.roll_back_to is not None:
-            self._roll_back(self.name, revision)
+            self._roll_back_due = revision
         return then.said
 
     def record(self) -> RolloutRecord | None:

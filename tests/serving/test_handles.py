@@ -46,7 +46,7 @@ async def test_a_handle_calls_methods_with_json_and_raises_what_they_raise() -> 
         async with controller.open_controller(
             runtime=runtime, store=controller.MemoryStore()
         ) as ctl:
-            await deploy(ctl, "calc", code("Calculator"), num_replicas=2, request_timeout_s=0.5)
+            await deploy(ctl, "calc", code("Calculator"), num_replicas=2)
             calc = ctl.handle("calc")
             assert await calc.call("add", 2, 3) == 5
             assert await calc.add(1.5, 2) == 3.5  # the same, by attribute
@@ -93,15 +93,19 @@ async def test_a_handle_calls_methods_with_json_and_raises_what_they_raise() -> 
                 await calc.request("POST", "/", body="text")  # type: ignore[arg-type]
             with pytest.raises(ValueError, match="not both"):
                 await calc.request("POST", "/", body=b"x", json={})
-            # The callee's own deadline passing first is the call's DeadlineExceeded too.
+            # The callee's own deadline passing first is the call's DeadlineExceeded too: a
+            # backend of its own with a short one (2 s, not less: a stream must have sent some
+            # items by then on a machine at load 20), the others' calls kept from it.
+            await deploy(ctl, "hurried", code("Calculator"), request_timeout_s=2)
+            hurried = ctl.handle("hurried")
             with pytest.raises(controller.HandleError) as late:
-                await calc.slow(30)
+                await hurried.slow(30)
             assert late.value.kind == "DeadlineExceeded"
             # So is a stream the callee cuts at its deadline (not a broken one).
             got: list[int] = []
 
             async def drip() -> None:
-                async with calc.call_stream("drip", 100, 0.1) as items:
+                async with hurried.call_stream("drip", 100, 0.1) as items:
                     async for item in items:
                         got.append(item)
 
@@ -119,7 +123,7 @@ async def test_a_handle_calls_methods_with_json_and_raises_what_they_raise() -> 
             with pytest.raises(controller.HandleError) as missing:
                 await ctl.handle("nope").request("GET", "/")
             assert missing.value.kind == "UnknownBackend"
-            for name in ("calc", "shelf"):
+            for name in ("calc", "shelf", "hurried"):
                 await (await ctl.delete(name)).wait()
 
 
