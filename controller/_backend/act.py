@@ -1,5 +1,6 @@
 """The act step of a backend's pass: it carries out the replica plan that ``decide_pass``
-returned, and decides nothing.
+returned, and the verdicts of ``judge_failures`` on the failures the reducer recorded, and decides
+nothing.
 
 What the plan stops, starts and reconfigures is marked first (the replica set records it, so
 the intent behind each task is durable before the task acts), watchers are told, and only then
@@ -11,10 +12,12 @@ from collections.abc import Callable
 
 from .._clock import wall_now
 from .._model.decisions.canary_plan import CanarySplit
+from .._model.decisions.failures import FailureVerdict
 from .._model.decisions.pass_plan import PassPlan
 from .._model.records.replica_state import ReplicaState
 from .._model.values.json_values import JSON
 from . import tasks as tasks
+from .failure_reports import FailureReports
 from .health import HealthChecks
 from .loop_state import LoopState
 from .reduce import Due, Reducer
@@ -30,6 +33,7 @@ class Executor:
         reducer: Reducer,
         tasks: tasks.Launcher,
         health: HealthChecks,
+        reports: FailureReports,
         *,
         roll_back: Callable[[int], None],
     ):
@@ -38,6 +42,7 @@ class Executor:
         self._reducer = reducer
         self._tasks = tasks
         self._health = health
+        self._reports = reports
         self._roll_back = roll_back
 
     def roll_back(self, failed: int | None) -> None:
@@ -102,7 +107,6 @@ class Executor:
         state.journal.decision(spec.version, started, [r.version for r in stops], len(updates))
         self._health.carry_out(plan, plan.now, replicas, spec.backend_config)
         self._snapshot.publish()  # a late health check may have taken a replica out
-        self.act_on(self._reducer.take_due())  # the stops of those that reached the threshold
 
     def act_on(self, due: Due) -> None:
         """Start what the reducer left to do."""
@@ -110,6 +114,26 @@ class Executor:
             self.start_stop(replica)
         if due.cut_drains:
             self._tasks.cut_drains()
+
+    def act_on_failures(self, verdicts: list[FailureVerdict]) -> None:
+        """What each failure does, in the order they came: the deploy fails, the canary is
+        aborted, the replica is replaced (a dead one is being stopped already) with a backoff
+        before the next start, or kept out of the snapshot until a check passes."""
+        for verdict in verdicts:
+            failure = verdict.failure
+            said = failure.what if failure.died else f"unhealthy: {failure.error}"
+            if verdict.fails_rollout is not None:
+                self._reports.deploy_failed("UnhealthyAfterReady", verdict.fails_rollout)
+            if verdict.aborts_canary:
+                self._state.canary.replica_failed(failure.tag, said)
+            if not verdict.replaced:
+                self._state.journal.unhealthy(failure.error)
+                continue
+            self._reports.failure(failure.tag, "Died" if failure.died else "Unhealthy", said)
+            replica = self._state.set.by_tag.get(failure.tag)
+            if replica is not None and replica.state is not ReplicaState.STOPPING:
+                self._reducer.begin_stop(replica, graceful=True)
+                self.start_stop(replica)
 
     def start_stop(self, replica: Replica) -> None:
         """Start the stop task of `replica`, marked STOPPING already."""

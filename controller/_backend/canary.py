@@ -241,12 +241,10 @@ class Canary:
             return
         self._abort(f"aborted by {who} {where}{numbers}")
 
-    def replica_failed(self, tag: str, version: str, what: str) -> None:
-        """A replica died, or is replaced as unhealthy: one of the canary's, during its steps,
-        aborts it (a release whose replicas crash is not promoted on the requests they
-        answered before)."""
-        if self.phase != "judging" or version != self.version:
-            return
+    def replica_failed(self, tag: str, what: str) -> None:
+        """Replica `tag` of the canary died, or is replaced as unhealthy, during its steps
+        (``judge_failures`` says so): it aborts the canary (a release whose replicas crash is
+        not promoted on the requests they answered before)."""
         self._abort(f"step {self.clock.step + 1}: replica {tag} of the canary {what}")
 
     def lost(self, tag: str, version: str) -> None:

@@ -18,7 +18,7 @@ from typing import final
 
 import trio
 
-from .._model.decisions.failures import FailureBook
+from .._model.decisions.failures import FailureBook, FailureInputs, judge_failures
 from .._model.decisions.pass_plan import PassState, decide_pass, decide_scale
 from .._model.decisions.spec import Spec
 from .._model.records.code_report import CodeReport
@@ -117,7 +117,6 @@ class Backend:
             touched=self._intent.touched,
             spec=lambda: self._state.spec,
             failures=failures,
-            deploy_failed=self._reports.deploy_failed,
             report=functools.partial(shared.report_outcome, name),
             observer=shared.observer,
             in_canary=lambda: canary.phase in ("judging", "aborted"),
@@ -191,6 +190,7 @@ class Backend:
             self._reducer,
             self._tasks,
             self._health,
+            self._reports,
             roll_back=functools.partial(shared.roll_back, name),
         )
         self._load_only = False  # the events of this pass were all of load
@@ -313,6 +313,7 @@ class Backend:
                 while True:
                     self._load_only &= isinstance(event, _OF_LOAD)
                     quiet = self._reducer.apply(event) and quiet
+                    self._judge_failures()  # before the next event: it may be a new spec
                     handled += 1
                     try:
                         event = self._receive.receive_nowait()
@@ -372,6 +373,7 @@ class Backend:
             self._rollout.complete(plan.num_replicas)
 
         self._executor.carry_out(plan, state.split, (config_digest, user_config))
+        self._judge_failures()  # the late checks
         # The backoff as the plan left it: a late check at its threshold backs off.
         self._alarm.ask(plan.wake(self._failures.backoff_until))
         if plan.forget:
@@ -381,6 +383,23 @@ class Backend:
             self._journal.reached(spec.generation)
             self._settler.resolve(self._state.goal, Goal.complete)
         return False
+
+    def _judge_failures(self) -> None:
+        """The verdicts on the failures recorded since the last time, carried out at once."""
+        failures = self._reducer.take_failures()
+        if not failures:
+            return
+        spec, canary = self._state.spec, self._canary
+        inputs = FailureInputs(
+            rollout_active=self._rollout.active,
+            blocked=self._failures.blocked,
+            version=spec.version,
+            revision=spec.revision,
+            min_ready_s=spec.backend_config.min_ready_s,
+            threshold=spec.backend_config.health_check_failure_threshold,
+            canary_version=canary.version if canary.phase == "judging" else None,
+        )
+        self._executor.act_on_failures(judge_failures(failures, inputs))
 
     def _read(
         self, now: float, config_digest: str, hands_config: bool, canary_at: float

@@ -3,8 +3,10 @@
 A spec taken, a replica started, failed, died, reconfigured or found unhealthy: each is applied
 by one small method, in the order the events came, before the pass decides anything. What a
 checkpoint holds is applied the same way, once, before the backend's task runs (``restore``).
-What the events decide to stop is marked STOPPING here; the reducer starts no replica task: what it
-leaves to do (``Due``) is the executor's (``act``).
+What the events stop is marked STOPPING here; the reducer starts no replica task: what it
+leaves to do (``Due``) is the executor's (``act``). A serving replica's death or failed health
+check is recorded (``take_failures``) and judged by the loop (``judge_failures``): whether it
+fails the rollout, aborts the canary or replaces the replica is not the reducer's to say.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import attrs
 import trio
 
 from .._model.config.traffic import DEFAULT_MAX_UPLOADS
-from .._model.decisions.pass_plan import replaces_unhealthy
+from .._model.decisions.failures import ReplicaFailure
 from .._model.decisions.spec import Spec
 from .._model.records.records import EventsRecord, ReplicasRecord
 from .._model.records.replica_state import ReplicaState
@@ -88,6 +90,9 @@ class Reducer:
         # What the events left to do, for the executor: the reducer records, and starts no task.
         self._stops_due: list[Replica] = []
         self._cut_drains = False
+        # The failures of serving replicas, for the loop to judge (``judge_failures``): what
+        # each does (fails the rollout, aborts the canary, replaces the replica) is a verdict.
+        self._failed: list[ReplicaFailure] = []
 
     # -- what the store held, before the task runs --
 
@@ -164,6 +169,14 @@ class Reducer:
         self._stops_due.clear()
         self._cut_drains = False
         return due
+
+    def take_failures(self) -> tuple[ReplicaFailure, ...]:
+        """The failures recorded since the last call, in the order they came."""
+        if not self._failed:
+            return ()  # asked after every event: most record none
+        failed = tuple(self._failed)
+        self._failed.clear()
+        return failed
 
     def apply(self, event: ev.Event) -> bool:
         """Take `event` in; True if it changed nothing a pass decides on (checks that passed,
@@ -306,13 +319,21 @@ class Reducer:
     def _died(self, replica: Replica, reason: str) -> None:
         if replica.state is ReplicaState.STOPPING:
             return  # being stopped anyway; its stop task reports when it is gone
-        self._rollout.replica_failed(replica, f"died: {reason}", trio.current_time())
         if replica.state is ReplicaState.STARTING:
+            # Never ready: a failed start, which no rollout or canary is judged by.
             of_target = replica.version == self._state.spec.version
             self._reports.start_failed(replica.tag, replica.version, of_target, reason, None)
         else:
-            self._canary.replica_failed(replica.tag, replica.version, f"died: {reason}")
-            self._reports.failure(replica.tag, "Died", f"died: {reason}")
+            self._failed.append(
+                ReplicaFailure(
+                    replica.tag,
+                    replica.version,
+                    f"died: {reason}",
+                    reason,
+                    replica.ready_at,
+                    trio.current_time(),
+                )
+            )
         self._stop_now(replica, graceful=False)
 
     def _lost_with_node(self, replica: Replica, reason: str, node: str) -> None:
@@ -372,21 +393,25 @@ class Reducer:
 
     def check_failed(self, replica: Replica, error: str) -> None:
         """A failed or late health check (the replica is out of the watch snapshot already):
-        replaced after `health_check_failure_threshold` in a row (not live)."""
+        told, and recorded for the loop to judge (replaced at
+        ``health_check_failure_threshold`` in a row)."""
         threshold = self._state.spec.backend_config.health_check_failure_threshold
-        what = f"failed a health check: {error}"
-        self._rollout.replica_failed(replica, what, trio.current_time())
         self._journal.event(
             "Unhealthy",
             f"replica {replica.tag}: health check {replica.checks.failures}/{threshold} "
             f"failed: {error}",
         )
-        if replaces_unhealthy(replica.checks.failures, threshold):
-            self._canary.replica_failed(replica.tag, replica.version, f"unhealthy: {error}")
-            self._reports.failure(replica.tag, "Unhealthy", f"unhealthy: {error}")
-            self._stop_now(replica, graceful=True)
-        else:
-            self._journal.unhealthy(error)
+        self._failed.append(
+            ReplicaFailure(
+                replica.tag,
+                replica.version,
+                f"failed a health check: {error}",
+                error,
+                replica.ready_at,
+                trio.current_time(),
+                checks_failed=replica.checks.failures,
+            )
+        )
 
     # -- stops --
 

@@ -1,9 +1,11 @@
-"""How the rollout of a backend's revision goes: progress and its deadline, the ``min_ready_s``
-watch over new replicas, the outcome (reported to the desk, which marks it in the revision book,
-and stored with the replicas), and what a failure does: halt, or ask the controller to roll back.
+"""How the rollout of a backend's revision goes: progress and its deadline, how long its newest
+replica must stay ready (``min_ready_s``), the outcome (reported to the desk, which marks it in
+the revision book, and stored with the replicas), and what a failure does: halt, or ask the
+controller to roll back.
 
-The backend's loop feeds it (a new spec, a replica ready, a replica failed) with the time; its pass
-decides when the deadline fails it and when it completes (``_model.decisions.pass_plan``). It never
+The backend's loop feeds it (a new spec, a replica ready) with the time; its pass decides when
+the deadline fails it and when it completes (``_model.decisions.pass_plan``), and the loop's
+verdicts on failures whether a replica's failure fails it (``judge_failures``). It never
 acts on replicas itself: a failed rollout fails the deploy (``FailureReports``), which blocks new
 starts ("halt"), and a rollback is a new spec, which only the controller writes.
 """
@@ -16,14 +18,12 @@ from collections.abc import Callable
 from typing import final
 
 from .._model.decisions.failures import FailureBook
-from .._model.decisions.pass_plan import RolloutState, after_failure, unhealthy_after_ready
+from .._model.decisions.pass_plan import RolloutState, after_failure
 from .._model.decisions.spec import Spec
 from .._model.records.records import RolloutRecord
 from .._model.records.revisions import Outcome, RevisionBook, RevisionOutcome
-from .failure_reports import Stored
 from .history import Journal
 from .observe import Observer
-from .replica import Replica
 
 logger = logging.getLogger("controller")
 
@@ -45,7 +45,6 @@ class Rollout:
         touched: Callable[[], None],
         spec: Callable[[], Spec],
         failures: FailureBook,
-        deploy_failed: Callable[[Stored, str], None],
         report: Callable[[Outcome], None],
         observer: Observer,
         in_canary: Callable[[], bool] = lambda: False,
@@ -56,7 +55,6 @@ class Rollout:
         self._touched = touched
         self._spec = spec
         self._failures = failures
-        self._deploy_failed = deploy_failed
         self._report = report
         self._told: Outcome | None = None
         self._observer = observer
@@ -163,23 +161,6 @@ class Rollout:
             self.last_progress = now
             min_ready = self._spec().backend_config.min_ready_s
             self.settled_at = max(self.settled_at, now + min_ready)
-
-    def replica_failed(self, replica: Replica, what: str, now: float) -> None:
-        """`replica` failed (`what` happened): if it runs the revision being rolled out and
-        became ready less than ``min_ready_s`` ago, the rollout fails."""
-        spec = self._spec()
-        min_ready = spec.backend_config.min_ready_s
-        blocked, of_spec = self._failures.blocked, replica.version == spec.version
-        if not unhealthy_after_ready(
-            self.active, blocked, of_spec, replica.ready_at, min_ready, now
-        ):
-            return
-        after = now - replica.ready_at
-        self._deploy_failed(
-            "UnhealthyAfterReady",
-            f"replica {replica.tag} of revision {spec.revision} {what}, {after:g}s after it "
-            f"became ready (min_ready_s={min_ready:g})",
-        )
 
     def progressed(self, now: float) -> None:
         """A canary moved on (a step, or promotion): its deadline counts from now."""

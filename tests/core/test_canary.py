@@ -417,6 +417,31 @@ async def test_a_canary_replica_that_dies_aborts_the_canary(
         await ctl.wait_until(lambda c: c.status("a").rollout.revision == 3)  # type: ignore[union-attr]
 
 
+async def test_a_canary_replica_replaced_as_unhealthy_aborts_the_canary_at_the_threshold(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A failed check below the threshold keeps the canary going; the check that reaches it
+    replaces the replica and aborts the canary."""
+    rt = FakeRuntime(auto_ready=True)
+    checks = {"health_check_period_s": 1.0, "health_check_failure_threshold": 3}
+    async with opened(rt) as ctl:
+        await (await ctl.deploy("a", canary_config(**checks), RC)).wait()
+        goal = await ctl.deploy("a", canary_config(version="v2", **checks), RC)
+        await ctl.wait_until(lambda c: versions(c) == {"v1": 4, "v2": 1})
+        (tag,) = [r.tag for r in ctl.status("a").replicas if r.version == "v2"]
+        rt.replicas[tag].health_error = ("RuntimeError", "leaks memory")
+        err = "RuntimeError: leaks memory"
+        await ctl.wait_until(lambda c: any("check 2/3" in m for m in events(c, "Unhealthy")))
+        assert ctl.status("a").rollout.canary.phase == "judging"  # type: ignore[union-attr]
+        await ended(goal)
+        assert goal.error is not None
+        assert f"step 1: replica {tag} of the canary unhealthy: RuntimeError" in goal.error
+        said = events(ctl, "Unhealthy")
+        assert [m for m in said if "health check" in m][-1].endswith("check 3/3 failed: " + err)
+        assert said[-1] == f"replica {tag}: unhealthy: {err}; no new start until the next deploy"
+        await ctl.wait_until(lambda c: c.status("a").rollout.revision == 3)  # type: ignore[union-attr]
+
+
 async def test_a_restart_waits_for_the_canary_and_is_a_canary_itself(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -349,6 +349,36 @@ async def test_no_health_check_before_ready_and_never_two_at_once(
         assert status.state is BackendState.UNHEALTHY
 
 
+async def test_late_checks_at_the_threshold_replace_the_replica_after_a_backoff(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A late check counts as failed in the pass that finds it late: at the threshold, that
+    pass replaces the replica, and its replacement waits out the backoff the failure drew."""
+    rt = FakeRuntime()
+    cfg = config(
+        health_check_period_s=10, health_check_timeout_s=30, health_check_failure_threshold=2
+    )
+    async with opened(rt, policy=controller.RestartPolicy(initial_delay_s=5, jitter=0)) as ctl:
+        await ctl.deploy("a", cfg, RC)
+        await settle()
+        (tag,) = rt.tags(S.STARTING)
+        rt.finish_start(tag)
+        t0 = trio.current_time()
+        await settle()
+        rt.replicas[tag].health_hangs = True
+        # Sent at +10 (it hangs), late at +20 (1 of 2) and at +30 (2 of 2): replaced then.
+        await trio.sleep_until(t0 + 30)
+        await settle()
+        assert tag not in {r.tag for r in ctl.status("a").replicas}  # stopped at once
+        events = [e.message for e in ctl.status("a").events if e.kind == "Unhealthy"]
+        late = "HealthCheckLate: no answer within health_check_period_s=10"
+        assert events[-1] == f"replica {tag}: unhealthy: {late}; next start in 5s"
+        assert rt.tags(S.STARTING) == []
+        await trio.sleep_until(t0 + 35)
+        await settle()
+        assert len(rt.tags(S.STARTING)) == 1  # the replacement, once the backoff is over
+
+
 async def test_late_checks_are_counted_in_the_daemons_metrics(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -23,7 +23,6 @@ from controller._model.decisions.pass_plan import (
     Scaled,
     after_failure,
     decide_pass,
-    replaces_unhealthy,
 )
 from controller._model.decisions.reconcile import Plan
 from controller._model.decisions.spec import Spec
@@ -339,8 +338,3 @@ def test_a_rollback_with_nowhere_to_go_halts() -> None:
     assert after_failure(
         RevisionBook([GOOD_1, same]), 2, on_failure="rollback", in_canary=True
     ) == AfterFailure(None, "the canary is aborted; the last good revision is what failed: halted")
-
-
-def test_a_replica_is_replaced_at_the_health_threshold_not_before() -> None:
-    assert [replaces_unhealthy(n, 3) for n in range(5)] == [False, False, False, True, True]
-    assert replaces_unhealthy(1, 1)

@@ -1,4 +1,5 @@
-"""Backoff after failures, and when a deploy has failed: a backend's failure bookkeeping, pure.
+"""Backoff after failures, when a deploy has failed, and what a replica's failure does: a
+backend's failure bookkeeping and verdicts, pure.
 
 Time comes in as an argument (the loop passes ``trio.current_time()``), so every rule here is a
 plain function of what happened, testable without trio.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterable
 from typing import Literal, final
 
 import attrs
@@ -144,3 +146,106 @@ def halts(blocked: Blocked | None) -> bool:
 def blocks_starts(blocked: Blocked | None) -> bool:
     """See ``FailureBook.starts_blocked``."""
     return blocked is not None and blocked != "ReconfigureFailed"
+
+
+def unhealthy_after_ready(
+    active: bool,
+    blocked: Blocked | None,
+    of_spec: bool,
+    ready_at: float,
+    min_ready: float,
+    now: float,
+) -> bool:
+    """Whether a replica that failed fails the rollout: one of the revision being rolled out,
+    ready less than ``min_ready_s`` ago, while the deploy has not failed yet."""
+    return active and of_spec and blocked is None and now < ready_at + min_ready
+
+
+def replaces_unhealthy(check_failures: int, threshold: int) -> bool:
+    """Whether a replica whose health checks failed `check_failures` times in a row is replaced
+    (at ``health_check_failure_threshold``), or only taken out of the snapshot until it passes
+    one again."""
+    return check_failures >= threshold
+
+
+@attrs.frozen
+class ReplicaFailure:
+    """A serving replica's failure, as the reducer recorded it: it died (`checks_failed` 0; it
+    is being stopped already), or failed a health check (`checks_failed` in a row)."""
+
+    tag: str
+    version: str
+    what: str
+    """What happened, in words: ``died: ...``, ``failed a health check: ...``."""
+    error: str
+    """The failure's own message (the death's reason, the check's error)."""
+    ready_at: float
+    at: float
+    checks_failed: int = 0
+
+    @property
+    def died(self) -> bool:
+        return self.checks_failed == 0
+
+
+@attrs.frozen
+class FailureInputs:
+    """What the verdicts on failures read of the backend when the burst is over."""
+
+    rollout_active: bool
+    blocked: Blocked | None
+    version: str
+    """The spec's version (the revision being rolled out, if one is)."""
+    revision: int | None
+    min_ready_s: float
+    threshold: int
+    """``health_check_failure_threshold``."""
+    canary_version: str | None
+    """The version of a canary being judged (None: no canary is)."""
+
+
+@attrs.frozen
+class FailureVerdict:
+    """What one failure does, in this order: the rollout fails (`fails_rollout`: the reason),
+    the canary is aborted, and the replica is replaced (a death always is; a failed check at
+    the threshold), else it only stays out of the snapshot."""
+
+    failure: ReplicaFailure
+    fails_rollout: str | None
+    aborts_canary: bool
+    replaced: bool
+
+
+def judge_failures(
+    failures: Iterable[ReplicaFailure], inputs: FailureInputs
+) -> list[FailureVerdict]:
+    """The verdict on each failure, in the order they came: a rollout fails once, a canary is
+    aborted once, and a replica already replaced (a failed check, then its death) is judged no
+    more."""
+    blocked, canary = inputs.blocked, inputs.canary_version
+    active = inputs.rollout_active
+    replaced: set[str] = set()
+    verdicts = []
+    for failure in failures:
+        if failure.tag in replaced:
+            continue
+        fails = None
+        of_spec = failure.version == inputs.version
+        if unhealthy_after_ready(
+            active, blocked, of_spec, failure.ready_at, inputs.min_ready_s, failure.at
+        ):
+            after = failure.at - failure.ready_at
+            fails = (
+                f"replica {failure.tag} of revision {inputs.revision} {failure.what}, {after:g}s "
+                f"after it became ready (min_ready_s={inputs.min_ready_s:g})"
+            )
+            blocked, active = "UnhealthyAfterReady", False
+        replace = failure.died or replaces_unhealthy(failure.checks_failed, inputs.threshold)
+        # A failed rollout aborts its canary itself (whatever failed it).
+        aborts = replace and fails is None and canary is not None and failure.version == canary
+        if aborts or fails is not None:
+            canary = None
+        if replace:
+            replaced.add(failure.tag)
+        verdicts.append(FailureVerdict(failure, fails, aborts, replace))
+    return verdicts

@@ -28,7 +28,7 @@ from ..records.revisions import Revision, RevisionBook
 from .autoscale import Inputs, ScaleDecision, ScaleState, evaluate
 from .canary_plan import CanarySplit, decide_split
 from .census import Census
-from .failures import Blocked, blocks_starts, halts
+from .failures import Blocked, blocks_starts, halts, unhealthy_after_ready
 from .gate import Gate, gate_count
 from .reconcile import Plan, ReplicaView, decide
 from .spec import Spec
@@ -186,26 +186,6 @@ class PassPlan:
     def wake(self, backoff_until: float) -> float:
         """When the loop wakes next: `wake_at`, or the backoff's end if that is sooner."""
         return min(self.wake_at, backoff_until) if backoff_until > self.now else self.wake_at
-
-
-def unhealthy_after_ready(
-    active: bool,
-    blocked: Blocked | None,
-    of_spec: bool,
-    ready_at: float,
-    min_ready: float,
-    now: float,
-) -> bool:
-    """Whether a replica that failed fails the rollout: one of the revision being rolled out,
-    ready less than ``min_ready_s`` ago, while the deploy has not failed yet."""
-    return active and of_spec and blocked is None and now < ready_at + min_ready
-
-
-def replaces_unhealthy(check_failures: int, threshold: int) -> bool:
-    """Whether a replica whose health checks failed `check_failures` times in a row is replaced
-    (at ``health_check_failure_threshold``), or only taken out of the snapshot until it passes
-    one again."""
-    return check_failures >= threshold
 
 
 def rollback_target(book: RevisionBook, failed: int) -> Revision | str:
