@@ -1,8 +1,9 @@
 """A backend's canary release, as its loop runs it: which step it is at, the step's clock, the
 numbers the ingresses report for each revision, and the moves the gates decide. Every move is
 decided by ``_model.decisions.canary_steps.look``, a pure function of the step's clock, its
-numbers and what the pass sees; this records what it decided. The loop is its only writer: it
-follows the spec, looks at each pass, and acts on a move (an abort fails the deploy, which rolls
+numbers and what the pass sees (``sight``), which the loop asks at each pass; this records what
+it decided (``looked``). The loop is its only writer: it follows the spec, looks at each pass,
+and acts on a move (an abort fails the deploy, which rolls
 back to the stable revision). The ingresses' reports reach it through the loop's channel
 (``LoadReported``) and only add to the step's numbers.
 """
@@ -21,11 +22,11 @@ from .._model.config.canary import CanaryConfig, canary_count
 from .._model.decisions.canary_plan import CanarySplit
 from .._model.decisions.canary_steps import (
     CanaryLook,
+    CanarySight,
     CanaryStatus,
     RevisionNumbers,
     StepClock,
     describe_gates,
-    look,
 )
 from .._model.decisions.spec import Spec
 from .._model.decisions.verdict import RequestTally, judge
@@ -201,15 +202,15 @@ class Canary:
 
     # -- a pass's look, and what a person asks --
 
-    def look(self, spec: Spec, now: float, serving: int, num_replicas: int) -> float:
-        """Move the canary on, if one is under way (`serving`: its replicas that serve), as
-        ``canary_steps.look`` decides; when its step wants a look next."""
+    def sight(self, spec: Spec, now: float, serving: int, num_replicas: int) -> CanarySight | None:
+        """What the pass's look at the canary reads (`serving`: its replicas that serve), once
+        it follows `spec`; None if no canary is being judged."""
         self.follow(spec)
         if self.phase != "judging" or self.stable is None or self.revision is None:
-            return math.inf
+            return None
         config = spec.backend_config.canary
         follows = None if config is None else config.follows
-        seen = look(
+        return CanarySight(
             config,
             self.clock,
             (self.numbers["canary"], self.numbers["stable"]),
@@ -222,8 +223,6 @@ class Canary:
             following=follows is not None and self._phase_of(follows) == "judging",
             lost=self._lost,
         )
-        self._record(seen, config, now)
-        return seen.wake_at
 
     def steer(self, what: str, via: str, now: float) -> None:
         """A person's promote or abort (nothing, unless a canary is being judged); or its
@@ -253,8 +252,10 @@ class Canary:
         if self.phase == "judging" and version == self.version and self._lost is None:
             self._lost = f"replica {tag} of the canary was gone when the controller started again"
 
-    def _record(self, seen: CanaryLook, config: CanaryConfig | None, now: float) -> None:
-        """What a look decided, in its order: the clock, the events, a new step, the end."""
+    def looked(self, sight: CanarySight, seen: CanaryLook) -> float:
+        """What a look at `sight` decided (``canary_steps.look``), in its order: the clock, the
+        events, a new step, the end. Returns when the step wants its next look."""
+        config, now = sight.config, sight.now
         self.clock, self._due = seen.clock, seen.due
         if seen.judged:
             self._config = config
@@ -273,6 +274,7 @@ class Canary:
         if seen.end == "abort":
             self._lost = None
             self._abort(seen.why)
+        return seen.wake_at
 
     def promote(self, why: str) -> None:
         """Past the last step (or skipped there by a person): the rolling replacement."""

@@ -18,7 +18,8 @@ from typing import final
 
 import trio
 
-from .._model.decisions.failures import FailureBook, FailureInputs, judge_failures
+from .._model.decisions.canary_steps import look
+from .._model.decisions.failures import FailureBook, judge_failures
 from .._model.decisions.pass_plan import PassState, decide_pass, decide_scale
 from .._model.decisions.spec import Spec
 from .._model.records.code_report import CodeReport
@@ -347,7 +348,8 @@ class Backend:
         spec, now = self._state.spec, trio.current_time()
         config_digest, user_config = self._state.config_to_hold()
         serving = self._set.serving_of.get(spec.version, 0)
-        canary_at = self._canary.look(spec, now, serving, self._state.desired)
+        sight = self._canary.sight(spec, now, serving, self._state.desired)
+        canary_at = math.inf if sight is None else self._canary.looked(sight, look(sight))
         self._snapshot.publish()  # a new weight reaches the ingresses before replicas move
         state = self._read(now, config_digest, user_config is not None, canary_at)
         plan = decide_pass(state, now)
@@ -386,20 +388,10 @@ class Backend:
 
     def _judge_failures(self) -> None:
         """The verdicts on the failures recorded since the last time, carried out at once."""
-        failures = self._reducer.take_failures()
-        if not failures:
-            return
-        spec, canary = self._state.spec, self._canary
-        inputs = FailureInputs(
-            rollout_active=self._rollout.active,
-            blocked=self._failures.blocked,
-            version=spec.version,
-            revision=spec.revision,
-            min_ready_s=spec.backend_config.min_ready_s,
-            threshold=spec.backend_config.health_check_failure_threshold,
-            canary_version=canary.version if canary.phase == "judging" else None,
-        )
-        self._executor.act_on_failures(judge_failures(failures, inputs))
+        if failures := self._reducer.take_failures():
+            judging = self._canary.version if self._canary.phase == "judging" else None
+            inputs = self._rollout.failure_inputs(judging)
+            self._executor.act_on_failures(judge_failures(failures, inputs))
 
     def _read(
         self, now: float, config_digest: str, hands_config: bool, canary_at: float

@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable
 from typing import final
 
-from .._model.decisions.failures import FailureBook
+from .._model.decisions.failures import FailureBook, FailureInputs
 from .._model.decisions.pass_plan import RolloutState, after_failure
 from .._model.decisions.spec import Spec
 from .._model.records.records import RolloutRecord
@@ -171,6 +171,20 @@ class Rollout:
         """What a pass decides on (``_model.decisions.pass_plan``)."""
         deadline = self._spec().backend_config.progress_deadline_s
         return RolloutState(self.active, self.revision, self.deadline(deadline), self.settled_at)
+
+    def failure_inputs(self, canary_version: str | None) -> FailureInputs:
+        """What the verdicts on replicas' failures decide on (``judge_failures``), with the
+        version of a canary being judged, if one is."""
+        spec = self._spec()
+        return FailureInputs(
+            rollout_active=self.active,
+            blocked=self._failures.blocked,
+            version=spec.version,
+            revision=spec.revision,
+            min_ready_s=spec.backend_config.min_ready_s,
+            threshold=spec.backend_config.health_check_failure_threshold,
+            canary_version=canary_version,
+        )
 
     def deadline(self, progress_deadline_s: float) -> float:
         return self.last_progress + progress_deadline_s if self.active else math.inf

@@ -16,7 +16,13 @@ from hypothesis import strategies as st
 import controller
 from controller import CanaryConfig, ConfigError, RequestTally
 from controller._model.config.canary import canary_count
-from controller._model.decisions.canary_steps import CanaryLook, StepClock, look, step_move
+from controller._model.decisions.canary_steps import (
+    CanaryLook,
+    CanarySight,
+    StepClock,
+    look,
+    step_move,
+)
 from controller._model.decisions.verdict import bucket_of, bucket_top, judge, tally_from_json
 from controller._model.views.load_report import load_body, parse_load_body
 from controller._model.views.status import LoadReport
@@ -176,8 +182,10 @@ def test_a_pass_s_look_decides_every_move_of_a_canary() -> None:
         block: CanaryConfig | None = config,
     ) -> CanaryLook:
         return look(
-            block, clock, numbers, revision=2, now=now, paused=paused, serving=serving,
-            num_replicas=4, deadline_s=600, lost=lost,
+            CanarySight(
+                block, clock, numbers, revision=2, now=now, paused=paused, serving=serving,
+                num_replicas=4, deadline_s=600, lost=lost,
+            )
         )  # fmt: skip
 
     # The clock waits for the step's replicas (25% of 4: one), then starts and says so.

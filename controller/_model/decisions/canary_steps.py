@@ -109,33 +109,43 @@ class CanaryLook:
     """When the step wants its next look."""
 
 
-def look(
-    config: CanaryConfig | None,
-    clock: StepClock,
-    numbers: tuple[RequestTally, RequestTally],
-    *,
-    revision: int,
-    now: float,
-    paused: bool,
-    serving: int,
-    num_replicas: int,
-    deadline_s: float,
-    following: bool = False,
-    lost: str | None = None,
-) -> CanaryLook:
-    """A pass's look at the canary of `revision`, being judged at `clock` with the step's
-    `numbers` (the canary's, the stable revision's) and `serving` of its replicas serving.
+@attrs.frozen
+class CanarySight:
+    """What a pass's look at a canary being judged reads (``look``): its config block (None:
+    taken out), the step's `clock` and `numbers` (the canary's, the stable revision's), and
+    `serving` of its replicas serving out of `num_replicas` for the backend."""
+
+    config: CanaryConfig | None
+    clock: StepClock
+    numbers: tuple[RequestTally, RequestTally]
+    revision: int
+    now: float
+    paused: bool
+    serving: int
+    num_replicas: int
+    deadline_s: float
+    """``progress_deadline_s``."""
+    following: bool = False
+    """It follows another member's canary that is still being judged."""
+    lost: str | None = None
+    """Why the canary failed while no controller ran (a replica of it gone)."""
+
+
+def look(sight: CanarySight) -> CanaryLook:
+    """A pass's look at the canary of `sight.revision`, being judged.
 
     The step's clock starts once the canary's share of `num_replicas` all serve; it stops while
     `paused` or scaled to 0. A step that passes is followed by a look at the next at once (its
-    clock starts now if its replicas serve already). `lost`: why the canary failed while no
-    controller ran (a replica of it gone): an abort. A canary whose config block was taken out
-    is promoted."""
+    clock starts now if its replicas serve already). A canary `lost` is aborted. A canary whose
+    config block was taken out is promoted."""
+    config, clock, numbers, now = sight.config, sight.clock, sight.numbers, sight.now
+    revision, serving, num_replicas = sight.revision, sight.serving, sight.num_replicas
+    paused, deadline_s = sight.paused, sight.deadline_s
     if config is None:
         why = "the canary block was taken out of the config"
         return CanaryLook(clock, end="promote", why=why, progressed=True)
-    if lost is not None:
-        return CanaryLook(clock, end="abort", why=f"step {clock.step + 1}: {lost}")
+    if sight.lost is not None:
+        return CanaryLook(clock, end="abort", why=f"step {clock.step + 1}: {sight.lost}")
     clock = attrs.evolve(clock, step=min(clock.step, len(config.steps) - 1))
     events: list[tuple[str, str]] = []
     entered = touched = progressed = judged = False
@@ -163,7 +173,7 @@ def look(
         due = math.inf if held else now + max(0.0, step.pause_s - elapsed)
         move = step_move(
             config, clock.step, elapsed, verdict,
-            held=held, deadline_s=deadline_s, following=following,
+            held=held, deadline_s=deadline_s, following=sight.following,
         )  # fmt: skip
         if move.move == "wait":
             return CanaryLook(
