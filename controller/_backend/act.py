@@ -8,7 +8,10 @@ are the tasks started: a replica leaves the watch snapshot before it is asked to
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+
+import trio
 
 from .._clock import wall_now
 from .._model.decisions.canary_plan import CanarySplit
@@ -114,6 +117,9 @@ class Executor:
             self.start_stop(replica)
         if due.cut_drains:
             self._tasks.cut_drains()
+        if due.tick_at < math.inf:
+            # A timer of its own: the loop's alarm is the pass's, which asks it afresh each time.
+            self._tasks.timer(trio.CancelScope(), due.tick_at)
 
     def act_on_failures(self, verdicts: list[FailureVerdict]) -> None:
         """What each failure does, in the order they came: the deploy fails, the canary is

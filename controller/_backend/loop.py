@@ -161,11 +161,7 @@ class Backend:
         self._failures, self._scaling, self._canary = failures, scaling, canary
         self.reading = Reading(self._state)
         """What is read of it: its status, its counts, its canary."""
-        self._snapshot = Snapshot(
-            self._state,
-            shared.hub,
-            lambda at: self._tasks.timer(trio.CancelScope(), at),
-        )
+        self._snapshot = Snapshot(self._state, shared.hub)
         self._health = HealthChecks(
             self._tasks,
             lambda replica, error: self._reducer.check_failed(replica, error),

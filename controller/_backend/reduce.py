@@ -12,6 +12,7 @@ fails the rollout, aborts the canary or replaces the replica is not the reducer'
 from __future__ import annotations
 
 import logging
+import math
 
 import attrs
 import trio
@@ -42,11 +43,13 @@ logger = logging.getLogger("controller")
 
 @attrs.frozen
 class Due:
-    """What applying events left to do: the stops to start (marked STOPPING already), and
-    whether every drain under way is cut short (a forced spec)."""
+    """What applying events left to do: the stops to start (marked STOPPING already), whether
+    every drain under way is cut short (a forced spec), and when a tick must come for the watch
+    snapshot (what multiplexed replicas hold, published at most every ``HELD_PUBLISH_S``)."""
 
     stops: tuple[Replica, ...] = ()
     cut_drains: bool = False
+    tick_at: float = math.inf
 
 
 _NOTHING_DUE = Due()
@@ -161,11 +164,12 @@ class Reducer:
 
     def take_due(self) -> Due:
         """What the events applied since the last call left for the executor to do."""
-        if not self._stops_due and not self._cut_drains:
+        tick_at = self._snapshot.take_tick()
+        if not self._stops_due and not self._cut_drains and tick_at == math.inf:
             return _NOTHING_DUE  # most bursts (load, passing checks): nothing made for them
         # Once each: a replica that died while starting is stopped for its death and again when
         # its start task reports, and both may come in one burst.
-        due = Due(tuple(dict.fromkeys(self._stops_due)), self._cut_drains)
+        due = Due(tuple(dict.fromkeys(self._stops_due)), self._cut_drains, tick_at)
         self._stops_due.clear()
         self._cut_drains = False
         return due

@@ -7,7 +7,6 @@ models all the time must not have every ingress fetch the backend again each tim
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import trio
 
@@ -21,16 +20,16 @@ HELD_PUBLISH_S = 1.0
 
 
 class Snapshot:
-    def __init__(self, state: LoopState, hub: SnapshotHub, timer: Callable[[float], None]):
+    def __init__(self, state: LoopState, hub: SnapshotHub):
         self._state = state
         self._hub = hub
-        self._timer = timer
-        """Asks for a tick at the time given (it brings what came between two publications)."""
         self._dirty = True
         self._held: dict[str, Held] = {}
         """What each multiplexed replica said it holds."""
         self._held_published_at = -math.inf
         self._held_due = False  # a timer brings a tick once HELD_PUBLISH_S is past
+        self._tick_at = math.inf
+        """When a tick is to come, asked of no timer yet (``take_tick``)."""
 
     def changed(self) -> None:
         """What watchers see changed: the next `publish` sends a snapshot."""
@@ -64,8 +63,14 @@ class Snapshot:
             return True
         if not self._held_due:
             self._held_due = True
-            self._timer(self._held_published_at + HELD_PUBLISH_S)
+            self._tick_at = self._held_published_at + HELD_PUBLISH_S
         return False
+
+    def take_tick(self) -> float:
+        """When a tick must come (it brings what changed between two publications), once: the
+        executor sets the timer; inf if none is newly due."""
+        at, self._tick_at = self._tick_at, math.inf
+        return at
 
     def tick(self, at: float) -> None:
         if self._held_due and at >= self._held_published_at + HELD_PUBLISH_S:

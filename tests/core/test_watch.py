@@ -6,6 +6,9 @@ import trio
 import trio.testing
 
 import controller
+from controller._backend.snapshot import HELD_PUBLISH_S
+from controller._model.records.code_report import CodeReport
+from controller._model.records.multiplexing import ReplicaModels
 from controller.testing import FakeRuntime, FakeState
 
 from ..conftest import RC, config, opened, settle
@@ -115,3 +118,37 @@ async def test_changes_since_one_cursor_covers_every_backend(
         [tombstone] = await ctl.changes_since(cursor)
         assert tombstone.name == "a"
         assert not tombstone.exists
+
+
+async def test_what_replicas_hold_of_their_models_is_published_at_most_once_a_second(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The first change of what a replica holds is published at once; one within a second of
+    it waits for a tick at the second's end, which brings the latest; no change, no tick."""
+    rt = FakeRuntime(auto_ready=True)
+    async with opened(rt) as ctl:
+        await (await ctl.deploy("a", config(num_replicas=1), RC)).wait()
+        (tag,) = [r.tag for r in ctl.status("a").replicas]
+
+        def holds(*models: str, generation: int) -> None:
+            said = ReplicaModels(generation, 4, tuple(models))
+            rt.report_load(tag, 0, code=CodeReport(models=said))
+
+        def published() -> frozenset[str]:
+            return ctl.snapshot("a").held[tag].models
+
+        t0 = trio.current_time()
+        holds("m1", generation=1)
+        await settle()
+        assert published() == {"m1"}
+        holds("m1", "m2", generation=2)
+        holds("m1", "m2", "m3", generation=3)
+        await settle()
+        assert published() == {"m1"}  # within the second: not yet
+        ids = ctl.snapshot("a").snapshot_id
+        await trio.sleep_until(t0 + HELD_PUBLISH_S)
+        await settle()
+        assert published() == {"m1", "m2", "m3"}  # the tick brought the latest
+        assert ctl.snapshot("a").snapshot_id == ids + 1
+        await trio.sleep(10 * HELD_PUBLISH_S)
+        assert ctl.snapshot("a").snapshot_id == ids + 1  # nothing changed since: no snapshot
