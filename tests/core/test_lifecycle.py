@@ -349,6 +349,21 @@ async def test_no_health_check_before_ready_and_never_two_at_once(
         assert status.state is BackendState.UNHEALTHY
 
 
+async def ready_then_hung(
+    ctl: controller.Controller, rt: FakeRuntime, cfg: controller.BackendConfig
+) -> tuple[str, float]:
+    """Backend "a" deployed with `cfg`, its one replica ready, then its health checks hanging:
+    the replica's tag, and when it became ready."""
+    await ctl.deploy("a", cfg, RC)
+    await settle()
+    (tag,) = rt.tags(S.STARTING)
+    rt.finish_start(tag)
+    t0 = trio.current_time()
+    await settle()
+    rt.replicas[tag].health_hangs = True
+    return tag, t0
+
+
 async def test_late_checks_at_the_threshold_replace_the_replica_after_a_backoff(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -359,13 +374,7 @@ async def test_late_checks_at_the_threshold_replace_the_replica_after_a_backoff(
         health_check_period_s=10, health_check_timeout_s=30, health_check_failure_threshold=2
     )
     async with opened(rt, policy=controller.RestartPolicy(initial_delay_s=5, jitter=0)) as ctl:
-        await ctl.deploy("a", cfg, RC)
-        await settle()
-        (tag,) = rt.tags(S.STARTING)
-        rt.finish_start(tag)
-        t0 = trio.current_time()
-        await settle()
-        rt.replicas[tag].health_hangs = True
+        tag, t0 = await ready_then_hung(ctl, rt, cfg)
         # Sent at +10 (it hangs), late at +20 (1 of 2) and at +30 (2 of 2): replaced then.
         await trio.sleep_until(t0 + 30)
         await settle()
@@ -401,13 +410,7 @@ async def test_late_checks_are_counted_in_the_daemons_metrics(
         async with controller.open_controller(
             runtime=rt, store=controller.MemoryStore(), observer=metrics
         ) as ctl:
-            await ctl.deploy("a", cfg, RC)
-            await settle()
-            (tag,) = rt.tags(S.STARTING)
-            rt.finish_start(tag)
-            t0 = trio.current_time()
-            await settle()
-            rt.replicas[tag].health_hangs = True
+            tag, t0 = await ready_then_hung(ctl, rt, cfg)
             await trio.sleep_until(t0 + 95)
             await settle()
             # Sent at +10, +40 and +70 (each hung until its timeout); late at +20, +30, +50,
