@@ -3,9 +3,9 @@ numbers the ingresses report for each revision, and the moves the gates decide. 
 decided by ``_model.decisions.canary_steps.look``, a pure function of the step's clock, its
 numbers and what the pass sees (``sight``), which the loop asks at each pass; this records what
 it decided (``looked``). The loop is its only writer: it follows the spec, looks at each pass,
-and acts on a move (an abort fails the deploy, which rolls
-back to the stable revision). The ingresses' reports reach it through the loop's channel
-(``LoadReported``) and only add to the step's numbers.
+and acts on a move (an abort fails the deploy, which rolls back to the stable revision). The
+ingresses' reports reach it through the loop's channel (``LoadReported``) and only add to the
+step's numbers.
 """
 
 from __future__ import annotations
