@@ -190,7 +190,15 @@ async def traffic(ctl: controller.Controller, path: str) -> AsyncIterator[Traffi
 async def test_a_drain_under_traffic_fails_nothing_and_keeps_the_budget(cluster: Cluster) -> None:
     with trio.fail_after(LIMIT_S):
         async with opened() as (ctl, _):
-            config = cfg(num_replicas=4, route_prefix="/web", max_unavailable=0)
+            # Checks every 10 s, not every second: a check still in flight at the next period
+            # counts as failed and takes its replica out of the snapshot, which a loaded
+            # machine's Ray calls can make happen; what this test bounds is the drain's own
+            # budget. (At load 11 it once saw 2 of 4 serving, with one replica on the drained
+            # node: something besides the drain took one out. Its events were not kept; the
+            # assertion now shows them.)
+            config = cfg(
+                num_replicas=4, route_prefix="/web", max_unavailable=0, health_check_period_s=10
+            )
             await (await ctl.deploy("web", config, RC)).wait()
             target = next(iter(nodes_of(ctl, "web")))
             lowest = 4
@@ -214,7 +222,8 @@ async def test_a_drain_under_traffic_fails_nothing_and_keeps_the_budget(cluster:
                 await flow.answered(20)  # and traffic still flows after
                 watching.cancel_scope.cancel()
             assert set(flow.counts) == {200}, flow.counts
-            assert lowest >= 4  # max_unavailable=0: a replacement served before each stop
+            # max_unavailable=0: a replacement served before each stop.
+            assert lowest >= 4, [(e.kind, e.message) for e in ctl.status("web").events]
             assert target not in nodes_of(ctl, "web")
             # Nothing new lands on a drained node, until it is uncordoned.
             await (await ctl.deploy("web", cfg(num_replicas=6, route_prefix="/web"), RC)).wait()
