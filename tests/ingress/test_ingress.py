@@ -53,13 +53,18 @@ class Front:
         # The ingress holds the snapshot the goal was reached with (it follows the same hub).
         await self.wait_routed(name, config.num_replicas)
 
-    async def wait_routed(self, name: str, count: int) -> None:
-        """Wait until the ingress routes to `count` replicas of `name`."""
+    async def wait_routed(self, name: str, count: int, *, without: str = "") -> None:
+        """Wait until the ingress routes to `count` replicas of `name`, none of them
+        `without`."""
         while True:
             held = self.ctl.snapshot(name).snapshot_id
             await trio.testing.wait_all_tasks_blocked()  # the ingress has taken `held`
             backend = self.ingress.backend(name)
-            if backend is not None and len(backend.slots) == count:
+            if (
+                backend is not None
+                and len(backend.slots) == count
+                and without not in backend.by_tag
+            ):
                 return
             await self.ctl.listen_for_change({name: held})
 
@@ -178,7 +183,7 @@ async def test_a_replica_killed_mid_traffic_gives_answers_or_502s_and_never_a_ha
     with trio.fail_after(LIMIT_S):
         async with front(runtime_dir) as f:
             await f.deploy("app", routed(num_replicas=2))
-            victim = next(iter(f.pids("app").values()))
+            gone, victim = next(iter(f.pids("app").items()))
             done = trio.Event()
 
             async def client() -> None:
@@ -194,9 +199,11 @@ async def test_a_replica_killed_mid_traffic_gives_answers_or_502s_and_never_a_ha
                 # Traffic under way on both replicas (the ingress reports it in flight).
                 await f.ctl.wait_until(lambda c: len(c.status("app").load.replicas) == 2)
                 os.kill(victim, signal.SIGKILL)
-                # Replaced (a new replica serves) while the traffic goes on.
-                await f.wait_routed("app", 1)
-                await f.wait_routed("app", 2)
+                # Replaced (a new replica serves) while the traffic goes on. Not waited for
+                # as 1 routed, then 2: at load 10 that wait once hung after the death was
+                # handled, likely because the replacement was routed before the test looked
+                # (a 1 come and gone; not proven, the log kept no more).
+                await f.wait_routed("app", 2, without=gone)
                 done.set()
     # -1: a response cut short (the replica died after its head went out): the client sees a
     # broken response, never a hang, and never a 200 for a request that failed.
