@@ -332,7 +332,6 @@ class Reducer:
                 ReplicaFailure(
                     replica.tag,
                     replica.version,
-                    f"died: {reason}",
                     reason,
                     replica.ready_at,
                     trio.current_time(),
@@ -409,7 +408,6 @@ class Reducer:
             ReplicaFailure(
                 replica.tag,
                 replica.version,
-                f"failed a health check: {error}",
                 error,
                 replica.ready_at,
                 trio.current_time(),

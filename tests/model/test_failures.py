@@ -63,15 +63,13 @@ ROLLING = FailureInputs(
 def died(
     tag: str, version: str = "v2", ready_at: float = 100.0, at: float = 104.0
 ) -> ReplicaFailure:
-    return ReplicaFailure(tag, version, "died: killed", "killed", ready_at, at)
+    return ReplicaFailure(tag, version, "killed", ready_at, at)
 
 
 def unhealthy(
     tag: str, checks: int, version: str = "v2", ready_at: float = 100.0, at: float = 104.0
 ) -> ReplicaFailure:
-    return ReplicaFailure(
-        tag, version, "failed a health check: slow", "slow", ready_at, at, checks_failed=checks
-    )
+    return ReplicaFailure(tag, version, "slow", ready_at, at, checks_failed=checks)
 
 
 def test_a_new_replica_that_dies_within_min_ready_fails_the_rollout_once() -> None:

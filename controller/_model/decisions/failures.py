@@ -175,8 +175,6 @@ class ReplicaFailure:
 
     tag: str
     version: str
-    what: str
-    """What happened, in words: ``died: ...``, ``failed a health check: ...``."""
     error: str
     """The failure's own message (the death's reason, the check's error)."""
     ready_at: float
@@ -186,6 +184,11 @@ class ReplicaFailure:
     @property
     def died(self) -> bool:
         return self.checks_failed == 0
+
+    @property
+    def what(self) -> str:
+        """What happened, in words: ``died: ...``, ``failed a health check: ...``."""
+        return f"died: {self.error}" if self.died else f"failed a health check: {self.error}"
 
 
 @attrs.frozen
