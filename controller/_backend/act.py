@@ -15,7 +15,7 @@ import trio
 
 from .._clock import wall_now
 from .._model.decisions.canary_plan import CanarySplit
-from .._model.decisions.failures import FailureVerdict
+from .._model.decisions.failures import FailureVerdict, ReconfigureFailure, StartFailure
 from .._model.decisions.pass_plan import PassPlan
 from .._model.records.replica_state import ReplicaState
 from .._model.values.json_values import JSON
@@ -127,19 +127,35 @@ class Executor:
         before the next start, or kept out of the snapshot until a check passes."""
         for verdict in verdicts:
             failure = verdict.failure
-            said = failure.what if failure.died else f"unhealthy: {failure.error}"
-            if verdict.fails_rollout is not None:
-                self._reports.deploy_failed("UnhealthyAfterReady", verdict.fails_rollout)
-            if verdict.aborts_canary:
-                self._state.canary.replica_failed(failure.tag, said)
-            if not verdict.replaced:
-                self._state.journal.unhealthy(failure.error)
+            if isinstance(failure, StartFailure):
+                self._reports.start_failed(failure, verdict.fails_rollout)
                 continue
-            self._reports.failure(failure.tag, "Died" if failure.died else "Unhealthy", said)
-            replica = self._state.set.by_tag.get(failure.tag)
-            if replica is not None and replica.state is not ReplicaState.STOPPING:
-                self._reducer.begin_stop(replica, graceful=True)
-                self.start_stop(replica)
+            if isinstance(failure, ReconfigureFailure):
+                said, kind = f"reconfigure failed: {failure.error}", "ReconfigureFailed"
+                if verdict.fails_rollout is not None:
+                    # The replicas not reconfigured yet keep the config before; this one is
+                    # taken back to it by the plan (or replaced with it if that fails too).
+                    back = "taking it back to the config before"
+                    self._reports.failure(failure.tag, kind, said, then=back)
+                    self._reports.deploy_failed("ReconfigureFailed", verdict.fails_rollout)
+            else:
+                said = failure.what if failure.died else f"unhealthy: {failure.error}"
+                kind = "Died" if failure.died else "Unhealthy"
+                if verdict.fails_rollout is not None:
+                    self._reports.deploy_failed("UnhealthyAfterReady", verdict.fails_rollout)
+                if verdict.aborts_canary:
+                    self._state.canary.replica_failed(failure.tag, said)
+                if not verdict.replaced:
+                    self._state.journal.unhealthy(failure.error)
+            if verdict.replaced:
+                self._reports.failure(failure.tag, kind, said)
+                self._replace(failure.tag)
+
+    def _replace(self, tag: str) -> None:
+        replica = self._state.set.by_tag.get(tag)
+        if replica is not None and replica.state is not ReplicaState.STOPPING:
+            self._reducer.begin_stop(replica, graceful=True)
+            self.start_stop(replica)
 
     def start_stop(self, replica: Replica) -> None:
         """Start the stop task of `replica`, marked STOPPING already."""

@@ -9,7 +9,7 @@ from typing import Literal, final
 
 import trio
 
-from .._model.decisions.failures import FailureBook
+from .._model.decisions.failures import NO_NEW_START, FailureBook, StartFailure
 from .._model.records.records import FailureRecord
 from .goal import Goal
 from .history import Journal
@@ -65,15 +65,16 @@ class FailureReports:
         backoff = self._book.failed(trio.current_time(), error)
         self._journal.failure(tag, kind, error, then or backoff, traceback)
 
-    def start_failed(
-        self, tag: str, version: str, of_target: bool, error: str, traceback: str | None
-    ) -> None:
-        """A start failed: counted, and the deploy fails if it was the last chance."""
-        blocks = self._book.start_failed(of_target, error)
-        self._journal.start_failed(tag, version, error, traceback)
-        self.failure(tag, "StartFailed", error, traceback)
-        if blocks:
-            self.deploy_failed("StartFailures", self._book.why_blocked(error), traceback)
+    def start_failed(self, failure: StartFailure, fails: str | None) -> None:
+        """A start failed (counted already): told, backed off, and the deploy failed if `fails`
+        says why."""
+        tag, error, traceback = failure.tag, failure.error, failure.traceback
+        self._journal.start_failed(tag, failure.version, error, traceback)
+        self.failure(
+            tag, "StartFailed", error, traceback, then=None if fails is None else NO_NEW_START
+        )
+        if fails is not None:
+            self.deploy_failed("StartFailures", fails, traceback)
 
     def deploy_failed(self, kind: Stored, reason: str, traceback: str | None = None) -> None:
         """DEPLOY_FAILED until the next deploy. Stored with the intent behind what follows (the

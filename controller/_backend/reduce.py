@@ -4,9 +4,10 @@ A spec taken, a replica started, failed, died, reconfigured or found unhealthy: 
 by one small method, in the order the events came, before the pass decides anything. What a
 checkpoint holds is applied the same way, once, before the backend's task runs (``restore``).
 What the events stop is marked STOPPING here; the reducer starts no replica task: what it
-leaves to do (``Due``) is the executor's (``act``). A serving replica's death or failed health
-check is recorded (``take_failures``) and judged by the loop (``judge_failures``): whether it
-fails the rollout, aborts the canary or replaces the replica is not the reducer's to say.
+leaves to do (``Due``) is the executor's (``act``). A replica's death, failed health check,
+failed start or failed reconfigure is recorded (``take_failures``) and judged by the loop
+(``judge_failures``): whether it fails the deploy, aborts the canary or replaces the replica is
+not the reducer's to say.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import attrs
 import trio
 
 from .._model.config.traffic import DEFAULT_MAX_UPLOADS
-from .._model.decisions.failures import ReplicaFailure
+from .._model.decisions.failures import Failure, ReconfigureFailure, ReplicaFailure, StartFailure
 from .._model.decisions.spec import Spec
 from .._model.records.records import EventsRecord, ReplicasRecord
 from .._model.records.replica_state import ReplicaState
@@ -95,7 +96,7 @@ class Reducer:
         self._cut_drains = False
         # The failures of serving replicas, for the loop to judge (``judge_failures``): what
         # each does (fails the rollout, aborts the canary, replaces the replica) is a verdict.
-        self._failed: list[ReplicaFailure] = []
+        self._failed: list[Failure] = []
 
     # -- what the store held, before the task runs --
 
@@ -174,7 +175,7 @@ class Reducer:
         self._cut_drains = False
         return due
 
-    def take_failures(self) -> tuple[ReplicaFailure, ...]:
+    def take_failures(self) -> tuple[Failure, ...]:
         """The failures recorded since the last call, in the order they came."""
         if not self._failed:
             return ()  # asked after every event: most record none
@@ -314,8 +315,7 @@ class Reducer:
             logger.warning("replica %s: adoption failed (%s); replacing it", replica.tag, error)
             self._journal.event("AdoptionFailed", f"replica {replica.tag}: {error}; replacing it")
         else:
-            of_target = replica.version == self._state.spec.version
-            self._reports.start_failed(replica.tag, replica.version, of_target, error, traceback)
+            self._record_start_failure(replica, error, traceback)
         # What a failed start left behind (its process may live on: a hung start, a worker that
         # failed to import): a goal this failure fails waits until it is gone (``settle``).
         self._stop_now(replica, graceful=False)
@@ -325,8 +325,7 @@ class Reducer:
             return  # being stopped anyway; its stop task reports when it is gone
         if replica.state is ReplicaState.STARTING:
             # Never ready: a failed start, which no rollout or canary is judged by.
-            of_target = replica.version == self._state.spec.version
-            self._reports.start_failed(replica.tag, replica.version, of_target, reason, None)
+            self._record_start_failure(replica, reason, None)
         else:
             self._failed.append(
                 ReplicaFailure(
@@ -338,6 +337,11 @@ class Reducer:
                 )
             )
         self._stop_now(replica, graceful=False)
+
+    def _record_start_failure(self, replica: Replica, error: str, traceback: str | None) -> None:
+        of_target = replica.version == self._state.spec.version
+        in_a_row = self._failures.count_start(of_target, error)
+        self._failed.append(StartFailure(replica.tag, replica.version, error, traceback, in_a_row))
 
     def _lost_with_node(self, replica: Replica, reason: str, node: str) -> None:
         """`replica` went with its lost node: no crash of its own (the release is not judged by
@@ -368,25 +372,12 @@ class Reducer:
             self._health.begin(replica, spec.backend_config)
             logger.info("replica %s reconfigured", replica.tag)
             return
-        message = f"reconfigure failed: {error}"
-        spec = self._state.spec
-        if (
-            self._failures.blocked is None
-            and spec.rollback is not None
-            and event.config_digest == spec.config_digest
-        ):
-            # An in-place change is a rollout too: its first failure halts it. The replicas
-            # not reconfigured yet keep the config before it; this one is taken back to it (the
-            # plan does that), or replaced with it if that fails too.
-            back = "taking it back to the config before"
-            self._reports.failure(replica.tag, "ReconfigureFailed", message, then=back)
-            reason = f"the new user config failed in replica {replica.tag}: {error}"
-            self._reports.deploy_failed("ReconfigureFailed", reason)
-            self._set.mark(replica, state=ReplicaState.RUNNING)
-            self._set.set_config(replica, UNKNOWN_CONFIG)
-            return
-        self._reports.failure(replica.tag, "ReconfigureFailed", message)
-        self._stop_now(replica, graceful=True)
+        # Running on with a config no one knows: the loop judges whether it is taken back to
+        # the config before (the rollout halts) or replaced.
+        self._set.mark(replica, state=ReplicaState.RUNNING)
+        self._set.set_config(replica, UNKNOWN_CONFIG)
+        to_spec = event.config_digest == self._state.spec.config_digest
+        self._failed.append(ReconfigureFailure(replica.tag, error, to_spec))
 
     def _ready(self, replica: Replica) -> None:
         """`replica`, of the spec's version, became ready (or took the spec's config)."""

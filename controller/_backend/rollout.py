@@ -184,6 +184,9 @@ class Rollout:
             min_ready_s=spec.backend_config.min_ready_s,
             threshold=spec.backend_config.health_check_failure_threshold,
             canary_version=canary_version,
+            proven=self._failures.proven,
+            max_failed_starts=self._failures.policy.max_failed_starts,
+            in_place=spec.rollback is not None,
         )
 
     def deadline(self, progress_deadline_s: float) -> float:

@@ -143,6 +143,7 @@ async def run_daemon(options: DaemonOptions) -> None:
                 # Replicas follow the routes (their handles) with a token that reads the
                 # watch and nothing else: never the API's own.
                 runtime = _runtime(options, shared, (address, route_token(token)))
+                node_ingresses = _node_ingresses(options)
                 leadership = Leadership(
                     store,
                     holder_name(socket.gethostname(), str(state.path.resolve())),
@@ -163,7 +164,7 @@ async def run_daemon(options: DaemonOptions) -> None:
                     serving,
                     metrics,
                     reload=options.reload,
-                    node_ingresses=_node_ingresses(options),
+                    node_ingresses=node_ingresses,
                 )
                 try:
                     await serve(

@@ -1,6 +1,7 @@
 """A backend's failure book and the verdicts on failures (`_model/decisions/failures.py`), with
 exact times: what a change of the nodes does to the backoff of starts that no node would take,
-and what a replica's death or failed check does to it, its rollout and its canary."""
+and what a replica's death, failed check, failed start or failed reconfigure does to it, its
+rollout and its canary."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from controller._model.decisions.failures import (
     FailureBook,
     FailureInputs,
     FailureVerdict,
+    ReconfigureFailure,
     ReplicaFailure,
+    StartFailure,
     judge_failures,
     replaces_unhealthy,
 )
@@ -142,3 +145,63 @@ def test_a_canary_replica_that_fails_the_rollout_leaves_the_abort_to_the_rollout
     (verdict,) = judge_failures([died("a#2")], judging)
     assert verdict.fails_rollout is not None
     assert not verdict.aborts_canary  # the failed rollout aborts its canary itself
+
+
+def start_failed(tag: str, in_a_row: int) -> StartFailure:
+    return StartFailure(tag, "v2", "ImportError: no module", None, in_a_row)
+
+
+def test_the_third_failed_start_in_a_row_fails_the_deploy_once() -> None:
+    counted = book()
+    runs = [counted.count_start(True, "ImportError: no module") for _ in range(4)]
+    assert runs == [1, 2, 3, 4]
+    failures = [start_failed(f"a#{n}", n) for n in runs]
+    verdicts = judge_failures(failures, ROLLING)
+    assert [v.fails_rollout for v in verdicts] == [
+        None,
+        None,
+        "3 consecutive replica starts failed; last: ImportError: no module",
+        None,  # failed already: a fourth only backs off
+    ]
+    assert not any(v.replaced or v.aborts_canary for v in verdicts)
+
+
+def test_failed_starts_fail_no_deploy_once_a_replica_was_ready_or_of_another_version() -> None:
+    assert book().count_start(False, "old version's crash") == 0
+    proven = attrs.evolve(ROLLING, proven=True)
+    for failure, inputs in [
+        (start_failed("a#3", 3), proven),
+        (start_failed("a#4", 0), ROLLING),  # another version's start
+        (start_failed("a#5", 5), attrs.evolve(ROLLING, blocked="CanaryAborted")),
+    ]:
+        assert judge_failures([failure], inputs)[0].fails_rollout is None
+    # max_failed_starts 1: the first failed start of the target fails it.
+    first = start_failed("a#1", 1)
+    assert judge_failures([first], attrs.evolve(ROLLING, max_failed_starts=1))[0].fails_rollout
+
+
+def test_a_failed_start_that_fails_the_deploy_leaves_a_later_death_unjudged() -> None:
+    """Once the starts failed the deploy, a new replica's death no longer fails it again."""
+    verdicts = judge_failures([start_failed("a#3", 3), died("a#1")], ROLLING)
+    assert verdicts[0].fails_rollout is not None
+    assert verdicts[1] == FailureVerdict(died("a#1"), None, aborts_canary=False, replaced=True)
+
+
+def test_a_failed_in_place_reconfigure_halts_the_change_once_and_replaces_otherwise() -> None:
+    in_place = attrs.evolve(ROLLING, in_place=True)
+    first = ReconfigureFailure("a#1", "ValueError: bad threshold", to_spec=True)
+    second = ReconfigureFailure("a#2", "ValueError: bad threshold", to_spec=True)
+    assert judge_failures([first, second], in_place) == [
+        FailureVerdict(
+            first,
+            "the new user config failed in replica a#1: ValueError: bad threshold",
+            aborts_canary=False,
+            replaced=False,  # taken back to the config before, by the plan
+        ),
+        FailureVerdict(second, None, aborts_canary=False, replaced=True),
+    ]
+    back = ReconfigureFailure("a#3", "OSError: disk full", to_spec=False)  # to the old config
+    for failure, inputs in [(back, in_place), (first, ROLLING)]:
+        assert judge_failures([failure], inputs) == [
+            FailureVerdict(failure, None, aborts_canary=False, replaced=True)
+        ]

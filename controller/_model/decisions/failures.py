@@ -16,6 +16,9 @@ import attrs
 
 from .policy import RestartPolicy
 
+#: What a backend whose deploy failed says of its next start.
+NO_NEW_START = "no new start until the next deploy"
+
 #: Why a backend starts nothing new (or, for a failed reconfigure, changes no config) until the
 #: next deploy.
 Blocked = Literal[
@@ -84,7 +87,7 @@ class FailureBook:
         delay = self.policy.delay(self.restarts, self.rng)
         self.backoff_until = now + delay
         if self.starts_blocked:
-            return "no new start until the next deploy"
+            return NO_NEW_START
         return f"next start in {delay:.3g}s"
 
     def nodes_changed(self) -> None:
@@ -94,27 +97,16 @@ class FailureBook:
         if self.unschedulable:
             self.backoff_until = -math.inf
 
-    def why_blocked(self, error: str) -> str:
-        """Why the deploy failed, once `start_failed` said it did (what follows is said by the
-        rollout: halted, or rolling back; the status adds that nothing new starts)."""
-        return f"{self.consecutive} consecutive replica starts failed; last: {error}"
-
-    def start_failed(self, of_target: bool, error: str) -> bool:
-        """Count a failed start (of the target version or not); True if this one fails the
-        deploy: `max_failed_starts` in a row, and none of the version ready yet."""
+    def count_start(self, of_target: bool, error: str) -> int:
+        """Count a failed start; returns how many of the target version failed in a row (0:
+        it was another version's, which no deploy fails by). Whether that fails the deploy is
+        `judge_failures`'s to say."""
         if not of_target:
-            return False
+            return 0
         self.consecutive += 1
         self.failed_starts += 1
         self.start_error = error
-        if (
-            self.blocked is None
-            and not self.proven
-            and self.consecutive >= self.policy.max_failed_starts
-        ):
-            self.blocked = "StartFailures"
-            return True
-        return False
+        return self.consecutive
 
     def ready(self, of_target: bool) -> None:
         if of_target:
@@ -192,6 +184,33 @@ class ReplicaFailure:
 
 
 @attrs.frozen
+class StartFailure:
+    """A failed start (or a death before the replica was ready), as the reducer recorded it:
+    counted already, and the replica being stopped. `in_a_row`: failed starts of the target
+    version in a row, this one included (0: another version's start)."""
+
+    tag: str
+    version: str
+    error: str
+    traceback: str | None
+    in_a_row: int
+
+
+@attrs.frozen
+class ReconfigureFailure:
+    """A failed in-place reconfigure, as the reducer recorded it (the replica runs on, with a
+    config no one knows). `to_spec`: the config it was given is the spec's, not an older one."""
+
+    tag: str
+    error: str
+    to_spec: bool
+
+
+#: What the reducer records and `judge_failures` judges, in the order they came.
+Failure = ReplicaFailure | StartFailure | ReconfigureFailure
+
+
+@attrs.frozen
 class FailureInputs:
     """What the verdicts on failures read of the backend when the burst is over."""
 
@@ -205,23 +224,28 @@ class FailureInputs:
     """``health_check_failure_threshold``."""
     canary_version: str | None
     """The version of a canary being judged (None: no canary is)."""
+    proven: bool = False
+    """A replica of the target version has been ready in this generation."""
+    max_failed_starts: int = 3
+    in_place: bool = False
+    """The spec changes the user config in place, with the config before it to go back to."""
 
 
 @attrs.frozen
 class FailureVerdict:
     """What one failure does, in this order: the rollout fails (`fails_rollout`: the reason),
     the canary is aborted, and the replica is replaced (a death always is; a failed check at
-    the threshold), else it only stays out of the snapshot."""
+    the threshold; a failed reconfigure that does not fail the rollout), else it only stays out
+    of the snapshot (a failed check), or is taken back to the config before (a failed
+    reconfigure). A failed start is being stopped already: only whether the deploy fails."""
 
-    failure: ReplicaFailure
+    failure: Failure
     fails_rollout: str | None
     aborts_canary: bool
     replaced: bool
 
 
-def judge_failures(
-    failures: Iterable[ReplicaFailure], inputs: FailureInputs
-) -> list[FailureVerdict]:
+def judge_failures(failures: Iterable[Failure], inputs: FailureInputs) -> list[FailureVerdict]:
     """The verdict on each failure, in the order they came: a rollout fails once, a canary is
     aborted once, and a replica already replaced (a failed check, then its death) is judged no
     more."""
@@ -230,6 +254,17 @@ def judge_failures(
     replaced: set[str] = set()
     verdicts = []
     for failure in failures:
+        if isinstance(failure, StartFailure | ReconfigureFailure):
+            failed = _fails_deploy(failure, inputs, blocked)
+            reason = None
+            if failed is not None:
+                # A failed rollout aborts its canary itself.
+                (blocked, reason), active, canary = failed, False, None
+            replace = isinstance(failure, ReconfigureFailure) and failed is None
+            if replace:
+                replaced.add(failure.tag)
+            verdicts.append(FailureVerdict(failure, reason, False, replace))
+            continue
         if failure.tag in replaced:
             continue
         fails = None
@@ -252,3 +287,25 @@ def judge_failures(
             replaced.add(failure.tag)
         verdicts.append(FailureVerdict(failure, fails, aborts, replace))
     return verdicts
+
+
+def _fails_deploy(
+    failure: StartFailure | ReconfigureFailure, inputs: FailureInputs, blocked: Blocked | None
+) -> tuple[Blocked, str] | None:
+    """Whether a failed start or reconfigure fails the deploy, and why: the
+    `max_failed_starts`-th failed start of the target version in a row while none of it has
+    been ready; the first failed reconfigure to the spec's config while it changes in place (an
+    in-place change is a rollout too). Never once the deploy has failed."""
+    if blocked is not None:
+        return None
+    if isinstance(failure, ReconfigureFailure):
+        if inputs.in_place and failure.to_spec:
+            return "ReconfigureFailed", (
+                f"the new user config failed in replica {failure.tag}: {failure.error}"
+            )
+        return None
+    if failure.in_a_row > 0 and failure.in_a_row >= inputs.max_failed_starts and not inputs.proven:
+        return "StartFailures", (
+            f"{failure.in_a_row} consecutive replica starts failed; last: {failure.error}"
+        )
+    return None
