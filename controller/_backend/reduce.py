@@ -94,8 +94,8 @@ class Reducer:
         # What the events left to do, for the executor: the reducer records, and starts no task.
         self._stops_due: list[Replica] = []
         self._cut_drains = False
-        # The failures of serving replicas, for the loop to judge (``judge_failures``): what
-        # each does (fails the rollout, aborts the canary, replaces the replica) is a verdict.
+        # Failures, for the loop to judge (``judge_failures``): what each does (fails the
+        # deploy, aborts the canary, replaces the replica) is a verdict.
         self._failed: list[Failure] = []
 
     # -- what the store held, before the task runs --
@@ -360,7 +360,8 @@ class Reducer:
             return
         error = event.error
         if error is None and event.cut:
-            error = "ReconfigureTimeout: no answer within start_timeout_s"
+            timeout = self._state.spec.backend_config.start_timeout_s
+            error = f"ReconfigureTimeout: no answer within start_timeout_s={timeout:g}"
         if error is None:
             self._set.mark(replica, state=ReplicaState.RUNNING)
             spec = self._state.spec

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -726,3 +727,57 @@ async def test_a_restart_counts_a_failed_backend_at_what_it_holds_not_what_it_wa
                     "StartFailures",
                 )
         nursery.cancel_scope.cancel()
+
+
+class RefusedVersion(FailingConfigs):
+    """As `FailingConfigs`, and no replica of version v2 starts."""
+
+    async def start_replica(
+        self, spec: controller.ReplicaSpec
+    ) -> controller.ReplicaInfo | str | None:
+        if spec.version.startswith("v2"):
+            await trio.lowlevel.checkpoint()
+            raise controller.ReplicaError(spec.tag, "ImportError", "no module named v2")
+        return await self.inner.start_replica(spec)
+
+
+async def test_a_bad_user_config_after_a_version_failed_to_start_halts_with_the_backend_serving(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Found by trying it: v2 failed to start (halted, v1 serving); a deploy of v1 again with a
+    config its replicas refuse was not taken for an in-place change (the spec before it was
+    v2's), so each refusal killed a v1 replica, and its replacement failed to start with that
+    config: no replica served."""
+    rt = FakeRuntime(auto_ready=True)
+    async with opened(RefusedVersion(rt)) as ctl:
+        v1 = config(num_replicas=2, user_config={"a": 1})
+        await (await ctl.deploy("a", v1, RC)).wait()
+        tags = set(rt.tags())
+        failed = await ctl.deploy("a", config(num_replicas=2, version="v2"), RC)
+        with pytest.raises(controller.GoalFailed, match="consecutive replica starts failed"):
+            await failed.wait()
+        assert ctl.status("a").reason == "StartFailures"
+        goal = await ctl.deploy("a", config(num_replicas=2, user_config={"raise": 1}), RC)
+        with pytest.raises(controller.GoalFailed, match="the new user config failed"):
+            await goal.wait()
+        await settle()
+        assert set(rt.tags(S.READY)) == tags  # none killed
+        assert [rt.replicas[t].user_config for t in tags] == [{"a": 1}, {"a": 1}]
+        assert len(ctl.snapshot("a").replicas) == 2
+        status = ctl.status("a")
+        assert (status.state, status.reason) == (BackendState.DEPLOY_FAILED, "ReconfigureFailed")
+
+
+async def test_a_hung_reconfigure_is_cut_at_start_timeout_and_says_which(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rt = FakeRuntime(auto_ready=True, auto_reconfigure=False)
+    async with opened(rt) as ctl:
+        good = config(num_replicas=1, user_config={"n": 1}, start_timeout_s=3)
+        await (await ctl.deploy("a", good, RC)).wait()
+        goal = await ctl.deploy("a", attrs.evolve(good, user_config={"n": 2}), RC)
+        with pytest.raises(
+            controller.GoalFailed, match=r"ReconfigureTimeout: no answer within start_timeout_s=3"
+        ):
+            await goal.wait()
+        assert ctl.status("a").reason == "ReconfigureFailed"

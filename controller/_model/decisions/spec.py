@@ -207,6 +207,7 @@ def deploy_record(
     replica_config: ReplicaConfig,
     *,
     held: tuple[str, JSON] | None = None,
+    live_held: tuple[str, JSON] | None = None,
     code_generation: int | None = None,
     revision: int | None = None,
     paused: bool = False,
@@ -214,7 +215,9 @@ def deploy_record(
     restarted: int | None = None,
 ) -> SpecRecord:
     """The record of a deploy of these configs over `old` (the spec last asked, if any).
-    `held` is the config the replicas went back to when `old`'s own change of config failed.
+    `held` is the config the replicas went back to when `old`'s own change of config failed;
+    `live_held` the one live replicas of this version hold when `old` is of another version
+    (one whose rollout failed before a replica of it ran): a change in place all the same.
     `code_generation`: the generation whose code an unversioned config runs, when it brings
     back a revision's (an undo); otherwise kept if the code is the same, else this one.
     `restarted`: the restart a versioned config's replicas come from, when it brings back a
@@ -224,11 +227,13 @@ def deploy_record(
     digest_before, before = held or (
         (old.config_digest, old.backend_config.user_config) if old is not None else ("", None)
     )
+    if old is not None and version != old.backend_config.version:
+        digest_before, before = live_held or ("", None)
     if (
         old is not None
         and not old.deleting
         and version is not None
-        and version == old.backend_config.version
+        and (version == old.backend_config.version or live_held is not None)
         and digest(backend_config.user_config) != digest_before
     ):
         # An in-place change of user config: keep the config the replicas hold, to go back to

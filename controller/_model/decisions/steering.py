@@ -34,7 +34,7 @@ from ..records.revisions import (
     with_content,
 )
 from ..values.code import CodeDigest
-from ..values.json_values import JSON
+from ..values.json_values import JSON, digest
 from .spec import Spec, deploy_record, same_replicas
 
 
@@ -148,8 +148,15 @@ def deploy_change(
         # A smaller history limit takes effect at once; otherwise the history is not written.
         trimmed = _change(record, revisions, backend_config, live, book)
         return trimmed if trimmed.revisions != revisions else SpecChange(record)
+    live = tuple(live)
     record = deploy_record(
-        name, old, backend_config, replica_config, held=held, revision=book.next_number
+        name,
+        old,
+        backend_config,
+        replica_config,
+        held=held,
+        live_held=_held_by_live(book, live, content),
+        revision=book.next_number,
     )
     generation = _code_generation(record)
     version = replica_version(backend_config.version, generation, record.restarted)
@@ -162,6 +169,27 @@ def deploy_change(
     replaced = () if old is None else (old.revision,)
     revisions = [*superseded(revisions, replaced), revision]
     return _change(record, revisions, backend_config, live, book, replaced)
+
+
+def _held_by_live(
+    book: RevisionBook, live: Iterable[int | None], content: RevisionContent
+) -> tuple[str, JSON] | None:
+    """The user config that live replicas of `content`'s version hold, if they would take
+    `content`'s in place (started the same way, another user config): the newest such
+    revision's. The spec before may be of another version, one whose rollout failed before a
+    replica of it ran: the change is in place all the same, and a refusal halts it."""
+    for number in sorted((n for n in live if n is not None), reverse=True):
+        revision = book.get(number)
+        if revision is None or content.version is None:
+            continue
+        ran, held = revision.content, digest(revision.content.user_config)
+        if (
+            ran.version == content.version
+            and not started_differently(ran, content)
+            and held != digest(content.user_config)
+        ):
+            return held, ran.user_config
+    return None
 
 
 def undo_change(
