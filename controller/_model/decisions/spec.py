@@ -224,21 +224,14 @@ def deploy_record(
     revision's or makes one; otherwise `old`'s, kept while the replicas' content is the same."""
     rollback = None
     version = backend_config.version
-    digest_before, before = held or (
-        (old.config_digest, old.backend_config.user_config) if old is not None else ("", None)
-    )
-    if old is not None and version != old.backend_config.version:
-        digest_before, before = live_held or ("", None)
-    if (
-        old is not None
-        and not old.deleting
-        and version is not None
-        and (version == old.backend_config.version or live_held is not None)
-        and digest(backend_config.user_config) != digest_before
-    ):
-        # An in-place change of user config: keep the config the replicas hold, to go back to
-        # (never one that failed already).
-        rollback = json.dumps(before, separators=(",", ":"), allow_nan=False)
+    if old is not None and not old.deleting and version is not None:
+        kept = live_held
+        if version == old.backend_config.version:
+            kept = held or (old.config_digest, old.backend_config.user_config)
+        if kept is not None and digest(backend_config.user_config) != kept[0]:
+            # An in-place change of user config: keep the config the replicas hold, to go back
+            # to (never one that failed already).
+            rollback = json.dumps(kept[1], separators=(",", ":"), allow_nan=False)
     generation = old.generation + 1 if old is not None else 1
     if (
         code_generation is None
