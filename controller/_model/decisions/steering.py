@@ -178,16 +178,16 @@ def _held_by_live(
     `content`'s in place (started the same way, another user config): the newest such
     revision's. The spec before may be of another version, one whose rollout failed before a
     replica of it ran: the change is in place all the same, and a refusal halts it."""
+    if content.version is None:
+        return None  # an unversioned config's replicas get a new version at each deploy
+    wanted = digest(content.user_config)
     for number in sorted((n for n in live if n is not None), reverse=True):
         revision = book.get(number)
-        if revision is None or content.version is None:
+        if revision is None:
             continue
         ran, held = revision.content, digest(revision.content.user_config)
-        if (
-            ran.version == content.version
-            and not started_differently(ran, content)
-            and held != digest(content.user_config)
-        ):
+        same = ran.version == content.version and not started_differently(ran, content)
+        if same and held != wanted:
             return held, ran.user_config
     return None
 
